@@ -1,0 +1,63 @@
+"""Shared helpers for benchmark scripts: machine description, timing, RESULTS.md sections.
+
+Each benchmark owns one section of ``benchmarks/RESULTS.md`` between markers
+``<!-- NAME:start -->`` and ``<!-- NAME:end -->``; re-running it replaces only that section.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import platform
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import jax
+
+RESULTS = Path(__file__).with_name("RESULTS.md")
+_HEADER = "# Benchmark results\n\nEach section is written by the script named in its title.\n"
+
+
+def machine() -> str:
+    """One line naming the CPU/accelerator, core count, JAX version and date."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    devices = ", ".join(sorted({d.device_kind for d in jax.devices()}))
+    return (
+        f"{cpu}, {os.cpu_count()} cores; JAX {jax.__version__} on {jax.default_backend()} "
+        f"({devices}); {_dt.date.today().isoformat()}"
+    )
+
+
+def best_time(fn: Callable[[], object], *, repeats: int = 3, min_time: float = 0.0) -> float:
+    """Best wall time in seconds of ``fn()`` over ``repeats`` calls (``fn`` must block)."""
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+        if best >= min_time > 0 and repeats > 1:
+            repeats -= 1
+    return best
+
+
+def write_section(name: str, markdown: str, path: Path = RESULTS) -> None:
+    """Replace (or append) the section ``name`` of RESULTS.md with ``markdown``."""
+    start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
+    text = path.read_text() if path.exists() else _HEADER
+    block = f"{start}\n{markdown.rstrip()}\n{end}"
+    if start in text and end in text:
+        head, rest = text.split(start, 1)
+        _, tail = rest.split(end, 1)
+        text = head + block + tail
+    else:
+        text = text.rstrip() + "\n\n" + block + "\n"
+    path.write_text(text)
