@@ -190,7 +190,8 @@ class TabularEncoder:
         for f in self.features:
             col = frame[f]
             if f in self.categories:
-                codes = pd.Categorical(col, categories=self.categories[f]).codes
+                known = col.where(col.isin(self.categories[f]))  # unseen -> missing
+                codes = pd.Categorical(known, categories=self.categories[f]).codes
                 col = pd.Series(np.where(codes < 0, np.nan, codes), index=frame.index)
             else:
                 col = pd.to_numeric(col, errors="coerce")
