@@ -1,0 +1,117 @@
+"""Stacked clients: clients of unequal size padded to one shape, so one vmap runs them all.
+
+:class:`ClientData` holds one client (``x: (n, ...)``) or, with a leading client axis,
+all of them (``x: (clients, n, ...)``); ``jax.vmap`` over a stacked ``ClientData`` hands
+each client's slice to a function written for one client. Row ``j`` of client ``i`` is
+real data iff ``mask[i, j]``; real rows come first (``mask[i, j] == (j < sizes[i])``).
+Padded rows hold ``pad_value`` and a label 0; every loss and gradient in swarmjax masks
+them out (see :func:`swarmjax.models.loss`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import flax.struct
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, ArrayLike, Bool, Float, Int
+
+from swarmjax._validation import check_finite, check_int
+
+__all__ = ["ClientData", "client", "poisson_rates", "stack_clients"]
+
+
+@flax.struct.dataclass
+class ClientData:
+    """Padded client data (a pytree). Shapes for the stacked form; drop ``clients`` for one.
+
+    Attributes:
+        x: ``(clients, max_n, *example_shape)`` float inputs.
+        y: ``(clients, max_n)`` int32 labels (0 in padded rows).
+        mask: ``(clients, max_n)`` bool, True on real rows.
+        sizes: ``(clients,)`` int32, ``|D_i|`` = number of real rows.
+    """
+
+    x: Float[Array, "clients max_n ..."]
+    y: Int[Array, "clients max_n"]
+    mask: Bool[Array, "clients max_n"]
+    sizes: Int[Array, " clients"]
+
+    @property
+    def num_clients(self) -> int:
+        """Leading (client) axis length of a stacked ``ClientData``."""
+        return int(self.sizes.shape[0])
+
+    @property
+    def max_size(self) -> int:
+        """``max_n``, the padded number of rows per client."""
+        return int(self.y.shape[-1])
+
+
+def stack_clients(
+    x: ArrayLike,
+    y: ArrayLike,
+    indices: Sequence[ArrayLike],
+    *,
+    pad_to: int | None = None,
+    pad_value: float = 0.0,
+) -> ClientData:
+    """Gather each client's rows and pad them into one stacked :class:`ClientData`.
+
+    Args:
+        x: ``(n, ...)`` all examples; y: ``(n,)`` integer labels.
+        indices: one index array per client (e.g. ``Partition.indices``), none empty.
+        pad_to: rows per client (default: the largest client); must be >= every size.
+        pad_value: value written into padded rows of ``x`` (tests use NaN to prove that
+            padded rows never reach a loss or a gradient).
+    """
+    x = np.asarray(x)
+    y = np.asarray(y)
+    if x.shape[0] != y.shape[0]:
+        raise ValueError(f"x and y must have the same length; got {x.shape[0]} and {y.shape[0]}")
+    if len(indices) == 0:
+        raise ValueError("indices must hold at least one client")
+    idx = [np.asarray(i, dtype=np.int64).reshape(-1) for i in indices]
+    sizes = np.array([len(i) for i in idx], dtype=np.int32)
+    if (sizes == 0).any():
+        raise ValueError(
+            f"every client needs at least one example; empty: {np.flatnonzero(sizes == 0).tolist()}"
+        )
+    for i in idx:
+        if i.min() < 0 or i.max() >= x.shape[0]:
+            raise ValueError(f"indices must be in [0, {x.shape[0] - 1}]")
+    max_n = int(sizes.max()) if pad_to is None else check_int("pad_to", pad_to, int(sizes.max()))
+    xs = np.full((len(idx), max_n, *x.shape[1:]), pad_value, dtype=np.float32)
+    ys = np.zeros((len(idx), max_n), dtype=np.int32)
+    for c, rows in enumerate(idx):  # host-side gather, once per experiment
+        xs[c, : len(rows)] = x[rows]
+        ys[c, : len(rows)] = y[rows]
+    mask = np.arange(max_n)[None, :] < sizes[:, None]
+    return ClientData(
+        x=jnp.asarray(xs), y=jnp.asarray(ys), mask=jnp.asarray(mask), sizes=jnp.asarray(sizes)
+    )
+
+
+def client(data: ClientData, i: int) -> ClientData:
+    """Client ``i`` of a stacked :class:`ClientData`, still padded to ``max_n`` rows."""
+    return ClientData(x=data.x[i], y=data.y[i], mask=data.mask[i], sizes=data.sizes[i])
+
+
+def poisson_rates(sizes: ArrayLike, batch_size: float) -> np.ndarray:
+    """Per-client Poisson sampling rate ``q_i = B / |D_i|`` (float64, one per client).
+
+    Raises ``ValueError`` unless ``0 < B <= min |D_i|`` (a rate must be a probability).
+    """
+    sizes = np.asarray(sizes, dtype=np.float64).reshape(-1)
+    check_finite("batch_size", batch_size)
+    if not batch_size > 0:
+        raise ValueError(f"batch_size must be > 0; got {batch_size!r}")
+    if (sizes <= 0).any():
+        raise ValueError("every client size must be >= 1")
+    if batch_size > sizes.min():
+        raise ValueError(
+            f"batch_size must be <= the smallest client size {int(sizes.min())} so that "
+            f"q_i = B / |D_i| <= 1; got {batch_size!r}"
+        )
+    return batch_size / sizes

@@ -1,0 +1,200 @@
+"""Local training of ONE client (E epochs of mini-batch steps), lifted to all clients by vmap.
+
+Pieces, each swappable:
+
+* a **sampler** ``(key, mask, size) -> Batches`` draws one epoch of fixed-shape batches
+  from the client's real rows (default :func:`shuffled_batches`: a fresh permutation each
+  epoch, ``ceil(|D_i| / B)`` steps, the last batch partial). A DP variant passes a Poisson
+  sampler with the same output.
+* a **gradient function** ``grad_fn(params, xb, yb, mask_b, key) -> (loss, grads)``
+  (default :func:`default_grad_fn`: value and gradient of the masked mean cross-entropy).
+  DP-SGD / DP-Adam swap in per-example clipping and noise here.
+* any **optax** optimiser.
+
+Clients of different sizes run under one vmap: every client scans the same static number
+of steps ``ceil(max_n / B)`` per epoch, and a step the client does not have
+(``Batches.active`` False) leaves its parameters and optimiser state unchanged.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import optax
+from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray, PyTree
+
+from swarmjax._validation import check_int
+from swarmjax.fl.clients import ClientData
+from swarmjax.models import ApplyFn, loss
+
+__all__ = [
+    "Batches",
+    "GradFn",
+    "LocalResult",
+    "Sampler",
+    "default_grad_fn",
+    "local_train",
+    "local_train_clients",
+    "shuffled_batches",
+]
+
+
+@flax.struct.dataclass
+class Batches:
+    """One epoch of batches for one client.
+
+    Attributes:
+        idx: ``(steps, b)`` row indices into the client's padded arrays.
+        mask: ``(steps, b)`` True where the entry is a real example of this batch.
+        active: ``(steps,)`` True where the step updates the parameters.
+    """
+
+    idx: Int[Array, "steps b"]
+    mask: Bool[Array, "steps b"]
+    active: Bool[Array, " steps"]
+
+
+@flax.struct.dataclass
+class LocalResult:
+    """Output of :func:`local_train` (with a leading client axis after vmap).
+
+    Attributes:
+        params: the trained parameters.
+        opt_state: the optimiser state after the last step.
+        loss: mean training loss (nats) over the steps taken.
+        steps: number of parameter updates applied (for privacy accounting).
+    """
+
+    params: PyTree
+    opt_state: PyTree
+    loss: Float[Array, ""]
+    steps: Int[Array, ""]
+
+
+Sampler = Callable[[PRNGKeyArray, Bool[Array, " max_n"], Int[Array, ""]], Batches]
+GradFn = Callable[
+    [PyTree, Array, Array, Bool[Array, " b"], PRNGKeyArray], tuple[Float[Array, ""], PyTree]
+]
+
+
+def shuffled_batches(batch_size: int) -> Sampler:
+    """Sampler: shuffle the real rows each epoch and cut them into batches of ``batch_size``.
+
+    Steps per epoch are ``ceil(max_n / B)`` (static); a client with ``|D_i|`` rows has
+    ``ceil(|D_i| / B)`` active steps, its last batch holding ``|D_i| mod B`` rows if not 0.
+    """
+    batch_size = check_int("batch_size", batch_size, 1)
+
+    def sample(key: PRNGKeyArray, mask: Bool[Array, " max_n"], size: Int[Array, ""]) -> Batches:
+        max_n = mask.shape[0]
+        steps = math.ceil(max_n / batch_size)
+        # Random sort keys in [0, 1) for real rows, 2 for padding: real rows come first.
+        u = jnp.where(mask, jax.random.uniform(key, (max_n,)), 2.0)
+        perm = jnp.argsort(u)
+        pos = jnp.arange(steps * batch_size).reshape(steps, batch_size)
+        idx = perm[jnp.minimum(pos, max_n - 1)]
+        return Batches(
+            idx=idx,
+            mask=pos < size,
+            active=jnp.arange(steps) * batch_size < size,
+        )
+
+    return sample
+
+
+def default_grad_fn(apply_fn: ApplyFn) -> GradFn:
+    """Non-private ``grad_fn``: value and gradient of the masked mean cross-entropy."""
+
+    def grad_fn(
+        params: PyTree, xb: Array, yb: Array, mask_b: Bool[Array, " b"], key: PRNGKeyArray
+    ) -> tuple[Float[Array, ""], PyTree]:
+        del key
+        return jax.value_and_grad(lambda p: loss(apply_fn, p, xb, yb, mask_b))(params)
+
+    return grad_fn
+
+
+def _select(flag: Bool[Array, ""], new: PyTree, old: PyTree) -> PyTree:
+    return jax.tree.map(lambda a, b: jnp.where(flag, a, b), new, old)
+
+
+def local_train(
+    params: PyTree,
+    data: ClientData,
+    key: PRNGKeyArray,
+    *,
+    apply_fn: ApplyFn,
+    optimizer: optax.GradientTransformation,
+    epochs: int,
+    batch_size: int,
+    grad_fn: GradFn | None = None,
+    sampler: Sampler | None = None,
+    opt_state: PyTree | None = None,
+) -> LocalResult:
+    """Train ONE client's model from ``params`` for ``epochs`` epochs (pure, jit-able).
+
+    Args:
+        params: starting parameters.
+        data: one client's padded data (``x: (max_n, ...)``, no client axis).
+        key: this client's key (derive it with ``fold_in(round_key, client_index)``).
+        apply_fn: ``(params, x) -> logits``.
+        optimizer: any optax transformation; its state starts fresh unless ``opt_state``.
+        epochs, batch_size: static ints; ``batch_size`` only feeds the default sampler.
+        grad_fn: ``(params, xb, yb, mask_b, key) -> (loss, grads)``; default non-private.
+        sampler: ``(key, mask, size) -> Batches``; default :func:`shuffled_batches`.
+        opt_state: optimiser state to continue from (e.g. Adam moments across rounds).
+    """
+    epochs = check_int("epochs", epochs, 1)
+    grad_fn = default_grad_fn(apply_fn) if grad_fn is None else grad_fn
+    sampler = shuffled_batches(batch_size) if sampler is None else sampler
+    opt_state = optimizer.init(params) if opt_state is None else opt_state
+
+    def step(carry: tuple, inp: tuple) -> tuple[tuple, tuple]:
+        p, s = carry
+        idx, mask_b, active, k = inp
+        value, grads = grad_fn(p, data.x[idx], data.y[idx], mask_b & data.mask[idx], k)
+        updates, s_new = optimizer.update(grads, s, p)
+        p_new = optax.apply_updates(p, updates)
+        return (_select(active, p_new, p), _select(active, s_new, s)), (value, active)
+
+    def epoch(carry: tuple, e: Int[Array, ""]) -> tuple[tuple, tuple]:
+        sample_key, step_key = jax.random.split(jax.random.fold_in(key, e))
+        batches = sampler(sample_key, data.mask, data.sizes)
+        steps = batches.active.shape[0]
+        keys = jax.vmap(lambda s: jax.random.fold_in(step_key, s))(jnp.arange(steps))
+        carry, out = jax.lax.scan(step, carry, (batches.idx, batches.mask, batches.active, keys))
+        return carry, out
+
+    (params, opt_state), (values, active) = jax.lax.scan(
+        epoch, (params, opt_state), jnp.arange(epochs)
+    )
+    n = jnp.sum(active)
+    mean_loss = jnp.sum(jnp.where(active, values, 0.0)) / jnp.maximum(n, 1)
+    return LocalResult(
+        params=params, opt_state=opt_state, loss=mean_loss, steps=n.astype(jnp.int32)
+    )
+
+
+def local_train_clients(
+    params: PyTree,
+    clients: ClientData,
+    key: PRNGKeyArray,
+    *,
+    stacked_params: bool = False,
+    **kwargs,
+) -> LocalResult:
+    """:func:`local_train` on every client at once (vmap); client ``i`` uses ``fold_in(key, i)``.
+
+    ``params`` is shared by all clients unless ``stacked_params`` (leading client axis).
+    ``kwargs`` are :func:`local_train`'s keyword arguments. The result has a client axis.
+    """
+    ids = jnp.arange(clients.sizes.shape[0])
+
+    def one(p: PyTree, d: ClientData, i: Int[Array, ""]) -> LocalResult:
+        return local_train(p, d, jax.random.fold_in(key, i), **kwargs)
+
+    return jax.vmap(one, in_axes=(0 if stacked_params else None, 0, 0))(params, clients, ids)

@@ -1,0 +1,289 @@
+"""Models as ``(init, apply)`` pairs, the papers' Flax models, losses and size helpers.
+
+A :class:`Model` bundles ``init(key) -> params`` and ``apply(params, x) -> logits``; every
+algorithm in swarmjax takes one, so Flax (linen), Haiku and plain-JAX models all fit.
+``apply`` accepts a batch ``(B, *input_shape)`` and returns logits ``(B, num_classes)``.
+
+Shipped models (seed 000, spec section 2.5):
+
+* :func:`mlp` / :func:`paper_mlp`: a plain stack of ``nn.Dense`` layers (``Dense_0``,
+  ``Dense_1``, ...) with ReLU, flattening its input; the paper's MLP is 784-256-256-10.
+* :func:`lenet5`: the LeNet-5 variant for 28x28x3 PathMNIST: conv 5x5 6 ch, max-pool 2,
+  conv 5x5 16 ch, max-pool 2, flatten, 120, 84, ``num_classes``, ReLU.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray, PyTree
+
+from swarmjax._validation import check_choice, check_int
+
+__all__ = [
+    "Model",
+    "accuracy",
+    "check_model",
+    "cross_entropy",
+    "evaluate",
+    "from_flax",
+    "from_haiku",
+    "lenet5",
+    "loss",
+    "mlp",
+    "paper_mlp",
+    "param_bytes",
+    "param_count",
+]
+
+InitFn = Callable[[PRNGKeyArray], PyTree]
+ApplyFn = Callable[[PyTree, Array], Array]
+
+
+@dataclass(frozen=True)
+class Model:
+    """An ``(init, apply)`` pair with the shapes it expects.
+
+    Attributes:
+        init: ``key -> params`` (a pytree of arrays).
+        apply: ``(params, x) -> logits``; ``x`` is ``(B, *input_shape)``, logits ``(B, C)``.
+        num_classes: ``C``, the size of the logits' last axis.
+        input_shape: shape of one example, e.g. ``(28, 28, 1)`` (NHWC without N).
+        name: a label for tables and figures.
+    """
+
+    init: InitFn
+    apply: ApplyFn
+    num_classes: int
+    input_shape: tuple[int, ...]
+    name: str = "model"
+
+
+class _MLP(nn.Module):
+    hidden: tuple[int, ...]
+    num_classes: int
+    input_ndim: int
+
+    @nn.compact
+    def __call__(self, x: Array) -> Array:
+        # Flatten the example axes only, so one unbatched example works as well (per-example
+        # gradients under vmap call apply without a batch axis).
+        x = x.reshape((*x.shape[: x.ndim - self.input_ndim], -1))
+        for width in self.hidden:
+            x = nn.relu(nn.Dense(width)(x))
+        return nn.Dense(self.num_classes)(x)
+
+
+class _LeNet5(nn.Module):
+    num_classes: int
+    padding: str
+
+    @nn.compact
+    def __call__(self, x: Array) -> Array:
+        unbatched = x.ndim == 3
+        if unbatched:
+            x = x[None]
+        x = nn.relu(nn.Conv(6, (5, 5), padding=self.padding)(x))
+        x = nn.max_pool(x, (2, 2), strides=(2, 2))
+        x = nn.relu(nn.Conv(16, (5, 5), padding=self.padding)(x))
+        x = nn.max_pool(x, (2, 2), strides=(2, 2))
+        x = x.reshape((x.shape[0], -1))
+        x = nn.relu(nn.Dense(120)(x))
+        x = nn.relu(nn.Dense(84)(x))
+        x = nn.Dense(self.num_classes)(x)
+        return x[0] if unbatched else x
+
+
+def from_flax(
+    module: nn.Module, input_shape: Sequence[int], num_classes: int, name: str = "flax"
+) -> Model:
+    """Wrap a Flax linen module (no mutable collections) as a :class:`Model`."""
+    shape = tuple(int(s) for s in input_shape)
+    dummy = jnp.zeros((1, *shape), jnp.float32)
+    return Model(
+        init=lambda key: module.init(key, dummy),
+        apply=module.apply,
+        num_classes=check_int("num_classes", num_classes, 2),
+        input_shape=shape,
+        name=name,
+    )
+
+
+def from_haiku(
+    transformed: Any, input_shape: Sequence[int], num_classes: int, name: str = "haiku"
+) -> Model:
+    """Wrap a Haiku ``hk.transform``/``hk.without_apply_rng`` pair as a :class:`Model`.
+
+    The module must be deterministic (no ``hk.next_rng_key`` in apply) and stateless.
+    """
+    shape = tuple(int(s) for s in input_shape)
+    dummy = jnp.zeros((1, *shape), jnp.float32)
+
+    def apply(params: PyTree, x: Array) -> Array:
+        try:
+            return transformed.apply(params, None, x)
+        except TypeError:  # hk.without_apply_rng: apply(params, x)
+            return transformed.apply(params, x)
+
+    return Model(
+        init=lambda key: transformed.init(key, dummy),
+        apply=apply,
+        num_classes=check_int("num_classes", num_classes, 2),
+        input_shape=shape,
+        name=name,
+    )
+
+
+def mlp(
+    hidden: Sequence[int] = (256, 256),
+    num_classes: int = 10,
+    input_shape: Sequence[int] = (28, 28, 1),
+    name: str | None = None,
+) -> Model:
+    """Flax MLP ``prod(input_shape) - hidden... - num_classes`` with ReLU (logits out).
+
+    A plain stack of ``nn.Dense`` layers named ``Dense_0 .. Dense_{len(hidden)}``.
+    """
+    hidden = tuple(check_int("hidden width", h, 1) for h in hidden)
+    shape = tuple(int(s) for s in input_shape)
+    if name is None:
+        name = "mlp_" + "-".join(str(w) for w in (math.prod(shape), *hidden, num_classes))
+    module = _MLP(hidden=hidden, num_classes=num_classes, input_ndim=len(shape))
+    return from_flax(module, shape, num_classes, name)
+
+
+def paper_mlp(num_classes: int = 10, input_shape: Sequence[int] = (28, 28, 1)) -> Model:
+    """The MNIST / Fashion-MNIST MLP of seed 000: 784-256-256-10, ReLU."""
+    return mlp((256, 256), num_classes, input_shape)
+
+
+def lenet5(
+    num_classes: int = 9, input_shape: Sequence[int] = (28, 28, 3), padding: str = "VALID"
+) -> Model:
+    """The LeNet-5 variant of seed 000 (PathMNIST): 28x28x3 -> ``num_classes``.
+
+    The paper does not state the convolution padding; ``"VALID"`` (PyTorch's default,
+    28 -> 24 -> 12 -> 8 -> 4, so 16*4*4 = 256 features) is the default, ``"SAME"`` the option.
+    """
+    check_choice("padding", padding, ("VALID", "SAME"))
+    module = _LeNet5(num_classes=num_classes, padding=padding)
+    return from_flax(module, input_shape, num_classes, f"lenet5_{padding.lower()}")
+
+
+def check_model(model: Model, num_classes: int, input_shape: Sequence[int] | None = None) -> None:
+    """Raise ``ValueError`` unless ``model`` maps ``input_shape`` to ``num_classes`` logits.
+
+    Uses ``jax.eval_shape`` (abstract evaluation): nothing is compiled or run.
+    """
+    shape = tuple(input_shape) if input_shape is not None else model.input_shape
+    if model.num_classes != num_classes:
+        raise ValueError(
+            f"model {model.name!r} has num_classes={model.num_classes} but the data has "
+            f"{num_classes} classes"
+        )
+    params = jax.eval_shape(model.init, jax.random.key(0))
+    x = jax.ShapeDtypeStruct((2, *shape), jnp.float32)
+    try:
+        out = jax.eval_shape(model.apply, params, x)
+    except Exception as exc:  # shape errors surface as many exception types
+        raise ValueError(
+            f"model {model.name!r} cannot take inputs of shape {shape}: {exc}"
+        ) from exc
+    if out.shape != (2, num_classes):
+        raise ValueError(
+            f"model {model.name!r} outputs shape {out.shape[1:]} per example but the data has "
+            f"{num_classes} classes"
+        )
+
+
+def cross_entropy(logits: Float[Array, "*b C"], y: Int[Array, "*b"]) -> Float[Array, "*b"]:
+    """Per-example softmax cross-entropy in nats."""
+    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    return -jnp.take_along_axis(logp, y[..., None].astype(jnp.int32), axis=-1)[..., 0]
+
+
+def _masked(x: Array, mask: Bool[Array, " B"] | None) -> tuple[Array, Array]:
+    if mask is None:
+        return x, jnp.ones(x.shape[0], jnp.float32)
+    # Zero the padded rows before apply: a NaN/inf in a padded row must not reach the
+    # forward pass, where 0 * NaN in the backward pass would poison the gradient.
+    m = mask.reshape(mask.shape + (1,) * (x.ndim - 1))
+    return jnp.where(m, x, jnp.zeros((), x.dtype)), mask.astype(jnp.float32)
+
+
+def loss(
+    apply_fn: ApplyFn,
+    params: PyTree,
+    x: Float[Array, "B ..."],
+    y: Int[Array, " B"],
+    mask: Bool[Array, " B"] | None = None,
+) -> Float[Array, ""]:
+    """Masked mean cross-entropy (nats) over the valid rows; 0 if no row is valid."""
+    x, w = _masked(x, mask)
+    per = cross_entropy(apply_fn(params, x), y)
+    return jnp.sum(jnp.where(w > 0, per, 0.0)) / jnp.maximum(jnp.sum(w), 1.0)
+
+
+def accuracy(
+    apply_fn: ApplyFn,
+    params: PyTree,
+    x: Float[Array, "B ..."],
+    y: Int[Array, " B"],
+    mask: Bool[Array, " B"] | None = None,
+) -> Float[Array, ""]:
+    """Masked fraction of rows whose argmax logit equals the label."""
+    x, w = _masked(x, mask)
+    hit = jnp.argmax(apply_fn(params, x), axis=-1) == y
+    return jnp.sum(jnp.where(w > 0, hit, False)) / jnp.maximum(jnp.sum(w), 1.0)
+
+
+def evaluate(
+    apply_fn: ApplyFn,
+    params: PyTree,
+    x: Float[Array, "n ..."],
+    y: Int[Array, " n"],
+    batch_size: int | None = None,
+) -> tuple[Float[Array, ""], Float[Array, ""]]:
+    """Mean cross-entropy (nats) and accuracy over a whole set, in chunks of ``batch_size``.
+
+    ``batch_size=None`` evaluates in one forward pass; otherwise the set is padded to a
+    multiple of ``batch_size`` (padded rows masked out) and mapped with ``lax.map``.
+    """
+    n = x.shape[0]
+    if batch_size is None or batch_size >= n:
+        logits = apply_fn(params, x)
+        return jnp.mean(cross_entropy(logits, y)), jnp.mean(jnp.argmax(logits, -1) == y)
+    chunks = -(-n // batch_size)
+    pad = chunks * batch_size - n
+    xs = jnp.pad(x, [(0, pad)] + [(0, 0)] * (x.ndim - 1)).reshape(chunks, batch_size, *x.shape[1:])
+    ys = jnp.pad(y, (0, pad)).reshape(chunks, batch_size)
+    ms = (jnp.arange(chunks * batch_size) < n).reshape(chunks, batch_size)
+
+    def chunk(args: tuple) -> tuple[Array, Array]:
+        xb, yb, mb = args
+        logits = apply_fn(params, xb)
+        ce = jnp.sum(jnp.where(mb, cross_entropy(logits, yb), 0.0))
+        hit = jnp.sum(jnp.where(mb, jnp.argmax(logits, -1) == yb, False))
+        return ce, hit
+
+    ce, hit = jax.lax.map(chunk, (xs, ys, ms))
+    return jnp.sum(ce) / n, jnp.sum(hit) / n
+
+
+def param_count(params: PyTree) -> int:
+    """Number of scalars in a parameter pytree (works on arrays and ShapeDtypeStructs)."""
+    return sum(int(np.prod(leaf.shape)) for leaf in jax.tree.leaves(params))
+
+
+def param_bytes(params: PyTree) -> int:
+    """Bytes needed to send a parameter pytree: sum of size * itemsize over its leaves."""
+    return sum(
+        int(np.prod(leaf.shape)) * np.dtype(leaf.dtype).itemsize for leaf in jax.tree.leaves(params)
+    )
