@@ -1,0 +1,598 @@
+"""APDIM vs uniform Laplace on Adult, MGM, CMC and Heart (seed 003, spec section 5).
+
+    python -m experiments.apdim            # default slice: all datasets and epsilons, 2 seeds
+    python -m experiments.apdim --quick    # CI smoke run (< 1 minute)
+    python -m experiments.apdim --full     # full training sets, 5 seeds, larger models
+
+Measures, for the corrected mode (budget to informative features, record sensitivity) and the
+paper mode (published formula, sensitivity range / n), at equal total epsilon:
+F1 of five scikit-learn classifiers trained on noised data and tested on clean data, the
+attribute-inference attack accuracy, the processing time per batch of rows, and the F1 over
+(theta, alpha).  Writes CSV/JSON/PNG under ``results/apdim/`` and prints a summary table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+import pandas as pd
+from sklearn.ensemble import AdaBoostClassifier, RandomForestClassifier
+from sklearn.exceptions import ConvergenceWarning
+from sklearn.metrics import f1_score
+from sklearn.model_selection import train_test_split
+from sklearn.naive_bayes import GaussianNB
+from sklearn.neighbors import KNeighborsClassifier
+from sklearn.neural_network import MLPClassifier
+from tqdm import tqdm
+
+from swarmjax.privacy import apdim
+
+REPO = Path(__file__).resolve().parents[1]
+EPSILONS = (0.01, 0.05, 0.1, 0.5, 1.0, 5.0)
+# mode -> (allocation, sensitivity)
+MODES = {"correct": ("corrected", "record"), "paper": ("paper", "paper")}
+MECHANISMS = ("apdim", "uniform")
+
+
+@dataclasses.dataclass(frozen=True)
+class Dataset:
+    file: str
+    target: str
+    sensitive: str  # attacked column (a feature of the released table)
+    drop: tuple[str, ...] = ()
+    binarise_sensitive: bool = False  # a numeric column: predict "above the median"
+
+
+# Sensitive columns: a demographic attribute of each table that is also a released feature.
+DATASETS = {
+    "adult": Dataset("adults.csv", "income", "sex"),
+    "mgm": Dataset("mgm.csv", "severity", "age", drop=("ID",), binarise_sensitive=True),
+    "cmc": Dataset("cmc.csv", "method", "religion", drop=("ID",)),
+    "heart": Dataset("heart.csv", "HeartDisease", "Sex"),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Profile:
+    seeds: int
+    epsilons: tuple[float, ...]
+    max_train: int | None
+    max_test: int | None
+    rf_trees: int
+    mlp_hidden: int
+    mlp_iter: int
+    ada_rounds: int
+    batch_sizes: tuple[int, ...]
+    timing_epsilons: tuple[float, ...]
+    timing_reps: int
+    thetas: tuple[float, ...]
+    alphas: tuple[float, ...]
+
+
+PROFILES = {
+    "quick": Profile(1, (0.1, 5.0), 300, 300, 20, 16, 100, 20, (2000, 4000), (0.1, 1.0), 1,
+                     (0.5, 0.9), (0.2, 0.8)),
+    "default": Profile(2, EPSILONS, 3000, 2000, 50, 32, 150, 50,
+                       (10_000, 20_000, 30_000, 40_000), (0.01, 0.1, 1.0), 2,
+                       (0.5, 0.7, 0.9), (0.2, 0.5, 0.8, 1.0)),
+    "full": Profile(5, EPSILONS, None, None, 100, 64, 300, 100,
+                    (10_000, 20_000, 30_000, 40_000), (0.01, 0.1, 1.0), 5,
+                    (0.5, 0.6, 0.7, 0.8, 0.9), (0.2, 0.5, 0.8, 1.0)),
+}  # fmt: skip
+
+
+# ----------------------------------------------------------------------------------------
+# data
+# ----------------------------------------------------------------------------------------
+
+
+def find_data_dir(given: str | None) -> Path:
+    """``--data-dir``, else ``$SWARMJAX_DATA``, else ``../shared/data``; must hold tabular/."""
+    candidates = [Path(given)] if given else []
+    if os.environ.get("SWARMJAX_DATA"):
+        candidates.append(Path(os.environ["SWARMJAX_DATA"]))
+    candidates.append(REPO.parent / "shared" / "data")
+    for path in candidates:
+        if (path / "tabular").is_dir():
+            return path / "tabular"
+        if path.is_dir() and any(path.glob("adults.csv")):
+            return path
+    raise SystemExit(
+        "APDIM data not found; looked in "
+        + ", ".join(str(p) for p in candidates)
+        + ". Pass --data-dir DIR (holding tabular/adults.csv, cmc.csv, heart.csv, mgm.csv) "
+        "or set SWARMJAX_DATA."
+    )
+
+
+@dataclasses.dataclass
+class Split:
+    X_train: np.ndarray
+    y_train: np.ndarray
+    X_test: np.ndarray
+    y_test: np.ndarray
+    sensitive: np.ndarray  # clean attacked attribute of the training rows (class codes)
+    sensitive_index: int
+    encoder: apdim.TabularEncoder
+
+
+def _cap(frame: pd.DataFrame, target: str, limit: int | None, seed: int) -> pd.DataFrame:
+    if limit is None or len(frame) <= limit:
+        return frame
+    kept, _ = train_test_split(frame, train_size=limit, stratify=frame[target], random_state=seed)
+    return kept
+
+
+def load_split(data_dir: Path, name: str, profile: Profile) -> Split:
+    """70/30 stratified split; the encoder (codes, imputation, ranges) is fit on train only."""
+    spec = DATASETS[name]
+    frame = apdim.load_csv(data_dir / spec.file)
+    train, test = train_test_split(
+        frame, test_size=0.3, stratify=frame[spec.target], random_state=0
+    )
+    train = _cap(train, spec.target, profile.max_train, 0)
+    test = _cap(test, spec.target, profile.max_test, 0)
+    encoder = apdim.fit_encoder(train, spec.target, drop=spec.drop)
+    X_train, y_train = encoder.transform(train)
+    X_test, y_test = encoder.transform(test)
+    j = encoder.features.index(spec.sensitive)
+    raw = encoder.encode(train)[:, j]
+    sensitive = (raw > np.median(raw)) if spec.binarise_sensitive else raw
+    sensitive = np.unique(sensitive, return_inverse=True)[1]
+    return Split(X_train, y_train, X_test, y_test, sensitive, j, encoder)
+
+
+# ----------------------------------------------------------------------------------------
+# models and metrics
+# ----------------------------------------------------------------------------------------
+
+
+def classifiers(profile: Profile, seed: int) -> dict[str, Callable[[], Any]]:
+    return {
+        "KNN": lambda: KNeighborsClassifier(n_neighbors=5),
+        "GNB": lambda: GaussianNB(),
+        "RF": lambda: RandomForestClassifier(profile.rf_trees, random_state=seed, n_jobs=1),
+        "MLP": lambda: MLPClassifier(
+            (profile.mlp_hidden,), max_iter=profile.mlp_iter, random_state=seed
+        ),
+        "ADB": lambda: AdaBoostClassifier(n_estimators=profile.ada_rounds, random_state=seed),
+    }
+
+
+def f1(model: Any, X: np.ndarray, y: np.ndarray, X_test: np.ndarray, y_test: np.ndarray) -> float:
+    """Support-weighted F1 on the clean test set (the paper's Adult numbers are weighted)."""
+    if np.unique(y).size < 2:
+        return float(f1_score(y_test, np.full_like(y_test, y[0]), average="weighted"))
+    model.fit(X, y)
+    return float(f1_score(y_test, model.predict(X_test), average="weighted"))
+
+
+def attack_accuracy(released: np.ndarray, sensitive: np.ndarray, seed: int) -> float:
+    """Attribute inference: the attacker knows the sensitive value of half the released rows,
+    trains a random forest on their released (noised) features, and predicts the other half.
+    """
+    rng = np.random.default_rng(seed)
+    known = rng.permutation(len(sensitive)) < len(sensitive) // 2
+    if np.unique(sensitive[known]).size < 2:
+        return float(np.mean(sensitive[~known] == sensitive[known][0]))
+    model = RandomForestClassifier(50, random_state=seed, n_jobs=1)
+    model.fit(released[known], sensitive[known])
+    return float(np.mean(model.predict(released[~known]) == sensitive[~known]))
+
+
+# ----------------------------------------------------------------------------------------
+# the experiment parts
+# ----------------------------------------------------------------------------------------
+
+
+def make_plans(split: Split, *, theta: float = 0.7, alpha: float = 0.8) -> dict:
+    plans = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", apdim.PaperSensitivityWarning)
+        for mode, (allocation, sensitivity) in MODES.items():
+            plans[(mode, "apdim")] = apdim.fit_apdim(
+                split.X_train,
+                split.y_train,
+                mi_weight=alpha,
+                theta=theta,
+                allocation=allocation,
+                sensitivity=sensitivity,
+                discrete=split.encoder.categorical,
+            )
+            plans[(mode, "uniform")] = apdim.uniform_plan(split.X_train, sensitivity=sensitivity)
+    return plans
+
+
+class CsvLog:
+    """Append rows to a CSV as they come (the header once; main removes stale files)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def write(self, rows: list[dict]) -> None:
+        pd.DataFrame(rows).to_csv(self.path, mode="a", header=not self.path.exists(), index=False)
+
+
+def run_utility(split: Split, name: str, profile: Profile, out: Path, bar: tqdm) -> list[dict]:
+    """F1 per (mode, mechanism, epsilon, seed, classifier) and the attack accuracy."""
+    f1_log, attack_log = CsvLog(out / "f1.csv"), CsvLog(out / "attack.csv")
+    plans = make_plans(split)
+    seeds = list(range(profile.seeds))
+    rows = []
+    clean_rows = [
+        {
+            "dataset": name,
+            "mode": "clean",
+            "mechanism": "none",
+            "epsilon": np.inf,
+            "seed": 0,
+            "classifier": clf,
+            "f1": f1(make(), split.X_train, split.y_train, split.X_test, split.y_test),
+        }
+        for clf, make in classifiers(profile, 0).items()
+    ]
+    f1_log.write(clean_rows)
+    rows += clean_rows
+    attack_log.write(
+        [
+            {
+                "dataset": name,
+                "mode": "clean",
+                "mechanism": "none",
+                "epsilon": np.inf,
+                "seed": 0,
+                "accuracy": attack_accuracy(split.X_train, split.sensitive, 0),
+                "majority": float(np.bincount(split.sensitive).max() / len(split.sensitive)),
+            }
+        ]
+    )
+    for (mode, mechanism), plan in plans.items():
+        released = np.asarray(
+            apdim.privatize_sweep(split.X_train, plan, profile.epsilons, seeds), np.float32
+        )
+        for e, epsilon in enumerate(profile.epsilons):
+            for s in seeds:
+                X_noisy = released[e, s]
+                batch = []
+                for clf, make in classifiers(profile, s).items():
+                    score = f1(make(), X_noisy, split.y_train, split.X_test, split.y_test)
+                    batch.append(
+                        {
+                            "dataset": name,
+                            "mode": mode,
+                            "mechanism": mechanism,
+                            "epsilon": epsilon,
+                            "seed": s,
+                            "classifier": clf,
+                            "f1": score,
+                        }
+                    )
+                    bar.update(1)
+                f1_log.write(batch)
+                rows += batch
+                attack_log.write(
+                    [
+                        {
+                            "dataset": name,
+                            "mode": mode,
+                            "mechanism": mechanism,
+                            "epsilon": epsilon,
+                            "seed": s,
+                            "accuracy": attack_accuracy(X_noisy, split.sensitive, s),
+                            "majority": float(
+                                np.bincount(split.sensitive).max() / len(split.sensitive)
+                            ),
+                        }
+                    ]
+                )
+    return rows
+
+
+def run_params(split: Split, profile: Profile, out: Path, epsilon: float = 1.0) -> pd.DataFrame:
+    """Fig. 3: random-forest F1 over (theta, alpha) on one dataset at one epsilon, seed 0."""
+    rows = []
+    for theta in profile.thetas:
+        for alpha in profile.alphas:
+            plans = make_plans(split, theta=theta, alpha=alpha)
+            for mode in MODES:
+                noisy = apdim.privatize(
+                    jax.random.key(0), split.X_train, plans[(mode, "apdim")], epsilon
+                )
+                model = classifiers(profile, 0)["RF"]()
+                score = f1(model, np.asarray(noisy), split.y_train, split.X_test, split.y_test)
+                rows.append(
+                    {"mode": mode, "theta": theta, "alpha": alpha, "epsilon": epsilon, "f1": score}
+                )
+    frame = pd.DataFrame(rows)
+    frame.to_csv(out / "params.csv", index=False)
+    return frame
+
+
+def _timed(fn: Callable[[], Any]) -> float:
+    start = time.perf_counter()
+    jax.block_until_ready(fn())
+    return time.perf_counter() - start
+
+
+def run_timing(data_dir: Path, profile: Profile, out: Path) -> pd.DataFrame:
+    """Fig. 2: seconds per batch of Adult rows (resampled with replacement up to the size).
+
+    APDIM = fit (MI, grouping, allocation) + noise; uniform = plan + noise.  jit compilation
+    is excluded (one warm-up call per shape): it is paid once per shape, not per batch.
+    """
+    frame = apdim.load_csv(data_dir / DATASETS["adult"].file)
+    encoder = apdim.fit_encoder(frame, "income")
+    X_all, y_all = encoder.transform(frame)
+    rng = np.random.default_rng(0)
+    rows = []
+    for size in profile.batch_sizes:
+        idx = rng.integers(0, len(X_all), size)
+        X, y = X_all[idx], y_all[idx]
+        for epsilon in profile.timing_epsilons:
+            key = jax.random.key(0)
+
+            def apdim_batch(X=X, y=y, epsilon=epsilon, key=key):
+                plan = apdim.fit_apdim(X, y, discrete=encoder.categorical)
+                return apdim.privatize(key, X, plan, epsilon)
+
+            def uniform_batch(X=X, epsilon=epsilon, key=key):
+                return apdim.privatize(key, X, apdim.uniform_plan(X), epsilon)
+
+            uniform_batch()  # compile for this shape
+            for rep in range(profile.timing_reps):
+                rows.append(
+                    {
+                        "batch": size,
+                        "epsilon": epsilon,
+                        "rep": rep,
+                        "apdim_s": _timed(apdim_batch),
+                        "uniform_s": _timed(uniform_batch),
+                    }
+                )
+    timing = pd.DataFrame(rows)
+    timing.to_csv(out / "timing.csv", index=False)
+    return timing
+
+
+# ----------------------------------------------------------------------------------------
+# figures and summary
+# ----------------------------------------------------------------------------------------
+
+STYLE = {
+    ("correct", "apdim"): ("tab:blue", "-", "APDIM (correct)"),
+    ("correct", "uniform"): ("tab:blue", "--", "uniform (correct)"),
+    ("paper", "apdim"): ("tab:red", "-", "APDIM (paper)"),
+    ("paper", "uniform"): ("tab:red", "--", "uniform (paper)"),
+}
+
+
+def plot_f1(f1_frame: pd.DataFrame, name: str, path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    data = f1_frame[f1_frame.dataset == name]
+    clfs = list(dict.fromkeys(data.classifier))
+    fig, axes = plt.subplots(1, len(clfs), figsize=(3.2 * len(clfs), 3.2), sharey=True)
+    for ax, clf in zip(np.atleast_1d(axes), clfs, strict=True):
+        part = data[data.classifier == clf]
+        for (mode, mechanism), (color, ls, label) in STYLE.items():
+            sel = part[(part["mode"] == mode) & (part.mechanism == mechanism)]
+            stats = sel.groupby("epsilon").f1.agg(["mean", "std"]).fillna(0.0)
+            ax.errorbar(
+                stats.index,
+                stats["mean"],
+                stats["std"],
+                color=color,
+                ls=ls,
+                marker="o",
+                ms=3,
+                capsize=2,
+                label=label,
+            )
+        clean = part[part["mode"] == "clean"].f1
+        if len(clean):
+            ax.axhline(clean.mean(), color="k", lw=0.8, ls=":", label="no noise")
+        ax.set_xscale("log")
+        ax.set_title(clf)
+        ax.set_xlabel("total epsilon")
+    np.atleast_1d(axes)[0].set_ylabel("weighted F1 (clean test set)")
+    np.atleast_1d(axes)[-1].legend(fontsize=7)
+    fig.suptitle(f"Classification performance ({name})")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_attack(attack: pd.DataFrame, path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    names = list(dict.fromkeys(attack.dataset))
+    fig, axes = plt.subplots(1, len(names), figsize=(3.4 * len(names), 3.2))
+    for ax, name in zip(np.atleast_1d(axes), names, strict=True):
+        part = attack[attack.dataset == name]
+        for (mode, mechanism), (color, ls, label) in STYLE.items():
+            sel = part[(part["mode"] == mode) & (part.mechanism == mechanism)]
+            stats = sel.groupby("epsilon").accuracy.agg(["mean", "std"]).fillna(0.0)
+            ax.errorbar(
+                stats.index,
+                stats["mean"],
+                stats["std"],
+                color=color,
+                ls=ls,
+                marker="o",
+                ms=3,
+                capsize=2,
+                label=label,
+            )
+        ax.axhline(part.majority.iloc[0], color="gray", lw=0.8, label="majority class")
+        clean = part[part["mode"] == "clean"].accuracy
+        ax.axhline(clean.mean(), color="k", lw=0.8, ls=":", label="no noise")
+        ax.set_xscale("log")
+        ax.set_title(f"{name}: {DATASETS[name].sensitive}")
+        ax.set_xlabel("total epsilon")
+    np.atleast_1d(axes)[0].set_ylabel("attacker accuracy")
+    np.atleast_1d(axes)[-1].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_timing(timing: pd.DataFrame, path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    stats = timing.groupby(["epsilon", "batch"])[["apdim_s", "uniform_s"]].median()
+    for i, epsilon in enumerate(stats.index.get_level_values(0).unique()):
+        part = stats.loc[epsilon]
+        ax.plot(part.index, part.apdim_s, f"C{i}-o", label=f"APDIM eps={epsilon:g}")
+        ax.plot(part.index, part.uniform_s, f"C{i}--s", label=f"Laplace eps={epsilon:g}")
+    ax.set_yscale("log")
+    ax.set_xlabel("batch size (rows)")
+    ax.set_ylabel("seconds per batch (median)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_params(params: pd.DataFrame, path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    modes = list(dict.fromkeys(params["mode"]))
+    fig, axes = plt.subplots(1, len(modes), figsize=(4.2 * len(modes), 3.4))
+    for ax, mode in zip(np.atleast_1d(axes), modes, strict=True):
+        grid = params[params["mode"] == mode].pivot(index="theta", columns="alpha", values="f1")
+        im = ax.imshow(grid.to_numpy(), cmap="viridis", aspect="auto", origin="lower")
+        ax.set_xticks(range(grid.shape[1]), [f"{a:g}" for a in grid.columns])
+        ax.set_yticks(range(grid.shape[0]), [f"{t:g}" for t in grid.index])
+        for (i, j), value in np.ndenumerate(grid.to_numpy()):
+            ax.text(j, i, f"{value:.3f}", ha="center", va="center", fontsize=7, color="w")
+        ax.set_xlabel("alpha (mi_weight)")
+        ax.set_ylabel("theta")
+        ax.set_title(f"RF F1, adult, eps={params.epsilon.iloc[0]:g} ({mode})")
+        fig.colorbar(im, ax=ax)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def summarise(f1_frame: pd.DataFrame, attack: pd.DataFrame) -> pd.DataFrame:
+    """Per dataset, mode and epsilon: F1 averaged over classifiers, APDIM minus uniform."""
+    noisy = f1_frame[f1_frame["mode"] != "clean"]
+    mean = noisy.groupby(["dataset", "mode", "epsilon", "mechanism"]).f1.mean().unstack()
+    table = mean.rename(columns={"apdim": "f1_apdim", "uniform": "f1_uniform"})
+    table["f1_gain"] = table.f1_apdim - table.f1_uniform
+    att = attack[attack["mode"] != "clean"]
+    att = att.groupby(["dataset", "mode", "epsilon", "mechanism"]).accuracy.mean().unstack()
+    table["attack_apdim"] = att["apdim"]
+    table["attack_uniform"] = att["uniform"]
+    return table.reset_index()
+
+
+# ----------------------------------------------------------------------------------------
+# main
+# ----------------------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m experiments.apdim",
+        description="APDIM vs uniform Laplace (correct and paper modes): F1, attribute "
+        "inference, processing time and the (theta, alpha) grid. Results in results/apdim/.",
+    )
+    size = parser.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true", help="CI smoke run (< 1 minute)")
+    size.add_argument("--full", action="store_true", help="all rows, 5 seeds, larger models")
+    parser.add_argument(
+        "--data-dir",
+        help="folder with tabular/*.csv (default: $SWARMJAX_DATA, then ../shared/data)",
+    )
+    parser.add_argument("--out", default=str(REPO / "results" / "apdim"), help="output folder")
+    parser.add_argument("--datasets", nargs="+", choices=list(DATASETS), default=list(DATASETS))
+    parser.add_argument("--seeds", type=int, help="override the number of seeds")
+    parser.add_argument("--skip-timing", action="store_true", help="skip the Fig. 2 timing")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    name = "quick" if args.quick else "full" if args.full else "default"
+    profile = PROFILES[name]
+    if args.seeds is not None:
+        profile = dataclasses.replace(profile, seeds=max(1, args.seeds))
+    data_dir = find_data_dir(args.data_dir)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for stale in ("f1.csv", "attack.csv"):
+        (out / stale).unlink(missing_ok=True)
+    warnings.filterwarnings("ignore", category=ConvergenceWarning)
+    started = time.perf_counter()
+
+    splits = {ds: load_split(data_dir, ds, profile) for ds in args.datasets}
+    n_fits = len(args.datasets) * len(MODES) * len(MECHANISMS) * len(profile.epsilons)
+    n_fits *= profile.seeds * 5
+    plans_json = {}
+    with tqdm(total=n_fits, desc="APDIM F1 fits", unit="fit") as bar:
+        for ds, split in splits.items():
+            bar.set_postfix(dataset=ds)
+            run_utility(split, ds, profile, out, bar)
+            plans_json[ds] = {
+                f"{mode}/{mech}": {
+                    "features": list(split.encoder.features),
+                    "importance": plan.importance.round(4).tolist(),
+                    "groups": [list(g) for g in plan.groups],
+                    "shares": plan.shares.round(4).tolist(),
+                    "sensitivity": plan.sensitivity.tolist(),
+                    "record_epsilon_at_eps1": apdim.record_epsilon(plan, 1.0),
+                }
+                for (mode, mech), plan in make_plans(split).items()
+            }
+    (out / "plans.json").write_text(json.dumps(plans_json, indent=1))
+    f1_frame = pd.read_csv(out / "f1.csv")
+    attack = pd.read_csv(out / "attack.csv")
+    for i, ds in enumerate(args.datasets):
+        plot_f1(f1_frame, ds, out / f"fig{4 + i}_f1_{ds}.png")
+    plot_attack(attack, out / "fig8_attack.png")
+
+    params_split = splits.get("adult") or next(iter(splits.values()))
+    plot_params(run_params(params_split, profile, out), out / "fig3_params.png")
+    timing = None
+    if not args.skip_timing:
+        timing = run_timing(data_dir, profile, out)
+        plot_timing(timing, out / "fig2_timing.png")
+
+    table = summarise(f1_frame, attack)
+    table.to_csv(out / "summary.csv", index=False)
+    clean = f1_frame[f1_frame["mode"] == "clean"].groupby("dataset").f1.mean()
+    summary = {
+        "profile": name,
+        "profile_settings": dataclasses.asdict(profile),
+        "seconds": round(time.perf_counter() - started, 1),
+        "clean_f1_mean_over_classifiers": clean.round(4).to_dict(),
+        "sensitive_columns": {ds: DATASETS[ds].sensitive for ds in args.datasets},
+        "table": table.round(4).to_dict(orient="records"),
+    }
+    if timing is not None:
+        med = timing.groupby(["batch", "epsilon"])[["apdim_s", "uniform_s"]].median()
+        summary["timing_median_s"] = med.round(4).reset_index().to_dict(orient="records")
+    (out / "summary.json").write_text(json.dumps(summary, indent=1, default=float))
+
+    with pd.option_context("display.width", 160, "display.max_rows", 200):
+        print(table.round(3).to_string(index=False))
+        print("\nclean F1 (mean over classifiers):", clean.round(3).to_dict())
+        if timing is not None:
+            print("\nmedian seconds per batch:\n", med.round(4).to_string())
+    print(f"\nwrote {out} in {summary['seconds']} s")
+
+
+if __name__ == "__main__":
+    main()
