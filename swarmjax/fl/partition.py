@@ -1,0 +1,283 @@
+"""Split a labelled dataset across clients: IID, Dirichlet over labels, pathological.
+
+Every partitioner returns a :class:`Partition`: disjoint per-client index arrays (each
+sorted), the scheme, and a class-histogram summary (:meth:`Partition.histogram`, a pandas
+DataFrame) that :meth:`Partition.plot` draws as a stacked-bar figure.
+
+* ``iid``: a random permutation cut into ``N`` near-equal parts (``stratify=True`` deals
+  every class round-robin instead: equal class counts up to one, the "uniform" split of
+  seed 004).
+* ``dirichlet``: Flower's ``DirichletPartitioner`` semantics - for each class, shuffle its
+  examples, draw proportions ``p ~ Dir(alpha)`` over the clients and cut the class at
+  ``cumsum(p)``; optional self-balancing (a client already above ``n / N`` examples gets no
+  more); the whole draw is repeated until every client has ``min_partition_size``
+  examples, at most ``max_attempts`` times, then a ``ValueError`` says what to change.
+* ``pathological`` (alias ``arbitrary``): each client gets ALL examples of a disjoint set
+  of classes (seed 004's "arbitrary" split, e.g. 2 digits each for 5 clients).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from jaxtyping import ArrayLike
+from matplotlib.figure import Figure
+
+from swarmjax._validation import check_choice, check_int, check_positive
+
+__all__ = [
+    "SCHEMES",
+    "Partition",
+    "dirichlet_partition",
+    "iid_partition",
+    "label_skew",
+    "partition",
+    "pathological_partition",
+]
+
+SCHEMES = ("iid", "dirichlet", "pathological", "arbitrary")
+
+
+@dataclass(frozen=True)
+class Partition:
+    """Per-client example indices into the partitioned arrays.
+
+    Attributes:
+        indices: one sorted int64 index array per client; disjoint.
+        labels: ``(n,)`` the labels that were partitioned (for the summaries).
+        num_classes: ``C``.
+        scheme: e.g. ``"dirichlet(alpha=0.3)"``.
+    """
+
+    indices: tuple[np.ndarray, ...]
+    labels: np.ndarray
+    num_classes: int
+    scheme: str
+
+    @property
+    def num_clients(self) -> int:
+        return len(self.indices)
+
+    @property
+    def sizes(self) -> np.ndarray:
+        """``(N,)`` examples per client."""
+        return np.array([len(i) for i in self.indices], dtype=np.int64)
+
+    def histogram(self) -> pd.DataFrame:
+        """Examples per (client, class): rows ``client 0..N-1``, columns ``0..C-1``, ``total``."""
+        counts = np.stack(
+            [np.bincount(self.labels[i], minlength=self.num_classes) for i in self.indices]
+        )
+        frame = pd.DataFrame(counts, columns=list(range(self.num_classes)))
+        frame.index.name = "client"
+        frame.columns.name = "class"
+        frame["total"] = counts.sum(axis=1)
+        return frame
+
+    def plot(self, path: str | Path | None = None, *, title: str | None = None) -> Figure:
+        """Stacked bars of class counts per client; saved as PNG when ``path`` is given."""
+        counts = self.histogram().drop(columns="total").to_numpy()
+        fig = Figure(figsize=(1.0 + 0.6 * self.num_clients, 3.5), layout="constrained")
+        ax = fig.add_subplot()
+        bottom = np.zeros(self.num_clients)
+        colors = [_color(c, self.num_classes) for c in range(self.num_classes)]
+        for c in range(self.num_classes):
+            ax.bar(
+                range(self.num_clients), counts[:, c], bottom=bottom, color=colors[c], label=str(c)
+            )
+            bottom += counts[:, c]
+        ax.set_xlabel("client")
+        ax.set_ylabel("examples")
+        ax.set_xticks(range(self.num_clients))
+        ax.set_title(title or self.scheme)
+        ax.legend(
+            title="class", fontsize="small", ncols=2, loc="center left", bbox_to_anchor=(1, 0.5)
+        )
+        if path is not None:
+            fig.savefig(path, dpi=120)
+        return fig
+
+
+def _color(c: int, n: int) -> tuple[float, ...]:
+    from matplotlib import colormaps
+
+    return colormaps["tab10" if n <= 10 else "tab20"](c % 20)
+
+
+def _labels(labels: ArrayLike, num_classes: int | None) -> tuple[np.ndarray, int]:
+    y = np.asarray(labels)
+    if y.ndim != 1 or y.size == 0:
+        raise ValueError(f"labels must be a non-empty 1-D array; got shape {y.shape}")
+    if not np.issubdtype(y.dtype, np.integer) or y.min() < 0:
+        raise ValueError("labels must be non-negative integers")
+    c = int(y.max()) + 1 if num_classes is None else check_int("num_classes", num_classes, 1)
+    if y.max() >= c:
+        raise ValueError(f"labels must be < num_classes={c}; got max {int(y.max())}")
+    return y.astype(np.int64), c
+
+
+def _check_clients(num_clients: int, n: int) -> int:
+    num_clients = check_int("num_clients", num_clients, 1)
+    if num_clients > n:
+        raise ValueError(f"num_clients must be <= the number of examples ({n}); got {num_clients}")
+    return num_clients
+
+
+def _finish(parts: list[np.ndarray], y: np.ndarray, c: int, scheme: str) -> Partition:
+    return Partition(
+        indices=tuple(np.sort(np.asarray(p, dtype=np.int64)) for p in parts),
+        labels=y,
+        num_classes=c,
+        scheme=scheme,
+    )
+
+
+def iid_partition(
+    labels: ArrayLike,
+    num_clients: int,
+    *,
+    seed: int = 0,
+    stratify: bool = False,
+    num_classes: int | None = None,
+) -> Partition:
+    """IID split into ``num_clients`` near-equal parts (sizes differ by at most one)."""
+    y, c = _labels(labels, num_classes)
+    num_clients = _check_clients(num_clients, y.size)
+    rng = np.random.default_rng(seed)
+    if not stratify:
+        return _finish(np.array_split(rng.permutation(y.size), num_clients), y, c, "iid")
+    # Deal a class-sorted, within-class shuffled order round-robin: every client gets each
+    # class's count divided by N, up to one.
+    order = np.concatenate([rng.permutation(np.flatnonzero(y == k)) for k in range(c)])
+    parts = [order[i::num_clients] for i in range(num_clients)]
+    return _finish(parts, y, c, "iid(stratified)")
+
+
+def dirichlet_partition(
+    labels: ArrayLike,
+    num_clients: int,
+    alpha: float | ArrayLike,
+    *,
+    seed: int = 42,
+    min_partition_size: int = 10,
+    self_balancing: bool = False,
+    max_attempts: int = 10,
+    num_classes: int | None = None,
+) -> Partition:
+    """Dirichlet label skew as Flower's ``DirichletPartitioner`` (defaults match Flower's).
+
+    Args:
+        alpha: concentration > 0, one value (symmetric) or one per client.
+        min_partition_size: every client must end with at least this many examples.
+        self_balancing: stop giving examples to a client above the mean size ``n / N``.
+        max_attempts: redraws allowed before failing with ``ValueError``.
+    """
+    y, c = _labels(labels, num_classes)
+    num_clients = _check_clients(num_clients, y.size)
+    alpha_vec = np.broadcast_to(np.asarray(alpha, dtype=np.float64), (num_clients,)).copy()
+    check_positive("alpha", alpha_vec)
+    min_size = check_int("min_partition_size", min_partition_size, 0)
+    max_attempts = check_int("max_attempts", max_attempts, 1)
+    if min_size * num_clients > y.size:
+        raise ValueError(
+            f"min_partition_size * num_clients = {min_size * num_clients} exceeds the "
+            f"{y.size} examples"
+        )
+    rng = np.random.default_rng(seed)
+    mean_size = y.size / num_clients
+    sizes = np.zeros(num_clients, dtype=np.int64)
+    for _ in range(max_attempts):
+        parts: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
+        sizes = np.zeros(num_clients, dtype=np.int64)
+        for k in range(c):
+            rows = rng.permutation(np.flatnonzero(y == k))
+            p = rng.dirichlet(alpha_vec)
+            if self_balancing:
+                balanced = np.where(sizes < mean_size, p, 0.0)
+                p = balanced / balanced.sum() if balanced.sum() > 0 else p
+            cuts = (np.cumsum(p)[:-1] * rows.size).astype(np.int64)
+            for i, chunk in enumerate(np.split(rows, cuts)):
+                parts[i].append(chunk)
+                sizes[i] += chunk.size
+        if sizes.min() >= min_size:
+            merged = [np.concatenate(p) for p in parts]
+            return _finish(merged, y, c, f"dirichlet(alpha={_fmt_alpha(alpha_vec)})")
+    raise ValueError(
+        f"dirichlet_partition: no draw in {max_attempts} attempts gave every one of the "
+        f"{num_clients} clients >= min_partition_size={min_size} examples (last sizes "
+        f"{sizes.tolist()}); lower min_partition_size or num_clients, raise alpha or "
+        "max_attempts, or use self_balancing=True"
+    )
+
+
+def _fmt_alpha(alpha: np.ndarray) -> str:
+    return f"{alpha[0]:g}" if np.all(alpha == alpha[0]) else "vector"
+
+
+def pathological_partition(
+    labels: ArrayLike,
+    num_clients: int,
+    classes_per_client: int | None = None,
+    *,
+    seed: int = 0,
+    shuffle_classes: bool = True,
+    num_classes: int | None = None,
+) -> Partition:
+    """Each client gets every example of its own disjoint set of classes.
+
+    ``classes_per_client=None`` splits all ``C`` classes as evenly as possible (complete
+    partition); an integer ``k`` gives exactly ``k`` classes each (needs ``N * k <= C``) and
+    leaves the remaining ``C - N * k`` classes unused. Classes are assigned in a seeded
+    random order unless ``shuffle_classes=False`` (then client 0 gets 0..k-1, ...).
+    """
+    y, c = _labels(labels, num_classes)
+    present = np.unique(y)
+    num_clients = check_int("num_clients", num_clients, 1)
+    if num_clients > present.size:
+        raise ValueError(
+            f"num_clients must be <= the number of classes present ({present.size}) for a "
+            f"pathological split; got {num_clients}"
+        )
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(present) if shuffle_classes else present
+    if classes_per_client is None:
+        groups = np.array_split(order, num_clients)
+        scheme = "pathological"
+    else:
+        k = check_int("classes_per_client", classes_per_client, 1)
+        if num_clients * k > present.size:
+            raise ValueError(
+                f"classes_per_client * num_clients = {num_clients * k} exceeds the "
+                f"{present.size} classes present"
+            )
+        groups = [order[i * k : (i + 1) * k] for i in range(num_clients)]
+        scheme = f"pathological(k={k})"
+    parts = [np.flatnonzero(np.isin(y, g)) for g in groups]
+    return _finish(parts, y, c, scheme)
+
+
+def partition(
+    labels: ArrayLike, num_clients: int, scheme: str = "iid", *, seed: int = 0, **kwargs
+) -> Partition:
+    """Dispatch on ``scheme`` in :data:`SCHEMES`; ``kwargs`` go to the partitioner
+    (``alpha=...`` for ``dirichlet``, ``classes_per_client=...`` for ``pathological``)."""
+    check_choice("scheme", scheme, SCHEMES)
+    if scheme == "iid":
+        return iid_partition(labels, num_clients, seed=seed, **kwargs)
+    if scheme == "dirichlet":
+        if "alpha" not in kwargs:
+            raise ValueError("scheme 'dirichlet' needs alpha (> 0)")
+        return dirichlet_partition(labels, num_clients, seed=seed, **kwargs)
+    return pathological_partition(labels, num_clients, seed=seed, **kwargs)
+
+
+def label_skew(part: Partition) -> float:
+    """Mean over clients of the total-variation distance between the client's label
+    distribution and the global one (0 = IID, up to 1 - 1/C-ish for one class each)."""
+    counts = part.histogram().drop(columns="total").to_numpy().astype(np.float64)
+    glob = counts.sum(axis=0) / counts.sum()
+    local = counts / np.maximum(counts.sum(axis=1, keepdims=True), 1.0)
+    return float(np.mean(0.5 * np.abs(local - glob).sum(axis=1)))
