@@ -247,7 +247,7 @@ def test_audit_correct_mode_is_consistent_with_epsilon(audit):
     X, y = informative_table()
     plan = apdim.fit_apdim(X, y, theta=0.99)
     epsilon = 1.0
-    a, b = _audit_samples(plan, epsilon, 200_000)
+    a, b = _audit_samples(plan, epsilon, 100_000)
     result = audit(a, b, confidence=0.95)
     assert result.epsilon_lower <= epsilon
     assert result.epsilon_lower > 0.6 * epsilon  # the audit has power: it is near tight
@@ -258,7 +258,7 @@ def test_audit_flags_paper_sensitivity(audit):
     with pytest.warns(apdim.PaperSensitivityWarning):
         plan = apdim.fit_apdim(X, y, theta=0.99, allocation="paper", sensitivity="paper")
     epsilon = 1.0
-    a, b = _audit_samples(plan, epsilon, 50_000)
+    a, b = _audit_samples(plan, epsilon, 20_000)
     result = audit(a, b, confidence=0.95)
     assert result.epsilon_lower > 5 * epsilon  # far more privacy loss than claimed
 
