@@ -129,6 +129,13 @@ def centralized_run(
     return _epochs(state, loop_key, hyper, data, test, config=config, epochs=epochs)
 
 
+@partial(jax.jit, static_argnames=("config",))
+def _init_over_seeds(
+    keys: PRNGKeyArray, hyper: CentralizedHyper, config: CentralizedConfig
+) -> CentralizedState:
+    return jax.vmap(lambda k: _init(k, hyper, config))(keys)
+
+
 @partial(jax.jit, static_argnames=("config", "epochs"))
 def _epochs_over_seeds(
     states: CentralizedState,
@@ -173,7 +180,7 @@ def run_centralized(
     keys, seed_list = seed_keys(seeds)
     split = jax.vmap(jax.random.split)(keys)
     hyper = CentralizedHyper(learning_rate=jnp.asarray(learning_rate, jnp.float32))
-    states = jax.vmap(lambda k: _init(k, hyper, config))(split[:, 0])
+    states = _init_over_seeds(split[:, 0], hyper, config)
 
     def chunk(s: CentralizedState, n: int) -> tuple[CentralizedState, dict[str, Array]]:
         return _epochs_over_seeds(s, split[:, 1], hyper, data, test, config, n)

@@ -183,6 +183,11 @@ def fedavg_run(
     return fedavg_rounds(state, loop_key, hyper, clients, test, config=config, rounds=rounds)
 
 
+@partial(jax.jit, static_argnames=("config",))
+def _init_over_seeds(keys: PRNGKeyArray, config: FedAvgConfig) -> FedAvgState:
+    return jax.vmap(lambda k: fedavg_init(k, config))(keys)
+
+
 @partial(jax.jit, static_argnames=("config", "rounds"))
 def _rounds_over_seeds(
     states: FedAvgState,
@@ -262,7 +267,7 @@ def run_fedavg(
 
     keys, seed_list = seed_keys(seeds)
     split = jax.vmap(jax.random.split)(keys)
-    states = jax.vmap(lambda k: fedavg_init(k, config))(split[:, 0])
+    states = _init_over_seeds(split[:, 0], config)
     hyper = FedAvgHyper(learning_rate=jnp.asarray(learning_rate, jnp.float32))
 
     def chunk(s: FedAvgState, n: int) -> tuple[FedAvgState, dict[str, Array]]:
