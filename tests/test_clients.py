@@ -44,6 +44,10 @@ def test_stack_clients_pads_to_one_shape_with_masks(toy):
         stack_clients(x, y, indices, pad_to=5)
     with pytest.raises(ValueError, match="at least one example"):
         stack_clients(x, y, [np.arange(3), np.array([], dtype=int)])
+    bad = x.copy()
+    bad[4, 1] = np.inf
+    with pytest.raises(ValueError, match="finite"):
+        stack_clients(bad, y, indices)
 
 
 def test_poisson_rates():

@@ -72,6 +72,8 @@ def stack_clients(
         raise ValueError(f"x and y must have the same length; got {x.shape[0]} and {y.shape[0]}")
     if len(indices) == 0:
         raise ValueError("indices must hold at least one client")
+    if not np.isfinite(x).all():
+        raise ValueError("x must be finite (no NaN or inf)")
     idx = [np.asarray(i, dtype=np.int64).reshape(-1) for i in indices]
     sizes = np.array([len(i) for i in idx], dtype=np.int32)
     if (sizes == 0).any():
