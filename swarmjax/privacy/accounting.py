@@ -147,6 +147,7 @@ def epsilon(
         accountant: ``"rdp"`` or ``"pld"``.
         orders: RDP orders (``"rdp"`` only); default :data:`DEFAULT_ORDERS`.
     """
+    steps = check_int("steps", steps, minimum=0)
     acc = PrivacyAccountant(accountant=accountant, orders=orders)
     acc.step(q, sigma, count=steps)
     return acc.epsilon(delta)

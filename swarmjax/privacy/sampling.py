@@ -28,6 +28,7 @@ accountant's epsilon for it.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -107,7 +108,11 @@ def poisson_sample(
     valid = jnp.asarray(valid, bool)
     if valid.ndim != 1:
         raise ValueError(f"valid must be 1-D (rows,); got shape {valid.shape}")
+    return _poisson_sample(key, q, valid, capacity)
 
+
+@functools.partial(jax.jit, static_argnums=3)
+def _poisson_sample(key, q, valid, capacity):
     def include(attempt: Array) -> Array:
         u = row_uniforms(jax.random.fold_in(key, attempt), valid.shape[0])
         return valid & (u < q)
@@ -137,7 +142,11 @@ def shuffled_batches(
     trailing batches may be partly or wholly masked when the dataset is padded.
     """
     batch_size = check_int("batch_size", batch_size, minimum=1)
-    valid = jnp.asarray(valid, bool)
+    return _shuffled_batches(key, jnp.asarray(valid, bool), batch_size)
+
+
+@functools.partial(jax.jit, static_argnums=2)
+def _shuffled_batches(key, valid, batch_size):
     n = valid.shape[0]
     num_batches = math.ceil(n / batch_size)
     u = jnp.where(valid, row_uniforms(key, n), 2.0)  # padding sorts last
