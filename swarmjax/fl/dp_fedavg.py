@@ -127,10 +127,16 @@ def sum_noise_multiplier(noise_multiplier: ArrayLike, count_noise: ArrayLike) ->
     return jnp.where(z > 0, (safe_z**-2 - b**-2) ** -0.5, 0.0)
 
 
-def default_count_noise(expected_clients: float) -> float:
-    """Andrew et al.'s (and TFF's) default count noise ``sigma_b = m / 20``, ``m = q_c N``."""
+def default_count_noise(expected_clients: float, noise_multiplier: float = 0.0) -> float:
+    """Count noise ``sigma_b = max(m / 20, z)``, ``m = q_c N`` the expected clients.
+
+    ``m / 20`` is Andrew et al.'s (and TFF's) default; with few clients per round it can be
+    below ``z / 2`` (not allowed), so it is raised to ``z``, which costs the sum query
+    ``sqrt(4/3) - 1 = 15 %`` more noise.
+    """
     check_positive("expected_clients", expected_clients)
-    return 0.05 * float(expected_clients)
+    check_range("noise_multiplier", noise_multiplier, 0.0, math.inf, high_open=True)
+    return max(0.05 * float(expected_clients), float(noise_multiplier))
 
 
 # ---------------------------------------------------------------------- clipping primitives
@@ -556,7 +562,7 @@ def run_dp_fedavg(
 ) -> DPFedAvgResult:
     """Run DP-FedAvg for every seed at once (vmap) and return history and privacy spec.
 
-    ``count_noise=None`` uses :func:`default_count_noise` (``q_c N / 20``); ``delta=None``
+    ``count_noise=None`` uses :func:`default_count_noise` (``max(q_c N / 20, z)``); ``delta=None``
     uses ``N^-1.1`` (below ``1/N``, as the client-level guarantee needs). History columns:
     ``seed, round``, the round metrics, ``epsilon`` (cumulative, client-level),
     ``bytes_up, bytes_down`` (participants x model bytes, + 4 bytes per participant for the
@@ -572,7 +578,7 @@ def run_dp_fedavg(
     n = clients.num_clients
     expected = float(sample_rate) * n
     if count_noise is None:
-        count_noise = default_count_noise(expected)
+        count_noise = default_count_noise(expected, noise_multiplier)
     delta = n**-1.1 if delta is None else delta
     check_range("delta", delta, 0.0, 1.0, low_open=True, high_open=True)
     hyper = dp_fedavg_hyper(
