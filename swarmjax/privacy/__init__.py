@@ -1,5 +1,9 @@
 """Privacy machinery: mechanisms, DP-SGD, accounting, audits and APDIM."""
 
+from swarmjax.privacy import accounting, audit, dpsgd, sampling
+from swarmjax.privacy.accounting import PrivacyAccountant, epsilon, sigma_for_epsilon
+from swarmjax.privacy.audit import empirical_epsilon_lower_bound, membership_inference_advantage
+from swarmjax.privacy.dpsgd import clipped_grad_sum, dp_grad, dp_step, noise_key
 from swarmjax.privacy.mechanisms import (
     gaussian_mechanism,
     gaussian_sigma,
@@ -11,15 +15,32 @@ from swarmjax.privacy.mechanisms import (
     randomized_response_epsilon,
     vote_counts,
 )
+from swarmjax.privacy.sampling import poisson_capacity, poisson_sample, shuffled_batches
 
 __all__ = [
+    "PrivacyAccountant",
+    "accounting",
+    "audit",
+    "clipped_grad_sum",
+    "dp_grad",
+    "dp_step",
+    "dpsgd",
+    "empirical_epsilon_lower_bound",
+    "epsilon",
     "gaussian_mechanism",
     "gaussian_sigma",
     "laplace_mechanism",
+    "membership_inference_advantage",
+    "noise_key",
+    "poisson_capacity",
+    "poisson_sample",
     "random_dictatorship",
     "random_dictatorship_epsilon",
     "random_dictatorship_probs",
     "randomized_response",
     "randomized_response_epsilon",
+    "sampling",
+    "shuffled_batches",
+    "sigma_for_epsilon",
     "vote_counts",
 ]
