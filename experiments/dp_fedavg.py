@@ -1,0 +1,354 @@
+"""Client-level DP-FedAvg: fixed vs adaptive clipping at equal epsilon (seed 002, spec section 4).
+
+    python -m experiments.dp_fedavg            # default slice: MNIST + Fashion-MNIST, IID +
+                                               # Dirichlet(0.5), 1000 clients, 4 epsilons
+    python -m experiments.dp_fedavg --quick    # CI smoke run (< 1 minute)
+    python -m experiments.dp_fedavg --full     # more rounds, epsilons and seeds
+
+For every dataset x partition x epsilon, the noise multiplier z is the smallest one whose
+client-level epsilon after T rounds (Poisson client sampling at rate q_c, RDP accountant,
+delta = N^-1.1) is <= the target; fixed clipping (several C) and adaptive clipping (target
+quantile 0.5, start C_0 = 0.1) run with the SAME z, hence the same epsilon (the adaptive run
+folds its clipped-count query into z and pays with a larger noise on the sum). A
+non-private FedAvg-style run (z = 0, no clipping) is the ceiling.
+
+Why N = 1000 clients: the noise on the averaged update has std sigma C / (q_c N) per
+coordinate while the signal is at most C, so at fixed epsilon the signal-to-noise ratio grows
+linearly with the expected clients per round m = q_c N. MNIST's 60000 training images as
+1000 clients of ~60 give m = 100 at q_c = 0.1; with 100 clients (m = 10) the noise is 10x
+larger and the model does not learn at any epsilon below ~50.
+
+Measures: final test accuracy, cumulative epsilon, communication volume (sum_t m_t d 32 bits
+and exact bytes), rounds to a target accuracy, the loss-threshold membership-inference
+advantage of the final global model (training members vs held-out test examples), and the
+clip norm over rounds. Writes CSV/JSON/PNG under ``results/dp_fedavg/`` as it goes and
+prints a summary table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pandas as pd
+from tqdm import tqdm
+
+from swarmjax.fl.clients import stack_clients
+from swarmjax.fl.data import load_dataset, subsample
+from swarmjax.fl.dp_fedavg import DPFedAvgConfig, rounds_to_target, run_dp_fedavg
+from swarmjax.fl.partition import dirichlet_partition, iid_partition
+from swarmjax.models import cross_entropy, mlp, param_count
+from swarmjax.privacy.accounting import sigma_for_epsilon
+from swarmjax.privacy.audit import membership_inference_advantage
+
+REPO = Path(__file__).resolve().parents[1]
+OUT = REPO / "results" / "dp_fedavg"
+
+
+@dataclasses.dataclass(frozen=True)
+class Profile:
+    datasets: tuple[str, ...]
+    partitions: tuple[str, ...]
+    num_clients: int
+    n_train: int | None  # subsample of the training set (None: all 60000)
+    n_test: int | None
+    sample_rate: float
+    rounds: int
+    epsilons: tuple[float, ...]
+    fixed_clips: tuple[float, ...]
+    seeds: tuple[int, ...]
+    target_accuracy: float
+    mia_examples: int
+
+
+PROFILES = {
+    "quick": Profile(
+        ("mnist",), ("iid",), 100, 6000, 2000, 0.2, 15, (8.0,), (1.0,), (0,), 0.5, 1000
+    ),
+    "default": Profile(
+        ("mnist", "fashion_mnist"),
+        ("iid", "dirichlet"),
+        1000,
+        None,
+        None,
+        0.1,
+        100,
+        (1.0, 2.0, 4.0, 8.0),
+        (0.1, 1.0, 10.0),
+        (0, 1),
+        0.8,
+        5000,
+    ),
+    "full": Profile(
+        ("mnist", "fashion_mnist"),
+        ("iid", "dirichlet"),
+        1000,
+        None,
+        None,
+        0.1,
+        300,
+        (0.5, 1.0, 2.0, 4.0, 8.0),
+        (0.03, 0.1, 0.3, 1.0, 10.0),
+        (0, 1, 2),
+        0.8,
+        10000,
+    ),
+}
+
+MODEL_HIDDEN = (32,)  # 784-32-10, d = 25,450: small d keeps the noise norm sigma C sqrt(d) low
+LOCAL = dict(local_epochs=1, batch_size=10)
+CLIENT_LR, SERVER_LR, SERVER_MOMENTUM = 0.05, 1.0, 0.9
+DIRICHLET_ALPHA = 0.5
+INITIAL_CLIP, TARGET_QUANTILE, CLIP_LR = 0.1, 0.5, 0.2
+
+
+def find_data_dir(given: str | None) -> Path:
+    for cand in (given, os.environ.get("SWARMJAX_DATA"), REPO.parent / "shared" / "data"):
+        if cand and Path(cand).is_dir():
+            return Path(cand)
+    raise SystemExit("no data directory: pass --data-dir or set SWARMJAX_DATA")
+
+
+def make_clients(data, scheme: str, num_clients: int):
+    if scheme == "iid":
+        part = iid_partition(data.y_train, num_clients, seed=0)
+    else:
+        part = dirichlet_partition(
+            data.y_train, num_clients, DIRICHLET_ALPHA, seed=0, self_balancing=True
+        )
+    return stack_clients(data.x_train, data.y_train, part.indices)
+
+
+def mia_advantage(model, params, data, n: int, seed: int) -> float:
+    """Loss-threshold attack on the final global model: n training vs n test examples."""
+    rng = np.random.default_rng(seed)
+    n = min(n, data.y_train.size, data.y_test.size)
+    mem = rng.choice(data.y_train.size, n, replace=False)
+    non = rng.choice(data.y_test.size, n, replace=False)
+
+    @jax.jit
+    def losses(x, y):
+        return cross_entropy(model.apply(params, x), y)
+
+    member = losses(jnp.asarray(data.x_train[mem]), jnp.asarray(data.y_train[mem]))
+    nonmember = losses(jnp.asarray(data.x_test[non]), jnp.asarray(data.y_test[non]))
+    return membership_inference_advantage(np.asarray(member), np.asarray(nonmember))[0]
+
+
+def methods(profile: Profile, z: float) -> list[tuple[str, dict]]:
+    """(name, run_dp_fedavg kwargs) of the compared methods at multiplier z."""
+    out = [
+        (
+            "adaptive",
+            dict(
+                clipping="adaptive",
+                clip=INITIAL_CLIP,
+                target_quantile=TARGET_QUANTILE,
+                clip_lr=CLIP_LR,
+                noise_multiplier=z,
+            ),
+        )
+    ]
+    out += [
+        (f"fixed C={c:g}", dict(clipping="fixed", clip=c, noise_multiplier=z))
+        for c in profile.fixed_clips
+    ]
+    return out
+
+
+def run_one(config, clients, test, data, profile, method: str, kwargs: dict, eps_target: float):
+    t0 = time.perf_counter()
+    res = run_dp_fedavg(
+        config,
+        clients,
+        test,
+        rounds=profile.rounds,
+        sample_rate=profile.sample_rate,
+        client_lr=CLIENT_LR,
+        server_lr=SERVER_LR,
+        seeds=list(profile.seeds),
+        **kwargs,
+    )
+    seconds = time.perf_counter() - t0
+    h = res.history
+    last = h[h["round"] == profile.rounds]
+    reach = rounds_to_target(h, profile.target_accuracy)
+    first_params = jax.tree.map(lambda a: a[0], res.state.params)
+    mia = mia_advantage(config.model, first_params, data, profile.mia_examples, 0)
+    row = {
+        "method": method,
+        "epsilon_target": eps_target,
+        "epsilon": float(last["epsilon"].iloc[0]),
+        "delta": res.privacy.delta,
+        "noise_multiplier": res.privacy.noise_multiplier,
+        "sum_noise": res.privacy.sum_noise,
+        "count_noise": res.privacy.count_noise,
+        "accuracy": float(last["test_accuracy"].mean()),
+        "accuracy_std": float(last["test_accuracy"].std(ddof=0)),
+        "test_loss": float(last["test_loss"].mean()),
+        "final_clip": float(last["clip_norm"].mean()),
+        "fraction_clipped": float(h["fraction_clipped"].mean()),
+        "rounds_to_target": float(reach.mean()) if reach.notna().all() else math.nan,
+        "seeds_reaching_target": int(reach.notna().sum()),
+        "bits_volume": float(last["bits_volume"].mean()),
+        "mb_up": float(last["cum_bytes_up"].mean()) / 1e6,
+        "mia_advantage": mia,
+        "seconds": seconds,
+    }
+    return row, h.assign(method=method, epsilon_target=eps_target)
+
+
+def plot(summary: pd.DataFrame, history: pd.DataFrame, out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    settings = summary[["dataset", "partition"]].drop_duplicates().values.tolist()
+    fig, axes = plt.subplots(1, len(settings), figsize=(4.5 * len(settings), 3.6), squeeze=False)
+    for ax, (ds, part) in zip(axes[0], settings, strict=True):
+        sub = summary[(summary.dataset == ds) & (summary.partition == part)]
+        for method, g in sub[sub.method != "non-private"].groupby("method"):
+            g = g.sort_values("epsilon")
+            ax.errorbar(g.epsilon, g.accuracy, g.accuracy_std, marker="o", label=method, capsize=2)
+        top = sub[sub.method == "non-private"]
+        if len(top):
+            ax.axhline(top.accuracy.iloc[0], color="k", ls="--", label="non-private")
+        ax.set(
+            xscale="log",
+            xlabel="client-level epsilon",
+            ylabel="test accuracy",
+            title=f"{ds} {part}",
+        )
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "accuracy_vs_epsilon.png", dpi=120)
+    plt.close(fig)
+
+    eps_show = history.epsilon_target[history.epsilon_target > 0].max()
+    fig, axes = plt.subplots(1, len(settings), figsize=(4.5 * len(settings), 3.6), squeeze=False)
+    for ax, (ds, part) in zip(axes[0], settings, strict=True):
+        sub = history[(history.dataset == ds) & (history.partition == part)]
+        sub = sub[(sub.epsilon_target == eps_show) & (sub.seed == sub.seed.min())]
+        for method, g in sub.groupby("method"):
+            ax.plot(g["round"], g["clip_norm"], label=f"{method} C_t")
+            if method == "adaptive":
+                ax.plot(
+                    g["round"], g["median_update_norm"], ":", label="median ||Delta|| (adaptive)"
+                )
+        ax.set(
+            yscale="log", xlabel="round", ylabel="clip norm", title=f"{ds} {part}, eps={eps_show:g}"
+        )
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "clip_norm.png", dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> pd.DataFrame:
+    parser = argparse.ArgumentParser(
+        prog="python -m experiments.dp_fedavg",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Profiles: --quick (CI, < 1 min), default (minutes), --full.",
+    )
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--quick", action="store_true", help="CI smoke run (< 1 minute)")
+    mode.add_argument("--full", action="store_true", help="more rounds, epsilons, seeds")
+    parser.add_argument("--data-dir", help="folder with mnist/ and fashion_mnist/ (IDX files)")
+    parser.add_argument("--out", default=str(OUT), help="output folder (default %(default)s)")
+    parser.add_argument("--rounds", type=int, help="override the profile's rounds T")
+    parser.add_argument("--clients", type=int, help="override the number of clients N")
+    args = parser.parse_args(argv)
+
+    profile = PROFILES["quick" if args.quick else "full" if args.full else "default"]
+    if args.rounds:
+        profile = dataclasses.replace(profile, rounds=args.rounds)
+    if args.clients:
+        profile = dataclasses.replace(profile, num_clients=args.clients)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    data_dir = find_data_dir(args.data_dir)
+    model = mlp(MODEL_HIDDEN, 10, (28, 28, 1))
+    config = DPFedAvgConfig(model, server_momentum=SERVER_MOMENTUM, eval_batch_size=2500, **LOCAL)
+    delta = profile.num_clients**-1.1
+    zs = {
+        e: sigma_for_epsilon(e, profile.sample_rate, profile.rounds, delta)
+        for e in profile.epsilons
+    }
+    n_runs = (
+        len(profile.datasets)
+        * len(profile.partitions)
+        * (1 + len(zs) * (1 + len(profile.fixed_clips)))
+    )
+    rows, histories = [], []
+    meta = {
+        "profile": dataclasses.asdict(profile),
+        "model": model.name,
+        "params": param_count(jax.eval_shape(model.init, jax.random.key(0))),
+        "local": LOCAL,
+        "client_lr": CLIENT_LR,
+        "server_lr": SERVER_LR,
+        "server_momentum": SERVER_MOMENTUM,
+        "dirichlet_alpha": DIRICHLET_ALPHA,
+        "adaptive": {
+            "initial_clip": INITIAL_CLIP,
+            "target_quantile": TARGET_QUANTILE,
+            "clip_lr": CLIP_LR,
+        },
+        "delta": delta,
+        "noise_multipliers": zs,
+        "epsilon_covers": "client-level: add/remove one client with all of its data (RDP)",
+    }
+    (out / "config.json").write_text(json.dumps(meta, indent=2, default=str))
+    bar = tqdm(total=n_runs, desc="dp_fedavg runs", unit="run")
+    for ds in profile.datasets:
+        data = subsample(load_dataset(ds, data_dir), profile.n_train, profile.n_test, seed=0)
+        test = (jnp.asarray(data.x_test), jnp.asarray(data.y_test))
+        for scheme in profile.partitions:
+            clients = make_clients(data, scheme, profile.num_clients)
+            plan = [
+                ("non-private", math.inf, dict(clipping="fixed", clip=1e6, noise_multiplier=0.0))
+            ]
+            plan += [(name, e, kw) for e, z in zs.items() for name, kw in methods(profile, z)]
+            for name, eps_target, kwargs in plan:
+                bar.set_postfix_str(f"{ds} {scheme} {name} eps={eps_target:g}")
+                row, hist = run_one(config, clients, test, data, profile, name, kwargs, eps_target)
+                rows.append({"dataset": ds, "partition": scheme, **row})
+                histories.append(hist.assign(dataset=ds, partition=scheme))
+                summary = pd.DataFrame(rows)
+                summary.to_csv(out / "summary.csv", index=False)
+                (out / "summary.json").write_text(summary.to_json(orient="records", indent=1))
+                pd.concat(histories).to_csv(out / "history.csv", index=False)
+                bar.update(1)
+    bar.close()
+    summary = pd.DataFrame(rows)
+    plot(summary, pd.concat(histories), out)
+    cols = [
+        "dataset",
+        "partition",
+        "method",
+        "epsilon",
+        "accuracy",
+        "accuracy_std",
+        "final_clip",
+        "rounds_to_target",
+        "mia_advantage",
+        "bits_volume",
+    ]
+    with pd.option_context("display.width", 200, "display.max_rows", 500):
+        print(summary[cols].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    print(f"results in {out}")
+    return summary
+
+
+if __name__ == "__main__":
+    main()
