@@ -1,0 +1,305 @@
+"""Grids of configurations run as chunked, jit-compiled, vmapped (and sharded) calls.
+
+A *task* says which grid keys change shapes (static: one compiled program per distinct
+combination, a *group*) and which are numeric (stacked as arrays and vmapped over).  The
+runner expands the grid, groups it, cuts each group into chunks sized to a memory budget,
+pads the last chunk so every chunk of a group has one shape (one compilation per group),
+shards the run axis over all devices when there are several, and writes each finished
+chunk to disk at once (``parts/<chunk>.csv`` plus ``parts/<chunk>.npz`` with per-run
+arrays, written to a temporary name and renamed).  A sweep that is interrupted resumes
+where it stopped: a chunk whose CSV exists is never run again, so rows are neither lost nor
+duplicated.
+
+Every run's key is ``jax.random.key(seed)`` from its own ``seed`` grid value, so a run's
+result does not depend on what else is in its batch (batch invariance), and runs with the
+same seed in different configurations share random streams (common random numbers).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import os
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pandas as pd
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from tqdm.auto import tqdm
+
+from swarmjax._validation import check_int, check_positive
+
+__all__ = ["Chunk", "SweepTask", "load_arrays", "load_results", "plan", "run_sweep"]
+
+Outputs = dict[str, np.ndarray]
+
+
+class SweepTask(Protocol):
+    """What the runner needs to know about an experiment family."""
+
+    name: str
+    static_keys: tuple[str, ...]
+    numeric_defaults: Mapping[str, float]
+
+    def normalise(self, static: dict[str, Any], numeric: dict[str, float]) -> None:
+        """Validate one configuration (raise ValueError) and reset irrelevant numerics."""
+
+    def batched(self, static: Mapping[str, Any]) -> Callable[..., dict[str, jax.Array]]:
+        """``fn(numeric: dict[str, (B,)], seeds: (B,)) -> dict of (B, ...)`` (jit-able)."""
+
+    def bytes_per_run(self, static: Mapping[str, Any]) -> int:
+        """Device memory one run needs, for chunk sizing."""
+
+    def rows(
+        self,
+        static: Mapping[str, Any],
+        numeric: Mapping[str, np.ndarray],
+        seeds: np.ndarray,
+        outputs: Outputs,
+    ) -> pd.DataFrame:
+        """One row per run from the outputs."""
+
+    def arrays(self, outputs: Outputs) -> Outputs:
+        """Per-run arrays (e.g. trajectories) to keep in the chunk's ``.npz``."""
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """A slice of one group: ``size`` real runs, padded to ``padded`` for a fixed shape."""
+
+    chunk_id: str
+    group_id: str
+    static: dict[str, Any]
+    numeric: dict[str, np.ndarray]
+    seeds: np.ndarray
+    padded: int
+
+    @property
+    def size(self) -> int:
+        return int(self.seeds.shape[0])
+
+
+@dataclass
+class _Group:
+    static: dict[str, Any]
+    configs: list[dict[str, float]] = field(default_factory=list)
+    seeds: list[int] = field(default_factory=list)
+
+
+def _as_list(name: str, value: Any) -> list[Any]:
+    values = list(value) if isinstance(value, list | tuple | np.ndarray | range) else [value]
+    if not values:
+        raise ValueError(f"grid entry {name!r} is an empty list")
+    return values
+
+
+def _group_id(static: Mapping[str, Any]) -> str:
+    text = json.dumps(static, sort_keys=True, default=str)
+    readable = "-".join(str(v) for v in static.values()).replace("/", "_")[:60]
+    return f"{readable}-{hashlib.sha1(text.encode()).hexdigest()[:8]}"
+
+
+def _expand(task: SweepTask, grid: Mapping[str, Any]) -> list[_Group]:
+    if not grid:
+        raise ValueError("grid is empty: give at least one configuration")
+    seeds = _as_list("seed", grid.get("seed", [0]))
+    for s in seeds:
+        check_int("seed", s, minimum=0)
+    known = set(task.static_keys) | set(task.numeric_defaults) | {"seed"}
+    unknown = sorted(set(grid) - known)
+    if unknown:
+        raise ValueError(
+            f"unknown grid key(s) {unknown} for task {task.name!r}; known: {sorted(known)}"
+        )
+    keys = [k for k in grid if k != "seed"]
+    value_lists = [_as_list(k, grid[k]) for k in keys]
+    groups: dict[str, _Group] = {}
+    seen: set[str] = set()
+    for combo in itertools.product(*value_lists):
+        chosen = dict(zip(keys, combo, strict=True))
+        static = {k: chosen.get(k) for k in task.static_keys if k in chosen}
+        numeric = {k: float(chosen.get(k, v)) for k, v in task.numeric_defaults.items()}
+        task.normalise(static, numeric)
+        signature = json.dumps([static, numeric], sort_keys=True, default=str)
+        if signature in seen:  # irrelevant parameters collapsed to their default
+            continue
+        seen.add(signature)
+        gid = _group_id(static)
+        group = groups.setdefault(gid, _Group(static))
+        for s in seeds:
+            group.configs.append(numeric)
+            group.seeds.append(int(s))
+    return list(groups.values())
+
+
+def plan(
+    task: SweepTask,
+    grid: Mapping[str, Any],
+    *,
+    memory_budget: float = 2**30,
+    num_devices: int | None = None,
+) -> list[Chunk]:
+    """Expand ``grid`` into chunks (validating every configuration first).
+
+    ``grid`` maps each key to a value or a list; ``seed`` lists the run seeds.  Chunks hold
+    at most ``memory_budget`` bytes of runs (by ``task.bytes_per_run``), rounded to a
+    multiple of the device count.
+    """
+    check_positive("memory_budget", memory_budget)
+    ndev = num_devices or jax.device_count()
+    chunks = []
+    for group in _expand(task, grid):
+        gid = _group_id(group.static)
+        total = len(group.seeds)
+        per_run = max(1, int(task.bytes_per_run(group.static)))
+        size = max(1, min(total, int(memory_budget // per_run)))
+        size = max(ndev, -(-size // ndev) * ndev)
+        for index, start in enumerate(range(0, total, size)):
+            stop = min(start + size, total)
+            numeric = {
+                k: np.asarray([c[k] for c in group.configs[start:stop]], np.float32)
+                for k in task.numeric_defaults
+            }
+            chunks.append(
+                Chunk(
+                    chunk_id=f"{gid}-{index:05d}",
+                    group_id=gid,
+                    static=group.static,
+                    numeric=numeric,
+                    seeds=np.asarray(group.seeds[start:stop], np.int64),
+                    padded=size,
+                )
+            )
+    return chunks
+
+
+def _pad(values: np.ndarray, size: int) -> np.ndarray:
+    missing = size - values.shape[0]
+    if missing == 0:
+        return values
+    return np.concatenate([values, np.repeat(values[-1:], missing, axis=0)])
+
+
+# Jitted group functions, kept per task object so that a resumed sweep in the same process
+# reuses what is compiled: {(id(task), group_id): (task, fn)} (the task is held to pin its id).
+_JITTED: dict[tuple[int, str], tuple[SweepTask, Callable[..., Any]]] = {}
+
+
+class _Compiled:
+    """One jitted, optionally sharded, function per group (compiled once per shape)."""
+
+    def __init__(self, task: SweepTask) -> None:
+        self.task = task
+        devices = jax.devices()
+        self.sharding = (
+            NamedSharding(Mesh(np.asarray(devices), ("runs",)), PartitionSpec("runs"))
+            if len(devices) > 1
+            else None
+        )
+
+    def __call__(self, chunk: Chunk) -> Outputs:
+        key = (id(self.task), chunk.group_id)
+        if key not in _JITTED:
+            _JITTED[key] = (self.task, jax.jit(self.task.batched(chunk.static)))
+        fn = _JITTED[key][1]
+        numeric = {k: _pad(v, chunk.padded) for k, v in chunk.numeric.items()}
+        seeds = _pad(chunk.seeds, chunk.padded).astype(np.uint32)
+        args = ({k: jnp.asarray(v) for k, v in numeric.items()}, jnp.asarray(seeds))
+        if self.sharding is not None:
+            args = jax.device_put(args, self.sharding)
+        out = jax.device_get(fn(*args))
+        return {k: np.asarray(v)[: chunk.size] for k, v in out.items()}
+
+
+def _write_atomic(path: Path, write: Callable[[Path], None]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    write(tmp)
+    os.replace(tmp, path)
+
+
+def _check_manifest(out_dir: Path, task: SweepTask, grid: Mapping[str, Any]) -> None:
+    manifest = {"task": task.name, "grid": {k: _as_list(k, v) for k, v in grid.items()}}
+    text = json.dumps(manifest, sort_keys=True, default=str, indent=1)
+    path = out_dir / "sweep.json"
+    if path.exists() and path.read_text() != text:
+        raise ValueError(
+            f"out_dir {str(out_dir)!r} holds results of a different sweep; "
+            "choose another directory or delete it"
+        )
+    _write_atomic(path, lambda p: p.write_text(text))
+
+
+def run_sweep(
+    task: SweepTask,
+    grid: Mapping[str, Any],
+    out_dir: str | os.PathLike[str],
+    *,
+    memory_budget: float = 2**30,
+    max_chunks: int | None = None,
+    progress: bool = True,
+) -> pd.DataFrame:
+    """Run (or resume) a sweep, writing each chunk to ``out_dir/parts/`` as it finishes.
+
+    ``max_chunks`` stops after that many newly run chunks (a time box; rerun to continue).
+    Returns every row finished so far (this call's and earlier calls').
+    """
+    out = Path(out_dir)
+    chunks = plan(task, grid, memory_budget=memory_budget)
+    parts = out / "parts"
+    parts.mkdir(parents=True, exist_ok=True)
+    _check_manifest(out, task, grid)
+    todo = [c for c in chunks if not (parts / f"{c.chunk_id}.csv").exists()]
+    done_runs = sum(c.size for c in chunks) - sum(c.size for c in todo)
+    compiled = _Compiled(task)
+    bar = tqdm(
+        total=sum(c.size for c in chunks),
+        initial=done_runs,
+        unit="run",
+        disable=not progress,
+        desc=task.name,
+    )
+    start = time.perf_counter()
+    ran = 0
+    for chunk in todo[:max_chunks] if max_chunks is not None else todo:
+        outputs = compiled(chunk)
+        rows = task.rows(chunk.static, chunk.numeric, chunk.seeds, outputs)
+        rows.insert(0, "chunk", chunk.chunk_id)
+        arrays = task.arrays(outputs)
+        _write_atomic(parts / f"{chunk.chunk_id}.npz", lambda p, a=arrays: _save_npz(p, a))
+        _write_atomic(parts / f"{chunk.chunk_id}.csv", lambda p, r=rows: r.to_csv(p, index=False))
+        ran += chunk.size
+        bar.update(chunk.size)
+        bar.set_postfix(runs_per_s=f"{ran / (time.perf_counter() - start):.1f}")
+    bar.close()
+    return load_results(out)
+
+
+def _save_npz(path: Path, arrays: Outputs) -> None:
+    with open(path, "wb") as fh:
+        np.savez(fh, **arrays)
+
+
+def _part_files(out_dir: Path, suffix: str) -> Iterator[Path]:
+    yield from sorted((Path(out_dir) / "parts").glob(f"*{suffix}"))
+
+
+def load_results(out_dir: str | os.PathLike[str]) -> pd.DataFrame:
+    """All finished rows of a sweep directory (empty frame if none)."""
+    frames = [pd.read_csv(p) for p in _part_files(Path(out_dir), ".csv")]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def load_arrays(out_dir: str | os.PathLike[str], chunk_ids: Sequence[str]) -> Outputs:
+    """Concatenate the per-run arrays of the given chunks, in that order."""
+    parts = Path(out_dir) / "parts"
+    loaded = [dict(np.load(parts / f"{cid}.npz")) for cid in chunk_ids]
+    if not loaded:
+        return {}
+    return {k: np.concatenate([d[k] for d in loaded]) for k in loaded[0]}

@@ -1,0 +1,87 @@
+"""PRAM and DP random dictatorship: epsilons, output laws, and an empirical audit."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy import stats
+
+from swarmjax.privacy import mechanisms as mech
+from swarmjax.privacy.audit import empirical_epsilon_lower_bound
+
+
+def test_pram_epsilon_matches_the_paper():
+    eps = mech.randomized_response_epsilon(np.array([0.6, 0.7, 0.8, 0.9]), 8)
+    np.testing.assert_allclose(eps, [2.35, 2.79, 3.33, 4.14], atol=0.006)
+    assert np.isinf(mech.randomized_response_epsilon(1.0, 8))
+    assert mech.randomized_response_epsilon(1 / 8, 8) == pytest.approx(0.0, abs=1e-12)
+
+
+def test_pram_output_law():
+    c, p, n = 5, 0.7, 200_000
+    out = np.asarray(mech.randomized_response(jax.random.key(0), jnp.full(n, 2), c, p))
+    counts = np.bincount(out, minlength=c)
+    expected = np.full(c, (1 - p) / (c - 1) * n)
+    expected[2] = p * n
+    assert stats.chisquare(counts, expected).pvalue > 1e-3
+
+
+def test_pram_audit_finds_no_more_loss_than_claimed():
+    c, p, n = 8, 0.8, 100_000
+    claimed = float(mech.randomized_response_epsilon(p, c))
+    a = mech.randomized_response(jax.random.key(1), jnp.zeros(n, jnp.int32), c, p)
+    b = mech.randomized_response(jax.random.key(2), jnp.ones(n, jnp.int32), c, p)
+    result = empirical_epsilon_lower_bound(np.asarray(a), np.asarray(b), confidence=0.99)
+    assert result.epsilon_lower <= claimed
+    assert result.epsilon_lower > 0.8 * claimed  # the audit is sharp enough to matter
+
+
+def test_pram_audit_flags_a_false_claim():
+    c, n = 8, 100_000
+    a = mech.randomized_response(jax.random.key(1), jnp.zeros(n, jnp.int32), c, 0.9)
+    b = mech.randomized_response(jax.random.key(2), jnp.ones(n, jnp.int32), c, 0.9)
+    claimed_for_0_6 = float(mech.randomized_response_epsilon(0.6, c))
+    result = empirical_epsilon_lower_bound(np.asarray(a), np.asarray(b), confidence=0.99)
+    assert result.epsilon_lower > claimed_for_0_6
+
+
+def test_random_dictatorship_frequencies_follow_votes_plus_one():
+    votes = jnp.array([0, 0, 0, 1, 2, 2, 5, 7, 7, 7, 7, 3])
+    mask = jnp.array([1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0], bool)  # the last voter abstains
+    m, draws = 8, 100_000
+    keys = jax.random.split(jax.random.key(3), draws)
+    outcomes, pool = jax.vmap(lambda k: mech.random_dictatorship(k, votes, mask, m))(keys)
+    assert int(pool[0]) == 11 + m
+    counts = np.bincount(np.asarray(outcomes), minlength=m)
+    probs = np.asarray(mech.random_dictatorship_probs(mech.vote_counts(votes, mask, m)))
+    np.testing.assert_allclose(probs, (np.array([3, 1, 2, 0, 0, 1, 0, 4]) + 1) / 19)
+    assert stats.chisquare(counts, probs * draws).pvalue > 1e-3
+
+
+def test_random_dictatorship_epsilon_and_audit():
+    n_voters, m = 6, 4
+    pool = n_voters + m
+    eps = float(mech.random_dictatorship_epsilon(pool))
+    assert eps == pytest.approx(np.log(2 * pool / (pool + 1)))
+    # neighbours: a voter for alternative 0 is added; alternative 0 had no real vote
+    votes = jnp.array([1, 1, 2, 2, 3, 3, 0])
+    with_voter = jnp.ones(7, bool)
+    without = with_voter.at[6].set(False)
+    keys = jax.random.split(jax.random.key(4), 200_000)
+    draw = jax.vmap(lambda k, msk: mech.random_dictatorship(k, votes, msk, m)[0], (0, None))
+    a, b = np.asarray(draw(keys, with_voter)), np.asarray(draw(keys[::-1], without))
+    result = empirical_epsilon_lower_bound(a, b, confidence=0.99)
+    bound_bigger_pool = float(mech.random_dictatorship_epsilon(pool + 1))
+    assert result.epsilon_lower <= bound_bigger_pool
+    assert result.epsilon_lower > 0.5 * bound_bigger_pool
+
+
+def test_mechanism_validation_names_parameter():
+    with pytest.raises(ValueError, match="keep_prob"):
+        mech.randomized_response_epsilon(1.5, 8)
+    with pytest.raises(ValueError, match="num_categories"):
+        mech.randomized_response(jax.random.key(0), jnp.zeros(3, jnp.int32), 1, 0.5)
+    with pytest.raises(ValueError, match="epsilon"):
+        mech.gaussian_sigma(1.5, 1e-5)
+    with pytest.raises(ValueError, match="l1_sensitivity"):
+        mech.laplace_mechanism(jax.random.key(0), jnp.zeros(3), l1_sensitivity=0.0, epsilon=1.0)

@@ -1,0 +1,162 @@
+"""Sweep runner: batch invariance, one compilation per group, resume, validation."""
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from swarmjax import sweep
+from swarmjax.paaso_sweep import PAASOTask, expand_phi
+
+
+class CountingTask(PAASOTask):
+    """PAASOTask that counts how often each group's function is traced."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        object.__setattr__(self, "traces", {})
+
+    def batched(self, static):
+        inner = super().batched(static)
+        key = json.dumps(static, sort_keys=True)
+
+        def counted(numeric, seeds):
+            self.traces[key] = self.traces.get(key, 0) + 1
+            return inner(numeric, seeds)
+
+        return counted
+
+
+SMALL = {"strategy": "pbdrd", "function": "f4", "iterations": 40, "num_agents": 20}
+
+
+def test_batch_invariance_alone_vs_inside_10000_runs(tmp_path):
+    alone = {**SMALL, "w": 0.4, "phi": 1.0, "w_g": 0.1, "p_m": 0.8, "seed": [7]}
+    big = {
+        **SMALL,
+        "w": [*list(np.linspace(0.12, 0.88, 25)), 0.4],
+        "phi": [0.5, 1.0, 1.5, 2.0],
+        "w_g": [0.05, 0.1, 0.2, 0.4],
+        "p_m": [0.6, 0.8],
+        "seed": list(range(12)),
+    }
+    big_runs = 26 * 4 * 4 * 2 * 12
+    assert big_runs >= 9984
+    a = sweep.run_sweep(PAASOTask(), expand_phi(alone), tmp_path / "a", progress=False)
+    b = sweep.run_sweep(
+        PAASOTask(), expand_phi(big), tmp_path / "b", progress=False, memory_budget=2**22
+    )
+    assert len(b) == big_runs
+    row = b[
+        (np.isclose(b.w, 0.4))
+        & (b.phi_p == 1.0)
+        & np.isclose(b.w_g, 0.1)
+        & np.isclose(b.p_m, 0.8)
+        & (b.seed == 7)
+    ]
+    assert len(row) == 1
+    assert row.final_objective.item() == a.final_objective.item()
+    traj_a = sweep.load_arrays(tmp_path / "a", [a.chunk[0]])["objective"][0]
+    chunk = row.chunk.item()
+    traj_chunk = sweep.load_arrays(tmp_path / "b", [chunk])["objective"]
+    index = list(b.index[b.chunk == chunk]).index(row.index[0])
+    np.testing.assert_array_equal(traj_chunk[index], traj_a)
+
+
+def test_one_compilation_per_shape_group(tmp_path):
+    task = CountingTask()
+    grid = {
+        **SMALL,
+        "strategy": ["pso", "pbdrd"],
+        "w": list(np.linspace(0.1, 0.9, 25)),
+        "phi": [1.0, 2.0],
+        "seed": list(range(20)),
+    }  # 1000 configurations per strategy
+    chunks = sweep.plan(task, expand_phi(grid), memory_budget=200 * task.bytes_per_run(SMALL))
+    assert len(chunks) > 4 and len({c.padded for c in chunks}) == 1
+    df = sweep.run_sweep(
+        task,
+        expand_phi(grid),
+        tmp_path,
+        memory_budget=200 * task.bytes_per_run(SMALL),
+        progress=False,
+    )
+    assert len(df) == 2 * 25 * 2 * 20
+    assert sorted(task.traces.values()) == [1, 1]
+
+
+def test_irrelevant_parameters_are_collapsed():
+    grid = expand_phi(
+        {**SMALL, "strategy": "pso", "p_m": [0.6, 0.7, 0.8], "w_g": [0.1, 0.2], "seed": [0, 1]}
+    )
+    chunks = sweep.plan(PAASOTask(), grid)
+    assert sum(c.size for c in chunks) == 2  # PSO ignores p_m and w_g
+
+
+def test_resume_after_interruption_loses_and_duplicates_nothing(tmp_path, monkeypatch):
+    grid = expand_phi({**SMALL, "w": list(np.linspace(0.1, 0.9, 10)), "seed": list(range(10))})
+    task = PAASOTask()
+    budget = 10 * task.bytes_per_run(SMALL)
+    partial = sweep.run_sweep(
+        task, grid, tmp_path, memory_budget=budget, max_chunks=3, progress=False
+    )
+    assert len(partial) == 30
+    first = sorted((tmp_path / "parts").glob("*.csv"))
+    stamps = {p.name: p.stat().st_mtime_ns for p in first}
+
+    calls = {"n": 0}
+    original = PAASOTask.rows
+
+    def crash_on_second(self, *args):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise KeyboardInterrupt
+        return original(self, *args)
+
+    monkeypatch.setattr(PAASOTask, "rows", crash_on_second)
+    with pytest.raises(KeyboardInterrupt):
+        sweep.run_sweep(task, grid, tmp_path, memory_budget=budget, progress=False)
+    monkeypatch.setattr(PAASOTask, "rows", original)
+    assert len(sweep.load_results(tmp_path)) == 40
+    assert not list((tmp_path / "parts").glob("*.tmp"))
+
+    full = sweep.run_sweep(task, grid, tmp_path, memory_budget=budget, progress=False)
+    assert len(full) == 100
+    assert not full.duplicated(["w", "seed"]).any()
+    for p in first:
+        assert p.stat().st_mtime_ns == stamps[p.name]  # finished chunks were not rerun
+    fresh = sweep.run_sweep(task, grid, tmp_path / "fresh", memory_budget=budget, progress=False)
+    pd.testing.assert_series_equal(
+        full.sort_values(["w", "seed"]).final_objective.reset_index(drop=True),
+        fresh.sort_values(["w", "seed"]).final_objective.reset_index(drop=True),
+    )
+
+
+def test_a_different_grid_in_the_same_directory_is_refused(tmp_path):
+    grid = {**SMALL, "strategy": "pso", "iterations": 5, "seed": [0]}
+    sweep.run_sweep(PAASOTask(), grid, tmp_path, progress=False)
+    with pytest.raises(ValueError, match="out_dir"):
+        sweep.run_sweep(PAASOTask(), {**grid, "seed": [1]}, tmp_path, progress=False)
+
+
+@pytest.mark.parametrize(
+    ("grid", "name"),
+    [
+        ({}, "grid"),
+        ({**SMALL, "w": []}, "w"),
+        ({**SMALL, "strategy": "swim"}, "strategy"),
+        ({**SMALL, "function": "f0"}, "function"),
+        ({**SMALL, "p_m": [0.5, 1.5]}, "p_m"),
+        ({**SMALL, "p_c": -0.5}, "p_c"),
+        ({**SMALL, "w_g": -0.1}, "w_g"),
+        ({**SMALL, "k_alpha": 1}, "k_alpha"),
+        ({**SMALL, "temperature": 3}, "temperature"),
+        ({**SMALL, "seed": [-1]}, "seed"),
+    ],
+)
+def test_invalid_grids_fail_before_compiling(tmp_path, grid, name):
+    task = CountingTask()
+    with pytest.raises(ValueError, match=name):
+        sweep.run_sweep(task, grid, tmp_path, progress=False)
+    assert task.traces == {}
