@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from functools import cache
 
 import flax.linen as nn
 from jaxtyping import Array
@@ -149,8 +150,13 @@ THESIS_MODELS: dict[str, dict[str, Callable[[str], Model]]] = {
 THESIS_MODELS["fashion_mnist"] = THESIS_MODELS["mnist"]
 
 
+@cache
 def thesis_model(dataset: str, name: str) -> Model:
-    """The thesis's model ``name`` (smlp, mmlp, lmlp, conv, lstm) for ``dataset``."""
+    """The thesis's model ``name`` (smlp, mmlp, lmlp, conv, lstm) for ``dataset``.
+
+    Cached: the same object for the same arguments, so configs holding it hash equal and
+    jitted runners compile once per model.
+    """
     check_choice("dataset", dataset, tuple(THESIS_MODELS))
     check_choice(f"model for {dataset}", name, tuple(THESIS_MODELS[dataset]))
     return THESIS_MODELS[dataset][name](f"{dataset}_{name}")
