@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -260,8 +261,16 @@ def plot(
     plt.close(fig)
 
 
+def default_data_dir(given: str | None) -> str | None:
+    """``--data-dir``, else ``$SWARMJAX_DATA`` (read by the loader), else ../shared/data."""
+    shared = REPO.parent / "shared" / "data"
+    if given or os.environ.get("SWARMJAX_DATA") or not shared.is_dir():
+        return given
+    return str(shared)
+
+
 def load(name: str, data_dir: str | None, profile: Profile) -> Any:
-    data = load_dataset(name, data_dir, download=False)
+    data = load_dataset(name, default_data_dir(data_dir), download=False)
     if name in ("mnist", "fashion_mnist", "cifar10") and (profile.n_train or profile.n_test):
         data = subsample(data, profile.n_train, profile.n_test, seed=0)
     return data
