@@ -36,7 +36,15 @@ from tqdm.auto import tqdm
 
 from swarmjax._validation import check_int, check_positive
 
-__all__ = ["Chunk", "SweepTask", "load_arrays", "load_results", "plan", "run_sweep"]
+__all__ = [
+    "Chunk",
+    "SweepTask",
+    "load_arrays",
+    "load_results",
+    "load_trajectories",
+    "plan",
+    "run_sweep",
+]
 
 Outputs = dict[str, np.ndarray]
 
@@ -159,8 +167,7 @@ def plan(
         gid = _group_id(group.static)
         total = len(group.seeds)
         per_run = max(1, int(task.bytes_per_run(group.static)))
-        size = max(1, min(total, int(memory_budget // per_run)))
-        size = max(ndev, -(-size // ndev) * ndev)
+        size = _bucket(max(1, min(total, int(memory_budget // per_run))), ndev)
         for index, start in enumerate(range(0, total, size)):
             stop = min(start + size, total)
             numeric = {
@@ -178,6 +185,16 @@ def plan(
                 )
             )
     return chunks
+
+
+def _bucket(size: int, ndev: int) -> int:
+    """Padded chunk size: 64, a power of two up to 1024, else a multiple of 1024 (x ndev).
+
+    Sweeps of the same group but different sizes then share compiled programs; the padded
+    runs cost little next to a compilation.
+    """
+    size = max(64, 1 << (size - 1).bit_length()) if size <= 1024 else -(-size // 1024) * 1024
+    return max(ndev, -(-size // ndev) * ndev)
 
 
 def _pad(values: np.ndarray, size: int) -> np.ndarray:
@@ -303,3 +320,15 @@ def load_arrays(out_dir: str | os.PathLike[str], chunk_ids: Sequence[str]) -> Ou
     if not loaded:
         return {}
     return {k: np.concatenate([d[k] for d in loaded]) for k in loaded[0]}
+
+
+def load_trajectories(
+    out_dir: str | os.PathLike[str], key: str = "objective"
+) -> tuple[pd.DataFrame, np.ndarray]:
+    """All finished rows with the per-run array ``key`` aligned row by row."""
+    rows = load_results(out_dir)
+    if rows.empty:
+        return rows, np.empty((0, 0))
+    chunk_ids = list(dict.fromkeys(rows["chunk"]))
+    rows = pd.concat([rows[rows["chunk"] == c] for c in chunk_ids], ignore_index=True)
+    return rows, load_arrays(out_dir, chunk_ids)[key]

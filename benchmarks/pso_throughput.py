@@ -1,0 +1,155 @@
+"""PSO throughput: agent-steps/s of swarmjax vs baselines measured in the same run.
+
+    python -m benchmarks.pso_throughput [--quick] [--no-write]
+
+Swarms of 50 agents x 1000 iterations on f4 (Rosenbrock, 2-D), w 0.7, c1 = c2 = 1.4,
+velocity clamp = domain width, positions clipped.  swarmjax runs every swarm as one
+jit-compiled, vmapped scan (``paaso.run`` with strategy "pso"), sharded over all CPU
+devices (``--cpu-devices``, default: every core).  Baselines: a vectorised numpy PSO written
+here (all swarms in one array, numpy's PCG64 for r1/r2), and pyswarms / evosax when
+installed (``pip install -e .[bench]``).  Writes its section of benchmarks/RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.pso_throughput",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--quick", action="store_true", help="fewer swarms and iterations")
+    p.add_argument("--swarms", type=int, nargs="*", default=None, help="swarm counts to time")
+    p.add_argument("--cpu-devices", type=int, default=min(os.cpu_count() or 1, 8))
+    p.add_argument("--no-write", action="store_true", help="do not update RESULTS.md")
+    return p.parse_args(argv)
+
+
+AGENTS, W, C = 50, 0.7, 1.4
+
+
+def numpy_pso(swarms: int, iterations: int, seed: int = 0) -> float:
+    """Vectorised numpy PSO over (swarms, agents, 2); returns the mean final best."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    f = lambda x: 100.0 * (x[..., 1] - x[..., 0] ** 2) ** 2 + (x[..., 0] - 1.0) ** 2
+    x = rng.uniform(-2, 2, (swarms, AGENTS, 2))
+    v = np.zeros_like(x)
+    p, pf = x.copy(), f(x)
+    idx = pf.argmin(axis=1)
+    g, gf = p[np.arange(swarms), idx], pf.min(axis=1)
+    for _ in range(iterations):
+        r1 = rng.random((swarms, AGENTS, 1))
+        r2 = rng.random((swarms, AGENTS, 1))
+        v = np.clip(W * v + C * r1 * (p - x) + C * r2 * (g[:, None] - x), -4.0, 4.0)
+        x = np.clip(x + v, -2.0, 2.0)
+        fx = f(x)
+        better = fx < pf
+        p[better], pf[better] = x[better], fx[better]
+        idx = pf.argmin(axis=1)
+        g, gf = p[np.arange(swarms), idx], pf.min(axis=1)
+    return float(gf.mean())
+
+
+def pyswarms_pso(swarms: int, iterations: int) -> float | None:
+    try:
+        import numpy as np
+        import pyswarms as ps
+    except ImportError:
+        return None
+    f = lambda x: 100.0 * (x[:, 1] - x[:, 0] ** 2) ** 2 + (x[:, 0] - 1.0) ** 2
+    best = []
+    for _ in range(swarms):  # pyswarms runs one swarm at a time
+        opt = ps.single.GlobalBestPSO(
+            AGENTS, 2, {"c1": C, "c2": C, "w": W}, bounds=(np.full(2, -2.0), np.full(2, 2.0))
+        )
+        cost, _ = opt.optimize(f, iters=iterations, verbose=False)
+        best.append(cost)
+    return float(np.mean(best))
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.cpu_devices > 1 and "xla_force_host_platform_device_count" not in os.environ.get(
+        "XLA_FLAGS", ""
+    ):
+        os.environ["XLA_FLAGS"] = (
+            os.environ.get("XLA_FLAGS", "")
+            + f" --xla_force_host_platform_device_count={args.cpu_devices}"
+        )
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    from benchmarks._results import machine, write_section
+    from swarmjax import paaso
+
+    iterations = 200 if args.quick else 1000
+    counts = args.swarms or ([1, 100, 1000] if args.quick else [1, 100, 1000, 10000])
+    cfg = paaso.PAASOConfig(strategy="pso", function="f4", num_agents=AGENTS, iterations=iterations)
+    hyper = paaso.PAASOHyper(w=W, phi_p=C, phi_g=C, vmax_factor=1.0)
+    ndev = jax.device_count()
+    sharding = NamedSharding(Mesh(np.asarray(jax.devices()), ("runs",)), PartitionSpec("runs"))
+    fn = jax.jit(jax.vmap(lambda s: paaso.run(jax.random.key(s), cfg, hyper)["final_objective"]))
+    rows = []
+    for n in counts:
+        padded = -(-n // ndev) * ndev
+        seeds = jax.device_put(jnp.arange(padded, dtype=jnp.uint32), sharding)
+        t0 = time.perf_counter()
+        fn(seeds).block_until_ready()
+        compile_s = time.perf_counter() - t0
+        best = min(_timed(lambda s=seeds: fn(s).block_until_ready()) for _ in range(3))
+        steps = n * AGENTS * iterations
+        np_swarms = min(n, 1000)
+        t_np = _timed(lambda k=np_swarms: numpy_pso(k, iterations))
+        np_rate = np_swarms * AGENTS * iterations / t_np
+        ps_swarms = min(n, 3)
+        t_ps = _timed(lambda k=ps_swarms: pyswarms_pso(k, iterations))
+        ps_rate = None if pyswarms_pso(1, 2) is None else ps_swarms * AGENTS * iterations / t_ps
+        rate = steps / best
+        rows.append((n, rate, np_rate, ps_rate, compile_s))
+        print(
+            f"{n:>6} swarms: swarmjax {rate / 1e6:8.1f} M agent-steps/s "
+            f"(compile {compile_s:.1f} s) | numpy {np_rate / 1e6:6.1f} M/s "
+            f"(x{rate / np_rate:.1f})" + (f" | pyswarms {ps_rate / 1e6:.2f} M/s" if ps_rate else "")
+        )
+    table = [
+        "| swarms | swarmjax M agent-steps/s | numpy M/s | swarmjax / numpy "
+        "| pyswarms M/s | compile s |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
+    for n, rate, np_rate, ps_rate, comp in rows:
+        ps_txt = f"{ps_rate / 1e6:.2f}" if ps_rate else "not installed"
+        table.append(
+            f"| {n} | {rate / 1e6:.1f} | {np_rate / 1e6:.1f} | {rate / np_rate:.1f} "
+            f"| {ps_txt} | {comp:.1f} |"
+        )
+    text = (
+        "## pso_throughput (`python -m benchmarks.pso_throughput"
+        f"{' --quick' if args.quick else ''}`)\n\n"
+        f"Machine: {machine()}; {ndev} XLA device(s).\n"
+        f"{AGENTS} agents x {iterations} iterations on f4, w {W}, c1 = c2 = {C}. "
+        "numpy timed on min(swarms, 1000) swarms, pyswarms on min(swarms, 3).\n\n"
+        + "\n".join(table)
+    )
+    if not args.no_write:
+        write_section("pso_throughput", text)
+    return 0
+
+
+def _timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

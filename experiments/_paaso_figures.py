@@ -1,0 +1,207 @@
+"""Sweeps and figures of ``experiments.paaso`` (imported after XLA devices are set up)."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+
+from experiments.paaso import FIG2, FIG4, PAPER_PROBS, STRATEGIES
+from swarmjax.objectives import get_objective
+from swarmjax.paaso_sweep import PAASOTask, expand_phi
+from swarmjax.sweep import load_trajectories, run_sweep
+
+TASK = PAASOTask()
+
+
+def _sweep(
+    args: argparse.Namespace, name: str, grid: dict[str, Any]
+) -> tuple[pd.DataFrame, np.ndarray]:
+    out = args.out / name
+    run_sweep(
+        TASK,
+        expand_phi(grid),
+        out,
+        memory_budget=args.memory_gb * 2**30,
+        progress=not args.no_progress,
+    )
+    return load_trajectories(out)
+
+
+def _curves(rows: pd.DataFrame, traj: np.ndarray, by: Sequence[str]) -> pd.DataFrame:
+    """Mean and std over runs of the objective per iteration, one curve per ``by`` group."""
+    frames = []
+    for key, group in rows.groupby(list(by), sort=False):
+        key = key if isinstance(key, tuple) else (key,)
+        values = traj[group.index.to_numpy()]
+        frame = pd.DataFrame(
+            {
+                "iteration": np.arange(1, values.shape[1] + 1),
+                "mean": values.mean(axis=0),
+                "std": values.std(axis=0),
+                "runs": len(group),
+            }
+        )
+        for col, val in zip(by, key, strict=True):
+            frame.insert(0, col, val)
+        frames.append(frame)
+    return pd.concat(frames, ignore_index=True)
+
+
+def _plot(curves: pd.DataFrame, label: str, title: str, path: Path, ax=None) -> None:
+    own = ax is None
+    if own:
+        fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    positive = bool((curves["mean"] > 0).all())
+    for value, c in curves.groupby(label, sort=False):
+        ax.plot(
+            c["iteration"], c["mean"], label=f"{label}={value}" if label != "strategy" else value
+        )
+    if positive:
+        ax.set_yscale("log")
+    ax.set_xlabel("iteration")
+    ax.set_ylabel("mean objective over runs")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    if own:
+        fig.tight_layout()
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+
+
+def _base(args: argparse.Namespace, settings: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "function": "f4",
+        "num_agents": args.agents,
+        "k_alpha": args.k_alpha,
+        "iterations": settings["iterations"],
+        "fl_rule": args.fl_rule,
+        "seed": list(range(settings["runs"])),
+    }
+
+
+def _figure(args, settings, name, grid, by, title) -> None:
+    rows, traj = _sweep(args, name, {**_base(args, settings), **grid})
+    curves = _curves(rows, traj, by)
+    curves.to_csv(args.out / f"{name}.csv", index=False)
+    _plot(curves, by[0], title, args.out / f"{name}.png")
+
+
+def _fmt(params: dict[str, float]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in params.items())
+
+
+def run_all(args: argparse.Namespace, profile: str, settings: dict[str, Any]) -> pd.DataFrame:
+    """Run every sweep, write CSV/PNG per figure, return the summary table."""
+    args.out.mkdir(parents=True, exist_ok=True)
+    runs = settings["runs"]
+    _figure(
+        args,
+        settings,
+        "fig2",
+        {"strategy": STRATEGIES, **FIG2},
+        ["strategy"],
+        f"Fig. 2: f4, {args.agents} agents, k={args.k_alpha}, {_fmt(FIG2)}, {runs} runs",
+    )
+    _figure(
+        args,
+        settings,
+        "fig3",
+        {"strategy": "pbdrd", **FIG2, "p_m": PAPER_PROBS},
+        ["p_m"],
+        f"Fig. 3: PbDRD on f4 for each p_m, {_fmt({**FIG2, 'p_m': 'var'})}",
+    )
+    _figure(
+        args,
+        settings,
+        "fig4",
+        {"strategy": STRATEGIES, **FIG4},
+        ["strategy"],
+        f"Fig. 4: f4, {args.agents} agents, {_fmt(FIG4)}, {runs} runs",
+    )
+    _figure(
+        args,
+        settings,
+        "fig5",
+        {"strategy": "bdrd", **FIG4, "num_agents": [50, 100, 200]},
+        ["num_agents"],
+        f"Fig. 5: bDRD on f4 for 50/100/200 agents, {_fmt(FIG4)}",
+    )
+    return _search_and_fig6(args, settings)
+
+
+def _search_and_fig6(args: argparse.Namespace, settings: dict[str, Any]) -> pd.DataFrame:
+    grid = {
+        **_base(args, settings),
+        "strategy": STRATEGIES,
+        "function": settings["functions"],
+        "w": settings["w"],
+        "phi": settings["phi"],
+        "w_g": settings["w_g"],
+        "speed": settings["speed"],
+        "p_c": 1.0,
+        "p_m": 0.9,
+    }
+    rows, traj = _sweep(args, "search", grid)
+    config_cols = ["strategy", "function", "w", "phi_p", "w_g", "speed"]
+    stats = rows.groupby(config_cols, as_index=False).agg(
+        final_mean=("final_objective", "mean"),
+        final_std=("final_objective", "std"),
+        runs=("seed", "count"),
+        eps_drd_basic=("drd_eps_basic", "first"),
+        eps_drd_advanced=("drd_eps_advanced", "first"),
+        eps_pram_vote=("pram_eps_vote", "first"),
+    )
+    best = stats.loc[stats.groupby(["strategy", "function"])["final_mean"].idxmin()]
+    best = best.assign(
+        optimum=[get_objective(f).optimum_value(2) for f in best["function"]],
+        strategy=pd.Categorical(best["strategy"], STRATEGIES, ordered=True),
+    ).sort_values(["function", "strategy"])
+    best.to_csv(args.out / "summary.csv", index=False)
+    best.to_json(args.out / "summary.json", orient="records", indent=1)
+
+    pb = best[best["strategy"] == "pbdrd"]
+    chosen = rows.merge(pb[config_cols], on=config_cols)
+    index = rows.reset_index().merge(pb[config_cols], on=config_cols)["index"].to_numpy()
+    curves = _curves(chosen.reset_index(drop=True), traj[index], ["function"])
+    curves.to_csv(args.out / "fig6.csv", index=False)
+    functions = list(dict.fromkeys(curves["function"]))
+    cols = min(4, len(functions))
+    nrows = -(-len(functions) // cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(3.6 * cols, 3.0 * nrows), squeeze=False)
+    for ax, fn in zip(axes.ravel(), functions, strict=False):
+        c = curves[curves["function"] == fn]
+        cfg = pb[pb["function"] == fn].iloc[0]
+        title = f"{fn}: w={cfg.w}, phi={cfg.phi_p}, wG={cfg.w_g}, speed={cfg.speed}"
+        _plot(c, "function", title, Path(), ax=ax)
+    for ax in axes.ravel()[len(functions) :]:
+        ax.axis("off")
+    fig.suptitle("Fig. 6: PbDRD (p_m 0.9), best configuration per function", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(args.out / "fig6.png", dpi=110)
+    plt.close(fig)
+    table = best.assign(
+        final=[f"{m:.4g} +/- {s:.2g}" for m, s in zip(best.final_mean, best.final_std, strict=True)]
+    )
+    columns = [
+        "function",
+        "strategy",
+        "w",
+        "phi_p",
+        "w_g",
+        "speed",
+        "final",
+        "optimum",
+        "eps_drd_basic",
+        "eps_pram_vote",
+    ]
+    return table[columns]
