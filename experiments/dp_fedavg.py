@@ -234,7 +234,8 @@ def plot(summary: pd.DataFrame, history: pd.DataFrame, out: Path) -> None:
     fig.savefig(out / "accuracy_vs_epsilon.png", dpi=120)
     plt.close(fig)
 
-    eps_show = history.epsilon_target[history.epsilon_target > 0].max()
+    history = history[np.isfinite(history.epsilon_target)]  # the non-private run has C = 1e6
+    eps_show = history.epsilon_target.max()
     fig, axes = plt.subplots(1, len(settings), figsize=(4.5 * len(settings), 3.6), squeeze=False)
     for ax, (ds, part) in zip(axes[0], settings, strict=True):
         sub = history[(history.dataset == ds) & (history.partition == part)]
