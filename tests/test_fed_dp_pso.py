@@ -47,7 +47,7 @@ def test_server_picks_uniformly_among_top_three(n: int) -> None:
 
 
 def test_epsilon_inf_is_plain_adam(digits) -> None:
-    ds, clients, model = digits
+    _, clients, model = digits
     cfg = FedDPPSOConfig(model=model, batch_size=32, dp=False)
     params = model.init(jax.random.key(1))
     one = client(clients, 0)
@@ -153,3 +153,17 @@ def test_bad_input_raises_before_compiling(digits) -> None:
         )
     with pytest.raises(ValueError, match="rounds"):
         run_fed_dp_pso(FedDPPSOConfig(model=model), clients, test, rounds=0)
+
+
+def test_fedpso_and_fedavg_dp_run(digits) -> None:
+    from swarmjax.fl.fedavg_dp import run_fedavg_dp
+    from swarmjax.fl.fedpso import run_fedpso
+
+    ds, clients, model = digits
+    test = (ds.x_test, ds.y_test)
+    pso = run_fedpso(model, clients, test, rounds=2, learning_rate=0.1)
+    assert pso.history["test_accuracy"].iloc[-1] > 0.5
+    dp = run_fedavg_dp(model, clients, test, rounds=2, target_epsilon=4.0, learning_rate=0.01)
+    assert (dp.history["epsilon_max"] <= 4.0).all()
+    q, sigma, per = dp.privacy["q"][0], dp.privacy["sigma"][0], dp.privacy["steps_per_round"][0]
+    assert dp.history["epsilon_client_0"].iloc[1] == pytest.approx(epsilon(q, sigma, 2 * per, 1e-5))
