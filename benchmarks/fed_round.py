@@ -1,0 +1,128 @@
+"""Time per Fed-DP-PSO round: vectorised (one jit, clients x particles under vmap) vs a
+straightforward per-client, per-particle Python loop of the same algorithm (same model, same
+jitted single-particle loss and single-client DP-Adam refinement). 5 clients x 5 particles.
+
+``python -m benchmarks.fed_round [--quick]``; writes the ``fed_round`` section of RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from benchmarks._results import best_time, machine, write_section
+from swarmjax.fl import load_dataset, partition, stack_clients
+from swarmjax.fl.clients import client
+from swarmjax.fl.dp_local import calibrate_sigmas, sampler_capacity
+from swarmjax.fl.fed_dp_pso import (
+    FedDPPSOConfig,
+    FedDPPSOHyper,
+    fed_dp_pso_init,
+    fed_dp_pso_round,
+    refine,
+)
+from swarmjax.models import loss, mlp
+from swarmjax.swarm import PSOHyperParams
+
+N, S = 5, 5
+
+
+def _setup(rounds: int):
+    ds = load_dataset("digits", standardize=True)
+    clients = stack_clients(ds.x_train, ds.y_train, partition(ds.y_train, N, seed=0).indices)
+    model = mlp((32,), 10, ds.input_shape)
+    sizes = np.asarray(clients.sizes)
+    cfg = FedDPPSOConfig(
+        model=model, particles=S, batch_size=32, capacity=sampler_capacity(sizes, 32)
+    )
+    sig = calibrate_sigmas(8.0, sizes, 32, rounds=rounds)
+    hyper = FedDPPSOHyper(
+        pso=jax.tree.map(jnp.float32, PSOHyperParams()),
+        learning_rate=jnp.float32(0.005),
+        noise_multiplier=jnp.asarray(sig, jnp.float32),
+        selection_scale=jnp.zeros(N, jnp.float32),
+    )
+    test = (jnp.asarray(ds.x_test), jnp.asarray(ds.y_test))
+    return cfg, hyper, clients, test
+
+
+def _loop_round(cfg, hyper, clients, test, pos, vel, pb, pbl, gbest, key, jloss, jrefine):
+    """Algorithm 1 + 2 with Python loops over clients and particles."""
+    rng = np.random.default_rng(int(jax.random.randint(key, (), 0, 2**31 - 1)))
+    reports, bests = [], []
+    for i in range(N):
+        data = client(clients, i)
+        losses = []
+        for j in range(S):
+            r1, r2 = rng.random(), rng.random()
+            vel[i][j] = jax.tree.map(
+                lambda v, x, p, g, a=r1, b=r2: 0.7 * v + 1.4 * a * (p - x) + 1.4 * b * (g - x),
+                vel[i][j],
+                pos[i][j],
+                pb[i][j],
+                gbest,
+            )
+            pos[i][j] = jax.tree.map(jnp.add, pos[i][j], vel[i][j])
+            losses.append(float(jloss(pos[i][j], data.x, data.y, data.mask)))
+            if losses[j] < pbl[i][j]:
+                pb[i][j], pbl[i][j] = pos[i][j], losses[j]
+        j = int(np.argmin(losses))
+        pos[i][j] = jrefine(
+            pos[i][j], data, jax.random.fold_in(key, i), hyper.noise_multiplier[i]
+        ).params
+        lj = float(jloss(pos[i][j], data.x, data.y, data.mask))
+        if lj < pbl[i][j]:
+            pb[i][j], pbl[i][j] = pos[i][j], lj
+        b = int(np.argmin(pbl[i]))
+        reports.append(pbl[i][b])
+        bests.append(pb[i][b])
+    order = np.argsort(reports)
+    gbest = bests[int(order[rng.integers(min(3, N))])]
+    jax.block_until_ready(gbest)
+    return gbest
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--rounds", type=int, default=10, help="rounds of a whole experiment")
+    args = p.parse_args(argv)
+    repeats = 2 if args.quick else 5
+    cfg, hyper, clients, test = _setup(args.rounds)
+    key = jax.random.key(0)
+    state = jax.jit(lambda k: fed_dp_pso_init(k, hyper, clients, config=cfg))(key)
+    vround = jax.jit(lambda s, k: fed_dp_pso_round(s, k, hyper, clients, test, config=cfg))
+    jax.block_until_ready(vround(state, key))
+    t_vec = best_time(lambda: jax.block_until_ready(vround(state, key)), repeats=repeats)
+
+    jloss = jax.jit(lambda p, x, y, m: loss(cfg.model.apply, p, x, y, m))
+    jrefine = jax.jit(lambda p, d, k, s: refine(p, d, k, s, hyper.learning_rate, cfg))
+    sw = state.swarms
+    take = lambda t, i, j: jax.tree.map(lambda a: a[i, j], t)
+    pos = [[take(sw.position, i, j) for j in range(S)] for i in range(N)]
+    vel = [[take(sw.velocity, i, j) for j in range(S)] for i in range(N)]
+    pb = [[take(sw.best_position, i, j) for j in range(S)] for i in range(N)]
+    pbl = [[float(sw.best_loss[i, j]) for j in range(S)] for i in range(N)]
+    args_ = (cfg, hyper, clients, test, pos, vel, pb, pbl, state.gbest, key, jloss, jrefine)
+    _loop_round(*args_)  # compile
+    t_loop = best_time(lambda: _loop_round(*args_), repeats=repeats)
+    md = (
+        f"## fed_round: Fed-DP-PSO round, {N} clients x {S} particles\n\n"
+        f"`python -m benchmarks.fed_round{' --quick' if args.quick else ''}` on {machine()}.\n"
+        f"Digits (1437 train rows), MLP 64-32-10, DP-Adam (eps=8), E=1, B=32; best of "
+        f"{repeats}.\n\n"
+        "| implementation | s / round | s / experiment (R={r}) | speed-up |\n|---|---|---|---|\n"
+        f"| Python loop over clients x particles | {t_loop:.4f} | "
+        f"{t_loop * args.rounds:.2f} | 1x |\n"
+        f"| vectorised (one jit, vmap) | {t_vec:.4f} | {t_vec * args.rounds:.2f} | "
+        f"{t_loop / t_vec:.1f}x |\n"
+    ).replace("{r}", str(args.rounds))
+    print(md)
+    write_section("fed_round", md)
+
+
+if __name__ == "__main__":
+    main()
