@@ -167,7 +167,9 @@ def plan(
         gid = _group_id(group.static)
         total = len(group.seeds)
         per_run = max(1, int(task.bytes_per_run(group.static)))
-        size = _bucket(max(1, min(total, int(memory_budget // per_run))), ndev)
+        size = max(1, min(total, int(memory_budget // per_run)))
+        size = -(-size // ndev) * ndev
+        padded = _bucket(size, ndev)
         for index, start in enumerate(range(0, total, size)):
             stop = min(start + size, total)
             numeric = {
@@ -181,7 +183,7 @@ def plan(
                     static=group.static,
                     numeric=numeric,
                     seeds=np.asarray(group.seeds[start:stop], np.int64),
-                    padded=size,
+                    padded=padded,
                 )
             )
     return chunks
