@@ -1,7 +1,9 @@
 """Benchmark objectives f1-f8 of the PAASO paper, in any dimension.
 
-Each objective maps one point ``x: (d,)`` to a scalar and is minimised; lift it over
-particles or runs with ``jax.vmap``.  ``OBJECTIVES`` names each with its search domain and
+Each objective is minimised and is coordinate-major: ``x`` has shape ``(d, *batch)`` (the
+coordinate axis first) and the result has shape ``batch``; one point ``(d,)`` gives a
+scalar.  Evaluating a whole swarm stored as ``(d, S)`` is one fused elementwise pass, with
+no small ``d``-sized axis in the minor (vectorised) position; ``jax.vmap`` works as well.  ``OBJECTIVES`` names each with its search domain and
 known optimum in ``d`` dimensions.
 
 f5 (Schwefel 2.26): the optimum is ``-418.9829 * d`` at ``x_i = 420.9687``.  The PAASO
@@ -22,47 +24,47 @@ from swarmjax._validation import check_choice, check_int
 
 __all__ = ["OBJECTIVES", "Objective", "get_objective"]
 
-Vector = Float[Array, " d"]
-Scalar = Float[Array, ""]
+Vector = Float[Array, "d *batch"]
+Scalar = Float[Array, "*batch"]
 
 
 def sphere(x: Vector) -> Scalar:
     """f1: sum x_i^2."""
-    return jnp.sum(x * x)
+    return jnp.sum(x * x, axis=0)
 
 
 def schwefel_222(x: Vector) -> Scalar:
     """f2: sum |x_i| + prod |x_i|."""
     a = jnp.abs(x)
-    return jnp.sum(a) + jnp.prod(a)
+    return jnp.sum(a, axis=0) + jnp.prod(a, axis=0)
 
 
 def schwefel_12(x: Vector) -> Scalar:
     """f3: sum_i (sum_{j<=i} x_j)^2."""
-    return jnp.sum(jnp.cumsum(x) ** 2)
+    return jnp.sum(jnp.cumsum(x, axis=0) ** 2, axis=0)
 
 
 def rosenbrock(x: Vector) -> Scalar:
     """f4: chained Rosenbrock, sum 100 (x_{i+1} - x_i^2)^2 + (x_i - 1)^2."""
     head, tail = x[:-1], x[1:]
-    return jnp.sum(100.0 * (tail - head * head) ** 2 + (head - 1.0) ** 2)
+    return jnp.sum(100.0 * (tail - head * head) ** 2 + (head - 1.0) ** 2, axis=0)
 
 
 def schwefel_226(x: Vector) -> Scalar:
     """f5: -sum x_i sin(sqrt|x_i|)."""
-    return -jnp.sum(x * jnp.sin(jnp.sqrt(jnp.abs(x))))
+    return -jnp.sum(x * jnp.sin(jnp.sqrt(jnp.abs(x))), axis=0)
 
 
 def rastrigin(x: Vector) -> Scalar:
     """f6: 10 d + sum x_i^2 - 10 cos(2 pi x_i)."""
-    return 10.0 * x.shape[0] + jnp.sum(x * x - 10.0 * jnp.cos(2.0 * jnp.pi * x))
+    return 10.0 * x.shape[0] + jnp.sum(x * x - 10.0 * jnp.cos(2.0 * jnp.pi * x), axis=0)
 
 
 def ackley(x: Vector) -> Scalar:
     """f7: -20 exp(-0.2 sqrt(mean x^2)) - exp(mean cos 2 pi x) + 20 + e."""
     return (
-        -20.0 * jnp.exp(-0.2 * jnp.sqrt(jnp.mean(x * x)))
-        - jnp.exp(jnp.mean(jnp.cos(2.0 * jnp.pi * x)))
+        -20.0 * jnp.exp(-0.2 * jnp.sqrt(jnp.mean(x * x, axis=0)))
+        - jnp.exp(jnp.mean(jnp.cos(2.0 * jnp.pi * x), axis=0))
         + 20.0
         + jnp.e
     )
@@ -70,8 +72,8 @@ def ackley(x: Vector) -> Scalar:
 
 def griewank(x: Vector) -> Scalar:
     """f8: 1 + sum x_i^2 / 4000 - prod cos(x_i / sqrt(i))."""
-    i = jnp.arange(1, x.shape[0] + 1, dtype=x.dtype)
-    return 1.0 + jnp.sum(x * x) / 4000.0 - jnp.prod(jnp.cos(x / jnp.sqrt(i)))
+    i = jnp.arange(1, x.shape[0] + 1, dtype=x.dtype).reshape((-1,) + (1,) * (x.ndim - 1))
+    return 1.0 + jnp.sum(x * x, axis=0) / 4000.0 - jnp.prod(jnp.cos(x / jnp.sqrt(i)), axis=0)
 
 
 @dataclass(frozen=True)

@@ -161,9 +161,19 @@ class PAASOConfig:
         return get_objective(self.function)
 
 
+Coords = tuple[Float[Array, " s"], ...]
+
+
 @struct.dataclass
 class PAASOState:
-    """One PAASO run: the agents' swarm, the public centre ``pG`` and the voting key."""
+    """One PAASO run: the agents' swarm, the public centre ``pG`` ``(d,)`` and the voting key.
+
+    The swarm's particle is a tuple of ``d`` scalars, so every swarm leaf is one coordinate
+    of all agents, ``(s,)`` (structure of arrays).  Under ``vmap`` over runs the leaves are
+    ``(runs, s)``: no length-``d`` axis sits in the vectorised minor position and the
+    per-particle ``r1``/``r2`` multiply each coordinate array without a broadcast.  On the
+    2-core CPU this layout runs PSO about 1.5-2x faster than ``(s, d)`` particles.
+    """
 
     agents: swarm.SwarmState
     center: Float[Array, " d"]
@@ -184,40 +194,47 @@ def _pso_hyper(cfg: PAASOConfig, hyper: PAASOHyper) -> swarm.PSOHyperParams:
     )
 
 
-def _evaluate(cfg: PAASOConfig, points: Float[Array, "s d"]) -> Float[Array, " s"]:
-    return jax.vmap(cfg.objective.fn)(points)
+def _evaluate(cfg: PAASOConfig, coords: Coords) -> Float[Array, " s"]:
+    """Objective of every agent; ``coords`` holds the ``d`` coordinate arrays ``(s,)``."""
+    return cfg.objective.fn(jnp.stack(coords))
 
 
 def init(key: PRNGKeyArray, cfg: PAASOConfig) -> PAASOState:
     """Uniform agents in the domain, zero (or +/-10%-width uniform) velocities, uniform pG."""
     obj = cfg.objective
     k_pos, k_vel, k_center, k_swarm, k_vote = jax.random.split(key, 5)
-    shape = (cfg.num_agents, cfg.dim)
-    position = jax.random.uniform(k_pos, shape, minval=obj.low, maxval=obj.high)
+    shape = (cfg.dim, cfg.num_agents)
+    position = tuple(jax.random.uniform(k_pos, shape, minval=obj.low, maxval=obj.high))
     velocity = None
     if cfg.init_velocity == "uniform":
         span = 0.1 * obj.width
-        velocity = jax.random.uniform(k_vel, shape, minval=-span, maxval=span)
+        velocity = tuple(jax.random.uniform(k_vel, shape, minval=-span, maxval=span))
     agents = swarm.init(k_swarm, position, _evaluate(cfg, position), velocity)
     center = jax.random.uniform(k_center, (cfg.dim,), minval=obj.low, maxval=obj.high)
     return PAASOState(agents, center, obj.fn(center), k_vote)
 
 
-def _fl_velocity(cfg: PAASOConfig, hyper: PAASOHyper, state: PAASOState) -> Float[Array, "s d"]:
+def _fl_velocity(
+    cfg: PAASOConfig, hyper: PAASOHyper, clamp: Float[ArrayLike, ""], state: PAASOState
+) -> Coords:
     """The FL agent rule: toward pG when it beats the agent's best, else ``fl_rule``."""
     a = state.agents
     r_p, r_g = swarm.coefficients(a.seed, a.iteration, a.position, cfg.options)
-    toward_center = hyper.w * a.velocity + hyper.phi_g * r_g * (state.center - a.best_position)
-    origin = state.center if cfg.fl_rule == "direction" else a.position
-    toward_own = hyper.w * a.velocity + hyper.phi_p * r_p * (a.best_position - origin)
-    use_center = (state.center_loss < a.best_loss)[:, None]
-    vmax = hyper.vmax_factor * cfg.objective.width
-    return jnp.clip(jnp.where(use_center, toward_center, toward_own), -vmax, vmax)
+    use_center = state.center_loss < a.best_loss
+
+    def coordinate(v, x, p, c, rp, rg):
+        toward_center = hyper.w * v + hyper.phi_g * rg * (c - p)
+        origin = c if cfg.fl_rule == "direction" else x
+        toward_own = hyper.w * v + hyper.phi_p * rp * (p - origin)
+        return jnp.clip(jnp.where(use_center, toward_center, toward_own), -clamp, clamp)
+
+    center = tuple(state.center)
+    return tuple(map(coordinate, a.velocity, a.position, a.best_position, center, r_p, r_g))
 
 
-def _vote_directions(velocity: Float[Array, "s 2"], k_alpha: int) -> Int[Array, " s"]:
+def _vote_directions(velocity: Coords, k_alpha: int) -> Int[Array, " s"]:
     """Index of the direction ``2 pi k / k_alpha`` nearest to each velocity's angle."""
-    angle = jnp.arctan2(velocity[:, 1], velocity[:, 0])
+    angle = jnp.arctan2(velocity[1], velocity[0])
     return jnp.mod(jnp.round(angle * (k_alpha / (2.0 * jnp.pi))), k_alpha).astype(jnp.int32)
 
 
@@ -254,19 +271,21 @@ def step(
         state = state.replace(agents=a)
         return state, {"objective": a.global_best_loss, "voters": jnp.zeros((), jnp.int32)}
 
-    velocity = _fl_velocity(cfg, hyper, state)
-    position = jnp.clip(a.position + velocity, pso_hyper.position_low, pso_hyper.position_high)
+    velocity = _fl_velocity(cfg, hyper, pso_hyper.velocity_clamp, state)
+    low, high = pso_hyper.position_low, pso_hyper.position_high
+    position = tuple(jnp.clip(x + v, low, high) for x, v in zip(a.position, velocity))
     a = swarm.observe_personal(
         a.replace(position=position, velocity=velocity), _evaluate(cfg, position)
     )
     state = state.replace(agents=a)
     if cfg.strategy == "fl":
-        move_by, voters = hyper.w_g * jnp.mean(velocity, axis=0), jnp.zeros((), jnp.int32)
+        mean_velocity = jnp.stack([jnp.mean(v) for v in velocity])
+        move_by, voters = hyper.w_g * mean_velocity, jnp.zeros((), jnp.int32)
     else:
         key = jax.random.fold_in(state.key, a.iteration)
         direction, voters = _vote(cfg, hyper, state, key)
         move_by = hyper.w_g * direction
-    center = jnp.clip(state.center + move_by, pso_hyper.position_low, pso_hyper.position_high)
+    center = jnp.clip(state.center + move_by, low, high)
     center_loss = cfg.objective.fn(center)
     state = state.replace(center=center, center_loss=center_loss)
     return state, {"objective": center_loss, "voters": voters}
@@ -284,7 +303,7 @@ def run(key: PRNGKeyArray, cfg: PAASOConfig, hyper: PAASOHyper) -> dict[str, Arr
         return step(s, cfg, hyper)
 
     state, traj = jax.lax.scan(body, state, None, length=cfg.iterations)
-    final = state.agents.global_best if cfg.strategy == "pso" else state.center
+    final = jnp.stack(state.agents.global_best) if cfg.strategy == "pso" else state.center
     return {
         **traj,
         "final_position": final,

@@ -282,15 +282,18 @@ def step(
 ) -> tuple[SwarmState, dict[str, Array]]:
     """One PSO iteration with ``loss_fn(particle) -> scalar`` vmapped over particles.
 
-    Returns the new state and metrics ``{"global_best_loss", "mean_loss", "nonfinite"}``.
+    Returns the new state and metrics ``{"global_best_loss", "mean_loss", "nonfinite"}``;
+    ``mean_loss`` averages the finite losses of this iteration (NaN if none is finite).
     """
     state = move(state, hyper, options)
     loss = jax.vmap(loss_fn)(state.position)
     state = observe(state, loss)
-    finite_loss, _ = _finite_or_inf(loss)
+    finite = jnp.isfinite(loss)
+    count = jnp.sum(finite)
+    mean_finite = jnp.sum(jnp.where(finite, loss, 0.0)) / jnp.maximum(count, 1)
     metrics = {
         "global_best_loss": state.global_best_loss,
-        "mean_loss": jnp.mean(jnp.where(jnp.isfinite(finite_loss), finite_loss, jnp.nan)),
+        "mean_loss": jnp.where(count > 0, mean_finite, jnp.nan),
         "nonfinite": state.nonfinite,
     }
     return state, metrics

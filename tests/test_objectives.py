@@ -42,3 +42,13 @@ def test_known_values():
 def test_unknown_function_names_the_parameter():
     with pytest.raises(ValueError, match="function"):
         get_objective("f9")
+
+
+@pytest.mark.parametrize("name", sorted(OBJECTIVES))
+def test_coordinate_major_batch_equals_one_point_at_a_time(name):
+    obj = OBJECTIVES[name]
+    pts = np.random.default_rng(1).uniform(obj.low, obj.high, size=(4, 5, 3)).astype(np.float32)
+    one_by_one = np.array([[float(obj(jnp.asarray(p))) for p in row] for row in pts])
+    batched = np.asarray(obj(jnp.asarray(np.moveaxis(pts, -1, 0))))
+    assert batched.shape == (4, 5)
+    np.testing.assert_allclose(batched, one_by_one, rtol=1e-5, atol=1e-4)

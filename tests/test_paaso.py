@@ -110,7 +110,7 @@ def test_all_voters_vote_with_pc_one_in_adrd():
 
 def test_vote_direction_binning():
     v = jnp.array([[1.0, 0.0], [0.0, 1.0], [-1.0, 0.01], [0.0, -1.0], [1.0, -0.1]])
-    np.testing.assert_array_equal(paaso._vote_directions(v, 4), [0, 1, 2, 3, 0])
+    np.testing.assert_array_equal(paaso._vote_directions(tuple(v.T), 4), [0, 1, 2, 3, 0])
 
 
 def test_positions_stay_in_domain_with_divergent_inertia():

@@ -94,6 +94,17 @@ def test_nonfinite_losses_never_become_best_and_are_counted():
     assert int(new.iteration) == 1
 
 
+def test_step_mean_loss_averages_only_finite_losses():
+    st = swarm.init(jax.random.key(0), jnp.array([[1.0], [2.0], [3.0]]), jnp.zeros(3))
+    still = swarm.PSOHyperParams(0.0, 0.0, 0.0)  # nothing moves: positions stay 1, 2, 3
+    loss = lambda p: jnp.where(p[0] > 2.5, jnp.nan, p[0])
+    _, m = swarm.step(st, still, loss)
+    assert float(m["mean_loss"]) == pytest.approx(1.5)
+    assert int(m["nonfinite"]) == 1
+    _, m = swarm.step(st, still, lambda p: jnp.nan * p[0])
+    assert np.isnan(float(m["mean_loss"]))
+
+
 def test_init_with_all_nan_losses():
     st = swarm.init(jax.random.key(1), jnp.zeros((3, 2)), jnp.full(3, jnp.nan))
     assert int(st.nonfinite) == 3 and np.isinf(float(st.global_best_loss))
