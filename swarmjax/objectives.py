@@ -3,8 +3,8 @@
 Each objective is minimised and is coordinate-major: ``x`` has shape ``(d, *batch)`` (the
 coordinate axis first) and the result has shape ``batch``; one point ``(d,)`` gives a
 scalar.  Evaluating a whole swarm stored as ``(d, S)`` is one fused elementwise pass, with
-no small ``d``-sized axis in the minor (vectorised) position; ``jax.vmap`` works as well.  ``OBJECTIVES`` names each with its search domain and
-known optimum in ``d`` dimensions.
+no small ``d``-sized axis in the minor (vectorised) position; ``jax.vmap`` works as well.
+``OBJECTIVES`` names each with its search domain and known optimum in ``d`` dimensions.
 
 f5 (Schwefel 2.26): the optimum is ``-418.9829 * d`` at ``x_i = 420.9687``.  The PAASO
 paper quotes -12569.5, which is the 30-D value; in 2-D it is -837.9658.

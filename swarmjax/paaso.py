@@ -273,7 +273,7 @@ def step(
 
     velocity = _fl_velocity(cfg, hyper, pso_hyper.velocity_clamp, state)
     low, high = pso_hyper.position_low, pso_hyper.position_high
-    position = tuple(jnp.clip(x + v, low, high) for x, v in zip(a.position, velocity))
+    position = tuple(jnp.clip(x + v, low, high) for x, v in zip(a.position, velocity, strict=True))
     a = swarm.observe_personal(
         a.replace(position=position, velocity=velocity), _evaluate(cfg, position)
     )
