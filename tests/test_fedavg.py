@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from swarmjax.fl import comm, fedavg
+from swarmjax.fl import _runner, comm
 from swarmjax.fl.centralized import CentralizedConfig, run_centralized
 from swarmjax.fl.clients import stack_clients
 from swarmjax.fl.data import load_dataset
@@ -119,7 +119,8 @@ def test_bad_model_fails_before_compiling(digits, monkeypatch):
     def never(*args, **kwargs):
         raise AssertionError("compiled despite bad input")
 
-    monkeypatch.setattr(fedavg, "_rounds_over_seeds", never)
+    monkeypatch.setattr(_runner, "init_over_seeds", never)
+    monkeypatch.setattr(_runner, "rounds_over_seeds", never)
     five = mlp((8,), 5, (8, 8, 1))
     with pytest.raises(ValueError, match="labels must be in"):
         run_fedavg(FedAvgConfig(five), clients, test, rounds=1)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
 import flax.struct
@@ -19,10 +18,16 @@ import numpy as np
 import optax
 from jaxtyping import Array, ArrayLike, Float, Int, PRNGKeyArray, PyTree
 
-from swarmjax._validation import check_int, check_positive
-from swarmjax.fl._runner import history_frame, run_chunked, seed_keys
+from swarmjax._validation import check_int
+from swarmjax.fl._runner import (
+    TestSet,
+    check_run_inputs,
+    history_frame,
+    run_over_seeds,
+    scan_rounds,
+)
 from swarmjax.fl.clients import ClientData, client, stack_clients
-from swarmjax.fl.fedavg import RunResult, TestSet, check_federated_inputs
+from swarmjax.fl.fedavg import RunResult
 from swarmjax.fl.local import local_train
 from swarmjax.models import Model, evaluate
 
@@ -107,11 +112,15 @@ def _epochs(
     config: CentralizedConfig,
     epochs: int,
 ) -> tuple[CentralizedState, dict[str, Array]]:
-    def body(s: CentralizedState, _: None) -> tuple[CentralizedState, dict[str, Array]]:
-        k = jax.random.fold_in(key, s.epoch)
-        return centralized_epoch(s, k, hyper, data, test, config=config)
-
-    return jax.lax.scan(body, state, None, length=epochs)
+    return scan_rounds(
+        centralized_epoch,
+        state,
+        key,
+        (hyper, data, test),
+        config=config,
+        rounds=epochs,
+        counter="epoch",
+    )
 
 
 def centralized_run(
@@ -127,29 +136,6 @@ def centralized_run(
     init_key, loop_key = jax.random.split(key)
     state = _init(init_key, hyper, config)
     return _epochs(state, loop_key, hyper, data, test, config=config, epochs=epochs)
-
-
-@partial(jax.jit, static_argnames=("config",))
-def _init_over_seeds(
-    keys: PRNGKeyArray, hyper: CentralizedHyper, config: CentralizedConfig
-) -> CentralizedState:
-    return jax.vmap(lambda k: _init(k, hyper, config))(keys)
-
-
-@partial(jax.jit, static_argnames=("config", "epochs"))
-def _epochs_over_seeds(
-    states: CentralizedState,
-    keys: PRNGKeyArray,
-    hyper: CentralizedHyper,
-    data: ClientData,
-    test: TestSet,
-    config: CentralizedConfig,
-    epochs: int,
-) -> tuple[CentralizedState, dict[str, Array]]:
-    def one(s: CentralizedState, k: PRNGKeyArray) -> tuple[CentralizedState, dict[str, Array]]:
-        return _epochs(s, k, hyper, data, test, config=config, epochs=epochs)
-
-    return jax.vmap(one)(states, keys)
 
 
 def run_centralized(
@@ -169,24 +155,32 @@ def run_centralized(
 
     History columns: ``seed, epoch, test_loss, test_accuracy, train_loss``.
     """
-    epochs = check_int("epochs", epochs, 1)
-    check_int("batch_size", config.batch_size, 1)
-    check_positive("learning_rate", learning_rate)
+    check_int("epochs", epochs, 1)
     data = stack_clients(x, y, [np.arange(np.shape(y)[0])])
-    test = (jnp.asarray(test[0], jnp.float32), jnp.asarray(test[1], jnp.int32))
-    check_federated_inputs(config.model, data, test, num_classes)
+    epochs, test = check_run_inputs(
+        config.model,
+        data,
+        test,
+        rounds=epochs,
+        batch_size=config.batch_size,
+        learning_rate=learning_rate,
+        num_classes=num_classes,
+        rounds_name="epochs",
+    )
     data = client(data, 0)
-
-    keys, seed_list = seed_keys(seeds)
-    split = jax.vmap(jax.random.split)(keys)
     hyper = CentralizedHyper(learning_rate=jnp.asarray(learning_rate, jnp.float32))
-    states = _init_over_seeds(split[:, 0], hyper, config)
-
-    def chunk(s: CentralizedState, n: int) -> tuple[CentralizedState, dict[str, Array]]:
-        return _epochs_over_seeds(s, split[:, 1], hyper, data, test, config, n)
-
-    states, metrics = run_chunked(
-        chunk, states, epochs, rounds_per_call=epochs_per_call, progress=progress, desc="central"
+    states, metrics, seed_list = run_over_seeds(
+        _init,
+        centralized_epoch,
+        seeds,
+        epochs,
+        init_args=(hyper,),
+        args=(hyper, data, test),
+        config=config,
+        counter="epoch",
+        rounds_per_call=epochs_per_call,
+        progress=progress,
+        desc="central",
     )
     return RunResult(
         state=states, history=history_frame(seed_list, metrics, {}, "epoch"), seeds=seed_list

@@ -37,19 +37,19 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import partial
 from typing import Literal
 
+import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pandas as pd
 from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray, PyTree
 
-from swarmjax._validation import check_choice, check_finite, check_int, check_positive
-from swarmjax.fl._runner import run_chunked, seed_keys
+from swarmjax._validation import check_choice, check_finite
+from swarmjax.fl._runner import TestSet, check_run_inputs, run_over_seeds
 from swarmjax.fl.clients import ClientData
-from swarmjax.fl.fedavg import FedAvgConfig, TestSet, check_federated_inputs
+from swarmjax.fl.fedavg import FedAvgConfig
 from swarmjax.fl.local import local_train_clients
 from swarmjax.models import evaluate
 
@@ -167,16 +167,37 @@ class CombinedAggregator:
         return combine(client_params, relevance(weights), self.conv, variant=self.variant)
 
 
+@flax.struct.dataclass
+class _StandaloneState:
+    """Every client's own model (leading client axis) and the rounds done."""
+
+    params: PyTree
+    round: Array
+
+
+def _standalone_init(
+    key: PRNGKeyArray, clients: ClientData, config: FedAvgConfig
+) -> _StandaloneState:
+    """One shared init ``config.model.init(key)``, copied to every client."""
+    params = config.model.init(key)
+    k = clients.sizes.shape[0]
+    return _StandaloneState(
+        params=jax.tree.map(lambda p: jnp.repeat(p[None], k, axis=0), params),
+        round=jnp.zeros((), jnp.int32),
+    )
+
+
 def _standalone_round(
-    params: PyTree,
+    state: _StandaloneState,
     key: PRNGKeyArray,
     learning_rate: Float[Array, ""],
     clients: ClientData,
     test: TestSet,
+    *,
     config: FedAvgConfig,
-) -> tuple[PyTree, dict[str, Array]]:
+) -> tuple[_StandaloneState, dict[str, Array]]:
     local = local_train_clients(
-        params,
+        state.params,
         clients,
         key,
         stacked_params=True,
@@ -190,30 +211,8 @@ def _standalone_round(
     loss, acc = jax.vmap(lambda p: evaluate(config.model.apply, p, *test, config.eval_batch_size))(
         local.params
     )
-    return local.params, {"test_loss": loss, "test_accuracy": acc}
-
-
-@partial(jax.jit, static_argnames=("config", "rounds"))
-def _standalone_chunk(
-    state: tuple[PyTree, Array],
-    keys: PRNGKeyArray,
-    learning_rate: Float[Array, ""],
-    clients: ClientData,
-    test: TestSet,
-    config: FedAvgConfig,
-    rounds: int,
-) -> tuple[tuple[PyTree, Array], dict[str, Array]]:
-    def one_seed(s: tuple[PyTree, Array], key: PRNGKeyArray) -> tuple:
-        def body(carry: tuple[PyTree, Array], _: None) -> tuple:
-            params, t = carry
-            params, metrics = _standalone_round(
-                params, jax.random.fold_in(key, t), learning_rate, clients, test, config
-            )
-            return (params, t + 1), metrics
-
-        return jax.lax.scan(body, s, None, length=rounds)
-
-    return jax.vmap(one_seed)(state, keys)
+    new = _StandaloneState(params=local.params, round=state.round + 1)
+    return new, {"test_loss": loss, "test_accuracy": acc}
 
 
 def run_standalone(
@@ -232,25 +231,27 @@ def run_standalone(
 
     Returns a long table ``seed, round, client, test_loss, test_accuracy``.
     """
-    rounds = check_int("rounds", rounds, 1)
-    check_int("local_epochs", config.local_epochs, 1)
-    check_int("batch_size", config.batch_size, 1)
-    check_positive("learning_rate", learning_rate)
-    test = (jnp.asarray(test[0], jnp.float32), jnp.asarray(test[1], jnp.int32))
-    check_federated_inputs(config.model, clients, test, num_classes)
-
-    keys, seed_list = seed_keys(seeds)
-    split = jax.vmap(jax.random.split)(keys)
+    rounds, test = check_run_inputs(
+        config.model,
+        clients,
+        test,
+        rounds=rounds,
+        local_epochs=config.local_epochs,
+        batch_size=config.batch_size,
+        learning_rate=learning_rate,
+        num_classes=num_classes,
+    )
     k = clients.num_clients
-    init = jax.jit(jax.vmap(config.model.init))(split[:, 0])
-    params = jax.tree.map(lambda p: jnp.repeat(p[:, None], k, axis=1), init)
-    state = (params, jnp.zeros(len(seed_list), jnp.int32))
     lr = jnp.asarray(learning_rate, jnp.float32)
-
-    def chunk(s: tuple, n: int) -> tuple:
-        return _standalone_chunk(s, split[:, 1], lr, clients, test, config, n)
-
-    _, metrics = run_chunked(chunk, state, rounds, rounds_per_call=None, progress=False, desc="")
+    _, metrics, seed_list = run_over_seeds(
+        _standalone_init,
+        _standalone_round,
+        seeds,
+        rounds,
+        init_args=(clients,),
+        args=(lr, clients, test),
+        config=config,
+    )
     acc = np.asarray(metrics["test_accuracy"])  # (seeds, rounds, clients)
     s_idx, t_idx, c_idx = np.meshgrid(
         np.asarray(seed_list), np.arange(1, rounds + 1), np.arange(k), indexing="ij"

@@ -64,9 +64,14 @@ from swarmjax._validation import (
     check_range,
 )
 from swarmjax.fl import comm
-from swarmjax.fl._runner import history_frame, run_chunked, seed_keys
+from swarmjax.fl._runner import (
+    TestSet,
+    check_run_inputs,
+    history_frame,
+    run_over_seeds,
+    scan_rounds,
+)
 from swarmjax.fl.clients import ClientData
-from swarmjax.fl.fedavg import check_federated_inputs
 from swarmjax.fl.local import GradFn, Sampler, local_train
 from swarmjax.models import Model, evaluate
 from swarmjax.privacy.accounting import PrivacyAccountant
@@ -97,7 +102,6 @@ __all__ = [
 ]
 
 CLIPPING = ("fixed", "adaptive")
-TestSet = tuple[Array, Array]
 
 
 # --------------------------------------------------------------------------- noise algebra
@@ -443,13 +447,9 @@ def dp_fedavg_rounds(
     rounds: int,
 ) -> tuple[DPFedAvgState, dict[str, Array]]:
     """Scan ``rounds`` rounds; round ``t`` (from ``state.round``) uses ``fold_in(key, t)``."""
-
-    def body(s: DPFedAvgState, _: None) -> tuple[DPFedAvgState, dict[str, Array]]:
-        return dp_fedavg_round(
-            s, jax.random.fold_in(key, s.round), hyper, clients, test, config=config
-        )
-
-    return jax.lax.scan(body, state, None, length=rounds)
+    return scan_rounds(
+        dp_fedavg_round, state, key, (hyper, clients, test), config=config, rounds=rounds
+    )
 
 
 def dp_fedavg_run(
@@ -526,19 +526,6 @@ def rounds_to_target(
     return history.groupby("seed")[["round", column]].apply(first).rename("rounds_to_target")
 
 
-@partial(jax.jit, static_argnames=("config",))
-def _init_over_seeds(keys: PRNGKeyArray, hyper: DPFedAvgHyper, config: DPFedAvgConfig):
-    return jax.vmap(lambda k: dp_fedavg_init(k, hyper, config))(keys)
-
-
-@partial(jax.jit, static_argnames=("config", "rounds"))
-def _rounds_over_seeds(states, keys, hyper, clients, test, config, rounds):
-    def one(s: DPFedAvgState, k: PRNGKeyArray):
-        return dp_fedavg_rounds(s, k, hyper, clients, test, config=config, rounds=rounds)
-
-    return jax.vmap(one)(states, keys)
-
-
 def run_dp_fedavg(
     config: DPFedAvgConfig,
     clients: ClientData,
@@ -569,9 +556,8 @@ def run_dp_fedavg(
     clipped-count bit of adaptive clipping) and their cumulative sums, and ``bits_volume``
     (``m_t d 32``, the spec's ``T m d bits`` summed so far).
     """
-    rounds = check_int("rounds", rounds, 1)
+    check_int("rounds", rounds, 1)
     check_int("local_epochs", config.local_epochs, 1)
-    check_int("batch_size", config.batch_size, 1)
     check_range("server_momentum", config.server_momentum, 0.0, 1.0, high_open=True)
     check_choice("clipping", clipping, CLIPPING)
     check_range("sample_rate", sample_rate, 0.0, 1.0, low_open=True)
@@ -592,20 +578,23 @@ def run_dp_fedavg(
         client_lr=client_lr,
         server_lr=server_lr,
     )
-    test = (jnp.asarray(test[0], jnp.float32), jnp.asarray(test[1], jnp.int32))
-    check_federated_inputs(config.model, clients, test)
+    rounds, test = check_run_inputs(
+        config.model, clients, test, rounds=rounds, batch_size=config.batch_size
+    )
     if config.capacity is None:
         config = _with_capacity(config, n, sample_rate, overflow_prob)
 
-    keys, seed_list = seed_keys(seeds)
-    split = jax.vmap(jax.random.split)(keys)
-    states = _init_over_seeds(split[:, 0], hyper, config)
-
-    def chunk(s: DPFedAvgState, k: int):
-        return _rounds_over_seeds(s, split[:, 1], hyper, clients, test, config, k)
-
-    states, metrics = run_chunked(
-        chunk, states, rounds, rounds_per_call=rounds_per_call, progress=progress, desc="DP-FedAvg"
+    states, metrics, seed_list = run_over_seeds(
+        dp_fedavg_init,
+        dp_fedavg_round,
+        seeds,
+        rounds,
+        init_args=(hyper,),
+        args=(hyper, clients, test),
+        config=config,
+        rounds_per_call=rounds_per_call,
+        progress=progress,
+        desc="DP-FedAvg",
     )
     spec = PrivacySpec(
         sample_rate=float(sample_rate),

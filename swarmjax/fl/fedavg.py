@@ -20,23 +20,27 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
 import flax.struct
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 import pandas as pd
 from jaxtyping import Array, ArrayLike, Float, Int, PRNGKeyArray, PyTree
 
-from swarmjax._validation import check_int, check_positive
 from swarmjax.fl import comm
-from swarmjax.fl._runner import history_frame, run_chunked, seed_keys
+from swarmjax.fl._runner import (
+    TestSet,
+    check_federated_inputs,
+    check_run_inputs,
+    history_frame,
+    run_over_seeds,
+    scan_rounds,
+)
 from swarmjax.fl.clients import ClientData
 from swarmjax.fl.local import GradFn, Sampler, local_train_clients
-from swarmjax.models import Model, check_model, evaluate
+from swarmjax.models import Model, evaluate
 
 __all__ = [
     "Aggregator",
@@ -54,7 +58,6 @@ __all__ = [
 ]
 
 Aggregator = Callable[[PyTree, Float[Array, " clients"]], PyTree]
-TestSet = tuple[Array, Array]
 
 
 def weighted_average(client_params: PyTree, weights: Float[Array, " clients"]) -> PyTree:
@@ -159,13 +162,9 @@ def fedavg_rounds(
     rounds: int,
 ) -> tuple[FedAvgState, dict[str, Array]]:
     """Scan ``rounds`` rounds; round ``t`` (from ``state.round``) uses ``fold_in(key, t)``."""
-
-    def body(s: FedAvgState, _: None) -> tuple[FedAvgState, dict[str, Array]]:
-        return fedavg_round(
-            s, jax.random.fold_in(key, s.round), hyper, clients, test, config=config
-        )
-
-    return jax.lax.scan(body, state, None, length=rounds)
+    return scan_rounds(
+        fedavg_round, state, key, (hyper, clients, test), config=config, rounds=rounds
+    )
 
 
 def fedavg_run(
@@ -183,27 +182,6 @@ def fedavg_run(
     return fedavg_rounds(state, loop_key, hyper, clients, test, config=config, rounds=rounds)
 
 
-@partial(jax.jit, static_argnames=("config",))
-def _init_over_seeds(keys: PRNGKeyArray, config: FedAvgConfig) -> FedAvgState:
-    return jax.vmap(lambda k: fedavg_init(k, config))(keys)
-
-
-@partial(jax.jit, static_argnames=("config", "rounds"))
-def _rounds_over_seeds(
-    states: FedAvgState,
-    keys: PRNGKeyArray,
-    hyper: FedAvgHyper,
-    clients: ClientData,
-    test: TestSet,
-    config: FedAvgConfig,
-    rounds: int,
-) -> tuple[FedAvgState, dict[str, Array]]:
-    def one(s: FedAvgState, k: PRNGKeyArray) -> tuple[FedAvgState, dict[str, Array]]:
-        return fedavg_rounds(s, k, hyper, clients, test, config=config, rounds=rounds)
-
-    return jax.vmap(one)(states, keys)
-
-
 @dataclass(frozen=True)
 class RunResult:
     """Output of a runner: final state (leading seed axis) and a long history table."""
@@ -211,32 +189,6 @@ class RunResult:
     state: Any
     history: pd.DataFrame
     seeds: list[int]
-
-
-def check_federated_inputs(
-    model: Model,
-    clients: ClientData,
-    test: TestSet,
-    num_classes: int | None = None,
-) -> None:
-    """Raise ``ValueError`` (before any compilation) on mismatched model and data.
-
-    Checks the example shape of clients and test set against ``model.input_shape``, the
-    model's output size against ``num_classes`` (when given), and every label against the
-    model's output size.
-    """
-    example_shape = tuple(clients.x.shape[2:])
-    if tuple(test[0].shape[1:]) != example_shape:
-        raise ValueError(
-            f"test examples have shape {tuple(test[0].shape[1:])}, clients {example_shape}"
-        )
-    check_model(model, model.num_classes if num_classes is None else num_classes, example_shape)
-    labels = np.concatenate([np.asarray(clients.y)[np.asarray(clients.mask)], np.asarray(test[1])])
-    if labels.min() < 0 or labels.max() >= model.num_classes:
-        raise ValueError(
-            f"labels must be in [0, {model.num_classes - 1}] for model {model.name!r} with "
-            f"{model.num_classes} outputs; got [{labels.min()}, {labels.max()}]"
-        )
 
 
 def run_fedavg(
@@ -258,23 +210,28 @@ def run_fedavg(
     The state has a leading seed axis. ``rounds_per_call`` splits the scan into chunks
     (same result) so ``progress`` can show a bar.
     """
-    rounds = check_int("rounds", rounds, 1)
-    check_int("local_epochs", config.local_epochs, 1)
-    check_int("batch_size", config.batch_size, 1)
-    check_positive("learning_rate", learning_rate)
-    test = (jnp.asarray(test[0], jnp.float32), jnp.asarray(test[1], jnp.int32))
-    check_federated_inputs(config.model, clients, test, num_classes)
-
-    keys, seed_list = seed_keys(seeds)
-    split = jax.vmap(jax.random.split)(keys)
-    states = _init_over_seeds(split[:, 0], config)
+    rounds, test = check_run_inputs(
+        config.model,
+        clients,
+        test,
+        rounds=rounds,
+        local_epochs=config.local_epochs,
+        batch_size=config.batch_size,
+        learning_rate=learning_rate,
+        num_classes=num_classes,
+    )
     hyper = FedAvgHyper(learning_rate=jnp.asarray(learning_rate, jnp.float32))
-
-    def chunk(s: FedAvgState, n: int) -> tuple[FedAvgState, dict[str, Array]]:
-        return _rounds_over_seeds(s, split[:, 1], hyper, clients, test, config, n)
-
-    states, metrics = run_chunked(
-        chunk, states, rounds, rounds_per_call=rounds_per_call, progress=progress, desc="FedAvg"
+    states, metrics, seed_list = run_over_seeds(
+        fedavg_init,
+        fedavg_round,
+        seeds,
+        rounds,
+        init_args=(),
+        args=(hyper, clients, test),
+        config=config,
+        rounds_per_call=rounds_per_call,
+        progress=progress,
+        desc="FedAvg",
     )
     params_shape = jax.eval_shape(config.model.init, jax.random.key(0))
     cost = comm.fedavg_bytes(params_shape, clients.num_clients)
