@@ -376,6 +376,24 @@ STYLE = {
 }
 
 
+def _mode_curves(ax: Any, part: pd.DataFrame, column: str) -> None:
+    """One errorbar curve (seed mean +- std over epsilon) of ``column`` per mode x mechanism."""
+    for (mode, mechanism), (color, ls, label) in STYLE.items():
+        sel = part[(part["mode"] == mode) & (part.mechanism == mechanism)]
+        stats = sel.groupby("epsilon")[column].agg(["mean", "std"]).fillna(0.0)
+        ax.errorbar(
+            stats.index,
+            stats["mean"],
+            stats["std"],
+            color=color,
+            ls=ls,
+            marker="o",
+            ms=3,
+            capsize=2,
+            label=label,
+        )
+
+
 def plot_f1(f1_frame: pd.DataFrame, name: str, path: Path) -> None:
     import matplotlib.pyplot as plt
 
@@ -384,20 +402,7 @@ def plot_f1(f1_frame: pd.DataFrame, name: str, path: Path) -> None:
     fig, axes = plt.subplots(1, len(clfs), figsize=(3.2 * len(clfs), 3.2), sharey=True)
     for ax, clf in zip(np.atleast_1d(axes), clfs, strict=True):
         part = data[data.classifier == clf]
-        for (mode, mechanism), (color, ls, label) in STYLE.items():
-            sel = part[(part["mode"] == mode) & (part.mechanism == mechanism)]
-            stats = sel.groupby("epsilon").f1.agg(["mean", "std"]).fillna(0.0)
-            ax.errorbar(
-                stats.index,
-                stats["mean"],
-                stats["std"],
-                color=color,
-                ls=ls,
-                marker="o",
-                ms=3,
-                capsize=2,
-                label=label,
-            )
+        _mode_curves(ax, part, "f1")
         clean = part[part["mode"] == "clean"].f1
         if len(clean):
             ax.axhline(clean.mean(), color="k", lw=0.8, ls=":", label="no noise")
@@ -419,20 +424,7 @@ def plot_attack(attack: pd.DataFrame, path: Path) -> None:
     fig, axes = plt.subplots(1, len(names), figsize=(3.4 * len(names), 3.2))
     for ax, name in zip(np.atleast_1d(axes), names, strict=True):
         part = attack[attack.dataset == name]
-        for (mode, mechanism), (color, ls, label) in STYLE.items():
-            sel = part[(part["mode"] == mode) & (part.mechanism == mechanism)]
-            stats = sel.groupby("epsilon").accuracy.agg(["mean", "std"]).fillna(0.0)
-            ax.errorbar(
-                stats.index,
-                stats["mean"],
-                stats["std"],
-                color=color,
-                ls=ls,
-                marker="o",
-                ms=3,
-                capsize=2,
-                label=label,
-            )
+        _mode_curves(ax, part, "accuracy")
         ax.axhline(part.majority.iloc[0], color="gray", lw=0.8, label="majority class")
         clean = part[part["mode"] == "clean"].accuracy
         ax.axhline(clean.mean(), color="k", lw=0.8, ls=":", label="no noise")

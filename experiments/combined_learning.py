@@ -1,8 +1,15 @@
 """Combined learning vs FedAvg, each client alone and the centralised model (seed 004).
 
-    python -m experiments.combined_learning           # default slice (minutes on 2 CPU cores)
-    python -m experiments.combined_learning --quick   # CI smoke run
-    python -m experiments.combined_learning --full    # all models, full MNIST, more rounds
+    python -m experiments.combined_learning           # default slice (~30 min on 2 CPU cores)
+    python -m experiments.combined_learning --quick   # CI smoke run (< 1 minute)
+    python -m experiments.combined_learning --full    # the whole grid, full MNIST, more rounds
+
+Default slice: every model of the thesis runs at least once, and the smlp runs every
+split x K. MNIST: smlp on {uniform, arbitrary} x K in {2, 5, 10}; mmlp, lmlp, conv and
+lstm on uniform K = 5 (conv and lstm on a 2,000-image subsample, 5 rounds, 1 seed: they
+cost ~50x an MLP per example on this CPU). Breast cancer: smlp on uniform K in {2, 5, 10}
+and arbitrary K = 2 (two classes); mmlp, lmlp and lstm on uniform K = 5. ``--full`` runs
+every model on every split x K.
 
 For every (dataset, model, split, K): clients train E local epochs per round; CL combines
 them with :class:`swarmjax.fl.combined.CombinedAggregator` (spec section 6, c = 0.01 as the
@@ -70,6 +77,10 @@ OPTIMISERS: dict[str, tuple[Callable[[Any], optax.GradientTransformation], float
 
 @dataclasses.dataclass(frozen=True)
 class Profile:
+    """What to run. ``grid_models`` (None: all) run every split x K; the other models run
+    only the ``single`` (split, K) settings. ``overrides[model]`` replaces ``n_train``,
+    ``n_test``, ``rounds`` or ``seeds`` for that model (the heavy conv and LSTM)."""
+
     datasets: dict[str, tuple[str, ...]]  # dataset -> models
     ks: tuple[int, ...]
     rounds: int
@@ -78,6 +89,9 @@ class Profile:
     n_test: int | None
     seeds: int
     batch_size: int = 64
+    grid_models: tuple[str, ...] | None = None
+    single: tuple[tuple[str, int], ...] = (("uniform", 5),)
+    overrides: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
 
 
 PROFILES = {
@@ -93,9 +107,9 @@ PROFILES = {
     ),
     "default": Profile(
         datasets={
-            "mnist": ("smlp", "mmlp", "lmlp"),
-            "cifar10": ("smlp",),
-            "breast_cancer": ("smlp", "mmlp", "lmlp"),
+            "mnist": ("smlp", "mmlp", "lmlp", "conv", "lstm"),
+            "cifar10": ("smlp", "conv", "lstm"),
+            "breast_cancer": ("smlp", "mmlp", "lmlp", "lstm"),
         },
         ks=(2, 5, 10),
         rounds=10,
@@ -103,6 +117,11 @@ PROFILES = {
         n_train=10_000,
         n_test=2_000,
         seeds=2,
+        grid_models=("smlp",),
+        overrides={
+            "conv": {"n_train": 2_000, "n_test": 1_000, "rounds": 5, "seeds": 1},
+            "lstm": {"n_train": 2_000, "n_test": 1_000, "rounds": 5, "seeds": 1},
+        },
     ),
     "full": Profile(
         datasets={
@@ -118,6 +137,11 @@ PROFILES = {
         seeds=3,
     ),
 }
+
+
+def for_model(profile: Profile, model: str) -> Profile:
+    """The profile with ``profile.overrides[model]`` applied."""
+    return dataclasses.replace(profile, **profile.overrides.get(model, {}))
 
 
 def split_indices(labels: np.ndarray, k: int, split: str, seed: int) -> tuple[np.ndarray, ...]:
@@ -200,6 +224,8 @@ def summarise(history: pd.DataFrame, central: pd.DataFrame) -> pd.DataFrame:
     for key, group in history.groupby(keys, sort=False):
         row = dict(zip(keys, key, strict=True))
         last = group["round"].max()
+        row["rounds"] = int(last)
+        row["seeds"] = int(group["seed"].nunique())
         for method in ("CL", "FedAvg"):
             curve = group[group.method == method].groupby("round")["test_accuracy"].mean()
             row[f"{method}_final"] = curve.loc[last]
@@ -269,38 +295,69 @@ def default_data_dir(given: str | None) -> str | None:
     return str(shared)
 
 
-def load(name: str, data_dir: str | None, profile: Profile) -> Any:
-    data = load_dataset(name, default_data_dir(data_dir), download=False)
+def load(name: str, data_dir: str | None) -> Any:
+    return load_dataset(name, default_data_dir(data_dir), download=False)
+
+
+def shrink(data: Any, name: str, profile: Profile) -> Any:
+    """The profile's train/test subsample of an image dataset (tabular data stay whole)."""
     if name in ("mnist", "fashion_mnist", "cifar10") and (profile.n_train or profile.n_test):
-        data = subsample(data, profile.n_train, profile.n_test, seed=0)
+        return subsample(data, profile.n_train, profile.n_test, seed=0)
     return data
 
 
 def plan(data: Any, models: tuple[str, ...], profile: Profile) -> list[tuple[str, str, int]]:
-    """(model, split, K) to run; the arbitrary split needs K <= number of classes."""
-    return [
-        (m, s, k)
-        for m in models
-        for s in SPLITS
-        for k in profile.ks
-        if s == "uniform" or k <= data.num_classes
-    ]
+    """(model, split, K) to run: every split x K for ``grid_models``, ``single`` for the
+    others; the arbitrary split needs K <= number of classes."""
+    out = []
+    for m in models:
+        grid = profile.grid_models is None or m in profile.grid_models
+        settings = [(s, k) for s in SPLITS for k in profile.ks] if grid else profile.single
+        out += [(m, s, k) for s, k in settings if s == "uniform" or k <= data.num_classes]
+    return out
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m experiments.combined_learning",
-        description="Combined learning (seed 004) vs FedAvg, clients alone and centralised.",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     size = parser.add_mutually_exclusive_group()
-    size.add_argument("--quick", action="store_true", help="CI smoke run (< 1 minute)")
-    size.add_argument("--full", action="store_true", help="all models and data, 20 rounds")
-    parser.add_argument("--data-dir", default=None, help="folder with mnist/, cifar10/ ...")
-    parser.add_argument("--out", default=str(REPO / "results" / "combined_learning"))
-    parser.add_argument("--datasets", nargs="+", help="restrict to these datasets")
-    parser.add_argument("--models", nargs="+", help="restrict to these models")
-    parser.add_argument("--rounds", type=int, help="override the number of rounds")
-    parser.add_argument("--seeds", type=int, help="override the number of seeds")
+    size.add_argument(
+        "--quick", action="store_true", help="CI smoke run: breast cancer smlp, K=2 (< 1 min)"
+    )
+    size.add_argument(
+        "--full",
+        action="store_true",
+        help="every model on every split x K, full data, 20 rounds, 3 seeds (hours)",
+    )
+    parser.add_argument(
+        "--data-dir",
+        default=None,
+        help="folder with mnist/, cifar10/ (default: $SWARMJAX_DATA, else ../shared/data)",
+    )
+    parser.add_argument(
+        "--out",
+        default=str(REPO / "results" / "combined_learning"),
+        help="output folder for CSV/JSON/PNG (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--datasets",
+        nargs="+",
+        choices=("mnist", "breast_cancer", "cifar10"),
+        help="restrict to these datasets",
+    )
+    parser.add_argument(
+        "--models",
+        nargs="+",
+        choices=("smlp", "mmlp", "lmlp", "conv", "lstm"),
+        help="restrict to these models",
+    )
+    parser.add_argument(
+        "--rounds", type=int, help="override the number of combination rounds (every model)"
+    )
+    parser.add_argument("--seeds", type=int, help="override the number of seeds (every model)")
     return parser.parse_args(argv)
 
 
@@ -312,10 +369,13 @@ def choose_profile(args: argparse.Namespace) -> Profile:
         if not args.datasets or d in args.datasets
     }
     changes: dict[str, Any] = {"datasets": {d: m for d, m in datasets.items() if m}}
+    forced = {}
     if args.rounds:
-        changes["rounds"] = args.rounds
+        forced["rounds"] = args.rounds
     if args.seeds:
-        changes["seeds"] = args.seeds
+        forced["seeds"] = args.seeds
+    changes.update(forced)
+    changes["overrides"] = {m: {**o, **forced} for m, o in profile.overrides.items()}
     return dataclasses.replace(profile, **changes)
 
 
@@ -325,28 +385,36 @@ def main(argv: list[str] | None = None) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     histories, centrals, skipped = [], [], []
+    timings: dict[str, float] = {}
     start = time.perf_counter()
     for dataset, models in profile.datasets.items():
         try:
-            data = load(dataset, args.data_dir, profile)
+            full_data = load(dataset, args.data_dir)
         except DatasetNotFoundError as exc:
             skipped.append(f"{dataset}: not found ({str(exc).splitlines()[0]})")
             print(f"skipping {dataset}: its files are not available")
             continue
-        todo = plan(data, models, profile)
+        todo = plan(full_data, models, profile)
         skipped += [
-            f"{dataset} {m} arbitrary K={k}: needs K <= {data.num_classes} classes"
+            f"{dataset} {m} arbitrary K={k}: needs K <= {full_data.num_classes} classes"
             for m in models
             for k in profile.ks
-            if k > data.num_classes
+            if k > full_data.num_classes
+            and (profile.grid_models is None or m in profile.grid_models)
         ]
         for model in models:
-            centrals.append(run_central(data, dataset, model, profile))
+            mprof = for_model(profile, model)
+            data = shrink(full_data, dataset, mprof)
+            t0 = time.perf_counter()
+            centrals.append(run_central(data, dataset, model, mprof))
             for m, split, k in tqdm(
                 [t for t in todo if t[0] == model], desc=f"{dataset} {model}", unit="setting"
             ):
-                histories.append(run_setting(data, dataset, m, split, k, profile))
-                write(out, histories, centrals, profile, skipped, time.perf_counter() - start)
+                histories.append(run_setting(data, dataset, m, split, k, mprof))
+                write(
+                    out, histories, centrals, profile, skipped, time.perf_counter() - start, timings
+                )
+            timings[f"{dataset} {model}"] = round(time.perf_counter() - t0, 1)
             plot(
                 pd.concat(histories),
                 pd.concat(centrals),
@@ -354,7 +422,9 @@ def main(argv: list[str] | None = None) -> None:
                 model,
                 out / f"{dataset}_{model}.png",
             )
-    summary = write(out, histories, centrals, profile, skipped, time.perf_counter() - start)
+    summary = write(
+        out, histories, centrals, profile, skipped, time.perf_counter() - start, timings
+    )
     with pd.option_context("display.width", 200, "display.max_columns", 20):
         print(summary.round(3).to_string(index=False))
     for note in skipped:
@@ -369,6 +439,7 @@ def write(
     profile: Profile,
     skipped: list[str],
     seconds: float,
+    timings: dict[str, float] | None = None,
 ) -> pd.DataFrame:
     """Write history.csv, central.csv, summary.csv/json now (called after every setting)."""
     if not histories:
@@ -383,6 +454,7 @@ def write(
         "conv": 0.01,
         "skipped": skipped,
         "seconds": round(seconds, 1),
+        "seconds_per_model": timings or {},
         "summary": summary.to_dict(orient="records"),
     }
     (out / "summary.json").write_text(json.dumps(meta, indent=1, default=str))

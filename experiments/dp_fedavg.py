@@ -2,7 +2,7 @@
 
     python -m experiments.dp_fedavg            # default slice: MNIST + Fashion-MNIST, IID +
                                                # Dirichlet(0.5), 1000 clients, T = 50,
-                                               # epsilon 2 and 8, one seed (~30 min on 2 cores)
+                                               # epsilon 2 and 8, seeds 0-2 vmapped
     python -m experiments.dp_fedavg --quick    # CI smoke run (< 1 minute)
     python -m experiments.dp_fedavg --full     # more rounds, epsilons and seeds
 
@@ -70,37 +70,31 @@ class Profile:
     mia_examples: int
 
 
+_DEFAULT = Profile(
+    datasets=("mnist", "fashion_mnist"),
+    partitions=("iid", "dirichlet"),
+    num_clients=1000,
+    n_train=None,
+    n_test=None,
+    sample_rate=0.1,
+    rounds=50,
+    epsilons=(2.0, 8.0),
+    fixed_clips=(0.1, 1.0),
+    seeds=(0, 1, 2),
+    target_accuracy=0.8,
+    mia_examples=5000,
+)
 PROFILES = {
     "quick": Profile(
         ("mnist",), ("iid",), 100, 6000, 2000, 0.2, 15, (8.0,), (1.0,), (0,), 0.5, 1000
     ),
-    "default": Profile(
-        ("mnist", "fashion_mnist"),
-        ("iid", "dirichlet"),
-        1000,
-        None,
-        None,
-        0.1,
-        50,
-        (2.0, 8.0),
-        (0.1, 1.0, 10.0),
-        (0,),
-        0.8,
-        5000,
-    ),
-    "full": Profile(
-        ("mnist", "fashion_mnist"),
-        ("iid", "dirichlet"),
-        1000,
-        None,
-        None,
-        0.1,
-        300,
-        (0.5, 1.0, 2.0, 4.0, 8.0),
-        (0.03, 0.1, 0.3, 1.0, 10.0),
-        (0, 1, 2),
-        0.8,
-        10000,
+    "default": _DEFAULT,
+    "full": dataclasses.replace(
+        _DEFAULT,
+        rounds=300,
+        epsilons=(0.5, 1.0, 2.0, 4.0, 8.0),
+        fixed_clips=(0.03, 0.1, 0.3, 1.0, 10.0),
+        mia_examples=10000,
     ),
 }
 
@@ -182,8 +176,16 @@ def run_one(config, clients, test, data, profile, method: str, kwargs: dict, eps
     h = res.history
     last = h[h["round"] == profile.rounds]
     reach = rounds_to_target(h, profile.target_accuracy)
-    first_params = jax.tree.map(lambda a: a[0], res.state.params)
-    mia = mia_advantage(config.model, first_params, data, profile.mia_examples, 0)
+    mias = [
+        mia_advantage(
+            config.model,
+            jax.tree.map(lambda a, i=i: a[i], res.state.params),
+            data,
+            profile.mia_examples,
+            seed,
+        )
+        for i, seed in enumerate(res.seeds)
+    ]
     row = {
         "method": method,
         "epsilon_target": eps_target,
@@ -201,7 +203,8 @@ def run_one(config, clients, test, data, profile, method: str, kwargs: dict, eps
         "seeds_reaching_target": int(reach.notna().sum()),
         "bits_volume": float(last["bits_volume"].mean()),
         "mb_up": float(last["cum_bytes_up"].mean()) / 1e6,
-        "mia_advantage": mia,
+        "mia_advantage": float(np.mean(mias)),
+        "mia_advantage_std": float(np.std(mias)),
         "seconds": seconds,
     }
     return row, h.assign(method=method, epsilon_target=eps_target)
