@@ -7,7 +7,9 @@ velocity clamp = domain width, positions clipped.  swarmjax runs every swarm as 
 jit-compiled, vmapped scan (``paaso.run`` with strategy "pso"), sharded over all CPU
 devices (``--cpu-devices``, default: every core).  Baselines: a vectorised numpy PSO written
 here (all swarms in one array, numpy's PCG64 for r1/r2), and pyswarms / evosax when
-installed (``pip install -e .[bench]``).  Writes its section of benchmarks/RESULTS.md.
+installed (``pip install -e .[bench]``; evosax's PSO runs vmapped over swarms under jit, as
+its users run it).  Writes its section of benchmarks/RESULTS.md with the machine load, since
+absolute rates on a shared 2-core machine mean little when other jobs run.
 """
 
 from __future__ import annotations
@@ -75,6 +77,44 @@ def pyswarms_pso(swarms: int, iterations: int) -> float | None:
     return float(np.mean(best))
 
 
+def evosax_pso(swarms: int, iterations: int):
+    """evosax's PSO (ask/tell in a scan, vmapped over swarms), or None if not installed.
+
+    Returns a zero-argument callable that runs the compiled sweep and blocks, so that its
+    compilation can be kept out of the timing.  Same f4, w, c1, c2 and domain; evosax has
+    no clamps, so positions are clipped before evaluation only.
+    """
+    try:
+        from evosax.algorithms import PSO
+    except ImportError:
+        return None
+    import jax
+    import jax.numpy as jnp
+
+    f = lambda x: 100.0 * (x[..., 1] - x[..., 0] ** 2) ** 2 + (x[..., 0] - 1.0) ** 2
+    pso = PSO(population_size=AGENTS, solution=jnp.zeros(2))
+    params = pso.default_params.replace(inertia_coeff=W, cognitive_coeff=C, social_coeff=C)
+
+    def one(key):
+        k_init, k_state, k_loop = jax.random.split(key, 3)
+        x = jax.random.uniform(k_init, (AGENTS, 2), minval=-2.0, maxval=2.0)
+        state = pso.init(k_state, x, f(x), params)
+
+        def body(state, k):
+            k_ask, k_tell = jax.random.split(k)
+            x, state = pso.ask(k_ask, state, params)
+            x = jnp.clip(x, -2.0, 2.0)
+            state, _ = pso.tell(k_tell, x, f(x), state, params)
+            return state, None
+
+        state, _ = jax.lax.scan(body, state, jax.random.split(k_loop, iterations))
+        return state.best_fitness
+
+    fn = jax.jit(jax.vmap(one))
+    keys = jax.random.split(jax.random.key(0), swarms)
+    return lambda: fn(keys).block_until_ready()
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.cpu_devices > 1 and "xla_force_host_platform_device_count" not in os.environ.get(
@@ -100,6 +140,7 @@ def main(argv=None) -> int:
     sharding = NamedSharding(Mesh(np.asarray(jax.devices()), ("runs",)), PartitionSpec("runs"))
     fn = jax.jit(jax.vmap(lambda s: paaso.run(jax.random.key(s), cfg, hyper)["final_objective"]))
     rows = []
+    load_before = os.getloadavg()[0]
     for n in counts:
         padded = -(-n // ndev) * ndev
         seeds = jax.device_put(jnp.arange(padded, dtype=jnp.uint32), sharding)
@@ -114,30 +155,42 @@ def main(argv=None) -> int:
         ps_swarms = min(n, 3)
         t_ps = _timed(lambda k=ps_swarms: pyswarms_pso(k, iterations))
         ps_rate = None if pyswarms_pso(1, 2) is None else ps_swarms * AGENTS * iterations / t_ps
+        ev_swarms = min(n, 1000)
+        ev_run = evosax_pso(ev_swarms, iterations)
+        ev_rate = None
+        if ev_run is not None:
+            ev_run()  # compile
+            ev_rate = ev_swarms * AGENTS * iterations / min(_timed(ev_run) for _ in range(2))
         rate = steps / best
-        rows.append((n, rate, np_rate, ps_rate, compile_s))
+        rows.append((n, rate, np_rate, ps_rate, ev_rate, compile_s))
         print(
             f"{n:>6} swarms: swarmjax {rate / 1e6:8.1f} M agent-steps/s "
             f"(compile {compile_s:.1f} s) | numpy {np_rate / 1e6:6.1f} M/s "
-            f"(x{rate / np_rate:.1f})" + (f" | pyswarms {ps_rate / 1e6:.2f} M/s" if ps_rate else "")
+            f"(x{rate / np_rate:.1f})"
+            + (f" | pyswarms {ps_rate / 1e6:.2f} M/s" if ps_rate else "")
+            + (f" | evosax {ev_rate / 1e6:.1f} M/s" if ev_rate else ""),
+            flush=True,
         )
     table = [
         "| swarms | swarmjax M agent-steps/s | numpy M/s | swarmjax / numpy "
-        "| pyswarms M/s | compile s |",
-        "|---:|---:|---:|---:|---:|---:|",
+        "| pyswarms M/s | evosax M/s | swarmjax / evosax | compile s |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for n, rate, np_rate, ps_rate, comp in rows:
+    for n, rate, np_rate, ps_rate, ev_rate, comp in rows:
         ps_txt = f"{ps_rate / 1e6:.2f}" if ps_rate else "not installed"
+        ev_txt = f"{ev_rate / 1e6:.1f} | {rate / ev_rate:.1f}" if ev_rate else "not installed | -"
         table.append(
             f"| {n} | {rate / 1e6:.1f} | {np_rate / 1e6:.1f} | {rate / np_rate:.1f} "
-            f"| {ps_txt} | {comp:.1f} |"
+            f"| {ps_txt} | {ev_txt} | {comp:.1f} |"
         )
     text = (
         "## pso_throughput (`python -m benchmarks.pso_throughput"
         f"{' --quick' if args.quick else ''}`)\n\n"
-        f"Machine: {machine()}; {ndev} XLA device(s).\n"
+        f"Machine: {machine()}; {ndev} XLA device(s); load average before the run "
+        f"{load_before:.2f}, after {os.getloadavg()[0]:.2f}.\n"
         f"{AGENTS} agents x {iterations} iterations on f4, w {W}, c1 = c2 = {C}. "
-        "numpy timed on min(swarms, 1000) swarms, pyswarms on min(swarms, 3).\n\n"
+        "numpy and evosax timed on min(swarms, 1000) swarms, pyswarms on min(swarms, 3); "
+        "best of 3 (swarmjax) or 2 (evosax) after compilation.\n\n"
         + "\n".join(table)
     )
     if not args.no_write:

@@ -215,11 +215,15 @@ def init(key: PRNGKeyArray, cfg: PAASOConfig) -> PAASOState:
 
 
 def _fl_velocity(
-    cfg: PAASOConfig, hyper: PAASOHyper, clamp: Float[ArrayLike, ""], state: PAASOState
+    cfg: PAASOConfig,
+    hyper: PAASOHyper,
+    clamp: Float[ArrayLike, ""],
+    state: PAASOState,
+    coeffs: tuple[Coords, Coords],
 ) -> Coords:
     """The FL agent rule: toward pG when it beats the agent's best, else ``fl_rule``."""
     a = state.agents
-    r_p, r_g = swarm.coefficients(a.seed, a.iteration, a.position, cfg.options)
+    r_p, r_g = coeffs
     use_center = state.center_loss < a.best_loss
 
     def coordinate(v, x, p, c, rp, rg):
@@ -256,22 +260,33 @@ def _vote(
     return direction, jnp.sum(cast, dtype=jnp.int32)
 
 
+def _coefficients(cfg: PAASOConfig, agents: swarm.SwarmState) -> tuple[Coords, Coords]:
+    return swarm.coefficients(agents.seed, agents.iteration, agents.position, cfg.options)
+
+
 def step(
-    state: PAASOState, cfg: PAASOConfig, hyper: PAASOHyper
+    state: PAASOState,
+    cfg: PAASOConfig,
+    hyper: PAASOHyper,
+    coeffs: tuple[Coords, Coords] | None = None,
 ) -> tuple[PAASOState, dict[str, Array]]:
     """One iteration of the configured strategy.
 
-    Metrics: ``objective`` (f(g) for PSO, f(pG) otherwise), ``voters`` (0 unless voting).
+    ``coeffs``: this iteration's swarm coefficients if already drawn (``run`` draws them
+    one iteration ahead); drawn here by default.  Metrics: ``objective`` (f(g) for PSO,
+    f(pG) otherwise), ``voters`` (0 unless voting).
     """
     pso_hyper = _pso_hyper(cfg, hyper)
     a = state.agents
+    if coeffs is None:
+        coeffs = _coefficients(cfg, a)
     if cfg.strategy == "pso":
-        a = swarm.move(a, pso_hyper, cfg.options)
+        a = swarm.move(a, pso_hyper, cfg.options, coeffs=coeffs)
         a = swarm.observe(a, _evaluate(cfg, a.position))
         state = state.replace(agents=a)
         return state, {"objective": a.global_best_loss, "voters": jnp.zeros((), jnp.int32)}
 
-    velocity = _fl_velocity(cfg, hyper, pso_hyper.velocity_clamp, state)
+    velocity = _fl_velocity(cfg, hyper, pso_hyper.velocity_clamp, state, coeffs)
     low, high = pso_hyper.position_low, pso_hyper.position_high
     position = tuple(jnp.clip(x + v, low, high) for x, v in zip(a.position, velocity, strict=True))
     a = swarm.observe_personal(
@@ -299,10 +314,17 @@ def run(key: PRNGKeyArray, cfg: PAASOConfig, hyper: PAASOHyper) -> dict[str, Arr
     """
     state = init(key, cfg)
 
-    def body(s: PAASOState, _: None) -> tuple[PAASOState, dict[str, Array]]:
-        return step(s, cfg, hyper)
+    # The coefficients of iteration t+1 are drawn at the end of iteration t and carried:
+    # a loop-carried array is computed once, whereas drawn inside the step XLA's CPU fusion
+    # copies the hash into every consumer (seven copies per iteration, about half the step
+    # time).  The numbers are the same either way: a pure function of (seed, iteration).
+    def body(carry, _: None):
+        s, coeffs = carry
+        s, metrics = step(s, cfg, hyper, coeffs)
+        return (s, _coefficients(cfg, s.agents)), metrics
 
-    state, traj = jax.lax.scan(body, state, None, length=cfg.iterations)
+    carry = (state, _coefficients(cfg, state.agents))
+    (state, _), traj = jax.lax.scan(body, carry, None, length=cfg.iterations)
     final = jnp.stack(state.agents.global_best) if cfg.strategy == "pso" else state.center
     return {
         **traj,

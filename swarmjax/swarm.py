@@ -209,13 +209,18 @@ def move(
     hyper: PSOHyperParams,
     options: PSOOptions = DEFAULT_OPTIONS,
     social_target: PyTree | None = None,
+    coeffs: tuple[PyTree, PyTree] | None = None,
 ) -> SwarmState:
     """Velocity and position update toward personal bests and ``social_target``.
 
     ``social_target`` (one particle's shape) defaults to the swarm's global best.
+    ``coeffs`` are this iteration's ``(r1, r2)`` if the caller drew them already (see
+    :func:`coefficients`); by default they are drawn here.
     """
     target = state.global_best if social_target is None else social_target
-    r1, r2 = coefficients(state.seed, state.iteration, state.position, options)
+    if coeffs is None:
+        coeffs = coefficients(state.seed, state.iteration, state.position, options)
+    r1, r2 = coeffs
 
     def new_velocity(v, x, p, g, a, b):
         v = hyper.inertia * v + hyper.cognitive * a * (p - x) + hyper.social * b * (g[None] - x)
