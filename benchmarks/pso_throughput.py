@@ -190,8 +190,7 @@ def main(argv=None) -> int:
         f"{load_before:.2f}, after {os.getloadavg()[0]:.2f}.\n"
         f"{AGENTS} agents x {iterations} iterations on f4, w {W}, c1 = c2 = {C}. "
         "numpy and evosax timed on min(swarms, 1000) swarms, pyswarms on min(swarms, 3); "
-        "best of 3 (swarmjax) or 2 (evosax) after compilation.\n\n"
-        + "\n".join(table)
+        "best of 3 (swarmjax) or 2 (evosax) after compilation.\n\n" + "\n".join(table)
     )
     if not args.no_write:
         write_section("pso_throughput", text)
