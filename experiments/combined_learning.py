@@ -123,20 +123,18 @@ PROFILES = {
             "lstm": {"n_train": 2_000, "n_test": 1_000, "rounds": 5, "seeds": 1},
         },
     ),
-    "full": Profile(
-        datasets={
-            "mnist": ("smlp", "mmlp", "lmlp", "conv", "lstm"),
-            "cifar10": ("smlp", "conv", "lstm"),
-            "breast_cancer": ("smlp", "mmlp", "lmlp", "lstm"),
-        },
-        ks=(2, 5, 10),
-        rounds=20,
-        local_epochs={"mnist": 2, "cifar10": 2, "breast_cancer": 10},
-        n_train=None,
-        n_test=None,
-        seeds=3,
-    ),
 }
+# The whole grid: every model on every split x K, full data, more epochs, rounds and seeds.
+PROFILES["full"] = dataclasses.replace(
+    PROFILES["default"],
+    rounds=20,
+    local_epochs={"mnist": 2, "cifar10": 2, "breast_cancer": 10},
+    n_train=None,
+    n_test=None,
+    seeds=3,
+    grid_models=None,
+    overrides={},
+)
 
 
 def for_model(profile: Profile, model: str) -> Profile:

@@ -36,6 +36,7 @@ __all__ = [
     "init_over_seeds",
     "rounds_over_seeds",
     "run_chunked",
+    "run_from_key",
     "run_over_seeds",
     "scan_rounds",
     "seed_keys",
@@ -144,6 +145,26 @@ def scan_rounds(
         return round_fn(s, jax.random.fold_in(key, getattr(s, counter)), *args, config=config)
 
     return jax.lax.scan(body, state, None, length=rounds)
+
+
+def run_from_key(
+    init_fn: Callable[..., Any],
+    round_fn: Callable[..., tuple[Any, Any]],
+    key: PRNGKeyArray,
+    init_args: tuple,
+    args: tuple,
+    *,
+    config: Any,
+    rounds: int,
+    counter: str = "round",
+) -> tuple[Any, Any]:
+    """A whole run from one key: ``init_fn(k0, *init_args, config)``, then ``rounds`` rounds
+    keyed from ``k1`` (``k0, k1 = split(key)``); pure, so it can be vmapped over keys."""
+    init_key, loop_key = jax.random.split(key)
+    state = init_fn(init_key, *init_args, config)
+    return scan_rounds(
+        round_fn, state, loop_key, args, config=config, rounds=rounds, counter=counter
+    )
 
 
 @partial(jax.jit, static_argnames=("init_fn", "config"))

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import flax.struct
-import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -23,8 +22,8 @@ from swarmjax.fl._runner import (
     TestSet,
     check_run_inputs,
     history_frame,
+    run_from_key,
     run_over_seeds,
-    scan_rounds,
 )
 from swarmjax.fl.clients import ClientData, client, stack_clients
 from swarmjax.fl.fedavg import RunResult
@@ -102,27 +101,6 @@ def centralized_epoch(
     ), metrics
 
 
-def _epochs(
-    state: CentralizedState,
-    key: PRNGKeyArray,
-    hyper: CentralizedHyper,
-    data: ClientData,
-    test: TestSet,
-    *,
-    config: CentralizedConfig,
-    epochs: int,
-) -> tuple[CentralizedState, dict[str, Array]]:
-    return scan_rounds(
-        centralized_epoch,
-        state,
-        key,
-        (hyper, data, test),
-        config=config,
-        rounds=epochs,
-        counter="epoch",
-    )
-
-
 def centralized_run(
     key: PRNGKeyArray,
     hyper: CentralizedHyper,
@@ -133,9 +111,10 @@ def centralized_run(
     epochs: int,
 ) -> tuple[CentralizedState, dict[str, Array]]:
     """A whole run from one key; pure, vmappable over keys and hypers."""
-    init_key, loop_key = jax.random.split(key)
-    state = _init(init_key, hyper, config)
-    return _epochs(state, loop_key, hyper, data, test, config=config, epochs=epochs)
+    args = (hyper, data, test)
+    return run_from_key(
+        _init, centralized_epoch, key, (hyper,), args, config=config, rounds=epochs, counter="epoch"
+    )
 
 
 def run_centralized(

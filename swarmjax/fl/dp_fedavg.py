@@ -68,6 +68,7 @@ from swarmjax.fl._runner import (
     TestSet,
     check_run_inputs,
     history_frame,
+    run_from_key,
     run_over_seeds,
     scan_rounds,
 )
@@ -466,9 +467,10 @@ def dp_fedavg_run(
     The key is split as in :func:`swarmjax.fl.fedavg.fedavg_run`, so a seed starts from the
     same initial model in both.
     """
-    init_key, loop_key = jax.random.split(key)
-    state = dp_fedavg_init(init_key, hyper, config)
-    return dp_fedavg_rounds(state, loop_key, hyper, clients, test, config=config, rounds=rounds)
+    args = (hyper, clients, test)
+    return run_from_key(
+        dp_fedavg_init, dp_fedavg_round, key, (hyper,), args, config=config, rounds=rounds
+    )
 
 
 # --------------------------------------------------------------------------------- runner

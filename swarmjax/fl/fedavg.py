@@ -35,6 +35,7 @@ from swarmjax.fl._runner import (
     check_federated_inputs,
     check_run_inputs,
     history_frame,
+    run_from_key,
     run_over_seeds,
     scan_rounds,
 )
@@ -177,9 +178,8 @@ def fedavg_run(
     rounds: int,
 ) -> tuple[FedAvgState, dict[str, Array]]:
     """A whole run from one key (init, then ``rounds`` rounds); vmap it over keys/hypers."""
-    init_key, loop_key = jax.random.split(key)
-    state = fedavg_init(init_key, config)
-    return fedavg_rounds(state, loop_key, hyper, clients, test, config=config, rounds=rounds)
+    args = (hyper, clients, test)
+    return run_from_key(fedavg_init, fedavg_round, key, (), args, config=config, rounds=rounds)
 
 
 @dataclass(frozen=True)
