@@ -65,7 +65,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     mode = p.add_mutually_exclusive_group()
-    mode.add_argument("--quick", action="store_true", help="tiny CI run (5 runs, 150 iterations)")
+    mode.add_argument(
+        "--quick",
+        action="store_true",
+        help="tiny CI run (f4 only, 5 runs, 100 iterations, a 2x2x2 search grid)",
+    )
     mode.add_argument("--full", action="store_true", help="the paper's full grid (GPU advised)")
     p.add_argument("--out", type=Path, default=Path("results/paaso"), help="output folder")
     p.add_argument("--runs", type=int, help="independent runs per configuration (paper: 20)")

@@ -155,9 +155,11 @@ def randomized_response(
     c = check_int("num_categories", num_categories, minimum=2)
     check_probability("keep_prob", keep_prob)
     category = jnp.asarray(category)
-    k_keep, k_other = jax.random.split(key)
-    keep = jax.random.uniform(k_keep, category.shape) < keep_prob
-    shift = jax.random.randint(k_other, category.shape, 1, c)  # 1..c-1: never the same
+    # One draw for both decisions: each random-number call is a loop on the CPU backend,
+    # and this runs inside every PAASO iteration.
+    u_keep, u_other = jax.random.uniform(key, (2, *category.shape))
+    keep = u_keep < keep_prob
+    shift = 1 + jnp.minimum(jnp.floor(u_other * (c - 1)), c - 2).astype(jnp.int32)  # 1..c-1
     return jnp.where(keep, category, (category + shift) % c).astype(category.dtype)
 
 
@@ -191,16 +193,19 @@ def random_dictatorship(
 ) -> tuple[Int[Array, ""], Int[Array, ""]]:
     """Run DP random dictatorship over the voters with ``mask`` true.
 
-    Equivalent to drawing one voter uniformly from the real voters plus ``m`` dummies (one per
-    alternative) and returning its choice; sampled directly from the categorical with the
-    probabilities of :func:`random_dictatorship_probs`.
+    Draws one voter uniformly from the real voters plus ``m`` dummies (one per alternative)
+    and returns its choice: a uniform position in the pool of ``n = |I| + m`` ballots sorted
+    by alternative, so outcome ``a`` has probability ``(votes(a) + 1) / n`` exactly as
+    :func:`random_dictatorship_probs` (up to the 2^-24 resolution of the uniform).
 
     Returns ``(outcome, n)`` where ``n = |I| + m`` is the pool size that sets epsilon.
     """
     counts = vote_counts(votes, mask, num_alternatives)
-    logits = jnp.log(counts.astype(jnp.float32) + 1.0)
-    outcome = jax.random.categorical(key, logits)
-    return outcome, jnp.sum(counts) + num_alternatives
+    ballots = counts + 1
+    pool = jnp.sum(ballots)
+    position = jnp.minimum(jnp.floor(jax.random.uniform(key) * pool).astype(jnp.int32), pool - 1)
+    outcome = jnp.sum(jnp.cumsum(ballots) <= position, dtype=jnp.int32)
+    return outcome, pool
 
 
 def random_dictatorship_epsilon(pool_size: ArrayLike) -> np.ndarray | Array:
