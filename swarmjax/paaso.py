@@ -71,10 +71,10 @@ from swarmjax._validation import (
 from swarmjax.objectives import Objective, get_objective
 from swarmjax.privacy.accounting import advanced_composition
 from swarmjax.privacy.mechanisms import (
-    random_dictatorship,
     random_dictatorship_epsilon,
-    randomized_response,
+    random_dictatorship_from_uniform,
     randomized_response_epsilon,
+    randomized_response_from_uniform,
 )
 
 __all__ = [
@@ -245,16 +245,22 @@ def _vote_directions(velocity: Coords, k_alpha: int) -> Int[Array, " s"]:
 def _vote(
     cfg: PAASOConfig, hyper: PAASOHyper, state: PAASOState, key: PRNGKeyArray
 ) -> tuple[Float[Array, " 2"], Int[Array, ""]]:
-    """Cast votes, run DP random dictatorship; return the centre's move and voter count."""
+    """Cast votes, run DP random dictatorship; return the centre's move and voter count.
+
+    One ``jax.random`` draw supplies the iteration's privacy randomness: ``s`` uniforms
+    for casting, ``2 s`` for PRAM, one for the dictatorship.
+    """
     a = state.agents
-    k_cast, k_pram, k_drd = jax.random.split(key, 3)
+    s = cfg.num_agents
+    u = jax.random.uniform(key, (3 * s + 1,))
     votes = _vote_directions(a.velocity, cfg.k_alpha)
-    cast = jax.random.uniform(k_cast, (cfg.num_agents,)) < hyper.p_c
+    cast = u[:s] < hyper.p_c
     if cfg.strategy in ("bdrd", "pbdrd"):
         cast = cast & (a.best_loss < state.center_loss)
     if cfg.strategy == "pbdrd":
-        votes = randomized_response(k_pram, votes, cfg.k_alpha, hyper.p_m)
-    outcome, _ = random_dictatorship(k_drd, votes, cast, cfg.k_alpha)
+        pram_u = u[s : 3 * s].reshape(2, s)
+        votes = randomized_response_from_uniform(pram_u, votes, cfg.k_alpha, hyper.p_m)
+    outcome, _ = random_dictatorship_from_uniform(u[3 * s], votes, cast, cfg.k_alpha)
     angle = 2.0 * jnp.pi * outcome / cfg.k_alpha
     direction = hyper.speed * jnp.stack([jnp.cos(angle), jnp.sin(angle)])
     return direction, jnp.sum(cast, dtype=jnp.int32)

@@ -10,9 +10,11 @@ from swarmjax.privacy.mechanisms import (
     laplace_mechanism,
     random_dictatorship,
     random_dictatorship_epsilon,
+    random_dictatorship_from_uniform,
     random_dictatorship_probs,
     randomized_response,
     randomized_response_epsilon,
+    randomized_response_from_uniform,
     vote_counts,
 )
 from swarmjax.privacy.sampling import poisson_capacity, poisson_sample, shuffled_batches
@@ -36,9 +38,11 @@ __all__ = [
     "poisson_sample",
     "random_dictatorship",
     "random_dictatorship_epsilon",
+    "random_dictatorship_from_uniform",
     "random_dictatorship_probs",
     "randomized_response",
     "randomized_response_epsilon",
+    "randomized_response_from_uniform",
     "sampling",
     "shuffled_batches",
     "sigma_for_epsilon",

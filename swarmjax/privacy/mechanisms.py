@@ -38,9 +38,11 @@ __all__ = [
     "laplace_mechanism",
     "random_dictatorship",
     "random_dictatorship_epsilon",
+    "random_dictatorship_from_uniform",
     "random_dictatorship_probs",
     "randomized_response",
     "randomized_response_epsilon",
+    "randomized_response_from_uniform",
     "vote_counts",
 ]
 
@@ -152,12 +154,27 @@ def randomized_response(
 
     Works elementwise on any shape; every element uses its own randomness from ``key``.
     """
+    category = jnp.asarray(category)
+    uniforms = jax.random.uniform(key, (2, *category.shape))
+    return randomized_response_from_uniform(uniforms, category, num_categories, keep_prob)
+
+
+def randomized_response_from_uniform(
+    uniforms: Float[ArrayLike, " 2 *batch"],
+    category: Int[ArrayLike, "*batch"],
+    num_categories: int,
+    keep_prob: ArrayLike,
+) -> Int[Array, "*batch"]:
+    """:func:`randomized_response` given its randomness: ``uniforms`` ~ U[0, 1) from
+    ``jax.random`` (row 0 decides keep, row 1 picks the other category).
+
+    For callers that draw all of an iteration's privacy randomness in one call (each
+    ``jax.random`` call is a loop on the CPU backend; PAASO runs this every iteration).
+    """
     c = check_int("num_categories", num_categories, minimum=2)
     check_probability("keep_prob", keep_prob)
     category = jnp.asarray(category)
-    # One draw for both decisions: each random-number call is a loop on the CPU backend,
-    # and this runs inside every PAASO iteration.
-    u_keep, u_other = jax.random.uniform(key, (2, *category.shape))
+    u_keep, u_other = jnp.asarray(uniforms)
     keep = u_keep < keep_prob
     shift = 1 + jnp.minimum(jnp.floor(u_other * (c - 1)), c - 2).astype(jnp.int32)  # 1..c-1
     return jnp.where(keep, category, (category + shift) % c).astype(category.dtype)
@@ -200,10 +217,22 @@ def random_dictatorship(
 
     Returns ``(outcome, n)`` where ``n = |I| + m`` is the pool size that sets epsilon.
     """
+    uniform = jax.random.uniform(key)
+    return random_dictatorship_from_uniform(uniform, votes, mask, num_alternatives)
+
+
+def random_dictatorship_from_uniform(
+    uniform: Float[ArrayLike, ""],
+    votes: Int[ArrayLike, " voters"],
+    mask: Bool[ArrayLike, " voters"],
+    num_alternatives: int,
+) -> tuple[Int[Array, ""], Int[Array, ""]]:
+    """:func:`random_dictatorship` given its randomness, one ``uniform`` ~ U[0, 1) drawn
+    from ``jax.random``."""
     counts = vote_counts(votes, mask, num_alternatives)
     ballots = counts + 1
     pool = jnp.sum(ballots)
-    position = jnp.minimum(jnp.floor(jax.random.uniform(key) * pool).astype(jnp.int32), pool - 1)
+    position = jnp.minimum(jnp.floor(uniform * pool).astype(jnp.int32), pool - 1)
     outcome = jnp.sum(jnp.cumsum(ballots) <= position, dtype=jnp.int32)
     return outcome, pool
 
