@@ -15,13 +15,13 @@ Five strategies, from least to most private (spec section 1.2):
             (``fl_rule="cognitive"``).  With that reading the shared directions carry no
             information about where pG should go and pG random-walks to the domain walls:
             on f4 (20 runs, 1000 iterations, w=0.005, phi=2, wG=0.01) mean f(pG) rises
-            from ~490 to ~840 for FL and ~2000 for the voting strategies.  The paper's
+            from ~490 to ~830 for FL and ~2000-2100 for the voting strategies.  The paper's
             section 3.2 says each agent supplies "the direction d_i = p_i - g"; reading the
             second branch as ``p_i - pG`` (``fl_rule="direction"``, the default) makes the
             two branches consistent (better agents pull pG toward them, worse agents push
-            it away) and reproduces the paper's findings (same setting: FL 12.3, aDRD 4.6,
-            bDRD 3.0, PbDRD 3.1 at iteration 1000, FL worse than the voting strategies as
-            the paper's Fig. 4 reports).
+            it away) and reproduces the paper's findings (same setting: FL 16.1, aDRD 8.4,
+            bDRD 3.9, PbDRD 15.7 at iteration 1000 (heavy-tailed over runs), FL worse than
+            the voting strategies as the paper's Fig. 4 reports).
 * ``adrd``  as FL, but each agent (with probability ``p_c``) votes for the nearest of
             ``k_alpha`` directions ``2 pi k / k_alpha``; DP random dictatorship picks one
             and ``pG <- pG + wG * speed * (cos, sin)``.
