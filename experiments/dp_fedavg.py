@@ -266,16 +266,38 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
         epilog="Profiles: --quick (CI, < 1 min), default (minutes), --full.",
     )
     mode = parser.add_mutually_exclusive_group()
-    mode.add_argument("--quick", action="store_true", help="CI smoke run (< 1 minute)")
-    mode.add_argument("--full", action="store_true", help="more rounds, epsilons, seeds")
+    mode.add_argument(
+        "--quick",
+        action="store_true",
+        help="CI smoke run: MNIST subset, 100 clients, 15 rounds (< 1 minute)",
+    )
+    mode.add_argument(
+        "--full",
+        action="store_true",
+        help="300 rounds, epsilons 0.5-8, fixed C 0.03-10, 3 seeds (hours)",
+    )
     parser.add_argument("--data-dir", help="folder with mnist/ and fashion_mnist/ (IDX files)")
     parser.add_argument("--out", default=str(OUT), help="output folder (default %(default)s)")
     parser.add_argument("--rounds", type=int, help="override the profile's rounds T")
     parser.add_argument("--clients", type=int, help="override the number of clients N")
-    parser.add_argument("--datasets", nargs="+", choices=("mnist", "fashion_mnist"))
-    parser.add_argument("--partitions", nargs="+", choices=("iid", "dirichlet"))
-    parser.add_argument("--epsilons", nargs="+", type=float, help="target epsilons")
-    parser.add_argument("--seeds", nargs="+", type=int, help="seeds (vmapped)")
+    parser.add_argument(
+        "--datasets", nargs="+", choices=("mnist", "fashion_mnist"), help="restrict the datasets"
+    )
+    parser.add_argument(
+        "--partitions",
+        nargs="+",
+        choices=("iid", "dirichlet"),
+        help="restrict the client partitions (Dirichlet alpha 0.5)",
+    )
+    parser.add_argument(
+        "--epsilons",
+        nargs="+",
+        type=float,
+        help="target client-level epsilons (z found per target)",
+    )
+    parser.add_argument(
+        "--seeds", nargs="+", type=int, help="seeds, run together under one vmap (default 0 1 2)"
+    )
     args = parser.parse_args(argv)
 
     profile = PROFILES["quick" if args.quick else "full" if args.full else "default"]
