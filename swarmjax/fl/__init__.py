@@ -1,7 +1,11 @@
-"""Federated learning: data, partitioners, stacked clients, local training, FedAvg, ceiling.
+"""Federated learning: data, partitioners, stacked clients, local training, FedAvg, ceiling,
+and Fed-DP-PSO with its baselines (FedPSO, FedAvg + DP-SGD/DP-Adam).
 
-See ``docs/federated.md`` for a walk-through.
+See ``docs/federated.md`` and ``docs/fed_dp_pso.md`` for walk-throughs. The Fed-DP-PSO names
+are imported lazily (on first attribute access), so ``import swarmjax.fl`` stays light.
 """
+
+import importlib
 
 from swarmjax.fl.centralized import (
     CentralizedConfig,
@@ -62,7 +66,45 @@ from swarmjax.fl.partition import (
     pathological_partition,
 )
 
+_LAZY = {
+    "COVERAGE_PAPER": "fed_dp_pso",
+    "COVERAGE_PRIVATE_SELECTION": "fed_dp_pso",
+    "FedDPPSOConfig": "fed_dp_pso",
+    "FedDPPSOHyper": "fed_dp_pso",
+    "FedDPPSOResult": "fed_dp_pso",
+    "FedDPPSOState": "fed_dp_pso",
+    "evaluation_subset": "fed_dp_pso",
+    "fed_dp_pso_init": "fed_dp_pso",
+    "fed_dp_pso_round": "fed_dp_pso",
+    "fed_dp_pso_rounds": "fed_dp_pso",
+    "run_fed_dp_pso": "fed_dp_pso",
+    "server_select": "fed_dp_pso",
+    "fedpso_config": "fedpso",
+    "run_fedpso": "fedpso",
+    "FedAvgDPResult": "fedavg_dp",
+    "run_fedavg_dp": "fedavg_dp",
+    "calibrate_sigmas": "dp_local",
+    "dp_grad_fn": "dp_local",
+    "epsilon_history": "dp_local",
+    "poisson_sampler": "dp_local",
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        value = getattr(importlib.import_module(f"swarmjax.fl.{_LAZY[name]}"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'swarmjax.fl' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
+
 __all__ = [
+    "COVERAGE_PAPER",
+    "COVERAGE_PRIVATE_SELECTION",
     "DATASETS",
     "SCHEMES",
     "Aggregator",
@@ -74,25 +116,38 @@ __all__ = [
     "Dataset",
     "DatasetNotFoundError",
     "FedAvgConfig",
+    "FedAvgDPResult",
     "FedAvgHyper",
     "FedAvgState",
+    "FedDPPSOConfig",
+    "FedDPPSOHyper",
+    "FedDPPSOResult",
+    "FedDPPSOState",
     "GradFn",
     "LocalResult",
     "Partition",
     "RoundBytes",
     "RunResult",
     "Sampler",
+    "calibrate_sigmas",
     "centralized_epoch",
     "centralized_run",
     "check_federated_inputs",
     "client",
     "default_grad_fn",
     "dirichlet_partition",
+    "dp_grad_fn",
+    "epsilon_history",
+    "evaluation_subset",
+    "fed_dp_pso_init",
+    "fed_dp_pso_round",
+    "fed_dp_pso_rounds",
     "fedavg_bytes",
     "fedavg_init",
     "fedavg_round",
     "fedavg_rounds",
     "fedavg_run",
+    "fedpso_config",
     "iid_partition",
     "label_skew",
     "load_dataset",
@@ -103,10 +158,15 @@ __all__ = [
     "pathological_partition",
     "per_round_table",
     "poisson_rates",
+    "poisson_sampler",
     "pso_bytes",
     "read_idx",
     "run_centralized",
+    "run_fed_dp_pso",
     "run_fedavg",
+    "run_fedavg_dp",
+    "run_fedpso",
+    "server_select",
     "shuffled_batches",
     "stack_clients",
     "subsample",

@@ -8,13 +8,22 @@ These plug into :func:`swarmjax.fl.local.local_train` (and so into FedAvg and Fe
 * :func:`dp_grad_fn` — per-example clipping to ``C``, Gaussian noise ``sigma C``, divided by
   the expected batch size ``q_i |D_i| = B`` (:func:`swarmjax.privacy.dpsgd.dp_grad`).
 * :func:`calibrate_sigmas` / :func:`epsilon_history` — per-client noise multiplier that hits
-  the target epsilon after the whole run, and the epsilon spent after every round.
+  the target epsilon after the whole run, and the epsilon spent after every round;
+  :func:`privacy_record` / :func:`epsilon_columns` package them for a runner's output.
+
+dp-accounting logs ``_compute_log_a_frac failed to converge ... Excluding this order`` (absl,
+WARNING) for fractional RDP orders at large ``q`` (small clients) and moderate ``sigma``,
+dozens of lines per bisection. Excluding the order is conservative (epsilon is a minimum over
+the remaining orders), so the result is still a valid upper bound; :func:`quiet_accountant`
+drops exactly that message while this module calls the accountant.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -32,13 +41,36 @@ __all__ = [
     "DELTA",
     "calibrate_sigmas",
     "dp_grad_fn",
+    "epsilon_columns",
     "epsilon_history",
     "poisson_sampler",
+    "privacy_record",
+    "quiet_accountant",
     "sampler_capacity",
     "steps_per_round",
 ]
 
 DELTA = 1e-5
+_NOT_CONVERGED = "_compute_log_a_frac failed to converge"
+
+
+def _drop_not_converged(record: logging.LogRecord) -> bool:
+    return not str(record.msg).startswith(_NOT_CONVERGED)
+
+
+@contextlib.contextmanager
+def quiet_accountant() -> Iterator[None]:
+    """Drop dp-accounting's "failed to converge" warnings (only those) inside the block.
+
+    The accountant then excludes that fractional order, which can only raise the epsilon it
+    reports (a minimum over fewer orders), so hiding the message hides no privacy loss.
+    """
+    logger = logging.getLogger("absl")
+    logger.addFilter(_drop_not_converged)
+    try:
+        yield
+    finally:
+        logger.removeFilter(_drop_not_converged)
 
 
 def steps_per_round(sizes: ArrayLike, batch_size: int, epochs: int = 1) -> np.ndarray:
@@ -131,10 +163,11 @@ def calibrate_sigmas(
     sizes = np.asarray(sizes, np.int64).reshape(-1)
     steps = steps_per_round(sizes, batch_size, epochs) * rounds
     cache: dict[tuple[int, int], float] = {}  # equal sizes share one bisection
-    for n, t in zip(sizes, steps, strict=True):
-        if (int(n), int(t)) not in cache:
-            q = min(1.0, batch_size / int(n))
-            cache[int(n), int(t)] = sigma_for_epsilon(target_epsilon, q, int(t), delta)
+    with quiet_accountant():
+        for n, t in zip(sizes, steps, strict=True):
+            if (int(n), int(t)) not in cache:
+                q = min(1.0, batch_size / int(n))
+                cache[int(n), int(t)] = sigma_for_epsilon(target_epsilon, q, int(t), delta)
     return np.array([cache[int(n), int(t)] for n, t in zip(sizes, steps, strict=True)])
 
 
@@ -157,7 +190,48 @@ def epsilon_history(
             out[:, i] = np.inf
             continue
         acc = PrivacyAccountant()
-        for t in range(rounds):
-            acc.step(min(1.0, batch_size / int(n)), float(sigma), int(per_round[i]))
-            out[t, i] = acc.epsilon(delta)
+        with quiet_accountant():
+            for t in range(rounds):
+                acc.step(min(1.0, batch_size / int(n)), float(sigma), int(per_round[i]))
+                out[t, i] = acc.epsilon(delta)
     return out
+
+
+def epsilon_columns(eps: np.ndarray) -> dict[str, np.ndarray]:
+    """History columns ``epsilon_client_<i>`` and ``epsilon_max`` from ``(rounds, clients)``."""
+    cols = {f"epsilon_client_{i}": eps[:, i] for i in range(eps.shape[1])}
+    cols["epsilon_max"] = eps.max(axis=1)
+    return cols
+
+
+def privacy_record(
+    sizes: ArrayLike,
+    batch_size: int,
+    sigmas: Sequence[float] | np.ndarray,
+    *,
+    rounds: int,
+    epochs: int,
+    delta: float,
+    target_epsilon: float,
+    clip_norm: float,
+    epsilon: np.ndarray | None = None,
+) -> dict:
+    """The runner's privacy record: ``q``, ``sigma``, ``steps_per_round`` (per client),
+    ``rounds``, ``delta``, ``target_epsilon``, ``clip_norm`` and ``epsilon`` ``(rounds,
+    clients)`` (from :func:`epsilon_history` unless given), enough to recompute every value."""
+    sizes = np.asarray(sizes, np.int64).reshape(-1)
+    sigmas = np.asarray(sigmas, float)
+    if epsilon is None:
+        epsilon = epsilon_history(
+            sizes, batch_size, sigmas, rounds=rounds, epochs=epochs, delta=delta
+        )
+    return {
+        "q": (batch_size / sizes).tolist(),
+        "sigma": sigmas.tolist(),
+        "steps_per_round": steps_per_round(sizes, batch_size, epochs).tolist(),
+        "rounds": rounds,
+        "delta": delta,
+        "target_epsilon": target_epsilon,
+        "clip_norm": clip_norm,
+        "epsilon": epsilon,
+    }

@@ -28,8 +28,8 @@ move); the default, Algorithm 1, refines only the best particle.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 from functools import partial
 
 import flax.struct
@@ -42,19 +42,16 @@ from jaxtyping import Array, ArrayLike, Float, Int, PRNGKeyArray, PyTree
 
 from swarmjax import swarm
 from swarmjax._validation import check_choice, check_int, check_positive
-from swarmjax.fl import comm
-from swarmjax.fl._runner import history_frame, run_chunked, seed_keys
-from swarmjax.fl.clients import ClientData, poisson_rates
-from swarmjax.fl.dp_local import (
-    DELTA,
-    calibrate_sigmas,
-    dp_grad_fn,
-    epsilon_history,
-    poisson_sampler,
-    sampler_capacity,
-    steps_per_round,
+from swarmjax.fl import comm, dp_local
+from swarmjax.fl._runner import (
+    as_test_set,
+    check_federated_inputs,
+    history_frame,
+    run_chunked,
+    scan_rounds,
+    seed_keys,
 )
-from swarmjax.fl.fedavg import check_federated_inputs
+from swarmjax.fl.clients import ClientData, poisson_rates
 from swarmjax.fl.local import LocalResult, local_train
 from swarmjax.models import Model, cross_entropy, evaluate
 
@@ -66,6 +63,7 @@ __all__ = [
     "FedDPPSOResult",
     "FedDPPSOState",
     "client_round",
+    "evaluation_subset",
     "fed_dp_pso_init",
     "fed_dp_pso_round",
     "fed_dp_pso_rounds",
@@ -110,6 +108,9 @@ class FedDPPSOConfig:
         loss_bound: ``L_max``, per-example loss clip for ``private_selection`` (nats).
         capacity: Poisson buffer size (None: the runner sets it from the client sizes).
         eval_batch_size: chunk size of the global test evaluation (None: one pass).
+        eval_subset: evaluate particles on a fixed random subset of at most this many rows
+            of each client (spec 2.2's speed option; None: all local rows). DP-Adam still
+            samples from all rows; the subset is drawn once per run from public randomness.
     """
 
     model: Model
@@ -126,6 +127,7 @@ class FedDPPSOConfig:
     loss_bound: float = 10.0
     capacity: int | None = None
     eval_batch_size: int | None = None
+    eval_subset: int | None = None
 
 
 @flax.struct.dataclass
@@ -205,13 +207,13 @@ def refine(
     if config.dp:
         if config.capacity is None:
             raise ValueError("config.capacity must be set for dp=True (run_fed_dp_pso sets it)")
-        grad_fn = dp_grad_fn(
+        grad_fn = dp_local.dp_grad_fn(
             config.model.apply,
             clip_norm=config.clip_norm,
             noise_multiplier=noise_multiplier,
             expected_batch_size=float(config.batch_size),
         )
-        sampler = poisson_sampler(config.batch_size, config.capacity)
+        sampler = dp_local.poisson_sampler(config.batch_size, config.capacity)
     return local_train(
         params,
         data,
@@ -233,6 +235,7 @@ def client_round(
     state: swarm.SwarmState,
     gbest: PyTree,
     data: ClientData,
+    eval_data: ClientData,
     key: PRNGKeyArray,
     noise_multiplier: Float[Array, ""],
     selection_scale: Float[Array, ""],
@@ -241,19 +244,21 @@ def client_round(
 ) -> tuple[swarm.SwarmState, Float[Array, ""], PyTree, LocalResult]:
     """Algorithm 1 for ONE client: move, evaluate, refine the best, re-evaluate, report.
 
-    Returns ``(swarm, reported_loss, best_particle, refine_result)``; ``best_particle`` is
-    the pbest with the lowest (reported) loss, sent only if the server picks this client.
+    Particles are evaluated on ``eval_data`` (``data`` itself unless ``config.eval_subset``);
+    DP-Adam trains on ``data``. Returns ``(swarm, reported_loss, best_particle,
+    refine_result)``; ``best_particle`` is the pbest with the lowest (reported) loss, sent
+    only if the server picks this client.
     """
     k_eval, k_train, k_reeval = jax.random.split(key, 3)
     state = swarm.move(state, hyper.pso, config.pso_options, social_target=gbest)
-    losses = particle_losses(config, state.position, data, k_eval, selection_scale)
+    losses = particle_losses(config, state.position, eval_data, k_eval, selection_scale)
     state = swarm.observe_personal(state, losses)
     j = jnp.argmin(jnp.where(jnp.isfinite(losses), losses, jnp.inf))
     result = refine(
         _take(state.position, j), data, k_train, noise_multiplier, hyper.learning_rate, config
     )
     refined = jax.tree.map(lambda leaf: leaf[None], result.params)
-    new_loss = particle_losses(config, refined, data, k_reeval, selection_scale)[0]
+    new_loss = particle_losses(config, refined, eval_data, k_reeval, selection_scale)[0]
     position = jax.tree.map(lambda all_, r: all_.at[j].set(r), state.position, result.params)
     state = swarm.observe_personal(state.replace(position=position), losses.at[j].set(new_loss))
     best = jnp.argmin(state.best_loss)
@@ -267,25 +272,47 @@ def server_select(key: PRNGKeyArray, losses: Float[Array, " N"], top_k: int = 3)
     return order[jax.random.randint(key, (), 0, k)]
 
 
+def _over_clients(
+    fn: Callable,
+    key: PRNGKeyArray,
+    hyper: FedDPPSOHyper,
+    clients: ClientData,
+    eval_clients: ClientData | None,
+    *stacked: PyTree,
+):
+    """``vmap`` of ``fn(client_key, data, eval_data, sigma_i, scale_i, *stacked_i)`` over
+    clients; client ``i`` gets ``fold_in(key, i)``."""
+    eval_clients = clients if eval_clients is None else eval_clients
+
+    def one(i, data, ev, sigma, scale, *rest):
+        return fn(jax.random.fold_in(key, i), data, ev, sigma, scale, *rest)
+
+    ids = jnp.arange(clients.num_clients)
+    return jax.vmap(one)(
+        ids, clients, eval_clients, hyper.noise_multiplier, hyper.selection_scale, *stacked
+    )
+
+
 def fed_dp_pso_init(
-    key: PRNGKeyArray, hyper: FedDPPSOHyper, clients: ClientData, *, config: FedDPPSOConfig
+    key: PRNGKeyArray,
+    hyper: FedDPPSOHyper,
+    clients: ClientData,
+    *,
+    config: FedDPPSOConfig,
+    eval_clients: ClientData | None = None,
 ) -> FedDPPSOState:
     """Round 0: ``S`` independent inits per client, evaluated; gbest by the server rule."""
     k_clients, k_server = jax.random.split(key)
-    ids = jnp.arange(clients.num_clients)
 
-    def one(
-        data: ClientData, i: Int[Array, ""], scale: Float[Array, ""]
-    ) -> tuple[swarm.SwarmState, Array]:
-        ki = jax.random.fold_in(k_clients, i)
+    def one(ki, data, ev, sigma, scale):
+        del data, sigma
         k_init, k_eval, k_swarm = jax.random.split(ki, 3)
         inits = jax.vmap(lambda j: config.model.init(jax.random.fold_in(k_init, j)))
         positions = inits(jnp.arange(config.particles))
-        losses = particle_losses(config, positions, data, k_eval, scale)
-        s = swarm.init(k_swarm, positions, losses)
+        s = swarm.init(k_swarm, positions, particle_losses(config, positions, ev, k_eval, scale))
         return s, jnp.min(s.best_loss)
 
-    swarms, reports = jax.vmap(one)(clients, ids, hyper.selection_scale)
+    swarms, reports = _over_clients(one, k_clients, hyper, clients, eval_clients)
     k = server_select(k_server, reports, config.top_k)
     best = jax.vmap(lambda s: _take(s.best_position, jnp.argmin(s.best_loss)))(swarms)
     return FedDPPSOState(swarms=swarms, gbest=_take(best, k), round=jnp.zeros((), jnp.int32))
@@ -299,19 +326,18 @@ def fed_dp_pso_round(
     test: TestSet,
     *,
     config: FedDPPSOConfig,
+    eval_clients: ClientData | None = None,
 ) -> tuple[FedDPPSOState, dict[str, Array]]:
     """One round (all clients under vmap, then the server). Metrics: ``test_loss`` (nats),
     ``test_accuracy`` of the new gbest, ``leader`` (picked client), ``reported_loss``
     ``(clients,)``, ``train_loss`` (mean local loss) and ``client_steps`` ``(clients,)``."""
     k_clients, k_server = jax.random.split(key)
-    ids = jnp.arange(clients.num_clients)
 
-    def one(s, data, i, sigma, scale):
-        ki = jax.random.fold_in(k_clients, i)
-        return client_round(s, state.gbest, data, ki, sigma, scale, hyper, config)
+    def one(ki, data, ev, sigma, scale, s):
+        return client_round(s, state.gbest, data, ev, ki, sigma, scale, hyper, config)
 
-    swarms, reports, best, local = jax.vmap(one)(
-        state.swarms, clients, ids, hyper.noise_multiplier, hyper.selection_scale
+    swarms, reports, best, local = _over_clients(
+        one, k_clients, hyper, clients, eval_clients, state.swarms
     )
     leader = server_select(k_server, reports, config.top_k)
     gbest = _take(best, leader)
@@ -336,42 +362,75 @@ def fed_dp_pso_rounds(
     *,
     config: FedDPPSOConfig,
     rounds: int,
+    eval_clients: ClientData | None = None,
 ) -> tuple[FedDPPSOState, dict[str, Array]]:
-    """Scan ``rounds`` rounds; round ``t`` (from ``state.round``) uses ``fold_in(key, t)``."""
-
-    def body(s: FedDPPSOState, _: None) -> tuple[FedDPPSOState, dict[str, Array]]:
-        k = jax.random.fold_in(key, s.round)
-        return fed_dp_pso_round(s, k, hyper, clients, test, config=config)
-
-    return jax.lax.scan(body, state, None, length=rounds)
+    """Scan ``rounds`` rounds (:func:`swarmjax.fl._runner.scan_rounds`); round ``t`` (from
+    ``state.round``) uses ``fold_in(key, t)``, so chunking never changes a result."""
+    round_fn = partial(fed_dp_pso_round, eval_clients=eval_clients)
+    return scan_rounds(round_fn, state, key, (hyper, clients, test), config=config, rounds=rounds)
 
 
 @partial(jax.jit, static_argnames=("config",))
-def _init_over_seeds(keys, hyper, clients, config):
-    return jax.vmap(lambda k: fed_dp_pso_init(k, hyper, clients, config=config))(keys)
+def _init_batch(keys, hypers, clients, eval_clients, config):
+    def one(k, h):
+        return fed_dp_pso_init(k, h, clients, config=config, eval_clients=eval_clients)
+
+    return jax.vmap(one)(keys, hypers)
 
 
 @partial(jax.jit, static_argnames=("config", "rounds"))
-def _rounds_over_seeds(states, keys, hyper, clients, test, config, rounds):
-    def one(s, k):
-        return fed_dp_pso_rounds(s, k, hyper, clients, test, config=config, rounds=rounds)
+def _rounds_batch(states, keys, hypers, clients, eval_clients, test, config, rounds):
+    def one(s, k, h):
+        return fed_dp_pso_rounds(
+            s, k, h, clients, test, config=config, rounds=rounds, eval_clients=eval_clients
+        )
 
-    return jax.vmap(one)(states, keys)
+    return jax.vmap(one)(states, keys, hypers)
+
+
+def evaluation_subset(clients: ClientData, size: int, seed: int = 0) -> ClientData:
+    """A fixed random subset of at most ``size`` real rows per client (spec 2.2 option).
+
+    Drawn on the host from ``numpy.random.default_rng(seed)``, independent of the data's
+    values, so it costs no privacy; client ``i`` keeps ``min(size, |D_i|)`` rows.
+    """
+    size = check_int("eval_subset", size, 1)
+    sizes = np.asarray(clients.sizes)
+    m = int(min(size, clients.max_size))
+    rng = np.random.default_rng(seed)
+    rows = np.zeros((len(sizes), m), np.int64)
+    kept = np.minimum(sizes, m)
+    for i, n in enumerate(sizes):
+        rows[i, : kept[i]] = np.sort(rng.choice(int(n), size=int(kept[i]), replace=False))
+    take = jax.vmap(lambda a, r: a[r])
+    idx = jnp.asarray(rows)
+    mask = jnp.arange(m)[None, :] < jnp.asarray(kept)[:, None]
+    return ClientData(
+        x=take(clients.x, idx), y=take(clients.y, idx), mask=mask, sizes=jnp.asarray(kept)
+    )
 
 
 @dataclass(frozen=True)
 class FedDPPSOResult:
-    """Runner output: final state (leading seed axis), history, seeds and privacy record.
+    """Runner output.
 
-    ``privacy`` holds ``q``, ``sigma``, ``steps_per_round`` (per client), ``delta``,
-    ``target_epsilon``, ``selection_epsilon``, ``covers`` (what the epsilon covers) and
-    ``epsilon`` ``(rounds, clients)`` (end-to-end where ``private_selection``).
+    Attributes:
+        state: final state with a leading batch axis of ``len(targets) * len(seeds)``
+            (target-major: batch row ``e * len(seeds) + s`` is target ``e``, seed ``s``).
+        history: one row per (target epsilon, seed, round); ``epsilon_target`` column.
+        seeds: the seeds.
+        privacy: the privacy record of the first (or only) target epsilon: ``q``, ``sigma``,
+            ``steps_per_round`` (per client), ``delta``, ``target_epsilon``,
+            ``selection_epsilon``, ``covers`` and ``epsilon`` ``(rounds, clients)``
+            (end-to-end where ``private_selection``).
+        privacy_by_epsilon: the record of every target epsilon, keyed by it.
     """
 
     state: FedDPPSOState
     history: pd.DataFrame
     seeds: list[int]
     privacy: dict
+    privacy_by_epsilon: dict = field(default_factory=dict)
 
 
 def selection_releases(particles: int, rounds: int) -> int:
@@ -387,8 +446,28 @@ def _validate(config: FedDPPSOConfig, clients: ClientData, rounds: int) -> None:
     check_positive("clip_norm", config.clip_norm)
     check_positive("loss_bound", config.loss_bound)
     check_choice("optimizer", config.optimizer, ("adam", "sgd"))
+    if config.eval_subset is not None:
+        check_int("eval_subset", config.eval_subset, 1)
     check_int("rounds", rounds, 1)
     poisson_rates(np.asarray(clients.sizes), config.batch_size)
+
+
+def _targets(target_epsilon: float | Sequence[float]) -> list[float]:
+    targets = (
+        [target_epsilon]
+        if isinstance(target_epsilon, int | float | np.number)
+        else [float(e) for e in target_epsilon]
+    )
+    if not targets:
+        raise ValueError("target_epsilon must not be empty")
+    for e in targets:
+        check_positive("target_epsilon", e)
+    if len({math.isinf(e) for e in targets}) > 1:
+        raise ValueError(
+            "target_epsilon must be all finite (DP-Adam) or all inf (plain Adam) in one call; "
+            f"got {targets}: run the inf target separately"
+        )
+    return [float(e) for e in targets]
 
 
 def run_fed_dp_pso(
@@ -397,64 +476,74 @@ def run_fed_dp_pso(
     test: tuple[ArrayLike, ArrayLike],
     *,
     rounds: int,
-    target_epsilon: float = math.inf,
+    target_epsilon: float | Sequence[float] = math.inf,
     learning_rate: float = 0.005,
     pso: swarm.PSOHyperParams | None = None,
     selection_epsilon: float = 1.0,
-    delta: float = DELTA,
+    delta: float = dp_local.DELTA,
     seeds: int | Sequence[int] = 0,
     num_classes: int | None = None,
     rounds_per_call: int | None = None,
     progress: bool = False,
 ) -> FedDPPSOResult:
-    """Validate, calibrate ``sigma_i`` per client, run every seed at once (vmap), account.
+    """Validate, calibrate ``sigma_i`` per client, run every (target, seed) at once, account.
 
-    ``target_epsilon = inf`` gives plain Adam (no clipping, no noise). ``sigma_i`` makes
-    client ``i`` reach ``target_epsilon`` at ``delta`` after ``rounds * E * ceil(|D_i|/B)``
-    steps. With ``config.private_selection`` the loss releases get ``selection_epsilon`` in
-    total per client, added to the reported epsilon. History columns: ``seed, round,
-    test_loss, test_accuracy, leader, train_loss, epsilon_max, epsilon_client_<i>, bytes_*``.
+    ``target_epsilon`` may be a list: epsilon only changes the noise multipliers (array
+    leaves), so all targets and seeds run as one batch axis of ONE compiled call (all
+    targets finite, or all ``inf``). ``inf`` gives plain Adam (no clipping, no noise).
+    ``sigma_i`` makes client ``i`` reach the target at ``delta`` after
+    ``rounds * E * ceil(|D_i|/B)`` steps. With ``config.private_selection`` the loss releases
+    get ``selection_epsilon`` in total per client, added to the reported epsilon. History
+    columns: ``epsilon_target, seed, round, test_loss, test_accuracy, leader, train_loss,
+    epsilon_client_<i>, epsilon_max, bytes_*``.
     """
     _validate(config, clients, rounds)
-    check_positive("target_epsilon", target_epsilon)
+    targets = _targets(target_epsilon)
     check_positive("learning_rate", learning_rate)
     pso = (swarm.PSOHyperParams() if pso is None else pso).validate()
-    test = (jnp.asarray(test[0], jnp.float32), jnp.asarray(test[1], jnp.int32))
+    test = as_test_set(test)
     check_federated_inputs(config.model, clients, test, num_classes)
-    sizes = np.asarray(clients.sizes)
-    dp = not math.isinf(target_epsilon)
-    sigmas = (
-        calibrate_sigmas(
-            target_epsilon,
-            sizes,
-            config.batch_size,
-            rounds=rounds,
-            epochs=config.local_epochs,
-            delta=delta,
-        )
-        if dp
-        else np.zeros(len(sizes))
-    )
-    config = _with(config, dp=dp, capacity=sampler_capacity(sizes, config.batch_size))
-    releases = selection_releases(config.particles, rounds)
-    eps_each = 0.0
-    scales = np.zeros(len(sizes))
     if config.private_selection:
         check_positive("selection_epsilon", selection_epsilon)
-        eps_each = selection_epsilon / releases
-        scales = config.loss_bound / (sizes * eps_each)
-    hyper = FedDPPSOHyper(
-        pso=jax.tree.map(lambda v: jnp.asarray(v, jnp.float32), pso),
-        learning_rate=jnp.asarray(learning_rate, jnp.float32),
-        noise_multiplier=jnp.asarray(sigmas, jnp.float32),
-        selection_scale=jnp.asarray(scales, jnp.float32),
+    sizes = np.asarray(clients.sizes)
+    dp = not math.isinf(targets[0])
+    sigmas = np.stack(
+        [
+            dp_local.calibrate_sigmas(
+                e,
+                sizes,
+                config.batch_size,
+                rounds=rounds,
+                epochs=config.local_epochs,
+                delta=delta,
+            )
+            if dp
+            else np.zeros(len(sizes))
+            for e in targets
+        ]
     )
+    config = replace(config, dp=dp, capacity=dp_local.sampler_capacity(sizes, config.batch_size))
+    eval_clients = (
+        None if config.eval_subset is None else evaluation_subset(clients, config.eval_subset)
+    )
+    eval_sizes = sizes if eval_clients is None else np.asarray(eval_clients.sizes)
+    releases = selection_releases(config.particles, rounds)
+    eps_each = selection_epsilon / releases if config.private_selection else 0.0
+    scales = config.loss_bound / (eval_sizes * eps_each) if eps_each else np.zeros(len(sizes))
     keys, seed_list = seed_keys(seeds)
-    split = jax.vmap(jax.random.split)(keys)
-    states = _init_over_seeds(split[:, 0], hyper, clients, config)
+    n_seeds = len(seed_list)
+    batch = len(targets) * n_seeds
+    hypers = FedDPPSOHyper(
+        pso=jax.tree.map(lambda v: jnp.full((batch,), v, jnp.float32), pso),
+        learning_rate=jnp.full((batch,), learning_rate, jnp.float32),
+        noise_multiplier=jnp.asarray(np.repeat(sigmas, n_seeds, axis=0), jnp.float32),
+        selection_scale=jnp.asarray(np.tile(scales, (batch, 1)), jnp.float32),
+    )
+    split = jax.vmap(jax.random.split)(jnp.concatenate([keys] * len(targets)))
+    states = _init_batch(split[:, 0], hypers, clients, eval_clients, config)
 
     def chunk(s: FedDPPSOState, n: int):
-        return _rounds_over_seeds(s, split[:, 1], hyper, clients, test, config, n)
+        return _rounds_batch(s, split[:, 1], hypers, clients, eval_clients, test, config, n)
 
     states, metrics = run_chunked(
         chunk,
@@ -464,35 +553,41 @@ def run_fed_dp_pso(
         progress=progress,
         desc="Fed-DP-PSO",
     )
-    eps = epsilon_history(
-        sizes, config.batch_size, sigmas, rounds=rounds, epochs=config.local_epochs, delta=delta
-    )
-    if config.private_selection:
-        used = config.particles + np.arange(1, rounds + 1) * (config.particles + 1)
-        eps = eps + (used * eps_each)[:, None]
-    extra = {f"epsilon_client_{i}": eps[:, i] for i in range(len(sizes))}
-    extra["epsilon_max"] = eps.max(axis=1)
     params_shape = jax.eval_shape(config.model.init, jax.random.key(0))
-    extra.update(comm.per_round_table(comm.pso_bytes(params_shape, len(sizes)), rounds))
-    history = history_frame(seed_list, metrics, extra, "round")
-    privacy = {
-        "q": (config.batch_size / sizes).tolist(),
-        "sigma": sigmas.tolist(),
-        "steps_per_round": steps_per_round(sizes, config.batch_size, config.local_epochs).tolist(),
-        "rounds": rounds,
-        "delta": delta,
-        "target_epsilon": target_epsilon,
-        "clip_norm": config.clip_norm,
-        "private_selection": config.private_selection,
-        "selection_epsilon": selection_epsilon if config.private_selection else None,
-        "selection_releases": releases if config.private_selection else 0,
-        "epsilon": eps,
-        "covers": COVERAGE_PRIVATE_SELECTION if config.private_selection else COVERAGE_PAPER,
-    }
-    return FedDPPSOResult(state=states, history=history, seeds=seed_list, privacy=privacy)
-
-
-def _with(config: FedDPPSOConfig, **changes) -> FedDPPSOConfig:
-    from dataclasses import replace
-
-    return replace(config, **changes)
+    comm_cols = comm.per_round_table(comm.pso_bytes(params_shape, len(sizes)), rounds)
+    used = config.particles + np.arange(1, rounds + 1) * (config.particles + 1)
+    frames, by_eps = [], {}
+    for e, target in enumerate(targets):
+        record = dp_local.privacy_record(
+            sizes,
+            config.batch_size,
+            sigmas[e],
+            rounds=rounds,
+            epochs=config.local_epochs,
+            delta=delta,
+            target_epsilon=target,
+            clip_norm=config.clip_norm,
+        )
+        if config.private_selection:
+            record["epsilon"] = record["epsilon"] + (used * eps_each)[:, None]
+        record.update(
+            private_selection=config.private_selection,
+            selection_epsilon=selection_epsilon if config.private_selection else None,
+            selection_releases=releases if config.private_selection else 0,
+            covers=COVERAGE_PRIVATE_SELECTION if config.private_selection else COVERAGE_PAPER,
+        )
+        by_eps[target] = record
+        rows = slice(e * n_seeds, (e + 1) * n_seeds)
+        part = jax.tree.map(lambda m, r=rows: m[r], metrics)
+        extra = {**dp_local.epsilon_columns(record["epsilon"]), **comm_cols}
+        frame = history_frame(seed_list, part, extra, "round")
+        frame.insert(0, "epsilon_target", target)
+        frames.append(frame)
+    history = pd.concat(frames, ignore_index=True)
+    return FedDPPSOResult(
+        state=states,
+        history=history,
+        seeds=seed_list,
+        privacy=by_eps[targets[0]],
+        privacy_by_epsilon=by_eps,
+    )

@@ -23,10 +23,10 @@ from swarmjax.fl.dp_local import (
     DELTA,
     calibrate_sigmas,
     dp_grad_fn,
-    epsilon_history,
+    epsilon_columns,
     poisson_sampler,
+    privacy_record,
     sampler_capacity,
-    steps_per_round,
 )
 from swarmjax.fl.fedavg import FedAvgConfig, run_fedavg
 from swarmjax.models import Model
@@ -104,22 +104,18 @@ def run_fedavg_dp(
         seeds=seeds,
         progress=progress,
     )
-    eps = epsilon_history(
-        sizes, batch_size, sigmas, rounds=rounds, epochs=local_epochs, delta=delta
+    privacy = privacy_record(
+        sizes,
+        batch_size,
+        sigmas,
+        rounds=rounds,
+        epochs=local_epochs,
+        delta=delta,
+        target_epsilon=target_epsilon,
+        clip_norm=clip_norm,
     )
     history = res.history.copy()
     reps = len(res.seeds)
-    for i in range(len(sizes)):
-        history[f"epsilon_client_{i}"] = np.tile(eps[:, i], reps)
-    history["epsilon_max"] = np.tile(eps.max(axis=1), reps)
-    privacy = {
-        "q": (batch_size / sizes).tolist(),
-        "sigma": sigmas.tolist(),
-        "steps_per_round": steps_per_round(sizes, batch_size, local_epochs).tolist(),
-        "rounds": rounds,
-        "delta": delta,
-        "target_epsilon": target_epsilon,
-        "clip_norm": clip_norm,
-        "epsilon": eps,
-    }
+    for name, col in epsilon_columns(privacy["epsilon"]).items():
+        history[name] = np.tile(col, reps)
     return FedAvgDPResult(state=res.state, history=history, seeds=res.seeds, privacy=privacy)
