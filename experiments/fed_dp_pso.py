@@ -1,11 +1,21 @@
 """Fed-DP-PSO experiment: Tables 1 and 2, accuracy per round (Fig. 2), vs FedAvg + DP (Fig. 3),
-communication table. ``python -m experiments.fed_dp_pso [--quick | --full]``.
+communication table. ``python -m experiments.fed_dp_pso [--quick | --full] [--datasets ...]``.
 
-Results go to ``results/fed_dp_pso/`` (``cells.csv`` grows row by row as cells finish,
-``rounds.csv``, ``table_<dataset>.csv/.md``, ``fig3.csv``, ``comm.csv``, ``summary.json``,
-PNG figures). PathMNIST is not available offline; Fig. 3 uses the first dataset of the run as a
-stand-in (printed and saved). The epsilon reported covers the DP-Adam steps only, not the
-exact reported losses and argmin selections (see ``docs/fed_dp_pso.md``).
+Every (dataset, partition) runs in two compiled calls: all finite epsilons x all seeds as one
+batch axis (epsilon only changes the noise multipliers), and epsilon = inf x all seeds.
+
+``--full`` (Tables 1-2) uses the paper's hyper-parameters (R = 10 rounds, E = 1, S = 5, N = 5,
+w = 0.7, c1 = c2 = 1.4, eta = 0.005, delta = 1e-5, MLP 784-256-256-10) with two named,
+documented reductions so a table fits a 2-core CPU: ``--n-train`` (a random training subset,
+default 5,000 of 60,000 rows, i.e. ~1,000 rows per client) and ``--eval-subset`` (particles'
+losses on a fixed random subset of each client's rows, default 250; spec 2.2's option). The
+test set is always complete. Both are printed in every table header and saved.
+
+Results go to ``results/fed_dp_pso/``: ``cells.csv`` (grows as cells finish), ``rounds.csv``,
+``table_<dataset>.csv/.md``, ``fig3.csv``, ``comm.csv``, ``summary.json`` (plan, wall times,
+machine load) and PNG figures. PathMNIST is not available offline; Fig. 3 uses the first dataset
+of the run as a stand-in (printed and saved). The epsilon reported covers the DP-Adam steps
+only, not the exact reported losses and argmin selections (see ``docs/fed_dp_pso.md``).
 """
 
 from __future__ import annotations
@@ -13,11 +23,13 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
+import time
 from pathlib import Path
 
+import jax
 import numpy as np
 import pandas as pd
-from tqdm.auto import tqdm
 
 from swarmjax.fl import comm, load_dataset, partition, stack_clients, subsample
 from swarmjax.fl.fed_dp_pso import COVERAGE_PAPER, FedDPPSOConfig, run_fed_dp_pso
@@ -38,6 +50,35 @@ PAPER = {  # spec 2.5: (mean, std) per (dataset, partition, epsilon)
     },
 }
 EPS_COLS = [5.0, 8.0, 10.0, math.inf]
+PRESETS = {
+    "quick": dict(
+        datasets=["digits"],
+        parts=["iid"],
+        eps=[5.0, math.inf],
+        rounds=2,
+        seeds=1,
+        n_train=None,
+        eval_subset=None,
+    ),
+    "full": dict(
+        datasets=["mnist", "fashion_mnist"],
+        parts=["iid", "dir0.3", "dir1"],
+        eps=EPS_COLS,
+        rounds=10,
+        seeds=5,
+        n_train=5_000,
+        eval_subset=250,
+    ),
+    "default": dict(
+        datasets=["mnist"],
+        parts=["iid", "dir1"],
+        eps=[5.0, math.inf],
+        rounds=10,
+        seeds=2,
+        n_train=10_000,
+        eval_subset=500,
+    ),
+}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -45,43 +86,30 @@ def _parser() -> argparse.ArgumentParser:
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--quick", action="store_true", help="CI: digits, 2 rounds, 1 seed")
     mode.add_argument("--full", action="store_true", help="Tables 1-2: full grid, 5 seeds")
-    p.add_argument("--data-dir", default=None)
+    p.add_argument("--datasets", nargs="+", default=None, help="e.g. mnist (Table 1 only)")
+    p.add_argument("--data-dir", default=os.environ.get("SWARMJAX_DATA", "../shared/data"))
     p.add_argument("--out", default=str(OUT))
     p.add_argument("--rounds", type=int, default=None, help="R (default 10; quick 2)")
     p.add_argument("--seeds", type=int, default=None, help="number of seeds")
     p.add_argument("--particles", type=int, default=5)
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--lr", type=float, default=0.005)
-    p.add_argument("--n-train", type=int, default=None, help="train subset size")
+    p.add_argument("--n-train", type=int, default=None, help="train subset (0: all rows)")
+    p.add_argument("--eval-subset", type=int, default=None, help="rows/client (0: all)")
+    p.add_argument("--no-fig3", action="store_true", help="skip the FedAvg + DP baseline")
     return p
 
 
 def _plan(args: argparse.Namespace) -> dict:
-    if args.quick:
-        plan = dict(
-            datasets=["digits"], parts=["iid"], eps=[5.0, math.inf], rounds=2, seeds=1, n_train=None
-        )
-    elif args.full:
-        plan = dict(
-            datasets=["mnist", "fashion_mnist"],
-            parts=["iid", "dir0.3", "dir1"],
-            eps=EPS_COLS,
-            rounds=10,
-            seeds=5,
-            n_train=None,
-        )
-    else:
-        plan = dict(
-            datasets=["mnist"],
-            parts=["iid", "dir1"],
-            eps=[5.0, math.inf],
-            rounds=10,
-            seeds=2,
-            n_train=10_000,
-        )
-    for k in ("rounds", "seeds", "n_train"):
+    plan = dict(PRESETS["quick" if args.quick else "full" if args.full else "default"])
+    for k in ("datasets", "rounds", "seeds", "n_train", "eval_subset"):
         if getattr(args, k) is not None:
             plan[k] = getattr(args, k)
+    for k in ("n_train", "eval_subset"):
+        plan[k] = plan[k] or None  # 0 means "all rows"
+    plan.update(
+        particles=args.particles, batch_size=args.batch_size, lr=args.lr, fig3=not args.no_fig3
+    )
     return plan
 
 
@@ -102,92 +130,144 @@ def _paper(name: str, part: str, eps: float) -> tuple[float, float]:
     return table[EPS_COLS.index(eps)]
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = _parser().parse_args(argv)
-    plan = _plan(args)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    print(f"Privacy: {COVERAGE_PAPER}.")
-    cells, rounds_rows, fig3 = [], [], []
-    grid = [(d, p, e) for d in plan["datasets"] for p in plan["parts"] for e in plan["eps"]]
-    seeds = list(range(plan["seeds"]))
-    for name, part, eps in tqdm(grid, desc="cells"):
+def _common(plan: dict) -> dict:
+    """Runner arguments shared by Fed-DP-PSO and the FedAvg + DP baseline."""
+    return dict(rounds=plan["rounds"], learning_rate=plan["lr"], seeds=range(plan["seeds"]))
+
+
+def _final(history: pd.DataFrame, rounds: int) -> pd.DataFrame:
+    return history[history["round"] == rounds]
+
+
+def _summary(acc: pd.Series) -> tuple[float, float]:
+    """Mean and sample std (ddof=1; 0 for one seed) of final accuracies in percent."""
+    acc = acc * 100
+    return float(acc.mean()), float(acc.std(ddof=1)) if len(acc) > 1 else 0.0
+
+
+def _load() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def _run_dataset(name: str, plan: dict, args, out: Path, cells: list, rounds_rows: list):
+    """All partitions x epsilons x seeds of one dataset; returns (wall seconds, fig3 input)."""
+    start = time.perf_counter()
+    stand_in = None
+    finite = [e for e in plan["eps"] if not math.isinf(e)]
+    groups = [g for g in (finite, [e for e in plan["eps"] if math.isinf(e)]) if g]
+    for part in plan["parts"]:
         ds, clients, model = _clients(name, part, plan["n_train"], args.data_dir)
-        bs = min(args.batch_size, int(np.asarray(clients.sizes).min()))
+        bs = min(plan["batch_size"], int(np.asarray(clients.sizes).min()))
         cfg = FedDPPSOConfig(
-            model=model, particles=args.particles, batch_size=bs, eval_batch_size=2000
+            model=model,
+            particles=plan["particles"],
+            batch_size=bs,
+            eval_batch_size=2000,
+            eval_subset=plan["eval_subset"],
         )
-        res = run_fed_dp_pso(
-            cfg,
+        for group in groups:
+            t0 = time.perf_counter()
+            res = run_fed_dp_pso(
+                cfg, clients, (ds.x_test, ds.y_test), target_epsilon=group, **_common(plan)
+            )
+            took = time.perf_counter() - t0
+            h = res.history.assign(dataset=name, partition=part, method="fed_dp_pso")
+            rounds_rows.append(h)
+            for eps, g in _final(h, plan["rounds"]).groupby("epsilon_target"):
+                mean, std = _summary(g["test_accuracy"])
+                pm, ps = _paper(name, part, eps)
+                eps_max = float(np.max(res.privacy_by_epsilon[eps]["epsilon"][-1]))
+                cells.append(
+                    dict(
+                        dataset=name,
+                        partition=part,
+                        epsilon=eps,
+                        acc_mean=mean,
+                        acc_std=std,
+                        seeds=len(g),
+                        paper_mean=pm,
+                        paper_std=ps,
+                        meets_paper=bool(mean >= pm - ps) if pm == pm else None,
+                        epsilon_max=eps_max,
+                        epsilon_ok=bool(eps_max <= eps),
+                        sigma_max=max(res.privacy_by_epsilon[eps]["sigma"]),
+                        client_sizes=" ".join(map(str, np.asarray(clients.sizes).tolist())),
+                        call_seconds=took,
+                    )
+                )
+            pd.DataFrame(cells).to_csv(out / "cells.csv", index=False)
+            pd.concat(rounds_rows).to_csv(out / "rounds.csv", index=False)
+            print(f"{name} {part} eps={group}: {took:.0f} s (load {_load()})", flush=True)
+        if part == "iid":
+            stand_in = (ds, clients, model, bs)
+    return time.perf_counter() - start, stand_in
+
+
+def _fig3(name: str, stand_in, plan: dict, cells: list, out: Path) -> list[dict]:
+    ds, clients, model, bs = stand_in
+    rows = []
+    for eps in plan["eps"]:
+        base = run_fedavg_dp(
+            model,
             clients,
             (ds.x_test, ds.y_test),
-            rounds=plan["rounds"],
             target_epsilon=eps,
-            learning_rate=args.lr,
-            seeds=seeds,
+            batch_size=bs,
+            **_common(plan),
         )
-        h = res.history.assign(
-            dataset=name, partition=part, epsilon_target=eps, method="fed_dp_pso"
+        b_mean, b_std = _summary(_final(base.history, plan["rounds"])["test_accuracy"])
+        ours = next(
+            c for c in cells if (c["dataset"], c["partition"], c["epsilon"]) == (name, "iid", eps)
         )
-        rounds_rows.append(h)
-        final = h[h["round"] == plan["rounds"]]["test_accuracy"] * 100
-        pm, ps = _paper(name, part, eps)
-        cells.append(
+        rows.append(
             dict(
                 dataset=name,
-                partition=part,
                 epsilon=eps,
-                acc_mean=final.mean(),
-                acc_std=final.std(ddof=0),
-                seeds=len(seeds),
-                paper_mean=pm,
-                paper_std=ps,
-                epsilon_max=float(np.max(res.privacy["epsilon"][-1])),
-                meets_target=bool(final.mean() >= pm - ps) if pm == pm else None,
+                fed_dp_pso=ours["acc_mean"],
+                fed_dp_pso_std=ours["acc_std"],
+                fedavg_dp=b_mean,
+                fedavg_dp_std=b_std,
+                fedavg_epsilon_max=float(np.max(base.privacy["epsilon"][-1])),
             )
         )
-        pd.DataFrame(cells).to_csv(out / "cells.csv", index=False)
-        pd.concat(rounds_rows).to_csv(out / "rounds.csv", index=False)
-        if name == plan["datasets"][0] and part == "iid":  # Fig. 3 stand-in dataset
-            base = run_fedavg_dp(
-                model,
-                clients,
-                (ds.x_test, ds.y_test),
-                rounds=plan["rounds"],
-                target_epsilon=eps,
-                learning_rate=args.lr,
-                batch_size=bs,
-                seeds=seeds,
-            )
-            b = base.history[base.history["round"] == plan["rounds"]]["test_accuracy"] * 100
-            fig3.append(
-                dict(
-                    dataset=name,
-                    epsilon=eps,
-                    fed_dp_pso=final.mean(),
-                    fedavg_dp=b.mean(),
-                    fedavg_dp_std=b.std(ddof=0),
-                )
-            )
-            pd.DataFrame(fig3).to_csv(out / "fig3.csv", index=False)
+        pd.DataFrame(rows).to_csv(out / "fig3.csv", index=False)
+    return rows
+
+
+def _header(plan: dict) -> str:
+    return (
+        f"Fed-DP-PSO, N=5 clients, S={plan['particles']}, R={plan['rounds']}, E=1, "
+        f"B={plan['batch_size']}, eta={plan['lr']}, {plan['seeds']} seeds (mean +- sample std); "
+        f"train rows: {plan['n_train'] or 'all'}; particle-loss rows per client: "
+        f"{plan['eval_subset'] or 'all'}; full test set. meets = ours >= paper mean - paper "
+        "std; eps_ok = reported per-client epsilon (max over clients) <= target. Epsilon covers "
+        "the DP-Adam steps only."
+    )
+
+
+def _tables(cells: list, plan: dict, out: Path) -> None:
     table = pd.DataFrame(cells)
     for name, sub in table.groupby("dataset"):
         sub = sub.assign(
             ours=sub.acc_mean.map("{:.2f}".format) + " +- " + sub.acc_std.map("{:.2f}".format),
             paper=sub.paper_mean.map("{:.2f}".format) + " +- " + sub.paper_std.map("{:.2f}".format),
+            meets=sub.meets_paper.map({True: "yes", False: "NO", None: "-"}),
+            eps_ok=sub.epsilon_ok.map({True: "yes", False: "NO"}),
         )
         sub.to_csv(out / f"table_{name}.csv", index=False)
-        md = sub[["partition", "epsilon", "ours", "paper", "epsilon_max"]].to_markdown(index=False)
-        (out / f"table_{name}.md").write_text(md + "\n")
-        print(f"\n{name}\n{md}")
-    comm_rows = []
-    for name in plan["datasets"]:
-        _, clients, model = _clients(name, "iid", plan["n_train"], args.data_dir)
-        import jax
+        cols = ["partition", "epsilon", "ours", "paper", "meets", "epsilon_max", "eps_ok"]
+        md = sub[cols].to_markdown(index=False, floatfmt=".3f")
+        (out / f"table_{name}.md").write_text(f"{_header(plan)}\n\n{md}\n")
+        print(f"\n{name}: {_header(plan)}\n{md}")
 
+
+def _comm(plan: dict, args) -> list[dict]:
+    rows = []
+    for name in plan["datasets"]:
+        _, _, model = _clients(name, "iid", plan["n_train"], args.data_dir)
         shape = jax.eval_shape(model.init, jax.random.key(0))
         pso, avg = comm.pso_bytes(shape, 5), comm.fedavg_bytes(shape, 5)
-        comm_rows.append(
+        rows.append(
             dict(
                 dataset=name,
                 pso_up=pso.up,
@@ -197,19 +277,48 @@ def main(argv: list[str] | None = None) -> None:
                 upload_saving=comm.upload_saving(pso, avg),
             )
         )
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = _parser().parse_args(argv)
+    plan = _plan(args)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    print(f"Privacy: {COVERAGE_PAPER}.\n{_header(plan)}\nload at start: {_load()}", flush=True)
+    cells, rounds_rows, fig3, walls = [], [], [], {}
+    load_start = _load()
+    stand_in = None
+    for name in plan["datasets"]:
+        walls[name], s = _run_dataset(name, plan, args, out, cells, rounds_rows)
+        stand_in = stand_in or (name, s)
+        print(f"{name}: whole table {walls[name]:.0f} s (load {_load()})", flush=True)
+    load_tables = _load()
+    _tables(cells, plan, out)
+    t0 = time.perf_counter()
+    if plan["fig3"] and stand_in and stand_in[1] is not None:
+        fig3 = _fig3(stand_in[0], stand_in[1], plan, cells, out)
+        print(f"\nFig. 3 stand-in for PathMNIST (not available offline): {stand_in[0]}")
+        print(pd.DataFrame(fig3).to_markdown(index=False, floatfmt=".2f"))
+    walls["fig3"] = time.perf_counter() - t0
+    comm_rows = _comm(plan, args)
     pd.DataFrame(comm_rows).to_csv(out / "comm.csv", index=False)
     print("\nCommunication per round (bytes):\n" + pd.DataFrame(comm_rows).to_markdown(index=False))
-    print(f"\nFig. 3 stand-in for PathMNIST (not available offline): {plan['datasets'][0]}")
-    print(pd.DataFrame(fig3).to_markdown(index=False))
     _figures(pd.concat(rounds_rows), pd.DataFrame(fig3), out)
     summary = dict(
         plan=plan,
+        header=_header(plan),
         privacy_covers=COVERAGE_PAPER,
-        fig3_stand_in=plan["datasets"][0],
+        fig3_stand_in=stand_in[0] if stand_in else None,
+        wall_seconds=walls,
+        load_average={"start": load_start, "after_tables": load_tables, "end": _load()},
+        cpu_count=os.cpu_count(),
         cells=cells,
+        fig3=fig3,
         comm=comm_rows,
     )
     (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
+    print(f"wall seconds: {json.dumps({k: round(v) for k, v in walls.items()})}")
 
 
 def _figures(rounds: pd.DataFrame, fig3: pd.DataFrame, out: Path) -> None:
@@ -218,24 +327,30 @@ def _figures(rounds: pd.DataFrame, fig3: pd.DataFrame, out: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for (d, p, e), g in rounds.groupby(["dataset", "partition", "epsilon_target"]):
-        m = g.groupby("round")["test_accuracy"].mean() * 100
-        ax.plot(m.index, m.values, marker="o", label=f"{d} {p} eps={e}")
-    ax.set(xlabel="round", ylabel="test accuracy (%)", title="Fed-DP-PSO accuracy per round")
-    ax.legend(fontsize=6)
-    fig.tight_layout()
-    fig.savefig(out / "fig2_accuracy_per_round.png", dpi=120)
+    for name, sub in rounds.groupby("dataset"):
+        parts = sorted(sub["partition"].unique())
+        fig, axes = plt.subplots(1, len(parts), figsize=(4 * len(parts), 3.5), squeeze=False)
+        for ax, part in zip(axes[0], parts, strict=True):
+            g = sub[sub["partition"] == part]
+            for eps, ge in g.groupby("epsilon_target"):
+                m = ge.groupby("round")["test_accuracy"].mean() * 100
+                ax.plot(m.index, m.values, marker="o", label=f"eps={eps:g}")
+            ax.set(xlabel="round", ylabel="test accuracy (%)", title=f"{name} {part}")
+            ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(out / f"fig2_accuracy_per_round_{name}.png", dpi=120)
+        plt.close(fig)
     if len(fig3):
         fig, ax = plt.subplots(figsize=(5, 3.5))
         x = np.arange(len(fig3))
         ax.bar(x - 0.2, fig3.fed_dp_pso, 0.4, label="Fed-DP-PSO")
         ax.bar(x + 0.2, fig3.fedavg_dp, 0.4, label="FedAvg + DP-Adam")
-        ax.set_xticks(x, [f"eps={e}" for e in fig3.epsilon])
+        ax.set_xticks(x, [f"eps={e:g}" for e in fig3.epsilon])
         ax.set(ylabel="test accuracy (%)", title=f"Fig. 3 stand-in: {fig3.dataset.iloc[0]}")
         ax.legend()
         fig.tight_layout()
         fig.savefig(out / "fig3_vs_fedavg_dp.png", dpi=120)
+        plt.close(fig)
 
 
 if __name__ == "__main__":
