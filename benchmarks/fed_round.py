@@ -2,29 +2,38 @@
 straightforward per-client, per-particle Python loop of the same algorithm (same model, same
 jitted single-particle loss and single-client DP-Adam refinement). 5 clients x 5 particles.
 
-``python -m benchmarks.fed_round [--quick]``; writes the ``fed_round`` section of RESULTS.md.
+``python -m benchmarks.fed_round [--quick]``; writes the ``fed_round`` section of RESULTS.md
+with the machine load (the 2-core CPU is shared) and a profile of the vectorised round (each
+part jitted alone, best of N), and, when ``results/fed_dp_pso/table{1,2}/summary.json`` exist,
+the ``fed_dp_pso_tables`` section (wall time of each table as one command).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+from dataclasses import replace
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from benchmarks._results import best_time, machine, write_section
+from swarmjax import swarm
 from swarmjax.fl import load_dataset, partition, stack_clients
 from swarmjax.fl.clients import client
-from swarmjax.fl.dp_local import calibrate_sigmas, sampler_capacity
+from swarmjax.fl.dp_local import calibrate_sigmas, poisson_sampler, sampler_capacity
 from swarmjax.fl.fed_dp_pso import (
     FedDPPSOConfig,
     FedDPPSOHyper,
     fed_dp_pso_init,
     fed_dp_pso_round,
+    particle_losses,
     refine,
 )
-from swarmjax.models import loss, mlp
+from swarmjax.models import evaluate, loss, mlp
 from swarmjax.swarm import PSOHyperParams
 
 N, S = 5, 5
@@ -85,11 +94,108 @@ def _loop_round(cfg, hyper, clients, test, pos, vel, pb, pbl, gbest, key, jloss,
     return gbest
 
 
+def _profile(cfg, hyper, clients, test, state, key, repeats: int) -> list[tuple[str, float]]:
+    """Seconds per call of each part of the vectorised round, each jitted alone."""
+    first = jax.tree.map(lambda a: a[:, 0], state.swarms.position)
+    keys = jax.random.split(key, N)
+    lr, sig = hyper.learning_rate, hyper.noise_multiplier
+    plain = replace(cfg, dp=False)
+    sample = poisson_sampler(cfg.batch_size, cfg.capacity)
+    zero = jnp.zeros((), jnp.float32)
+    parts = [
+        (
+            "DP-Adam refinement, 5 clients (clip + noise)",
+            jax.vmap(lambda p, d, k, s: refine(p, d, k, s, lr, cfg).params),
+            (first, clients, keys, sig),
+        ),
+        (
+            "same, plain Adam (no DP), for scale",
+            jax.vmap(lambda p, d, k, s: refine(p, d, k, s, lr, plain).params),
+            (first, clients, keys, sig),
+        ),
+        (
+            "Poisson batches of one epoch, 5 clients",
+            jax.vmap(lambda d, k: sample(k, d.mask, d.sizes)),
+            (clients, keys),
+        ),
+        (
+            "particle losses, 5 clients x 5 particles",
+            jax.vmap(lambda pp, d, k: particle_losses(cfg, pp, d, k, zero)),
+            (state.swarms.position, clients, keys),
+        ),
+        (
+            "PSO move, 5 clients x 5 particles",
+            jax.vmap(
+                lambda s: swarm.move(s, hyper.pso, cfg.pso_options, social_target=state.gbest)
+            ),
+            (state.swarms,),
+        ),
+        (
+            "test evaluation of gbest",
+            lambda p: evaluate(cfg.model.apply, p, *test, None),
+            (state.gbest,),
+        ),
+    ]
+    out = []
+    for name, fn, args in parts:
+        f = jax.jit(fn)
+        jax.block_until_ready(f(*args))
+        out.append(
+            (name, best_time(lambda f=f, a=args: jax.block_until_ready(f(*a)), repeats=repeats))
+        )
+    return out
+
+
+def _load() -> str:
+    return ", ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def _tables_section() -> str | None:
+    """Wall time of each Table reproduction, from the experiment's summary.json files."""
+    rows = []
+    for table in ("table1", "table2"):
+        path = Path("results/fed_dp_pso") / table / "summary.json"
+        if not path.exists():
+            continue
+        summ = json.loads(path.read_text())
+        plan = summ["plan"]
+        for name in plan["datasets"]:
+            cells = [c for c in summ["cells"] if c["dataset"] == name]
+            met = sum(bool(c["meets_paper"]) for c in cells)
+            eps_ok = sum(bool(c["epsilon_ok"]) for c in cells)
+            rows.append(
+                f"| {table} ({name}) | {summ['wall_seconds'][name] / 60:.1f} | {len(cells)} | "
+                f"{met}/{len(cells)} | {eps_ok}/{len(cells)} | "
+                f"{summ['load_average']['start']} -> {summ['load_average']['after_tables']} |"
+            )
+    if not rows:
+        return None
+    return (
+        "## fed_dp_pso_tables: Tables 1-2 of seed 000, one command each\n\n"
+        "`python -m experiments.fed_dp_pso --full --datasets mnist --no-fig3 --out "
+        "results/fed_dp_pso/table1` (Table 1; `fashion_mnist` and `table2` for Table 2); "
+        f"{summ['header']}\n"
+        f"{summ['cpu_count']} CPU cores shared with other jobs; load average (1, 5, 15 min) at "
+        "start -> end of the tables. Wall time includes data loading and every compilation.\n\n"
+        "| run | wall (min) | cells | meets paper mean - std | per-client eps <= target | "
+        "load |\n|---|---|---|---|---|---|\n" + "\n".join(rows) + "\n"
+    )
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true")
     p.add_argument("--rounds", type=int, default=10, help="rounds of a whole experiment")
+    p.add_argument(
+        "--tables-only", action="store_true", help="only (re)write the fed_dp_pso_tables section"
+    )
     args = p.parse_args(argv)
+    if args.tables_only:
+        tables = _tables_section()
+        print(tables or "no results/fed_dp_pso/table*/summary.json yet")
+        if tables:
+            write_section("fed_dp_pso_tables", tables)
+        return
     repeats = 2 if args.quick else 5
     cfg, hyper, clients, test = _setup(args.rounds)
     key = jax.random.key(0)
@@ -97,6 +203,8 @@ def main(argv: list[str] | None = None) -> None:
     vround = jax.jit(lambda s, k: fed_dp_pso_round(s, k, hyper, clients, test, config=cfg))
     jax.block_until_ready(vround(state, key))
     t_vec = best_time(lambda: jax.block_until_ready(vround(state, key)), repeats=repeats)
+    load_start = _load()
+    profile = _profile(cfg, hyper, clients, test, state, key, repeats=max(repeats, 3))
 
     jloss = jax.jit(lambda p, x, y, m: loss(cfg.model.apply, p, x, y, m))
     jrefine = jax.jit(lambda p, d, k, s: refine(p, d, k, s, hyper.learning_rate, cfg))
@@ -120,8 +228,19 @@ def main(argv: list[str] | None = None) -> None:
         f"| vectorised (one jit, vmap) | {t_vec:.4f} | {t_vec * args.rounds:.2f} | "
         f"{t_loop / t_vec:.1f}x |\n"
     ).replace("{r}", str(args.rounds))
+    md += (
+        f"\nLoad average (1, 5, 15 min) during the run: {load_start} -> {_load()} on "
+        f"{os.cpu_count()} cores (shared machine: absolute times are inflated by other jobs, "
+        "both implementations alike).\n\nProfile of the vectorised round (each part jitted "
+        "alone):\n\n| part | ms |\n|---|---|\n"
+        + "".join(f"| {name} | {t * 1e3:.2f} |\n" for name, t in profile)
+    )
     print(md)
     write_section("fed_round", md)
+    tables = _tables_section()
+    if tables:
+        print(tables)
+        write_section("fed_dp_pso_tables", tables)
 
 
 if __name__ == "__main__":
