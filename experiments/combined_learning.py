@@ -1,6 +1,6 @@
 """Combined learning vs FedAvg, each client alone and the centralised model (seed 004).
 
-    python -m experiments.combined_learning           # default slice (~30 min on 2 CPU cores)
+    python -m experiments.combined_learning           # default slice (> 1 h on 2 shared CPU cores)
     python -m experiments.combined_learning --quick   # CI smoke run (< 1 minute)
     python -m experiments.combined_learning --full    # the whole grid, full MNIST, more rounds
 
