@@ -1,0 +1,22 @@
+"""The slice-and-matmul convolution of cl_models matches ``nn.Conv`` (parameters and output)."""
+
+import flax.linen as nn
+import jax
+import numpy as np
+import pytest
+
+from swarmjax.fl.cl_models import _SliceConv
+
+
+@pytest.mark.parametrize(
+    ("shape", "features", "kernel", "padding"),
+    [((2, 9, 8, 1), 4, (3, 3), ((0, 0), (0, 0))), ((2, 6, 7, 3), 5, (2, 2), ((1, 1), (1, 1)))],
+)
+def test_slice_conv_matches_nn_conv(shape, features, kernel, padding):
+    x = jax.random.normal(jax.random.key(0), shape)
+    ref = nn.Conv(features, kernel, padding=padding)
+    ours = _SliceConv(features, kernel, padding)
+    p_ref = ref.init(jax.random.key(1), x)
+    p_ours = ours.init(jax.random.key(1), x)
+    jax.tree.map(np.testing.assert_array_equal, p_ref, p_ours)
+    np.testing.assert_allclose(ours.apply(p_ref, x), ref.apply(p_ref, x), rtol=1e-5, atol=1e-5)
