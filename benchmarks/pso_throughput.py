@@ -15,6 +15,7 @@ absolute rates on a shared 2-core machine mean little when other jobs run.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import sys
 import time
@@ -147,6 +148,7 @@ def main(argv=None) -> int:
     # Beyond ~1,000 swarms per device the working set leaves the CPU caches; running each
     # device's swarms in vmapped blocks of BLOCK under lax.map keeps it cache-sized.
     blocked = jax.jit(jax.vmap(lambda s: jax.lax.map(one, s, batch_size=BLOCK)))
+    has_pyswarms = importlib.util.find_spec("pyswarms") is not None
     rows = []
     load_before = os.getloadavg()[0]
     for n in counts:
@@ -169,8 +171,10 @@ def main(argv=None) -> int:
         t_np = _timed(lambda k=np_swarms: numpy_pso(k, iterations))
         np_rate = np_swarms * AGENTS * iterations / t_np
         ps_swarms = min(n, 3)
-        t_ps = _timed(lambda k=ps_swarms: pyswarms_pso(k, iterations))
-        ps_rate = None if pyswarms_pso(1, 2) is None else ps_swarms * AGENTS * iterations / t_ps
+        ps_rate = None
+        if has_pyswarms:
+            t_ps = _timed(lambda k=ps_swarms: pyswarms_pso(k, iterations))
+            ps_rate = ps_swarms * AGENTS * iterations / t_ps
         ev_swarms = min(n, 1000)
         ev_run = evosax_pso(ev_swarms, iterations)
         ev_rate = None

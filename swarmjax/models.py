@@ -218,6 +218,12 @@ def _masked(x: Array, mask: Bool[Array, " B"] | None) -> tuple[Array, Array]:
     return jnp.where(m, x, jnp.zeros((), x.dtype)), mask.astype(jnp.float32)
 
 
+def _valid_mean(values: Array, weight: Float[Array, " B"]) -> Float[Array, ""]:
+    """Mean of ``values`` over rows with ``weight > 0`` (0 if there are none)."""
+    total = jnp.sum(jnp.where(weight > 0, values, jnp.zeros((), values.dtype)))
+    return total / jnp.maximum(jnp.sum(weight), 1.0)
+
+
 def loss(
     apply_fn: ApplyFn,
     params: PyTree,
@@ -227,8 +233,7 @@ def loss(
 ) -> Float[Array, ""]:
     """Masked mean cross-entropy (nats) over the valid rows; 0 if no row is valid."""
     x, w = _masked(x, mask)
-    per = cross_entropy(apply_fn(params, x), y)
-    return jnp.sum(jnp.where(w > 0, per, 0.0)) / jnp.maximum(jnp.sum(w), 1.0)
+    return _valid_mean(cross_entropy(apply_fn(params, x), y), w)
 
 
 def accuracy(
@@ -240,8 +245,7 @@ def accuracy(
 ) -> Float[Array, ""]:
     """Masked fraction of rows whose argmax logit equals the label."""
     x, w = _masked(x, mask)
-    hit = jnp.argmax(apply_fn(params, x), axis=-1) == y
-    return jnp.sum(jnp.where(w > 0, hit, False)) / jnp.maximum(jnp.sum(w), 1.0)
+    return _valid_mean(jnp.argmax(apply_fn(params, x), axis=-1) == y, w)
 
 
 def evaluate(
