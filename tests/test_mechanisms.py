@@ -85,3 +85,22 @@ def test_mechanism_validation_names_parameter():
         mech.gaussian_sigma(1.5, 1e-5)
     with pytest.raises(ValueError, match="l1_sensitivity"):
         mech.laplace_mechanism(jax.random.key(0), jnp.zeros(3), l1_sensitivity=0.0, epsilon=1.0)
+
+
+def test_gaussian_mechanism_pytree_noise_std_independence_and_invariance():
+    """One flat draw cut into the leaves: each coordinate N(0, (sigma C)^2), leaves not
+    correlated, the same key and tree give the same noise alone or under vmap."""
+    tree = {"w": jnp.zeros((60, 50)), "b": jnp.zeros(3000), "i": jnp.zeros(7, jnp.int32)}
+    noisy = jax.jit(
+        lambda k: mech.gaussian_mechanism(k, tree, l2_sensitivity=2.0, noise_multiplier=1.5)
+    )
+    out = noisy(jax.random.key(0))
+    assert out["w"].shape == (60, 50) and out["i"].dtype == jnp.float32
+    for leaf in (out["w"].ravel(), out["b"]):
+        assert abs(float(jnp.std(leaf)) - 3.0) < 0.15
+        assert abs(float(jnp.mean(leaf))) < 0.25  # 4.5 standard errors
+    corr = np.corrcoef(np.asarray(out["w"]).ravel()[:3000], np.asarray(out["b"]))[0, 1]
+    assert abs(corr) < 0.08
+    keys = jax.random.split(jax.random.key(1), 3)
+    batched = jax.vmap(noisy)(keys)
+    np.testing.assert_array_equal(batched["b"][2], noisy(keys[2])["b"])

@@ -45,27 +45,68 @@ def test_inclusion_rate_and_padding_never_sampled():
     assert sizes.var() == pytest.approx(30 * q * (1 - q), rel=0.1)
 
 
-def test_sampled_rows_are_distinct_sorted_and_match_coins():
-    key, valid, q = jax.random.key(5), jnp.ones(64, bool), 0.25
+def _reference_rows(key, q, valid, capacity):
+    """The gap construction in float64 numpy: the valid rows included, or None on overflow."""
+    u = np.asarray(sampling.row_uniforms(key, capacity + 1), np.float64)
+    ranks = np.cumsum(np.floor(np.log1p(-u) / np.log1p(-q)) + 1) - 1
+    rows = np.flatnonzero(np.asarray(valid))
+    if ranks[capacity] < len(rows):
+        return None
+    return rows[ranks[ranks < len(rows)].astype(int)]
+
+
+def test_sampled_rows_are_distinct_sorted_and_match_gap_construction():
+    key, q = jax.random.key(5), 0.25
+    valid = jnp.asarray(np.random.default_rng(0).random(64) < 0.8)  # holes, not a prefix
     idx, mask, draws = sampling.poisson_sample(key, q, valid, 48)
     chosen = np.asarray(idx)[np.asarray(mask)]
-    coins = np.asarray(sampling.row_uniforms(jax.random.fold_in(key, 0), 64)) < q
     assert int(draws) == 1
-    np.testing.assert_array_equal(chosen, np.flatnonzero(coins))
+    assert np.all(np.diff(chosen) > 0) and np.asarray(valid)[chosen].all()
+    np.testing.assert_array_equal(chosen, _reference_rows(jax.random.fold_in(key, 0), q, valid, 48))
 
 
 def test_overflow_is_resampled_never_truncated():
     key, valid, q, capacity = jax.random.key(0), jnp.ones(20, bool), 0.5, 9
     idx, mask, draws = jax.jit(sampling.poisson_sample, static_argnums=3)(key, q, valid, capacity)
     draws = int(draws)
-    assert draws >= 1
     # the accepted draw is the first that fits, and it is returned whole
-    for attempt in range(draws):
-        coins = np.asarray(sampling.row_uniforms(jax.random.fold_in(key, attempt), 20)) < q
-        if attempt < draws - 1:
-            assert coins.sum() > capacity
-    assert coins.sum() <= capacity
-    np.testing.assert_array_equal(np.asarray(idx)[np.asarray(mask)], np.flatnonzero(coins))
+    refs = [_reference_rows(jax.random.fold_in(key, a), q, valid, capacity) for a in range(draws)]
+    assert all(r is None for r in refs[:-1]) and refs[-1] is not None
+    np.testing.assert_array_equal(np.asarray(idx)[np.asarray(mask)], refs[-1])
+    # some key must overflow at this capacity (E|batch| = 10 > 9): find one and check it
+    overflowed = [
+        int(sampling.poisson_sample(jax.random.key(k), q, valid, capacity)[2]) for k in range(10)
+    ]
+    assert max(overflowed) > 1
+
+
+def test_rows_are_independent_and_batch_size_is_binomial():
+    n, q, num = 30, 0.2, 6000
+    inc = np.zeros((num, n), bool)
+    idx, mask = _draw_many(q, jnp.ones(n, bool), sampling.poisson_capacity(n, q), num)[:2]
+    for r in range(num):
+        inc[r, np.asarray(idx[r])[np.asarray(mask[r])]] = True
+    # neighbours (gap construction) and far rows are included together with prob. q^2
+    for a, b in [(0, 1), (10, 11), (3, 25)]:
+        joint = np.mean(inc[:, a] & inc[:, b])
+        assert abs(joint - q * q) < 4.5 * np.sqrt(q * q * (1 - q * q) / num)
+    sizes = inc.sum(axis=1)
+    k = np.arange(n + 1)
+    expected = stats.binom.pmf(k, n, q) * num
+    keep = expected >= 5  # pool the sparse tails into their neighbours
+    obs = np.bincount(sizes, minlength=n + 1).astype(float)
+    lo, hi = np.flatnonzero(keep)[[0, -1]]
+    o = np.concatenate([[obs[: lo + 1].sum()], obs[lo + 1 : hi], [obs[hi:].sum()]])
+    e = np.concatenate([[expected[: lo + 1].sum()], expected[lo + 1 : hi], [expected[hi:].sum()]])
+    assert stats.chisquare(o, e * o.sum() / e.sum()).pvalue > 1e-4
+
+
+def test_geometric_ranks_saturate_at_limit():
+    ranks_fn = jax.jit(sampling.geometric_ranks, static_argnums=(2, 3))
+    ranks = ranks_fn(jax.random.key(0), 1e-6, 50, 1000)
+    assert int(ranks.max()) == 1000 and np.all(np.diff(np.asarray(ranks)) >= 0)
+    every = ranks_fn(jax.random.key(0), 1.0, 5, 1000)
+    np.testing.assert_array_equal(every, np.arange(5))
 
 
 def test_hopeless_capacity_gives_empty_batch_not_truncation():

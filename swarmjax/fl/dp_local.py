@@ -10,20 +10,12 @@ These plug into :func:`swarmjax.fl.local.local_train` (and so into FedAvg and Fe
 * :func:`calibrate_sigmas` / :func:`epsilon_history` — per-client noise multiplier that hits
   the target epsilon after the whole run, and the epsilon spent after every round;
   :func:`privacy_record` / :func:`epsilon_columns` package them for a runner's output.
-
-dp-accounting logs ``_compute_log_a_frac failed to converge ... Excluding this order`` (absl,
-WARNING) for fractional RDP orders at large ``q`` (small clients) and moderate ``sigma``,
-dozens of lines per bisection. Excluding the order is conservative (epsilon is a minimum over
-the remaining orders), so the result is still a valid upper bound; :func:`quiet_accountant`
-drops exactly that message while this module calls the accountant.
 """
 
 from __future__ import annotations
 
-import contextlib
-import logging
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -45,32 +37,11 @@ __all__ = [
     "epsilon_history",
     "poisson_sampler",
     "privacy_record",
-    "quiet_accountant",
     "sampler_capacity",
     "steps_per_round",
 ]
 
 DELTA = 1e-5
-_NOT_CONVERGED = "_compute_log_a_frac failed to converge"
-
-
-def _drop_not_converged(record: logging.LogRecord) -> bool:
-    return not str(record.msg).startswith(_NOT_CONVERGED)
-
-
-@contextlib.contextmanager
-def quiet_accountant() -> Iterator[None]:
-    """Drop dp-accounting's "failed to converge" warnings (only those) inside the block.
-
-    The accountant then excludes that fractional order, which can only raise the epsilon it
-    reports (a minimum over fewer orders), so hiding the message hides no privacy loss.
-    """
-    logger = logging.getLogger("absl")
-    logger.addFilter(_drop_not_converged)
-    try:
-        yield
-    finally:
-        logger.removeFilter(_drop_not_converged)
 
 
 def steps_per_round(sizes: ArrayLike, batch_size: int, epochs: int = 1) -> np.ndarray:
@@ -163,11 +134,10 @@ def calibrate_sigmas(
     sizes = np.asarray(sizes, np.int64).reshape(-1)
     steps = steps_per_round(sizes, batch_size, epochs) * rounds
     cache: dict[tuple[int, int], float] = {}  # equal sizes share one bisection
-    with quiet_accountant():
-        for n, t in zip(sizes, steps, strict=True):
-            if (int(n), int(t)) not in cache:
-                q = min(1.0, batch_size / int(n))
-                cache[int(n), int(t)] = sigma_for_epsilon(target_epsilon, q, int(t), delta)
+    for n, t in zip(sizes, steps, strict=True):
+        if (int(n), int(t)) not in cache:
+            q = min(1.0, batch_size / int(n))
+            cache[int(n), int(t)] = sigma_for_epsilon(target_epsilon, q, int(t), delta)
     return np.array([cache[int(n), int(t)] for n, t in zip(sizes, steps, strict=True)])
 
 
@@ -190,10 +160,9 @@ def epsilon_history(
             out[:, i] = np.inf
             continue
         acc = PrivacyAccountant()
-        with quiet_accountant():
-            for t in range(rounds):
-                acc.step(min(1.0, batch_size / int(n)), float(sigma), int(per_round[i]))
-                out[t, i] = acc.epsilon(delta)
+        for t in range(rounds):
+            acc.step(min(1.0, batch_size / int(n)), float(sigma), int(per_round[i]))
+            out[t, i] = acc.epsilon(delta)
     return out
 
 

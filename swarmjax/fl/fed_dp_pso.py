@@ -5,9 +5,17 @@ leaves ``(clients, S, ...)``: all clients and particles run under one vmap). Per
 
 1. (Algorithm 1, every client) PSO move toward the personal bests and the server's gbest
    (``swarm.move(..., social_target=gbest)``); evaluate every particle on ``D_i`` (masked);
-   update pbest; refine the best particle with DP-Adam for ``E`` epochs of Poisson batches
-   (``q_i = B / |D_i|``; :mod:`swarmjax.fl.dp_local`); re-evaluate, update its pbest; report
+   update pbest; refine the client's best particle ``theta_{i,best}`` with DP-Adam for ``E``
+   epochs of Poisson batches (``q_i = B / |D_i|``; :mod:`swarmjax.fl.dp_local`); the
+   refined model becomes that particle's position; re-evaluate, update its pbest; report
    ``min_j pbest_loss_j`` (one float).
+
+   Which model is ``theta_{i,best}``: the paper uses that one symbol for the model a client
+   reports and sends (its lowest-loss personal best) and for the model DP-Adam refines, so
+   by default (``refine_start="pbest"``) the refinement starts from the client's best
+   personal best, the model it would send. ``refine_start="position"`` starts from the
+   particle whose position after the move has the lowest loss (the two differ only when no
+   moved particle beats the best personal best).
 2. (Algorithm 2, server) sort the ``N`` reports, pick ``k`` uniformly among the top
    ``min(top_k, N)`` (``top_k = 3``), ``gbest <- `` client ``k``'s best pbest; broadcast.
 
@@ -96,6 +104,9 @@ class FedDPPSOConfig:
         model: the ``(init, apply)`` pair.
         particles: ``S``, particles per client.
         local_epochs: ``E``, DP-Adam epochs per round on the best particle.
+        refine_start: ``"pbest"`` (refine the client's best personal best, the model it
+            reports; default) or ``"position"`` (the best position after the move); see the
+            module docs.
         batch_size: ``B``, expected Poisson batch size (``q_i = B / |D_i|``).
         dp: True: DP-Adam (clip, noise, Poisson batches); False: plain optimiser on shuffled
             batches, no clipping, no noise (epsilon = inf). The runner sets it.
@@ -116,6 +127,7 @@ class FedDPPSOConfig:
     model: Model
     particles: int = 5
     local_epochs: int = 1
+    refine_start: str = "pbest"
     batch_size: int = 64
     dp: bool = True
     clip_norm: float = 1.0
@@ -253,10 +265,13 @@ def client_round(
     state = swarm.move(state, hyper.pso, config.pso_options, social_target=gbest)
     losses = particle_losses(config, state.position, eval_data, k_eval, selection_scale)
     state = swarm.observe_personal(state, losses)
-    j = jnp.argmin(jnp.where(jnp.isfinite(losses), losses, jnp.inf))
-    result = refine(
-        _take(state.position, j), data, k_train, noise_multiplier, hyper.learning_rate, config
-    )
+    if config.refine_start == "pbest":
+        j = jnp.argmin(state.best_loss)
+        start = _take(state.best_position, j)
+    else:
+        j = jnp.argmin(jnp.where(jnp.isfinite(losses), losses, jnp.inf))
+        start = _take(state.position, j)
+    result = refine(start, data, k_train, noise_multiplier, hyper.learning_rate, config)
     refined = jax.tree.map(lambda leaf: leaf[None], result.params)
     new_loss = particle_losses(config, refined, eval_data, k_reeval, selection_scale)[0]
     position = jax.tree.map(lambda all_, r: all_.at[j].set(r), state.position, result.params)
@@ -446,6 +461,7 @@ def _validate(config: FedDPPSOConfig, clients: ClientData, rounds: int) -> None:
     check_positive("clip_norm", config.clip_norm)
     check_positive("loss_bound", config.loss_bound)
     check_choice("optimizer", config.optimizer, ("adam", "sgd"))
+    check_choice("refine_start", config.refine_start, ("pbest", "position"))
     if config.eval_subset is not None:
         check_int("eval_subset", config.eval_subset, 1)
     check_int("rounds", rounds, 1)

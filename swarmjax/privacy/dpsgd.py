@@ -31,7 +31,7 @@ Two ways to get the clipped sum, same result (same key -> same noised gradient):
   LayerNorm, shared layers, ...) uses the generic path under ``method="auto"`` and raises
   under ``method="fast"``.  The model must treat examples independently (no batch norm).
 
-Noise: :func:`swarmjax.privacy.mechanisms.gaussian_mechanism` (one ``fold_in`` per leaf).
+Noise: :func:`swarmjax.privacy.mechanisms.gaussian_mechanism` (one draw for the whole pytree).
 Pass a key already folded with the step, client and particle indices (:func:`noise_key`)
 so noise is independent across them and batch-invariant.  ``noise_multiplier = 0`` is
 allowed only explicitly; the accountant then reports ``epsilon = inf``.

@@ -17,8 +17,20 @@ probability ``q``.  The buffer never truncates a batch:
   so with the default capacity the guarantee is the accountant's ``(epsilon, delta)`` with
   ``delta`` raised by at most ``1e-9``.  The number of draws is returned for inspection.
 
-Batch invariance: row ``j``'s coin is ``uniform(fold_in(key, j))``, so a row's inclusion does
-not depend on the padded length ``N`` or on what else is in a vmapped batch.
+How a draw is made: a Bernoulli(``q``) coin per valid row is the same process as
+geometric gaps between included rows (``P(gap >= g) = (1 - q)^g``, memoryless), so a draw
+takes ``capacity + 1`` uniforms, whatever the number of rows: slot ``k`` holds the valid row
+of rank ``sum_{l <= k} (gap_l + 1) - 1``, and slot ``capacity`` landing inside the data is
+exactly "more than ``capacity`` rows were included" (an overflow).  The gaps are
+``floor(log(1 - u) / log(1 - q))`` in float32 from uniforms on a ``2^-23`` grid, which moves
+each inclusion probability by about ``1e-7`` relative, less than rounding ``q`` itself would
+with one uniform coin per row.  Cost per draw: ``O(capacity)`` random numbers, against
+``O(N)`` for a coin per row (a 12,000-row client at ``q = 256 / 12000`` draws 357 numbers
+instead of 12,000).
+
+Batch invariance: slot ``k``'s uniform is ``uniform(fold_in(key, k))`` and ranks count
+valid rows only, so the sampled rows do not depend on the padded length ``N``, on the
+capacity (unless it overflows), or on what else is in a vmapped batch.
 
 :func:`shuffled_batches` (fixed-size batches from a random permutation, one epoch) is
 offered for non-private training and baselines.  It is sampling WITHOUT replacement with
@@ -41,6 +53,7 @@ from swarmjax._validation import check_int, check_range
 
 __all__ = [
     "gather",
+    "geometric_ranks",
     "poisson_capacity",
     "poisson_sample",
     "row_uniforms",
@@ -71,15 +84,28 @@ def poisson_capacity(num_examples: int, q: float, overflow_prob: float = 1e-9) -
 
 
 def row_uniforms(key: PRNGKeyArray, num_rows: int) -> Float[Array, " N"]:
-    """One ``U[0, 1)`` per row, row ``j`` from ``fold_in(key, j)`` (independent of ``N``)."""
+    """One ``U[0, 1)`` per row (or slot), row ``j`` from ``fold_in(key, j)`` (independent of
+    ``N``)."""
     rows = jnp.arange(num_rows, dtype=jnp.uint32)
     return jax.vmap(lambda j: jax.random.uniform(jax.random.fold_in(key, j)))(rows)
 
 
-def _first_k(include: Bool[Array, " N"], capacity: int) -> tuple[Array, Array]:
-    (idx,) = jnp.nonzero(include, size=capacity, fill_value=0)
-    mask = jnp.arange(capacity) < jnp.sum(include)
-    return idx.astype(jnp.int32), mask
+def geometric_ranks(
+    key: PRNGKeyArray, q: ArrayLike, slots: int, limit: int
+) -> Int[Array, " slots"]:
+    """Ranks of the first ``slots`` rows a Bernoulli(``q``) process includes, capped at
+    ``limit`` (every rank ``>= limit`` is returned as ``limit``).
+
+    Rank ``k`` is ``sum_{l <= k} (gap_l + 1) - 1`` with independent geometric gaps
+    ``gap_l = floor(log(1 - u_l) / log(1 - q))``, ``u_l = uniform(fold_in(key, l))``: the
+    same law as one coin per row. The running sum saturates at ``limit``, so it cannot
+    overflow int32.
+    """
+    u = row_uniforms(key, slots)
+    gaps = jnp.floor(jnp.log1p(-u) / jnp.log1p(-jnp.asarray(q, u.dtype)))
+    steps = jnp.minimum(gaps, float(limit)).astype(jnp.int32) + 1
+    saturating_add = lambda a, b: jnp.minimum(a + b, limit + 1)
+    return jax.lax.associative_scan(saturating_add, steps) - 1
 
 
 def poisson_sample(
@@ -113,23 +139,26 @@ def poisson_sample(
 
 @functools.partial(jax.jit, static_argnums=3)
 def _poisson_sample(key, q, valid, capacity):
-    def include(attempt: Array) -> Array:
-        u = row_uniforms(jax.random.fold_in(key, attempt), valid.shape[0])
-        return valid & (u < q)
+    n_valid = jnp.sum(valid)
+    (rows,) = jnp.nonzero(valid, size=valid.shape[0], fill_value=0)
+
+    def ranks(attempt: Array) -> Array:
+        return geometric_ranks(jax.random.fold_in(key, attempt), q, capacity + 1, valid.shape[0])
 
     def overflows(state: tuple[Array, Array]) -> Array:
-        attempt, inc = state
-        return (jnp.sum(inc) > capacity) & (attempt < _MAX_DRAWS)
+        attempt, r = state
+        return (r[capacity] < n_valid) & (attempt < _MAX_DRAWS)
 
     def redraw(state: tuple[Array, Array]) -> tuple[Array, Array]:
         attempt, _ = state
-        return attempt + 1, include(attempt + 1)
+        return attempt + 1, ranks(attempt + 1)
 
     first = jnp.zeros((), jnp.int32)
-    attempt, inc = jax.lax.while_loop(overflows, redraw, (first, include(first)))
-    idx, mask = _first_k(inc, capacity)
-    failed = jnp.sum(inc) > capacity
-    return idx, mask & ~failed, attempt + 1
+    attempt, r = jax.lax.while_loop(overflows, redraw, (first, ranks(first)))
+    failed = r[capacity] < n_valid
+    mask = (r[:capacity] < n_valid) & ~failed
+    idx = rows[jnp.minimum(r[:capacity], valid.shape[0] - 1)].astype(jnp.int32)
+    return jnp.where(mask, idx, 0), mask, attempt + 1
 
 
 def shuffled_batches(
