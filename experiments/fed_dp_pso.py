@@ -33,6 +33,7 @@ import numpy as np
 import pandas as pd
 
 from swarmjax.fl import comm, load_dataset, partition, stack_clients, subsample
+from swarmjax.fl.dp_local import sampler_capacity
 from swarmjax.fl.fed_dp_pso import COVERAGE_PAPER, FedDPPSOConfig, run_fed_dp_pso
 from swarmjax.fl.fedavg_dp import run_fedavg_dp
 from swarmjax.models import mlp, paper_mlp
@@ -61,6 +62,7 @@ PRESETS = {
         n_train=None,
         eval_subset=None,
         batch_size=64,
+        client_map="vmap",
     ),
     "full": dict(
         datasets=["mnist", "fashion_mnist"],
@@ -71,6 +73,7 @@ PRESETS = {
         n_train=None,
         eval_subset=2_000,
         batch_size=256,
+        client_map="sequential",
     ),
     "default": dict(
         datasets=["mnist"],
@@ -81,6 +84,7 @@ PRESETS = {
         n_train=10_000,
         eval_subset=500,
         batch_size=64,
+        client_map="vmap",
     ),
 }
 
@@ -106,6 +110,12 @@ def _parser() -> argparse.ArgumentParser:
         default="pbest",
         help="DP-Adam refines the client's best pbest (default) or best moved position",
     )
+    p.add_argument(
+        "--client-map",
+        choices=("vmap", "sequential"),
+        default=None,
+        help="clients as a vmap axis or one after another (full: sequential, else vmap)",
+    )
     p.add_argument("--n-train", type=int, default=None, help="train subset (0: all rows)")
     p.add_argument("--eval-subset", type=int, default=None, help="rows/client (0: all)")
     p.add_argument("--no-fig3", action="store_true", help="skip the FedAvg + DP baseline")
@@ -114,7 +124,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _plan(args: argparse.Namespace) -> dict:
     plan = dict(PRESETS["quick" if args.quick else "full" if args.full else "default"])
-    for k in ("datasets", "rounds", "seeds", "n_train", "eval_subset", "batch_size"):
+    for k in ("datasets", "rounds", "seeds", "n_train", "eval_subset", "batch_size", "client_map"):
         if getattr(args, k) is not None:
             plan[k] = getattr(args, k)
     for k in ("n_train", "eval_subset"):
@@ -128,14 +138,35 @@ def _plan(args: argparse.Namespace) -> dict:
     return plan
 
 
-def _clients(name: str, part: str, n_train: int | None, data_dir, seed: int = 0):
+def _partition(name: str, part: str, n_train: int | None, data_dir, seed: int = 0):
     ds = load_dataset(name, data_dir, standardize=True)
     if n_train is not None and n_train < len(ds.y_train):
         ds = subsample(ds, n_train, seed=seed)
     scheme, kw = ("iid", {}) if part == "iid" else ("dirichlet", {"alpha": float(part[3:])})
-    p = partition(ds.y_train, 5, scheme, seed=seed, **kw)
-    model = mlp((32,), 10, ds.input_shape) if name == "digits" else paper_mlp(10, ds.input_shape)
-    return ds, stack_clients(ds.x_train, ds.y_train, p.indices), model
+    return ds, partition(ds.y_train, 5, scheme, seed=seed, **kw)
+
+
+def _model(name: str, ds):
+    return mlp((32,), 10, ds.input_shape) if name == "digits" else paper_mlp(10, ds.input_shape)
+
+
+def _clients(name: str, part: str, n_train: int | None, data_dir, pad_to: int | None = None):
+    ds, p = _partition(name, part, n_train, data_dir)
+    return ds, stack_clients(ds.x_train, ds.y_train, p.indices, pad_to=pad_to), _model(name, ds)
+
+
+def _shared_shapes(name: str, plan: dict, data_dir) -> tuple[int | None, int | None]:
+    """With sequential clients: one padded length and one Poisson capacity for every
+    partition of ``name``, so each compiled program serves all partitions (padding then
+    costs no DP steps: each client runs its own count)."""
+    if plan["client_map"] != "sequential":
+        return None, None
+    sizes = [
+        np.array([len(i) for i in _partition(name, part, plan["n_train"], data_dir)[1].indices])
+        for part in plan["parts"]
+    ]
+    bs = min(plan["batch_size"], int(min(s.min() for s in sizes)))
+    return int(max(s.max() for s in sizes)), max(sampler_capacity(s, bs) for s in sizes)
 
 
 def _paper(name: str, part: str, eps: float) -> tuple[float, float]:
@@ -170,8 +201,11 @@ def _run_dataset(name: str, plan: dict, args, out: Path, cells: list, rounds_row
     stand_in = None
     finite = [e for e in plan["eps"] if not math.isinf(e)]
     groups = [g for g in (finite, [e for e in plan["eps"] if math.isinf(e)]) if g]
+    pad_to, capacity = _shared_shapes(name, plan, args.data_dir)
+    model = None  # one Model object per dataset: equal static configs share compilations
     for part in plan["parts"]:
-        ds, clients, model = _clients(name, part, plan["n_train"], args.data_dir)
+        ds, clients, new_model = _clients(name, part, plan["n_train"], args.data_dir, pad_to)
+        model = model or new_model
         bs = min(plan["batch_size"], int(np.asarray(clients.sizes).min()))
         cfg = FedDPPSOConfig(
             model=model,
@@ -180,6 +214,8 @@ def _run_dataset(name: str, plan: dict, args, out: Path, cells: list, rounds_row
             eval_batch_size=2000,
             eval_subset=plan["eval_subset"],
             refine_start=plan["refine_start"],
+            client_map=plan["client_map"],
+            capacity=capacity,
         )
         for group in groups:
             t0 = time.perf_counter()
@@ -261,6 +297,7 @@ def _header(plan: dict) -> str:
     return (
         f"Fed-DP-PSO, N=5 clients, S={plan['particles']}, R={plan['rounds']}, E=1, "
         f"B={plan['batch_size']}, eta={plan['lr']}, refine from {plan['refine_start']}, "
+        f"clients {plan['client_map']}, "
         f"{plan['seeds']} seeds (mean +- sample std); "
         f"train rows: {plan['n_train'] or 'all'}; particle-loss rows per client: "
         f"{plan['eval_subset'] or 'all'}; full test set. meets = ours >= paper mean - paper "

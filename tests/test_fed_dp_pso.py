@@ -265,3 +265,39 @@ def test_refinement_starts_from_best_pbest_or_best_position(digits, start) -> No
             strict=True,
         ):
             np.testing.assert_allclose(g, e, atol=1e-6)
+
+
+def test_sequential_clients_match_vmapped_clients() -> None:
+    """lax.map over clients (each runs its own number of DP steps) gives the vmap result."""
+    ds = load_dataset("digits", standardize=True)
+    sizes_differ = partition(ds.y_train, 3, "dirichlet", alpha=0.5, seed=1)
+    clients = stack_clients(ds.x_train, ds.y_train, sizes_differ.indices)
+    assert len(set(np.asarray(clients.sizes).tolist())) == 3
+    model = mlp((8,), 10, ds.input_shape)
+    out = {}
+    for how in ("vmap", "sequential"):
+        cfg = FedDPPSOConfig(model=model, particles=2, batch_size=32, client_map=how)
+        res = run_fed_dp_pso(
+            cfg, clients, (ds.x_test, ds.y_test), rounds=2, target_epsilon=5.0, seeds=[3]
+        )
+        out[how] = res
+    a, b = out["vmap"], out["sequential"]
+    np.testing.assert_allclose(a.history["test_accuracy"], b.history["test_accuracy"], atol=1e-6)
+    np.testing.assert_array_equal(a.history["leader"], b.history["leader"])
+    for x, y in zip(jax.tree.leaves(a.state.gbest), jax.tree.leaves(b.state.gbest), strict=True):
+        np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match="client_map"):
+        run_fed_dp_pso(
+            FedDPPSOConfig(model=model, client_map="loop"),
+            clients,
+            (ds.x_test, ds.y_test),
+            rounds=1,
+        )
+    with pytest.raises(ValueError, match="capacity"):
+        run_fed_dp_pso(
+            FedDPPSOConfig(model=model, capacity=2),
+            clients,
+            (ds.x_test, ds.y_test),
+            rounds=1,
+            target_epsilon=5.0,
+        )

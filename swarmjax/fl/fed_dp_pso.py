@@ -117,11 +117,19 @@ class FedDPPSOConfig:
         pso_options: ``swarm.PSOOptions`` (``coefficients="element"`` for elementwise r1, r2).
         private_selection: privatise every loss evaluation (see module docs).
         loss_bound: ``L_max``, per-example loss clip for ``private_selection`` (nats).
-        capacity: Poisson buffer size (None: the runner sets it from the client sizes).
+        capacity: Poisson buffer size (None: the runner sets the smallest with overflow
+            probability below 1e-9; a larger value is kept, e.g. to share one compiled
+            program between partitions).
         eval_batch_size: chunk size of the global test evaluation (None: one pass).
         eval_subset: evaluate particles on a fixed random subset of at most this many rows
             of each client (spec 2.2's speed option; None: all local rows). DP-Adam still
             samples from all rows; the subset is drawn once per run from public randomness.
+        client_map: ``"vmap"`` (all clients as one batch axis; default) or ``"sequential"``
+            (``lax.map``, one client after another, seeds and particles still batched).
+            Same results; under vmap every client runs as many DP-Adam steps as the largest
+            one (the small clients' extra steps are masked but computed), mapped each runs
+            its own ``ceil(|D_i| / B)``, which is faster for unequal clients when the seed
+            batch already fills the machine.
     """
 
     model: Model
@@ -140,6 +148,7 @@ class FedDPPSOConfig:
     capacity: int | None = None
     eval_batch_size: int | None = None
     eval_subset: int | None = None
+    client_map: str = "vmap"
 
 
 @flax.struct.dataclass
@@ -293,19 +302,22 @@ def _over_clients(
     hyper: FedDPPSOHyper,
     clients: ClientData,
     eval_clients: ClientData | None,
+    config: FedDPPSOConfig,
     *stacked: PyTree,
 ):
-    """``vmap`` of ``fn(client_key, data, eval_data, sigma_i, scale_i, *stacked_i)`` over
-    clients; client ``i`` gets ``fold_in(key, i)``."""
+    """``fn(client_key, data, eval_data, sigma_i, scale_i, *stacked_i)`` for every client
+    (``vmap``, or ``lax.map`` when ``config.client_map == "sequential"``); client ``i``
+    gets ``fold_in(key, i)``."""
     eval_clients = clients if eval_clients is None else eval_clients
 
     def one(i, data, ev, sigma, scale, *rest):
         return fn(jax.random.fold_in(key, i), data, ev, sigma, scale, *rest)
 
     ids = jnp.arange(clients.num_clients)
-    return jax.vmap(one)(
-        ids, clients, eval_clients, hyper.noise_multiplier, hyper.selection_scale, *stacked
-    )
+    args = (ids, clients, eval_clients, hyper.noise_multiplier, hyper.selection_scale, *stacked)
+    if config.client_map == "sequential":
+        return jax.lax.map(lambda a: one(*a), args)
+    return jax.vmap(one)(*args)
 
 
 def fed_dp_pso_init(
@@ -327,7 +339,7 @@ def fed_dp_pso_init(
         s = swarm.init(k_swarm, positions, particle_losses(config, positions, ev, k_eval, scale))
         return s, jnp.min(s.best_loss)
 
-    swarms, reports = _over_clients(one, k_clients, hyper, clients, eval_clients)
+    swarms, reports = _over_clients(one, k_clients, hyper, clients, eval_clients, config)
     k = server_select(k_server, reports, config.top_k)
     best = jax.vmap(lambda s: _take(s.best_position, jnp.argmin(s.best_loss)))(swarms)
     return FedDPPSOState(swarms=swarms, gbest=_take(best, k), round=jnp.zeros((), jnp.int32))
@@ -352,7 +364,7 @@ def fed_dp_pso_round(
         return client_round(s, state.gbest, data, ev, ki, sigma, scale, hyper, config)
 
     swarms, reports, best, local = _over_clients(
-        one, k_clients, hyper, clients, eval_clients, state.swarms
+        one, k_clients, hyper, clients, eval_clients, config, state.swarms
     )
     leader = server_select(k_server, reports, config.top_k)
     gbest = _take(best, leader)
@@ -462,6 +474,7 @@ def _validate(config: FedDPPSOConfig, clients: ClientData, rounds: int) -> None:
     check_positive("loss_bound", config.loss_bound)
     check_choice("optimizer", config.optimizer, ("adam", "sgd"))
     check_choice("refine_start", config.refine_start, ("pbest", "position"))
+    check_choice("client_map", config.client_map, ("vmap", "sequential"))
     if config.eval_subset is not None:
         check_int("eval_subset", config.eval_subset, 1)
     check_int("rounds", rounds, 1)
@@ -538,7 +551,13 @@ def run_fed_dp_pso(
             for e in targets
         ]
     )
-    config = replace(config, dp=dp, capacity=dp_local.sampler_capacity(sizes, config.batch_size))
+    needed = dp_local.sampler_capacity(sizes, config.batch_size)
+    if config.capacity is not None and config.capacity < needed:
+        raise ValueError(
+            f"capacity must be >= {needed} (Poisson overflow below 1e-9 for these clients); "
+            f"got {config.capacity}"
+        )
+    config = replace(config, dp=dp, capacity=config.capacity or needed)
     eval_clients = (
         None if config.eval_subset is None else evaluation_subset(clients, config.eval_subset)
     )

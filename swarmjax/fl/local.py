@@ -11,9 +11,11 @@ Pieces, each swappable:
   DP-SGD / DP-Adam swap in per-example clipping and noise here.
 * any **optax** optimiser.
 
-Clients of different sizes run under one vmap: every client scans the same static number
-of steps ``ceil(max_n / B)`` per epoch, and a step the client does not have
-(``Batches.active`` False) leaves its parameters and optimiser state unchanged.
+Clients of different sizes run under one vmap: the sampler returns the same static number
+of steps ``ceil(max_n / B)`` per epoch, of which the first ``ceil(|D_i| / B)`` are active;
+the step loop runs over the active steps only (a ``fori_loop`` with a data-dependent trip
+count). Under ``vmap`` over clients that loop runs to the largest client and the others keep
+their state; with clients mapped one at a time (``lax.map``) each runs its own count.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ class Batches:
     Attributes:
         idx: ``(steps, b)`` row indices into the client's padded arrays.
         mask: ``(steps, b)`` True where the entry is a real example of this batch.
-        active: ``(steps,)`` True where the step updates the parameters.
+        active: ``(steps,)`` True where the step updates the parameters (a prefix).
     """
 
     idx: Int[Array, "steps b"]
@@ -118,10 +120,6 @@ def default_grad_fn(apply_fn: ApplyFn) -> GradFn:
     return grad_fn
 
 
-def _select(flag: Bool[Array, ""], new: PyTree, old: PyTree) -> PyTree:
-    return jax.tree.map(lambda a, b: jnp.where(flag, a, b), new, old)
-
-
 def local_train(
     params: PyTree,
     data: ClientData,
@@ -153,29 +151,31 @@ def local_train(
     sampler = shuffled_batches(batch_size) if sampler is None else sampler
     opt_state = optimizer.init(params) if opt_state is None else opt_state
 
-    def step(carry: tuple, inp: tuple) -> tuple[tuple, tuple]:
-        p, s = carry
-        idx, mask_b, active, k = inp
-        value, grads = grad_fn(p, data.x[idx], data.y[idx], mask_b & data.mask[idx], k)
-        updates, s_new = optimizer.update(grads, s, p)
-        p_new = optax.apply_updates(p, updates)
-        return (_select(active, p_new, p), _select(active, s_new, s)), (value, active)
-
-    def epoch(carry: tuple, e: Int[Array, ""]) -> tuple[tuple, tuple]:
+    def epoch(carry: tuple, e: Int[Array, ""]) -> tuple[tuple, None]:
         sample_key, step_key = jax.random.split(jax.random.fold_in(key, e))
         batches = sampler(sample_key, data.mask, data.sizes)
-        steps = batches.active.shape[0]
-        keys = jax.vmap(lambda s: jax.random.fold_in(step_key, s))(jnp.arange(steps))
-        carry, out = jax.lax.scan(step, carry, (batches.idx, batches.mask, batches.active, keys))
-        return carry, out
 
-    (params, opt_state), (values, active) = jax.lax.scan(
-        epoch, (params, opt_state), jnp.arange(epochs)
-    )
-    n = jnp.sum(active)
-    mean_loss = jnp.sum(jnp.where(active, values, 0.0)) / jnp.maximum(n, 1)
+        def step(s: Int[Array, ""], c: tuple) -> tuple:
+            p, st, total, count = c
+            idx, mask_b = batches.idx[s], batches.mask[s]
+            k = jax.random.fold_in(step_key, s)
+            value, grads = grad_fn(p, data.x[idx], data.y[idx], mask_b & data.mask[idx], k)
+            updates, st = optimizer.update(grads, st, p)
+            return optax.apply_updates(p, updates), st, total + value, count + 1
+
+        # Active steps are a prefix: loop over exactly those. With the client axis under
+        # vmap the trip count is batched and the loop runs to the largest client (finished
+        # clients keep their state); mapped one client at a time it is each client's own.
+        return jax.lax.fori_loop(0, jnp.sum(batches.active), step, carry), None
+
+    zero = jnp.zeros((), jnp.float32)
+    start = (params, opt_state, zero, jnp.zeros((), jnp.int32))
+    (params, opt_state, total, n), _ = jax.lax.scan(epoch, start, jnp.arange(epochs))
     return LocalResult(
-        params=params, opt_state=opt_state, loss=mean_loss, steps=n.astype(jnp.int32)
+        params=params,
+        opt_state=opt_state,
+        loss=total / jnp.maximum(n, 1),
+        steps=n,
     )
 
 
