@@ -138,35 +138,27 @@ def _plan(args: argparse.Namespace) -> dict:
     return plan
 
 
-def _partition(name: str, part: str, n_train: int | None, data_dir, seed: int = 0):
+def _load_train(name: str, n_train: int | None, data_dir, seed: int = 0):
     ds = load_dataset(name, data_dir, standardize=True)
     if n_train is not None and n_train < len(ds.y_train):
         ds = subsample(ds, n_train, seed=seed)
+    return ds
+
+
+def _partition(ds, part: str, seed: int = 0):
     scheme, kw = ("iid", {}) if part == "iid" else ("dirichlet", {"alpha": float(part[3:])})
-    return ds, partition(ds.y_train, 5, scheme, seed=seed, **kw)
+    return partition(ds.y_train, 5, scheme, seed=seed, **kw)
 
 
 def _model(name: str, ds):
     return mlp((32,), 10, ds.input_shape) if name == "digits" else paper_mlp(10, ds.input_shape)
 
 
-def _clients(name: str, part: str, n_train: int | None, data_dir, pad_to: int | None = None):
-    ds, p = _partition(name, part, n_train, data_dir)
-    return ds, stack_clients(ds.x_train, ds.y_train, p.indices, pad_to=pad_to), _model(name, ds)
-
-
-def _shared_shapes(name: str, plan: dict, data_dir) -> tuple[int | None, int | None]:
-    """With sequential clients: one padded length and one Poisson capacity for every
-    partition of ``name``, so each compiled program serves all partitions (padding then
-    costs no DP steps: each client runs its own count)."""
-    if plan["client_map"] != "sequential":
-        return None, None
-    sizes = [
-        np.array([len(i) for i in _partition(name, part, plan["n_train"], data_dir)[1].indices])
-        for part in plan["parts"]
-    ]
-    bs = min(plan["batch_size"], int(min(s.min() for s in sizes)))
-    return int(max(s.max() for s in sizes)), max(sampler_capacity(s, bs) for s in sizes)
+def _shared_shapes(sizes: list[np.ndarray], batch_size: int) -> tuple[int, int]:
+    """One padded length and one Poisson capacity for every partition of a dataset, so each
+    compiled program serves all partitions (with sequential clients padding costs no DP
+    steps: each client runs its own count)."""
+    return int(max(s.max() for s in sizes)), max(sampler_capacity(s, batch_size) for s in sizes)
 
 
 def _paper(name: str, part: str, eps: float) -> tuple[float, float]:
@@ -196,17 +188,21 @@ def _load() -> str:
 
 
 def _run_dataset(name: str, plan: dict, args, out: Path, cells: list, rounds_rows: list):
-    """All partitions x epsilons x seeds of one dataset; returns (wall seconds, fig3 input)."""
+    """All partitions x epsilons x seeds of one dataset; returns (wall seconds, fig3 input,
+    model)."""
     start = time.perf_counter()
     stand_in = None
     finite = [e for e in plan["eps"] if not math.isinf(e)]
     groups = [g for g in (finite, [e for e in plan["eps"] if math.isinf(e)]) if g]
-    pad_to, capacity = _shared_shapes(name, plan, args.data_dir)
-    model = None  # one Model object per dataset: equal static configs share compilations
-    for part in plan["parts"]:
-        ds, clients, new_model = _clients(name, part, plan["n_train"], args.data_dir, pad_to)
-        model = model or new_model
-        bs = min(plan["batch_size"], int(np.asarray(clients.sizes).min()))
+    ds = _load_train(name, plan["n_train"], args.data_dir)
+    model = _model(name, ds)  # one Model object per dataset: equal configs share compilations
+    parts = {part: _partition(ds, part) for part in plan["parts"]}
+    sizes = [np.array([len(i) for i in p.indices]) for p in parts.values()]
+    bs = min(plan["batch_size"], int(min(s.min() for s in sizes)))
+    sequential = plan["client_map"] == "sequential"
+    pad_to, capacity = _shared_shapes(sizes, bs) if sequential else (None, None)
+    for part, p in parts.items():
+        clients = stack_clients(ds.x_train, ds.y_train, p.indices, pad_to=pad_to)
         cfg = FedDPPSOConfig(
             model=model,
             particles=plan["particles"],
@@ -258,7 +254,7 @@ def _run_dataset(name: str, plan: dict, args, out: Path, cells: list, rounds_row
             print(f"{name} {part} eps={group}: {took:.0f} s (load {_load()})", flush=True)
         if part == "iid":
             stand_in = (ds, clients, model, bs)
-    return time.perf_counter() - start, stand_in
+    return time.perf_counter() - start, stand_in, model
 
 
 def _fig3(name: str, stand_in, plan: dict, cells: list, out: Path) -> list[dict]:
@@ -322,10 +318,9 @@ def _tables(cells: list, plan: dict, out: Path) -> None:
         print(f"\n{name}: {_header(plan)}\n{md}")
 
 
-def _comm(plan: dict, args) -> list[dict]:
+def _comm(models: dict) -> list[dict]:
     rows = []
-    for name in plan["datasets"]:
-        _, _, model = _clients(name, "iid", plan["n_train"], args.data_dir)
+    for name, model in models.items():
         shape = jax.eval_shape(model.init, jax.random.key(0))
         pso, avg = comm.pso_bytes(shape, 5), comm.fedavg_bytes(shape, 5)
         rows.append(
@@ -349,9 +344,9 @@ def main(argv: list[str] | None = None) -> None:
     print(f"Privacy: {COVERAGE_PAPER}.\n{_header(plan)}\nload at start: {_load()}", flush=True)
     cells, rounds_rows, fig3, walls = [], [], [], {}
     load_start = _load()
-    stand_in = None
+    stand_in, models = None, {}
     for name in plan["datasets"]:
-        walls[name], s = _run_dataset(name, plan, args, out, cells, rounds_rows)
+        walls[name], s, models[name] = _run_dataset(name, plan, args, out, cells, rounds_rows)
         stand_in = stand_in or (name, s)
         print(f"{name}: whole table {walls[name]:.0f} s (load {_load()})", flush=True)
     load_tables = _load()
@@ -362,7 +357,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"\nFig. 3 stand-in for PathMNIST (not available offline): {stand_in[0]}")
         print(pd.DataFrame(fig3).to_markdown(index=False, floatfmt=".2f"))
     walls["fig3"] = time.perf_counter() - t0
-    comm_rows = _comm(plan, args)
+    comm_rows = _comm(models)
     pd.DataFrame(comm_rows).to_csv(out / "comm.csv", index=False)
     print("\nCommunication per round (bytes):\n" + pd.DataFrame(comm_rows).to_markdown(index=False))
     _figures(pd.concat(rounds_rows), pd.DataFrame(fig3), out)
