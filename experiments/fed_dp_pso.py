@@ -10,7 +10,10 @@ rows, with B = 256 (the paper does not state its batch size) and the particles' 
 fixed random 2,000 of each client's rows (``--eval-subset``, spec 2.2's speed option; DP-Adam
 still samples all rows). ``--n-train`` takes a random training subset for a quicker, reduced
 table. The test set is always complete. All of these are printed in every table header and
-saved.
+saved. Partitions are Flower's (the paper used Flower's IidPartitioner and
+DirichletPartitioner): ``swarmjax.fl.flower_partition`` gives the same clients as
+``FederatedDataset(shuffle=True, seed=42)`` with those partitioners at their default seed 42,
+the same for every run seed.
 
 Results go to ``results/fed_dp_pso/``: ``cells.csv`` (grows as cells finish), ``rounds.csv``,
 ``table_<dataset>.csv/.md``, ``fig3.csv``, ``comm.csv``, ``summary.json`` (plan, wall times,
@@ -32,7 +35,7 @@ import jax
 import numpy as np
 import pandas as pd
 
-from swarmjax.fl import comm, load_dataset, partition, stack_clients, subsample
+from swarmjax.fl import comm, flower_partition, load_dataset, stack_clients, subsample
 from swarmjax.fl.dp_local import sampler_capacity
 from swarmjax.fl.fed_dp_pso import COVERAGE_PAPER, FedDPPSOConfig, run_fed_dp_pso
 from swarmjax.fl.fedavg_dp import run_fedavg_dp
@@ -145,9 +148,10 @@ def _load_train(name: str, n_train: int | None, data_dir, seed: int = 0):
     return ds
 
 
-def _partition(ds, part: str, seed: int = 0):
+def _partition(ds, part: str, seed: int = 42):
+    """The paper's partitioners: Flower's FederatedDataset pipeline with its default seed."""
     scheme, kw = ("iid", {}) if part == "iid" else ("dirichlet", {"alpha": float(part[3:])})
-    return partition(ds.y_train, 5, scheme, seed=seed, **kw)
+    return flower_partition(ds.y_train, 5, scheme, seed=seed, **kw)
 
 
 def _model(name: str, ds):
@@ -294,7 +298,8 @@ def _header(plan: dict) -> str:
         f"Fed-DP-PSO, N=5 clients, S={plan['particles']}, R={plan['rounds']}, E=1, "
         f"B={plan['batch_size']}, eta={plan['lr']}, refine from {plan['refine_start']}, "
         f"clients {plan['client_map']}, "
-        f"{plan['seeds']} seeds (mean +- sample std); "
+        f"{plan['seeds']} seeds (mean +- sample std); partitions: Flower's FederatedDataset "
+        "(shuffle seed 42) + IidPartitioner / DirichletPartitioner (seed 42); "
         f"train rows: {plan['n_train'] or 'all'}; particle-loss rows per client: "
         f"{plan['eval_subset'] or 'all'}; full test set. meets = ours >= paper mean - paper "
         "std; eps_ok = reported per-client epsilon (max over clients) <= target. Epsilon covers "

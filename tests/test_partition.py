@@ -7,6 +7,7 @@ import pytest
 
 from swarmjax.fl.partition import (
     dirichlet_partition,
+    flower_partition,
     iid_partition,
     label_skew,
     partition,
@@ -127,3 +128,106 @@ def test_dispatcher_and_plot(tmp_path):
 def test_bad_input_raises_value_error(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+# Reference partitions from flwr-datasets 0.6.1 (DirichletPartitioner, and FederatedDataset's
+# pipeline: rows shuffled by a Hugging Face Dataset.shuffle(seed=42), then IidPartitioner or
+# DirichletPartitioner(seed=42)), recorded once with the real library: per-client sizes and
+# sums of row indices. Labels: default_rng(7).integers(0, 10, 2000), and the same with
+# class 3 relabelled 4 (a class absent), 5 clients.
+_FLOWER_Y = np.random.default_rng(7).integers(0, 10, 2000)
+_FLOWER_LABELS = {"synthetic": _FLOWER_Y, "missing3": np.where(_FLOWER_Y == 3, 4, _FLOWER_Y)}
+_FLOWER = {
+    # (labels, alpha, self_balancing, seed): (sizes, index sums)
+    ("synthetic", 0.3, False, 42): (
+        (415, 395, 310, 495, 385),
+        (191687, 308830, 224928, 648600, 624955),
+    ),
+    ("synthetic", 1.0, False, 1): (
+        (380, 293, 436, 436, 455),
+        (114848, 167957, 435878, 548532, 731785),
+    ),
+    ("synthetic", 0.5, True, 3): (
+        (278, 408, 369, 526, 419),
+        (182037, 243141, 291407, 611993, 670422),
+    ),
+    ("missing3", 0.3, False, 42): (
+        (427, 491, 162, 523, 397),
+        (189904, 379488, 115510, 672935, 641163),
+    ),
+    ("missing3", 1.0, False, 1): (
+        (384, 303, 400, 426, 487),
+        (121781, 171401, 402743, 539537, 763538),
+    ),
+    ("missing3", 0.5, True, 3): (
+        (311, 409, 409, 424, 447),
+        (208007, 239066, 298770, 511228, 741929),
+    ),
+}
+_FLOWER_PIPELINE = {
+    # (labels, scheme, alpha): (sizes, index sums), seed 42
+    ("synthetic", "iid", None): ((400,) * 5, (403046, 394836, 401778, 403556, 395784)),
+    ("synthetic", "dirichlet", 0.3): (
+        (415, 395, 310, 495, 385),
+        (404098, 407380, 319761, 478333, 389428),
+    ),
+    ("missing3", "dirichlet", 0.3): (
+        (427, 491, 162, 523, 397),
+        (424690, 498083, 162334, 506097, 407796),
+    ),
+    ("mnist", "iid", None): ((12000,) * 5, (362461407, 358786147, 360725219, 360492756, 357504471)),
+    ("mnist", "dirichlet", 0.3): (
+        (12129, 12373, 8992, 15170, 11336),
+        (366322565, 372920527, 268358744, 454799733, 337568431),
+    ),
+    ("mnist", "dirichlet", 1.0): (
+        (12929, 13524, 14424, 9024, 10099),
+        (390132556, 404937951, 432327325, 271837504, 300734664),
+    ),
+    ("fashion_mnist", "dirichlet", 0.3): (
+        (12366, 12192, 9135, 15201, 11106),
+        (372689422, 367135691, 274843376, 455345542, 329955969),
+    ),
+    ("fashion_mnist", "dirichlet", 1.0): (
+        (12968, 13609, 14220, 8976, 10227),
+        (392322822, 407169719, 425871566, 269487605, 305118288),
+    ),
+}
+
+
+def _fingerprint(part):
+    return tuple(int(s) for s in part.sizes), tuple(int(i.sum()) for i in part.indices)
+
+
+@pytest.mark.parametrize("case", sorted(_FLOWER))
+def test_dirichlet_partition_equals_flowers(case):
+    name, alpha, balancing, seed = case
+    part = dirichlet_partition(
+        _FLOWER_LABELS[name], 5, alpha, seed=seed, self_balancing=balancing, num_classes=10
+    )
+    assert _fingerprint(part) == _FLOWER[case]
+
+
+@pytest.mark.parametrize("case", sorted(_FLOWER_PIPELINE, key=str))
+def test_flower_partition_equals_federated_dataset_pipeline(case, request):
+    name, scheme, alpha = case
+    if name in _FLOWER_LABELS:
+        labels = _FLOWER_LABELS[name]
+    else:
+        from swarmjax.fl import load_dataset
+
+        data_dir = request.getfixturevalue("data_dir")
+        labels = load_dataset(name, data_dir).y_train
+    kwargs = {} if alpha is None else {"alpha": alpha}
+    part = flower_partition(labels, 5, scheme, seed=42, **kwargs)
+    assert_disjoint_and_complete(part, labels.size)
+    assert _fingerprint(part) == _FLOWER_PIPELINE[case]
+
+
+def test_flower_partition_rejects_options_it_does_not_have():
+    with pytest.raises(ValueError, match="scheme"):
+        flower_partition(LABELS, 5, "pathological")
+    with pytest.raises(ValueError, match="no options"):
+        flower_partition(LABELS, 5, "iid", stratify=True)
+    with pytest.raises(ValueError, match="alpha"):
+        flower_partition(LABELS, 5, "dirichlet")

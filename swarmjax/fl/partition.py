@@ -7,11 +7,17 @@ DataFrame) that :meth:`Partition.plot` draws as a stacked-bar figure.
 * ``iid``: a random permutation cut into ``N`` near-equal parts (``stratify=True`` deals
   every class round-robin instead: equal class counts up to one, the "uniform" split of
   seed 004).
-* ``dirichlet``: Flower's ``DirichletPartitioner`` semantics - for each class, shuffle its
-  examples, draw proportions ``p ~ Dir(alpha)`` over the clients and cut the class at
-  ``cumsum(p)``; optional self-balancing (a client already above ``n / N`` examples gets no
-  more); the whole draw is repeated until every client has ``min_partition_size``
-  examples, at most ``max_attempts`` times, then a ``ValueError`` says what to change.
+* ``dirichlet``: Flower's ``DirichletPartitioner`` (flwr-datasets), draw for draw: for each
+  class present, in sorted order, draw proportions ``p ~ Dir(alpha)`` over the clients and
+  cut that class's examples, in dataset order, at ``cumsum(p)``; optional self-balancing (a
+  client already above ``n / N`` examples gets no more); the whole draw is repeated until
+  every client has ``min_partition_size`` examples, at most ``max_attempts`` times, then a
+  ``ValueError`` says what to change. Same seed and same row order: the same clients as
+  Flower's (a test checks recorded Flower partitions).
+* :func:`flower_partition`: Flower's usual pipeline, ``FederatedDataset(shuffle=True,
+  seed)`` (the rows shuffled as a Hugging Face ``Dataset.shuffle(seed)``) followed by its
+  ``IidPartitioner`` (contiguous shards) or ``DirichletPartitioner(seed)``; indices refer to
+  the unshuffled rows.
 * ``pathological`` (alias ``arbitrary``): each client gets ALL examples of a disjoint set
   of classes (seed 004's "arbitrary" split, e.g. 2 digits each for 5 clients).
 """
@@ -32,6 +38,7 @@ __all__ = [
     "SCHEMES",
     "Partition",
     "dirichlet_partition",
+    "flower_partition",
     "iid_partition",
     "label_skew",
     "partition",
@@ -164,16 +171,18 @@ def dirichlet_partition(
     seed: int = 42,
     min_partition_size: int = 10,
     self_balancing: bool = False,
-    max_attempts: int = 10,
+    max_attempts: int = 11,
     num_classes: int | None = None,
 ) -> Partition:
-    """Dirichlet label skew as Flower's ``DirichletPartitioner`` (defaults match Flower's).
+    """Dirichlet label skew, as Flower's ``DirichletPartitioner`` (same defaults, same draws).
 
     Args:
         alpha: concentration > 0, one value (symmetric) or one per client.
+        seed: seeds ``numpy.random.default_rng``; with the same seed and row order the
+            clients are exactly Flower's.
         min_partition_size: every client must end with at least this many examples.
-        self_balancing: stop giving examples to a client above the mean size ``n / N``.
-        max_attempts: redraws allowed before failing with ``ValueError``.
+        self_balancing: give no more examples to a client above the mean size ``n / N``.
+        max_attempts: draws allowed before failing with ``ValueError`` (Flower: 11).
     """
     y, c = _labels(labels, num_classes)
     num_clients = _check_clients(num_clients, y.size)
@@ -192,13 +201,14 @@ def dirichlet_partition(
     for _ in range(max_attempts):
         parts: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
         sizes = np.zeros(num_clients, dtype=np.int64)
-        for k in range(c):
-            rows = rng.permutation(np.flatnonzero(y == k))
+        # Flower's order of draws: one Dirichlet draw per class present, classes sorted.
+        for k in np.unique(y):
+            rows = np.flatnonzero(y == k)
             p = rng.dirichlet(alpha_vec)
             if self_balancing:
-                balanced = np.where(sizes < mean_size, p, 0.0)
-                p = balanced / balanced.sum() if balanced.sum() > 0 else p
-            cuts = (np.cumsum(p)[:-1] * rows.size).astype(np.int64)
+                p = np.where(sizes > mean_size, 0.0, p)
+                p = p / p.sum()
+            cuts = (np.cumsum(p) * rows.size).astype(np.int64)[:-1]
             for i, chunk in enumerate(np.split(rows, cuts)):
                 parts[i].append(chunk)
                 sizes[i] += chunk.size
@@ -211,6 +221,31 @@ def dirichlet_partition(
         f"{sizes.tolist()}); lower min_partition_size or num_clients, raise alpha or "
         "max_attempts, or use self_balancing=True"
     )
+
+
+def flower_partition(
+    labels: ArrayLike, num_clients: int, scheme: str = "iid", *, seed: int = 42, **kwargs
+) -> Partition:
+    """The clients of Flower's ``FederatedDataset(shuffle=True, seed=seed)`` with its
+    ``IidPartitioner`` (``scheme="iid"``) or ``DirichletPartitioner(seed=seed, ...)``
+    (``scheme="dirichlet"``, ``kwargs`` as :func:`dirichlet_partition`), for rows given in
+    the dataset's published order. Indices refer to the unshuffled rows.
+
+    ``FederatedDataset`` first shuffles the rows (``Dataset.shuffle(seed)``: the permutation
+    ``numpy.random.default_rng(seed).permutation(n)``); ``IidPartitioner`` then cuts
+    contiguous shards, which is :func:`iid_partition` with the same seed.
+    """
+    check_choice("scheme", scheme, ("iid", "dirichlet"))
+    y, c = _labels(labels, kwargs.pop("num_classes", None))
+    if scheme == "iid":
+        if kwargs:
+            raise ValueError(f"flower_partition(scheme='iid') takes no options; got {kwargs}")
+        return iid_partition(y, num_clients, seed=seed, num_classes=c)
+    if "alpha" not in kwargs:
+        raise ValueError("scheme 'dirichlet' needs alpha (> 0)")
+    order = np.random.default_rng(seed).permutation(y.size)
+    shuffled = dirichlet_partition(y[order], num_clients, seed=seed, num_classes=c, **kwargs)
+    return _finish([order[i] for i in shuffled.indices], y, c, shuffled.scheme)
 
 
 def _fmt_alpha(alpha: np.ndarray) -> str:
