@@ -298,7 +298,8 @@ def _header(plan: dict) -> str:
         f"Fed-DP-PSO, N=5 clients, S={plan['particles']}, R={plan['rounds']}, E=1, "
         f"B={plan['batch_size']}, eta={plan['lr']}, refine from {plan['refine_start']}, "
         f"clients {plan['client_map']}, "
-        f"{plan['seeds']} seeds (mean +- sample std); partitions: Flower's FederatedDataset "
+        f"{plan['seeds']} seed{'s' if plan['seeds'] > 1 else ''} (mean +- sample std); "
+        "partitions: Flower's FederatedDataset "
         "(shuffle seed 42) + IidPartitioner / DirichletPartitioner (seed 42); "
         f"train rows: {plan['n_train'] or 'all'}; particle-loss rows per client: "
         f"{plan['eval_subset'] or 'all'}; full test set. meets = ours >= paper mean - paper "
@@ -307,12 +308,23 @@ def _header(plan: dict) -> str:
     )
 
 
+def _mean_std(mean: float, std: float, has_std: bool = True) -> str:
+    """``"m +- s"``; ``"m (1 seed)"`` without a std; ``"-"`` where there is no number (no
+    paper value for digits)."""
+    if not np.isfinite(mean):
+        return "-"
+    return f"{mean:.2f} +- {std:.2f}" if has_std else f"{mean:.2f} (1 seed)"
+
+
 def _tables(cells: list, plan: dict, out: Path) -> None:
     table = pd.DataFrame(cells)
     for name, sub in table.groupby("dataset"):
         sub = sub.assign(
-            ours=sub.acc_mean.map("{:.2f}".format) + " +- " + sub.acc_std.map("{:.2f}".format),
-            paper=sub.paper_mean.map("{:.2f}".format) + " +- " + sub.paper_std.map("{:.2f}".format),
+            ours=[
+                _mean_std(m, sd, plan["seeds"] > 1)
+                for m, sd in zip(sub.acc_mean, sub.acc_std, strict=True)
+            ],
+            paper=[_mean_std(m, sd) for m, sd in zip(sub.paper_mean, sub.paper_std, strict=True)],
             meets=sub.meets_paper.map({True: "yes", False: "NO", None: "-"}),
             eps_ok=sub.epsilon_ok.map({True: "yes", False: "NO"}),
         )
