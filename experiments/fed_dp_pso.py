@@ -201,7 +201,7 @@ def _run_dataset(name: str, plan: dict, args, out: Path, cells: list, rounds_row
     ds = _load_train(name, plan["n_train"], args.data_dir)
     model = _model(name, ds)  # one Model object per dataset: equal configs share compilations
     parts = {part: _partition(ds, part) for part in plan["parts"]}
-    sizes = [np.array([len(i) for i in p.indices]) for p in parts.values()]
+    sizes = [p.sizes for p in parts.values()]
     bs = min(plan["batch_size"], int(min(s.min() for s in sizes)))
     sequential = plan["client_map"] == "sequential"
     pad_to, capacity = _shared_shapes(sizes, bs) if sequential else (None, None)

@@ -223,6 +223,11 @@ def dirichlet_partition(
     )
 
 
+def _require_alpha(kwargs: dict) -> None:
+    if "alpha" not in kwargs:
+        raise ValueError("scheme 'dirichlet' needs alpha (> 0)")
+
+
 def flower_partition(
     labels: ArrayLike, num_clients: int, scheme: str = "iid", *, seed: int = 42, **kwargs
 ) -> Partition:
@@ -241,8 +246,7 @@ def flower_partition(
         if kwargs:
             raise ValueError(f"flower_partition(scheme='iid') takes no options; got {kwargs}")
         return iid_partition(y, num_clients, seed=seed, num_classes=c)
-    if "alpha" not in kwargs:
-        raise ValueError("scheme 'dirichlet' needs alpha (> 0)")
+    _require_alpha(kwargs)
     order = np.random.default_rng(seed).permutation(y.size)
     shuffled = dirichlet_partition(y[order], num_clients, seed=seed, num_classes=c, **kwargs)
     return _finish([order[i] for i in shuffled.indices], y, c, shuffled.scheme)
@@ -303,8 +307,7 @@ def partition(
     if scheme == "iid":
         return iid_partition(labels, num_clients, seed=seed, **kwargs)
     if scheme == "dirichlet":
-        if "alpha" not in kwargs:
-            raise ValueError("scheme 'dirichlet' needs alpha (> 0)")
+        _require_alpha(kwargs)
         return dirichlet_partition(labels, num_clients, seed=seed, **kwargs)
     return pathological_partition(labels, num_clients, seed=seed, **kwargs)
 
