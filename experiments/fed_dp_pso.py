@@ -9,8 +9,10 @@ w = 0.7, c1 = c2 = 1.4, eta = 0.005, delta = 1e-5, MLP 784-256-256-10) on all 60
 rows, with B = 256 (the paper does not state its batch size) and the particles' losses on a
 fixed random 2,000 of each client's rows (``--eval-subset``, spec 2.2's speed option; DP-Adam
 still samples all rows). ``--n-train`` takes a random training subset for a quicker, reduced
-table. The test set is always complete. All of these are printed in every table header and
-saved. Partitions are Flower's (the paper used Flower's IidPartitioner and
+table. The test set is always complete. Particles are scored by their loss, as in the paper;
+``--selection-metric error`` scores them by error rate (an option, see
+``docs/fed_dp_pso.md``). All of these are printed in every table header and saved.
+Partitions are Flower's (the paper used Flower's IidPartitioner and
 DirichletPartitioner): ``swarmjax.fl.flower_partition`` gives the same clients as
 ``FederatedDataset(shuffle=True, seed=42)`` with those partitioners at their default seed 42,
 the same for every run seed.
@@ -100,6 +102,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--datasets", nargs="+", default=None, help="e.g. mnist (Table 1 only)")
     p.add_argument("--data-dir", default=os.environ.get("SWARMJAX_DATA", "../shared/data"))
     p.add_argument("--out", default=str(OUT))
+    p.add_argument(
+        "--epsilons",
+        nargs="+",
+        type=_epsilon,
+        default=None,
+        help="target epsilons, 'inf' for no DP (--full: 5 8 10 inf; otherwise 5 inf)",
+    )
     p.add_argument("--rounds", type=int, default=None, help="R (default 10; quick 2)")
     p.add_argument("--seeds", type=int, default=None, help="number of seeds")
     p.add_argument("--particles", type=int, default=5, help="S, particles per client")
@@ -114,6 +123,13 @@ def _parser() -> argparse.ArgumentParser:
         help="DP-Adam refines the client's best pbest (default) or best moved position",
     )
     p.add_argument(
+        "--selection-metric",
+        choices=("loss", "error"),
+        default="loss",
+        help="particles scored by cross-entropy (the paper, default) or by error rate "
+        "(an option: under DP-Adam the loss rises while accuracy improves)",
+    )
+    p.add_argument(
         "--client-map",
         choices=("vmap", "sequential"),
         default=None,
@@ -125,6 +141,13 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _epsilon(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"epsilons must be > 0 (or inf), got {text}")
+    return value
+
+
 def _plan(args: argparse.Namespace) -> dict:
     plan = dict(PRESETS["quick" if args.quick else "full" if args.full else "default"])
     for k in ("datasets", "rounds", "seeds", "n_train", "eval_subset", "batch_size", "client_map"):
@@ -132,10 +155,13 @@ def _plan(args: argparse.Namespace) -> dict:
             plan[k] = getattr(args, k)
     for k in ("n_train", "eval_subset"):
         plan[k] = plan[k] or None  # 0 means "all rows"
+    if args.epsilons is not None:
+        plan["eps"] = sorted(set(args.epsilons))
     plan.update(
         particles=args.particles,
         lr=args.lr,
         refine_start=args.refine_start,
+        selection_metric=args.selection_metric,
         fig3=not args.no_fig3,
     )
     return plan
@@ -214,6 +240,7 @@ def _run_dataset(name: str, plan: dict, args, out: Path, cells: list, rounds_row
             eval_batch_size=2000,
             eval_subset=plan["eval_subset"],
             refine_start=plan["refine_start"],
+            selection_metric=plan["selection_metric"],
             client_map=plan["client_map"],
             capacity=capacity,
         )
@@ -297,7 +324,7 @@ def _header(plan: dict) -> str:
     return (
         f"Fed-DP-PSO, N=5 clients, S={plan['particles']}, R={plan['rounds']}, E=1, "
         f"B={plan['batch_size']}, eta={plan['lr']}, refine from {plan['refine_start']}, "
-        f"clients {plan['client_map']}, "
+        f"particles scored by {plan['selection_metric']}, clients {plan['client_map']}, "
         f"{plan['seeds']} seed{'s' if plan['seeds'] > 1 else ''} (mean +- sample std); "
         "partitions: Flower's FederatedDataset "
         "(shuffle seed 42) + IidPartitioner / DirichletPartitioner (seed 42); "

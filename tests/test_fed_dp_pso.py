@@ -209,6 +209,37 @@ def test_bad_input_raises_before_compiling(digits) -> None:
         )
     with pytest.raises(ValueError, match="rounds"):
         run_fed_dp_pso(FedDPPSOConfig(model=model), clients, test, rounds=0)
+    with pytest.raises(ValueError, match="selection_metric"):
+        run_fed_dp_pso(
+            FedDPPSOConfig(model=model, selection_metric="accuracy"), clients, test, rounds=1
+        )
+
+
+@pytest.mark.parametrize("metric", ["loss", "error"])
+def test_particles_scored_by_loss_or_error_rate_on_real_rows(digits, metric) -> None:
+    """The score of each particle is its mean cross-entropy or its error rate over the
+    client's real rows (padding ignored); the private-selection bound is 1 for the error."""
+    from swarmjax.fl.fed_dp_pso import particle_losses, selection_bound
+    from swarmjax.models import cross_entropy
+
+    _, clients, model = digits
+    one = client(clients, 1)
+    n = int(one.sizes)
+    particles = jax.vmap(model.init)(jax.random.split(jax.random.key(4), 3))
+    cfg = FedDPPSOConfig(model=model, selection_metric=metric)
+    score = jax.jit(particle_losses, static_argnums=0)
+    got = np.asarray(score(cfg, particles, one, jax.random.key(0), 0.0))
+    x, y = np.asarray(one.x)[:n], np.asarray(one.y)[:n]
+    apply = jax.jit(model.apply)
+    for j in range(3):
+        logits = apply(jax.tree.map(lambda a, j=j: a[j], particles), x)
+        if metric == "error":
+            want = np.mean(np.argmax(np.asarray(logits), -1) != y)
+        else:
+            want = float(jnp.mean(cross_entropy(logits, y)))
+        np.testing.assert_allclose(got[j], want, rtol=1e-5)
+    assert 0.0 < got.min() and (metric == "loss" or got.max() <= 1.0)
+    assert selection_bound(cfg) == (10.0 if metric == "loss" else 1.0)
 
 
 def test_fedpso_and_fedavg_dp_run(digits) -> None:

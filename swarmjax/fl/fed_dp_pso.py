@@ -27,7 +27,14 @@ the refined particle and the initial ``S``) is the mean of per-example losses cl
 ``[0, loss_bound]`` plus ``Laplace(loss_bound / (|D_i| eps_1))`` (sensitivity
 ``loss_bound / |D_i|`` under replace-one adjacency with ``|D_i|`` public, as ``q_i`` already
 assumes); all decisions use only these noisy values, so by basic composition the
-client's end-to-end guarantee is ``(eps_DP-Adam + n_releases eps_1, delta)``.
+client's end-to-end guarantee is ``(eps_DP-Adam + n_releases eps_1, delta)``. With
+``selection_metric="error"`` the per-example value is 0 or 1, so the bound is
+``min(loss_bound, 1)``.
+
+Scoring (``selection_metric``): the paper scores particles by their loss, the default. The
+option ``"error"`` scores them by error rate instead (not the paper's algorithm). Under
+DP-Adam a client's cross-entropy rises from the second epoch on while its accuracy still
+improves, so the lowest-loss pbest stays behind the most accurate model.
 
 Not implemented: the paper's eq. 12 variant (a gradient step for every particle inside the
 move); the default, Algorithm 1, refines only the best particle.
@@ -117,6 +124,11 @@ class FedDPPSOConfig:
         pso_options: ``swarm.PSOOptions`` (``coefficients="element"`` for elementwise r1, r2).
         private_selection: privatise every loss evaluation (see module docs).
         loss_bound: ``L_max``, per-example loss clip for ``private_selection`` (nats).
+        selection_metric: what the particles are scored by (pbest updates, the best particle,
+            the reported value): ``"loss"`` (mean cross-entropy, the paper's
+            ``L(D_i, theta)``; default) or ``"error"`` (error rate, the 0-1 loss; an option,
+            not the paper's algorithm: under DP-Adam cross-entropy rises while accuracy
+            still improves, so scoring by loss stalls; see ``docs/fed_dp_pso.md``).
         capacity: Poisson buffer size (None: the runner sets the smallest with overflow
             probability below 1e-9; a larger value is kept, e.g. to share one compiled
             program between partitions).
@@ -145,6 +157,7 @@ class FedDPPSOConfig:
     pso_options: swarm.PSOOptions = field(default_factory=swarm.PSOOptions)
     private_selection: bool = False
     loss_bound: float = 10.0
+    selection_metric: str = "loss"
     capacity: int | None = None
     eval_batch_size: int | None = None
     eval_subset: int | None = None
@@ -187,6 +200,17 @@ def make_optimizer(
     return optax.adamw(learning_rate, weight_decay=config.weight_decay)
 
 
+def selection_bound(config: FedDPPSOConfig) -> float:
+    """Per-example bound of the scored value: ``loss_bound`` (nats), or 1 for the error rate."""
+    return config.loss_bound if config.selection_metric == "loss" else min(config.loss_bound, 1.0)
+
+
+def _per_example_score(config: FedDPPSOConfig, logits: Array, y: Array) -> Array:
+    if config.selection_metric == "error":
+        return (jnp.argmax(logits, axis=-1) != y).astype(logits.dtype)
+    return cross_entropy(logits, y)
+
+
 def particle_losses(
     config: FedDPPSOConfig,
     positions: PyTree,
@@ -194,17 +218,18 @@ def particle_losses(
     key: PRNGKeyArray,
     scale: Float[Array, ""],
 ) -> Float[Array, " S"]:
-    """Mean cross-entropy (nats) of each particle (leaves ``(S, ...)``) on one client's data.
+    """Score of each particle (leaves ``(S, ...)``) on one client's data: mean cross-entropy
+    (nats) or, with ``selection_metric="error"``, the error rate.
 
-    With ``private_selection``: per-example losses clipped to ``[0, loss_bound]``, plus
+    With ``private_selection``: per-example values clipped to ``[0, selection_bound]``, plus
     ``Laplace(scale)`` per particle (key ``fold_in(key, j)``).
     """
-    bound = config.loss_bound if config.private_selection else jnp.inf
+    bound = selection_bound(config) if config.private_selection else jnp.inf
     x = jnp.where(data.mask.reshape((-1,) + (1,) * (data.x.ndim - 1)), data.x, 0.0)
     n = jnp.maximum(jnp.sum(data.mask), 1)
 
     def one(p: PyTree) -> Float[Array, ""]:
-        per = jnp.minimum(cross_entropy(config.model.apply(p, x), data.y), bound)
+        per = jnp.minimum(_per_example_score(config, config.model.apply(p, x), data.y), bound)
         return jnp.sum(jnp.where(data.mask, per, 0.0)) / n
 
     losses = jax.vmap(one)(positions)
@@ -474,6 +499,7 @@ def _validate(config: FedDPPSOConfig, clients: ClientData, rounds: int) -> None:
     check_positive("loss_bound", config.loss_bound)
     check_choice("optimizer", config.optimizer, ("adam", "sgd"))
     check_choice("refine_start", config.refine_start, ("pbest", "position"))
+    check_choice("selection_metric", config.selection_metric, ("loss", "error"))
     check_choice("client_map", config.client_map, ("vmap", "sequential"))
     if config.eval_subset is not None:
         check_int("eval_subset", config.eval_subset, 1)
@@ -564,7 +590,7 @@ def run_fed_dp_pso(
     eval_sizes = sizes if eval_clients is None else np.asarray(eval_clients.sizes)
     releases = selection_releases(config.particles, rounds)
     eps_each = selection_epsilon / releases if config.private_selection else 0.0
-    scales = config.loss_bound / (eval_sizes * eps_each) if eps_each else np.zeros(len(sizes))
+    scales = selection_bound(config) / (eval_sizes * eps_each) if eps_each else np.zeros(len(sizes))
     keys, seed_list = seed_keys(seeds)
     n_seeds = len(seed_list)
     batch = len(targets) * n_seeds

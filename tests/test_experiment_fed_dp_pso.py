@@ -1,0 +1,67 @@
+"""``python -m experiments.fed_dp_pso --quick`` end to end (digits, bundled: no download).
+
+One short run (1 round, epsilon 5 only, no Fig. 3 baseline) checks that the command writes
+its tables, per-round history, communication table, figures and summary, and that the table
+states the plan it ran (including the option chosen for scoring particles). The checks share
+one test so that the run happens once even when pytest-xdist spreads tests over workers.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from experiments import fed_dp_pso
+
+
+def test_quick_run_writes_its_results_and_states_its_plan(tmp_path) -> None:
+    options = ["--rounds", "1", "--epsilons", "5", "--no-fig3", "--selection-metric", "error"]
+    fed_dp_pso.main(["--quick", *options, "--out", str(tmp_path)])
+    _check_files(tmp_path)
+    _check_cells(tmp_path)
+    _check_plan(tmp_path)
+
+
+def _check_files(quick_run) -> None:
+    for name in (
+        "cells.csv",
+        "rounds.csv",
+        "table_digits.csv",
+        "table_digits.md",
+        "comm.csv",
+        "summary.json",
+        "fig2_accuracy_per_round_digits.png",
+    ):
+        assert (quick_run / name).stat().st_size > 0, name
+
+
+def _check_cells(quick_run) -> None:
+    cells = pd.read_csv(quick_run / "cells.csv")
+    assert cells.epsilon.tolist() == [5.0]
+    assert cells.acc_mean.between(0, 100).all()
+    dp = cells[cells.epsilon == 5.0].iloc[0]
+    assert dp.epsilon_max <= 5.0 and bool(dp.epsilon_ok)
+    assert cells.meets_paper.isna().all()  # the paper has no digits numbers
+    rounds = pd.read_csv(quick_run / "rounds.csv")
+    assert set(rounds["round"]) == {1}
+    assert len(rounds) == 1  # one seed, one epsilon
+
+
+def _check_plan(quick_run) -> None:
+    summary = json.loads((quick_run / "summary.json").read_text())
+    assert summary["plan"]["selection_metric"] == "error"
+    assert summary["plan"]["rounds"] == 1
+    assert "particles scored by error" in (quick_run / "table_digits.md").read_text()
+    comm = pd.read_csv(quick_run / "comm.csv").iloc[0]
+    assert comm.pso_up < comm.fedavg_up
+
+
+@pytest.mark.parametrize(
+    "bad", [["--selection-metric", "accuracy"], ["--epsilons", "0"], ["--epsilons", "-1"]]
+)
+def test_bad_options_are_rejected_by_the_parser(bad, capsys) -> None:
+    with pytest.raises(SystemExit):
+        fed_dp_pso.main(["--quick", *bad])
+    assert bad[0] in capsys.readouterr().err
