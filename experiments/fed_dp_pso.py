@@ -208,9 +208,9 @@ def _final(history: pd.DataFrame, rounds: int) -> pd.DataFrame:
 
 
 def _summary(acc: pd.Series) -> tuple[float, float]:
-    """Mean and sample std (ddof=1; 0 for one seed) of final accuracies in percent."""
+    """Mean and sample std (ddof=1; NaN for one seed) of final accuracies in percent."""
     acc = acc * 100
-    return float(acc.mean()), float(acc.std(ddof=1)) if len(acc) > 1 else 0.0
+    return float(acc.mean()), float(acc.std(ddof=1)) if len(acc) > 1 else math.nan
 
 
 def _load() -> str:
@@ -399,7 +399,9 @@ def main(argv: list[str] | None = None) -> None:
     if plan["fig3"] and stand_in and stand_in[1] is not None:
         fig3 = _fig3(stand_in[0], stand_in[1], plan, cells, out)
         print(f"\nFig. 3 stand-in for PathMNIST (not available offline): {stand_in[0]}")
-        print(pd.DataFrame(fig3).to_markdown(index=False, floatfmt=".2f"))
+        shown = pd.DataFrame(fig3)
+        shown = shown.astype(object).where(shown.notna(), None)  # no std from one seed: "-"
+        print(shown.to_markdown(index=False, floatfmt=".2f", missingval="-"))
     walls["fig3"] = time.perf_counter() - t0
     comm_rows = _comm(models)
     pd.DataFrame(comm_rows).to_csv(out / "comm.csv", index=False)

@@ -41,6 +41,7 @@ def _check_cells(quick_run) -> None:
     cells = pd.read_csv(quick_run / "cells.csv")
     assert cells.epsilon.tolist() == [5.0]
     assert cells.acc_mean.between(0, 100).all()
+    assert cells.acc_std.isna().all()  # one seed: no std, not a fake 0
     dp = cells[cells.epsilon == 5.0].iloc[0]
     assert dp.epsilon_max <= 5.0 and bool(dp.epsilon_ok)
     assert cells.meets_paper.isna().all()  # the paper has no digits numbers
