@@ -335,22 +335,19 @@ def _header(plan: dict) -> str:
     )
 
 
-def _mean_std(mean: float, std: float, has_std: bool = True) -> str:
-    """``"m +- s"``; ``"m (1 seed)"`` without a std; ``"-"`` where there is no number (no
-    paper value for digits)."""
+def _mean_std(mean: float, std: float) -> str:
+    """``"m +- s"``; ``"m (1 seed)"`` where the std is NaN (one seed); ``"-"`` where there is
+    no number (no paper value for digits)."""
     if not np.isfinite(mean):
         return "-"
-    return f"{mean:.2f} +- {std:.2f}" if has_std else f"{mean:.2f} (1 seed)"
+    return f"{mean:.2f} +- {std:.2f}" if np.isfinite(std) else f"{mean:.2f} (1 seed)"
 
 
 def _tables(cells: list, plan: dict, out: Path) -> None:
     table = pd.DataFrame(cells)
     for name, sub in table.groupby("dataset"):
         sub = sub.assign(
-            ours=[
-                _mean_std(m, sd, plan["seeds"] > 1)
-                for m, sd in zip(sub.acc_mean, sub.acc_std, strict=True)
-            ],
+            ours=[_mean_std(m, sd) for m, sd in zip(sub.acc_mean, sub.acc_std, strict=True)],
             paper=[_mean_std(m, sd) for m, sd in zip(sub.paper_mean, sub.paper_std, strict=True)],
             meets=sub.meets_paper.map({True: "yes", False: "NO", None: "-"}),
             eps_ok=sub.epsilon_ok.map({True: "yes", False: "NO"}),

@@ -54,7 +54,10 @@ def _check_plan(quick_run) -> None:
     summary = json.loads((quick_run / "summary.json").read_text())
     assert summary["plan"]["selection_metric"] == "error"
     assert summary["plan"]["rounds"] == 1
-    assert "particles scored by error" in (quick_run / "table_digits.md").read_text()
+    table = (quick_run / "table_digits.md").read_text()
+    assert "particles scored by error" in table
+    row = next(line for line in table.splitlines() if line.startswith("| iid"))
+    assert "(1 seed)" in row and "+-" not in row  # one seed: no std shown
     comm = pd.read_csv(quick_run / "comm.csv").iloc[0]
     assert comm.pso_up < comm.fedavg_up
 
