@@ -31,7 +31,7 @@ def test_pram_audit_finds_no_more_loss_than_claimed():
     claimed = float(mech.randomized_response_epsilon(p, c))
     a = mech.randomized_response(jax.random.key(1), jnp.zeros(n, jnp.int32), c, p)
     b = mech.randomized_response(jax.random.key(2), jnp.ones(n, jnp.int32), c, p)
-    result = empirical_epsilon_lower_bound(np.asarray(a), np.asarray(b), confidence=0.99)
+    result = empirical_epsilon_lower_bound(np.asarray(a), np.asarray(b), confidence=0.999)
     assert result.epsilon_lower <= claimed
     assert result.epsilon_lower > 0.8 * claimed  # the audit is sharp enough to matter
 
@@ -70,7 +70,7 @@ def test_random_dictatorship_epsilon_and_audit():
     keys = jax.random.split(jax.random.key(4), 200_000)
     draw = jax.vmap(lambda k, msk: mech.random_dictatorship(k, votes, msk, m)[0], (0, None))
     a, b = np.asarray(draw(keys, with_voter)), np.asarray(draw(keys[::-1], without))
-    result = empirical_epsilon_lower_bound(a, b, confidence=0.99)
+    result = empirical_epsilon_lower_bound(a, b, confidence=0.999)
     bound_bigger_pool = float(mech.random_dictatorship_epsilon(pool + 1))
     assert result.epsilon_lower <= bound_bigger_pool
     assert result.epsilon_lower > 0.5 * bound_bigger_pool
