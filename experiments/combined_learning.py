@@ -16,7 +16,9 @@ them with :class:`swarmjax.fl.combined.CombinedAggregator` (spec section 6, c = 
 authors ran), FedAvg with the weighted mean; "alone" clients never combine; the centralised
 model trains on all the data (E epochs per round, so round t matches E*t epochs). Test
 accuracy per round goes to ``results/combined_learning/`` (history.csv, summary.csv/json,
-one PNG per dataset and model) as each setting finishes. CIFAR-10 runs only when its files
+one PNG per dataset and model) as each setting finishes; each finished setting is also saved
+under ``calls/``, so rerunning the same command resumes where it stopped (``--restart`` runs
+everything again). CIFAR-10 runs only when its files
 are found (``--data-dir`` or ``$SWARMJAX_DATA``); otherwise it is reported as skipped.
 """
 
@@ -28,6 +30,7 @@ import json
 import os
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +43,7 @@ import optax
 import pandas as pd
 from tqdm import tqdm
 
+import swarmjax
 from swarmjax.fl import (
     CentralizedConfig,
     DatasetNotFoundError,
@@ -55,6 +59,7 @@ from swarmjax.fl import (
 )
 from swarmjax.fl.cl_models import thesis_model
 from swarmjax.fl.combined import CombinedAggregator, run_standalone
+from swarmjax.resume import CallStore
 
 REPO = Path(__file__).resolve().parents[1]
 SPLITS = ("uniform", "arbitrary")
@@ -315,6 +320,23 @@ def plan(data: Any, models: tuple[str, ...], profile: Profile) -> list[tuple[str
     return out
 
 
+def _table_call(fn: Callable[..., pd.DataFrame], *args: Any) -> tuple[pd.DataFrame, dict]:
+    """``fn(*args)`` as a :class:`CallStore` call: its table and an empty payload."""
+    return fn(*args), {}
+
+
+def _call_settings(dataset: str, model: str, profile: Profile) -> dict:
+    """What a saved setting of ``(dataset, model)`` depends on besides its split and K."""
+    keep = ("rounds", "n_train", "n_test", "seeds", "batch_size")
+    return {
+        "swarmjax": swarmjax.__version__,
+        "dataset": dataset,
+        "model": model,
+        "local_epochs": profile.local_epochs[dataset],
+        **{k: getattr(profile, k) for k in keep},
+    }
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m experiments.combined_learning",
@@ -356,6 +378,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--rounds", type=int, help="override the number of combination rounds (every model)"
     )
     parser.add_argument("--seeds", type=int, help="override the number of seeds (every model)")
+    parser.add_argument(
+        "--restart",
+        action="store_true",
+        help="run every setting again; by default a rerun with the same options and --out "
+        "reuses the settings already finished there (saved under <out>/calls/)",
+    )
     return parser.parse_args(argv)
 
 
@@ -382,7 +410,7 @@ def main(argv: list[str] | None = None) -> None:
     profile = choose_profile(args)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    histories, centrals, skipped = [], [], []
+    histories, centrals, skipped, reused = [], [], [], []
     timings: dict[str, float] = {}
     start = time.perf_counter()
     for dataset, models in profile.datasets.items():
@@ -404,15 +432,21 @@ def main(argv: list[str] | None = None) -> None:
             mprof = for_model(profile, model)
             data = shrink(full_data, dataset, mprof)
             t0 = time.perf_counter()
-            centrals.append(run_central(data, dataset, model, mprof))
+            store = CallStore(
+                out / "calls", _call_settings(dataset, model, mprof), restart=args.restart
+            )
+            central = partial(_table_call, run_central, data, dataset, model, mprof)
+            centrals.append(store.fetch_or_run("central", central).table)
             for m, split, k in tqdm(
                 [t for t in todo if t[0] == model], desc=f"{dataset} {model}", unit="setting"
             ):
-                histories.append(run_setting(data, dataset, m, split, k, mprof))
+                run = partial(_table_call, run_setting, data, dataset, m, split, k, mprof)
+                histories.append(store.fetch_or_run(f"{split}_K{k}", run).table)
                 write(
                     out, histories, centrals, profile, skipped, time.perf_counter() - start, timings
                 )
             timings[f"{dataset} {model}"] = round(time.perf_counter() - t0, 1)
+            reused += [f"{dataset} {model} {key}" for key in store.reused]
             plot(
                 pd.concat(histories),
                 pd.concat(centrals),
@@ -427,6 +461,8 @@ def main(argv: list[str] | None = None) -> None:
         print(summary.round(3).to_string(index=False))
     for note in skipped:
         print("skipped:", note)
+    if reused:
+        print(f"reused from {out / 'calls'} (--restart runs them again): {', '.join(reused)}")
     print(f"results in {out} ({time.perf_counter() - start:.0f} s)")
 
 

@@ -23,7 +23,8 @@ Measures: final test accuracy, cumulative epsilon, communication volume (sum_t m
 and exact bytes), rounds to a target accuracy, the loss-threshold membership-inference
 advantage of the final global model (training members vs held-out test examples), and the
 clip norm over rounds. Writes CSV/JSON/PNG under ``results/dp_fedavg/`` as it goes and
-prints a summary table.
+prints a summary table; finished runs are kept under ``calls/``, so rerunning the same
+command resumes (``--restart`` runs everything again).
 """
 
 from __future__ import annotations
@@ -33,7 +34,9 @@ import dataclasses
 import json
 import math
 import os
+import re
 import time
+from functools import partial
 from pathlib import Path
 
 import jax
@@ -42,6 +45,7 @@ import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
+import swarmjax
 from swarmjax.fl.clients import stack_clients
 from swarmjax.fl.data import load_dataset, subsample
 from swarmjax.fl.dp_fedavg import DPFedAvgConfig, rounds_to_target, run_dp_fedavg
@@ -49,6 +53,7 @@ from swarmjax.fl.partition import dirichlet_partition, iid_partition
 from swarmjax.models import cross_entropy, mlp, param_count
 from swarmjax.privacy.accounting import sigma_for_epsilon
 from swarmjax.privacy.audit import membership_inference_advantage
+from swarmjax.resume import CallStore
 
 REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "results" / "dp_fedavg"
@@ -160,6 +165,7 @@ def methods(profile: Profile, z: float) -> list[tuple[str, dict]]:
 
 
 def run_one(config, clients, test, data, profile, method: str, kwargs: dict, eps_target: float):
+    """One method at one epsilon, all seeds in one call: (per-round history, summary row)."""
     t0 = time.perf_counter()
     res = run_dp_fedavg(
         config,
@@ -207,7 +213,7 @@ def run_one(config, clients, test, data, profile, method: str, kwargs: dict, eps
         "mia_advantage_std": float(np.std(mias)),
         "seconds": seconds,
     }
-    return row, h.assign(method=method, epsilon_target=eps_target)
+    return h.assign(method=method, epsilon_target=eps_target), row
 
 
 def plot(summary: pd.DataFrame, history: pd.DataFrame, out: Path) -> None:
@@ -258,6 +264,14 @@ def plot(summary: pd.DataFrame, history: pd.DataFrame, out: Path) -> None:
     plt.close(fig)
 
 
+def _call_settings(meta: dict) -> dict:
+    """What a saved run depends on besides its key (dataset, partition, method, epsilon)."""
+    grid = ("datasets", "partitions", "epsilons")
+    profile = {k: v for k, v in meta["profile"].items() if k not in grid}
+    rest = {k: v for k, v in meta.items() if k not in ("profile", "noise_multipliers")}
+    return {"swarmjax": swarmjax.__version__, "profile": profile, **rest}
+
+
 def main(argv: list[str] | None = None) -> pd.DataFrame:
     parser = argparse.ArgumentParser(
         prog="python -m experiments.dp_fedavg",
@@ -297,6 +311,12 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     )
     parser.add_argument(
         "--seeds", nargs="+", type=int, help="seeds, run together under one vmap (default 0 1 2)"
+    )
+    parser.add_argument(
+        "--restart",
+        action="store_true",
+        help="run every setting again; by default a rerun with the same options and --out "
+        "reuses the runs already finished there (saved under <out>/calls/)",
     )
     args = parser.parse_args(argv)
 
@@ -343,6 +363,7 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
         "epsilon_covers": "client-level: add/remove one client with all of its data (RDP)",
     }
     (out / "config.json").write_text(json.dumps(meta, indent=2, default=str))
+    store = CallStore(out / "calls", _call_settings(meta), restart=args.restart)
     bar = tqdm(total=n_runs, desc="dp_fedavg runs", unit="run")
     for ds in profile.datasets:
         data = subsample(load_dataset(ds, data_dir), profile.n_train, profile.n_test, seed=0)
@@ -355,7 +376,11 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
             plan += [(name, e, kw) for e, z in zs.items() for name, kw in methods(profile, z)]
             for name, eps_target, kwargs in plan:
                 bar.set_postfix_str(f"{ds} {scheme} {name} eps={eps_target:g}")
-                row, hist = run_one(config, clients, test, data, profile, name, kwargs, eps_target)
+                key = re.sub(r"[^A-Za-z0-9_.=+-]", "-", f"{ds}_{scheme}_{name}_eps{eps_target:g}")
+                run = partial(
+                    run_one, config, clients, test, data, profile, name, kwargs, eps_target
+                )
+                hist, row, _ = store.fetch_or_run(key, run)
                 rows.append({"dataset": ds, "partition": scheme, **row})
                 histories.append(hist.assign(dataset=ds, partition=scheme))
                 summary = pd.DataFrame(rows)
@@ -380,6 +405,8 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     ]
     with pd.option_context("display.width", 200, "display.max_rows", 500):
         print(summary[cols].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    if store.reused:
+        print(f"{len(store.reused)} run(s) reused from {store.folder} (--restart runs them again)")
     print(f"results in {out}")
     return summary
 

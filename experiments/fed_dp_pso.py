@@ -19,9 +19,12 @@ the same for every run seed.
 
 Results go to ``results/fed_dp_pso/``: ``cells.csv`` (grows as cells finish), ``rounds.csv``,
 ``table_<dataset>.csv/.md``, ``fig3.csv``, ``comm.csv``, ``summary.json`` (plan, wall times,
-machine load) and PNG figures. PathMNIST is not available offline; Fig. 3 uses the first dataset
-of the run as a stand-in (printed and saved). The epsilon reported covers the DP-Adam steps
-only, not the exact reported losses and argmin selections (see ``docs/fed_dp_pso.md``).
+machine load) and PNG figures. Every finished call is also saved under ``calls/`` (one folder
+per distinct setting): rerunning the same command resumes, reusing finished calls, so an
+interrupted table loses only the call in progress (``--restart`` runs everything again).
+PathMNIST is not available offline; Fig. 3 uses the first dataset of the run as a stand-in
+(printed and saved). The epsilon reported covers the DP-Adam steps only, not the exact
+reported losses and argmin selections (see ``docs/fed_dp_pso.md``).
 """
 
 from __future__ import annotations
@@ -31,17 +34,20 @@ import json
 import math
 import os
 import time
+from functools import partial
 from pathlib import Path
 
 import jax
 import numpy as np
 import pandas as pd
 
+import swarmjax
 from swarmjax.fl import comm, flower_partition, load_dataset, stack_clients, subsample
 from swarmjax.fl.dp_local import sampler_capacity
 from swarmjax.fl.fed_dp_pso import COVERAGE_PAPER, FedDPPSOConfig, run_fed_dp_pso
 from swarmjax.fl.fedavg_dp import run_fedavg_dp
 from swarmjax.models import mlp, paper_mlp
+from swarmjax.resume import CallStore
 
 OUT = Path("results/fed_dp_pso")
 PAPER = {  # spec 2.5: (mean, std) per (dataset, partition, epsilon)
@@ -138,6 +144,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--n-train", type=int, default=None, help="train subset (0: all rows)")
     p.add_argument("--eval-subset", type=int, default=None, help="rows/client (0: all)")
     p.add_argument("--no-fig3", action="store_true", help="skip the FedAvg + DP baseline")
+    p.add_argument(
+        "--restart",
+        action="store_true",
+        help="run every call again; by default a rerun with the same settings and --out "
+        "reuses the calls already finished there (saved under <out>/calls/)",
+    )
     return p
 
 
@@ -165,6 +177,12 @@ def _plan(args: argparse.Namespace) -> dict:
         fig3=not args.no_fig3,
     )
     return plan
+
+
+def _call_settings(plan: dict) -> dict:
+    """What a saved call's result depends on besides its key (dataset, partition, epsilons)."""
+    ignored = ("datasets", "parts", "eps", "fig3")
+    return {"swarmjax": swarmjax.__version__} | {k: v for k, v in plan.items() if k not in ignored}
 
 
 def _load_train(name: str, n_train: int | None, data_dir, seed: int = 0):
@@ -217,7 +235,50 @@ def _load() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
-def _run_dataset(name: str, plan: dict, args, out: Path, cells: list, rounds_rows: list):
+def _dp_pso_call(name: str, part: str, group: list, cfg, clients, ds, plan: dict):
+    """One compiled Fed-DP-PSO call (every epsilon of ``group`` x every seed): the per-round
+    history and one results-table row per epsilon."""
+    t0 = time.perf_counter()
+    res = run_fed_dp_pso(
+        cfg,
+        clients,
+        (ds.x_test, ds.y_test),
+        target_epsilon=group,
+        rounds_per_call=1,
+        progress=True,
+        **_common(plan),
+    )
+    took = time.perf_counter() - t0
+    h = res.history.assign(dataset=name, partition=part, method="fed_dp_pso")
+    rows = []
+    for eps, g in _final(h, plan["rounds"]).groupby("epsilon_target"):
+        mean, std = _summary(g["test_accuracy"])
+        pm, ps = _paper(name, part, eps)
+        eps_max = float(np.max(res.privacy_by_epsilon[eps]["epsilon"][-1]))
+        rows.append(
+            dict(
+                dataset=name,
+                partition=part,
+                epsilon=eps,
+                acc_mean=mean,
+                acc_std=std,
+                seeds=len(g),
+                paper_mean=pm,
+                paper_std=ps,
+                meets_paper=bool(mean >= pm - ps) if pm == pm else None,
+                epsilon_max=eps_max,
+                epsilon_ok=bool(eps_max <= eps),
+                sigma_max=float(max(res.privacy_by_epsilon[eps]["sigma"])),
+                client_sizes=" ".join(map(str, np.asarray(clients.sizes).tolist())),
+                call_seconds=took,
+            )
+        )
+    return h, rows
+
+
+def _run_dataset(
+    name: str, plan: dict, args, out: Path, store: CallStore, cells: list, rounds_rows: list
+):
     """All partitions x epsilons x seeds of one dataset; returns (wall seconds, fig3 input,
     model)."""
     start = time.perf_counter()
@@ -245,53 +306,25 @@ def _run_dataset(name: str, plan: dict, args, out: Path, cells: list, rounds_row
             capacity=capacity,
         )
         for group in groups:
+            key = f"{name}_{part}_eps" + "-".join(f"{e:g}" for e in group)
             t0 = time.perf_counter()
-            res = run_fed_dp_pso(
-                cfg,
-                clients,
-                (ds.x_test, ds.y_test),
-                target_epsilon=group,
-                rounds_per_call=1,
-                progress=True,
-                **_common(plan),
-            )
-            took = time.perf_counter() - t0
-            h = res.history.assign(dataset=name, partition=part, method="fed_dp_pso")
+            run = partial(_dp_pso_call, name, part, group, cfg, clients, ds, plan)
+            h, rows, reused = store.fetch_or_run(key, run)
             rounds_rows.append(h)
-            for eps, g in _final(h, plan["rounds"]).groupby("epsilon_target"):
-                mean, std = _summary(g["test_accuracy"])
-                pm, ps = _paper(name, part, eps)
-                eps_max = float(np.max(res.privacy_by_epsilon[eps]["epsilon"][-1]))
-                cells.append(
-                    dict(
-                        dataset=name,
-                        partition=part,
-                        epsilon=eps,
-                        acc_mean=mean,
-                        acc_std=std,
-                        seeds=len(g),
-                        paper_mean=pm,
-                        paper_std=ps,
-                        meets_paper=bool(mean >= pm - ps) if pm == pm else None,
-                        epsilon_max=eps_max,
-                        epsilon_ok=bool(eps_max <= eps),
-                        sigma_max=max(res.privacy_by_epsilon[eps]["sigma"]),
-                        client_sizes=" ".join(map(str, np.asarray(clients.sizes).tolist())),
-                        call_seconds=took,
-                    )
-                )
+            cells.extend(rows)
             pd.DataFrame(cells).to_csv(out / "cells.csv", index=False)
             pd.concat(rounds_rows).to_csv(out / "rounds.csv", index=False)
-            print(f"{name} {part} eps={group}: {took:.0f} s (load {_load()})", flush=True)
+            how = "resumed from disk" if reused else f"{time.perf_counter() - t0:.0f} s"
+            print(f"{name} {part} eps={group}: {how} (load {_load()})", flush=True)
         if part == "iid":
             stand_in = (ds, clients, model, bs)
     return time.perf_counter() - start, stand_in, model
 
 
-def _fig3(name: str, stand_in, plan: dict, cells: list, out: Path) -> list[dict]:
+def _fig3(name: str, stand_in, plan: dict, store: CallStore, cells: list, out: Path) -> list[dict]:
     ds, clients, model, bs = stand_in
-    rows = []
-    for eps in plan["eps"]:
+
+    def baseline(eps: float) -> tuple[pd.DataFrame, dict]:
         base = run_fedavg_dp(
             model,
             clients,
@@ -301,7 +334,12 @@ def _fig3(name: str, stand_in, plan: dict, cells: list, out: Path) -> list[dict]
             progress=True,
             **_common(plan),
         )
-        b_mean, b_std = _summary(_final(base.history, plan["rounds"])["test_accuracy"])
+        return base.history, {"epsilon_max": float(np.max(base.privacy["epsilon"][-1]))}
+
+    rows = []
+    for eps in plan["eps"]:
+        history, privacy, _ = store.fetch_or_run(f"fig3_{name}_eps{eps:g}", partial(baseline, eps))
+        b_mean, b_std = _summary(_final(history, plan["rounds"])["test_accuracy"])
         ours = next(
             c for c in cells if (c["dataset"], c["partition"], c["epsilon"]) == (name, "iid", eps)
         )
@@ -313,7 +351,7 @@ def _fig3(name: str, stand_in, plan: dict, cells: list, out: Path) -> list[dict]
                 fed_dp_pso_std=ours["acc_std"],
                 fedavg_dp=b_mean,
                 fedavg_dp_std=b_std,
-                fedavg_epsilon_max=float(np.max(base.privacy["epsilon"][-1])),
+                fedavg_epsilon_max=privacy["epsilon_max"],
             )
         )
         pd.DataFrame(rows).to_csv(out / "fig3.csv", index=False)
@@ -383,18 +421,21 @@ def main(argv: list[str] | None = None) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     print(f"Privacy: {COVERAGE_PAPER}.\n{_header(plan)}\nload at start: {_load()}", flush=True)
+    store = CallStore(out / "calls", _call_settings(plan), restart=args.restart)
     cells, rounds_rows, fig3, walls = [], [], [], {}
     load_start = _load()
     stand_in, models = None, {}
     for name in plan["datasets"]:
-        walls[name], s, models[name] = _run_dataset(name, plan, args, out, cells, rounds_rows)
+        walls[name], s, models[name] = _run_dataset(
+            name, plan, args, out, store, cells, rounds_rows
+        )
         stand_in = stand_in or (name, s)
         print(f"{name}: whole table {walls[name]:.0f} s (load {_load()})", flush=True)
     load_tables = _load()
     _tables(cells, plan, out)
     t0 = time.perf_counter()
     if plan["fig3"] and stand_in and stand_in[1] is not None:
-        fig3 = _fig3(stand_in[0], stand_in[1], plan, cells, out)
+        fig3 = _fig3(stand_in[0], stand_in[1], plan, store, cells, out)
         print(f"\nFig. 3 stand-in for PathMNIST (not available offline): {stand_in[0]}")
         shown = pd.DataFrame(fig3)
         shown = shown.astype(object).where(shown.notna(), None)  # no std from one seed: "-"
@@ -410,6 +451,8 @@ def main(argv: list[str] | None = None) -> None:
         privacy_covers=COVERAGE_PAPER,
         fig3_stand_in=stand_in[0] if stand_in else None,
         wall_seconds=walls,
+        resumed_calls=store.reused,
+        calls_folder=str(store.folder),
         load_average={"start": load_start, "after_tables": load_tables, "end": _load()},
         cpu_count=os.cpu_count(),
         cells=cells,
@@ -418,6 +461,8 @@ def main(argv: list[str] | None = None) -> None:
     )
     (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
     print(f"wall seconds: {json.dumps({k: round(v) for k, v in walls.items()})}")
+    if store.reused:
+        print(f"{len(store.reused)} call(s) reused from {store.folder} (--restart runs them again)")
 
 
 def _figures(rounds: pd.DataFrame, fig3: pd.DataFrame, out: Path) -> None:

@@ -35,6 +35,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from tqdm.auto import tqdm
 
 from swarmjax._validation import check_int, check_positive
+from swarmjax.resume import write_atomic
 
 __all__ = [
     "Chunk",
@@ -237,12 +238,6 @@ class _Compiled:
         return {k: np.asarray(v)[: chunk.size] for k, v in out.items()}
 
 
-def _write_atomic(path: Path, write: Callable[[Path], None]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    write(tmp)
-    os.replace(tmp, path)
-
-
 def _check_manifest(out_dir: Path, task: SweepTask, grid: Mapping[str, Any]) -> None:
     manifest = {"task": task.name, "grid": {k: _as_list(k, v) for k, v in grid.items()}}
     text = json.dumps(manifest, sort_keys=True, default=str, indent=1)
@@ -252,7 +247,7 @@ def _check_manifest(out_dir: Path, task: SweepTask, grid: Mapping[str, Any]) -> 
             f"out_dir {str(out_dir)!r} holds results of a different sweep; "
             "choose another directory or delete it"
         )
-    _write_atomic(path, lambda p: p.write_text(text))
+    write_atomic(path, lambda p: p.write_text(text))
 
 
 def run_sweep(
@@ -291,8 +286,8 @@ def run_sweep(
         rows = task.rows(chunk.static, chunk.numeric, chunk.seeds, outputs)
         rows.insert(0, "chunk", chunk.chunk_id)
         arrays = task.arrays(outputs)
-        _write_atomic(parts / f"{chunk.chunk_id}.npz", lambda p, a=arrays: _save_npz(p, a))
-        _write_atomic(parts / f"{chunk.chunk_id}.csv", lambda p, r=rows: r.to_csv(p, index=False))
+        write_atomic(parts / f"{chunk.chunk_id}.npz", lambda p, a=arrays: _save_npz(p, a))
+        write_atomic(parts / f"{chunk.chunk_id}.csv", lambda p, r=rows: r.to_csv(p, index=False))
         ran += chunk.size
         bar.update(chunk.size)
         bar.set_postfix(runs_per_s=f"{ran / (time.perf_counter() - start):.1f}")

@@ -2,8 +2,9 @@
 
 One short run (1 round, epsilon 5 only, no Fig. 3 baseline) checks that the command writes
 its tables, per-round history, communication table, figures and summary, and that the table
-states the plan it ran (including the option chosen for scoring particles). The checks share
-one test so that the run happens once even when pytest-xdist spreads tests over workers.
+states the plan it ran (including the option chosen for scoring particles); rerunning it
+resumes from the saved call without computing anything. The checks share one test so that
+the run happens once even when pytest-xdist spreads tests over workers.
 """
 
 from __future__ import annotations
@@ -16,12 +17,32 @@ import pytest
 from experiments import fed_dp_pso
 
 
-def test_quick_run_writes_its_results_and_states_its_plan(tmp_path) -> None:
+def test_quick_run_writes_its_results_and_states_its_plan(tmp_path, monkeypatch, capsys) -> None:
     options = ["--rounds", "1", "--epsilons", "5", "--no-fig3", "--selection-metric", "error"]
     fed_dp_pso.main(["--quick", *options, "--out", str(tmp_path)])
     _check_files(tmp_path)
     _check_cells(tmp_path)
     _check_plan(tmp_path)
+    _check_resume(tmp_path, options, monkeypatch, capsys)
+
+
+def _check_resume(out, options, monkeypatch, capsys) -> None:
+    """The same command again reuses the finished call; other settings or --restart rerun."""
+    first = pd.read_csv(out / "cells.csv")
+
+    def must_not_run(*args, **kwargs):
+        raise RuntimeError("Fed-DP-PSO ran again")
+
+    monkeypatch.setattr(fed_dp_pso, "run_fed_dp_pso", must_not_run)
+    capsys.readouterr()
+    fed_dp_pso.main(["--quick", *options, "--out", str(out)])
+    assert "resumed from disk" in capsys.readouterr().out
+    second = pd.read_csv(out / "cells.csv")
+    pd.testing.assert_frame_equal(second, first)
+    assert json.loads((out / "summary.json").read_text())["resumed_calls"] == ["digits_iid_eps5"]
+    for changed in (["--lr", "0.01"], ["--restart"]):
+        with pytest.raises(RuntimeError, match="ran again"):
+            fed_dp_pso.main(["--quick", *options, *changed, "--out", str(out)])
 
 
 def _check_files(quick_run) -> None:

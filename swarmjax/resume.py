@@ -1,0 +1,119 @@
+"""Finished pieces of a long experiment kept on disk, so that a rerun resumes where it stopped.
+
+An experiment made of several long calls (e.g. one per dataset x partition x epsilon group)
+gives each call a key and runs it through :meth:`CallStore.fetch_or_run`.  The call's table
+(``<key>.csv``, read back with its column dtypes, so float32 columns return bit for bit) and
+its JSON payload (``<key>.json``) are written, each to a temporary name
+and renamed, as soon as it returns; the payload is written last and marks the call finished.
+A rerun with the same settings loads finished calls instead of running them again, so an
+interrupted experiment loses at most the call in progress.
+
+Settings that change a call's result (hyper-parameters, library version, ...) pick the
+folder, ``root/<settings id>/``: a rerun with other settings never reuses a result made with
+different ones.  Settings must be JSON-serialisable (``str`` is used for anything else).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+import pandas as pd
+
+__all__ = ["CallStore", "Fetched", "settings_id", "write_atomic"]
+
+_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.=+-]*$")
+
+
+def write_atomic(path: Path, write: Callable[[Path], None]) -> None:
+    """Call ``write(tmp)`` then rename ``tmp`` to ``path``: readers never see a partial file."""
+    tmp = path.with_name(path.name + ".tmp")
+    write(tmp)
+    os.replace(tmp, path)
+
+
+def _plain(value: Any) -> Any:
+    """NumPy scalars and arrays as Python numbers and lists, for :func:`json.dumps`."""
+    if isinstance(value, np.generic | np.ndarray):
+        return value.tolist()
+    raise TypeError(f"cannot save a {type(value).__name__} in a call's JSON payload")
+
+
+def _settings_text(settings: Mapping[str, Any]) -> str:
+    return json.dumps(dict(settings), sort_keys=True, default=str, indent=1)
+
+
+def settings_id(settings: Mapping[str, Any]) -> str:
+    """A 12-hex-digit id of ``settings`` (order of keys does not matter)."""
+    return hashlib.sha256(_settings_text(settings).encode()).hexdigest()[:12]
+
+
+class Fetched(NamedTuple):
+    """What :meth:`CallStore.fetch_or_run` returns."""
+
+    table: pd.DataFrame
+    payload: Any
+    reused: bool  # loaded from disk (True) or computed by this call (False)
+
+
+class CallStore:
+    """Results of the finished calls of one experiment under ``root/<settings id>/``.
+
+    Args:
+        root: folder holding one sub-folder per distinct ``settings``.
+        settings: everything, besides the call key, that a call's result depends on; saved
+            beside the results as ``settings.json``.
+        restart: ignore (and overwrite) finished calls instead of reusing them.
+
+    Attributes:
+        folder: where this store reads and writes.
+        reused: keys loaded from disk by :meth:`fetch_or_run`, in call order.
+    """
+
+    def __init__(
+        self, root: str | os.PathLike[str], settings: Mapping[str, Any], *, restart: bool = False
+    ) -> None:
+        self.folder = Path(root) / settings_id(settings)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        text = _settings_text(settings)
+        write_atomic(self.folder / "settings.json", lambda p: p.write_text(text))
+        self.restart = restart
+        self.reused: list[str] = []
+
+    def _paths(self, key: str) -> tuple[Path, Path]:
+        if not isinstance(key, str) or not _KEY.match(key):
+            raise ValueError(
+                f"key must start with a letter or digit and use only letters, digits and "
+                f"'_.=+-'; got {key!r}"
+            )
+        return self.folder / f"{key}.csv", self.folder / f"{key}.json"
+
+    def finished(self, key: str) -> bool:
+        """Whether ``key`` has a saved result (``restart`` ignored)."""
+        table, payload = self._paths(key)
+        return payload.exists() and table.exists()
+
+    def fetch_or_run(self, key: str, run: Callable[[], tuple[pd.DataFrame, Any]]) -> Fetched:
+        """The saved ``(table, payload)`` of ``key``, or ``run()``'s, saved before returning.
+
+        ``payload`` is anything :func:`json.dumps` accepts, plus NumPy scalars and arrays
+        (returned as Python numbers and lists); ``inf`` and ``NaN`` round-trip.
+        """
+        table_path, payload_path = self._paths(key)
+        if not self.restart and self.finished(key):
+            self.reused.append(key)
+            saved = json.loads(payload_path.read_text())
+            table = pd.read_csv(table_path).astype(saved["dtypes"])
+            return Fetched(table, saved["payload"], True)
+        table, payload = run()
+        dtypes = {str(col): str(dtype) for col, dtype in table.dtypes.items()}
+        text = json.dumps({"payload": payload, "dtypes": dtypes}, default=_plain)
+        write_atomic(table_path, lambda p: table.to_csv(p, index=False))
+        write_atomic(payload_path, lambda p: p.write_text(text))
+        return Fetched(table, payload, False)
