@@ -180,8 +180,9 @@ def _plan(args: argparse.Namespace) -> dict:
 
 
 def _call_settings(plan: dict) -> dict:
-    """What a saved call's result depends on besides its key (dataset, partition, epsilons)."""
-    ignored = ("datasets", "parts", "eps", "fig3")
+    """What a saved call's result depends on besides its key (dataset, partition, epsilons).
+    ``parts`` stays in: with sequential clients all partitions share one padded shape."""
+    ignored = ("datasets", "eps", "fig3")
     return {"swarmjax": swarmjax.__version__} | {k: v for k, v in plan.items() if k not in ignored}
 
 
