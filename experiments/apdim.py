@@ -20,6 +20,7 @@ import os
 import time
 import warnings
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,9 @@ from sklearn.neighbors import KNeighborsClassifier
 from sklearn.neural_network import MLPClassifier
 from tqdm import tqdm
 
+import swarmjax
 from swarmjax.privacy import apdim
+from swarmjax.resume import CallStore
 
 REPO = Path(__file__).resolve().parents[1]
 EPSILONS = (0.01, 0.05, 0.1, 0.5, 1.0, 5.0)
@@ -213,92 +216,56 @@ def make_plans(split: Split, *, theta: float = 0.7, alpha: float = 0.8) -> dict:
     return plans
 
 
-class CsvLog:
-    """Append rows to a CSV as they come (the header once; main removes stale files)."""
+def run_utility(
+    split: Split, name: str, profile: Profile, bar: tqdm
+) -> tuple[pd.DataFrame, list[dict]]:
+    """F1 per (mode, mechanism, epsilon, seed, classifier), and the attack accuracy rows."""
+    majority = float(np.bincount(split.sensitive).max() / len(split.sensitive))
 
-    def __init__(self, path: Path):
-        self.path = path
-
-    def write(self, rows: list[dict]) -> None:
-        pd.DataFrame(rows).to_csv(self.path, mode="a", header=not self.path.exists(), index=False)
-
-
-def run_utility(split: Split, name: str, profile: Profile, out: Path, bar: tqdm) -> list[dict]:
-    """F1 per (mode, mechanism, epsilon, seed, classifier) and the attack accuracy."""
-    f1_log, attack_log = CsvLog(out / "f1.csv"), CsvLog(out / "attack.csv")
-    plans = make_plans(split)
-    seeds = list(range(profile.seeds))
-    rows = []
-    clean_rows = [
-        {
+    def labels(mode: str, mechanism: str, epsilon: float, seed: int) -> dict:
+        return {
             "dataset": name,
-            "mode": "clean",
-            "mechanism": "none",
-            "epsilon": np.inf,
-            "seed": 0,
+            "mode": mode,
+            "mechanism": mechanism,
+            "epsilon": epsilon,
+            "seed": seed,
+        }
+
+    rows = [
+        labels("clean", "none", np.inf, 0)
+        | {
             "classifier": clf,
             "f1": f1(make(), split.X_train, split.y_train, split.X_test, split.y_test),
         }
         for clf, make in classifiers(profile, 0).items()
     ]
-    f1_log.write(clean_rows)
-    rows += clean_rows
-    attack_log.write(
-        [
-            {
-                "dataset": name,
-                "mode": "clean",
-                "mechanism": "none",
-                "epsilon": np.inf,
-                "seed": 0,
-                "accuracy": attack_accuracy(split.X_train, split.sensitive, 0),
-                "majority": float(np.bincount(split.sensitive).max() / len(split.sensitive)),
-            }
-        ]
-    )
-    for (mode, mechanism), plan in plans.items():
+    attacks = [
+        labels("clean", "none", np.inf, 0)
+        | {"accuracy": attack_accuracy(split.X_train, split.sensitive, 0), "majority": majority}
+    ]
+    seeds = list(range(profile.seeds))
+    for (mode, mechanism), plan in make_plans(split).items():
         released = np.asarray(
             apdim.privatize_sweep(split.X_train, plan, profile.epsilons, seeds), np.float32
         )
         for e, epsilon in enumerate(profile.epsilons):
             for s in seeds:
                 X_noisy = released[e, s]
-                batch = []
                 for clf, make in classifiers(profile, s).items():
                     score = f1(make(), X_noisy, split.y_train, split.X_test, split.y_test)
-                    batch.append(
-                        {
-                            "dataset": name,
-                            "mode": mode,
-                            "mechanism": mechanism,
-                            "epsilon": epsilon,
-                            "seed": s,
-                            "classifier": clf,
-                            "f1": score,
-                        }
+                    rows.append(
+                        labels(mode, mechanism, epsilon, s) | {"classifier": clf, "f1": score}
                     )
                     bar.update(1)
-                f1_log.write(batch)
-                rows += batch
-                attack_log.write(
-                    [
-                        {
-                            "dataset": name,
-                            "mode": mode,
-                            "mechanism": mechanism,
-                            "epsilon": epsilon,
-                            "seed": s,
-                            "accuracy": attack_accuracy(X_noisy, split.sensitive, s),
-                            "majority": float(
-                                np.bincount(split.sensitive).max() / len(split.sensitive)
-                            ),
-                        }
-                    ]
+                accuracy = attack_accuracy(X_noisy, split.sensitive, s)
+                attacks.append(
+                    labels(mode, mechanism, epsilon, s)
+                    | {"accuracy": accuracy, "majority": majority}
                 )
-    return rows
+    return pd.DataFrame(rows), attacks
 
 
-def run_params(split: Split, profile: Profile, out: Path, epsilon: float = 1.0) -> pd.DataFrame:
+def run_params(split: Split, profile: Profile, epsilon: float = 1.0) -> pd.DataFrame:
     """Fig. 3: random-forest F1 over (theta, alpha) on one dataset at one epsilon, seed 0."""
     rows = []
     for theta in profile.thetas:
@@ -313,9 +280,7 @@ def run_params(split: Split, profile: Profile, out: Path, epsilon: float = 1.0) 
                 rows.append(
                     {"mode": mode, "theta": theta, "alpha": alpha, "epsilon": epsilon, "f1": score}
                 )
-    frame = pd.DataFrame(rows)
-    frame.to_csv(out / "params.csv", index=False)
-    return frame
+    return pd.DataFrame(rows)
 
 
 def _timed(fn: Callable[[], Any]) -> float:
@@ -324,7 +289,7 @@ def _timed(fn: Callable[[], Any]) -> float:
     return time.perf_counter() - start
 
 
-def run_timing(data_dir: Path, profile: Profile, out: Path) -> pd.DataFrame:
+def run_timing(data_dir: Path, profile: Profile) -> pd.DataFrame:
     """Fig. 2: seconds per batch of Adult rows (resampled with replacement up to the size).
 
     APDIM = fit (MI, grouping, allocation) + noise; uniform = plan + noise.  jit compilation
@@ -359,9 +324,7 @@ def run_timing(data_dir: Path, profile: Profile, out: Path) -> pd.DataFrame:
                         "uniform_s": _timed(uniform_batch),
                     }
                 )
-    timing = pd.DataFrame(rows)
-    timing.to_csv(out / "timing.csv", index=False)
-    return timing
+    return pd.DataFrame(rows)
 
 
 # ----------------------------------------------------------------------------------------
@@ -524,6 +487,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--seeds", type=int, help="override the profile's number of seeds (vmapped)"
     )
     parser.add_argument("--skip-timing", action="store_true", help="skip the Fig. 2 timing")
+    parser.add_argument(
+        "--restart",
+        action="store_true",
+        help="run every step again; by default a rerun with the same options and --out "
+        "reuses the steps already finished there (saved under <out>/calls/)",
+    )
     return parser.parse_args(argv)
 
 
@@ -536,8 +505,8 @@ def main(argv: list[str] | None = None) -> None:
     data_dir = find_data_dir(args.data_dir)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    for stale in ("f1.csv", "attack.csv"):
-        (out / stale).unlink(missing_ok=True)
+    settings = {"swarmjax": swarmjax.__version__} | dataclasses.asdict(profile)
+    store = CallStore(out / "calls", settings, restart=args.restart)
     warnings.filterwarnings("ignore", category=ConvergenceWarning)
     started = time.perf_counter()
 
@@ -550,11 +519,18 @@ def main(argv: list[str] | None = None) -> None:
     splits = {ds: load_split(data_dir, ds, profile) for ds in args.datasets}
     n_fits = len(args.datasets) * len(MODES) * len(MECHANISMS) * len(profile.epsilons)
     n_fits *= profile.seeds * 5
-    plans_json = {}
+    plans_json, f1_frames, attack_frames = {}, [], []
     with tqdm(total=n_fits, desc="APDIM F1 fits", unit="fit") as bar:
         for ds, split in splits.items():
             bar.set_postfix(dataset=ds)
-            run_utility(split, ds, profile, out, bar)
+            run = partial(run_utility, split, ds, profile, bar)
+            f1_ds, attacks, reused = store.fetch_or_run(f"utility_{ds}", run)
+            if reused:
+                bar.update(n_fits // len(splits))
+            f1_frames.append(f1_ds)
+            attack_frames.append(pd.DataFrame(attacks))
+            pd.concat(f1_frames).to_csv(out / "f1.csv", index=False)
+            pd.concat(attack_frames).to_csv(out / "attack.csv", index=False)
             plans_json[ds] = {
                 f"{mode}/{mech}": {
                     "features": list(split.encoder.features),
@@ -567,17 +543,21 @@ def main(argv: list[str] | None = None) -> None:
                 for (mode, mech), plan in make_plans(split).items()
             }
     (out / "plans.json").write_text(json.dumps(plans_json, indent=1))
-    f1_frame = pd.read_csv(out / "f1.csv")
-    attack = pd.read_csv(out / "attack.csv")
+    f1_frame, attack = pd.concat(f1_frames), pd.concat(attack_frames)
     for i, ds in enumerate(args.datasets):
         plot_f1(f1_frame, ds, out / f"fig{4 + i}_f1_{ds}.png")
     plot_attack(attack, out / "fig8_attack.png")
 
-    params_split = splits.get("adult") or next(iter(splits.values()))
-    plot_params(run_params(params_split, profile, out), out / "fig3_params.png")
+    params_ds = "adult" if "adult" in splits else next(iter(splits))
+    params = store.fetch_or_run_table(
+        f"params_{params_ds}", partial(run_params, splits[params_ds], profile)
+    )
+    params.to_csv(out / "params.csv", index=False)
+    plot_params(params, out / "fig3_params.png")
     timing = None
     if not args.skip_timing:
-        timing = run_timing(data_dir, profile, out)
+        timing = store.fetch_or_run_table("timing", partial(run_timing, data_dir, profile))
+        timing.to_csv(out / "timing.csv", index=False)
         plot_timing(timing, out / "fig2_timing.png")
 
     table = summarise(f1_frame, attack)
@@ -601,6 +581,8 @@ def main(argv: list[str] | None = None) -> None:
         print("\nclean F1 (mean over classifiers):", clean.round(3).to_dict())
         if timing is not None:
             print("\nmedian seconds per batch:\n", med.round(4).to_string())
+    if store.reused:
+        print(f"\nreused from {store.folder} (--restart runs them again): {store.reused}")
     print(f"\nwrote {out} in {summary['seconds']} s")
 
 

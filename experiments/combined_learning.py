@@ -320,11 +320,6 @@ def plan(data: Any, models: tuple[str, ...], profile: Profile) -> list[tuple[str
     return out
 
 
-def _table_call(fn: Callable[..., pd.DataFrame], *args: Any) -> tuple[pd.DataFrame, dict]:
-    """``fn(*args)`` as a :class:`CallStore` call: its table and an empty payload."""
-    return fn(*args), {}
-
-
 def _call_settings(dataset: str, model: str, profile: Profile) -> dict:
     """What a saved setting of ``(dataset, model)`` depends on besides its split and K."""
     keep = ("rounds", "n_train", "n_test", "seeds", "batch_size")
@@ -435,13 +430,13 @@ def main(argv: list[str] | None = None) -> None:
             store = CallStore(
                 out / "calls", _call_settings(dataset, model, mprof), restart=args.restart
             )
-            central = partial(_table_call, run_central, data, dataset, model, mprof)
-            centrals.append(store.fetch_or_run("central", central).table)
+            central = partial(run_central, data, dataset, model, mprof)
+            centrals.append(store.fetch_or_run_table("central", central))
             for m, split, k in tqdm(
                 [t for t in todo if t[0] == model], desc=f"{dataset} {model}", unit="setting"
             ):
-                run = partial(_table_call, run_setting, data, dataset, m, split, k, mprof)
-                histories.append(store.fetch_or_run(f"{split}_K{k}", run).table)
+                run = partial(run_setting, data, dataset, m, split, k, mprof)
+                histories.append(store.fetch_or_run_table(f"{split}_K{k}", run))
                 write(
                     out, histories, centrals, profile, skipped, time.perf_counter() - start, timings
                 )

@@ -117,3 +117,7 @@ class CallStore:
         write_atomic(table_path, lambda p: table.to_csv(p, index=False))
         write_atomic(payload_path, lambda p: p.write_text(text))
         return Fetched(table, payload, False)
+
+    def fetch_or_run_table(self, key: str, run: Callable[[], pd.DataFrame]) -> pd.DataFrame:
+        """:meth:`fetch_or_run` for a call whose whole result is one table."""
+        return self.fetch_or_run(key, lambda: (run(), None)).table

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from experiments import combined_learning, dp_fedavg
+from experiments import apdim, combined_learning, dp_fedavg
 
 
 def _must_not_run(*args, **kwargs):
@@ -50,3 +50,16 @@ def test_dp_fedavg_quick_resumes(tmp_path, monkeypatch, capsys, data_dir) -> Non
     monkeypatch.setattr(dp_fedavg, "run_one", _must_not_run)
     log = _rerun(dp_fedavg.main, argv, first, tmp_path, capsys, ["--epsilons", "4"])
     assert "3 run(s) reused" in log
+
+
+def test_apdim_quick_resumes(tmp_path, monkeypatch, capsys, data_dir) -> None:
+    argv = ["--quick", "--datasets", "heart", "--skip-timing", "--data-dir", str(data_dir)]
+    argv += ["--out", str(tmp_path)]
+    apdim.main(argv)
+    first = pd.read_csv(tmp_path / "summary.csv")
+    assert set(first.dataset) == {"heart"} and set(first["mode"]) == {"correct", "paper"}
+    assert first[["f1_apdim", "f1_uniform"]].stack().between(0, 1).all()
+    monkeypatch.setattr(apdim, "run_utility", _must_not_run)
+    monkeypatch.setattr(apdim, "run_params", _must_not_run)
+    log = _rerun(apdim.main, argv, first, tmp_path, capsys, ["--seeds", "2"])
+    assert "utility_heart" in log and "params_heart" in log

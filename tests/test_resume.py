@@ -77,3 +77,11 @@ def test_a_failed_call_leaves_nothing_to_reuse(tmp_path) -> None:
 def test_bad_keys_are_rejected(tmp_path, key) -> None:
     with pytest.raises(ValueError, match="key"):
         CallStore(tmp_path, {}).fetch_or_run(key, lambda: _call(0.0))
+
+
+def test_a_table_only_call(tmp_path) -> None:
+    table = _call(0.25)[0]
+    store = CallStore(tmp_path, {"n": 1})
+    pd.testing.assert_frame_equal(store.fetch_or_run_table("t", lambda: table), table)
+    again = CallStore(tmp_path, {"n": 1}).fetch_or_run_table("t", lambda: 1 / 0)
+    pd.testing.assert_frame_equal(again, table)
