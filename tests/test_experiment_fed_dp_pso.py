@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -74,6 +75,7 @@ def _check_cells(quick_run) -> None:
 def _check_plan(quick_run) -> None:
     summary = json.loads((quick_run / "summary.json").read_text())
     assert summary["plan"]["selection_metric"] == "error"
+    assert summary["models"] == {"digits": "mlp_64-32-10"}
     assert summary["plan"]["rounds"] == 1
     table = (quick_run / "table_digits.md").read_text()
     assert "particles scored by error" in table
@@ -90,3 +92,24 @@ def test_bad_options_are_rejected_by_the_parser(bad, capsys) -> None:
     with pytest.raises(SystemExit):
         fed_dp_pso.main(["--quick", *bad])
     assert bad[0] in capsys.readouterr().err
+
+
+def test_pathmnist_runs_lenet5_and_fig3_uses_it(tmp_path) -> None:
+    """A PathMNIST-format .npz (random 28x28x3 images, 9 classes) gets the paper's LeNet-5 at
+    eta = 0.001, and Fig. 3 runs on it instead of a stand-in."""
+    rng = np.random.default_rng(0)
+    arrays = {}
+    for split, n in (("train", 200), ("val", 20), ("test", 60)):
+        arrays[f"{split}_images"] = rng.integers(0, 256, (n, 28, 28, 3), dtype=np.uint8)
+        arrays[f"{split}_labels"] = rng.integers(0, 9, (n, 1), dtype=np.uint8)
+    np.savez(tmp_path / "pathmnist.npz", **arrays)
+    out = tmp_path / "out"
+    options = ["--rounds", "1", "--epsilons", "5", "--particles", "2", "--data-dir", str(tmp_path)]
+    fed_dp_pso.main(["--quick", "--datasets", "pathmnist", *options, "--out", str(out)])
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["models"] == {"pathmnist": "lenet5_valid"}
+    assert summary["fig3_dataset"] == "pathmnist" and summary["fig3_stand_in"] is False
+    cells = pd.read_csv(out / "cells.csv")
+    assert cells.lr.tolist() == [0.001] and cells.model.tolist() == ["lenet5_valid"]
+    fig3 = pd.read_csv(out / "fig3.csv")
+    assert fig3.dataset.tolist() == ["pathmnist"] and fig3.fedavg_epsilon_max.le(5.0).all()
