@@ -102,8 +102,10 @@ class CallStore:
     def fetch_or_run(self, key: str, run: Callable[[], tuple[pd.DataFrame, Any]]) -> Fetched:
         """The saved ``(table, payload)`` of ``key``, or ``run()``'s, saved before returning.
 
-        ``payload`` is anything :func:`json.dumps` accepts, plus NumPy scalars and arrays
-        (returned as Python numbers and lists); ``inf`` and ``NaN`` round-trip.
+        ``payload`` is anything :func:`json.dumps` accepts, plus NumPy scalars and arrays;
+        it is returned as decoded from its JSON (NumPy values as Python numbers and lists,
+        tuples as lists) whether computed now or loaded, so both paths see the same types.
+        ``inf`` and ``NaN`` round-trip.
         """
         table_path, payload_path = self._paths(key)
         if not self.restart and self.finished(key):
@@ -116,7 +118,7 @@ class CallStore:
         text = json.dumps({"payload": payload, "dtypes": dtypes}, default=_plain)
         write_atomic(table_path, lambda p: table.to_csv(p, index=False))
         write_atomic(payload_path, lambda p: p.write_text(text))
-        return Fetched(table, payload, False)
+        return Fetched(table, json.loads(text)["payload"], False)  # as a rerun will see it
 
     def fetch_or_run_table(self, key: str, run: Callable[[], pd.DataFrame]) -> pd.DataFrame:
         """:meth:`fetch_or_run` for a call whose whole result is one table."""

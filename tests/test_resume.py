@@ -31,8 +31,8 @@ def _call(value: float):
 
 def test_a_finished_call_is_reused_with_its_exact_numbers(tmp_path) -> None:
     store = CallStore(tmp_path, {"lr": 0.005})
-    table, _, reused = store.fetch_or_run("mnist_iid_eps5", lambda: _call(0.1 + 0.2))
-    assert not reused
+    table, payload, reused = store.fetch_or_run("mnist_iid_eps5", lambda: _call(0.1 + 0.2))
+    assert not reused and payload["sizes"] == [3, 4]  # as a rerun will see it
 
     def must_not_run():
         raise AssertionError("a finished call ran again")
