@@ -313,17 +313,10 @@ def _dp_pso_call(name: str, part: str, group: list, cfg, clients, ds, plan: dict
 
 
 def _run_dataset(
-    name: str,
-    plan: dict,
-    args,
-    out: Path,
-    store: CallStore,
-    cells: list,
-    rounds_rows: list,
-    parts: list[str] | None = None,
+    name: str, plan: dict, args, out: Path, store: CallStore, cells: list, rounds_rows: list
 ):
-    """All partitions (``parts``, default the plan's) x epsilons x seeds of one dataset;
-    returns (wall seconds, fig3 input, model)."""
+    """All partitions x epsilons x seeds of one dataset; returns (wall seconds, fig3 input,
+    model)."""
     start = time.perf_counter()
     stand_in = None
     finite = [e for e in plan["eps"] if not math.isinf(e)]
@@ -331,7 +324,7 @@ def _run_dataset(
     ds = _load_train(name, plan["n_train"], args.data_dir)
     model = _model(name, ds)  # one Model object per dataset: equal configs share compilations
     lr = _learning_rate(plan, model)
-    parts = {part: _partition(ds, part) for part in parts or plan["parts"]}
+    parts = {part: _partition(ds, part) for part in plan["parts"]}
     sizes = [p.sizes for p in parts.values()]
     bs = min(plan["batch_size"], int(min(s.min() for s in sizes)))
     sequential = plan["client_map"] == "sequential"
@@ -467,6 +460,7 @@ def main(argv: list[str] | None = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     print(f"Privacy: {COVERAGE_PAPER}.\n{_header(plan)}\nload at start: {_load()}", flush=True)
     store = CallStore(out / "calls", _call_settings(plan), restart=args.restart)
+    stores = dict.fromkeys(plan["datasets"], store)
     cells, rounds_rows, fig3, walls = [], [], [], {}
     load_start = _load()
     fig3_inputs, models = {}, {}
@@ -477,9 +471,11 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{name}: whole table {walls[name]:.0f} s (load {_load()})", flush=True)
     t0 = time.perf_counter()
     if plan["fig3"] and FIG3 not in fig3_inputs and args.full:
+        iid = {**plan, "parts": ["iid"]}  # own settings: the partitions fix the padded shape
+        stores[FIG3] = CallStore(out / "calls", _call_settings(iid), restart=args.restart)
         try:  # the paper's Fig. 3 dataset, IID only, when its files are found
             _, fig3_inputs[FIG3], models[FIG3] = _run_dataset(
-                FIG3, plan, args, out, store, cells, rounds_rows, parts=["iid"]
+                FIG3, iid, args, out, stores[FIG3], cells, rounds_rows
             )
         except DatasetNotFoundError as err:
             print(f"Fig. 3 falls back to a stand-in: {err}")
@@ -487,7 +483,7 @@ def main(argv: list[str] | None = None) -> None:
     _tables(cells, plan, out)
     fig3_name = FIG3 if FIG3 in fig3_inputs else next(iter(fig3_inputs), None)
     if plan["fig3"] and fig3_name is not None and fig3_inputs[fig3_name] is not None:
-        fig3 = _fig3(fig3_name, fig3_inputs[fig3_name], plan, store, cells, out)
+        fig3 = _fig3(fig3_name, fig3_inputs[fig3_name], plan, stores[fig3_name], cells, out)
         what = "on PathMNIST" if fig3_name == FIG3 else "stand-in for PathMNIST"
         print(f"\nFig. 3 {what}: {fig3_name} ({models[fig3_name].name})")
         shown = pd.DataFrame(fig3)
@@ -506,8 +502,10 @@ def main(argv: list[str] | None = None) -> None:
         fig3_stand_in=bool(fig3) and fig3_name != FIG3,
         models={name: model.name for name, model in models.items()},
         wall_seconds=walls,
-        resumed_calls=store.reused,
-        calls_folder=str(store.folder),
+        resumed_calls=[
+            key for st in {st.folder: st for st in stores.values()}.values() for key in st.reused
+        ],
+        calls_folders=sorted({str(st.folder) for st in stores.values()}),
         load_average={"start": load_start, "after_tables": load_tables, "end": _load()},
         cpu_count=os.cpu_count(),
         cells=cells,
@@ -516,8 +514,11 @@ def main(argv: list[str] | None = None) -> None:
     )
     (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
     print(f"wall seconds: {json.dumps({k: round(v) for k, v in walls.items()})}")
-    if store.reused:
-        print(f"{len(store.reused)} call(s) reused from {store.folder} (--restart runs them again)")
+    if summary["resumed_calls"]:
+        print(
+            f"{len(summary['resumed_calls'])} call(s) reused from {out / 'calls'} "
+            "(--restart runs them again)"
+        )
 
 
 def _figures(rounds: pd.DataFrame, fig3: pd.DataFrame, out: Path) -> None:
