@@ -217,9 +217,10 @@ def make_plans(split: Split, *, theta: float = 0.7, alpha: float = 0.8) -> dict:
 
 
 def run_utility(
-    split: Split, name: str, profile: Profile, bar: tqdm
+    split: Split, plans: dict, name: str, profile: Profile, bar: tqdm
 ) -> tuple[pd.DataFrame, list[dict]]:
-    """F1 per (mode, mechanism, epsilon, seed, classifier), and the attack accuracy rows."""
+    """F1 per (mode, mechanism, epsilon, seed, classifier), and the attack accuracy rows;
+    ``plans`` is ``make_plans(split)``."""
     majority = float(np.bincount(split.sensitive).max() / len(split.sensitive))
 
     def labels(mode: str, mechanism: str, epsilon: float, seed: int) -> dict:
@@ -244,7 +245,7 @@ def run_utility(
         | {"accuracy": attack_accuracy(split.X_train, split.sensitive, 0), "majority": majority}
     ]
     seeds = list(range(profile.seeds))
-    for (mode, mechanism), plan in make_plans(split).items():
+    for (mode, mechanism), plan in plans.items():
         released = np.asarray(
             apdim.privatize_sweep(split.X_train, plan, profile.epsilons, seeds), np.float32
         )
@@ -523,7 +524,8 @@ def main(argv: list[str] | None = None) -> None:
     with tqdm(total=n_fits, desc="APDIM F1 fits", unit="fit") as bar:
         for ds, split in splits.items():
             bar.set_postfix(dataset=ds)
-            run = partial(run_utility, split, ds, profile, bar)
+            plans = make_plans(split)
+            run = partial(run_utility, split, plans, ds, profile, bar)
             f1_ds, attacks, reused = store.fetch_or_run(f"utility_{ds}", run)
             if reused:
                 bar.update(n_fits // len(splits))
@@ -540,7 +542,7 @@ def main(argv: list[str] | None = None) -> None:
                     "sensitivity": plan.sensitivity.tolist(),
                     "record_epsilon_at_eps1": apdim.record_epsilon(plan, 1.0),
                 }
-                for (mode, mech), plan in make_plans(split).items()
+                for (mode, mech), plan in plans.items()
             }
     (out / "plans.json").write_text(json.dumps(plans_json, indent=1))
     f1_frame, attack = pd.concat(f1_frames), pd.concat(attack_frames)

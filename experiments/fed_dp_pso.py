@@ -219,21 +219,17 @@ def _partition(ds, part: str, seed: int = 42):
     return flower_partition(ds.y_train, 5, scheme, seed=seed, **kw)
 
 
-def _model(name: str, ds) -> Model:
-    """The paper's models: the LeNet-5 variant for colour images (PathMNIST), the MLP
-    784-256-256-C for grey-scale ones; a small MLP 64-32-C for the bundled digits."""
+def _model(name: str, ds, lr: float | None) -> tuple[Model, float]:
+    """The paper's model and eta (spec 2.5): the LeNet-5 variant at 0.001 for colour images
+    (PathMNIST), the MLP 784-256-256-C at 0.005 for grey-scale ones, a small MLP 64-32-C at
+    0.005 for the bundled digits; ``lr`` (``--lr``), when given, replaces eta."""
     if name == "digits":
-        return mlp((32,), ds.num_classes, ds.input_shape)
-    if ds.input_shape[-1] == 3:
-        return lenet5(ds.num_classes, ds.input_shape)
-    return paper_mlp(ds.num_classes, ds.input_shape)
-
-
-def _learning_rate(plan: dict, model: Model) -> float:
-    """``--lr``, else the paper's eta (spec 2.5): 0.001 for the CNN, 0.005 for the MLPs."""
-    if plan["lr"] is not None:
-        return plan["lr"]
-    return 0.001 if model.name.startswith("lenet5") else 0.005
+        model, eta = mlp((32,), ds.num_classes, ds.input_shape), 0.005
+    elif ds.input_shape[-1] == 3:
+        model, eta = lenet5(ds.num_classes, ds.input_shape), 0.001
+    else:
+        model, eta = paper_mlp(ds.num_classes, ds.input_shape), 0.005
+    return model, eta if lr is None else lr
 
 
 def _shared_shapes(sizes: list[np.ndarray], batch_size: int) -> tuple[int, int]:
@@ -322,8 +318,8 @@ def _run_dataset(
     finite = [e for e in plan["eps"] if not math.isinf(e)]
     groups = [g for g in (finite, [e for e in plan["eps"] if math.isinf(e)]) if g]
     ds = _load_train(name, plan["n_train"], args.data_dir)
-    model = _model(name, ds)  # one Model object per dataset: equal configs share compilations
-    lr = _learning_rate(plan, model)
+    # one Model object per dataset: equal configs share compilations
+    model, lr = _model(name, ds, plan["lr"])
     parts = {part: _partition(ds, part) for part in plan["parts"]}
     sizes = [p.sizes for p in parts.values()]
     bs = min(plan["batch_size"], int(min(s.min() for s in sizes)))
@@ -344,22 +340,21 @@ def _run_dataset(
         )
         for group in groups:
             key = f"{name}_{part}_eps" + "-".join(f"{e:g}" for e in group)
-            t0 = time.perf_counter()
             run = partial(_dp_pso_call, name, part, group, cfg, clients, ds, plan, lr)
             h, rows, reused = store.fetch_or_run(key, run)
             rounds_rows.append(h)
             cells.extend(rows)
             pd.DataFrame(cells).to_csv(out / "cells.csv", index=False)
             pd.concat(rounds_rows).to_csv(out / "rounds.csv", index=False)
-            how = "resumed from disk" if reused else f"{time.perf_counter() - t0:.0f} s"
+            how = "resumed from disk" if reused else f"{rows[0]['call_seconds']:.0f} s"
             print(f"{name} {part} eps={group}: {how} (load {_load()})", flush=True)
         if part == "iid":
-            stand_in = (ds, clients, model, bs, lr)
+            stand_in = (ds, clients, model, bs, lr, store)
     return time.perf_counter() - start, stand_in, model
 
 
-def _fig3(name: str, stand_in, plan: dict, store: CallStore, cells: list, out: Path) -> list[dict]:
-    ds, clients, model, bs, lr = stand_in
+def _fig3(name: str, stand_in, plan: dict, cells: list, out: Path) -> list[dict]:
+    ds, clients, model, bs, lr, store = stand_in
 
     def baseline(eps: float) -> tuple[pd.DataFrame, dict]:
         base = run_fedavg_dp(
@@ -460,7 +455,7 @@ def main(argv: list[str] | None = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     print(f"Privacy: {COVERAGE_PAPER}.\n{_header(plan)}\nload at start: {_load()}", flush=True)
     store = CallStore(out / "calls", _call_settings(plan), restart=args.restart)
-    stores = dict.fromkeys(plan["datasets"], store)
+    stores = [store]
     cells, rounds_rows, fig3, walls = [], [], [], {}
     load_start = _load()
     fig3_inputs, models = {}, {}
@@ -472,18 +467,19 @@ def main(argv: list[str] | None = None) -> None:
     t0 = time.perf_counter()
     if plan["fig3"] and FIG3 not in fig3_inputs and args.full:
         iid = {**plan, "parts": ["iid"]}  # own settings: the partitions fix the padded shape
-        stores[FIG3] = CallStore(out / "calls", _call_settings(iid), restart=args.restart)
+        iid_store = CallStore(out / "calls", _call_settings(iid), restart=args.restart)
         try:  # the paper's Fig. 3 dataset, IID only, when its files are found
             _, fig3_inputs[FIG3], models[FIG3] = _run_dataset(
-                FIG3, iid, args, out, stores[FIG3], cells, rounds_rows
+                FIG3, iid, args, out, iid_store, cells, rounds_rows
             )
+            stores.append(iid_store)
         except DatasetNotFoundError as err:
             print(f"Fig. 3 falls back to a stand-in: {err}")
     load_tables = _load()
     _tables(cells, plan, out)
     fig3_name = FIG3 if FIG3 in fig3_inputs else next(iter(fig3_inputs), None)
     if plan["fig3"] and fig3_name is not None and fig3_inputs[fig3_name] is not None:
-        fig3 = _fig3(fig3_name, fig3_inputs[fig3_name], plan, stores[fig3_name], cells, out)
+        fig3 = _fig3(fig3_name, fig3_inputs[fig3_name], plan, cells, out)
         what = "on PathMNIST" if fig3_name == FIG3 else "stand-in for PathMNIST"
         print(f"\nFig. 3 {what}: {fig3_name} ({models[fig3_name].name})")
         shown = pd.DataFrame(fig3)
@@ -502,10 +498,8 @@ def main(argv: list[str] | None = None) -> None:
         fig3_stand_in=bool(fig3) and fig3_name != FIG3,
         models={name: model.name for name, model in models.items()},
         wall_seconds=walls,
-        resumed_calls=[
-            key for st in {st.folder: st for st in stores.values()}.values() for key in st.reused
-        ],
-        calls_folders=sorted({str(st.folder) for st in stores.values()}),
+        resumed_calls=[key for st in stores for key in st.reused],
+        calls_folders=[str(st.folder) for st in stores],
         load_average={"start": load_start, "after_tables": load_tables, "end": _load()},
         cpu_count=os.cpu_count(),
         cells=cells,
