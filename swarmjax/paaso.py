@@ -33,6 +33,11 @@ Reported objective per iteration: ``f(g)`` for PSO, ``f(pG)`` for the others.  P
 the domain width (the paper's Fig. 1 uses w = 4, which diverges unclamped); ``vmax_factor =
 inf`` and ``clip_positions=False`` turn the clamps off.
 
+The paper sets neither the clamp nor the voted step's length; :data:`READINGS` names the
+two sets of values the experiments use (``"spec"``: ALGORITHMS.md's defaults, which are
+:class:`PAASOHyper`'s; ``"stable"``: the values under which the paper's Figs. 1-2 findings
+reproduce best; docs/paaso.md has the study).
+
 Privacy per run (what the numbers cover):
 
 * DRD: each iteration's outcome is ``ln(2n/(n+1))``-DP with respect to adding or removing
@@ -78,6 +83,7 @@ from swarmjax.privacy.mechanisms import (
 )
 
 __all__ = [
+    "READINGS",
     "STRATEGIES",
     "PAASOConfig",
     "PAASOHyper",
@@ -92,6 +98,14 @@ Strategy = Literal["pso", "fl", "adrd", "bdrd", "pbdrd"]
 STRATEGIES: tuple[str, ...] = ("pso", "fl", "adrd", "bdrd", "pbdrd")
 VOTING = ("adrd", "bdrd", "pbdrd")
 FL_RULES = ("direction", "cognitive")
+
+# Named readings of the numerics the paper leaves open (PAASOHyper fields).
+READINGS: dict[str, dict[str, float]] = {
+    # ALGORITHMS.md: velocities clamped to one domain width, the voted step wG long.
+    "spec": {"vmax_factor": 1.0, "speed": 1.0},
+    # The usual PSO clamp (a tenth of the domain) and a voted step of 5 wG.
+    "stable": {"vmax_factor": 0.1, "speed": 5.0},
+}
 
 
 @struct.dataclass
