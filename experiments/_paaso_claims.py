@@ -243,6 +243,8 @@ def _fig4(rows: pd.DataFrame, traj: np.ndarray) -> dict:
 def _pm(rows: pd.DataFrame, traj: np.ndarray, w: float) -> dict:
     values = sorted(rows["p_m"].unique())
     finals = [traj[_select(rows, p_m=float(p)), -1] for p in values]
+    early = min(100, traj.shape[1])
+    firsts = [traj[_select(rows, p_m=float(p)), early - 1].mean() for p in values]
     p = kruskal_p(finals)
     return {
         "finding": "PRAM's p_m has little effect",
@@ -250,7 +252,8 @@ def _pm(rows: pd.DataFrame, traj: np.ndarray, w: float) -> dict:
         "setting": f"PbDRD, f4, Fig. 2 setting (w = {w:g})",
         "swarmjax": "final f: "
         + ", ".join(f"p_m {v:g} {_ms(f)}" for v, f in zip(values, finals, strict=True))
-        + f"; Kruskal-Wallis p = {p:.2g}",
+        + f"; Kruskal-Wallis p = {p:.2g}; mean f at iteration {early}: "
+        + "/".join(f"{m:.3g}" for m in firsts),
         "holds": _yes(p >= ALPHA),
     }
 
