@@ -107,3 +107,57 @@ def run_readings(
                 }
             )
     return pd.DataFrame(rows)
+
+
+AGENT_READINGS = ((1.0, 1.0), (0.1, 1.0), (0.1, 2.0), (0.1, 5.0))  # (vmax_factor, speed)
+
+
+def run_agents_study(
+    runs: int = 40,
+    iterations: int = 1000,
+    agents: Sequence[int] = (50, 100, 200),
+    readings: Sequence[tuple[float, float]] = AGENT_READINGS,
+    early: int = 300,
+) -> pd.DataFrame:
+    """Fig. 5 (bDRD, f4, w 0.005, phi 2, wG 0.01) under each (clamp, voted step) reading.
+
+    One row per (reading, agent count): mean f over the first ``early`` iterations (area
+    under the mean curve), over all iterations, and the one-sided Mann-Whitney p-value that
+    this agent count does better than the smallest (per-run areas over ``early``).
+    """
+    from scipy import stats
+
+    keys = jax.vmap(jax.random.key)(jnp.arange(runs))
+    vmax = jnp.array([v for v, _ in readings])
+    speed = jnp.array([s for _, s in readings])
+    areas = {}
+    for n in agents:
+        cfg = paaso.PAASOConfig(strategy="bdrd", function="f4", iterations=iterations, num_agents=n)
+
+        def over_seeds(v, s, cfg: paaso.PAASOConfig = cfg) -> jax.Array:
+            hyper = paaso.PAASOHyper(
+                w=0.005, phi_p=2.0, phi_g=2.0, w_g=0.01, p_c=1.0, vmax_factor=v, speed=s
+            )
+            return jax.vmap(lambda key: paaso.run(key, cfg, hyper)["objective"])(keys)
+
+        areas[n] = np.asarray(jax.jit(jax.vmap(over_seeds))(vmax, speed), dtype=np.float64)
+    rows = []
+    for i, (v, s) in enumerate(readings):
+        base = areas[agents[0]][i, :, :early].mean(axis=1)
+        for n in agents:
+            obj = areas[n][i]
+            rows.append(
+                {
+                    "vmax_factor": v,
+                    "speed": s,
+                    "num_agents": n,
+                    f"area_{early}": float(obj[:, :early].mean()),
+                    "area_all": float(obj.mean()),
+                    "p_better_than_first": float(
+                        stats.mannwhitneyu(
+                            obj[:, :early].mean(axis=1), base, alternative="less"
+                        ).pvalue
+                    ),
+                }
+            )
+    return pd.DataFrame(rows)
