@@ -161,3 +161,25 @@ def run_agents_study(
                 }
             )
     return pd.DataFrame(rows)
+
+
+def run_fl_step_study(
+    runs: int = 20, iterations: int = 1000, speeds: Sequence[float] = (1.0, 5.0, 10.0)
+) -> pd.DataFrame:
+    """FL with ``fl_step="unit"`` (pG moves ``wG * speed`` toward the agents' mean velocity)
+    at the Fig. 2 (w 0.4) and Fig. 4 settings, clamp 0.1 widths; one row per speed."""
+    keys = jax.vmap(jax.random.key)(jnp.arange(runs))
+    cfg = paaso.PAASOConfig(strategy="fl", function="f4", iterations=iterations, fl_step="unit")
+    rows = []
+    for setting, w, w_g in (("Fig. 2", 0.4, 0.005), ("Fig. 4", 0.005, 0.01)):
+
+        def over_seeds(speed, w=w, w_g=w_g) -> jax.Array:
+            hyper = paaso.PAASOHyper(
+                w=w, phi_p=2.0, phi_g=2.0, w_g=w_g, vmax_factor=0.1, speed=speed
+            )
+            return jax.vmap(lambda key: paaso.run(key, cfg, hyper)["objective"])(keys)
+
+        objective = np.asarray(jax.jit(jax.vmap(over_seeds))(jnp.array(speeds)), np.float64)
+        for speed, obj in zip(speeds, objective, strict=True):
+            rows.append({"setting": setting, "w": w, "w_g": w_g, "speed": speed, **_stats(obj)})
+    return pd.DataFrame(rows)

@@ -103,7 +103,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--readings-study",
         action="store_true",
         help="also sweep every reading of the ambiguous parts (readings.csv, "
-        "readings_agents.csv; minutes)",
+        "readings_agents.csv, readings_fl_step.csv; minutes)",
     )
     p.add_argument(
         "--memory-gb", type=float, default=1.0, help="device memory per chunk, GiB (default 1)"
@@ -144,13 +144,20 @@ def main(argv: list[str] | None = None) -> int:
     summary = run_all(args, profile, settings)
     claims = run_claims(args, settings)
     if args.readings_study:
-        from experiments._paaso_readings import run_agents_study, run_readings
+        from experiments._paaso_readings import (
+            run_agents_study,
+            run_fl_step_study,
+            run_readings,
+        )
 
         run_readings(settings["runs"], settings["iterations"]).to_csv(
             args.out / "readings.csv", index=False
         )
         run_agents_study(2 * settings["runs"], settings["iterations"]).to_csv(
             args.out / "readings_agents.csv", index=False
+        )
+        run_fl_step_study(settings["runs"], settings["iterations"]).to_csv(
+            args.out / "readings_fl_step.csv", index=False
         )
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "settings.json").write_text(

@@ -114,3 +114,14 @@ def test_summary_claims_read_the_search_table():
         "privacy slows convergence but does not prevent it (f5 aside)": "yes",
         "the best (w, phi, wG) differs per function and strategy": "yes",
     }
+
+
+def test_fl_unit_step_moves_the_centre_by_the_voted_step():
+    """``fl_step="unit"``: pG moves exactly ``wG * speed`` per iteration (away from walls)."""
+    cfg = paaso.PAASOConfig(strategy="fl", function="f1", iterations=1, fl_step="unit")
+    hyper = paaso.PAASOHyper(w=0.4, phi_p=2.0, phi_g=2.0, w_g=0.005, speed=5.0, vmax_factor=0.1)
+    state = paaso.init(jax.random.key(3), cfg)
+    moved, _ = jax.jit(lambda s: paaso.step(s, cfg, hyper))(state)
+    np.testing.assert_allclose(np.linalg.norm(moved.center - state.center), 0.025, rtol=1e-4)
+    with pytest.raises(ValueError, match="fl_step"):
+        paaso.PAASOConfig(strategy="fl", fl_step="sum")
