@@ -31,8 +31,9 @@ from experiments._paaso_figures import _base, _curves, _sweep
 from experiments.paaso import FIG2_INERTIA, FIG4, STRATEGIES, fig2_setting
 from swarmjax.objectives import get_objective
 from swarmjax.paaso import READINGS
+from swarmjax.paaso import VOTING as _VOTING
 
-VOTING = ["adrd", "bdrd", "pbdrd"]
+VOTING = list(_VOTING)
 K_ALPHAS = [4, 8, 16, 32]
 CONVERGED = 1.0  # f4: the mean f over runs below this counts as converged
 ALPHA = 0.05  # significance level of the "no effect" / "faster" tests
@@ -145,7 +146,7 @@ def _kalpha(args: argparse.Namespace, settings: dict[str, Any]) -> tuple[pd.Data
     grid = {
         **_base(args, settings),
         "strategy": VOTING,
-        "k_alpha": K_ALPHAS,
+        "k_alpha": settings.get("k_alphas", K_ALPHAS),
         "w": sorted({s["w"] for s in studied.values()}),
         "w_g": sorted({s["w_g"] for s in studied.values()}),
         "phi": FIG4["phi"],
@@ -262,14 +263,15 @@ def _k_alpha(rows: pd.DataFrame, traj: np.ndarray) -> dict:
     parts, tests = [], []
     for name in dict.fromkeys(rows["setting"]):
         for strategy in VOTING:
+            k_alphas = sorted(rows["k_alpha"].unique())
             finals = [
                 traj[_select(rows, setting=name, strategy=strategy, k_alpha=k), -1]
-                for k in K_ALPHAS
+                for k in k_alphas
             ]
             early = min(100, traj.shape[1])
             firsts = [
                 traj[_select(rows, setting=name, strategy=strategy, k_alpha=k), early - 1]
-                for k in K_ALPHAS
+                for k in k_alphas
             ]
             p = kruskal_p(finals)
             tests.append(p)
@@ -280,7 +282,7 @@ def _k_alpha(rows: pd.DataFrame, traj: np.ndarray) -> dict:
         "finding": "k_alpha has little effect, larger sometimes slightly worse",
         "paper": "section 4.3 (no figure), section 5",
         "setting": "voting strategies, f4, Fig. 2 and Fig. 4 settings",
-        "swarmjax": "mean f for k_alpha 4/8/16/32, final and early: "
+        "swarmjax": f"mean f for k_alpha {'/'.join(map(str, k_alphas))}, final and early: "
         + "; ".join(parts)
         + f"; final values compared by Kruskal-Wallis at {ALPHA:g}/{len(tests)} (Bonferroni)",
         "holds": _yes(min(tests) >= ALPHA / len(tests)),

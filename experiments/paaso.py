@@ -41,6 +41,7 @@ PROFILES = {
         "phi": [1.0, 2.0],
         "w_g": [0.01, 0.1],
         "speed": [1.0],
+        "k_alphas": [8, 32],  # the k_alpha study (default: 4, 8, 16, 32)
     },
     "default": {
         "runs": 20,
