@@ -14,6 +14,7 @@ Shipped models (seed 000, spec section 2.5):
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -122,15 +123,24 @@ def from_haiku(
     """Wrap a Haiku ``hk.transform``/``hk.without_apply_rng`` pair as a :class:`Model`.
 
     The module must be deterministic (no ``hk.next_rng_key`` in apply) and stateless.
+    Whether ``apply`` takes an ``rng`` argument (``hk.transform``) or not
+    (``hk.without_apply_rng``) is read from its signature once, here; errors raised inside
+    the model reach the caller unchanged.  Haiku itself is not a dependency of swarmjax.
     """
     shape = tuple(int(s) for s in input_shape)
     dummy = jnp.zeros((1, *shape), jnp.float32)
+    try:
+        takes_rng = "rng" in inspect.signature(transformed.apply).parameters
+    except (AttributeError, TypeError, ValueError):
+        raise ValueError(
+            "transformed must be a Haiku hk.transform / hk.without_apply_rng result "
+            f"(with .init and .apply); got {type(transformed).__name__}"
+        ) from None
 
     def apply(params: PyTree, x: Array) -> Array:
-        try:
+        if takes_rng:
             return transformed.apply(params, None, x)
-        except TypeError:  # hk.without_apply_rng: apply(params, x)
-            return transformed.apply(params, x)
+        return transformed.apply(params, x)
 
     return Model(
         init=lambda key: transformed.init(key, dummy),
