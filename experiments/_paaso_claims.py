@@ -378,10 +378,10 @@ def run_claims(args: argparse.Namespace, settings: dict[str, Any]) -> pd.DataFra
     w = fig2_setting(args.reading)["w"]
     for name, value in sorted(FIG2_INERTIA.items(), key=lambda kv: kv[1] != w):
         claims += _ordering(fig1_rows, fig1_traj, value, name)
-    claims.append(_fig4(*_load(args.out, "fig4")))
-    claims.append(_pm(*_load(args.out, "fig3"), w))
+    claims.append(_fig4(*_load(args.sweeps, "fig4")))
+    claims.append(_pm(*_load(args.sweeps, "fig3"), w))
     claims.append(_k_alpha(k_rows, k_traj))
-    claims.append(_agents(*_load(args.out, "fig5")))
+    claims.append(_agents(*_load(args.sweeps, "fig5")))
     claims += _summary_claims(pd.read_csv(args.out / "summary.csv"))
     table = pd.DataFrame(claims).assign(
         reading=f"{args.reading} {READINGS[args.reading]}",

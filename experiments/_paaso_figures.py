@@ -26,7 +26,7 @@ TASK = PAASOTask()
 def _sweep(
     args: argparse.Namespace, name: str, grid: dict[str, Any]
 ) -> tuple[pd.DataFrame, np.ndarray]:
-    out = args.out / name
+    out = args.sweeps / name  # resumable, per code fingerprint (experiments/paaso.py)
     run_sweep(
         TASK,
         expand_phi(grid),

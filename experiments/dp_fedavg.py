@@ -24,16 +24,15 @@ and exact bytes), rounds to a target accuracy, the loss-threshold membership-inf
 advantage of the final global model (training members vs held-out test examples), and the
 clip norm over rounds. Writes CSV/JSON/PNG under ``results/dp_fedavg/`` as it goes and
 prints a summary table; finished runs are kept under ``calls/``, so rerunning the same
-command resumes (``--restart`` runs everything again).
+command resumes (``--restart`` runs everything again).  Options follow the shared contract
+of ``experiments/_cli.py`` (``--seeds N`` runs seeds 0..N-1).
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import math
-import os
 import re
 import time
 from functools import partial
@@ -45,18 +44,14 @@ import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
-import swarmjax
+from experiments import _cli
 from swarmjax.fl.clients import stack_clients
-from swarmjax.fl.data import load_dataset, subsample
+from swarmjax.fl.data import DatasetNotFoundError, load_dataset, subsample
 from swarmjax.fl.dp_fedavg import DPFedAvgConfig, rounds_to_target, run_dp_fedavg
 from swarmjax.fl.partition import dirichlet_partition, iid_partition
 from swarmjax.models import cross_entropy, mlp, param_count
 from swarmjax.privacy.accounting import sigma_for_epsilon
 from swarmjax.privacy.audit import membership_inference_advantage
-from swarmjax.resume import CallStore
-
-REPO = Path(__file__).resolve().parents[1]
-OUT = REPO / "results" / "dp_fedavg"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,13 +103,6 @@ LOCAL = dict(local_epochs=1, batch_size=10)
 CLIENT_LR, SERVER_LR, SERVER_MOMENTUM = 0.05, 1.0, 0.9
 DIRICHLET_ALPHA = 0.5
 INITIAL_CLIP, TARGET_QUANTILE, CLIP_LR = 0.1, 0.5, 0.2
-
-
-def find_data_dir(given: str | None) -> Path:
-    for cand in (given, os.environ.get("SWARMJAX_DATA"), REPO.parent / "shared" / "data"):
-        if cand and Path(cand).is_dir():
-            return Path(cand)
-    raise SystemExit("no data directory: pass --data-dir or set SWARMJAX_DATA")
 
 
 def make_clients(data, scheme: str, num_clients: int):
@@ -269,31 +257,22 @@ def _call_settings(meta: dict) -> dict:
     grid = ("datasets", "partitions", "epsilons")
     profile = {k: v for k, v in meta["profile"].items() if k not in grid}
     rest = {k: v for k, v in meta.items() if k not in ("profile", "noise_multipliers")}
-    return {"swarmjax": swarmjax.__version__, "profile": profile, **rest}
+    return {"profile": profile, **rest}
 
 
-def main(argv: list[str] | None = None) -> pd.DataFrame:
-    parser = argparse.ArgumentParser(
-        prog="python -m experiments.dp_fedavg",
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="Profiles: --quick (CI, < 1 min), default (minutes), --full.",
+def parse_args(argv: list[str] | None = None):
+    parser = _cli.parser(
+        "dp_fedavg",
+        __doc__.split("\n\n")[0],
+        quick="CI smoke run: MNIST subset, 100 clients, 15 rounds (< 1 minute)",
+        full="300 rounds, epsilons 0.5-8, fixed C 0.03-10, 3 seeds (hours)",
+        data="mnist/ and fashion_mnist/ (IDX files)",
+        seeds="quick 1, else 3",
     )
-    mode = parser.add_mutually_exclusive_group()
-    mode.add_argument(
-        "--quick",
-        action="store_true",
-        help="CI smoke run: MNIST subset, 100 clients, 15 rounds (< 1 minute)",
+    parser.add_argument("--rounds", type=_cli.count("--rounds"), help="override the rounds T")
+    parser.add_argument(
+        "--clients", type=_cli.count("--clients"), help="override the number of clients N"
     )
-    mode.add_argument(
-        "--full",
-        action="store_true",
-        help="300 rounds, epsilons 0.5-8, fixed C 0.03-10, 3 seeds (hours)",
-    )
-    parser.add_argument("--data-dir", help="folder with mnist/ and fashion_mnist/ (IDX files)")
-    parser.add_argument("--out", default=str(OUT), help="output folder (default %(default)s)")
-    parser.add_argument("--rounds", type=int, help="override the profile's rounds T")
-    parser.add_argument("--clients", type=int, help="override the number of clients N")
     parser.add_argument(
         "--datasets", nargs="+", choices=("mnist", "fashion_mnist"), help="restrict the datasets"
     )
@@ -306,31 +285,32 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     parser.add_argument(
         "--epsilons",
         nargs="+",
-        type=float,
+        type=_cli.positive_float("--epsilons"),
         help="target client-level epsilons (z found per target)",
     )
-    parser.add_argument(
-        "--seeds", nargs="+", type=int, help="seeds, run together under one vmap (default 0 1 2)"
-    )
-    parser.add_argument(
-        "--restart",
-        action="store_true",
-        help="run every setting again; by default a rerun with the same options and --out "
-        "reuses the runs already finished there (saved under <out>/calls/)",
-    )
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
 
-    profile = PROFILES["quick" if args.quick else "full" if args.full else "default"]
+
+@_cli.entry_point
+def main(argv: list[str] | None = None) -> pd.DataFrame:
+    args = parse_args(argv)
+    profile = PROFILES[_cli.profile_name(args)]
     if args.rounds:
         profile = dataclasses.replace(profile, rounds=args.rounds)
     if args.clients:
         profile = dataclasses.replace(profile, num_clients=args.clients)
-    for field in ("datasets", "partitions", "epsilons", "seeds"):
+    for field in ("datasets", "partitions", "epsilons"):
         if getattr(args, field):
             profile = dataclasses.replace(profile, **{field: tuple(getattr(args, field))})
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    data_dir = find_data_dir(args.data_dir)
+    profile = dataclasses.replace(profile, seeds=tuple(_cli.seeds(args, len(profile.seeds))))
+    data_dir = _cli.data_dir(args.data_dir)
+    loaded = {}
+    for ds in profile.datasets:  # every dataset before any work: a missing one fails now
+        try:
+            loaded[ds] = load_dataset(ds, data_dir, download=False)
+        except DatasetNotFoundError:
+            raise _cli.UserError(f"dataset {ds!r} not found under {str(data_dir)!r}") from None
+    out = _cli.out_dir(args)
     model = mlp(MODEL_HIDDEN, 10, (28, 28, 1))
     config = DPFedAvgConfig(model, server_momentum=SERVER_MOMENTUM, eval_batch_size=2500, **LOCAL)
     delta = profile.num_clients**-1.1
@@ -363,10 +343,10 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
         "epsilon_covers": "client-level: add/remove one client with all of its data (RDP)",
     }
     (out / "config.json").write_text(json.dumps(meta, indent=2, default=str))
-    store = CallStore(out / "calls", _call_settings(meta), restart=args.restart)
+    store = _cli.call_store(out, _call_settings(meta), __name__, restart=args.restart)
     bar = tqdm(total=n_runs, desc="dp_fedavg runs", unit="run")
     for ds in profile.datasets:
-        data = subsample(load_dataset(ds, data_dir), profile.n_train, profile.n_test, seed=0)
+        data = subsample(loaded[ds], profile.n_train, profile.n_test, seed=0)
         test = (jnp.asarray(data.x_test), jnp.asarray(data.y_test))
         for scheme in profile.partitions:
             clients = make_clients(data, scheme, profile.num_clients)

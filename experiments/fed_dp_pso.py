@@ -43,8 +43,9 @@ import jax
 import numpy as np
 import pandas as pd
 
-import swarmjax
+from experiments import _cli
 from swarmjax.fl import (
+    DATASETS,
     DatasetNotFoundError,
     comm,
     flower_partition,
@@ -58,7 +59,6 @@ from swarmjax.fl.fedavg_dp import run_fedavg_dp
 from swarmjax.models import Model, lenet5, mlp, paper_mlp
 from swarmjax.resume import CallStore
 
-OUT = Path("results/fed_dp_pso")
 PAPER = {  # spec 2.5: (mean, std) per (dataset, partition, epsilon)
     "mnist": {
         "dir0.3": [(72.31, 5.78), (74.61, 5.12), (76.24, 3.97), (88.69, 3.53)],
@@ -111,18 +111,21 @@ PRESETS = {
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    mode = p.add_mutually_exclusive_group()
-    mode.add_argument("--quick", action="store_true", help="CI: digits, 2 rounds, 1 seed")
-    mode.add_argument("--full", action="store_true", help="Tables 1-2: full grid, 5 seeds")
+    p = _cli.parser(
+        "fed_dp_pso",
+        __doc__.split("\n\n")[0],
+        quick="CI: digits, 2 rounds, 1 seed",
+        full="Tables 1-2: full grid, 5 seeds",
+        data="mnist/, fashion_mnist/ (IDX), medmnist/pathmnist.npz",
+        seeds="quick 1, default 2, full 5",
+    )
     p.add_argument(
         "--datasets",
         nargs="+",
+        choices=DATASETS,
         default=None,
         help="e.g. mnist (Table 1 only); pathmnist (colour: LeNet-5) when its .npz is found",
     )
-    p.add_argument("--data-dir", default=os.environ.get("SWARMJAX_DATA", "../shared/data"))
-    p.add_argument("--out", default=str(OUT))
     p.add_argument(
         "--epsilons",
         nargs="+",
@@ -130,15 +133,19 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="target epsilons, 'inf' for no DP (--full: 5 8 10 inf; otherwise 5 inf)",
     )
-    p.add_argument("--rounds", type=int, default=None, help="R (default 10; quick 2)")
-    p.add_argument("--seeds", type=int, default=None, help="number of seeds")
-    p.add_argument("--particles", type=int, default=5, help="S, particles per client")
+    p.add_argument("--rounds", type=_cli.count("--rounds"), help="R (default 10; quick 2)")
     p.add_argument(
-        "--batch-size", type=int, default=None, help="B, expected Poisson batch (full 256, else 64)"
+        "--particles", type=_cli.count("--particles"), default=5, help="S, particles per client"
+    )
+    p.add_argument(
+        "--batch-size",
+        type=_cli.count("--batch-size"),
+        default=None,
+        help="B, expected Poisson batch (full 256, else 64)",
     )
     p.add_argument(
         "--lr",
-        type=float,
+        type=_cli.positive_float("--lr"),
         default=None,
         help="eta of (DP-)Adam (default: the paper's, 0.005 for the MLPs, 0.001 for the CNN)",
     )
@@ -161,15 +168,11 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="clients as a vmap axis or one after another (full: sequential, else vmap)",
     )
-    p.add_argument("--n-train", type=int, default=None, help="train subset (0: all rows)")
-    p.add_argument("--eval-subset", type=int, default=None, help="rows/client (0: all)")
-    p.add_argument("--no-fig3", action="store_true", help="skip the FedAvg + DP baseline")
+    p.add_argument("--n-train", type=_cli.count("--n-train", 0), help="train subset (0: all rows)")
     p.add_argument(
-        "--restart",
-        action="store_true",
-        help="run every call again; by default a rerun with the same settings and --out "
-        "reuses the calls already finished there (saved under <out>/calls/)",
+        "--eval-subset", type=_cli.count("--eval-subset", 0), help="rows/client (0: all)"
     )
+    p.add_argument("--no-fig3", action="store_true", help="skip the FedAvg + DP baseline")
     return p
 
 
@@ -181,7 +184,7 @@ def _epsilon(text: str) -> float:
 
 
 def _plan(args: argparse.Namespace) -> dict:
-    plan = dict(PRESETS["quick" if args.quick else "full" if args.full else "default"])
+    plan = dict(PRESETS[_cli.profile_name(args)])
     for k in ("datasets", "rounds", "seeds", "n_train", "eval_subset", "batch_size", "client_map"):
         if getattr(args, k) is not None:
             plan[k] = getattr(args, k)
@@ -203,7 +206,7 @@ def _call_settings(plan: dict) -> dict:
     """What a saved call's result depends on besides its key (dataset, partition, epsilons).
     ``parts`` stays in: with sequential clients all partitions share one padded shape."""
     ignored = ("datasets", "eps", "fig3")
-    return {"swarmjax": swarmjax.__version__} | {k: v for k, v in plan.items() if k not in ignored}
+    return {k: v for k, v in plan.items() if k not in ignored}
 
 
 def _load_train(name: str, n_train: int | None, data_dir, seed: int = 0):
@@ -448,13 +451,19 @@ def _comm(models: dict) -> list[dict]:
     return rows
 
 
+_BUILT_IN = ("digits", "breast_cancer")  # shipped with scikit-learn: no data folder needed
+
+
+@_cli.entry_point
 def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
     plan = _plan(args)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    wants_files = any(d not in _BUILT_IN for d in plan["datasets"]) or args.full
+    if wants_files or args.data_dir is not None:
+        args.data_dir = _cli.data_dir(args.data_dir)
+    out = _cli.out_dir(args)
     print(f"Privacy: {COVERAGE_PAPER}.\n{_header(plan)}\nload at start: {_load()}", flush=True)
-    store = CallStore(out / "calls", _call_settings(plan), restart=args.restart)
+    store = _cli.call_store(out, _call_settings(plan), __name__, restart=args.restart)
     stores = [store]
     cells, rounds_rows, fig3, walls = [], [], [], {}
     load_start = _load()
@@ -467,7 +476,7 @@ def main(argv: list[str] | None = None) -> None:
     t0 = time.perf_counter()
     if plan["fig3"] and FIG3 not in fig3_inputs and args.full:
         iid = {**plan, "parts": ["iid"]}  # own settings: the partitions fix the padded shape
-        iid_store = CallStore(out / "calls", _call_settings(iid), restart=args.restart)
+        iid_store = _cli.call_store(out, _call_settings(iid), __name__, restart=args.restart)
         try:  # the paper's Fig. 3 dataset, IID only, when its files are found
             _, fig3_inputs[FIG3], models[FIG3] = _run_dataset(
                 FIG3, iid, args, out, iid_store, cells, rounds_rows

@@ -4,11 +4,14 @@
     python -m experiments.paaso             # a meaningful slice, minutes on a 2-core CPU
     python -m experiments.paaso --full      # the paper's whole grid (meant for a GPU)
 
-Writes ``results/paaso/`` (or ``--out``): one resumable sweep folder per figure, a CSV of
+Writes ``results/paaso/`` (or ``--out``): one resumable sweep folder per figure (under
+``calls/<code fingerprint>/``, so changed code never resumes a stale sweep), a CSV of
 mean/std objective per iteration for every curve (``figN.csv``), the figures
 (``figN.png``), ``summary.csv``/``summary.json`` (final objective, mean +/- std over runs,
 of the best configuration per strategy and function, with the epsilon spent) and prints
-that table.  Rerunning with the same options resumes unfinished sweeps.
+that table.  Rerunning with the same options resumes unfinished sweeps (``--restart``
+recomputes them).  Options follow ``experiments/_cli.py``; ``--runs`` (not ``--seeds``)
+counts the independent runs per configuration.
 """
 
 from __future__ import annotations
@@ -16,8 +19,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
-from pathlib import Path
+
+from experiments import _cli
+from swarmjax.resume import code_fingerprint
 
 PAPER_W = [0.005, 0.001, 0.05, 0.1, 0.2, 0.4]
 PAPER_PHI = [0.01, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0]
@@ -70,23 +76,21 @@ def fig2_setting(reading: str) -> dict[str, float]:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog="python -m experiments.paaso",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    p = _cli.parser(
+        "paaso",
+        __doc__,
+        quick="tiny CI run (f4 only, 5 runs, 100 iterations, a 2x2x2 search grid)",
+        full="the paper's full grid (GPU advised)",
     )
-    mode = p.add_mutually_exclusive_group()
-    mode.add_argument(
-        "--quick",
-        action="store_true",
-        help="tiny CI run (f4 only, 5 runs, 100 iterations, a 2x2x2 search grid)",
+    count = _cli.count
+    p.add_argument("--runs", type=count("--runs"), help="independent runs per configuration")
+    p.add_argument("--iterations", type=count("--iterations"), help="iterations per run")
+    p.add_argument(
+        "--agents", type=count("--agents"), default=50, help="agents for Figs. 2-4, 6 (paper: 50)"
     )
-    mode.add_argument("--full", action="store_true", help="the paper's full grid (GPU advised)")
-    p.add_argument("--out", type=Path, default=Path("results/paaso"), help="output folder")
-    p.add_argument("--runs", type=int, help="independent runs per configuration (paper: 20)")
-    p.add_argument("--iterations", type=int, help="iterations per run (paper: up to 1000)")
-    p.add_argument("--agents", type=int, default=50, help="agents for Figs. 2-4, 6 (paper: 50)")
-    p.add_argument("--k-alpha", type=int, default=8, help="voting directions (paper: 8)")
+    p.add_argument(
+        "--k-alpha", type=count("--k-alpha"), default=8, help="voting directions (paper: 8)"
+    )
     p.add_argument(
         "--fl-rule",
         choices=["direction", "cognitive"],
@@ -107,21 +111,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "readings_agents.csv, readings_fl_step.csv; minutes)",
     )
     p.add_argument(
-        "--memory-gb", type=float, default=1.0, help="device memory per chunk, GiB (default 1)"
+        "--memory-gb",
+        type=_cli.positive_float("--memory-gb"),
+        default=1.0,
+        help="device memory per chunk, GiB (default 1)",
     )
     p.add_argument(
         "--cpu-devices",
-        type=int,
+        type=count("--cpu-devices"),
         default=min(os.cpu_count() or 1, 8),
         help="split the CPU into this many XLA devices to use every core (default: all)",
     )
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
-    args = p.parse_args(argv)
-    for name in ("runs", "iterations", "agents", "k_alpha", "cpu_devices"):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            p.error(f"--{name.replace('_', '-')} must be >= 1; got {value}")
-    return args
+    return p.parse_args(argv)
 
 
 def _setup_devices(count: int) -> None:
@@ -132,13 +134,20 @@ def _setup_devices(count: int) -> None:
         os.environ["XLA_FLAGS"] = f"{flags} {flag}".strip()
 
 
+@_cli.entry_point
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     _setup_devices(args.cpu_devices)
+    from experiments import _paaso_claims, _paaso_figures
     from experiments._paaso_claims import run_claims
     from experiments._paaso_figures import run_all
 
-    profile = "quick" if args.quick else "full" if args.full else "default"
+    args.out = _cli.out_dir(args)
+    module = sys.modules[__name__]
+    args.sweeps = args.out / "calls" / code_fingerprint(module, _paaso_figures, _paaso_claims)
+    if args.restart:
+        shutil.rmtree(args.sweeps, ignore_errors=True)
+    profile = _cli.profile_name(args)
     settings = dict(PROFILES[profile])
     settings["runs"] = args.runs or settings["runs"]
     settings["iterations"] = args.iterations or settings["iterations"]
