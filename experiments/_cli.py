@@ -205,7 +205,8 @@ def entry_point(main: Callable[..., T]) -> Callable[..., T]:
 
     @functools.wraps(main)
     def wrapped(argv: Sequence[str] | None = None) -> T:
-        prog = f"python -m {main.__module__}"
+        spec = getattr(sys.modules.get(main.__module__), "__spec__", None)
+        prog = f"python -m {spec.name if spec else main.__module__}"
         try:
             return main(argv)
         except UserError as exc:

@@ -400,7 +400,7 @@ def main(argv: list[str] | None = None) -> None:
     if not profile.datasets:
         raise _cli.UserError(
             f"--models {' '.join(args.models or [])} run on none of the selected datasets "
-            f"{' '.join(args.datasets or [])}; see the profiles in {__name__}.PROFILES"
+            f"{' '.join(args.datasets or [])}; see PROFILES in experiments/combined_learning.py"
         )
     loaded, skipped = load_all(args, profile)
     out = _cli.out_dir(args)
