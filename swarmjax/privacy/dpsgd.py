@@ -6,7 +6,11 @@ One private gradient (Abadi et al. 2016), for a padded batch ``x (B, ...)``, ``y
     g = (sum_i mask_i * clip(grad loss_i, C) + N(0, (sigma C)^2 I)) / expected_batch_size
 
 where ``clip(g, C) = g * min(1, C / ||g||)`` and ``||g||`` is the L2 norm over the whole
-parameter pytree.  Divide by the *expected* batch size ``q * n`` (not the realised one): the
+parameter pytree.  Hostile records: an example whose gradient norm is not finite (NaN or
+inf inputs, an overflowing gradient) contributes exactly zero (still norm ``<= C``) and
+shows as a non-finite entry of the returned norms (:func:`dropped_examples`); norms are
+computed with each row scaled by its largest entry, so finite gradients never overflow.
+Divide by the *expected* batch size ``q * n`` (not the realised one): the
 realised size is data-dependent, the expected one is public.
 
 Two ways to get the clipped sum, same result (same key -> same noised gradient):
@@ -27,9 +31,11 @@ Two ways to get the clipped sum, same result (same key -> same noised gradient):
   ``flax.linen`` Module (``module.apply``, as :func:`swarmjax.models.from_flax` builds it),
   ``params`` holds only the ``"params"`` collection, every parameter belongs to an
   ``nn.Dense`` or ``nn.Conv`` layer (exact types) that is called once per forward pass,
-  and every such layer's input has the batch axis first.  Anything else (Haiku, plain JAX,
-  LayerNorm, shared layers, ...) uses the generic path under ``method="auto"`` and raises
-  under ``method="fast"``.  The model must treat examples independently (no batch norm).
+  and every such layer's input has the batch axis first, no parameter is read outside its
+  own layer's call (weight tying: found in the jaxpr), and no example moves another
+  example's logits or loss (batch statistics: a forward-mode probe on random inputs).
+  Anything else (Haiku, plain JAX, LayerNorm, shared layers, ...) uses the generic path
+  under ``method="auto"`` and raises under ``method="fast"``.
 
 Noise: :func:`swarmjax.privacy.mechanisms.gaussian_mechanism` (one draw for the whole pytree).
 Pass a key already folded with the step, client and particle indices (:func:`noise_key`)
