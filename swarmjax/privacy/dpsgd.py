@@ -269,13 +269,16 @@ def _fast_plan(module, params, x, loss_fn=None, y=None) -> tuple[list[_Call], An
         if c.inputs.shape[:1] != x.shape[:1] or layer_out.shape[:1] != x.shape[:1]:
             return f"layer {'/'.join(c.path)} does not keep the batch axis first"
         out_shapes.append(layer_out)
-    tied = _params_read_outside_layers(module, params, x, calls)
+    try:
+        tied = _params_read_outside_layers(module, params, x, calls)
+        mixing = _mixing_reason(module, params, x, out_shapes, loss_fn, y)
+    except Exception as exc:  # a check that cannot run: use the generic path
+        return f"the fast-path checks could not run: {type(exc).__name__}: {exc}"
     if tied:
         return (
             f"parameters {tied} are also read outside their layer's call (weight tying?); "
             "the fast path would miss that gradient term"
         )
-    mixing = _mixing_reason(module, params, x, out_shapes, loss_fn, y)
     if mixing:
         return mixing
     return calls, out_shapes
