@@ -47,9 +47,9 @@ from swarmjax._validation import check_int, check_positive
 from swarmjax.resume import write_atomic
 
 __all__ = [
-    "COMPILES",
+    "STATS",
     "Chunk",
-    "CompileStats",
+    "RunnerStats",
     "SweepTask",
     "finished_run_ids",
     "load_arrays",
@@ -254,15 +254,19 @@ under ``lax.map``."""
 
 
 @dataclass
-class CompileStats:
-    """Compilations done by :func:`run_sweep` calls in this process, and their seconds
-    (the first call of each group function: tracing, lowering, XLA compilation)."""
+class RunnerStats:
+    """What :func:`run_sweep` calls in this process spent: ``compilations`` and
+    ``compile_seconds`` (tracing, lowering, XLA compilation of each group function),
+    ``kernel_seconds`` (running compiled chunks until their outputs are on the host) and
+    ``runs`` (runs computed, padding excluded)."""
 
-    count: int = 0
-    seconds: float = 0.0
+    compilations: int = 0
+    compile_seconds: float = 0.0
+    kernel_seconds: float = 0.0
+    runs: int = 0
 
 
-COMPILES = CompileStats()
+STATS = RunnerStats()
 
 
 def _blocked(fn: Callable[..., Any], ndev: int, padded: int) -> Callable[..., Any]:
@@ -312,11 +316,14 @@ class _Compiled:
         if fresh:
             start = time.perf_counter()
             compiled = fn.lower(*args).compile()
-            COMPILES.count += 1
-            COMPILES.seconds += time.perf_counter() - start
+            STATS.compilations += 1
+            STATS.compile_seconds += time.perf_counter() - start
             _JITTED[key] = (self.task, compiled)
             fn = compiled
+        start = time.perf_counter()
         out = jax.device_get(fn(*args))
+        STATS.kernel_seconds += time.perf_counter() - start
+        STATS.runs += chunk.size
         return {k: np.asarray(v)[: chunk.size] for k, v in out.items()}
 
 
@@ -417,7 +424,7 @@ def run_sweep(
         bar.update(chunk.size)
         bar.set_postfix(
             runs_per_s=f"{ran / (time.perf_counter() - start):.1f}",
-            compiles=f"{COMPILES.count} ({COMPILES.seconds:.1f} s)",
+            compiles=f"{STATS.compilations} ({STATS.compile_seconds:.1f} s)",
         )
     bar.close()
     _barrier(f"sweep-end:{out}")
