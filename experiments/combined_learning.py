@@ -28,7 +28,6 @@ import argparse
 import dataclasses
 import json
 import time
-from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -38,42 +37,35 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
-import optax
 import pandas as pd
 from tqdm import tqdm
 
 from experiments import _cli
 from swarmjax.fl import (
-    CentralizedConfig,
     DatasetNotFoundError,
-    FedAvgConfig,
     iid_partition,
     load_dataset,
     pathological_partition,
-    run_centralized,
-    run_fedavg,
     stack_clients,
     subsample,
-    weighted_average,
 )
+from swarmjax.fl.algorithms.common import weighted_average
+from swarmjax.fl.algorithms.fedavg import FedAvg
+from swarmjax.fl.algorithms.local_only import LocalOnly
 from swarmjax.fl.cl_models import thesis_model
-from swarmjax.fl.combined import CombinedAggregator, run_standalone
+from swarmjax.fl.client_training import LocalTraining
+from swarmjax.fl.combined import CombinedAggregator
+from swarmjax.fl.dp_local import DELTA
+from swarmjax.fl.runtime import simulate
 
 SPLITS = ("uniform", "arbitrary")
 
 
-def sgd_momentum(learning_rate: Any) -> optax.GradientTransformation:
-    """SGD with momentum 0.9 (the authors' MNIST optimiser)."""
-    return optax.sgd(learning_rate, momentum=0.9)
-
-
-# model -> (optimiser, learning rate), after the authors' scripts (Adam for the tabular and
-# recurrent models, SGD with momentum for the MNIST MLPs and convnet).
-OPTIMISERS: dict[str, tuple[Callable[[Any], optax.GradientTransformation], float]] = {
-    "mnist": (sgd_momentum, 0.01),
-    "breast_cancer": (optax.adam, 0.01),
-    "cifar10": (sgd_momentum, 0.01),
-    "lstm": (optax.adam, 0.005),
+OPTIMISERS: dict[str, tuple[str, float, float]] = {  # (optimiser, momentum, learning rate)
+    "mnist": ("sgd", 0.9, 0.01),  # SGD with momentum 0.9 (the authors' MNIST optimiser)
+    "breast_cancer": ("adam", 0.0, 0.01),
+    "cifar10": ("sgd", 0.9, 0.01),
+    "lstm": ("adam", 0.0, 0.005),
 }
 
 
@@ -151,8 +143,22 @@ def split_indices(labels: np.ndarray, k: int, split: str, seed: int) -> tuple[np
     return pathological_partition(labels, k, seed=seed).indices
 
 
-def optimiser(dataset: str, model: str) -> tuple[Callable[[Any], Any], float]:
-    return OPTIMISERS["lstm"] if model == "lstm" else OPTIMISERS[dataset]
+def optimiser(
+    dataset: str, model: str, epochs: int, batch_size: int
+) -> tuple[LocalTraining, float]:
+    """The local training of (dataset, model) and its learning rate."""
+    name, momentum, lr = OPTIMISERS["lstm"] if model == "lstm" else OPTIMISERS[dataset]
+    training = LocalTraining(
+        epochs=epochs, batch_size=batch_size, optimizer=name, momentum=momentum
+    )
+    return training, lr
+
+
+def _simulate(alg, clients, test, lr: float, rounds: int, seeds: list[int]):
+    variants = alg.variants(
+        clients, learning_rate=lr, **({"rounds": rounds} if isinstance(alg, FedAvg) else {})
+    )
+    return simulate(alg, clients, test, variants=variants, seeds=seeds, rounds=rounds, delta=DELTA)
 
 
 def run_setting(
@@ -160,7 +166,7 @@ def run_setting(
 ) -> pd.DataFrame:
     """History rows (method, round, client, test_accuracy) of CL, FedAvg and clients alone."""
     model = thesis_model(dataset, model_name)
-    opt, lr = optimiser(dataset, model_name)
+    training, lr = optimiser(dataset, model_name, profile.local_epochs[dataset], profile.batch_size)
     parts = split_indices(data.y_train, k, split, seed=0)
     # Pad both splits of a K to one shape so that they share a compilation.
     pad = max(
@@ -171,24 +177,28 @@ def run_setting(
     clients = stack_clients(data.x_train, data.y_train, parts, pad_to=pad)
     test = (data.x_test, data.y_test)
     seeds = list(range(profile.seeds))
-    base = dict(
-        model=model,
-        local_epochs=profile.local_epochs[dataset],
-        batch_size=profile.batch_size,
-        optimizer=opt,
-        eval_batch_size=1000,
-    )
     frames = []
-    for method, aggregate in (("CL", CombinedAggregator(0.01)), ("FedAvg", weighted_average)):
-        config = FedAvgConfig(**base, aggregate=aggregate)
-        hist = run_fedavg(
-            config, clients, test, rounds=profile.rounds, learning_rate=lr, seeds=seeds
-        )
-        frames.append(hist.history[["seed", "round", "test_accuracy"]].assign(method=method))
-    alone = run_standalone(
-        FedAvgConfig(**base), clients, test, rounds=profile.rounds, learning_rate=lr, seeds=seeds
+    for method, combine in (("CL", CombinedAggregator(0.01)), ("FedAvg", weighted_average)):
+        alg = FedAvg(model, training, combine=combine, eval_batch_size=1000)
+        res = _simulate(alg, clients, test, lr, profile.rounds, seeds)
+        frames.append(res.history[["seed", "round", "test_accuracy"]].assign(method=method))
+    alone = _simulate(
+        LocalOnly(model, training, eval_batch_size=1000), clients, test, lr, profile.rounds, seeds
     )
-    frames.append(alone[["seed", "round", "client", "test_accuracy"]].assign(method="alone"))
+    acc = alone.metrics["test_accuracy"]  # (seeds, rounds, clients)
+    s_idx, t_idx, c_idx = np.meshgrid(
+        np.asarray(seeds), np.arange(1, profile.rounds + 1), np.arange(k), indexing="ij"
+    )
+    frames.append(
+        pd.DataFrame(
+            {
+                "seed": s_idx.ravel(),
+                "round": t_idx.ravel(),
+                "client": c_idx.ravel(),
+                "test_accuracy": acc.ravel(),
+            }
+        ).assign(method="alone")
+    )
     return pd.concat(frames, ignore_index=True).assign(
         dataset=dataset, model=model_name, split=split, K=k
     )
@@ -197,20 +207,14 @@ def run_setting(
 def run_central(data: Any, dataset: str, model_name: str, profile: Profile) -> pd.DataFrame:
     """Centralised accuracy after E*t epochs, one row per round t."""
     model = thesis_model(dataset, model_name)
-    opt, lr = optimiser(dataset, model_name)
     e = profile.local_epochs[dataset]
-    config = CentralizedConfig(
-        model=model, batch_size=profile.batch_size, optimizer=opt, eval_batch_size=1000
+    training, lr = optimiser(dataset, model_name, 1, profile.batch_size)
+    union = stack_clients(data.x_train, data.y_train, [np.arange(len(data.y_train))])
+    alg = LocalOnly(model, training, keep_optimizer_state=True, eval_batch_size=1000)
+    res = _simulate(
+        alg, union, (data.x_test, data.y_test), lr, e * profile.rounds, list(range(profile.seeds))
     )
-    res = run_centralized(
-        config,
-        data.x_train,
-        data.y_train,
-        (data.x_test, data.y_test),
-        epochs=e * profile.rounds,
-        learning_rate=lr,
-        seeds=list(range(profile.seeds)),
-    )
+    res = dataclasses.replace(res, history=res.history.rename(columns={"round": "epoch"}))
     hist = res.history[res.history["epoch"] % e == 0]
     return hist.assign(
         round=hist["epoch"] // e, method="central", dataset=dataset, model=model_name

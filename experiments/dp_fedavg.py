@@ -45,13 +45,21 @@ import pandas as pd
 from tqdm import tqdm
 
 from experiments import _cli
+from swarmjax.fl.algorithms.client_level_dp_fedavg import (
+    ClientLevelDPFedAvg,
+    default_delta,
+    rounds_to_target,
+    sum_noise_multiplier,
+)
+from swarmjax.fl.client_training import LocalTraining
 from swarmjax.fl.clients import stack_clients
 from swarmjax.fl.data import DatasetNotFoundError, load_dataset, subsample
-from swarmjax.fl.dp_fedavg import DPFedAvgConfig, rounds_to_target, run_dp_fedavg
 from swarmjax.fl.partition import dirichlet_partition, iid_partition
+from swarmjax.fl.runtime import simulate
 from swarmjax.models import cross_entropy, mlp, param_count
 from swarmjax.privacy.accounting import sigma_for_epsilon
 from swarmjax.privacy.audit import membership_inference_advantage
+from swarmjax.privacy.sampling import poisson_capacity
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,7 +107,7 @@ PROFILES = {
 }
 
 MODEL_HIDDEN = (32,)  # 784-32-10, d = 25,450: small d keeps the noise norm sigma C sqrt(d) low
-LOCAL = dict(local_epochs=1, batch_size=10)
+LOCAL = LocalTraining(epochs=1, batch_size=10, optimizer="sgd")
 CLIENT_LR, SERVER_LR, SERVER_MOMENTUM = 0.05, 1.0, 0.9
 DIRICHLET_ALPHA = 0.5
 INITIAL_CLIP, TARGET_QUANTILE, CLIP_LR = 0.1, 0.5, 0.2
@@ -132,7 +140,8 @@ def mia_advantage(model, params, data, n: int, seed: int) -> float:
 
 
 def methods(profile: Profile, z: float) -> list[tuple[str, dict]]:
-    """(name, run_dp_fedavg kwargs) of the compared methods at multiplier z."""
+    """(name, settings) of the compared methods at multiplier z: ``clipping`` (static) and
+    the keyword arguments of ``ClientLevelDPFedAvg.variants``."""
     out = [
         (
             "adaptive",
@@ -155,16 +164,23 @@ def methods(profile: Profile, z: float) -> list[tuple[str, dict]]:
 def run_one(config, clients, test, data, profile, method: str, kwargs: dict, eps_target: float):
     """One method at one epsilon, all seeds in one call: (per-round history, summary row)."""
     t0 = time.perf_counter()
-    res = run_dp_fedavg(
-        config,
+    kwargs = dict(kwargs)
+    alg = dataclasses.replace(config, clipping=kwargs.pop("clipping"))
+    variants = alg.variants(
         clients,
-        test,
-        rounds=profile.rounds,
         sample_rate=profile.sample_rate,
         client_lr=CLIENT_LR,
         server_lr=SERVER_LR,
-        seeds=list(profile.seeds),
         **kwargs,
+    )
+    res = simulate(
+        alg,
+        clients,
+        test,
+        variants=variants,
+        seeds=list(profile.seeds),
+        rounds=profile.rounds,
+        delta=default_delta(clients.num_clients),
     )
     seconds = time.perf_counter() - t0
     h = res.history
@@ -173,29 +189,31 @@ def run_one(config, clients, test, data, profile, method: str, kwargs: dict, eps
     mias = [
         mia_advantage(
             config.model,
-            jax.tree.map(lambda a, i=i: a[i], res.state.params),
+            jax.tree.map(lambda a, i=i: a[i], res.server.params),
             data,
             profile.mia_examples,
             seed,
         )
-        for i, seed in enumerate(res.seeds)
+        for i, seed in enumerate(res.runs["seed"])
     ]
+    z = float(variants.hyper.noise_multiplier[0])
+    count_noise = float(variants.hyper.count_noise[0])
+    adaptive = alg.clipping == "adaptive"
     row = {
         "method": method,
         "epsilon_target": eps_target,
-        "epsilon": float(last["epsilon"].iloc[0]),
+        "epsilon": float(last["epsilon_max"].iloc[0]),
         "delta": res.privacy.delta,
-        "noise_multiplier": res.privacy.noise_multiplier,
-        "sum_noise": res.privacy.sum_noise,
-        "count_noise": res.privacy.count_noise,
+        "noise_multiplier": z,
+        "sum_noise": float(sum_noise_multiplier(z, count_noise)) if adaptive else z,
+        "count_noise": count_noise,
         "accuracy": float(last["test_accuracy"].mean()),
         "accuracy_std": float(last["test_accuracy"].std(ddof=0)),
         "test_loss": float(last["test_loss"].mean()),
         "final_clip": float(last["clip_norm"].mean()),
-        "fraction_clipped": float(h["fraction_clipped"].mean()),
         "rounds_to_target": float(reach.mean()) if reach.notna().all() else math.nan,
         "seeds_reaching_target": int(reach.notna().sum()),
-        "bits_volume": float(last["bits_volume"].mean()),
+        "bits_volume": float(last["cum_bytes_up"].mean()) * 8,
         "mb_up": float(last["cum_bytes_up"].mean()) / 1e6,
         "mia_advantage": float(np.mean(mias)),
         "mia_advantage_std": float(np.std(mias)),
@@ -239,10 +257,6 @@ def plot(summary: pd.DataFrame, history: pd.DataFrame, out: Path) -> None:
         sub = sub[(sub.epsilon_target == eps_show) & (sub.seed == sub.seed.min())]
         for method, g in sub.groupby("method"):
             ax.plot(g["round"], g["clip_norm"], label=f"{method} C_t")
-            if method == "adaptive":
-                ax.plot(
-                    g["round"], g["median_update_norm"], ":", label="median ||Delta|| (adaptive)"
-                )
         ax.set(
             yscale="log", xlabel="round", ylabel="clip norm", title=f"{ds} {part}, eps={eps_show:g}"
         )
@@ -312,7 +326,13 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
             raise _cli.UserError(f"dataset {ds!r} not found under {str(data_dir)!r}") from None
     out = _cli.out_dir(args)
     model = mlp(MODEL_HIDDEN, 10, (28, 28, 1))
-    config = DPFedAvgConfig(model, server_momentum=SERVER_MOMENTUM, eval_batch_size=2500, **LOCAL)
+    config = ClientLevelDPFedAvg(
+        model,
+        LOCAL,
+        capacity=poisson_capacity(profile.num_clients, profile.sample_rate),
+        server_momentum=SERVER_MOMENTUM,
+        eval_batch_size=2500,
+    )
     delta = profile.num_clients**-1.1
     zs = {
         e: sigma_for_epsilon(e, profile.sample_rate, profile.rounds, delta)

@@ -36,6 +36,7 @@ import json
 import math
 import os
 import time
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
@@ -53,9 +54,12 @@ from swarmjax.fl import (
     stack_clients,
     subsample,
 )
-from swarmjax.fl.dp_local import sampler_capacity
-from swarmjax.fl.fed_dp_pso import COVERAGE_PAPER, FedDPPSOConfig, run_fed_dp_pso
-from swarmjax.fl.fedavg_dp import run_fedavg_dp
+from swarmjax.fl.algorithms.fed_dp_pso import FedDPPSO
+from swarmjax.fl.algorithms.fedavg import FedAvg
+from swarmjax.fl.client_training import LocalTraining, RecordDP
+from swarmjax.fl.dp_local import DELTA, sampler_capacity
+from swarmjax.fl.protocol import coverage
+from swarmjax.fl.runtime import simulate
 from swarmjax.models import Model, lenet5, mlp, paper_mlp
 from swarmjax.resume import CallStore
 
@@ -249,9 +253,42 @@ def _paper(name: str, part: str, eps: float) -> tuple[float, float]:
     return table[EPS_COLS.index(eps)]
 
 
-def _common(plan: dict, lr: float) -> dict:
-    """Runner arguments shared by Fed-DP-PSO and the FedAvg + DP baseline."""
-    return dict(rounds=plan["rounds"], learning_rate=lr, seeds=range(plan["seeds"]))
+def _covers() -> str:
+    """What the paper-mode epsilon covers, from Fed-DP-PSO's message declarations."""
+    covered, uncovered = coverage(FedDPPSO(paper_mlp()).exchanges)
+    return "covers " + "; ".join(covered) + ". NOT covered: " + "; ".join(uncovered)
+
+
+def _run(alg, clients, data, ds, plan: dict, lr: float, eps: list[float], **kw):
+    """One simulator call of ``alg`` for every epsilon of ``eps`` x every seed."""
+    variants = alg.variants(clients, rounds=plan["rounds"], learning_rate=lr, target_epsilon=eps)
+    return simulate(
+        alg,
+        data,
+        (ds.x_test, ds.y_test),
+        variants=variants,
+        seeds=list(range(plan["seeds"])),
+        rounds=plan["rounds"],
+        delta=DELTA,
+        progress=True,
+        **kw,
+    )
+
+
+def _without_dp(alg, eps: list[float]):
+    """``alg`` with plain local training for the ``inf`` target (no clipping, no noise)."""
+    if not math.isinf(eps[0]):
+        return alg
+    return replace(alg, training=replace(alg.training, record_dp=None))
+
+
+def _eps_of(res, eps: float) -> tuple[float, float]:
+    """(largest client epsilon at the end, largest sigma) of the runs at target ``eps``."""
+    rows = res.runs["epsilon_target"].to_numpy() == eps
+    return (
+        float(np.max(res.privacy.final_epsilon[rows])),
+        float(np.max(res.privacy.noise_multiplier[rows])),
+    )
 
 
 def _final(history: pd.DataFrame, rounds: int) -> pd.DataFrame:
@@ -272,14 +309,17 @@ def _dp_pso_call(name: str, part: str, group: list, cfg, clients, ds, plan: dict
     """One compiled Fed-DP-PSO call (every epsilon of ``group`` x every seed): the per-round
     history and one results-table row per epsilon."""
     t0 = time.perf_counter()
-    res = run_fed_dp_pso(
-        cfg,
+    alg = _without_dp(cfg, group)
+    res = _run(
+        alg,
         clients,
-        (ds.x_test, ds.y_test),
-        target_epsilon=group,
+        alg.client_data(clients),
+        ds,
+        plan,
+        lr,
+        group,
+        client_map=plan["client_map"],
         rounds_per_call=1,
-        progress=True,
-        **_common(plan, lr),
     )
     took = time.perf_counter() - t0
     h = res.history.assign(dataset=name, partition=part, method="fed_dp_pso")
@@ -287,7 +327,7 @@ def _dp_pso_call(name: str, part: str, group: list, cfg, clients, ds, plan: dict
     for eps, g in _final(h, plan["rounds"]).groupby("epsilon_target"):
         mean, std = _summary(g["test_accuracy"])
         pm, ps = _paper(name, part, eps)
-        eps_max = float(np.max(res.privacy_by_epsilon[eps]["epsilon"][-1]))
+        eps_max, sigma_max = _eps_of(res, eps)
         rows.append(
             dict(
                 dataset=name,
@@ -301,7 +341,7 @@ def _dp_pso_call(name: str, part: str, group: list, cfg, clients, ds, plan: dict
                 meets_paper=bool(mean >= pm - ps) if pm == pm else None,
                 epsilon_max=eps_max,
                 epsilon_ok=bool(eps_max <= eps),
-                sigma_max=float(max(res.privacy_by_epsilon[eps]["sigma"])),
+                sigma_max=sigma_max,
                 client_sizes=" ".join(map(str, np.asarray(clients.sizes).tolist())),
                 model=cfg.model.name,
                 lr=lr,
@@ -330,16 +370,20 @@ def _run_dataset(
     pad_to, capacity = _shared_shapes(sizes, bs) if sequential else (None, None)
     for part, p in parts.items():
         clients = stack_clients(ds.x_train, ds.y_train, p.indices, pad_to=pad_to)
-        cfg = FedDPPSOConfig(
+        cap = capacity or sampler_capacity(p.sizes, bs)
+        cfg = FedDPPSO(
             model=model,
+            training=LocalTraining(
+                batch_size=bs,
+                optimizer="adamw",
+                weight_decay=1e-4,
+                record_dp=RecordDP(clip_norm=1.0, capacity=cap),
+            ),
             particles=plan["particles"],
-            batch_size=bs,
             eval_batch_size=2000,
             eval_subset=plan["eval_subset"],
             refine_start=plan["refine_start"],
             selection_metric=plan["selection_metric"],
-            client_map=plan["client_map"],
-            capacity=capacity,
         )
         for group in groups:
             key = f"{name}_{part}_eps" + "-".join(f"{e:g}" for e in group)
@@ -360,16 +404,13 @@ def _fig3(name: str, stand_in, plan: dict, cells: list, out: Path) -> list[dict]
     ds, clients, model, bs, lr, store = stand_in
 
     def baseline(eps: float) -> tuple[pd.DataFrame, dict]:
-        base = run_fedavg_dp(
-            model,
-            clients,
-            (ds.x_test, ds.y_test),
-            target_epsilon=eps,
-            batch_size=bs,
-            progress=True,
-            **_common(plan, lr),
+        record_dp = RecordDP.for_sizes(clients.sizes, bs)
+        alg = _without_dp(
+            FedAvg(model, LocalTraining(batch_size=bs, optimizer="adam", record_dp=record_dp)),
+            [eps],
         )
-        return base.history, {"epsilon_max": float(np.max(base.privacy["epsilon"][-1]))}
+        base = _run(alg, clients, clients, ds, plan, lr, [eps])
+        return base.history, {"epsilon_max": _eps_of(base, eps)[0]}
 
     rows = []
     for eps in plan["eps"]:
@@ -462,7 +503,7 @@ def main(argv: list[str] | None = None) -> None:
     if wants_files or args.data_dir is not None:
         args.data_dir = _cli.data_dir(args.data_dir)
     out = _cli.out_dir(args)
-    print(f"Privacy: {COVERAGE_PAPER}.\n{_header(plan)}\nload at start: {_load()}", flush=True)
+    print(f"Privacy: {_covers()}.\n{_header(plan)}\nload at start: {_load()}", flush=True)
     store = _cli.call_store(out, _call_settings(plan), __name__, restart=args.restart)
     stores = [store]
     cells, rounds_rows, fig3, walls = [], [], [], {}
@@ -502,7 +543,7 @@ def main(argv: list[str] | None = None) -> None:
     summary = dict(
         plan=plan,
         header=_header(plan),
-        privacy_covers=COVERAGE_PAPER,
+        privacy_covers=_covers(),
         fig3_dataset=fig3_name if fig3 else None,
         fig3_stand_in=bool(fig3) and fig3_name != FIG3,
         models={name: model.name for name, model in models.items()},

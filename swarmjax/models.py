@@ -102,15 +102,36 @@ class _LeNet5(nn.Module):
         return x[0] if unbatched else x
 
 
+@dataclass(frozen=True)
+class _FlaxInit:
+    """``key -> params`` of a linen module; compared by value (equal modules, equal inits)."""
+
+    module: nn.Module
+    input_shape: tuple[int, ...]
+
+    def __call__(self, key: PRNGKeyArray) -> PyTree:
+        return self.module.init(key, jnp.zeros((1, *self.input_shape), jnp.float32))
+
+
+@dataclass(frozen=True)
+class _FlaxApply:
+    """``(params, x) -> logits`` of a linen module; compared by value."""
+
+    module: nn.Module
+
+    def __call__(self, params: PyTree, x: Array) -> Array:
+        return self.module.apply(params, x)
+
+
 def from_flax(
     module: nn.Module, input_shape: Sequence[int], num_classes: int, name: str = "flax"
 ) -> Model:
-    """Wrap a Flax linen module (no mutable collections) as a :class:`Model`."""
+    """Wrap a Flax linen module (no mutable collections) as a :class:`Model`; two wraps of
+    equal modules give equal (and equally hashed) models, so they share compilations."""
     shape = tuple(int(s) for s in input_shape)
-    dummy = jnp.zeros((1, *shape), jnp.float32)
     return Model(
-        init=lambda key: module.init(key, dummy),
-        apply=module.apply,
+        init=_FlaxInit(module, shape),
+        apply=_FlaxApply(module),
         num_classes=check_int("num_classes", num_classes, 2),
         input_shape=shape,
         name=name,

@@ -1,0 +1,174 @@
+"""Client-side training shared by every algorithm: local steps with an optional record-level
+DP (DP-SGD / DP-Adam) and the one optimiser convention.
+
+:class:`LocalTraining` says how a client trains (epochs ``E``, batch size ``B``, optimiser
+name, record-level DP or not); :meth:`LocalTraining.train` runs it on ONE client's padded
+data (:func:`swarmjax.fl.local.local_train` with the DP ``grad_fn`` and Poisson sampler of
+:mod:`swarmjax.fl.dp_local` when ``record_dp`` is set) and returns the trained model with
+the number of accounted steps. The Poisson rate is defined once, :func:`sample_rate`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jaxtyping import Array, ArrayLike, Bool, Float, Int, PRNGKeyArray, PyTree
+
+from swarmjax._validation import check_choice, check_int, check_nonnegative, check_positive
+from swarmjax.fl.clients import ClientData, poisson_rates
+from swarmjax.fl.dp_local import dp_grad_fn, poisson_sampler, sampler_capacity
+from swarmjax.fl.local import LocalResult, local_train
+from swarmjax.models import Model
+
+__all__ = [
+    "OPTIMIZERS",
+    "LocalTraining",
+    "OptimizerName",
+    "RecordDP",
+    "clip_update",
+    "make_optimizer",
+    "sample_rate",
+]
+
+OptimizerName = Literal["sgd", "adam", "adamw"]
+OPTIMIZERS = ("sgd", "adam", "adamw")
+
+
+def make_optimizer(
+    name: OptimizerName, learning_rate: ArrayLike, weight_decay: float = 0.0, momentum: float = 0.0
+) -> optax.GradientTransformation:
+    """The optimiser convention: ``"sgd"`` (with ``momentum`` when > 0), ``"adam"`` or
+    ``"adamw"`` (decoupled ``weight_decay``) at ``learning_rate`` (may be traced)."""
+    if name == "sgd":
+        return optax.sgd(learning_rate, momentum=momentum or None)
+    if name == "adam":
+        return optax.adam(learning_rate)
+    return optax.adamw(learning_rate, weight_decay=weight_decay)
+
+
+def sample_rate(size: Int[Array, ""], batch_size: int) -> Float[Array, ""]:
+    """Poisson rate of record-level DP: ``q_i = B / |D_i|`` (capped at 1), on device.
+    The host-side check that ``B <= min |D_i|`` is :func:`swarmjax.fl.clients.poisson_rates`."""
+    return jnp.minimum(batch_size / jnp.maximum(size, 1).astype(jnp.float32), 1.0)
+
+
+def clip_update(
+    update: PyTree, clip: Float[ArrayLike, ""]
+) -> tuple[PyTree, Float[Array, ""], Bool[Array, ""]]:
+    """Clip a whole-pytree update to L2 norm ``<= clip``: ``(clipped, norm, finite)``.
+
+    A non-finite update (any NaN or inf coordinate) is replaced by zeros (``finite`` False,
+    ``norm`` inf): it contributes nothing, so the L2 sensitivity ``clip`` holds for any
+    input. Selected with ``jnp.where``, never by multiplying the bad values by 0.
+    """
+    leaves = jax.tree.leaves(update)
+    finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(leaf)) for leaf in leaves]))
+    sq = sum(jnp.sum(jnp.square(jnp.where(finite, leaf, 0).astype(jnp.float32))) for leaf in leaves)
+    norm = jnp.where(finite, jnp.sqrt(sq), jnp.inf)
+    scale = jnp.where(finite, jnp.minimum(1.0, clip / jnp.maximum(norm, 1e-12)), 0.0)
+
+    def one(leaf: Array) -> Array:
+        return jnp.where(finite, leaf * scale, jnp.zeros_like(leaf)).astype(leaf.dtype)
+
+    return jax.tree.map(one, update), norm, finite
+
+
+@dataclass(frozen=True)
+class RecordDP:
+    """Record-level DP of local training (DP-SGD / DP-Adam): per-example clipping to
+    ``clip_norm``, Gaussian noise ``sigma_i clip_norm``, Poisson batches of rate
+    ``B / |D_i|`` in a buffer of ``capacity`` rows (:meth:`for_sizes`: the smallest safe
+    one; ``None``: the padded client length, which never overflows but costs more)."""
+
+    clip_norm: float = 1.0
+    capacity: int | None = None
+
+    @classmethod
+    def for_sizes(cls, sizes: ArrayLike, batch_size: int, clip_norm: float = 1.0) -> RecordDP:
+        """The smallest capacity with Poisson overflow below 1e-9 for clients of ``sizes``."""
+        check_positive("clip_norm", clip_norm)
+        return cls(clip_norm=float(clip_norm), capacity=sampler_capacity(sizes, batch_size))
+
+
+@dataclass(frozen=True)
+class LocalTraining:
+    """How a client trains in a round (static, hashable).
+
+    Attributes:
+        epochs: ``E`` local epochs.
+        batch_size: ``B`` (the expected Poisson batch under record-level DP).
+        optimizer: ``"sgd"``, ``"adam"`` or ``"adamw"`` (fresh state every round).
+        weight_decay: ``lambda`` of ``"adamw"``.
+        momentum: momentum of ``"sgd"`` (0: none).
+        record_dp: record-level DP, or ``None`` (shuffled batches, exact gradients).
+    """
+
+    epochs: int = 1
+    batch_size: int = 32
+    optimizer: OptimizerName = "sgd"
+    weight_decay: float = 0.0
+    momentum: float = 0.0
+    record_dp: RecordDP | None = None
+
+    def check(self, sizes: ArrayLike) -> None:
+        """``ValueError`` naming the field unless valid for clients of ``sizes``."""
+        check_int("local_epochs", self.epochs, 1)
+        check_int("batch_size", self.batch_size, 1)
+        check_choice("optimizer", self.optimizer, OPTIMIZERS)
+        check_nonnegative("weight_decay", self.weight_decay)
+        check_nonnegative("momentum", self.momentum)
+        if self.record_dp is not None:
+            check_positive("clip_norm", self.record_dp.clip_norm)
+            poisson_rates(np.asarray(sizes), self.batch_size)
+            needed = sampler_capacity(sizes, self.batch_size)
+            capacity = self.record_dp.capacity
+            if capacity is not None and capacity < needed:
+                raise ValueError(
+                    f"record_dp.capacity must be >= {needed} (Poisson overflow below 1e-9 for "
+                    f"these clients); got {self.record_dp.capacity}: use RecordDP.for_sizes"
+                )
+
+    def optimizer_for(self, learning_rate: ArrayLike) -> optax.GradientTransformation:
+        """This training's optimiser at ``learning_rate``."""
+        return make_optimizer(self.optimizer, learning_rate, self.weight_decay, self.momentum)
+
+    def train(
+        self,
+        model: Model,
+        params: PyTree,
+        data: ClientData,
+        key: PRNGKeyArray,
+        learning_rate: Float[Array, ""],
+        noise_multiplier: Float[Array, ""],
+        opt_state: PyTree | None = None,
+    ) -> LocalResult:
+        """``E`` epochs on ONE client from ``params`` (the optimiser state starts fresh unless
+        ``opt_state``); ``steps`` are the accounted steps (``E ceil(|D_i| / B)``) when
+        ``record_dp`` is set."""
+        grad_fn = sampler = None
+        if self.record_dp is not None:
+            grad_fn = dp_grad_fn(
+                model.apply,
+                clip_norm=self.record_dp.clip_norm,
+                noise_multiplier=noise_multiplier,
+                expected_batch_size=float(self.batch_size),
+            )
+            capacity = self.record_dp.capacity or data.mask.shape[0]
+            sampler = poisson_sampler(self.batch_size, capacity)
+        return local_train(
+            params,
+            data,
+            key,
+            apply_fn=model.apply,
+            optimizer=self.optimizer_for(learning_rate),
+            epochs=self.epochs,
+            batch_size=self.batch_size,
+            grad_fn=grad_fn,
+            sampler=sampler,
+            opt_state=opt_state,
+        )
