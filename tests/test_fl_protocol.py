@@ -373,3 +373,61 @@ def test_bad_input_fails_before_any_work(setup):
         assert default_delta(100) == pytest.approx(100**-1.1)
     assert any("not well below 1/N" in str(w.message) for w in caught)
     assert math.isfinite(default_delta(100))
+
+
+def test_record_dp_accounts_the_samplers_overflow_over_the_whole_run(setup, results):
+    """The Poisson buffer's overflow is charged to delta at every accounted step: the record's
+    epsilon is the accountant's with ``overflow_prob``; a run-sized buffer adds at most
+    1e-3 delta; a too-small buffer makes epsilon grow (or inf), never silently ignored."""
+    from swarmjax.fl.protocol import Spend
+    from swarmjax.fl.runtime.result import privacy_record
+    from swarmjax.privacy.accounting import epsilon as accounted
+    from swarmjax.privacy.sampling import overflow_probability, sampler_delta
+
+    clients, _ = setup
+    sizes = np.asarray(clients.sizes)
+    steps, delta, target = 400, 1e-5, 8.0
+    run = RecordDP.for_sizes(sizes, 32, steps=steps, delta=delta, epsilon=target)
+    small = RecordDP.for_sizes(sizes, 32)  # 1e-9 per step
+    assert run.capacity >= small.capacity
+    for n in sizes:
+        p = overflow_probability(int(n), 32 / int(n), run.capacity)
+        assert sampler_delta(p, steps, target) <= 1e-3 * delta
+    training = LocalTraining(batch_size=32, record_dp=RecordDP(capacity=34))
+    over = training.sampler_overflow(sizes, clients.mask.shape[1])
+    chex.assert_shape(over, (N,))
+    np.testing.assert_allclose(
+        over, [overflow_probability(int(n), 32 / int(n), 34) for n in sizes], rtol=1e-12
+    )
+    assert np.all(over > 0)
+    np.testing.assert_array_equal(
+        LocalTraining(batch_size=32).sampler_overflow(sizes, clients.mask.shape[1]), 0.0
+    )
+    shape = (1, 2, N)
+    spend = Spend(
+        sample_rate=np.full(shape, 0.16),
+        noise_multiplier=np.full(shape, 1.1),
+        steps=np.broadcast_to(np.array([10, 20])[None, :, None], shape),
+        extra_epsilon=np.zeros(shape),
+    )
+    exact = privacy_record(spend, (), unit="record", delta=delta, overflow_prob=over)
+    naive = privacy_record(spend, (), unit="record", delta=delta)
+    for i in range(N):
+        assert exact.epsilon[0, 1, i] == pytest.approx(
+            accounted(0.16, 1.1, 20, delta, overflow_prob=over[i])
+        )
+    assert np.all(exact.epsilon >= naive.epsilon) and np.any(exact.epsilon > naive.epsilon)
+    # end to end: the simulator charges the configured buffer's overflow
+    res = results["fedavg_record_dp"]
+    alg, _ = _algorithms(clients)["fedavg_record_dp"]
+    p = alg.training.sampler_overflow(sizes, clients.mask.shape[1])
+    pr = res.privacy
+    for i in range(N):
+        expected = accounted(
+            float(pr.sample_rate[0, i]),
+            float(pr.noise_multiplier[0, i]),
+            int(pr.steps[0, -1, i]),
+            delta,
+            overflow_prob=float(p[i]),
+        )
+        assert pr.final_epsilon[0, i] == pytest.approx(expected, rel=1e-9)

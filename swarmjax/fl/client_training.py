@@ -24,6 +24,7 @@ from swarmjax.fl.clients import ClientData, poisson_rates
 from swarmjax.fl.dp_local import dp_grad_fn, poisson_sampler, sampler_capacity
 from swarmjax.fl.local import LocalResult, local_train
 from swarmjax.models import Model
+from swarmjax.privacy.sampling import overflow_probability, run_capacity
 
 __all__ = [
     "OPTIMIZERS",
@@ -89,10 +90,31 @@ class RecordDP:
     capacity: int | None = None
 
     @classmethod
-    def for_sizes(cls, sizes: ArrayLike, batch_size: int, clip_norm: float = 1.0) -> RecordDP:
-        """The smallest capacity with Poisson overflow below 1e-9 for clients of ``sizes``."""
+    def for_sizes(
+        cls,
+        sizes: ArrayLike,
+        batch_size: int,
+        clip_norm: float = 1.0,
+        *,
+        steps: int | None = None,
+        delta: float | None = None,
+        epsilon: float | None = None,
+    ) -> RecordDP:
+        """The smallest capacity for clients of ``sizes``: per-step overflow below 1e-9, or,
+        given the run's ``steps`` (per client), ``delta`` and an upper bound ``epsilon`` on
+        its epsilon, the one whose overflow over the whole run adds at most ``1e-3 delta``
+        (:func:`swarmjax.privacy.sampling.run_capacity`). Either way the privacy record
+        accounts the overflow exactly (:meth:`LocalTraining.sampler_overflow`)."""
         check_positive("clip_norm", clip_norm)
-        return cls(clip_norm=float(clip_norm), capacity=sampler_capacity(sizes, batch_size))
+        if steps is None:
+            return cls(clip_norm=float(clip_norm), capacity=sampler_capacity(sizes, batch_size))
+        if delta is None or epsilon is None:
+            raise ValueError("RecordDP.for_sizes: steps needs delta and epsilon too")
+        capacity = max(
+            run_capacity(n, min(1.0, batch_size / n), steps=steps, delta=delta, epsilon=epsilon)
+            for n in {int(n) for n in np.asarray(sizes).reshape(-1)}
+        )
+        return cls(clip_norm=float(clip_norm), capacity=capacity)
 
 
 @dataclass(frozen=True)
@@ -132,6 +154,20 @@ class LocalTraining:
                     f"record_dp.capacity must be >= {needed} (Poisson overflow below 1e-9 for "
                     f"these clients); got {self.record_dp.capacity}: use RecordDP.for_sizes"
                 )
+
+    def sampler_overflow(self, sizes: ArrayLike, padded: int) -> np.ndarray:
+        """``(clients,)`` probability that one step's Poisson batch overflows the buffer
+        (0 without record-level DP, or when the buffer holds the whole client), for clients
+        of ``sizes`` padded to ``padded`` rows: what the accountant adds to delta per step."""
+        sizes = np.asarray(sizes, np.int64).reshape(-1)
+        if self.record_dp is None:
+            return np.zeros(sizes.shape, np.float64)
+        capacity = self.record_dp.capacity or int(padded)
+        probs = {
+            n: overflow_probability(n, min(1.0, self.batch_size / n), capacity)
+            for n in {int(n) for n in sizes}
+        }
+        return np.asarray([probs[int(n)] for n in sizes], np.float64)
 
     def optimizer_for(self, learning_rate: ArrayLike) -> optax.GradientTransformation:
         """This training's optimiser at ``learning_rate``."""

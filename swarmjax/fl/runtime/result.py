@@ -59,26 +59,34 @@ def privacy_record(
     *,
     unit: str | None,
     delta: float,
+    overflow_prob: np.ndarray | None = None,
 ) -> PrivacyRecord:
     """Epsilon per (run, round, client) from the per-round spend (a :class:`Spend` with
-    ``(runs, rounds, clients)`` leaves) and the
-    coverage of ``exchanges``' declarations. Equal ``(q, sigma, steps)`` are accounted once."""
+    ``(runs, rounds, clients)`` leaves) and the coverage of ``exchanges``' declarations.
+    ``overflow_prob``: ``(clients,)`` per-step chance that a client's static-size Poisson
+    buffer overflowed; the accountant charges it to ``delta`` (the stated delta covers the
+    sampler). Equal ``(q, sigma, steps, overflow)`` are accounted once."""
     q = np.asarray(spend.sample_rate, np.float64)
     sigma = np.asarray(spend.noise_multiplier, np.float64)
     steps = np.asarray(spend.steps, np.int64)
     extra = np.asarray(spend.extra_epsilon, np.float64)
-    cache: dict[tuple[float, float, int], float] = {}
+    over = np.broadcast_to(
+        np.zeros(steps.shape[-1]) if overflow_prob is None else np.asarray(overflow_prob),
+        steps.shape,
+    )
+    cache: dict[tuple[float, float, int, float], float] = {}
 
-    def eps(qi: float, si: float, ti: int) -> float:
+    def eps(qi: float, si: float, ti: int, pi: float) -> float:
         if ti == 0:
             return 0.0
         if si <= 0.0 or unit is None:
             return math.inf
-        if (qi, si, ti) not in cache:
-            cache[qi, si, ti] = accounted_epsilon(qi, si, ti, delta)
-        return cache[qi, si, ti]
+        if (qi, si, ti, pi) not in cache:
+            cache[qi, si, ti, pi] = accounted_epsilon(qi, si, ti, delta, overflow_prob=pi)
+        return cache[qi, si, ti, pi]
 
-    flat = [eps(*v) for v in zip(q.ravel(), sigma.ravel(), steps.ravel(), strict=True)]
+    values = zip(q.ravel(), sigma.ravel(), steps.ravel(), over.ravel(), strict=True)
+    flat = [eps(*v) for v in values]
     epsilon = np.asarray(flat, np.float64).reshape(steps.shape) + extra
     if unit is None:
         epsilon = np.full(steps.shape, math.inf)

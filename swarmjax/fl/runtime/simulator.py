@@ -243,6 +243,14 @@ def _sharded(tree: PyTree) -> PyTree:
     return jax.device_put(tree, sharding)
 
 
+def _sampler_overflow(alg: Algorithm, train: ClientData | None) -> np.ndarray | None:
+    """``(clients,)`` per-step overflow chance of record-level DP's Poisson buffers."""
+    training = getattr(alg, "training", None)
+    if alg.privacy_unit != "record" or training is None or not isinstance(train, ClientData):
+        return None
+    return training.sampler_overflow(np.asarray(train.sizes), train.mask.shape[1])
+
+
 def simulate(
     alg: Algorithm,
     clients: PyTree,
@@ -326,7 +334,11 @@ def simulate(
     selected = np.where(np.isnan(expected), out["selected"], expected)
     history = _history(labels, out["metrics"], selected, sizes, runs, rounds)
     record = privacy_record(
-        out["spend"], alg.setup + alg.exchanges, unit=alg.privacy_unit, delta=delta
+        out["spend"],
+        alg.setup + alg.exchanges,
+        unit=alg.privacy_unit,
+        delta=delta,
+        overflow_prob=_sampler_overflow(alg, train),
     )
     history["epsilon_max"] = record.epsilon.max(axis=2).reshape(-1)
     diag = {}
