@@ -125,20 +125,25 @@ def calibrate_sigmas(
     rounds: int,
     epochs: int = 1,
     delta: float = DELTA,
+    overflow_prob: ArrayLike | None = None,
 ) -> np.ndarray:
     """Per-client noise multiplier so client ``i`` spends ``<= target_epsilon`` at ``delta``
-    after ``rounds * E * ceil(|D_i| / B)`` steps at ``q_i = B / |D_i|``; zeros for ``inf``."""
+    after ``rounds * E * ceil(|D_i| / B)`` steps at ``q_i = B / |D_i|``; zeros for ``inf``.
+    ``overflow_prob``: ``(clients,)`` per-step overflow chance of each client's Poisson buffer
+    (:meth:`~swarmjax.fl.client_training.LocalTraining.sampler_overflow`), charged to delta."""
     check_positive("target_epsilon", target_epsilon)
     check_range("delta", delta, 0.0, 1.0, low_open=True, high_open=True)
     rounds = check_int("rounds", rounds, 1)
     sizes = np.asarray(sizes, np.int64).reshape(-1)
     steps = steps_per_round(sizes, batch_size, epochs) * rounds
-    cache: dict[tuple[int, int], float] = {}  # equal sizes share one bisection
-    for n, t in zip(sizes, steps, strict=True):
-        if (int(n), int(t)) not in cache:
-            q = min(1.0, batch_size / int(n))
-            cache[int(n), int(t)] = sigma_for_epsilon(target_epsilon, q, int(t), delta)
-    return np.array([cache[int(n), int(t)] for n, t in zip(sizes, steps, strict=True)])
+    over = np.zeros(len(sizes)) if overflow_prob is None else np.asarray(overflow_prob, float)
+    rows = [(int(n), int(t), float(p)) for n, t, p in zip(sizes, steps, over, strict=True)]
+    cache: dict[tuple[int, int, float], float] = {}  # equal clients share one bisection
+    for n, t, p in rows:
+        if (n, t, p) not in cache:
+            q = min(1.0, batch_size / n)
+            cache[n, t, p] = sigma_for_epsilon(target_epsilon, q, t, delta, overflow_prob=p)
+    return np.array([cache[r] for r in rows])
 
 
 def epsilon_history(
