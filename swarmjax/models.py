@@ -122,6 +122,11 @@ class _FlaxApply:
     def __call__(self, params: PyTree, x: Array) -> Array:
         return self.module.apply(params, x)
 
+    @property
+    def flax_module(self) -> nn.Module:
+        """The wrapped module (read by the DP-SGD fast path's layer detection)."""
+        return self.module
+
 
 def from_flax(
     module: nn.Module, input_shape: Sequence[int], num_classes: int, name: str = "flax"

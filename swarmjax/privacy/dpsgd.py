@@ -199,6 +199,10 @@ class _Call:
 
 
 def _flax_module(apply_fn: ApplyFn) -> nn.Module | None:
+    """The linen module behind ``apply_fn``: ``module.apply`` or a :func:`models.from_flax` apply."""
+    wrapped = getattr(apply_fn, "flax_module", None)
+    if isinstance(wrapped, nn.Module):
+        return wrapped
     owner = getattr(apply_fn, "__self__", None)
     if isinstance(owner, nn.Module) and getattr(apply_fn, "__func__", None) is nn.Module.apply:
         return owner
