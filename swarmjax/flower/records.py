@@ -16,6 +16,7 @@ their ``key_data`` (uint32) and are re-wrapped with the template's implementatio
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -25,7 +26,14 @@ from flwr.app import Array as FlowerArray
 from flwr.app import ArrayRecord
 from jaxtyping import PyTree
 
-__all__ = ["RecordError", "from_record", "payload_bytes", "to_record"]
+__all__ = [
+    "RecordError",
+    "from_record",
+    "load_tree",
+    "payload_bytes",
+    "save_tree",
+    "to_record",
+]
 
 _UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 
@@ -114,3 +122,16 @@ def payload_bytes(tree: PyTree) -> int:
 def _encode_size(leaf: Any) -> int:
     shape, dtype = _expected(leaf)
     return int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+
+
+def save_tree(path: str | Path, tree: PyTree) -> None:
+    """Write ``tree`` to an ``.npz`` file, one entry per leaf under its path (as on the wire)."""
+    leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+    np.savez(path, **{jax.tree_util.keystr(p): _encode(leaf) for p, leaf in leaves})
+
+
+def load_tree(path: str | Path, like: PyTree) -> PyTree:
+    """Read a :func:`save_tree` file back, checked against the template ``like``."""
+    with np.load(path, allow_pickle=False) as f:
+        record = ArrayRecord({k: FlowerArray.from_numpy_ndarray(f[k]) for k in f.files})
+    return from_record(record, like)
