@@ -24,6 +24,11 @@ so a simulator and a deployment where each client derives its own keys from the 
 its id and the round/exchange index the server sends draw identical numbers. Round ``0``
 is the setup; rounds ``1..T`` are the training rounds.
 
+Changed (after the first version): ``client_init`` takes the ``client_id`` (per-client
+hyper-parameters such as a calibrated noise multiplier are picked by id); ``spend`` takes the
+server state too (client-level DP is accounted by the server); ``Exchange.expected_selected``
+and ``Algorithm.private_diagnostics`` added.
+
 Runtimes: :mod:`swarmjax.fl.runtime.simulator` (one process, everything vmapped) and the
 Flower runtime (``swarmjax.flower``) execute any :class:`Algorithm` unchanged.
 """
@@ -196,6 +201,11 @@ class Exchange:
         protection: Reply field name -> :class:`Protection`, one entry per Reply field.
         max_selected: a static bound on how many clients ``select`` can pick (``None``: all);
             a runtime may then run only that many client calls.
+        expected_selected: ``None`` when the selection is public (released byte counts use
+            the realised number of clients). Set it, ``(hyper, num_clients) -> expected
+            number``, when the selection is part of a DP mechanism (secret Poisson sampling
+            of clients): the realised count would leak, so released byte counts use this
+            expectation and the realised count is only a private diagnostic.
     """
 
     name: str
@@ -205,6 +215,7 @@ class Exchange:
     aggregate: Callable[[ServerState, Reply, Bool[Array, " N"], Hyper], ServerState]
     protection: Mapping[str, Protection] = field(default_factory=dict)
     max_selected: int | None = None
+    expected_selected: Callable[[Hyper, int], Array] | None = None
 
     def __hash__(self) -> int:
         return hash(
@@ -216,6 +227,7 @@ class Exchange:
                 self.aggregate,
                 tuple(sorted(self.protection.items())),
                 self.max_selected,
+                self.expected_selected,
             )
         )
 
@@ -235,7 +247,9 @@ class Algorithm(Protocol):
     * ``spend(server, client_state) -> Spend``: what that client's accountant has counted
       (record-level DP: the client's own steps; client-level DP: the server's accounted
       aggregates, the same for every client);
-    * ``privacy_unit``: ``"record"``, ``"client"`` or ``None`` (no DP).
+    * ``privacy_unit``: ``"record"``, ``"client"`` or ``None`` (no DP);
+    * ``private_diagnostics(client_state) -> dict[str, Array]``: statistics of a client's
+      private data for debugging (collected only on request, never released, not covered).
     """
 
     setup: tuple[Exchange, ...]
@@ -251,3 +265,5 @@ class Algorithm(Protocol):
     def evaluate(self, server: ServerState, test: tuple[Array, Array]) -> dict[str, Array]: ...
 
     def spend(self, server: ServerState, client_state: ClientState) -> Spend: ...
+
+    def private_diagnostics(self, client_state: ClientState) -> dict[str, Array]: ...
