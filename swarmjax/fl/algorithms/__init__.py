@@ -1,0 +1,1 @@
+"""Federated algorithms written once on :mod:`swarmjax.fl.protocol` (one file each)."""

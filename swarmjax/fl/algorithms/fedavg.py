@@ -1,0 +1,178 @@
+"""FedAvg (McMahan et al. 2017), optionally with record-level DP local training
+(FedAvg + DP-SGD / DP-Adam), and combined learning through its ``combine`` rule.
+
+One exchange per round, every client: the server broadcasts the global model, each client
+trains ``E`` local epochs (:class:`~swarmjax.fl.client_training.LocalTraining`) and uploads
+its model with its weight ``|D_i|``; the server combines the uploaded models with
+``combine`` (default :func:`~swarmjax.fl.algorithms.common.weighted_average`; combined
+learning plugs in :class:`~swarmjax.fl.combined.CombinedAggregator`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import flax.struct
+import jax.numpy as jnp
+from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray, PyTree
+
+from swarmjax._validation import check_positive
+from swarmjax.fl.algorithms.common import (
+    Aggregator,
+    ModelReply,
+    ModelServer,
+    Trainer,
+    calibrated_noise,
+    keep_if,
+    masked,
+    public_metrics,
+    target_list,
+    weighted_average,
+)
+from swarmjax.fl.client_training import LocalTraining, sample_rate
+from swarmjax.fl.clients import ClientData
+from swarmjax.fl.dp_local import DELTA
+from swarmjax.fl.protocol import ACCOUNTED, UNPROTECTED, Exchange, Protection, Spend, everyone
+from swarmjax.fl.runtime.simulator import Variants
+from swarmjax.models import Model
+
+__all__ = ["FedAvg", "FedAvgHyper"]
+
+
+@flax.struct.dataclass
+class FedAvgHyper:
+    """Numeric hyper-parameters (vmappable leaves).
+
+    Attributes:
+        learning_rate: local learning rate.
+        noise_multiplier: ``(clients,)`` ``sigma_i`` of record-level DP (unused without).
+    """
+
+    learning_rate: Float[Array, ""]
+    noise_multiplier: Float[Array, " clients"]
+
+
+@dataclass(frozen=True)
+class FedAvg:
+    """FedAvg as a protocol algorithm (static settings; hashable).
+
+    Attributes:
+        model: the ``(init, apply)`` pair.
+        training: local training (epochs, batch size, optimiser, record-level DP or not).
+        combine: ``(client_params, weights) -> params`` over the uploaded models (stacked);
+            unselected slots are zeroed with weight 0 before it is called.
+        eval_batch_size: chunk size of the test evaluation (None: one pass).
+    """
+
+    model: Model
+    training: LocalTraining = field(default_factory=LocalTraining)
+    combine: Aggregator = weighted_average
+    eval_batch_size: int | None = None
+
+    setup: tuple[Exchange, ...] = ()
+
+    @property
+    def privacy_unit(self) -> str | None:
+        return "record" if self.training.record_dp is not None else None
+
+    @property
+    def exchanges(self) -> tuple[Exchange, ...]:
+        params = ACCOUNTED if self.training.record_dp is not None else UNPROTECTED
+        weight = Protection("public", None, "|D_i|, public (as q_i = B/|D_i| assumes)")
+        return (
+            Exchange(
+                "train",
+                everyone,
+                self.request,
+                self.client,
+                self.aggregate,
+                {"params": params, "weight": weight},
+            ),
+        )
+
+    # ------------------------------------------------------------------ protocol members
+
+    def server_init(self, key: PRNGKeyArray, hyper: FedAvgHyper) -> ModelServer:
+        return ModelServer(params=self.model.init(key))
+
+    def client_init(
+        self, key: PRNGKeyArray, data: ClientData, hyper: FedAvgHyper, client_id: Int[Array, ""]
+    ) -> Trainer:
+        del key
+        dp = self.training.record_dp is not None
+        spend = Spend.none()
+        if dp:
+            spend = spend.replace(
+                sample_rate=sample_rate(data.sizes, self.training.batch_size),
+                noise_multiplier=hyper.noise_multiplier[client_id],
+            )
+        return Trainer(spend=spend, loss=jnp.zeros((), jnp.float32))
+
+    def request(self, server: ModelServer) -> PyTree:
+        return server.params
+
+    def client(
+        self,
+        state: Trainer,
+        data: ClientData,
+        params: PyTree,
+        key: PRNGKeyArray,
+        hyper: FedAvgHyper,
+    ) -> tuple[Trainer, ModelReply]:
+        res = self.training.train(
+            self.model, params, data, key, hyper.learning_rate, state.spend.noise_multiplier
+        )
+        spend = state.spend.replace(steps=state.spend.steps + res.steps)
+        reply = ModelReply(params=res.params, weight=data.sizes.astype(jnp.float32))
+        return Trainer(spend=spend, loss=res.loss), reply
+
+    def aggregate(
+        self, server: ModelServer, replies: ModelReply, mask: Bool[Array, " N"], hyper: FedAvgHyper
+    ) -> ModelServer:
+        del hyper
+        r = masked(replies, mask)
+        new = self.combine(r.params, r.weight)
+        return ModelServer(params=keep_if(jnp.sum(r.weight) > 0, new, server.params))
+
+    def evaluate(self, server: ModelServer, test: tuple[Array, Array]) -> dict[str, Array]:
+        return public_metrics(self.model, server.params, test, self.eval_batch_size)
+
+    def spend(self, server: ModelServer, state: Trainer) -> Spend:
+        del server
+        return state.spend
+
+    def private_diagnostics(self, state: Trainer) -> dict[str, Array]:
+        return {"local_train_loss": state.loss}
+
+    # --------------------------------------------------------------------- host helpers
+
+    def variants(
+        self,
+        clients: ClientData,
+        *,
+        rounds: int,
+        learning_rate: float | Sequence[float] = 0.1,
+        target_epsilon: float | Sequence[float] = math.inf,
+        delta: float = DELTA,
+    ) -> Variants:
+        """Variants over target epsilons x learning rates (labels ``epsilon_target``,
+        ``learning_rate``); ``sigma_i`` calibrated per client for each target."""
+        self.training.check(clients.sizes)
+        targets = target_list(target_epsilon)
+        if self.training.record_dp is None and not all(math.isinf(e) for e in targets):
+            raise ValueError("target_epsilon must be inf without training.record_dp")
+        lrs = [learning_rate] if isinstance(learning_rate, int | float) else list(learning_rate)
+        for lr in lrs:
+            check_positive("learning_rate", lr)
+        sig = calibrated_noise(
+            self.training, clients.sizes, rounds=rounds, targets=targets, delta=delta
+        )
+        rows = [(e, lr, sig[i]) for i, e in enumerate(targets) for lr in lrs]
+        hyper = FedAvgHyper(
+            learning_rate=jnp.asarray([r[1] for r in rows], jnp.float32),
+            noise_multiplier=jnp.asarray([r[2] for r in rows], jnp.float32),
+        )
+        labels = {"epsilon_target": [r[0] for r in rows], "learning_rate": [r[1] for r in rows]}
+        return Variants(hyper=hyper, labels=labels)

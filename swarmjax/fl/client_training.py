@@ -1,0 +1,138 @@
+"""Client-side training shared by every algorithm: local steps with an optional record-level
+DP (DP-SGD / DP-Adam) and the one optimiser convention.
+
+:class:`LocalTraining` says how a client trains (epochs ``E``, batch size ``B``, optimiser
+name, record-level DP or not); :meth:`LocalTraining.train` runs it on ONE client's padded
+data (:func:`swarmjax.fl.local.local_train` with the DP ``grad_fn`` and Poisson sampler of
+:mod:`swarmjax.fl.dp_local` when ``record_dp`` is set) and returns the trained model with
+the number of accounted steps. The Poisson rate is defined once, :func:`sample_rate`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jaxtyping import Array, ArrayLike, Float, Int, PRNGKeyArray, PyTree
+
+from swarmjax._validation import check_choice, check_int, check_nonnegative, check_positive
+from swarmjax.fl.clients import ClientData, poisson_rates
+from swarmjax.fl.dp_local import dp_grad_fn, poisson_sampler, sampler_capacity
+from swarmjax.fl.local import LocalResult, local_train
+from swarmjax.models import Model
+
+__all__ = [
+    "OPTIMIZERS",
+    "LocalTraining",
+    "OptimizerName",
+    "RecordDP",
+    "make_optimizer",
+    "sample_rate",
+]
+
+OptimizerName = Literal["sgd", "adam", "adamw"]
+OPTIMIZERS = ("sgd", "adam", "adamw")
+
+
+def make_optimizer(
+    name: OptimizerName, learning_rate: ArrayLike, weight_decay: float = 0.0
+) -> optax.GradientTransformation:
+    """The optimiser convention: ``"sgd"``, ``"adam"`` or ``"adamw"`` (decoupled
+    ``weight_decay``) at ``learning_rate`` (may be traced)."""
+    if name == "sgd":
+        return optax.sgd(learning_rate)
+    if name == "adam":
+        return optax.adam(learning_rate)
+    return optax.adamw(learning_rate, weight_decay=weight_decay)
+
+
+def sample_rate(size: Int[Array, ""], batch_size: int) -> Float[Array, ""]:
+    """Poisson rate of record-level DP: ``q_i = B / |D_i|`` (capped at 1), on device.
+    The host-side check that ``B <= min |D_i|`` is :func:`swarmjax.fl.clients.poisson_rates`."""
+    return jnp.minimum(batch_size / jnp.maximum(size, 1).astype(jnp.float32), 1.0)
+
+
+@dataclass(frozen=True)
+class RecordDP:
+    """Record-level DP of local training (DP-SGD / DP-Adam): per-example clipping to
+    ``clip_norm``, Gaussian noise ``sigma_i clip_norm``, Poisson batches of rate
+    ``B / |D_i|`` in a buffer of ``capacity`` rows (see :meth:`for_sizes`)."""
+
+    clip_norm: float = 1.0
+    capacity: int = 1
+
+    @classmethod
+    def for_sizes(cls, sizes: ArrayLike, batch_size: int, clip_norm: float = 1.0) -> RecordDP:
+        """The smallest capacity with Poisson overflow below 1e-9 for clients of ``sizes``."""
+        check_positive("clip_norm", clip_norm)
+        return cls(clip_norm=float(clip_norm), capacity=sampler_capacity(sizes, batch_size))
+
+
+@dataclass(frozen=True)
+class LocalTraining:
+    """How a client trains in a round (static, hashable).
+
+    Attributes:
+        epochs: ``E`` local epochs.
+        batch_size: ``B`` (the expected Poisson batch under record-level DP).
+        optimizer: ``"sgd"``, ``"adam"`` or ``"adamw"`` (fresh state every round).
+        weight_decay: ``lambda`` of ``"adamw"``.
+        record_dp: record-level DP, or ``None`` (shuffled batches, exact gradients).
+    """
+
+    epochs: int = 1
+    batch_size: int = 32
+    optimizer: OptimizerName = "sgd"
+    weight_decay: float = 0.0
+    record_dp: RecordDP | None = None
+
+    def check(self, sizes: ArrayLike) -> None:
+        """``ValueError`` naming the field unless valid for clients of ``sizes``."""
+        check_int("local_epochs", self.epochs, 1)
+        check_int("batch_size", self.batch_size, 1)
+        check_choice("optimizer", self.optimizer, OPTIMIZERS)
+        check_nonnegative("weight_decay", self.weight_decay)
+        if self.record_dp is not None:
+            check_positive("clip_norm", self.record_dp.clip_norm)
+            poisson_rates(np.asarray(sizes), self.batch_size)
+            needed = sampler_capacity(sizes, self.batch_size)
+            if self.record_dp.capacity < needed:
+                raise ValueError(
+                    f"record_dp.capacity must be >= {needed} (Poisson overflow below 1e-9 for "
+                    f"these clients); got {self.record_dp.capacity}: use RecordDP.for_sizes"
+                )
+
+    def train(
+        self,
+        model: Model,
+        params: PyTree,
+        data: ClientData,
+        key: PRNGKeyArray,
+        learning_rate: Float[Array, ""],
+        noise_multiplier: Float[Array, ""],
+    ) -> LocalResult:
+        """``E`` epochs on ONE client from ``params``; ``steps`` are the accounted steps
+        (``E ceil(|D_i| / B)``) when ``record_dp`` is set."""
+        grad_fn = sampler = None
+        if self.record_dp is not None:
+            grad_fn = dp_grad_fn(
+                model.apply,
+                clip_norm=self.record_dp.clip_norm,
+                noise_multiplier=noise_multiplier,
+                expected_batch_size=float(self.batch_size),
+            )
+            sampler = poisson_sampler(self.batch_size, self.record_dp.capacity)
+        return local_train(
+            params,
+            data,
+            key,
+            apply_fn=model.apply,
+            optimizer=make_optimizer(self.optimizer, learning_rate, self.weight_decay),
+            epochs=self.epochs,
+            batch_size=self.batch_size,
+            grad_fn=grad_fn,
+            sampler=sampler,
+        )

@@ -1,0 +1,7 @@
+"""Runtimes that execute any protocol algorithm: the in-process simulator (the Flower
+runtime, ``swarmjax.flower``, sits beside it)."""
+
+from swarmjax.fl.runtime.result import PrivacyRecord, Result
+from swarmjax.fl.runtime.simulator import Variants, simulate
+
+__all__ = ["PrivacyRecord", "Result", "Variants", "simulate"]

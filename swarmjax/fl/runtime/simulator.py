@@ -1,0 +1,355 @@
+"""The simulator: runs any :class:`~swarmjax.fl.protocol.Algorithm` in one process.
+
+Clients are stacked (:class:`~swarmjax.fl.clients.ClientData` with a client axis) and every
+exchange maps the ONE-client function over them (``vmap``, or ``lax.map`` with
+``client_map="sequential"``); rounds are a ``lax.scan``; runs (seeds, target epsilons,
+numeric hyper-parameters: a leading axis on the keys and the hyper pytree) are a ``vmap``,
+sharded over the devices when there are several. One compilation per (algorithm, shapes,
+rounds per call); ``rounds_per_call`` splits a run into calls with the same result.
+
+Only selected clients' replies reach ``aggregate`` (the mask) and only selected clients'
+states change; an exchange with ``max_selected`` runs just that many client calls (the
+selected ids gathered into a buffer). Bytes are counted from the message dtypes and the
+number of clients a deployment would message.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any, Literal
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pandas as pd
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jaxtyping import Array, Bool, Int, PRNGKeyArray, PyTree
+from tqdm.auto import tqdm
+
+from swarmjax._validation import check_choice, check_int
+from swarmjax.fl.clients import ClientData
+from swarmjax.fl.protocol import (
+    Algorithm,
+    Exchange,
+    client_init_key,
+    client_key,
+    server_init_key,
+    server_key,
+)
+from swarmjax.fl.runtime.result import Result, privacy_record
+from swarmjax.models import param_bytes
+
+__all__ = ["ClientMap", "Variants", "run_exchange", "run_keys", "simulate"]
+
+ClientMap = Literal["vmap", "sequential"]
+
+
+@dataclass(frozen=True)
+class Variants:
+    """Numeric variants of one algorithm run side by side (e.g. several target epsilons).
+
+    Attributes:
+        hyper: the algorithm's hyper pytree with a leading variant axis on every leaf.
+        labels: history columns naming each variant (``V`` values each), e.g.
+            ``{"epsilon_target": [1.0, 8.0]}``; empty for a single unnamed variant.
+    """
+
+    hyper: PyTree
+    labels: Mapping[str, Sequence[Any]] = field(default_factory=dict)
+
+    @property
+    def size(self) -> int:
+        return int(jax.tree.leaves(self.hyper)[0].shape[0])
+
+
+def run_keys(
+    seeds: Sequence[int], labels: Sequence[Mapping[str, Any]], common_random_numbers: bool
+) -> PRNGKeyArray:
+    """One key per (variant, seed), variant-major.
+
+    Independent by default: run ``(v, s)`` uses ``fold_in(key(s), crc32(labels of v))``, so
+    variants draw independent noise and a run's numbers do not depend on what else is in
+    the batch. ``common_random_numbers=True`` gives every variant ``key(s)``: the variants
+    then share every draw (lower-variance comparisons between them, but their results are
+    not independent samples).
+    """
+    keys = []
+    for lab in labels:
+        tag = zlib.crc32(repr(sorted((k, repr(v)) for k, v in lab.items())).encode())
+        for s in seeds:
+            k = jax.random.key(np.uint32(s))
+            keys.append(k if common_random_numbers else jax.random.fold_in(k, tag))
+    return jnp.stack(keys)
+
+
+def _where(mask: Bool[Array, " N"], new: PyTree, old: PyTree) -> PyTree:
+    """Per client slot: ``new`` where ``mask`` else ``old`` (leaves with a client axis)."""
+
+    def pick(a: Array, b: Array) -> Array:
+        return jnp.where(mask.reshape((-1,) + (1,) * (a.ndim - 1)), a, b)
+
+    return jax.tree.map(pick, new, old)
+
+
+def _map_clients(fn: Any, args: tuple, client_map: ClientMap) -> Any:
+    if client_map == "sequential":
+        return jax.lax.map(lambda a: fn(*a), args)
+    return jax.vmap(fn)(*args)
+
+
+def run_exchange(
+    ex: Exchange,
+    index: int,
+    round_index: Int[Array, ""],
+    run_key: PRNGKeyArray,
+    server: PyTree,
+    states: PyTree,
+    clients: ClientData,
+    hyper: PyTree,
+    client_map: ClientMap = "vmap",
+) -> tuple[PyTree, PyTree, Int[Array, ""]]:
+    """One exchange for one run: ``(server, client states, number of clients selected)``."""
+    n = clients.sizes.shape[0]
+    ids = jnp.arange(n)
+    mask = ex.select(server, server_key(run_key, round_index, index), n)
+    request = ex.request(server)
+
+    def one(state: PyTree, data: ClientData, cid: Int[Array, ""]) -> tuple[PyTree, PyTree]:
+        key = client_key(run_key, round_index, index, cid)
+        return ex.client(state, data, request, key, hyper)
+
+    if ex.max_selected is None or ex.max_selected >= n:
+        new, replies = _map_clients(one, (states, clients, ids), client_map)
+        states = _where(mask, new, states)
+    else:
+        chosen = jnp.nonzero(mask, size=ex.max_selected, fill_value=n)[0]
+        safe = jnp.minimum(chosen, n - 1)
+        take = partial(jax.tree.map, lambda a: a[safe])
+        new, sub = _map_clients(one, (take(states), take(clients), safe), client_map)
+        states = jax.tree.map(lambda a, b: a.at[chosen].set(b, mode="drop"), states, new)
+        replies = jax.tree.map(
+            lambda b: jnp.zeros((n, *b.shape[1:]), b.dtype).at[chosen].set(b, mode="drop"), sub
+        )
+        mask = jnp.zeros(n, bool).at[chosen].set(True, mode="drop")
+    server = ex.aggregate(server, replies, mask, hyper)
+    return server, states, jnp.sum(mask).astype(jnp.int32)
+
+
+def _exchanges(alg, exchanges, round_index, run_key, server, states, clients, hyper, cmap):
+    counts = []
+    for e, ex in enumerate(exchanges):
+        server, states, c = run_exchange(
+            ex, e, round_index, run_key, server, states, clients, hyper, cmap
+        )
+        counts.append(c)
+    return server, states, jnp.stack(counts) if counts else jnp.zeros((0,), jnp.int32)
+
+
+def _init_one(alg: Algorithm, run_key, hyper, clients: ClientData, cmap: ClientMap):
+    server = alg.server_init(server_init_key(run_key), hyper)
+    ids = jnp.arange(clients.sizes.shape[0])
+
+    def one(data: ClientData, cid: Int[Array, ""]) -> PyTree:
+        return alg.client_init(client_init_key(run_key, cid), data, hyper, cid)
+
+    states = _map_clients(one, (clients, ids), cmap)
+    zero = jnp.zeros((), jnp.int32)
+    server, states, _ = _exchanges(
+        alg, alg.setup, zero, run_key, server, states, clients, hyper, cmap
+    )
+    return server, states, zero
+
+
+def _rounds_one(alg: Algorithm, carry, run_key, hyper, clients, test, rounds, cmap, diagnostics):
+    def body(c, _):
+        server, states, t = c
+        r = t + 1
+        server, states, counts = _exchanges(
+            alg, alg.exchanges, r, run_key, server, states, clients, hyper, cmap
+        )
+        out = {
+            "metrics": alg.evaluate(server, test),
+            "spend": jax.vmap(lambda s: alg.spend(server, s))(states),
+            "selected": counts,
+        }
+        if diagnostics:
+            out["diagnostics"] = jax.vmap(alg.private_diagnostics)(states)
+        return (server, states, r), out
+
+    return jax.lax.scan(body, carry, None, length=rounds)
+
+
+@partial(jax.jit, static_argnames=("alg", "cmap"))
+def _init_batch(alg, keys, hypers, clients, cmap):
+    return jax.vmap(lambda k, h: _init_one(alg, k, h, clients, cmap))(keys, hypers)
+
+
+@partial(jax.jit, static_argnames=("alg", "rounds", "cmap", "diagnostics"))
+def _rounds_batch(alg, carry, keys, hypers, clients, test, rounds, cmap, diagnostics):
+    def one(c, k, h):
+        return _rounds_one(alg, c, k, h, clients, test, rounds, cmap, diagnostics)
+
+    return jax.vmap(one)(carry, keys, hypers)
+
+
+def _message_bytes(
+    alg: Algorithm, carry, keys, hypers, clients: ClientData
+) -> list[tuple[int, int]]:
+    """``(request bytes, reply bytes)`` of each round exchange, from the message dtypes."""
+    first = jax.tree.map(lambda a: a[0], (carry[0], carry[1], keys, hypers))
+    server, states, key, hyper = first
+    one_state = jax.tree.map(lambda a: a[0], states)
+    one_data = jax.tree.map(lambda a: a[0], clients)
+    out = []
+    for ex in alg.exchanges:
+        req = jax.eval_shape(ex.request, server)
+        _, reply = jax.eval_shape(
+            lambda s, d, r, k, h, ex=ex: ex.client(s, d, r, k, h),
+            one_state,
+            one_data,
+            req,
+            key,
+            hyper,
+        )
+        out.append((param_bytes(req), param_bytes(reply)))
+    return out
+
+
+def _sharded(tree: PyTree) -> PyTree:
+    devices = jax.devices()
+    runs = jax.tree.leaves(tree)[0].shape[0]
+    if len(devices) < 2 or runs % len(devices):
+        return tree
+    sharding = NamedSharding(Mesh(np.asarray(devices), ("runs",)), PartitionSpec("runs"))
+    return jax.device_put(tree, sharding)
+
+
+def simulate(
+    alg: Algorithm,
+    clients: ClientData,
+    test: tuple[Array, Array],
+    *,
+    variants: Variants,
+    seeds: int | Sequence[int],
+    rounds: int,
+    delta: float,
+    common_random_numbers: bool = False,
+    client_map: ClientMap = "vmap",
+    rounds_per_call: int | None = None,
+    progress: bool = False,
+    diagnostics: bool = False,
+) -> Result:
+    """Run ``alg`` for every (variant, seed) at once and return the one :class:`Result`.
+
+    Args:
+        alg: the algorithm (hashable; a static jit argument).
+        clients: stacked client data ``(clients, max_n, ...)``.
+        test: public ``(x, y)`` test set for ``alg.evaluate``.
+        variants: the hyper pytree with a variant axis, and the variants' labels.
+        seeds: one seed or several; runs are (variant, seed) pairs, variant-major.
+        rounds: training rounds ``T >= 1`` (after the setup exchanges).
+        delta: the delta of the privacy record.
+        common_random_numbers: give every variant the same keys (see :func:`run_keys`).
+        client_map: ``"vmap"`` or ``"sequential"`` (``lax.map`` over clients: same result,
+            each client runs its own trip counts).
+        rounds_per_call: scan this many rounds per compiled call (same result).
+        progress: show a progress bar.
+        diagnostics: also collect ``alg.private_diagnostics`` and the realised selections
+            (statistics of private data, NOT covered by epsilon) into
+            ``Result.private_diagnostics``.
+    """
+    seed_list = [seeds] if isinstance(seeds, int | np.integer) else list(seeds)
+    if not seed_list:
+        raise ValueError("seeds must not be empty")
+    seed_list = [check_int("seed", s, 0) for s in seed_list]
+    n_var = variants.size
+    for name, values in variants.labels.items():
+        if len(values) != n_var:
+            raise ValueError(
+                f"variants.labels[{name!r}] must have {n_var} values; got {len(values)}"
+            )
+    per_variant = [{k: v[i] for k, v in variants.labels.items()} for i in range(n_var)]
+    keys = run_keys(seed_list, per_variant, common_random_numbers)
+    hyper = jax.tree.map(
+        lambda a: jnp.repeat(jnp.asarray(a), len(seed_list), axis=0), variants.hyper
+    )
+    labels = {k: np.repeat(np.asarray(v), len(seed_list)) for k, v in variants.labels.items()}
+    labels["seed"] = np.tile(np.asarray(seed_list), n_var)
+    runs = n_var * len(seed_list)
+    rounds = check_int("rounds", rounds, 1)
+    check_choice("client_map", client_map, ("vmap", "sequential"))
+    per_call = (
+        rounds if rounds_per_call is None else check_int("rounds_per_call", rounds_per_call, 1)
+    )
+    keys, hyper = _sharded((keys, hyper))
+    carry = _init_batch(alg, keys, hyper, clients, client_map)
+    sizes = _message_bytes(alg, carry, keys, hyper, clients)
+    parts = []
+    with tqdm(total=rounds, disable=not progress, unit="round", desc=type(alg).__name__) as bar:
+        done = 0
+        while done < rounds:
+            n = min(per_call, rounds - done)
+            carry, out = _rounds_batch(
+                alg, carry, keys, hyper, clients, test, n, client_map, diagnostics
+            )
+            parts.append(jax.device_get(out))
+            done += n
+            bar.update(n)
+    out = jax.tree.map(lambda *xs: np.concatenate(xs, axis=1), *parts)
+    expected = _expected_selected(alg, hyper, clients.num_clients, runs, rounds)
+    selected = np.where(np.isnan(expected), out["selected"], expected)
+    history = _history(labels, out["metrics"], selected, sizes, runs, rounds)
+    record = privacy_record(
+        out["spend"], alg.setup + alg.exchanges, unit=alg.privacy_unit, delta=delta
+    )
+    diag = {}
+    if diagnostics:
+        diag = dict(out["diagnostics"])
+        diag["selected"] = out["selected"]
+    return Result(
+        server=carry[0],
+        clients=carry[1],
+        history=history,
+        metrics={k: np.asarray(v) for k, v in out["metrics"].items()},
+        privacy=record,
+        runs=pd.DataFrame(dict(labels)),
+        private_diagnostics=diag,
+    )
+
+
+def _expected_selected(
+    alg: Algorithm, hyper, num_clients: int, runs: int, rounds: int
+) -> np.ndarray:
+    """``(runs, rounds, exchanges)``: the released number of clients of each exchange: NaN
+    (use the realised count, public) unless the exchange keeps its selection secret."""
+    out = np.full((runs, rounds, len(alg.exchanges)), np.nan)
+    for e, ex in enumerate(alg.exchanges):
+        if ex.expected_selected is not None:
+            value = np.asarray(
+                jax.vmap(lambda h, ex=ex: ex.expected_selected(h, num_clients))(hyper)
+            )
+            out[:, :, e] = value[:, None]
+    return out
+
+
+def _history(labels, metrics, selected, sizes, runs: int, rounds: int) -> pd.DataFrame:
+    frame: dict[str, Any] = {name: np.repeat(np.asarray(v), rounds) for name, v in labels.items()}
+    frame["round"] = np.tile(np.arange(1, rounds + 1), runs)
+    for name, value in metrics.items():
+        value = np.asarray(value)
+        if value.ndim == 2:
+            frame[name] = value.reshape(-1)
+    down = np.asarray([s[0] for s in sizes], np.float64)
+    up = np.asarray([s[1] for s in sizes], np.float64)
+    bytes_down = np.asarray(selected, np.float64) @ down if len(sizes) else np.zeros((runs, rounds))
+    bytes_up = np.asarray(selected, np.float64) @ up if len(sizes) else np.zeros((runs, rounds))
+    exact = not np.any(np.mod(bytes_up, 1)) and not np.any(np.mod(bytes_down, 1))
+    cast = (lambda a: a.astype(np.int64)) if exact else (lambda a: a)
+    frame["bytes_up"] = cast(bytes_up).reshape(-1)
+    frame["bytes_down"] = cast(bytes_down).reshape(-1)
+    frame["cum_bytes_up"] = cast(np.cumsum(bytes_up, axis=1)).reshape(-1)
+    frame["cum_bytes_down"] = cast(np.cumsum(bytes_down, axis=1)).reshape(-1)
+    return pd.DataFrame(frame)
