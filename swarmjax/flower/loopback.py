@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from flwr.app import Context, Error, Message, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid
+from flwr.supercore.task_identity import TaskIdentity
 
 __all__ = ["LoopbackGrid", "LoopbackNode"]
 
@@ -50,6 +51,11 @@ class LoopbackGrid(Grid):
     nodes: dict[int, LoopbackNode]
     pushed: int = 0
     _replies: dict[str, Message] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # Messages take their run and sender from the process's task identity, which a
+        # ServerApp process gets from its SuperLink; here this process plays the server.
+        TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
 
     @classmethod
     def with_partitions(

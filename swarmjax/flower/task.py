@@ -24,7 +24,7 @@ from swarmjax.fl.clients import ClientData
 from swarmjax.fl.protocol import Algorithm, client_init_key, server_init_key
 from swarmjax.fl.runtime.simulator import Variants, run_keys
 
-__all__ = ["Task", "load_task"]
+__all__ = ["Task", "load_task", "stacked_task"]
 
 
 @dataclass(frozen=True, eq=False)  # identity hash: a process builds its task once
@@ -111,3 +111,23 @@ def _load(frozen: str) -> Task:
 def load_task(run_config: Mapping[str, Any]) -> Task:
     """The :class:`Task` the run configuration names (built once per process)."""
     return _load(_freeze(run_config))
+
+
+def stacked_task(
+    algorithm: Algorithm,
+    variants: Variants,
+    clients: ClientData,
+    test: tuple[Array, Array],
+    *,
+    rounds: int,
+    seed: int,
+    delta: float,
+) -> Task:
+    """A :class:`Task` over stacked clients (the simulator's input): client ``i`` holds
+    slice ``i``."""
+
+    def one(pid: int) -> ClientData:
+        return jax.tree.map(lambda a: a[pid], clients)
+
+    like = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), clients)
+    return Task(algorithm, variants, clients.num_clients, one, like, test, rounds, seed, delta)

@@ -1,0 +1,60 @@
+"""Ready-made tasks for deployments and tests: the paper algorithms on scikit-learn's digits
+(bundled with scikit-learn, so every node can build its partition offline).
+
+Run configuration keys (all optional): ``algorithm`` (``fedavg``), ``num-clients`` (3),
+``rounds`` (2), ``seed`` (0), ``partition-seed`` (0), ``train-size`` (examples used, 600),
+``hidden`` (32), ``learning-rate`` (0.1), ``epochs`` (1), ``batch-size`` (32),
+``delta`` (1e-5). Every process builds the same partitions from these; a SuperNode keeps
+only its own.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax.numpy as jnp
+
+from swarmjax._validation import check_choice, check_int
+from swarmjax.fl.algorithms.fedavg import FedAvg
+from swarmjax.fl.client_training import LocalTraining
+from swarmjax.fl.clients import ClientData, stack_clients
+from swarmjax.fl.data import load_dataset
+from swarmjax.fl.partition import partition
+from swarmjax.flower.task import Task, stacked_task
+from swarmjax.models import mlp
+
+__all__ = ["ALGORITHMS", "digits", "digits_clients"]
+
+ALGORITHMS = ("fedavg",)
+
+
+def digits_clients(config: dict[str, Any]) -> tuple[ClientData, tuple[Any, Any]]:
+    """Stacked digits clients (IID partition) and the public test set."""
+    ds = load_dataset("digits")
+    n = check_int("train-size", int(config.get("train-size", 600)), 1)
+    if n > len(ds.y_train):
+        raise ValueError(f"train-size must be in [1, {len(ds.y_train)}]; got {n}")
+    clients = check_int("num-clients", int(config.get("num-clients", 3)), 1)
+    part = partition(ds.y_train[:n], clients, "iid", seed=int(config.get("partition-seed", 0)))
+    stacked = stack_clients(ds.x_train[:n], ds.y_train[:n], part.indices)
+    return stacked, (jnp.asarray(ds.x_test), jnp.asarray(ds.y_test))
+
+
+def digits(config: dict[str, Any]) -> Task:
+    """The task the run configuration describes (see the module docs)."""
+    name = check_choice("algorithm", str(config.get("algorithm", "fedavg")), ALGORITHMS)
+    clients, test = digits_clients(config)
+    rounds = check_int("rounds", int(config.get("rounds", 2)), 1)
+    model = mlp((int(config.get("hidden", 32)),), 10, clients.x.shape[2:])
+    training = LocalTraining(
+        epochs=int(config.get("epochs", 1)), batch_size=int(config.get("batch-size", 32))
+    )
+    lr = float(config.get("learning-rate", 0.1))
+    delta = float(config.get("delta", 1e-5))
+    if name == "fedavg":
+        alg = FedAvg(model, training)
+        variants = alg.variants(clients, rounds=rounds, learning_rate=lr, target_epsilon=math.inf)
+    return stacked_task(
+        alg, variants, clients, test, rounds=rounds, seed=int(config.get("seed", 0)), delta=delta
+    )
