@@ -13,10 +13,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from jaxtyping import Array, ArrayLike, Float, Int, PRNGKeyArray, PyTree
+from jaxtyping import Array, ArrayLike, Bool, Float, Int, PRNGKeyArray, PyTree
 
 from swarmjax._validation import check_choice, check_int, check_nonnegative, check_positive
 from swarmjax.fl.clients import ClientData, poisson_rates
@@ -29,6 +30,7 @@ __all__ = [
     "LocalTraining",
     "OptimizerName",
     "RecordDP",
+    "clip_update",
     "make_optimizer",
     "sample_rate",
 ]
@@ -53,6 +55,27 @@ def sample_rate(size: Int[Array, ""], batch_size: int) -> Float[Array, ""]:
     """Poisson rate of record-level DP: ``q_i = B / |D_i|`` (capped at 1), on device.
     The host-side check that ``B <= min |D_i|`` is :func:`swarmjax.fl.clients.poisson_rates`."""
     return jnp.minimum(batch_size / jnp.maximum(size, 1).astype(jnp.float32), 1.0)
+
+
+def clip_update(
+    update: PyTree, clip: Float[ArrayLike, ""]
+) -> tuple[PyTree, Float[Array, ""], Bool[Array, ""]]:
+    """Clip a whole-pytree update to L2 norm ``<= clip``: ``(clipped, norm, finite)``.
+
+    A non-finite update (any NaN or inf coordinate) is replaced by zeros (``finite`` False,
+    ``norm`` inf): it contributes nothing, so the L2 sensitivity ``clip`` holds for any
+    input. Selected with ``jnp.where``, never by multiplying the bad values by 0.
+    """
+    leaves = jax.tree.leaves(update)
+    finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(leaf)) for leaf in leaves]))
+    sq = sum(jnp.sum(jnp.square(jnp.where(finite, leaf, 0).astype(jnp.float32))) for leaf in leaves)
+    norm = jnp.where(finite, jnp.sqrt(sq), jnp.inf)
+    scale = jnp.where(finite, jnp.minimum(1.0, clip / jnp.maximum(norm, 1e-12)), 0.0)
+
+    def one(leaf: Array) -> Array:
+        return jnp.where(finite, leaf * scale, jnp.zeros_like(leaf)).astype(leaf.dtype)
+
+    return jax.tree.map(one, update), norm, finite
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,8 @@ A run is ``setup`` exchanges once, then ``rounds`` rounds of ``exchanges``. One 
 2. the server builds ONE request for all of them, ``request(server) -> Request``;
 3. every selected client runs ``client(state, data, request, key, hyper) -> (state, Reply)``
    on its own data; its state (swarm, optimiser state, privacy spend) never leaves it;
-4. the server folds the replies in, ``aggregate(server, replies, mask, hyper) -> server``.
+4. the server folds the replies in, ``aggregate(server, replies, mask, key, hyper) -> server``
+   (``key``: :func:`aggregate_key`, for server-side noise).
    ``replies`` are stacked over ALL ``N`` client slots, ``mask`` marks the slots that
    replied; the other slots may hold anything (zeros, garbage, NaN), so aggregates must
    combine with ``jnp.where(mask, ...)`` and never multiply by a 0/1 mask.
@@ -27,7 +28,8 @@ is the setup; rounds ``1..T`` are the training rounds.
 Changed (after the first version): ``client_init`` takes the ``client_id`` (per-client
 hyper-parameters such as a calibrated noise multiplier are picked by id); ``spend`` takes the
 server state too (client-level DP is accounted by the server); ``Exchange.expected_selected``
-and ``Algorithm.private_diagnostics`` added.
+and ``Algorithm.private_diagnostics`` added; ``aggregate`` takes a key
+(``aggregate(server, replies, mask, key, hyper)``, key from :func:`aggregate_key`).
 
 Runtimes: :mod:`swarmjax.fl.runtime.simulator` (one process, everything vmapped) and the
 Flower runtime (``swarmjax.flower``) execute any :class:`Algorithm` unchanged.
@@ -52,6 +54,7 @@ __all__ = [
     "Exchange",
     "Protection",
     "Spend",
+    "aggregate_key",
     "client_init_key",
     "client_key",
     "coverage",
@@ -91,6 +94,13 @@ def server_key(
     (round 0 is the setup)."""
     k = jax.random.fold_in(jax.random.fold_in(run_key, _SERVER), round_index)
     return jax.random.fold_in(k, exchange_index)
+
+
+def aggregate_key(
+    run_key: PRNGKeyArray, round_index: Int[Array, ""] | int, exchange_index: int
+) -> PRNGKeyArray:
+    """Key of the server's ``aggregate`` (e.g. its Gaussian noise) in that exchange."""
+    return jax.random.fold_in(server_key(run_key, round_index, exchange_index), 1)
 
 
 def client_key(
@@ -196,8 +206,8 @@ class Exchange:
         select: ``(server, key, num_clients) -> Bool[num_clients]``.
         request: ``server -> Request`` (sent to every selected client).
         client: ``(client_state, data, request, key, hyper) -> (client_state, Reply)``.
-        aggregate: ``(server, replies, mask, hyper) -> server``; ``replies`` stacked over all
-            slots, unselected slots arbitrary (combine with ``jnp.where``).
+        aggregate: ``(server, replies, mask, key, hyper) -> server``; ``replies`` stacked
+            over all slots, unselected slots arbitrary (combine with ``jnp.where``).
         protection: Reply field name -> :class:`Protection`, one entry per Reply field.
         max_selected: a static bound on how many clients ``select`` can pick (``None``: all);
             a runtime may then run only that many client calls.
@@ -212,7 +222,7 @@ class Exchange:
     select: Callable[[ServerState, PRNGKeyArray, int], Bool[Array, " N"]]
     request: Callable[[ServerState], Request]
     client: Callable[..., tuple[ClientState, Reply]]
-    aggregate: Callable[[ServerState, Reply, Bool[Array, " N"], Hyper], ServerState]
+    aggregate: Callable[[ServerState, Reply, Bool[Array, " N"], PRNGKeyArray, Hyper], ServerState]
     protection: Mapping[str, Protection] = field(default_factory=dict)
     max_selected: int | None = None
     expected_selected: Callable[[Hyper, int], Array] | None = None

@@ -129,9 +129,14 @@ class FedAvg:
         return Trainer(spend=spend, loss=res.loss), reply
 
     def aggregate(
-        self, server: ModelServer, replies: ModelReply, mask: Bool[Array, " N"], hyper: FedAvgHyper
+        self,
+        server: ModelServer,
+        replies: ModelReply,
+        mask: Bool[Array, " N"],
+        key: PRNGKeyArray,
+        hyper: FedAvgHyper,
     ) -> ModelServer:
-        del hyper
+        del key, hyper
         r = masked(replies, mask)
         new = self.combine(r.params, r.weight)
         return ModelServer(params=keep_if(jnp.sum(r.weight) > 0, new, server.params))

@@ -34,6 +34,7 @@ from swarmjax.fl.clients import ClientData
 from swarmjax.fl.protocol import (
     Algorithm,
     Exchange,
+    aggregate_key,
     client_init_key,
     client_key,
     server_init_key,
@@ -134,7 +135,7 @@ def run_exchange(
             lambda b: jnp.zeros((n, *b.shape[1:]), b.dtype).at[chosen].set(b, mode="drop"), sub
         )
         mask = jnp.zeros(n, bool).at[chosen].set(True, mode="drop")
-    server = ex.aggregate(server, replies, mask, hyper)
+    server = ex.aggregate(server, replies, mask, aggregate_key(run_key, round_index, index), hyper)
     return server, states, jnp.sum(mask).astype(jnp.int32)
 
 

@@ -1,0 +1,377 @@
+"""Client-level DP-FedAvg (McMahan et al. 2018) with fixed or adaptive clipping (Andrew et
+al. 2021), on the protocol. Spec section 4; the noise algebra and the privacy argument are
+in ``docs/dp_fedavg.md``.
+
+One exchange per round:
+
+* ``select``: secret Poisson sampling of clients at rate ``q_c`` (the server's key); at most
+  ``capacity`` clients (an overflowing draw is redrawn, never truncated).
+* ``request``: the global model ``w_t`` and the clip norm ``C_t``.
+* ``client``: ``E`` local epochs from ``w_t``; the update ``Delta = w - w_t`` is clipped to
+  ``C_t`` (a non-finite update is replaced by zeros; :func:`clip_update`); with adaptive
+  clipping also the bit ``1[||Delta|| <= C_t]``.
+* ``aggregate``: ``(sum of clipped updates + N(0, (sigma_Delta C_t)^2)) / (q_c N)`` applied
+  by the server optimiser; adaptive: ``b_t = (sum (bit - 1/2) + N(0, sigma_b^2)) / (q_c N) +
+  1/2`` and ``C_{t+1} = C_t exp(-clip_lr (b_t - gamma))``.
+
+The sum and the count are one Gaussian mechanism with multiplier
+``z = (sigma_Delta^-2 + (2 sigma_b)^-2)^(-1/2)`` per round (the accounted ``noise_multiplier``);
+fixed clipping sends no bit and ``sigma_Delta = z``. Every client's spend is ``rounds`` steps
+at ``(q_c, z)``, client-level (add/remove one client with all of its data). The realised
+number of participants is part of the mechanism's secret sampling and is not released:
+released byte counts use the expected ``q_c N`` clients.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Literal
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import optax
+import pandas as pd
+from jaxtyping import Array, ArrayLike, Bool, Float, Int, PRNGKeyArray, PyTree
+
+from swarmjax._validation import check_choice, check_int, check_positive, check_range
+from swarmjax.fl.algorithms.common import Trainer, keep_if, masked, public_metrics
+from swarmjax.fl.client_training import LocalTraining, clip_update
+from swarmjax.fl.clients import ClientData
+from swarmjax.fl.protocol import Exchange, Protection, Spend
+from swarmjax.fl.runtime.simulator import Variants
+from swarmjax.models import Model
+from swarmjax.privacy.mechanisms import gaussian_mechanism
+from swarmjax.privacy.sampling import poisson_capacity, poisson_sample
+
+__all__ = [
+    "ClientLevelDPFedAvg",
+    "ClientUpdate",
+    "DPFedAvgHyper",
+    "DPFedAvgServer",
+    "default_count_noise",
+    "default_delta",
+    "effective_noise_multiplier",
+    "rounds_to_target",
+    "sum_noise_multiplier",
+]
+
+Clipping = Literal["fixed", "adaptive"]
+CLIPPED = Protection(
+    "accounted",
+    "client",
+    "clipped to C_t by the client, summed with Gaussian noise by the server (z, RDP)",
+)
+
+
+def effective_noise_multiplier(sum_noise: ArrayLike, count_noise: ArrayLike) -> Array:
+    """Accounted ``z = (sigma_Delta^-2 + (2 sigma_b)^-2)^(-1/2)`` of sum + count query;
+    ``0`` in either gives ``0`` (no privacy)."""
+    s = jnp.asarray(sum_noise, jnp.float32)
+    b = 2.0 * jnp.asarray(count_noise, jnp.float32)
+    return jnp.where((s > 0) & (b > 0), (s**-2 + b**-2) ** -0.5, 0.0)
+
+
+def sum_noise_multiplier(noise_multiplier: ArrayLike, count_noise: ArrayLike) -> Array:
+    """``sigma_Delta = (z^-2 - (2 sigma_b)^-2)^(-1/2)``, the inverse of
+    :func:`effective_noise_multiplier`; needs ``2 sigma_b > z``; ``z = 0`` gives 0."""
+    z = jnp.asarray(noise_multiplier, jnp.float32)
+    b = 2.0 * jnp.asarray(count_noise, jnp.float32)
+    safe_z = jnp.where(z > 0, z, 1.0)
+    return jnp.where(z > 0, (safe_z**-2 - b**-2) ** -0.5, 0.0)
+
+
+def default_count_noise(expected_clients: float, noise_multiplier: float = 0.0) -> float:
+    """``sigma_b = max(q_c N / 20, z)`` (Andrew et al.'s ``m / 20``, raised to ``z`` when that
+    is below the allowed ``z / 2``)."""
+    check_positive("expected_clients", expected_clients)
+    check_range("noise_multiplier", noise_multiplier, 0.0, math.inf, high_open=True)
+    return max(0.05 * float(expected_clients), float(noise_multiplier))
+
+
+def default_delta(num_clients: int) -> float:
+    """``N^-1.1``; warns that it is not well below ``1/N`` when ``N delta > 0.1`` (the
+    guarantee then lets about ``N delta`` clients' data out): pass ``delta`` explicitly."""
+    n = check_int("num_clients", num_clients, 1)
+    delta = n**-1.1
+    if n * delta > 0.1:
+        warnings.warn(
+            f"default delta = N^-1.1 = {delta:.3g} is not well below 1/N = {1 / n:.3g} for "
+            f"N = {n} clients; pass delta explicitly (e.g. {0.01 / n:.2g})",
+            stacklevel=3,
+        )
+    return delta
+
+
+@flax.struct.dataclass
+class DPFedAvgHyper:
+    """Numeric hyper-parameters (vmappable; built by :meth:`ClientLevelDPFedAvg.variants`).
+
+    ``client_lr``, ``server_lr``; ``sample_rate`` ``q_c``; ``noise_multiplier`` ``z`` (the
+    accounted multiplier); ``count_noise`` ``sigma_b``; ``initial_clip`` ``C_0``;
+    ``target_quantile`` ``gamma``; ``clip_lr`` ``eta_C`` (0 for fixed clipping).
+    """
+
+    client_lr: Float[Array, ""]
+    server_lr: Float[Array, ""]
+    sample_rate: Float[Array, ""]
+    noise_multiplier: Float[Array, ""]
+    count_noise: Float[Array, ""]
+    initial_clip: Float[Array, ""]
+    target_quantile: Float[Array, ""]
+    clip_lr: Float[Array, ""]
+
+
+@flax.struct.dataclass
+class DPFedAvgServer:
+    """Global model, server optimiser state, ``C_t``, the noised unclipped fraction ``b_t``
+    of the last round (NaN under fixed clipping: no count is made), the accounted rounds
+    and the accounting parameters ``(q_c, z)``."""
+
+    params: PyTree
+    opt_state: PyTree
+    clip: Float[Array, ""]
+    noisy_unclipped_fraction: Float[Array, ""]
+    rounds: Int[Array, ""]
+    sample_rate: Float[Array, ""]
+    noise_multiplier: Float[Array, ""]
+
+
+@flax.struct.dataclass
+class ClientUpdate:
+    """A client's clipped update and, under adaptive clipping, its unclipped bit (0/1)."""
+
+    update: PyTree
+    unclipped: Float[Array, ""] | None = None
+
+
+@dataclass(frozen=True)
+class ClientLevelDPFedAvg:
+    """Client-level DP-FedAvg (static settings; hashable).
+
+    Attributes:
+        model: the ``(init, apply)`` pair.
+        training: local training (no record-level DP here: the unit is the client).
+        clipping: ``"fixed"`` (no count query) or ``"adaptive"``.
+        capacity: static bound on sampled clients (``None``: all ``N``); at least
+            :func:`~swarmjax.privacy.sampling.poisson_capacity` ``(N, q_c)``.
+        server_momentum: momentum of the server SGD (0: plain step).
+        eval_batch_size: chunk size of the test evaluation.
+    """
+
+    model: Model
+    training: LocalTraining = field(default_factory=lambda: LocalTraining(batch_size=10))
+    clipping: Clipping = "adaptive"
+    capacity: int | None = None
+    server_momentum: float = 0.0
+    eval_batch_size: int | None = None
+
+    setup: tuple[Exchange, ...] = ()
+    privacy_unit: str = "client"
+
+    @property
+    def exchanges(self) -> tuple[Exchange, ...]:
+        protection = {"update": CLIPPED}
+        if self.clipping == "adaptive":
+            protection["unclipped"] = Protection(
+                "accounted", "client", "0/1 bit, summed with N(0, sigma_b^2) (part of z)"
+            )
+        return (
+            Exchange(
+                "train",
+                self.select,
+                self.request,
+                self.client,
+                self.aggregate,
+                protection,
+                max_selected=self.capacity,
+                expected_selected=_expected_clients,
+            ),
+        )
+
+    def _server_optimizer(self, server_lr: Array) -> optax.GradientTransformation:
+        return optax.sgd(server_lr, momentum=self.server_momentum or None)
+
+    def server_init(self, key: PRNGKeyArray, hyper: DPFedAvgHyper) -> DPFedAvgServer:
+        params = self.model.init(key)
+        return DPFedAvgServer(
+            params=params,
+            opt_state=self._server_optimizer(hyper.server_lr).init(params),
+            clip=jnp.asarray(hyper.initial_clip, jnp.float32),
+            noisy_unclipped_fraction=jnp.asarray(jnp.nan, jnp.float32),
+            rounds=jnp.zeros((), jnp.int32),
+            sample_rate=hyper.sample_rate,
+            noise_multiplier=hyper.noise_multiplier,
+        )
+
+    def client_init(
+        self, key: PRNGKeyArray, data: ClientData, hyper: DPFedAvgHyper, client_id: Int[Array, ""]
+    ) -> Trainer:
+        del key, data, hyper, client_id
+        return Trainer(spend=Spend.none(), loss=jnp.zeros((), jnp.float32))
+
+    def select(self, server: DPFedAvgServer, key: PRNGKeyArray, n: int) -> Bool[Array, " N"]:
+        capacity = n if self.capacity is None else min(self.capacity, n)
+        ids, mask, _ = poisson_sample(key, server.sample_rate, jnp.ones(n, bool), capacity)
+        return jnp.zeros(n, bool).at[ids].max(mask)
+
+    def request(self, server: DPFedAvgServer) -> tuple[PyTree, Float[Array, ""]]:
+        return server.params, server.clip
+
+    def client(
+        self,
+        state: Trainer,
+        data: ClientData,
+        request: tuple[PyTree, Float[Array, ""]],
+        key: PRNGKeyArray,
+        hyper: DPFedAvgHyper,
+    ) -> tuple[Trainer, ClientUpdate]:
+        params, clip = request
+        zero = jnp.zeros((), jnp.float32)
+        res = self.training.train(self.model, params, data, key, hyper.client_lr, zero)
+        delta = jax.tree.map(jnp.subtract, res.params, params)
+        clipped, norm, _ = clip_update(delta, clip)
+        bit = (norm <= clip).astype(jnp.float32) if self.clipping == "adaptive" else None
+        return state.replace(loss=res.loss), ClientUpdate(update=clipped, unclipped=bit)
+
+    def aggregate(
+        self,
+        server: DPFedAvgServer,
+        replies: ClientUpdate,
+        mask: Bool[Array, " N"],
+        key: PRNGKeyArray,
+        hyper: DPFedAvgHyper,
+    ) -> DPFedAvgServer:
+        n = mask.shape[0]
+        k_sum, k_count = jax.random.split(key)
+        r = masked(replies, mask)
+        adaptive = self.clipping == "adaptive"
+        sum_noise = sum_noise_multiplier(hyper.noise_multiplier, hyper.count_noise)
+        sum_noise = sum_noise if adaptive else hyper.noise_multiplier
+        total = jax.tree.map(lambda leaf: jnp.sum(leaf, axis=0), r.update)
+        noisy = gaussian_mechanism(
+            k_sum, total, l2_sensitivity=server.clip, noise_multiplier=sum_noise
+        )
+        expected = hyper.sample_rate * n
+        neg_mean = jax.tree.map(lambda leaf: -leaf / expected, noisy)
+        opt = self._server_optimizer(hyper.server_lr)
+        updates, opt_state = opt.update(neg_mean, server.opt_state, server.params)
+        params = optax.apply_updates(server.params, updates)
+        clip, below = server.clip, server.noisy_unclipped_fraction
+        if adaptive:
+            centred = jnp.sum(jnp.where(mask, r.unclipped - 0.5, 0.0))
+            noisy_count = centred + hyper.count_noise * jax.random.normal(k_count, ())
+            below = noisy_count / expected + 0.5
+            clip = clip * jnp.exp(-hyper.clip_lr * (below - hyper.target_quantile))
+        return server.replace(
+            params=params,
+            opt_state=opt_state,
+            clip=keep_if(jnp.isfinite(clip), clip, server.clip),
+            noisy_unclipped_fraction=below,
+            rounds=server.rounds + 1,
+        )
+
+    def evaluate(self, server: DPFedAvgServer, test: tuple[Array, Array]) -> dict[str, Array]:
+        out = public_metrics(self.model, server.params, test, self.eval_batch_size)
+        out["clip_norm"] = server.clip
+        if self.clipping == "adaptive":
+            out["noisy_unclipped_fraction"] = server.noisy_unclipped_fraction
+        return out
+
+    def spend(self, server: DPFedAvgServer, state: Trainer) -> Spend:
+        del state
+        return Spend(
+            sample_rate=server.sample_rate,
+            noise_multiplier=server.noise_multiplier,
+            steps=server.rounds,
+            extra_epsilon=jnp.zeros((), jnp.float32),
+        )
+
+    def private_diagnostics(self, state: Trainer) -> dict[str, Array]:
+        return {"local_train_loss": state.loss}
+
+    def variants(
+        self,
+        clients: ClientData,
+        *,
+        sample_rate: float,
+        noise_multiplier: float | list[float],
+        clip: float = 0.1,
+        target_quantile: float = 0.5,
+        clip_lr: float = 0.2,
+        count_noise: float | None = None,
+        client_lr: float = 0.1,
+        server_lr: float = 1.0,
+    ) -> Variants:
+        """Validated hyper-parameters, one variant per ``noise_multiplier`` (label
+        ``noise_multiplier``). ``count_noise=None``: :func:`default_count_noise`."""
+        check_choice("clipping", self.clipping, ("fixed", "adaptive"))
+        check_range("server_momentum", self.server_momentum, 0.0, 1.0, high_open=True)
+        self.training.check(clients.sizes)
+        if self.training.record_dp is not None:
+            raise ValueError("training.record_dp must be None: DP-FedAvg's unit is the client")
+        n = clients.num_clients
+        check_range("sample_rate", sample_rate, 0.0, 1.0, low_open=True)
+        if self.capacity is not None:
+            needed = poisson_capacity(n, float(sample_rate))
+            if self.capacity < needed:
+                raise ValueError(
+                    f"capacity must be >= {needed} (overflow below 1e-9 at q_c = "
+                    f"{sample_rate}, N = {n}) or None; got {self.capacity}"
+                )
+        zs = [noise_multiplier] if isinstance(noise_multiplier, int | float) else noise_multiplier
+        check_range("clip", clip, 0.0, math.inf, low_open=True, high_open=True)
+        check_range("target_quantile", target_quantile, 0.0, 1.0, low_open=True, high_open=True)
+        check_range("clip_lr", clip_lr, 0.0, math.inf, high_open=True)
+        check_positive("client_lr", client_lr)
+        check_positive("server_lr", server_lr)
+        rows = []
+        for z in zs:
+            check_range("noise_multiplier", z, 0.0, math.inf, high_open=True)
+            b = default_count_noise(sample_rate * n, z) if count_noise is None else count_noise
+            check_range("count_noise", b, 0.0, math.inf, high_open=True)
+            if self.clipping == "fixed":
+                b, lr_c = 0.0, 0.0
+            else:
+                lr_c = clip_lr
+                if z > 0 and not 2.0 * b > z:
+                    raise ValueError(
+                        "count_noise must be > noise_multiplier / 2 for adaptive clipping; "
+                        f"got count_noise={b!r}, noise_multiplier={z!r}"
+                    )
+            rows.append((z, b, lr_c))
+        f = partial(jnp.asarray, dtype=jnp.float32)
+        v = len(rows)
+        hyper = DPFedAvgHyper(
+            client_lr=f([client_lr] * v),
+            server_lr=f([server_lr] * v),
+            sample_rate=f([sample_rate] * v),
+            noise_multiplier=f([r[0] for r in rows]),
+            count_noise=f([r[1] for r in rows]),
+            initial_clip=f([clip] * v),
+            target_quantile=f([target_quantile] * v),
+            clip_lr=f([r[2] for r in rows]),
+        )
+        return Variants(hyper=hyper, labels={"noise_multiplier": [float(r[0]) for r in rows]})
+
+
+def _expected_clients(hyper: DPFedAvgHyper, num_clients: int) -> Array:
+    return hyper.sample_rate * num_clients
+
+
+def rounds_to_target(
+    history: pd.DataFrame, target: float, column: str = "test_accuracy", *, higher: bool = True
+) -> pd.Series:
+    """First round (per run) at which ``column`` reaches ``target`` (``>=``; ``<=`` when
+    ``higher=False``); NaN for a run that never does."""
+
+    def first(frame: pd.DataFrame) -> float:
+        hit = frame[column] >= target if higher else frame[column] <= target
+        r = frame.loc[hit, "round"]
+        return float(r.min()) if len(r) else math.nan
+
+    keys = [c for c in ("noise_multiplier", "seed") if c in history.columns]
+    return history.groupby(keys)[["round", column]].apply(first).rename("rounds_to_target")
