@@ -34,13 +34,14 @@ class LoopbackNode:
         joins_after: the node is invisible to ``get_node_ids`` until this many messages
             have been pushed to the other nodes (a node that joins late).
         rewrite: applied to each of its replies before the server sees it (a faulty or
-            malicious client); ``None``: replies as the ClientApp made them.
+            malicious client); returning ``None`` loses the reply (the node died after
+            computing it); ``None``: replies as the ClientApp made them.
     """
 
     context: Context
     up: bool = True
     joins_after: int = 0
-    rewrite: Callable[[Message], Message] | None = None
+    rewrite: Callable[[Message], Message | None] | None = None
 
 
 @dataclass
@@ -104,7 +105,8 @@ class LoopbackGrid(Grid):
                 reply = Message(Error(_CLIENT_APP_RAISED, repr(err)), reply_to=msg)
             if node.rewrite is not None:
                 reply = node.rewrite(reply)
-            self._replies[msg.metadata.message_id] = reply
+            if reply is not None:
+                self._replies[msg.metadata.message_id] = reply
         return ids
 
     def pull_messages(self, message_ids: Iterable[str]) -> list[Message]:

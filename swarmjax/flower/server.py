@@ -39,7 +39,7 @@ from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.serverapp import Grid, ServerApp
 from jaxtyping import PyTree
 
-from swarmjax.fl.protocol import Exchange, Spend, server_init_key, server_key
+from swarmjax.fl.protocol import Exchange, Spend, aggregate_key, server_init_key, server_key
 from swarmjax.fl.runtime.result import PrivacyRecord, privacy_record
 from swarmjax.flower.records import (
     RecordError,
@@ -213,7 +213,8 @@ class _Coordinator:
             if row["status"] != "ok":
                 log.warning("%s: client %d left out: %s", group, cid, row["status"])
             self.messages.append(row)
-        server = _jit(ex.aggregate)(server, slots, jnp.asarray(mask), task.hyper)
+        agg_key = aggregate_key(task.run_key, round_index, index)
+        server = _jit(ex.aggregate)(server, slots, jnp.asarray(mask), agg_key, task.hyper)
         return server, spends, int(selected.sum())
 
     def _accept(

@@ -1,11 +1,13 @@
 """Ready-made tasks for deployments and tests: the paper algorithms on scikit-learn's digits
 (bundled with scikit-learn, so every node can build its partition offline).
 
-Run configuration keys (all optional): ``algorithm`` (``fedavg``), ``num-clients`` (3),
-``rounds`` (2), ``seed`` (0), ``partition-seed`` (0), ``train-size`` (examples used, 600),
-``hidden`` (32), ``learning-rate`` (0.1), ``epochs`` (1), ``batch-size`` (32),
-``delta`` (1e-5). Every process builds the same partitions from these; a SuperNode keeps
-only its own.
+Run configuration keys (all optional): ``algorithm`` (``fedavg`` or ``dp-fedavg``:
+client-level DP-FedAvg with adaptive clipping), ``num-clients`` (3), ``rounds`` (2),
+``seed`` (0), ``partition-seed`` (0), ``train-size`` (examples used, 600), ``hidden`` (32),
+``learning-rate`` (0.1), ``epochs`` (1), ``batch-size`` (32), ``delta`` (1e-5); for
+``dp-fedavg`` also ``client-rate`` (Poisson rate of clients, 0.7), ``noise-multiplier``
+(1.0) and ``clip`` (initial clip norm, 0.1). Every process builds the same partitions
+from these; a SuperNode keeps only its own.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any
 import jax.numpy as jnp
 
 from swarmjax._validation import check_choice, check_int
+from swarmjax.fl.algorithms.client_level_dp_fedavg import ClientLevelDPFedAvg
 from swarmjax.fl.algorithms.fedavg import FedAvg
 from swarmjax.fl.client_training import LocalTraining
 from swarmjax.fl.clients import ClientData, stack_clients
@@ -26,7 +29,7 @@ from swarmjax.models import mlp
 
 __all__ = ["ALGORITHMS", "digits", "digits_clients"]
 
-ALGORITHMS = ("fedavg",)
+ALGORITHMS = ("fedavg", "dp-fedavg")
 
 
 def digits_clients(config: dict[str, Any]) -> tuple[ClientData, tuple[Any, Any]]:
@@ -55,6 +58,15 @@ def digits(config: dict[str, Any]) -> Task:
     if name == "fedavg":
         alg = FedAvg(model, training)
         variants = alg.variants(clients, rounds=rounds, learning_rate=lr, target_epsilon=math.inf)
+    else:  # dp-fedavg
+        alg = ClientLevelDPFedAvg(model, training, clipping="adaptive")
+        variants = alg.variants(
+            clients,
+            sample_rate=float(config.get("client-rate", 0.7)),
+            noise_multiplier=float(config.get("noise-multiplier", 1.0)),
+            clip=float(config.get("clip", 0.1)),
+            client_lr=lr,
+        )
     return stacked_task(
         alg, variants, clients, test, rounds=rounds, seed=int(config.get("seed", 0)), delta=delta
     )
