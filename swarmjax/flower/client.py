@@ -111,8 +111,8 @@ def _exchange(msg: Message, context: Context) -> Message:
 
 
 def _hello(msg: Message, context: Context) -> Message:
-    task = load_task(context.run_config)
-    pid = partition_id(context, task.num_clients)
+    # no task built here: the server checks the range, the first exchange builds the task
+    pid = int(context.node_config["partition-id"])
     return Message(RecordDict({"hello": ConfigRecord({"partition-id": pid})}), reply_to=msg)
 
 

@@ -187,11 +187,9 @@ class LocalDeployment:
 
     # ---------------------------------------------------------------------------- a run
 
-    def run(
-        self, run_config: dict[str, Any], app: Path = APP_DIR, timeout: float = 300.0
-    ) -> subprocess.CompletedProcess:
-        """``flwr run app local --stream`` with ``run_config``; waits until the run ends.
-        Raises ``RuntimeError`` (with the CLI's output) if it fails or takes too long."""
+    def start_run(self, run_config: dict[str, Any], app: Path = APP_DIR) -> psutil.Popen:
+        """Submit a run (``flwr run app local --stream``) and return the CLI process, which
+        streams the run's logs and exits when the run ends (see :meth:`finish`)."""
         cmd = [
             str(Path(sys.executable).parent / "flwr"),
             "run",
@@ -209,6 +207,12 @@ class LocalDeployment:
             start_new_session=True,
             cwd=self.workdir,
         )
+        self._procs.append(proc)
+        return proc
+
+    def finish(self, proc: psutil.Popen, timeout: float = 300.0) -> str:
+        """Wait for a run started by :meth:`start_run`; its output. Raises ``RuntimeError``
+        (with the output) if it fails or takes longer than ``timeout`` seconds."""
         try:
             out, _ = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -217,10 +221,14 @@ class LocalDeployment:
             raise RuntimeError(
                 f"flwr run took more than {timeout} s:\n{out.decode()[-4000:]}"
             ) from None
-        done = subprocess.CompletedProcess(cmd, proc.returncode, out.decode(), "")
+        text = out.decode(errors="replace")
         if proc.returncode != 0:
-            raise RuntimeError(f"flwr run failed ({proc.returncode}):\n{done.stdout[-4000:]}")
-        return done
+            raise RuntimeError(f"flwr run failed ({proc.returncode}):\n{text[-4000:]}")
+        return text
+
+    def run(self, run_config: dict[str, Any], app: Path = APP_DIR, timeout: float = 300.0) -> str:
+        """Run to the end (:meth:`start_run` then :meth:`finish`); the CLI's output."""
+        return self.finish(self.start_run(run_config, app), timeout)
 
     def logs(self) -> str:
         """The tail of every process's log (for a failure message)."""

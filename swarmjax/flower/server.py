@@ -15,9 +15,9 @@ reply (a client that did not reply has released nothing new, so its last report 
 client-level algorithms are accounted by the server (``algorithm.spend(server, .)``).
 
 Outputs (``out-dir`` in the run configuration): ``server.npz`` (final server state),
-``history.csv`` (public metrics and bytes per round), ``messages.csv`` (one row per message:
-client, status, payload and wire bytes), ``privacy.json`` (epsilon per client after each
-round, what it covers and what it does not). :func:`read_run` loads them.
+``history.csv`` (public metrics, bytes and wall seconds per round), ``messages.csv`` (one
+row per message: client, status, payload and wire bytes), ``privacy.json`` (epsilon per
+client after each round, what it covers and what it does not). :func:`read_run` loads them.
 """
 
 from __future__ import annotations
@@ -307,7 +307,7 @@ def drive(grid: Grid, task: Task, settings: ServerSettings) -> FlowerRun:
     rows, spend_rounds, metrics_rounds = [], [], []
     for r in range(1, task.rounds + 1):
         co.greet(time.monotonic())  # nodes that joined late take part from this round on
-        start = len(co.messages)
+        start, t0 = len(co.messages), time.perf_counter()
         row: dict[str, Any] = {"round": r}
         for e, ex in enumerate(alg.exchanges):
             server, spends, count = co.exchange(server, ex, e, r, setup=False)
@@ -319,6 +319,7 @@ def drive(grid: Grid, task: Task, settings: ServerSettings) -> FlowerRun:
         sent = pd.DataFrame(co.messages[start:])
         row["bytes_down"] = int(sent["bytes_down"].sum()) if len(sent) else 0
         row["bytes_up"] = int(sent["bytes_up"].sum()) if len(sent) else 0
+        row["seconds"] = time.perf_counter() - t0  # wall time of the round at the server
         rows.append(row)
         spend_rounds.append(_spend_table(task, server, reported))
     history = pd.DataFrame(rows)
