@@ -30,7 +30,6 @@ from jaxtyping import Array, Bool, Int, PRNGKeyArray, PyTree
 from tqdm.auto import tqdm
 
 from swarmjax._validation import check_choice, check_int
-from swarmjax.fl.clients import ClientData
 from swarmjax.fl.protocol import (
     Algorithm,
     Exchange,
@@ -43,7 +42,7 @@ from swarmjax.fl.protocol import (
 from swarmjax.fl.runtime.result import Result, privacy_record
 from swarmjax.models import param_bytes
 
-__all__ = ["ClientMap", "Variants", "run_exchange", "run_keys", "simulate"]
+__all__ = ["ClientMap", "Variants", "num_clients", "run_exchange", "run_keys", "simulate"]
 
 ClientMap = Literal["vmap", "sequential"]
 
@@ -86,6 +85,11 @@ def run_keys(
     return jnp.stack(keys)
 
 
+def num_clients(clients: PyTree) -> int:
+    """Client slots of stacked client data (the leading axis of its leaves)."""
+    return int(jax.tree.leaves(clients)[0].shape[0])
+
+
 def _where(mask: Bool[Array, " N"], new: PyTree, old: PyTree) -> PyTree:
     """Per client slot: ``new`` where ``mask`` else ``old`` (leaves with a client axis)."""
 
@@ -108,17 +112,17 @@ def run_exchange(
     run_key: PRNGKeyArray,
     server: PyTree,
     states: PyTree,
-    clients: ClientData,
+    clients: PyTree,
     hyper: PyTree,
     client_map: ClientMap = "vmap",
 ) -> tuple[PyTree, PyTree, Int[Array, ""]]:
     """One exchange for one run: ``(server, client states, number of clients selected)``."""
-    n = clients.sizes.shape[0]
+    n = num_clients(clients)
     ids = jnp.arange(n)
     mask = ex.select(server, server_key(run_key, round_index, index), n)
     request = ex.request(server)
 
-    def one(state: PyTree, data: ClientData, cid: Int[Array, ""]) -> tuple[PyTree, PyTree]:
+    def one(state: PyTree, data: PyTree, cid: Int[Array, ""]) -> tuple[PyTree, PyTree]:
         key = client_key(run_key, round_index, index, cid)
         return ex.client(state, data, request, key, hyper)
 
@@ -149,11 +153,11 @@ def _exchanges(alg, exchanges, round_index, run_key, server, states, clients, hy
     return server, states, jnp.stack(counts) if counts else jnp.zeros((0,), jnp.int32)
 
 
-def _init_one(alg: Algorithm, run_key, hyper, clients: ClientData, cmap: ClientMap):
+def _init_one(alg: Algorithm, run_key, hyper, clients: PyTree, cmap: ClientMap):
     server = alg.server_init(server_init_key(run_key), hyper)
-    ids = jnp.arange(clients.sizes.shape[0])
+    ids = jnp.arange(num_clients(clients))
 
-    def one(data: ClientData, cid: Int[Array, ""]) -> PyTree:
+    def one(data: PyTree, cid: Int[Array, ""]) -> PyTree:
         return alg.client_init(client_init_key(run_key, cid), data, hyper, cid)
 
     states = _map_clients(one, (clients, ids), cmap)
@@ -196,9 +200,7 @@ def _rounds_batch(alg, carry, keys, hypers, clients, test, rounds, cmap, diagnos
     return jax.vmap(one)(carry, keys, hypers)
 
 
-def _message_bytes(
-    alg: Algorithm, carry, keys, hypers, clients: ClientData
-) -> list[tuple[int, int]]:
+def _message_bytes(alg: Algorithm, carry, keys, hypers, clients: PyTree) -> list[tuple[int, int]]:
     """``(request bytes, reply bytes)`` of each round exchange, from the message dtypes."""
     first = jax.tree.map(lambda a: a[0], (carry[0], carry[1], keys, hypers))
     server, states, key, hyper = first
@@ -230,7 +232,7 @@ def _sharded(tree: PyTree) -> PyTree:
 
 def simulate(
     alg: Algorithm,
-    clients: ClientData,
+    clients: PyTree,
     test: tuple[Array, Array],
     *,
     variants: Variants,
@@ -247,7 +249,9 @@ def simulate(
 
     Args:
         alg: the algorithm (hashable; a static jit argument).
-        clients: stacked client data ``(clients, max_n, ...)``.
+        clients: stacked client data (a pytree with a leading client axis, usually
+            :class:`~swarmjax.fl.clients.ClientData`; ``alg.client_init`` and ``client``
+            get one client's slice).
         test: public ``(x, y)`` test set for ``alg.evaluate``.
         variants: the hyper pytree with a variant axis, and the variants' labels.
         seeds: one seed or several; runs are (variant, seed) pairs, variant-major.
@@ -300,7 +304,7 @@ def simulate(
             done += n
             bar.update(n)
     out = jax.tree.map(lambda *xs: np.concatenate(xs, axis=1), *parts)
-    expected = _expected_selected(alg, hyper, clients.num_clients, runs, rounds)
+    expected = _expected_selected(alg, hyper, num_clients(clients), runs, rounds)
     selected = np.where(np.isnan(expected), out["selected"], expected)
     history = _history(labels, out["metrics"], selected, sizes, runs, rounds)
     record = privacy_record(

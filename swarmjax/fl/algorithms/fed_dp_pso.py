@@ -1,0 +1,512 @@
+"""Fed-DP-PSO (seed 000; ALGORITHMS.md section 2) and FedPSO on the protocol.
+
+Every client holds a swarm of ``S`` particles (full models) in its own state. A round is
+two exchanges:
+
+1. ``train`` (every client): the server broadcasts ``gbest``; the client moves its swarm
+   toward its personal bests and ``gbest``, scores every particle on its data, refines its
+   best particle ``theta_{i,best}`` with ``E`` epochs of DP-Adam (record-level DP,
+   :class:`~swarmjax.fl.client_training.LocalTraining`), re-scores it and reports ONE number,
+   its lowest personal-best score;
+2. ``upload`` (one client): the server picks a client uniformly among the ``top_k`` lowest
+   reports; only that client uploads its best personal best, the new ``gbest``.
+
+The setup (round 0) is the same two exchanges without training: every client reports the
+best of its ``S`` initial particles and the chosen one uploads it. Only one model goes up
+per round, so the upload saving over FedAvg is real, not simulated.
+
+Privacy: with ``private_selection=False`` (the paper) the reported scores and the client's
+pbest/argmin choices are exact statistics of private data (``unprotected``: listed in the
+privacy record's ``not_covered``); the epsilon covers the DP-Adam steps. With
+``private_selection=True`` every score a client computes is a clipped mean plus Laplace
+noise (``selection_epsilon`` per client in total, added by basic composition), end to end.
+The debate about the paper (which model is refined, loss vs error scoring) is in
+``docs/fed_dp_pso.md``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray, PyTree
+
+from swarmjax import swarm
+from swarmjax._validation import check_choice, check_int, check_positive
+from swarmjax.fl.algorithms.common import (
+    calibrated_noise,
+    keep_if,
+    masked,
+    public_metrics,
+    target_list,
+)
+from swarmjax.fl.client_training import LocalTraining, RecordDP, sample_rate
+from swarmjax.fl.clients import ClientData
+from swarmjax.fl.dp_local import DELTA
+from swarmjax.fl.protocol import (
+    ACCOUNTED,
+    UNPROTECTED,
+    Exchange,
+    Protection,
+    Spend,
+    everyone,
+    noised,
+)
+from swarmjax.fl.runtime.simulator import Variants
+from swarmjax.models import Model, cross_entropy
+
+__all__ = [
+    "FedDPPSO",
+    "FedDPPSOHyper",
+    "PSOClient",
+    "PSOData",
+    "PSOServer",
+    "evaluation_subset",
+    "fedpso",
+    "selection_releases",
+    "server_select",
+]
+
+
+@flax.struct.dataclass
+class PSOData:
+    """One client's data: ``train`` (DP-Adam samples it) and ``score`` (the particles are
+    scored on it: ``train`` itself, or a fixed public-randomness subset, spec 2.2)."""
+
+    train: ClientData
+    score: ClientData
+
+
+@flax.struct.dataclass
+class FedDPPSOHyper:
+    """Numeric hyper-parameters (vmappable leaves).
+
+    Attributes:
+        pso: inertia ``w``, ``c1``, ``c2``.
+        learning_rate: ``eta`` of the local optimiser.
+        noise_multiplier: ``(clients,)`` ``sigma_i`` of DP-Adam (unused without record DP).
+        score_epsilon: epsilon of ONE noised score (``private_selection``; 0 otherwise).
+    """
+
+    pso: swarm.PSOHyperParams
+    learning_rate: Float[Array, ""]
+    noise_multiplier: Float[Array, " clients"]
+    score_epsilon: Float[Array, ""]
+
+
+@flax.struct.dataclass
+class PSOClient:
+    """A client's swarm ``(S, ...)``, its privacy spend, the Laplace scale of its scores
+    (nats) and, for the private diagnostics only, its last DP-Adam loss and step count."""
+
+    swarm: swarm.SwarmState
+    spend: Spend
+    score_scale: Float[Array, ""]
+    refine_loss: Float[Array, ""]
+    refine_steps: Int[Array, ""]
+
+
+@flax.struct.dataclass
+class PSOServer:
+    """``gbest`` (one model), the last reports ``(N,)`` and the client picked (``leader``)."""
+
+    gbest: PyTree
+    reports: Float[Array, " N"]
+    leader: Int[Array, ""]
+
+
+def server_select(key: PRNGKeyArray, losses: Float[Array, " N"], top_k: int = 3) -> Int[Array, ""]:
+    """Algorithm 2: a client drawn uniformly among the ``min(top_k, N)`` lowest reports."""
+    k = min(check_int("top_k", top_k, 1), losses.shape[0])
+    order = jnp.argsort(jnp.where(jnp.isnan(losses), jnp.inf, losses))
+    return order[jax.random.randint(key, (), 0, k)]
+
+
+def selection_releases(particles: int, rounds: int) -> int:
+    """Scores a client computes over a run: ``S`` at setup + ``S + 1`` per round."""
+    return particles + rounds * (particles + 1)
+
+
+def evaluation_subset(clients: ClientData, size: int, seed: int = 0) -> ClientData:
+    """A fixed random subset of at most ``size`` real rows per client, drawn on the host from
+    ``numpy.random.default_rng(seed)`` independently of the data (costs no privacy)."""
+    size = check_int("eval_subset", size, 1)
+    sizes = np.asarray(clients.sizes)
+    m = int(min(size, clients.max_size))
+    rng = np.random.default_rng(seed)
+    rows = np.zeros((len(sizes), m), np.int64)
+    kept = np.minimum(sizes, m)
+    for i, n in enumerate(sizes):  # host-side, once per experiment
+        rows[i, : kept[i]] = np.sort(rng.choice(int(n), size=int(kept[i]), replace=False))
+    take = jax.vmap(lambda a, r: a[r])
+    idx = jnp.asarray(rows)
+    mask = jnp.arange(m)[None, :] < jnp.asarray(kept)[:, None]
+    return ClientData(
+        x=take(clients.x, idx), y=take(clients.y, idx), mask=mask, sizes=jnp.asarray(kept)
+    )
+
+
+def _take(tree: PyTree, index: Int[Array, ""]) -> PyTree:
+    return jax.tree.map(lambda leaf: leaf[index], tree)
+
+
+@dataclass(frozen=True)
+class FedDPPSO:
+    """Fed-DP-PSO (static settings; hashable). FedPSO is :func:`fedpso`.
+
+    Attributes:
+        model: the ``(init, apply)`` pair.
+        training: the refinement of the best particle (default DP-Adam: AdamW with
+            ``weight_decay`` 1e-4; ``record_dp=None`` gives plain AdamW, epsilon inf).
+        particles: ``S`` per client.
+        refine_start: ``"pbest"`` (refine the best personal best, the model the client
+            would send; default) or ``"position"`` (the best moved position).
+        top_k: the server picks uniformly among the ``min(top_k, N)`` lowest reports.
+        pso_options: ``swarm.PSOOptions``.
+        private_selection: noise every score (clipped mean + Laplace); see module docs.
+        loss_bound: per-example clip of a score under ``private_selection`` (nats).
+        selection_metric: ``"loss"`` (the paper) or ``"error"`` (error rate; an option).
+        eval_batch_size: chunk size of the test evaluation.
+        eval_subset: score particles on at most this many rows per client (None: all).
+    """
+
+    model: Model
+    training: LocalTraining = field(
+        default_factory=lambda: LocalTraining(
+            batch_size=64, optimizer="adamw", weight_decay=1e-4, record_dp=RecordDP()
+        )
+    )
+    particles: int = 5
+    refine_start: Literal["pbest", "position"] = "pbest"
+    top_k: int = 3
+    pso_options: swarm.PSOOptions = field(default_factory=swarm.PSOOptions)
+    private_selection: bool = False
+    loss_bound: float = 10.0
+    selection_metric: Literal["loss", "error"] = "loss"
+    eval_batch_size: int | None = None
+    eval_subset: int | None = None
+
+    @property
+    def privacy_unit(self) -> str | None:
+        return "record" if self.training.record_dp is not None else None
+
+    # ------------------------------------------------------------------------ exchanges
+
+    def _score_protection(self) -> Protection:
+        if self.private_selection:
+            return noised("clipped mean score + Laplace; epsilon in Spend.extra_epsilon")
+        return UNPROTECTED
+
+    def _report(self) -> Exchange:
+        return Exchange(
+            "report",
+            everyone,
+            _nothing,
+            self.report,
+            self.store_reports,
+            {"score": self._score_protection()},
+        )
+
+    def _upload(self) -> Exchange:
+        if self.training.record_dp is None:
+            model = UNPROTECTED
+        else:
+            note = "DP-Adam steps" + (
+                "" if self.private_selection else "; chosen by exact scores (not covered)"
+            )
+            model = Protection(ACCOUNTED.kind, "record", note)
+        return Exchange(
+            "upload",
+            self.select_leader,
+            _nothing,
+            self.upload,
+            self.take_gbest,
+            {"model": model},
+            max_selected=1,
+        )
+
+    @property
+    def setup(self) -> tuple[Exchange, ...]:
+        return (self._report(), self._upload())
+
+    @property
+    def exchanges(self) -> tuple[Exchange, ...]:
+        train = Exchange(
+            "train",
+            everyone,
+            self.request_gbest,
+            self.train,
+            self.store_reports,
+            {"score": self._score_protection()},
+        )
+        return (train, self._upload())
+
+    # -------------------------------------------------------------------------- scoring
+
+    def score_bound(self) -> float:
+        """Per-example bound of a noised score: ``loss_bound`` (nats), 1 for the error."""
+        return self.loss_bound if self.selection_metric == "loss" else min(self.loss_bound, 1.0)
+
+    def scores(
+        self, positions: PyTree, data: ClientData, key: PRNGKeyArray, scale: Float[Array, ""]
+    ) -> Float[Array, " S"]:
+        """Score of each particle (leaves ``(S, ...)``) on one client's data: mean
+        cross-entropy (nats) or error rate; with ``private_selection`` per-example values
+        clipped to ``[0, score_bound]`` plus ``Laplace(scale)`` (key ``fold_in(key, j)``)."""
+        bound = self.score_bound() if self.private_selection else jnp.inf
+        x = jnp.where(data.mask.reshape((-1,) + (1,) * (data.x.ndim - 1)), data.x, 0.0)
+        n = jnp.maximum(jnp.sum(data.mask), 1)
+
+        def one(p: PyTree) -> Float[Array, ""]:
+            logits = self.model.apply(p, x)
+            if self.selection_metric == "error":
+                per = (jnp.argmax(logits, axis=-1) != data.y).astype(logits.dtype)
+            else:
+                per = cross_entropy(logits, data.y)
+            per = jnp.minimum(per, bound)
+            return jnp.sum(jnp.where(data.mask, per, 0.0)) / n
+
+        values = jax.vmap(one)(positions)
+        if not self.private_selection:
+            return values
+        ids = jnp.arange(values.shape[0])
+        noise = jax.vmap(lambda j: jax.random.laplace(jax.random.fold_in(key, j)))(ids)
+        return values + scale * noise
+
+    # ------------------------------------------------------------------- server / client
+
+    def server_init(self, key: PRNGKeyArray, hyper: FedDPPSOHyper) -> PSOServer:
+        n = hyper.noise_multiplier.shape[0]
+        return PSOServer(
+            gbest=self.model.init(key),
+            reports=jnp.full((n,), jnp.inf, jnp.float32),
+            leader=jnp.zeros((), jnp.int32),
+        )
+
+    def client_init(
+        self, key: PRNGKeyArray, data: PSOData, hyper: FedDPPSOHyper, client_id: Int[Array, ""]
+    ) -> PSOClient:
+        k_init, k_score, k_swarm = jax.random.split(key, 3)
+        eps1 = hyper.score_epsilon
+        scale = jnp.where(
+            eps1 > 0, self.score_bound() / (data.score.sizes * jnp.maximum(eps1, 1e-30)), 0.0
+        )
+        inits = jax.vmap(lambda j: self.model.init(jax.random.fold_in(k_init, j)))
+        positions = inits(jnp.arange(self.particles))
+        state = swarm.init(k_swarm, positions, self.scores(positions, data.score, k_score, scale))
+        spend = Spend.none().replace(extra_epsilon=self.particles * eps1)
+        if self.training.record_dp is not None:
+            spend = spend.replace(
+                sample_rate=sample_rate(data.train.sizes, self.training.batch_size),
+                noise_multiplier=hyper.noise_multiplier[client_id],
+            )
+        zero = jnp.zeros((), jnp.float32)
+        return PSOClient(state, spend, scale, zero, jnp.zeros((), jnp.int32))
+
+    def request_gbest(self, server: PSOServer) -> PyTree:
+        return server.gbest
+
+    def report(
+        self,
+        state: PSOClient,
+        data: PSOData,
+        request: tuple,
+        key: PRNGKeyArray,
+        hyper: FedDPPSOHyper,
+    ) -> tuple[PSOClient, Float[Array, ""]]:
+        """Setup: report the best initial score (already counted at init)."""
+        del data, request, key, hyper
+        return state, jnp.min(state.swarm.best_loss)
+
+    def train(
+        self,
+        state: PSOClient,
+        data: PSOData,
+        gbest: PyTree,
+        key: PRNGKeyArray,
+        hyper: FedDPPSOHyper,
+    ) -> tuple[PSOClient, Float[Array, ""]]:
+        """Algorithm 1 for ONE client: move, score, refine the best, re-score, report."""
+        k_score, k_train, k_rescore = jax.random.split(key, 3)
+        s = swarm.move(state.swarm, hyper.pso, self.pso_options, social_target=gbest)
+        scores = self.scores(s.position, data.score, k_score, state.score_scale)
+        s = swarm.observe_personal(s, scores)
+        if self.refine_start == "pbest":
+            j = jnp.argmin(s.best_loss)
+            start = _take(s.best_position, j)
+        else:
+            j = jnp.argmin(jnp.where(jnp.isfinite(scores), scores, jnp.inf))
+            start = _take(s.position, j)
+        res = self.training.train(
+            self.model,
+            start,
+            data.train,
+            k_train,
+            hyper.learning_rate,
+            state.spend.noise_multiplier,
+        )
+        refined = jax.tree.map(lambda leaf: leaf[None], res.params)
+        new = self.scores(refined, data.score, k_rescore, state.score_scale)[0]
+        position = jax.tree.map(lambda all_, r: all_.at[j].set(r), s.position, res.params)
+        # The refined particle's pbest update is part of this round's one observation: the
+        # iteration advances once and only the new score can add a non-finite count.
+        after = swarm.observe_personal(s.replace(position=position), scores.at[j].set(new))
+        s = after.replace(
+            iteration=s.iteration, nonfinite=s.nonfinite + (~jnp.isfinite(new)).astype(jnp.int32)
+        )
+        spend = state.spend.replace(
+            steps=state.spend.steps + res.steps,
+            extra_epsilon=state.spend.extra_epsilon + (self.particles + 1) * hyper.score_epsilon,
+        )
+        new_state = state.replace(
+            swarm=s, spend=spend, refine_loss=res.loss, refine_steps=res.steps
+        )
+        return new_state, jnp.min(s.best_loss)
+
+    def store_reports(
+        self,
+        server: PSOServer,
+        reports: Float[Array, " N"],
+        mask: Bool[Array, " N"],
+        key: PRNGKeyArray,
+        hyper: FedDPPSOHyper,
+    ) -> PSOServer:
+        del key, hyper
+        return server.replace(reports=jnp.where(mask, reports, jnp.inf))
+
+    def select_leader(self, server: PSOServer, key: PRNGKeyArray, n: int) -> Bool[Array, " N"]:
+        return jnp.zeros(n, bool).at[server_select(key, server.reports, self.top_k)].set(True)
+
+    def upload(
+        self,
+        state: PSOClient,
+        data: PSOData,
+        request: tuple,
+        key: PRNGKeyArray,
+        hyper: FedDPPSOHyper,
+    ) -> tuple[PSOClient, PyTree]:
+        """The chosen client sends its best personal best."""
+        del data, request, key, hyper
+        return state, _take(state.swarm.best_position, jnp.argmin(state.swarm.best_loss))
+
+    def take_gbest(
+        self,
+        server: PSOServer,
+        models: PyTree,
+        mask: Bool[Array, " N"],
+        key: PRNGKeyArray,
+        hyper: FedDPPSOHyper,
+    ) -> PSOServer:
+        del key, hyper
+        gbest = jax.tree.map(lambda leaf: jnp.sum(leaf, axis=0), masked(models, mask))
+        return server.replace(
+            gbest=keep_if(jnp.any(mask), gbest, server.gbest),
+            leader=jnp.argmax(mask).astype(jnp.int32),
+        )
+
+    def evaluate(self, server: PSOServer, test: tuple[Array, Array]) -> dict[str, Array]:
+        out = public_metrics(self.model, server.gbest, test, self.eval_batch_size)
+        out["leader"] = server.leader
+        out["reported_score"] = server.reports
+        return out
+
+    def spend(self, server: PSOServer, state: PSOClient) -> Spend:
+        del server
+        return state.spend
+
+    def private_diagnostics(self, state: PSOClient) -> dict[str, Array]:
+        return {
+            "refine_loss": state.refine_loss,
+            "refine_steps": state.refine_steps,
+            "iteration": state.swarm.iteration,
+            "nonfinite": state.swarm.nonfinite,
+        }
+
+    # --------------------------------------------------------------------- host helpers
+
+    def check(self, clients: ClientData) -> None:
+        """``ValueError`` naming the field unless the settings fit ``clients``."""
+        check_int("particles", self.particles, 1)
+        check_int("top_k", self.top_k, 1)
+        check_positive("loss_bound", self.loss_bound)
+        check_choice("refine_start", self.refine_start, ("pbest", "position"))
+        check_choice("selection_metric", self.selection_metric, ("loss", "error"))
+        if self.eval_subset is not None:
+            check_int("eval_subset", self.eval_subset, 1)
+        self.training.check(clients.sizes)
+
+    def client_data(self, clients: ClientData) -> PSOData:
+        """Stacked :class:`PSOData` (the scoring subset drawn once, public randomness)."""
+        score = (
+            clients if self.eval_subset is None else evaluation_subset(clients, self.eval_subset)
+        )
+        return PSOData(train=clients, score=score)
+
+    def variants(
+        self,
+        clients: ClientData,
+        *,
+        rounds: int,
+        target_epsilon: float | Sequence[float] = math.inf,
+        learning_rate: float = 0.005,
+        pso: swarm.PSOHyperParams | None = None,
+        selection_epsilon: float = 1.0,
+        delta: float = DELTA,
+    ) -> Variants:
+        """One variant per target epsilon (label ``epsilon_target``): ``sigma_i`` calibrated
+        per client; with ``private_selection`` each score gets ``selection_epsilon /``
+        :func:`selection_releases`."""
+        self.check(clients)
+        check_int("rounds", rounds, 1)
+        check_positive("learning_rate", learning_rate)
+        targets = target_list(target_epsilon)
+        if (self.training.record_dp is None) != math.isinf(targets[0]):
+            raise ValueError(
+                "target_epsilon must be inf exactly when training.record_dp is None; got "
+                f"{targets} with record_dp={self.training.record_dp}"
+            )
+        if self.private_selection:
+            check_positive("selection_epsilon", selection_epsilon)
+        pso = (swarm.PSOHyperParams() if pso is None else pso).validate()
+        sig = calibrated_noise(
+            self.training, clients.sizes, rounds=rounds, targets=targets, delta=delta
+        )
+        eps1 = (
+            selection_epsilon / selection_releases(self.particles, rounds)
+            if self.private_selection
+            else 0.0
+        )
+        v = len(targets)
+        hyper = FedDPPSOHyper(
+            pso=jax.tree.map(lambda a: jnp.full((v,), a, jnp.float32), pso),
+            learning_rate=jnp.full((v,), learning_rate, jnp.float32),
+            noise_multiplier=jnp.asarray(sig),
+            score_epsilon=jnp.full((v,), eps1, jnp.float32),
+        )
+        return Variants(hyper=hyper, labels={"epsilon_target": targets})
+
+
+def _nothing(server: PyTree) -> tuple:
+    """An empty request (0 bytes): the exchange needs nothing from the server."""
+    del server
+    return ()
+
+
+def fedpso(
+    model: Model, *, local_epochs: int = 1, batch_size: int = 32, eval_batch_size: int | None = None
+) -> FedDPPSO:
+    """FedPSO (Park et al. 2021) as Fed-DP-PSO's settings: ``S = 1``, plain SGD, the best
+    report wins (``top_k = 1``), no DP."""
+    return FedDPPSO(
+        model=model,
+        training=LocalTraining(epochs=local_epochs, batch_size=batch_size, optimizer="sgd"),
+        particles=1,
+        top_k=1,
+        eval_batch_size=eval_batch_size,
+    )
