@@ -27,18 +27,16 @@ from swarmjax.fl.runtime.simulator import simulate
 from swarmjax.flower.deployment import LocalDeployment
 from swarmjax.flower.server import read_run
 from swarmjax.flower.task import load_task
-from swarmjax.flower.tasks import digits_clients
 
 
 def _simulator_round(config: dict) -> float:
     task = load_task(config)
-    clients, test = digits_clients(config)
 
     def once() -> None:
         simulate(
             task.algorithm,
-            clients,
-            test,
+            task.stacked,
+            task.test,
             variants=task.variants,
             seeds=task.seed,
             rounds=task.rounds,

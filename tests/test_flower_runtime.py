@@ -16,7 +16,6 @@ from swarmjax.flower.client import make_client_app
 from swarmjax.flower.loopback import LoopbackGrid
 from swarmjax.flower.server import ServerSettings, drive
 from swarmjax.flower.task import load_task
-from swarmjax.flower.tasks import digits_clients
 
 BASE = {"task": "swarmjax.flower.tasks:digits", "train-size": 300, "hidden": 16}
 FAST = ServerSettings(join_timeout=1.0, reply_timeout=1.0)
@@ -28,11 +27,10 @@ def _grid(config, partitions=(0, 1, 2)):
 
 def _simulate(config):
     task = load_task(config)
-    clients, test = digits_clients(config)
     return simulate(
         task.algorithm,
-        clients,
-        test,
+        task.stacked,
+        task.test,
         variants=task.variants,
         seeds=task.seed,
         rounds=task.rounds,
@@ -52,14 +50,14 @@ def assert_same_run(run, sim, atol=1e-6):
     assert run.privacy.not_covered == sim.privacy.not_covered
 
 
-@pytest.mark.parametrize("algorithm", ["fedavg", "dp-fedavg"])
+@pytest.mark.parametrize("algorithm", ["fedavg", "dp-fedavg", "fed-dp-pso"])
 def test_same_numbers_as_the_simulator(algorithm):
     config = {**BASE, "algorithm": algorithm, "rounds": 2}
     run = drive(_grid(config), load_task(config), FAST)
     sim = _simulate(config)
     assert_same_run(run, sim)
     assert (run.messages["status"] == "ok").all()
-    if algorithm == "fedavg":  # public selection: the released bytes are the carried bytes
+    if algorithm != "dp-fedavg":  # public selection: the released bytes are the carried ones
         np.testing.assert_array_equal(run.history["bytes_up"], sim.history["bytes_up"])
         np.testing.assert_array_equal(run.history["bytes_down"], sim.history["bytes_down"])
     else:  # secret Poisson sampling: bytes carried = realised clients x message size

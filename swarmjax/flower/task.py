@@ -20,9 +20,8 @@ from typing import Any
 import jax
 from jaxtyping import Array, PRNGKeyArray, PyTree
 
-from swarmjax.fl.clients import ClientData
 from swarmjax.fl.protocol import Algorithm, client_init_key, server_init_key
-from swarmjax.fl.runtime.simulator import Variants, run_keys
+from swarmjax.fl.runtime.simulator import Variants, num_clients, run_keys
 
 __all__ = ["Task", "load_task", "stacked_task"]
 
@@ -36,25 +35,29 @@ class Task:
         variants: ONE variant (``variants.size == 1``): the hyper pytree with a leading axis
             of 1 and its labels; the labels enter the run key exactly as in the simulator.
         num_clients: ``N``, the number of partitions (client slots).
-        client_data: ``partition_id -> ClientData`` of that one client (no client axis);
-            called only on the SuperNode that holds the partition.
-        data_like: shapes and dtypes of one client's ``ClientData`` (``jax.ShapeDtypeStruct``
-            leaves; public: the padded size is part of the configuration).
+        client_data: ``partition_id ->`` that one client's data (no client axis; usually a
+            ``ClientData``); called only on the SuperNode that holds the partition.
+        data_like: shapes and dtypes of one client's data (``jax.ShapeDtypeStruct`` leaves;
+            public: the padded size is part of the configuration).
         test: the public ``(x, y)`` test set of ``algorithm.evaluate``.
         rounds: training rounds ``T``.
         seed: the run seed (``run_keys([seed], [labels])`` as in the simulator).
         delta: the delta of the privacy record.
+        stacked: all clients' data stacked (the simulator's input), when the task was built
+            from it (:func:`stacked_task`); a deployment never sends it anywhere.
     """
 
     algorithm: Algorithm
     variants: Variants
     num_clients: int
-    client_data: Callable[[int], ClientData]
-    data_like: ClientData
+    client_data: Callable[[int], PyTree]
+    data_like: PyTree
     test: tuple[Array, Array]
     rounds: int
     seed: int
     delta: float
+
+    stacked: PyTree = None
 
     def __post_init__(self) -> None:
         if self.variants.size != 1:
@@ -116,18 +119,19 @@ def load_task(run_config: Mapping[str, Any]) -> Task:
 def stacked_task(
     algorithm: Algorithm,
     variants: Variants,
-    clients: ClientData,
+    clients: PyTree,
     test: tuple[Array, Array],
     *,
     rounds: int,
     seed: int,
     delta: float,
 ) -> Task:
-    """A :class:`Task` over stacked clients (the simulator's input): client ``i`` holds
-    slice ``i``."""
+    """A :class:`Task` over stacked clients (the simulator's input, any pytree with a leading
+    client axis): client ``i`` holds slice ``i``."""
 
-    def one(pid: int) -> ClientData:
+    def one(pid: int) -> PyTree:
         return jax.tree.map(lambda a: a[pid], clients)
 
     like = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), clients)
-    return Task(algorithm, variants, clients.num_clients, one, like, test, rounds, seed, delta)
+    n = num_clients(clients)
+    return Task(algorithm, variants, n, one, like, test, rounds, seed, delta, clients)
