@@ -23,25 +23,16 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks._results import machine, write_section
-from swarmjax.fl.runtime.simulator import simulate
 from swarmjax.flower.deployment import LocalDeployment
 from swarmjax.flower.server import read_run
-from swarmjax.flower.task import load_task
+from swarmjax.flower.task import load_task, simulate_task
 
 
 def _simulator_round(config: dict) -> float:
     task = load_task(config)
 
     def once() -> None:
-        simulate(
-            task.algorithm,
-            task.stacked,
-            task.test,
-            variants=task.variants,
-            seeds=task.seed,
-            rounds=task.rounds,
-            delta=task.delta,
-        )
+        simulate_task(task)
 
     once()  # compile
     t0 = time.perf_counter()

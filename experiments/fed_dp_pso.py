@@ -134,6 +134,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--seeds", type=int, default=None, help="number of seeds")
     p.add_argument("--particles", type=int, default=5, help="S, particles per client")
     p.add_argument(
+        "--runtime",
+        choices=("simulator", "flower"),
+        default="simulator",
+        help="flower: Fed-DP-PSO on digits over a SuperLink + 3 SuperNodes on 127.0.0.1, "
+        "beside the simulator (experiments/_flower.py)",
+    )
+    p.add_argument(
         "--batch-size", type=int, default=None, help="B, expected Poisson batch (full 256, else 64)"
     )
     p.add_argument(
@@ -450,6 +457,17 @@ def _comm(models: dict) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
+    if args.runtime == "flower":  # needs the flower extra; digits, the first --epsilons
+        from experiments._flower import run_over_flower
+
+        eps = (args.epsilons or [8.0])[0]
+        if not math.isfinite(eps):
+            raise SystemExit("--runtime flower runs Fed-DP-PSO with DP: give a finite --epsilons")
+        rounds = args.rounds or (2 if args.quick else 10)
+        particles = 2 if args.quick else args.particles
+        config = {"algorithm": "fed-dp-pso", "rounds": rounds, "particles": particles}
+        run_over_flower(config | {"target-epsilon": eps}, Path(args.out))
+        return
     plan = _plan(args)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

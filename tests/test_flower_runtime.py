@@ -11,11 +11,10 @@ import jax
 import numpy as np
 from flwr.app import ArrayRecord, Message, RecordDict
 
-from swarmjax.fl.runtime.simulator import simulate
 from swarmjax.flower.client import make_client_app
 from swarmjax.flower.loopback import LoopbackGrid
 from swarmjax.flower.server import ServerSettings, drive
-from swarmjax.flower.task import load_task
+from swarmjax.flower.task import load_task, simulate_task
 
 BASE = {"task": "swarmjax.flower.tasks:digits", "train-size": 300, "hidden": 16}
 FAST = ServerSettings(join_timeout=1.0, reply_timeout=1.0)
@@ -27,15 +26,7 @@ def _grid(config, partitions=(0, 1, 2)):
 
 def _simulate(config):
     task = load_task(config)
-    return simulate(
-        task.algorithm,
-        task.stacked,
-        task.test,
-        variants=task.variants,
-        seeds=task.seed,
-        rounds=task.rounds,
-        delta=task.delta,
-    )
+    return simulate_task(task)
 
 
 def assert_same_run(run, sim, atol=1e-6):

@@ -21,9 +21,9 @@ import jax
 from jaxtyping import Array, PRNGKeyArray, PyTree
 
 from swarmjax.fl.protocol import Algorithm, client_init_key, server_init_key
-from swarmjax.fl.runtime.simulator import Variants, num_clients, run_keys
+from swarmjax.fl.runtime.simulator import Variants, num_clients, run_keys, simulate
 
-__all__ = ["Task", "load_task", "stacked_task"]
+__all__ = ["Task", "load_task", "simulate_task", "stacked_task"]
 
 
 @dataclass(frozen=True, eq=False)  # identity hash: a process builds its task once
@@ -135,3 +135,19 @@ def stacked_task(
     like = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), clients)
     n = num_clients(clients)
     return Task(algorithm, variants, n, one, like, test, rounds, seed, delta, clients)
+
+
+def simulate_task(task: Task) -> Any:
+    """The same run in the simulator (``swarmjax.fl.runtime.simulator.simulate`` on the
+    task's stacked clients): the reference a deployment is compared with."""
+    if task.stacked is None:
+        raise ValueError("task.stacked is None: build the task with stacked_task to simulate it")
+    return simulate(
+        task.algorithm,
+        task.stacked,
+        task.test,
+        variants=task.variants,
+        seeds=task.seed,
+        rounds=task.rounds,
+        delta=task.delta,
+    )
