@@ -51,7 +51,7 @@ def test_same_numbers_and_bytes_as_the_simulator(deployment, tmp_path):
 
 def test_supernode_killed_mid_round(deployment, tmp_path):
     config = {**BASE, "algorithm": "fedavg", "rounds": 2, "out-dir": str(tmp_path)}
-    config["reply-timeout"] = 30.0
+    config["reply-timeout"] = 60.0  # the nodes compiled while joining; a round loads it
     log = deployment.workdir / "node1.log"
     seen = len(log.read_bytes())  # the earlier runs' lines
     proc = deployment.start_run(config)

@@ -3,7 +3,8 @@ holds, keeping the client's state in the node's persistent context.
 
 Messages it answers (the ServerApp sends them, :mod:`swarmjax.flower.server`):
 
-* ``query.hello``: reply ``{"partition-id": i}`` (read from the node configuration).
+* ``query.hello``: reply ``{"partition-id": i}`` (read from the node configuration),
+  after compiling the run's client functions into the persistent cache.
 * ``train.exchange``: content ``request`` (the Request pytree) and ``meta``
   (``round``, ``exchange``, ``setup``); runs ``exchange.client`` with the simulator's key
   ``client_key(run_key, round, exchange, i)`` and replies with ``reply`` (the Reply pytree)
@@ -40,7 +41,10 @@ DEFAULT_CACHE = Path.home() / ".cache" / "swarmjax" / "jax"
 
 
 def use_compilation_cache(path: str | os.PathLike) -> None:
-    """Keep every compiled function in ``path`` (JAX's persistent cache) from now on."""
+    """Keep every compiled function in ``path`` (JAX's persistent cache) from now on;
+    ``""`` leaves the process's JAX configuration alone (an in-process loopback node)."""
+    if not str(path):
+        return
     Path(path).mkdir(parents=True, exist_ok=True)
     jax.config.update("jax_compilation_cache_dir", str(path))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
@@ -110,9 +114,26 @@ def _exchange(msg: Message, context: Context) -> Message:
     return Message(content, reply_to=msg)
 
 
+def _warm_up(task: Task, pid: int) -> None:
+    """Compile every client function of the run into the persistent cache (during the
+    join phase, whose timeout is long, so that exchanges only load executables)."""
+    data = _client_data(task, pid)
+    key = client_key(task.run_key, 0, 0, pid)
+    for setup, exchanges in ((True, task.algorithm.setup), (False, task.algorithm.exchanges)):
+        for index, ex in enumerate(exchanges):
+            request_like = jax.eval_shape(ex.request, task.server_like)
+            fn = _jitted(task, setup, index)
+            fn.lower(task.state_like, data, request_like, key, task.hyper).compile()
+    _jitted_init(task).lower(
+        client_init_key(task.run_key, pid), data, task.hyper, jax.numpy.int32(pid)
+    ).compile()
+
+
 def _hello(msg: Message, context: Context) -> Message:
-    # no task built here: the server checks the range, the first exchange builds the task
-    pid = int(context.node_config["partition-id"])
+    use_compilation_cache(context.node_config.get("jax-cache-dir", DEFAULT_CACHE))
+    task = load_task(context.run_config)
+    pid = partition_id(context, task.num_clients)
+    _warm_up(task, pid)
     return Message(RecordDict({"hello": ConfigRecord({"partition-id": pid})}), reply_to=msg)
 
 

@@ -62,10 +62,11 @@ class LoopbackGrid(Grid):
     def with_partitions(
         cls, app: ClientApp, run_config: dict, partitions: Iterable[int], **node_config: object
     ) -> LoopbackGrid:
-        """One node per partition id, node ids ``100 + partition``."""
+        """One node per partition id, node ids ``100 + partition``. The nodes share this
+        process, so they leave its JAX configuration alone (``jax-cache-dir=""``)."""
         nodes = {}
         for pid in partitions:
-            config = {"partition-id": pid, **node_config}
+            config = {"partition-id": pid, "jax-cache-dir": "", **node_config}
             ctx = Context(1, 100 + pid, config, RecordDict(), dict(run_config))
             nodes[100 + pid] = LoopbackNode(ctx)
         return cls(app, nodes)
