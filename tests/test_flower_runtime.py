@@ -41,9 +41,13 @@ def assert_same_run(run, sim, atol=1e-6):
     assert run.privacy.not_covered == sim.privacy.not_covered
 
 
+# Fed-DP-PSO compiles the longest: one round (setup + both exchanges), 2 particles
+SIZES = {"fed-dp-pso": {"rounds": 1, "particles": 2, "train-size": 150}}
+
+
 @pytest.mark.parametrize("algorithm", ["fedavg", "dp-fedavg", "fed-dp-pso"])
 def test_same_numbers_as_the_simulator(algorithm):
-    config = {**BASE, "algorithm": algorithm, "rounds": 2}
+    config = {**BASE, "algorithm": algorithm, "rounds": 2, **SIZES.get(algorithm, {})}
     run = drive(_grid(config), load_task(config), FAST)
     sim = _simulate(config)
     assert_same_run(run, sim)
