@@ -178,7 +178,9 @@ class _Coordinator:
         """One exchange: ``(server, spend reported by the clients that replied, selected)``."""
         task, n = self.task, self.task.num_clients
         key = server_key(task.run_key, round_index, index)
-        selected = np.asarray(_select(ex, n)(server, key))
+        selected = np.array(_select(ex, n)(server, key))  # a writable copy
+        if ex.max_selected is not None:  # as the simulator: the first max_selected ids only
+            selected[np.flatnonzero(selected)[ex.max_selected :]] = False
         request = _jit(ex.request)(server)
         request_record = to_record(request)
         reply_like, spend_like = _reply_like(task, ex, request)
