@@ -131,3 +131,21 @@ def test_a_partition_claimed_twice_is_refused(caplog):
     assert "partition 1 is out of range or taken" in caplog.text
     ok = run.messages[run.messages["status"] == "ok"]
     assert sorted(ok["client"]) == [0, 1] and set(ok["node"]) == {100, 101}
+
+
+def test_bad_settings_fail_before_any_work():
+    from flwr.app import Context
+
+    from swarmjax.flower.client import partition_id
+
+    with pytest.raises(ValueError, match="reply_timeout must be a finite number > 0"):
+        ServerSettings(reply_timeout=0)
+    with pytest.raises(ValueError, match="run config 'task' must name a factory"):
+        load_task({"task": "swarmjax.flower.tasks.digits"})
+    with pytest.raises(ValueError, match="algorithm"):
+        load_task({**BASE, "algorithm": "fedsgd"})
+    ctx = Context(1, 1, {"partition-id": 3}, RecordDict(), {})
+    with pytest.raises(ValueError, match=r"'partition-id' must be in \[0, 3\); got 3"):
+        partition_id(ctx, 3)
+    with pytest.raises(ValueError, match="'partition-id' is missing"):
+        partition_id(Context(1, 1, {}, RecordDict(), {}), 3)
