@@ -31,20 +31,13 @@ import numpy as np
 from benchmarks._results import best_time, machine, write_section
 from swarmjax import swarm
 from swarmjax.fl import load_dataset, partition, stack_clients
+from swarmjax.fl.algorithms.fed_dp_pso import FedDPPSO
+from swarmjax.fl.client_training import LocalTraining, RecordDP
 from swarmjax.fl.clients import client
-from swarmjax.fl.dp_local import calibrate_sigmas, poisson_sampler, sampler_capacity
-from swarmjax.fl.fed_dp_pso import (
-    FedDPPSOConfig,
-    FedDPPSOHyper,
-    fed_dp_pso_init,
-    fed_dp_pso_round,
-    make_optimizer,
-    particle_losses,
-    refine,
-)
+from swarmjax.fl.dp_local import poisson_sampler
+from swarmjax.fl.runtime import simulator
 from swarmjax.models import cross_entropy, evaluate, loss, mlp
 from swarmjax.privacy.dpsgd import dp_step
-from swarmjax.swarm import PSOHyperParams
 
 N, S = 5, 5
 
@@ -53,26 +46,35 @@ def _setup(rounds: int):
     ds = load_dataset("digits", standardize=True)
     clients = stack_clients(ds.x_train, ds.y_train, partition(ds.y_train, N, seed=0).indices)
     model = mlp((32,), 10, ds.input_shape)
-    sizes = np.asarray(clients.sizes)
-    cfg = FedDPPSOConfig(
-        model=model, particles=S, batch_size=32, capacity=sampler_capacity(sizes, 32)
+    training = LocalTraining(
+        batch_size=32,
+        optimizer="adamw",
+        weight_decay=1e-4,
+        record_dp=RecordDP.for_sizes(clients.sizes, 32),
     )
-    sig = calibrate_sigmas(8.0, sizes, 32, rounds=rounds)
-    hyper = FedDPPSOHyper(
-        pso=jax.tree.map(jnp.float32, PSOHyperParams()),
-        learning_rate=jnp.float32(0.005),
-        noise_multiplier=jnp.asarray(sig, jnp.float32),
-        selection_scale=jnp.zeros(N, jnp.float32),
-    )
+    alg = FedDPPSO(model, training, particles=S)
+    variants = alg.variants(clients, rounds=rounds, target_epsilon=8.0)
+    hyper = jax.tree.map(lambda a: a[0], variants.hyper)  # the one variant
     test = (jnp.asarray(ds.x_test), jnp.asarray(ds.y_test))
-    return cfg, hyper, clients, test
+    return alg, variants.hyper, hyper, clients, test
 
 
-def _per_batch_refine(cfg, hyper):
-    """``refine`` (one client, E = 1) as a Python loop over the epoch's Poisson batches, each
-    step one jitted DP-Adam step: ``(params, data, key, sigma) -> params``."""
-    opt = make_optimizer(cfg, hyper.learning_rate)
-    sample = jax.jit(poisson_sampler(cfg.batch_size, cfg.capacity))
+def _refine(alg: FedDPPSO, training: LocalTraining, hyper):
+    """The vectorised round's refinement of one client: ``(params, data, key, sigma) ->
+    params`` (one compiled epoch)."""
+
+    def run(params, data, key, sigma):
+        return training.train(alg.model, params, data, key, hyper.learning_rate, sigma).params
+
+    return run
+
+
+def _per_batch_refine(alg: FedDPPSO, hyper):
+    """The refinement (one client, E = 1) as a Python loop over the epoch's Poisson batches,
+    each step one jitted DP-Adam step: ``(params, data, key, sigma) -> params``."""
+    tr = alg.training
+    opt = tr.optimizer_for(hyper.learning_rate)
+    sample = jax.jit(poisson_sampler(tr.batch_size, tr.record_dp.capacity))
 
     @jax.jit
     def step(p, st, data, idx, mask, key, sigma):
@@ -84,11 +86,11 @@ def _per_batch_refine(cfg, hyper):
             data.y[idx],
             mask & data.mask[idx],
             optimizer=opt,
-            apply_fn=cfg.model.apply,
+            apply_fn=alg.model.apply,
             loss_fn=cross_entropy,
-            clip_norm=cfg.clip_norm,
+            clip_norm=tr.record_dp.clip_norm,
             noise_multiplier=sigma,
-            expected_batch_size=float(cfg.batch_size),
+            expected_batch_size=float(tr.batch_size),
         )
 
     def run(params, data, key, sigma):
@@ -111,7 +113,7 @@ def _per_batch_refine(cfg, hyper):
     return run
 
 
-def _loop_round(cfg, hyper, clients, test, pos, vel, pb, pbl, gbest, key, jloss, jrefine):
+def _loop_round(hyper, clients, pos, vel, pb, pbl, gbest, key, jloss, jrefine):
     """Algorithm 1 + 2 with Python loops over clients and particles; ``jrefine(params, data,
     key, sigma) -> params`` refines a client's best particle."""
     rng = np.random.default_rng(int(jax.random.randint(key, (), 0, 2**31 - 1)))
@@ -146,9 +148,10 @@ def _loop_round(cfg, hyper, clients, test, pos, vel, pb, pbl, gbest, key, jloss,
     return gbest
 
 
-def _check_same_refinement(compiled, per_batch, state, clients, key, hyper) -> None:
-    """The per-mini-batch loop must be the same algorithm: same parameters as ``refine``."""
-    start = jax.tree.map(lambda a: a[0, 0], state.swarms.position)
+def _check_same_refinement(compiled, per_batch, swarms, clients, key, hyper) -> None:
+    """The per-mini-batch loop must be the same algorithm: same parameters as the compiled
+    refinement."""
+    start = jax.tree.map(lambda a: a[0, 0], swarms.position)
     data = client(clients, 0)
     args = (start, data, jax.random.fold_in(key, 0), hyper.noise_multiplier[0])
     jax.tree.map(
@@ -158,16 +161,15 @@ def _check_same_refinement(compiled, per_batch, state, clients, key, hyper) -> N
     )
 
 
-def _loop_runner(cfg, hyper, clients, test, state, key, jloss, jrefine):
-    """A compiled, ready-to-time loop round on the vectorised state split into per-particle
-    lists (each call continues from the last, like successive rounds)."""
-    sw = state.swarms
+def _loop_runner(hyper, clients, sw, gbest, key, jloss, jrefine):
+    """A compiled, ready-to-time loop round on the vectorised swarms ``(N, S, ...)`` split into
+    per-particle lists (each call continues from the last, like successive rounds)."""
     take = lambda t, i, j: jax.tree.map(lambda a: a[i, j], t)
     pos = [[take(sw.position, i, j) for j in range(S)] for i in range(N)]
     vel = [[take(sw.velocity, i, j) for j in range(S)] for i in range(N)]
     pb = [[take(sw.best_position, i, j) for j in range(S)] for i in range(N)]
     pbl = [[float(sw.best_loss[i, j]) for j in range(S)] for i in range(N)]
-    args = (cfg, hyper, clients, test, pos, vel, pb, pbl, state.gbest, key, jloss, jrefine)
+    args = (hyper, clients, pos, vel, pb, pbl, gbest, key, jloss, jrefine)
     _loop_round(*args)  # compile
     return lambda: _loop_round(*args)
 
@@ -184,46 +186,37 @@ def _interleaved(fns: dict[str, object], repeats: int) -> dict[str, np.ndarray]:
     return {name: np.asarray(t) for name, t in times.items()}
 
 
-def _profile(cfg, hyper, clients, test, state, key, repeats: int) -> list[tuple[str, float]]:
+def _profile(alg: FedDPPSO, hyper, clients, test, sw, gbest, key, repeats: int):
     """Seconds per call of each part of the vectorised round, each jitted alone."""
-    first = jax.tree.map(lambda a: a[:, 0], state.swarms.position)
+    first = jax.tree.map(lambda a: a[:, 0], sw.position)
     keys = jax.random.split(key, N)
-    lr, sig = hyper.learning_rate, hyper.noise_multiplier
-    plain = replace(cfg, dp=False)
-    sample = poisson_sampler(cfg.batch_size, cfg.capacity)
+    sig = hyper.noise_multiplier
+    tr = alg.training
+    dp, plain = _refine(alg, tr, hyper), _refine(alg, replace(tr, record_dp=None), hyper)
+    sample = poisson_sampler(tr.batch_size, tr.record_dp.capacity)
     zero = jnp.zeros((), jnp.float32)
     parts = [
-        (
-            "DP-Adam refinement, 5 clients (clip + noise)",
-            jax.vmap(lambda p, d, k, s: refine(p, d, k, s, lr, cfg).params),
-            (first, clients, keys, sig),
-        ),
-        (
-            "same, plain Adam (no DP), for scale",
-            jax.vmap(lambda p, d, k, s: refine(p, d, k, s, lr, plain).params),
-            (first, clients, keys, sig),
-        ),
+        ("DP-Adam refinement, 5 clients (clip + noise)", jax.vmap(dp), (first, clients, keys, sig)),
+        ("same, plain Adam (no DP), for scale", jax.vmap(plain), (first, clients, keys, sig)),
         (
             "Poisson batches of one epoch, 5 clients",
             jax.vmap(lambda d, k: sample(k, d.mask, d.sizes)),
             (clients, keys),
         ),
         (
-            "particle losses, 5 clients x 5 particles",
-            jax.vmap(lambda pp, d, k: particle_losses(cfg, pp, d, k, zero)),
-            (state.swarms.position, clients, keys),
+            "particle scores, 5 clients x 5 particles",
+            jax.vmap(lambda pp, d, k: alg.scores(pp, d, k, zero)),
+            (sw.position, clients, keys),
         ),
         (
             "PSO move, 5 clients x 5 particles",
-            jax.vmap(
-                lambda s: swarm.move(s, hyper.pso, cfg.pso_options, social_target=state.gbest)
-            ),
-            (state.swarms,),
+            jax.vmap(lambda s: swarm.move(s, hyper.pso, alg.pso_options, social_target=gbest)),
+            (sw,),
         ),
         (
             "test evaluation of gbest",
-            lambda p: evaluate(cfg.model.apply, p, *test, None),
-            (state.gbest,),
+            lambda p: evaluate(alg.model.apply, p, *test, None),
+            (gbest,),
         ),
     ]
     out = []
@@ -287,26 +280,34 @@ def main(argv: list[str] | None = None) -> None:
             write_section("fed_dp_pso_tables", tables)
         return
     repeats = 3 if args.quick else 15
-    cfg, hyper, clients, test = _setup(args.rounds)
+    alg, hypers, hyper, clients, test = _setup(args.rounds)
     key = jax.random.key(0)
-    state = jax.jit(lambda k: fed_dp_pso_init(k, hyper, clients, config=cfg))(key)
-    vround = jax.jit(lambda s, k: fed_dp_pso_round(s, k, hyper, clients, test, config=cfg))
-    jax.block_until_ready(vround(state, key))
-    load_start = _load()
-    profile = _profile(cfg, hyper, clients, test, state, key, repeats=max(repeats, 3))
+    data = alg.client_data(clients)
+    keys = simulator.run_keys([0], [{}], common_random_numbers=False)
+    carry = simulator.init_runs(alg, keys, hypers, data, "vmap")
 
-    jloss = jax.jit(lambda p, x, y, m: loss(cfg.model.apply, p, x, y, m))
-    compiled = jax.jit(lambda p, d, k, s: refine(p, d, k, s, hyper.learning_rate, cfg).params)
-    per_batch = _per_batch_refine(cfg, hyper)
-    _check_same_refinement(compiled, per_batch, state, clients, key, hyper)
+    def vround():
+        # one round of the protocol simulator: both exchanges, evaluation, privacy spend
+        return simulator.run_rounds(alg, carry, keys, hypers, data, test, 1, "vmap", False)
+
+    jax.block_until_ready(vround())
+    sw = jax.tree.map(lambda a: a[0], carry[1].swarm)
+    gbest = jax.tree.map(lambda a: a[0], carry[0].gbest)
+    load_start = _load()
+    profile = _profile(alg, hyper, clients, test, sw, gbest, key, repeats=max(repeats, 3))
+
+    jloss = jax.jit(lambda p, x, y, m: loss(alg.model.apply, p, x, y, m))
+    compiled = jax.jit(_refine(alg, alg.training, hyper))
+    per_batch = _per_batch_refine(alg, hyper)
+    _check_same_refinement(compiled, per_batch, sw, clients, key, hyper)
     runners = {
         f"Python loop over clients x particles, DP-Adam {name}": _loop_runner(
-            cfg, hyper, clients, test, state, key, jloss, jrefine
+            hyper, clients, sw, gbest, key, jloss, jrefine
         )
         for name, jrefine in (("per mini-batch", per_batch), ("compiled epoch", compiled))
     }
-    vec_name = "vectorised (one jit, vmap)"
-    runners[vec_name] = lambda: jax.block_until_ready(vround(state, key))
+    vec_name = "vectorised (protocol simulator: one jit, vmap)"
+    runners[vec_name] = lambda: jax.block_until_ready(vround())
     times = _interleaved(runners, repeats)
     t_vec = times[vec_name]
     rows = []

@@ -40,12 +40,12 @@ OPTIMIZERS = ("sgd", "adam", "adamw")
 
 
 def make_optimizer(
-    name: OptimizerName, learning_rate: ArrayLike, weight_decay: float = 0.0
+    name: OptimizerName, learning_rate: ArrayLike, weight_decay: float = 0.0, momentum: float = 0.0
 ) -> optax.GradientTransformation:
-    """The optimiser convention: ``"sgd"``, ``"adam"`` or ``"adamw"`` (decoupled
-    ``weight_decay``) at ``learning_rate`` (may be traced)."""
+    """The optimiser convention: ``"sgd"`` (with ``momentum`` when > 0), ``"adam"`` or
+    ``"adamw"`` (decoupled ``weight_decay``) at ``learning_rate`` (may be traced)."""
     if name == "sgd":
-        return optax.sgd(learning_rate)
+        return optax.sgd(learning_rate, momentum=momentum or None)
     if name == "adam":
         return optax.adam(learning_rate)
     return optax.adamw(learning_rate, weight_decay=weight_decay)
@@ -103,6 +103,7 @@ class LocalTraining:
         batch_size: ``B`` (the expected Poisson batch under record-level DP).
         optimizer: ``"sgd"``, ``"adam"`` or ``"adamw"`` (fresh state every round).
         weight_decay: ``lambda`` of ``"adamw"``.
+        momentum: momentum of ``"sgd"`` (0: none).
         record_dp: record-level DP, or ``None`` (shuffled batches, exact gradients).
     """
 
@@ -110,6 +111,7 @@ class LocalTraining:
     batch_size: int = 32
     optimizer: OptimizerName = "sgd"
     weight_decay: float = 0.0
+    momentum: float = 0.0
     record_dp: RecordDP | None = None
 
     def check(self, sizes: ArrayLike) -> None:
@@ -118,6 +120,7 @@ class LocalTraining:
         check_int("batch_size", self.batch_size, 1)
         check_choice("optimizer", self.optimizer, OPTIMIZERS)
         check_nonnegative("weight_decay", self.weight_decay)
+        check_nonnegative("momentum", self.momentum)
         if self.record_dp is not None:
             check_positive("clip_norm", self.record_dp.clip_norm)
             poisson_rates(np.asarray(sizes), self.batch_size)
@@ -128,6 +131,10 @@ class LocalTraining:
                     f"these clients); got {self.record_dp.capacity}: use RecordDP.for_sizes"
                 )
 
+    def optimizer_for(self, learning_rate: ArrayLike) -> optax.GradientTransformation:
+        """This training's optimiser at ``learning_rate``."""
+        return make_optimizer(self.optimizer, learning_rate, self.weight_decay, self.momentum)
+
     def train(
         self,
         model: Model,
@@ -136,9 +143,11 @@ class LocalTraining:
         key: PRNGKeyArray,
         learning_rate: Float[Array, ""],
         noise_multiplier: Float[Array, ""],
+        opt_state: PyTree | None = None,
     ) -> LocalResult:
-        """``E`` epochs on ONE client from ``params``; ``steps`` are the accounted steps
-        (``E ceil(|D_i| / B)``) when ``record_dp`` is set."""
+        """``E`` epochs on ONE client from ``params`` (the optimiser state starts fresh unless
+        ``opt_state``); ``steps`` are the accounted steps (``E ceil(|D_i| / B)``) when
+        ``record_dp`` is set."""
         grad_fn = sampler = None
         if self.record_dp is not None:
             grad_fn = dp_grad_fn(
@@ -153,9 +162,10 @@ class LocalTraining:
             data,
             key,
             apply_fn=model.apply,
-            optimizer=make_optimizer(self.optimizer, learning_rate, self.weight_decay),
+            optimizer=self.optimizer_for(learning_rate),
             epochs=self.epochs,
             batch_size=self.batch_size,
             grad_fn=grad_fn,
             sampler=sampler,
+            opt_state=opt_state,
         )

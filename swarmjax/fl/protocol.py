@@ -62,6 +62,7 @@ __all__ = [
     "noised",
     "server_init_key",
     "server_key",
+    "where_selected",
 ]
 
 ServerState = PyTree
@@ -189,6 +190,17 @@ def coverage(exchanges: tuple[Exchange, ...]) -> tuple[tuple[str, ...], tuple[st
 
 
 # ----------------------------------------------------------------------------- exchanges
+
+
+def where_selected(mask: Bool[Array, " N"], new: PyTree, old: PyTree) -> PyTree:
+    """Per client slot (leading axis of every leaf): ``new`` where ``mask`` else ``old``.
+    A ``jnp.where``, so whatever an unselected slot of ``new`` holds (NaN, inf) is dropped,
+    never multiplied by 0."""
+
+    def pick(a: Array, b: Array) -> Array:
+        return jnp.where(mask.reshape((-1,) + (1,) * (a.ndim - 1)), a, b)
+
+    return jax.tree.map(pick, new, old)
 
 
 def everyone(server: ServerState, key: PRNGKeyArray, num_clients: int) -> Bool[Array, " N"]:

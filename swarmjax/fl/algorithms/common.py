@@ -15,7 +15,7 @@ from jaxtyping import Array, ArrayLike, Bool, Float, PyTree
 from swarmjax._validation import check_positive
 from swarmjax.fl.client_training import LocalTraining
 from swarmjax.fl.dp_local import calibrate_sigmas
-from swarmjax.fl.protocol import Spend
+from swarmjax.fl.protocol import Spend, where_selected
 from swarmjax.models import Model, evaluate
 
 __all__ = [
@@ -68,10 +68,7 @@ def masked(tree: PyTree, mask: Bool[Array, " N"]) -> PyTree:
     """Zero every unselected slot (leading client axis) with ``jnp.where``: whatever such a
     slot holds (NaN, inf) never reaches an arithmetic operation."""
 
-    def zero(a: Array) -> Array:
-        return jnp.where(mask.reshape((-1,) + (1,) * (a.ndim - 1)), a, jnp.zeros_like(a))
-
-    return jax.tree.map(zero, tree)
+    return where_selected(mask, tree, jax.tree.map(jnp.zeros_like, tree))
 
 
 def weighted_average(client_params: PyTree, weights: Float[Array, " clients"]) -> PyTree:

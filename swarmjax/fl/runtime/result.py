@@ -105,7 +105,8 @@ class Result:
             the clients in a deployment; kept here to resume or inspect a simulation).
         history: the released history: one row per (run, round) with the run's labels
             (``seed`` and e.g. ``epsilon_target``), ``round``, the algorithm's public metrics
-            (server state + public test set) and the bytes every exchange moved.
+            (server state + public test set), the bytes every exchange moved and
+            ``epsilon_max`` (the largest client epsilon so far; see ``privacy``).
         metrics: the same public metrics as arrays ``(runs, rounds, ...)`` (vector metrics
             such as the reported losses live only here).
         privacy: the :class:`PrivacyRecord`.

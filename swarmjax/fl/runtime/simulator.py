@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 import pandas as pd
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
-from jaxtyping import Array, Bool, Int, PRNGKeyArray, PyTree
+from jaxtyping import Array, Int, PRNGKeyArray, PyTree
 from tqdm.auto import tqdm
 
 from swarmjax._validation import check_choice, check_int
@@ -38,11 +38,21 @@ from swarmjax.fl.protocol import (
     client_key,
     server_init_key,
     server_key,
+    where_selected,
 )
 from swarmjax.fl.runtime.result import Result, privacy_record
 from swarmjax.models import param_bytes
 
-__all__ = ["ClientMap", "Variants", "num_clients", "run_exchange", "run_keys", "simulate"]
+__all__ = [
+    "ClientMap",
+    "Variants",
+    "init_runs",
+    "num_clients",
+    "run_exchange",
+    "run_keys",
+    "run_rounds",
+    "simulate",
+]
 
 ClientMap = Literal["vmap", "sequential"]
 
@@ -90,15 +100,6 @@ def num_clients(clients: PyTree) -> int:
     return int(jax.tree.leaves(clients)[0].shape[0])
 
 
-def _where(mask: Bool[Array, " N"], new: PyTree, old: PyTree) -> PyTree:
-    """Per client slot: ``new`` where ``mask`` else ``old`` (leaves with a client axis)."""
-
-    def pick(a: Array, b: Array) -> Array:
-        return jnp.where(mask.reshape((-1,) + (1,) * (a.ndim - 1)), a, b)
-
-    return jax.tree.map(pick, new, old)
-
-
 def _map_clients(fn: Any, args: tuple, client_map: ClientMap) -> Any:
     if client_map == "sequential":
         return jax.lax.map(lambda a: fn(*a), args)
@@ -122,19 +123,25 @@ def run_exchange(
     mask = ex.select(server, server_key(run_key, round_index, index), n)
     request = ex.request(server)
 
+    kept: list[bool] = []  # set while tracing: did the client return its state untouched?
+
     def one(state: PyTree, data: PyTree, cid: Int[Array, ""]) -> tuple[PyTree, PyTree]:
         key = client_key(run_key, round_index, index, cid)
-        return ex.client(state, data, request, key, hyper)
+        new, reply = ex.client(state, data, request, key, hyper)
+        pairs = zip(jax.tree.leaves(new), jax.tree.leaves(state), strict=True)
+        kept.append(all(a is b for a, b in pairs))
+        return new, reply
 
     if ex.max_selected is None or ex.max_selected >= n:
         new, replies = _map_clients(one, (states, clients, ids), client_map)
-        states = _where(mask, new, states)
+        states = states if all(kept) else where_selected(mask, new, states)
     else:
         chosen = jnp.nonzero(mask, size=ex.max_selected, fill_value=n)[0]
         safe = jnp.minimum(chosen, n - 1)
         take = partial(jax.tree.map, lambda a: a[safe])
         new, sub = _map_clients(one, (take(states), take(clients), safe), client_map)
-        states = jax.tree.map(lambda a, b: a.at[chosen].set(b, mode="drop"), states, new)
+        if not all(kept):
+            states = jax.tree.map(lambda a, b: a.at[chosen].set(b, mode="drop"), states, new)
         replies = jax.tree.map(
             lambda b: jnp.zeros((n, *b.shape[1:]), b.dtype).at[chosen].set(b, mode="drop"), sub
         )
@@ -188,12 +195,17 @@ def _rounds_one(alg: Algorithm, carry, run_key, hyper, clients, test, rounds, cm
 
 
 @partial(jax.jit, static_argnames=("alg", "cmap"))
-def _init_batch(alg, keys, hypers, clients, cmap):
+def init_runs(alg, keys, hypers, clients, cmap):
+    """Jitted: init + setup of every run; ``(server, client states, rounds done)`` with a run
+    axis (``keys (runs,)``, ``hypers`` with a run axis; ``cmap``: the client map)."""
     return jax.vmap(lambda k, h: _init_one(alg, k, h, clients, cmap))(keys, hypers)
 
 
 @partial(jax.jit, static_argnames=("alg", "rounds", "cmap", "diagnostics"))
-def _rounds_batch(alg, carry, keys, hypers, clients, test, rounds, cmap, diagnostics):
+def run_rounds(alg, carry, keys, hypers, clients, test, rounds, cmap, diagnostics):
+    """Jitted: ``rounds`` more rounds of every run from ``carry`` (:func:`init_runs`'s
+    output); returns ``(carry, per-round outputs)`` (metrics, spend, selected counts)."""
+
     def one(c, k, h):
         return _rounds_one(alg, c, k, h, clients, test, rounds, cmap, diagnostics)
 
@@ -290,14 +302,14 @@ def simulate(
         rounds if rounds_per_call is None else check_int("rounds_per_call", rounds_per_call, 1)
     )
     keys, hyper = _sharded((keys, hyper))
-    carry = _init_batch(alg, keys, hyper, clients, client_map)
+    carry = init_runs(alg, keys, hyper, clients, client_map)
     sizes = _message_bytes(alg, carry, keys, hyper, clients)
     parts = []
     with tqdm(total=rounds, disable=not progress, unit="round", desc=type(alg).__name__) as bar:
         done = 0
         while done < rounds:
             n = min(per_call, rounds - done)
-            carry, out = _rounds_batch(
+            carry, out = run_rounds(
                 alg, carry, keys, hyper, clients, test, n, client_map, diagnostics
             )
             parts.append(jax.device_get(out))
@@ -310,6 +322,7 @@ def simulate(
     record = privacy_record(
         out["spend"], alg.setup + alg.exchanges, unit=alg.privacy_unit, delta=delta
     )
+    history["epsilon_max"] = record.epsilon.max(axis=2).reshape(-1)
     diag = {}
     if diagnostics:
         diag = dict(out["diagnostics"])

@@ -1,0 +1,373 @@
+"""The federated protocol and its simulator: every algorithm jitted and vmapped over clients
+and seeds, released outputs hold only message-derived and public values, unselected slots
+contribute exactly nothing, keys and noise are independent per run."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import warnings
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from swarmjax.fl.algorithms.client_level_dp_fedavg import (
+    ClientLevelDPFedAvg,
+    ClientUpdate,
+    default_delta,
+)
+from swarmjax.fl.algorithms.common import ModelReply, ModelServer
+from swarmjax.fl.algorithms.fed_dp_pso import FedDPPSO, fedpso
+from swarmjax.fl.algorithms.fedavg import FedAvg
+from swarmjax.fl.algorithms.local_only import LocalOnly, centralised_clients
+from swarmjax.fl.client_training import LocalTraining, RecordDP, clip_update
+from swarmjax.fl.clients import stack_clients
+from swarmjax.fl.combined import CombinedAggregator
+from swarmjax.fl.data import load_dataset
+from swarmjax.fl.partition import iid_partition
+from swarmjax.fl.protocol import client_key, server_key
+from swarmjax.fl.runtime import simulate
+from swarmjax.fl.runtime import simulator as sim
+from swarmjax.models import mlp, param_bytes
+
+N, ROUNDS, SEEDS = 3, 2, [0, 1]
+MODEL = mlp((8,), 10, (8, 8, 1))
+BYTES = param_bytes(jax.eval_shape(MODEL.init, jax.random.key(0)))
+
+
+@pytest.fixture(scope="module")
+def setup():
+    data = load_dataset("digits")
+    part = iid_partition(data.y_train[:600], N, seed=0)
+    clients = stack_clients(data.x_train, data.y_train, part.indices)
+    return clients, (data.x_test[:200], data.y_test[:200])
+
+
+def _dp_training(clients, batch_size=32):
+    return LocalTraining(
+        batch_size=batch_size, optimizer="adam", record_dp=RecordDP.for_sizes(clients.sizes, 32)
+    )
+
+
+def _algorithms(clients):
+    """(name, algorithm, data, variants kwargs) for every algorithm of the protocol."""
+    dp = _dp_training(clients)
+    return {
+        "fedavg": (FedAvg(MODEL, LocalTraining(batch_size=32)), {"learning_rate": 0.3}),
+        "fedavg_record_dp": (FedAvg(MODEL, dp), {"learning_rate": 0.01, "target_epsilon": 8.0}),
+        "combined": (
+            FedAvg(MODEL, LocalTraining(batch_size=32), combine=CombinedAggregator(0.01)),
+            {"learning_rate": 0.3},
+        ),
+        "client_level_dp_fedavg": (
+            ClientLevelDPFedAvg(MODEL, LocalTraining(batch_size=32), capacity=N),
+            {"sample_rate": 0.7, "noise_multiplier": 0.8, "clip": 0.5},
+        ),
+        "fed_dp_pso": (
+            FedDPPSO(MODEL, dataclasses.replace(dp, optimizer="adamw"), particles=2),
+            {"target_epsilon": 8.0},
+        ),
+        "fed_dp_pso_private_selection": (
+            FedDPPSO(MODEL, dp, particles=2, private_selection=True),
+            {"target_epsilon": 8.0},
+        ),
+        "fedpso": (fedpso(MODEL), {"learning_rate": 0.05}),
+        "clients_alone": (LocalOnly(MODEL, LocalTraining(batch_size=32)), {"learning_rate": 0.3}),
+    }
+
+
+NAMES = [
+    "fedavg",
+    "fedavg_record_dp",
+    "combined",
+    "client_level_dp_fedavg",
+    "fed_dp_pso",
+    "fed_dp_pso_private_selection",
+    "fedpso",
+    "clients_alone",
+]
+
+
+def _run(alg, kwargs, clients, test, **extra):
+    data = alg.client_data(clients) if isinstance(alg, FedDPPSO) else clients
+    if isinstance(alg, FedDPPSO | FedAvg):
+        kwargs = {"rounds": ROUNDS, **kwargs}
+    variants = alg.variants(clients, **kwargs)
+    delta = 1e-3 if alg.privacy_unit == "client" else 1e-5
+    return simulate(
+        alg, data, test, variants=variants, seeds=SEEDS, rounds=ROUNDS, delta=delta, **extra
+    )
+
+
+@pytest.fixture(scope="module")
+def results(setup):
+    clients, test = setup
+    return {
+        name: _run(alg, kwargs, clients, test, diagnostics=True)
+        for name, (alg, kwargs) in _algorithms(clients).items()
+    }
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_algorithm_runs_jitted_and_vmapped_over_clients_and_seeds(setup, results, name):
+    clients, _ = setup
+    alg, _ = _algorithms(clients)[name]
+    res = results[name]
+    runs = len(SEEDS)
+    chex.assert_shape(res.privacy.epsilon, (runs, ROUNDS, N))
+    assert len(res.history) == runs * ROUNDS
+    assert list(res.history["seed"]) == [0] * ROUNDS + [1] * ROUNDS
+    for leaf in jax.tree.leaves(res.clients):
+        assert leaf.shape[:2] == (runs, N)
+    loss = res.metrics["test_loss"]  # (runs, rounds) or per client (runs, rounds, N)
+    assert loss.shape[:2] == (runs, ROUNDS) and np.all(np.isfinite(loss))
+    assert not np.array_equal(loss[0], loss[1])  # the two seeds are different runs
+    # the privacy record follows the unit
+    eps = res.privacy.final_epsilon
+    if alg.privacy_unit is None:
+        assert np.all(np.isinf(eps))
+    else:
+        assert np.all(np.isfinite(eps)) and np.all(eps > 0)
+    if name.startswith("fedavg_record") or name == "fed_dp_pso_private_selection":
+        assert res.privacy.end_to_end
+    if name == "fed_dp_pso":
+        assert any("score" in line for line in res.privacy.not_covered)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_released_outputs_hold_only_message_derived_and_public_values(setup, results, name):
+    """Every Reply field declares its protection; the history is the algorithm's evaluation
+    of the server state (rebuilt here from the final server state) plus labels and bytes;
+    private diagnostics are empty unless asked for."""
+    clients, test = setup
+    alg, kwargs = _algorithms(clients)[name]
+    res = results[name]
+    data = alg.client_data(clients) if isinstance(alg, FedDPPSO) else clients
+    one = jax.tree.map(lambda a: a[0], data)
+    server = jax.tree.map(lambda a: a[0], res.server)
+    state = jax.tree.map(lambda a: a[0, 0], res.clients)
+    hyper = jax.tree.map(lambda a: a[0], _variants(alg, kwargs, clients).hyper)
+    for ex in alg.setup + alg.exchanges:
+        request = jax.eval_shape(ex.request, server)
+        _, reply = jax.eval_shape(ex.client, state, one, request, jax.random.key(0), hyper)
+        if isinstance(reply, tuple) and not reply:
+            fields = set()  # nothing is sent
+        elif dataclasses.is_dataclass(reply):
+            fields = {
+                f.name for f in dataclasses.fields(reply) if getattr(reply, f.name) is not None
+            }
+        else:
+            fields = set(ex.protection) if len(ex.protection) == 1 else {"<one bare reply>"}
+        assert fields == set(ex.protection), (ex.name, fields, ex.protection)
+    public = set(alg.evaluate(server, test))
+    released = set(res.history.columns)
+    labels = set(res.runs.columns) | {"round"}
+    byte_cols = {"bytes_up", "bytes_down", "cum_bytes_up", "cum_bytes_down", "epsilon_max"}
+    assert released <= public | labels | byte_cols
+    last = alg.evaluate(server, test)
+    row = res.history[res.history["seed"] == SEEDS[0]].iloc[-1]
+    for k, v in last.items():
+        if np.ndim(v) == 0:
+            np.testing.assert_allclose(row[k], np.asarray(v), rtol=1e-6)
+    quiet = _run(alg, kwargs, clients, test) if name == "fedavg" else None
+    if quiet is not None:
+        assert quiet.private_diagnostics == {}
+    for forbidden in ("train_loss", "participants", "fraction_clipped", "median_update_norm"):
+        assert forbidden not in released
+
+
+def _variants(alg, kwargs, clients):
+    if isinstance(alg, FedDPPSO | FedAvg):
+        kwargs = {"rounds": ROUNDS, **kwargs}
+    return alg.variants(clients, **kwargs)
+
+
+def test_fed_dp_pso_uploads_one_model_and_counts_one_observation_per_round(results):
+    res = results["fed_dp_pso"]
+    # up: N scores (float32) + ONE model; down: N models (gbest); the upload request is empty
+    assert set(res.history["bytes_up"]) == {N * 4 + BYTES}
+    assert set(res.history["bytes_down"]) == {N * BYTES}
+    diag = res.private_diagnostics
+    np.testing.assert_array_equal(diag["iteration"][:, -1], ROUNDS)  # once per round
+    np.testing.assert_array_equal(diag["selected"][:, :, 1], 1)
+    # the setup's upload plus one per round picked a client among the top 3
+    assert set(np.unique(res.metrics["leader"])) <= set(range(N))
+
+
+def test_client_level_dp_fedavg_releases_expected_not_realised_participants(setup, results):
+    res = results["client_level_dp_fedavg"]
+    expected = np.float32(0.7) * N
+    np.testing.assert_allclose(res.history["bytes_down"], expected * BYTES, rtol=1e-6)
+    assert "selected" in res.private_diagnostics  # realised counts: diagnostics only
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, 1e30])
+def test_unselected_slots_contribute_exactly_nothing(setup, bad):
+    """NaN / inf / 1e30 in an unselected slot leave every aggregate bit-identical to zeros."""
+    clients, _ = setup
+    mask = jnp.array([True, True, False])
+    params = MODEL.init(jax.random.key(0))
+    stacked = jax.tree.map(lambda a: jnp.stack([a, 2 * a, a]), params)
+
+    def poison(tree, value):
+        return jax.tree.map(lambda a: a.at[2].set(value), tree)
+
+    key = jax.random.key(1)
+    fedavg = FedAvg(MODEL)
+    server = ModelServer(params=params)
+    reply = ModelReply(params=stacked, weight=jnp.array([10.0, 20.0, 30.0]))
+    agg = [
+        fedavg.aggregate(
+            server, ModelReply(poison(stacked, v), reply.weight.at[2].set(v)), mask, key, None
+        )
+        for v in (0.0, bad)
+    ]
+    chex.assert_trees_all_equal(*agg)
+
+    dp = ClientLevelDPFedAvg(MODEL, capacity=None)
+    hyper = jax.tree.map(
+        lambda a: a[0], dp.variants(clients, sample_rate=0.5, noise_multiplier=1.0).hyper
+    )
+    dserver = dp.server_init(jax.random.key(0), hyper)
+    upd = ClientUpdate(update=stacked, unclipped=jnp.array([1.0, 0.0, 1.0]))
+    out = [
+        dp.aggregate(
+            dserver, ClientUpdate(poison(stacked, v), upd.unclipped.at[2].set(v)), mask, key, hyper
+        )
+        for v in (0.0, bad)
+    ]
+    chex.assert_trees_all_equal(*out)
+
+    pso = FedDPPSO(MODEL)
+    pserver = pso.server_init(
+        jax.random.key(0),
+        jax.tree.map(lambda a: a[0], pso.variants(clients, rounds=1, target_epsilon=8.0).hyper),
+    )
+    one_hot = jnp.array([False, True, False])
+    models = [pso.take_gbest(pserver, poison(stacked, v), one_hot, key, None) for v in (0.0, bad)]
+    chex.assert_trees_all_equal(*models)
+    reports = [
+        pso.store_reports(pserver, jnp.array([1.0, 2.0, v]), mask, key, None) for v in (0.0, bad)
+    ]
+    chex.assert_trees_all_equal(*reports)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_a_non_finite_update_is_clipped_to_nothing(bad):
+    params = MODEL.init(jax.random.key(0))
+    poisoned = jax.tree.map(lambda a: a.at[(0,) * a.ndim].set(bad), params)
+    clipped, norm, finite = clip_update(poisoned, 0.5)
+    assert not finite and norm == np.inf
+    chex.assert_trees_all_equal(clipped, jax.tree.map(jnp.zeros_like, params))
+    big = jax.tree.map(lambda a: a * 1e3, params)
+    clipped, norm, finite = clip_update(big, 0.5)
+    total = np.sqrt(sum(float(jnp.sum(c**2)) for c in jax.tree.leaves(clipped)))
+    assert finite and total == pytest.approx(0.5, rel=1e-5)
+
+
+def test_keys_are_fold_in_only_and_distinct_per_party():
+    k = jax.random.key(3)
+    a = client_key(k, 1, 0, 2)
+    expected = jax.random.fold_in(
+        jax.random.fold_in(jax.random.fold_in(jax.random.fold_in(k, 3), 1), 0), 2
+    )
+    chex.assert_trees_all_equal(jax.random.key_data(a), jax.random.key_data(expected))
+    assert not np.array_equal(
+        jax.random.key_data(server_key(k, 1, 0)), jax.random.key_data(client_key(k, 1, 0, 0))
+    )
+
+
+def test_variants_draw_independent_noise_unless_common_random_numbers(setup):
+    """Two target epsilons with the same seed: different keys (independent noise); a run's
+    numbers do not depend on the rest of its batch; common random numbers share keys."""
+    clients, test = setup
+    labels = [{"epsilon_target": 1.0}, {"epsilon_target": 8.0}]
+    keys = jax.random.key_data(sim.run_keys([0], labels, False))
+    assert not np.array_equal(keys[0], keys[1])
+    crn = jax.random.key_data(sim.run_keys([0], labels, True))
+    np.testing.assert_array_equal(crn[0], crn[1])
+    alg = FedAvg(MODEL, _dp_training(clients))
+    both = simulate(
+        alg,
+        clients,
+        test,
+        seeds=[0],
+        rounds=1,
+        delta=1e-5,
+        variants=alg.variants(clients, rounds=1, learning_rate=0.01, target_epsilon=[1.0, 8.0]),
+    )
+    alone = simulate(
+        alg,
+        clients,
+        test,
+        seeds=[0],
+        rounds=1,
+        delta=1e-5,
+        variants=alg.variants(clients, rounds=1, learning_rate=0.01, target_epsilon=8.0),
+    )
+    np.testing.assert_array_equal(
+        both.history["test_loss"].to_numpy()[1:], alone.history["test_loss"].to_numpy()
+    )
+
+
+def test_equal_algorithms_compile_once(setup):
+    clients, test = setup
+    kwargs = {"rounds": 1, "learning_rate": 0.3}
+    before = sim.run_rounds._cache_size()
+    for _ in range(2):
+        alg = FedAvg(mlp((8,), 10, (8, 8, 1)), LocalTraining(batch_size=32))
+        simulate(
+            alg,
+            clients,
+            test,
+            variants=alg.variants(clients, **kwargs),
+            seeds=[5],
+            rounds=1,
+            delta=1e-5,
+        )
+    assert sim.run_rounds._cache_size() == before + 1
+
+
+def test_centralised_reference_keeps_its_optimiser_across_rounds(setup):
+    clients, test = setup
+    union = centralised_clients(clients)
+    assert int(union.sizes[0]) == int(np.sum(clients.sizes))
+    alg = LocalOnly(
+        MODEL, LocalTraining(batch_size=32, optimizer="adam"), keep_optimizer_state=True
+    )
+    res = simulate(
+        alg,
+        union,
+        test,
+        variants=alg.variants(union, learning_rate=0.01),
+        seeds=[0],
+        rounds=3,
+        delta=1e-5,
+    )
+    assert res.history["test_accuracy"].iloc[-1] > 0.5
+    count = jax.tree.leaves(res.clients.opt_state)[0]
+    assert int(np.ravel(count)[0]) == 3 * -(-int(union.sizes[0]) // 32)
+
+
+def test_bad_input_fails_before_any_work(setup):
+    clients, _ = setup
+    with pytest.raises(ValueError, match="capacity"):
+        ClientLevelDPFedAvg(MODEL, capacity=1).variants(
+            clients, sample_rate=0.9, noise_multiplier=1.0
+        )
+    with pytest.raises(ValueError, match="learning_rate"):
+        FedAvg(MODEL).variants(clients, rounds=1, learning_rate=-1.0)
+    with pytest.raises(ValueError, match="target_epsilon"):
+        FedAvg(MODEL).variants(clients, rounds=1, target_epsilon=8.0)
+    with pytest.raises(ValueError, match=r"record_dp\.capacity"):
+        FedAvg(MODEL, LocalTraining(record_dp=RecordDP(capacity=1))).variants(
+            clients, rounds=1, target_epsilon=8.0
+        )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert default_delta(100) == pytest.approx(100**-1.1)
+    assert any("not well below 1/N" in str(w.message) for w in caught)
+    assert math.isfinite(default_delta(100))
