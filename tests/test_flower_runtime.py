@@ -34,7 +34,7 @@ def assert_same_run(run, sim, atol=1e-6):
     b = jax.tree.leaves(jax.tree.map(lambda x: x[0], sim.server))
     for x, y in zip(a, b, strict=True):
         np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=0, atol=atol)
-    for col in ("test_accuracy", "test_loss"):
+    for col in ("test_accuracy", "test_loss", "epsilon_max"):
         np.testing.assert_allclose(run.history[col], sim.history[col], rtol=0, atol=atol)
     np.testing.assert_allclose(run.privacy.epsilon, sim.privacy.epsilon)
     assert run.privacy.covers == sim.privacy.covers

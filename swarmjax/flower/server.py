@@ -331,6 +331,7 @@ def drive(grid: Grid, task: Task, settings: ServerSettings) -> FlowerRun:
     privacy = privacy_record(
         spend, alg.setup + alg.exchanges, unit=alg.privacy_unit, delta=task.delta
     )
+    history["epsilon_max"] = privacy.epsilon[0].max(axis=1)  # as the simulator releases
     run = FlowerRun(server, history, pd.DataFrame(co.messages), privacy)
     if settings.out_dir is not None:
         _write(run, settings.out_dir)
