@@ -174,8 +174,9 @@ class _Coordinator:
 
     def exchange(
         self, server: PyTree, ex: Exchange, index: int, round_index: int, setup: bool
-    ) -> tuple[PyTree, dict[int, PyTree], int]:
-        """One exchange: ``(server, spend reported by the clients that replied, selected)``."""
+    ) -> tuple[PyTree, dict[int, PyTree], dict[str, float]]:
+        """One exchange: ``(server, spend reported by the clients that replied, release)``;
+        ``release``: the selected count and bytes down/up the history publishes."""
         task, n = self.task, self.task.num_clients
         key = server_key(task.run_key, round_index, index)
         selected = np.array(_select(ex, n)(server, key))  # a writable copy
@@ -192,6 +193,7 @@ class _Coordinator:
             if node is not None
         }
         group = f"{'setup' if setup else 'round'}-{round_index}-{ex.name}"
+        start = len(self.messages)
         replies = self._send(contents, "train.exchange", group, self.settings.reply_timeout)
         slots = jax.tree.map(lambda s: np.zeros((n, *s.shape), s.dtype), _plain(reply_like))
         mask = np.zeros(n, bool)
@@ -217,7 +219,26 @@ class _Coordinator:
             self.messages.append(row)
         agg_key = aggregate_key(task.run_key, round_index, index)
         server = _jit(ex.aggregate)(server, slots, jnp.asarray(mask), agg_key, task.hyper)
-        return server, spends, int(selected.sum())
+        return server, spends, self._release(ex, selected, request, reply_like, start)
+
+    def _release(
+        self, ex: Exchange, selected: np.ndarray, request: PyTree, reply_like: PyTree, start: int
+    ) -> dict[str, float]:
+        """What the history publishes about an exchange: the bytes carried, or, when the
+        selection is secret (``expected_selected``: DP client sampling), the expected count
+        times the message sizes, as the simulator does (``messages.csv`` keeps the realised
+        messages, which only the operator sees)."""
+        if ex.expected_selected is not None:
+            count = float(ex.expected_selected(self.task.hyper, self.task.num_clients))
+            down = count * payload_bytes(request)
+            return {"selected": count, "down": down, "up": count * payload_bytes(reply_like)}
+        rows = self.messages[start:]
+        down = sum(r["bytes_down"] for r in rows)
+        return {
+            "selected": int(selected.sum()),
+            "down": down,
+            "up": sum(r["bytes_up"] for r in rows),
+        }
 
     def _accept(
         self, reply: Message | str, reply_like: PyTree, spend_like: PyTree | None, row: dict
@@ -309,18 +330,17 @@ def drive(grid: Grid, task: Task, settings: ServerSettings) -> FlowerRun:
     rows, spend_rounds, metrics_rounds = [], [], []
     for r in range(1, task.rounds + 1):
         co.greet(time.monotonic())  # nodes that joined late take part from this round on
-        start, t0 = len(co.messages), time.perf_counter()
+        t0, down, up = time.perf_counter(), 0, 0
         row: dict[str, Any] = {"round": r}
         for e, ex in enumerate(alg.exchanges):
-            server, spends, count = co.exchange(server, ex, e, r, setup=False)
+            server, spends, release = co.exchange(server, ex, e, r, setup=False)
             reported |= spends
-            row[f"selected_{ex.name}"] = count
+            row[f"selected_{ex.name}"] = release["selected"]
+            down, up = down + release["down"], up + release["up"]
         metrics = {k: np.asarray(v) for k, v in _jit(alg.evaluate)(server, task.test).items()}
         metrics_rounds.append(metrics)
         row |= {k: v.item() for k, v in metrics.items() if v.ndim == 0}
-        sent = pd.DataFrame(co.messages[start:])
-        row["bytes_down"] = int(sent["bytes_down"].sum()) if len(sent) else 0
-        row["bytes_up"] = int(sent["bytes_up"].sum()) if len(sent) else 0
+        row["bytes_down"], row["bytes_up"] = down, up
         row["seconds"] = time.perf_counter() - t0  # wall time of the round at the server
         rows.append(row)
         spend_rounds.append(_spend_table(task, server, reported))
