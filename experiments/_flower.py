@@ -26,12 +26,17 @@ def run_over_flower(config: dict, out: Path) -> dict:
     in the simulator; write ``out/flower/`` and return a summary."""
     out = Path(out)
     run_dir = out / "flower"
-    config = {"task": "swarmjax.flower.tasks:digits", **config, "out-dir": str(run_dir)}
+    # generous waits: a node compiles the run's functions while joining (minutes on a
+    # loaded CPU for Fed-DP-PSO)
+    waits = {"join-timeout": 1200.0, "reply-timeout": 600.0}
+    config = {"task": "swarmjax.flower.tasks:digits", **waits, **config, "out-dir": str(run_dir)}
     task = load_task(config)
     nodes = tuple(range(task.num_clients))
     print(f"Flower: SuperLink + {len(nodes)} SuperNodes on 127.0.0.1, {config}", flush=True)
     with LocalDeployment(partitions=nodes, node_config={"jax-cache-dir": str(out / "jax")}) as d:
-        d.run(config, timeout=3600)
+        output = d.run(config, timeout=3600)
+        if not (run_dir / "privacy.json").exists():
+            raise RuntimeError(f"the ServerApp wrote no results:\n{output[-3000:]}\n{d.logs()}")
     run = read_run(run_dir, task)
     sim = simulate_task(task)
     diff = max(
