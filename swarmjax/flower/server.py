@@ -380,6 +380,8 @@ def _write(run: FlowerRun, out: Path) -> None:
 def read_run(out: str | Path, task: Task) -> FlowerRun:
     """Load what :func:`drive` wrote into ``out`` (the server state checked against ``task``)."""
     out = Path(out)
+    if not (out / "privacy.json").exists():
+        raise FileNotFoundError(f"no run results in {out}: did the ServerApp fail? (its log)")
     record = json.loads((out / "privacy.json").read_text())
     steps = np.asarray(record["steps"], np.int64)[None]
     privacy = PrivacyRecord(
