@@ -14,8 +14,9 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from experiments.paaso import FIG2, FIG4, PAPER_PROBS, STRATEGIES
+from experiments.paaso import FIG4, PAPER_PROBS, STRATEGIES, fig2_setting
 from swarmjax.objectives import get_objective
+from swarmjax.paaso import READINGS
 from swarmjax.paaso_sweep import PAASOTask, expand_phi
 from swarmjax.sweep import load_trajectories, run_sweep
 
@@ -85,6 +86,7 @@ def _base(args: argparse.Namespace, settings: dict[str, Any]) -> dict[str, Any]:
         "k_alpha": args.k_alpha,
         "iterations": settings["iterations"],
         "fl_rule": args.fl_rule,
+        **READINGS[args.reading],
         "seed": list(range(settings["runs"])),
     }
 
@@ -104,21 +106,23 @@ def run_all(args: argparse.Namespace, profile: str, settings: dict[str, Any]) ->
     """Run every sweep, write CSV/PNG per figure, return the summary table."""
     args.out.mkdir(parents=True, exist_ok=True)
     runs = settings["runs"]
+    fig2 = fig2_setting(args.reading)
     _figure(
         args,
         settings,
         "fig2",
-        {"strategy": STRATEGIES, **FIG2},
+        {"strategy": STRATEGIES, **fig2},
         ["strategy"],
-        f"Fig. 2: f4, {args.agents} agents, k={args.k_alpha}, {_fmt(FIG2)}, {runs} runs",
+        f"Fig. 2: f4, {args.agents} agents, k={args.k_alpha}, {_fmt(fig2)}, {runs} runs, "
+        f"{args.reading} reading",
     )
     _figure(
         args,
         settings,
         "fig3",
-        {"strategy": "pbdrd", **FIG2, "p_m": PAPER_PROBS},
+        {"strategy": "pbdrd", **fig2, "p_m": PAPER_PROBS},
         ["p_m"],
-        f"Fig. 3: PbDRD on f4 for each p_m, {_fmt({**FIG2, 'p_m': 'var'})}",
+        f"Fig. 3: PbDRD on f4 for each p_m, {_fmt({**fig2, 'p_m': 'var'})}",
     )
     _figure(
         args,
@@ -126,7 +130,7 @@ def run_all(args: argparse.Namespace, profile: str, settings: dict[str, Any]) ->
         "fig4",
         {"strategy": STRATEGIES, **FIG4},
         ["strategy"],
-        f"Fig. 4: f4, {args.agents} agents, {_fmt(FIG4)}, {runs} runs",
+        f"Fig. 4: f4, {args.agents} agents, {_fmt(FIG4)}, {runs} runs, {args.reading} reading",
     )
     _figure(
         args,

@@ -24,7 +24,12 @@ PAPER_PHI = [0.01, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0]
 PAPER_PROBS = [0.6, 0.7, 0.8, 0.9, 1.0]
 STRATEGIES = ["pso", "fl", "adrd", "bdrd", "pbdrd"]
 FUNCTIONS = [f"f{i}" for i in range(1, 9)]
-FIG2 = {"w": 4.0, "phi": 2.0, "w_g": 0.005, "p_c": 1.0, "p_m": 0.9}  # paper Figs. 1-3
+FIG2 = {"w": 0.4, "phi": 2.0, "w_g": 0.005, "p_c": 1.0, "p_m": 0.9}  # paper Figs. 1-3
+# The paper prints w = 4.00 for Figs. 1-3, outside its own grid (largest 0.4), where an
+# inertia-weighted swarm diverges: "typo" reads it as 0.40 (default), "literal" as printed.
+FIG2_INERTIA = {"typo": 0.4, "literal": 4.0}
+# --reading: the inertia of Figs. 1-3 and swarmjax.paaso.READINGS (clamp, voted step).
+READING_INERTIA = {"stable": "typo", "spec": "literal"}
 FIG4 = {"w": 0.005, "phi": 2.0, "w_g": 0.01, "p_c": 1.0, "p_m": 0.9}  # paper Figs. 4-5
 
 PROFILES = {
@@ -36,6 +41,7 @@ PROFILES = {
         "phi": [1.0, 2.0],
         "w_g": [0.01, 0.1],
         "speed": [1.0],
+        "k_alphas": [8, 32],  # the k_alpha study (default: 4, 8, 16, 32)
     },
     "default": {
         "runs": 20,
@@ -56,6 +62,11 @@ PROFILES = {
         "speed": [1.0, 10.0],
     },
 }
+
+
+def fig2_setting(reading: str) -> dict[str, float]:
+    """The Figs. 1-3 numerics under ``reading`` (a key of READING_INERTIA)."""
+    return {**FIG2, "w": FIG2_INERTIA[READING_INERTIA[reading]]}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -81,6 +92,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         choices=["direction", "cognitive"],
         default="direction",
         help="FL second branch: p_i - pG (default) or the spec's literal p_i - x_i",
+    )
+    p.add_argument(
+        "--reading",
+        choices=list(READING_INERTIA),
+        default="stable",
+        help="stable (default): Figs. 1-3 at w 0.4, velocity clamp 0.1 domain widths, voted "
+        "step 5 wG; spec: w 4.0 as printed, clamp 1 width, voted step wG (docs/paaso.md)",
+    )
+    p.add_argument(
+        "--readings-study",
+        action="store_true",
+        help="also sweep every reading of the ambiguous parts (readings.csv, "
+        "readings_agents.csv, readings_fl_step.csv; minutes)",
     )
     p.add_argument(
         "--memory-gb", type=float, default=1.0, help="device memory per chunk, GiB (default 1)"
@@ -111,6 +135,7 @@ def _setup_devices(count: int) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     _setup_devices(args.cpu_devices)
+    from experiments._paaso_claims import run_claims
     from experiments._paaso_figures import run_all
 
     profile = "quick" if args.quick else "full" if args.full else "default"
@@ -118,6 +143,23 @@ def main(argv: list[str] | None = None) -> int:
     settings["runs"] = args.runs or settings["runs"]
     settings["iterations"] = args.iterations or settings["iterations"]
     summary = run_all(args, profile, settings)
+    claims = run_claims(args, settings)
+    if args.readings_study:
+        from experiments._paaso_readings import (
+            run_agents_study,
+            run_fl_step_study,
+            run_readings,
+        )
+
+        run_readings(settings["runs"], settings["iterations"]).to_csv(
+            args.out / "readings.csv", index=False
+        )
+        run_agents_study(2 * settings["runs"], settings["iterations"]).to_csv(
+            args.out / "readings_agents.csv", index=False
+        )
+        run_fl_step_study(settings["runs"], settings["iterations"]).to_csv(
+            args.out / "readings_fl_step.csv", index=False
+        )
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "settings.json").write_text(
         json.dumps(
@@ -127,11 +169,15 @@ def main(argv: list[str] | None = None) -> int:
                 "agents": args.agents,
                 "k_alpha": args.k_alpha,
                 "fl_rule": args.fl_rule,
+                "reading": args.reading,
+                "fig2_w": fig2_setting(args.reading)["w"],
             },
             indent=1,
         )
     )
     print(summary.to_string(index=False))
+    print()
+    print(claims[["finding", "setting", "holds"]].to_string(index=False))
     print(f"\nresults in {args.out}/")
     return 0
 

@@ -33,6 +33,15 @@ Reported objective per iteration: ``f(g)`` for PSO, ``f(pG)`` for the others.  P
 the domain width (the paper's Fig. 1 uses w = 4, which diverges unclamped); ``vmax_factor =
 inf`` and ``clip_positions=False`` turn the clamps off.
 
+FL moves ``pG`` by ``wG`` times the agents' mean velocity (the paper's l5.2-l5.3,
+``fl_step="mean"``); ``fl_step="unit"`` (not the paper's) moves it by the voted
+strategies' step ``wG * speed`` in that direction, FL as noiseless voting.
+
+The paper sets neither the clamp nor the voted step's length; :data:`READINGS` names the
+two sets of values the experiments use (``"spec"``: ALGORITHMS.md's defaults, which are
+:class:`PAASOHyper`'s; ``"stable"``: the values under which the paper's Figs. 1-2 findings
+reproduce best; docs/paaso.md has the study).
+
 Privacy per run (what the numbers cover):
 
 * DRD: each iteration's outcome is ``ln(2n/(n+1))``-DP with respect to adding or removing
@@ -78,6 +87,7 @@ from swarmjax.privacy.mechanisms import (
 )
 
 __all__ = [
+    "READINGS",
     "STRATEGIES",
     "PAASOConfig",
     "PAASOHyper",
@@ -92,6 +102,15 @@ Strategy = Literal["pso", "fl", "adrd", "bdrd", "pbdrd"]
 STRATEGIES: tuple[str, ...] = ("pso", "fl", "adrd", "bdrd", "pbdrd")
 VOTING = ("adrd", "bdrd", "pbdrd")
 FL_RULES = ("direction", "cognitive")
+FL_STEPS = ("mean", "unit")
+
+# Named readings of the numerics the paper leaves open (PAASOHyper fields).
+READINGS: dict[str, dict[str, float]] = {
+    # ALGORITHMS.md: velocities clamped to one domain width, the voted step wG long.
+    "spec": {"vmax_factor": 1.0, "speed": 1.0},
+    # The usual PSO clamp (a tenth of the domain) and a voted step of 5 wG.
+    "stable": {"vmax_factor": 0.1, "speed": 5.0},
+}
 
 
 @struct.dataclass
@@ -138,6 +157,7 @@ class PAASOConfig:
     clip_positions: bool = struct.field(pytree_node=False, default=True)
     init_velocity: str = struct.field(pytree_node=False, default="zero")
     fl_rule: str = struct.field(pytree_node=False, default="direction")
+    fl_step: str = struct.field(pytree_node=False, default="mean")
     options: swarm.PSOOptions = struct.field(pytree_node=False, default=swarm.PSOOptions())
 
     def __post_init__(self) -> None:
@@ -149,6 +169,7 @@ class PAASOConfig:
         check_int("iterations", self.iterations, minimum=1)
         check_choice("init_velocity", self.init_velocity, ("zero", "uniform"))
         check_choice("fl_rule", self.fl_rule, FL_RULES)
+        check_choice("fl_step", self.fl_step, FL_STEPS)
         if self.strategy in VOTING and self.dim != 2:
             raise ValueError(
                 f"dim must be 2 for the voting strategy {self.strategy!r} (directions are "
@@ -301,6 +322,9 @@ def step(
     state = state.replace(agents=a)
     if cfg.strategy == "fl":
         mean_velocity = jnp.stack([jnp.mean(v) for v in velocity])
+        if cfg.fl_step == "unit":  # the voted step's length, in the mean's direction
+            norm = jnp.linalg.norm(mean_velocity)
+            mean_velocity = hyper.speed * mean_velocity / jnp.where(norm > 0, norm, 1.0)
         move_by, voters = hyper.w_g * mean_velocity, jnp.zeros((), jnp.int32)
     else:
         key = jax.random.fold_in(state.key, a.iteration)
