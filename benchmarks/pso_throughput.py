@@ -134,6 +134,7 @@ def main(argv=None) -> int:
     from benchmarks._results import machine, write_section
     from swarmjax import paaso
 
+    print(f"backend: {jax.default_backend()} ({jax.device_count()} device(s))", flush=True)
     iterations = 200 if args.quick else 1000
     counts = args.swarms or ([1, 100, 1000] if args.quick else [1, 100, 1000, 10000])
     cfg = paaso.PAASOConfig(strategy="pso", function="f4", num_agents=AGENTS, iterations=iterations)

@@ -27,7 +27,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from experiments._paaso_figures import _base, _curves, _sweep
+from experiments._paaso_figures import _base, _curves, _lead, _sweep
 from experiments.paaso import FIG2_INERTIA, FIG4, STRATEGIES, fig2_setting
 from swarmjax.objectives import get_objective
 from swarmjax.paaso import READINGS
@@ -90,6 +90,8 @@ def _fig1(args: argparse.Namespace, settings: dict[str, Any]) -> tuple[pd.DataFr
         "w": sorted(FIG2_INERTIA.values()),
     }
     rows, traj = _sweep(args, "fig1", grid)
+    if not _lead():  # jax.distributed: process 0 writes
+        return rows, traj
     shown = rows[rows["seed"] < 2]
     frame = pd.concat(
         [
@@ -154,6 +156,8 @@ def _kalpha(args: argparse.Namespace, settings: dict[str, Any]) -> tuple[pd.Data
         "p_m": FIG4["p_m"],
     }
     rows, traj = _sweep(args, "kalpha", grid)
+    if not _lead():  # jax.distributed: process 0 writes
+        return rows, traj
     rows = rows.assign(setting="")
     for name, s in studied.items():
         rows.loc[_select(rows, w=s["w"], w_g=s["w_g"]), "setting"] = name
@@ -366,7 +370,7 @@ def _summary_claims(summary: pd.DataFrame) -> list[dict]:
     return out
 
 
-def run_claims(args: argparse.Namespace, settings: dict[str, Any]) -> pd.DataFrame:
+def run_claims(args: argparse.Namespace, settings: dict[str, Any]) -> pd.DataFrame | None:
     """Run the ``fig1`` and ``kalpha`` sweeps, write their figures + CSVs and ``claims.csv``.
 
     Needs the pipeline's ``fig3``, ``fig4``, ``fig5`` sweeps and ``summary.csv`` in
@@ -374,14 +378,16 @@ def run_claims(args: argparse.Namespace, settings: dict[str, Any]) -> pd.DataFra
     """
     fig1_rows, fig1_traj = _fig1(args, settings)
     k_rows, k_traj = _kalpha(args, settings)
+    if not _lead():  # jax.distributed: every process runs its share, process 0 the rest
+        return None
     claims = []
     w = fig2_setting(args.reading)["w"]
     for name, value in sorted(FIG2_INERTIA.items(), key=lambda kv: kv[1] != w):
         claims += _ordering(fig1_rows, fig1_traj, value, name)
-    claims.append(_fig4(*_load(args.out, "fig4")))
-    claims.append(_pm(*_load(args.out, "fig3"), w))
+    claims.append(_fig4(*_load(args.sweeps, "fig4")))
+    claims.append(_pm(*_load(args.sweeps, "fig3"), w))
     claims.append(_k_alpha(k_rows, k_traj))
-    claims.append(_agents(*_load(args.out, "fig5")))
+    claims.append(_agents(*_load(args.sweeps, "fig5")))
     claims += _summary_claims(pd.read_csv(args.out / "summary.csv"))
     table = pd.DataFrame(claims).assign(
         reading=f"{args.reading} {READINGS[args.reading]}",

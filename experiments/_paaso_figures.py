@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import jax
 import matplotlib
 
 matplotlib.use("Agg")
@@ -21,12 +22,13 @@ from swarmjax.paaso_sweep import PAASOTask, expand_phi
 from swarmjax.sweep import load_trajectories, run_sweep
 
 TASK = PAASOTask()
+WORK = {"runs": 0, "agent_steps": 0}  # every row of every sweep of this call (resumed too)
 
 
 def _sweep(
     args: argparse.Namespace, name: str, grid: dict[str, Any]
 ) -> tuple[pd.DataFrame, np.ndarray]:
-    out = args.out / name
+    out = args.sweeps / name  # resumable, per code fingerprint (experiments/paaso.py)
     run_sweep(
         TASK,
         expand_phi(grid),
@@ -34,7 +36,15 @@ def _sweep(
         memory_budget=args.memory_gb * 2**30,
         progress=not args.no_progress,
     )
-    return load_trajectories(out)
+    rows, traj = load_trajectories(out)
+    WORK["runs"] += len(rows)
+    WORK["agent_steps"] += int((rows["num_agents"] * rows["iterations"]).sum())
+    return rows, traj
+
+
+def _lead() -> bool:
+    """Only process 0 of a jax.distributed job writes curves, figures and the summary."""
+    return jax.process_index() == 0
 
 
 def _curves(rows: pd.DataFrame, traj: np.ndarray, by: Sequence[str]) -> pd.DataFrame:
@@ -93,6 +103,8 @@ def _base(args: argparse.Namespace, settings: dict[str, Any]) -> dict[str, Any]:
 
 def _figure(args, settings, name, grid, by, title) -> None:
     rows, traj = _sweep(args, name, {**_base(args, settings), **grid})
+    if not _lead():
+        return
     curves = _curves(rows, traj, by)
     curves.to_csv(args.out / f"{name}.csv", index=False)
     _plot(curves, by[0], title, args.out / f"{name}.png")
@@ -102,8 +114,11 @@ def _fmt(params: dict[str, float]) -> str:
     return ", ".join(f"{k}={v}" for k, v in params.items())
 
 
-def run_all(args: argparse.Namespace, profile: str, settings: dict[str, Any]) -> pd.DataFrame:
-    """Run every sweep, write CSV/PNG per figure, return the summary table."""
+def run_all(
+    args: argparse.Namespace, profile: str, settings: dict[str, Any]
+) -> pd.DataFrame | None:
+    """Run every sweep, write CSV/PNG per figure, return the summary table (None on the
+    processes other than 0 of a jax.distributed job)."""
     args.out.mkdir(parents=True, exist_ok=True)
     runs = settings["runs"]
     fig2 = fig2_setting(args.reading)
@@ -156,6 +171,8 @@ def _search_and_fig6(args: argparse.Namespace, settings: dict[str, Any]) -> pd.D
         "p_m": 0.9,
     }
     rows, traj = _sweep(args, "search", grid)
+    if not _lead():
+        return None
     config_cols = ["strategy", "function", "w", "phi_p", "w_g", "speed"]
     stats = rows.groupby(config_cols, as_index=False).agg(
         final_mean=("final_objective", "mean"),

@@ -13,10 +13,8 @@ attribute-inference attack accuracy, the processing time per batch of rows, and 
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
-import os
 import time
 import warnings
 from collections.abc import Callable
@@ -36,11 +34,9 @@ from sklearn.neighbors import KNeighborsClassifier
 from sklearn.neural_network import MLPClassifier
 from tqdm import tqdm
 
-import swarmjax
+from experiments import _cli
 from swarmjax.privacy import apdim
-from swarmjax.resume import CallStore
 
-REPO = Path(__file__).resolve().parents[1]
 EPSILONS = (0.01, 0.05, 0.1, 0.5, 1.0, 5.0)
 # mode -> (allocation, sensitivity)
 MODES = {"correct": ("corrected", "record"), "paper": ("paper", "paper")}
@@ -99,23 +95,11 @@ PROFILES = {
 # ----------------------------------------------------------------------------------------
 
 
-def find_data_dir(given: str | None) -> Path:
-    """``--data-dir``, else ``$SWARMJAX_DATA``, else ``../shared/data``; must hold tabular/."""
-    candidates = [Path(given)] if given else []
-    if os.environ.get("SWARMJAX_DATA"):
-        candidates.append(Path(os.environ["SWARMJAX_DATA"]))
-    candidates.append(REPO.parent / "shared" / "data")
-    for path in candidates:
-        if (path / "tabular").is_dir():
-            return path / "tabular"
-        if path.is_dir() and any(path.glob("adults.csv")):
-            return path
-    raise SystemExit(
-        "APDIM data not found; looked in "
-        + ", ".join(str(p) for p in candidates)
-        + ". Pass --data-dir DIR (holding tabular/adults.csv, cmc.csv, heart.csv, mgm.csv) "
-        "or set SWARMJAX_DATA."
-    )
+def find_tables(given: str | None) -> Path:
+    """The folder of the four CSVs: ``<data dir>/tabular/``, or the data dir itself when it
+    holds them (data dir as in ``experiments/_cli.py``)."""
+    base = _cli.data_dir(given)
+    return base / "tabular" if (base / "tabular").is_dir() else base
 
 
 @dataclasses.dataclass
@@ -459,64 +443,50 @@ def summarise(f1_frame: pd.DataFrame, attack: pd.DataFrame) -> pd.DataFrame:
 # ----------------------------------------------------------------------------------------
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="python -m experiments.apdim",
-        description="APDIM vs uniform Laplace (correct and paper modes): F1, attribute "
-        "inference, processing time and the (theta, alpha) grid. Results in results/apdim/.",
-    )
-    size = parser.add_mutually_exclusive_group()
-    size.add_argument("--quick", action="store_true", help="CI smoke run (< 1 minute)")
-    size.add_argument("--full", action="store_true", help="all rows, 5 seeds, larger models")
-    parser.add_argument(
-        "--data-dir",
-        help="folder with tabular/*.csv (default: $SWARMJAX_DATA, then ../shared/data)",
-    )
-    parser.add_argument(
-        "--out",
-        default=str(REPO / "results" / "apdim"),
-        help="output folder for CSV/JSON/PNG (default %(default)s)",
+def parse_args(argv: list[str] | None = None):
+    parser = _cli.parser(
+        "apdim",
+        "APDIM vs uniform Laplace (correct and paper modes): F1, attribute inference, "
+        "processing time and the (theta, alpha) grid.",
+        quick="CI smoke run (< 1 minute)",
+        full="all rows, 5 seeds, larger models",
+        data="tabular/*.csv (adults, cmc, heart, mgm)",
+        seeds="quick 1, default 2, full 5; vmapped",
     )
     parser.add_argument(
         "--datasets",
         nargs="+",
         choices=list(DATASETS),
-        default=list(DATASETS),
-        help="tables to run (default: all four; a missing CSV is reported and skipped)",
-    )
-    parser.add_argument(
-        "--seeds", type=int, help="override the profile's number of seeds (vmapped)"
+        help="tables to run (default: all four; without this option a missing CSV is "
+        "reported and skipped, with it a missing CSV is an error)",
     )
     parser.add_argument("--skip-timing", action="store_true", help="skip the Fig. 2 timing")
-    parser.add_argument(
-        "--restart",
-        action="store_true",
-        help="run every step again; by default a rerun with the same options and --out "
-        "reuses the steps already finished there (saved under <out>/calls/)",
-    )
     return parser.parse_args(argv)
 
 
+@_cli.entry_point
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    name = "quick" if args.quick else "full" if args.full else "default"
+    name = _cli.profile_name(args)
     profile = PROFILES[name]
-    if args.seeds is not None:
-        profile = dataclasses.replace(profile, seeds=max(1, args.seeds))
-    data_dir = find_data_dir(args.data_dir)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    settings = {"swarmjax": swarmjax.__version__} | dataclasses.asdict(profile)
-    store = CallStore(out / "calls", settings, restart=args.restart)
+    profile = dataclasses.replace(profile, seeds=len(_cli.seeds(args, profile.seeds)))
+    data_dir = find_tables(args.data_dir)
+    requested = args.datasets or list(DATASETS)
+    missing = [ds for ds in requested if not (data_dir / DATASETS[ds].file).is_file()]
+    if missing and args.datasets:
+        files = ", ".join(DATASETS[ds].file for ds in missing)
+        raise _cli.UserError(f"--datasets: {files} not found in {str(data_dir)!r}")
+    if len(missing) == len(requested):
+        raise _cli.UserError(f"none of the APDIM tables is in {str(data_dir)!r}")
+    for ds in missing:
+        print(f"skipping {ds}: {data_dir / DATASETS[ds].file} not found")
+    args.datasets = [ds for ds in requested if ds not in missing]
+    out = _cli.out_dir(args)
+    settings = dataclasses.asdict(profile)
+    store = _cli.call_store(out, settings, __name__, restart=args.restart)
     warnings.filterwarnings("ignore", category=ConvergenceWarning)
     started = time.perf_counter()
 
-    missing = [ds for ds in args.datasets if not (data_dir / DATASETS[ds].file).is_file()]
-    for ds in missing:
-        print(f"skipping {ds}: {data_dir / DATASETS[ds].file} not found")
-    args.datasets = [ds for ds in args.datasets if ds not in missing]
-    if not args.datasets:
-        raise SystemExit(f"none of the requested APDIM tables is in {data_dir}")
     splits = {ds: load_split(data_dir, ds, profile) for ds in args.datasets}
     n_fits = len(args.datasets) * len(MODES) * len(MECHANISMS) * len(profile.epsilons)
     n_fits *= profile.seeds * 5

@@ -27,9 +27,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import time
-from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -39,44 +37,35 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
-import optax
 import pandas as pd
 from tqdm import tqdm
 
-import swarmjax
+from experiments import _cli
 from swarmjax.fl import (
-    CentralizedConfig,
     DatasetNotFoundError,
-    FedAvgConfig,
     iid_partition,
     load_dataset,
     pathological_partition,
-    run_centralized,
-    run_fedavg,
     stack_clients,
     subsample,
-    weighted_average,
 )
+from swarmjax.fl.algorithms.common import weighted_average
+from swarmjax.fl.algorithms.fedavg import FedAvg
+from swarmjax.fl.algorithms.local_only import LocalOnly
 from swarmjax.fl.cl_models import thesis_model
-from swarmjax.fl.combined import CombinedAggregator, run_standalone
-from swarmjax.resume import CallStore
+from swarmjax.fl.client_training import LocalTraining
+from swarmjax.fl.combined import CombinedAggregator
+from swarmjax.fl.dp_local import DELTA
+from swarmjax.fl.runtime import simulate
 
-REPO = Path(__file__).resolve().parents[1]
 SPLITS = ("uniform", "arbitrary")
 
 
-def sgd_momentum(learning_rate: Any) -> optax.GradientTransformation:
-    """SGD with momentum 0.9 (the authors' MNIST optimiser)."""
-    return optax.sgd(learning_rate, momentum=0.9)
-
-
-# model -> (optimiser, learning rate), after the authors' scripts (Adam for the tabular and
-# recurrent models, SGD with momentum for the MNIST MLPs and convnet).
-OPTIMISERS: dict[str, tuple[Callable[[Any], optax.GradientTransformation], float]] = {
-    "mnist": (sgd_momentum, 0.01),
-    "breast_cancer": (optax.adam, 0.01),
-    "cifar10": (sgd_momentum, 0.01),
-    "lstm": (optax.adam, 0.005),
+OPTIMISERS: dict[str, tuple[str, float, float]] = {  # (optimiser, momentum, learning rate)
+    "mnist": ("sgd", 0.9, 0.01),  # SGD with momentum 0.9 (the authors' MNIST optimiser)
+    "breast_cancer": ("adam", 0.0, 0.01),
+    "cifar10": ("sgd", 0.9, 0.01),
+    "lstm": ("adam", 0.0, 0.005),
 }
 
 
@@ -154,8 +143,22 @@ def split_indices(labels: np.ndarray, k: int, split: str, seed: int) -> tuple[np
     return pathological_partition(labels, k, seed=seed).indices
 
 
-def optimiser(dataset: str, model: str) -> tuple[Callable[[Any], Any], float]:
-    return OPTIMISERS["lstm"] if model == "lstm" else OPTIMISERS[dataset]
+def optimiser(
+    dataset: str, model: str, epochs: int, batch_size: int
+) -> tuple[LocalTraining, float]:
+    """The local training of (dataset, model) and its learning rate."""
+    name, momentum, lr = OPTIMISERS["lstm"] if model == "lstm" else OPTIMISERS[dataset]
+    training = LocalTraining(
+        epochs=epochs, batch_size=batch_size, optimizer=name, momentum=momentum
+    )
+    return training, lr
+
+
+def _simulate(alg, clients, test, lr: float, rounds: int, seeds: list[int]):
+    variants = alg.variants(
+        clients, learning_rate=lr, **({"rounds": rounds} if isinstance(alg, FedAvg) else {})
+    )
+    return simulate(alg, clients, test, variants=variants, seeds=seeds, rounds=rounds, delta=DELTA)
 
 
 def run_setting(
@@ -163,7 +166,7 @@ def run_setting(
 ) -> pd.DataFrame:
     """History rows (method, round, client, test_accuracy) of CL, FedAvg and clients alone."""
     model = thesis_model(dataset, model_name)
-    opt, lr = optimiser(dataset, model_name)
+    training, lr = optimiser(dataset, model_name, profile.local_epochs[dataset], profile.batch_size)
     parts = split_indices(data.y_train, k, split, seed=0)
     # Pad both splits of a K to one shape so that they share a compilation.
     pad = max(
@@ -174,24 +177,28 @@ def run_setting(
     clients = stack_clients(data.x_train, data.y_train, parts, pad_to=pad)
     test = (data.x_test, data.y_test)
     seeds = list(range(profile.seeds))
-    base = dict(
-        model=model,
-        local_epochs=profile.local_epochs[dataset],
-        batch_size=profile.batch_size,
-        optimizer=opt,
-        eval_batch_size=1000,
-    )
     frames = []
-    for method, aggregate in (("CL", CombinedAggregator(0.01)), ("FedAvg", weighted_average)):
-        config = FedAvgConfig(**base, aggregate=aggregate)
-        hist = run_fedavg(
-            config, clients, test, rounds=profile.rounds, learning_rate=lr, seeds=seeds
-        )
-        frames.append(hist.history[["seed", "round", "test_accuracy"]].assign(method=method))
-    alone = run_standalone(
-        FedAvgConfig(**base), clients, test, rounds=profile.rounds, learning_rate=lr, seeds=seeds
+    for method, combine in (("CL", CombinedAggregator(0.01)), ("FedAvg", weighted_average)):
+        alg = FedAvg(model, training, combine=combine, eval_batch_size=1000)
+        res = _simulate(alg, clients, test, lr, profile.rounds, seeds)
+        frames.append(res.history[["seed", "round", "test_accuracy"]].assign(method=method))
+    alone = _simulate(
+        LocalOnly(model, training, eval_batch_size=1000), clients, test, lr, profile.rounds, seeds
     )
-    frames.append(alone[["seed", "round", "client", "test_accuracy"]].assign(method="alone"))
+    acc = alone.metrics["test_accuracy"]  # (seeds, rounds, clients)
+    s_idx, t_idx, c_idx = np.meshgrid(
+        np.asarray(seeds), np.arange(1, profile.rounds + 1), np.arange(k), indexing="ij"
+    )
+    frames.append(
+        pd.DataFrame(
+            {
+                "seed": s_idx.ravel(),
+                "round": t_idx.ravel(),
+                "client": c_idx.ravel(),
+                "test_accuracy": acc.ravel(),
+            }
+        ).assign(method="alone")
+    )
     return pd.concat(frames, ignore_index=True).assign(
         dataset=dataset, model=model_name, split=split, K=k
     )
@@ -200,20 +207,14 @@ def run_setting(
 def run_central(data: Any, dataset: str, model_name: str, profile: Profile) -> pd.DataFrame:
     """Centralised accuracy after E*t epochs, one row per round t."""
     model = thesis_model(dataset, model_name)
-    opt, lr = optimiser(dataset, model_name)
     e = profile.local_epochs[dataset]
-    config = CentralizedConfig(
-        model=model, batch_size=profile.batch_size, optimizer=opt, eval_batch_size=1000
+    training, lr = optimiser(dataset, model_name, 1, profile.batch_size)
+    union = stack_clients(data.x_train, data.y_train, [np.arange(len(data.y_train))])
+    alg = LocalOnly(model, training, keep_optimizer_state=True, eval_batch_size=1000)
+    res = _simulate(
+        alg, union, (data.x_test, data.y_test), lr, e * profile.rounds, list(range(profile.seeds))
     )
-    res = run_centralized(
-        config,
-        data.x_train,
-        data.y_train,
-        (data.x_test, data.y_test),
-        epochs=e * profile.rounds,
-        learning_rate=lr,
-        seeds=list(range(profile.seeds)),
-    )
+    res = dataclasses.replace(res, history=res.history.rename(columns={"round": "epoch"}))
     hist = res.history[res.history["epoch"] % e == 0]
     return hist.assign(
         round=hist["epoch"] // e, method="central", dataset=dataset, model=model_name
@@ -290,16 +291,11 @@ def plot(
     plt.close(fig)
 
 
-def default_data_dir(given: str | None) -> str | None:
-    """``--data-dir``, else ``$SWARMJAX_DATA`` (read by the loader), else ../shared/data."""
-    shared = REPO.parent / "shared" / "data"
-    if given or os.environ.get("SWARMJAX_DATA") or not shared.is_dir():
-        return given
-    return str(shared)
+FILE_DATASETS = ("mnist", "cifar10")  # read from the data folder; breast_cancer ships with sklearn
 
 
-def load(name: str, data_dir: str | None) -> Any:
-    return load_dataset(name, default_data_dir(data_dir), download=False)
+def load(name: str, data_dir: Path | None) -> Any:
+    return load_dataset(name, data_dir, download=False)
 
 
 def shrink(data: Any, name: str, profile: Profile) -> Any:
@@ -324,7 +320,6 @@ def _call_settings(dataset: str, model: str, profile: Profile) -> dict:
     """What a saved setting of ``(dataset, model)`` depends on besides its split and K."""
     keep = ("rounds", "n_train", "n_test", "seeds", "batch_size")
     return {
-        "swarmjax": swarmjax.__version__,
         "dataset": dataset,
         "model": model,
         "local_epochs": profile.local_epochs[dataset],
@@ -332,36 +327,20 @@ def _call_settings(dataset: str, model: str, profile: Profile) -> dict:
     }
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="python -m experiments.combined_learning",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    size = parser.add_mutually_exclusive_group()
-    size.add_argument(
-        "--quick", action="store_true", help="CI smoke run: breast cancer smlp, K=2 (< 1 min)"
-    )
-    size.add_argument(
-        "--full",
-        action="store_true",
-        help="every model on every split x K, full data, 20 rounds, 3 seeds (hours)",
-    )
-    parser.add_argument(
-        "--data-dir",
-        default=None,
-        help="folder with mnist/, cifar10/ (default: $SWARMJAX_DATA, else ../shared/data)",
-    )
-    parser.add_argument(
-        "--out",
-        default=str(REPO / "results" / "combined_learning"),
-        help="output folder for CSV/JSON/PNG (default: %(default)s)",
+def parse_args(argv: list[str] | None = None):
+    parser = _cli.parser(
+        "combined_learning",
+        __doc__,
+        quick="CI smoke run: breast cancer smlp, K=2 (< 1 min)",
+        full="every model on every split x K, full data, 20 rounds, 3 seeds (hours)",
+        data="mnist/, cifar10/",
+        seeds="quick 1, default 2 (conv, lstm 1), full 3; every model",
     )
     parser.add_argument(
         "--datasets",
         nargs="+",
         choices=("mnist", "breast_cancer", "cifar10"),
-        help="restrict to these datasets",
+        help="restrict to these datasets (a requested dataset that is missing is an error)",
     )
     parser.add_argument(
         "--models",
@@ -370,20 +349,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="restrict to these models",
     )
     parser.add_argument(
-        "--rounds", type=int, help="override the number of combination rounds (every model)"
-    )
-    parser.add_argument("--seeds", type=int, help="override the number of seeds (every model)")
-    parser.add_argument(
-        "--restart",
-        action="store_true",
-        help="run every setting again; by default a rerun with the same options and --out "
-        "reuses the settings already finished there (saved under <out>/calls/)",
+        "--rounds",
+        type=_cli.count("--rounds"),
+        help="override the number of combination rounds (every model)",
     )
     return parser.parse_args(argv)
 
 
 def choose_profile(args: argparse.Namespace) -> Profile:
-    profile = PROFILES["quick" if args.quick else "full" if args.full else "default"]
+    profile = PROFILES[_cli.profile_name(args)]
     datasets = {
         d: tuple(m for m in ms if not args.models or m in args.models)
         for d, ms in profile.datasets.items()
@@ -391,30 +365,54 @@ def choose_profile(args: argparse.Namespace) -> Profile:
     }
     changes: dict[str, Any] = {"datasets": {d: m for d, m in datasets.items() if m}}
     forced = {}
-    if args.rounds:
+    if args.rounds is not None:
         forced["rounds"] = args.rounds
-    if args.seeds:
+    if args.seeds is not None:
         forced["seeds"] = args.seeds
     changes.update(forced)
     changes["overrides"] = {m: {**o, **forced} for m, o in profile.overrides.items()}
     return dataclasses.replace(profile, **changes)
 
 
+def load_all(args, profile: Profile) -> tuple[dict[str, Any], list[str]]:
+    """Every dataset of ``profile`` loaded before any work: (datasets, skipped notes).
+
+    A dataset named by ``--datasets`` that cannot be found is an error; one only in the
+    profile's default list is skipped with a note."""
+    needs_files = any(d in FILE_DATASETS for d in profile.datasets)
+    data_dir = _cli.data_dir(args.data_dir) if needs_files or args.data_dir else None
+    loaded, skipped = {}, []
+    for dataset in profile.datasets:
+        try:
+            loaded[dataset] = load(dataset, data_dir)
+        except DatasetNotFoundError:
+            if args.datasets:
+                raise _cli.UserError(
+                    f"--datasets: {dataset!r} not found under {str(data_dir)!r}"
+                ) from None
+            skipped.append(f"{dataset}: not found under {data_dir}")
+            print(f"skipping {dataset}: its files are not available")
+    if not loaded:
+        raise _cli.UserError(f"no dataset to run: {'; '.join(skipped)}")
+    return loaded, skipped
+
+
+@_cli.entry_point
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     profile = choose_profile(args)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    histories, centrals, skipped, reused = [], [], [], []
+    if not profile.datasets:
+        raise _cli.UserError(
+            f"--models {' '.join(args.models or [])} run on none of the selected datasets "
+            f"{' '.join(args.datasets or [])}; see PROFILES in experiments/combined_learning.py"
+        )
+    loaded, skipped = load_all(args, profile)
+    out = _cli.out_dir(args)
+    histories, centrals, reused = [], [], []
     timings: dict[str, float] = {}
     start = time.perf_counter()
-    for dataset, models in profile.datasets.items():
-        try:
-            full_data = load(dataset, args.data_dir)
-        except DatasetNotFoundError as exc:
-            skipped.append(f"{dataset}: not found ({str(exc).splitlines()[0]})")
-            print(f"skipping {dataset}: its files are not available")
-            continue
+    for dataset, full_data in loaded.items():
+        models = profile.datasets[dataset]
         todo = plan(full_data, models, profile)
         skipped += [
             f"{dataset} {m} arbitrary K={k}: needs K <= {full_data.num_classes} classes"
@@ -427,8 +425,8 @@ def main(argv: list[str] | None = None) -> None:
             mprof = for_model(profile, model)
             data = shrink(full_data, dataset, mprof)
             t0 = time.perf_counter()
-            store = CallStore(
-                out / "calls", _call_settings(dataset, model, mprof), restart=args.restart
+            store = _cli.call_store(
+                out, _call_settings(dataset, model, mprof), __name__, restart=args.restart
             )
             central = partial(run_central, data, dataset, model, mprof)
             centrals.append(store.fetch_or_run_table("central", central))

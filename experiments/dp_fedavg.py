@@ -24,16 +24,15 @@ and exact bytes), rounds to a target accuracy, the loss-threshold membership-inf
 advantage of the final global model (training members vs held-out test examples), and the
 clip norm over rounds. Writes CSV/JSON/PNG under ``results/dp_fedavg/`` as it goes and
 prints a summary table; finished runs are kept under ``calls/``, so rerunning the same
-command resumes (``--restart`` runs everything again).
+command resumes (``--restart`` runs everything again).  Options follow the shared contract
+of ``experiments/_cli.py`` (``--seeds N`` runs seeds 0..N-1).
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import math
-import os
 import re
 import time
 from functools import partial
@@ -45,18 +44,22 @@ import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
-import swarmjax
+from experiments import _cli
+from swarmjax.fl.algorithms.client_level_dp_fedavg import (
+    ClientLevelDPFedAvg,
+    default_delta,
+    rounds_to_target,
+    sum_noise_multiplier,
+)
+from swarmjax.fl.client_training import LocalTraining
 from swarmjax.fl.clients import stack_clients
-from swarmjax.fl.data import load_dataset, subsample
-from swarmjax.fl.dp_fedavg import DPFedAvgConfig, rounds_to_target, run_dp_fedavg
+from swarmjax.fl.data import DatasetNotFoundError, load_dataset, subsample
 from swarmjax.fl.partition import dirichlet_partition, iid_partition
+from swarmjax.fl.runtime import simulate
 from swarmjax.models import cross_entropy, mlp, param_count
 from swarmjax.privacy.accounting import sigma_for_epsilon
 from swarmjax.privacy.audit import membership_inference_advantage
-from swarmjax.resume import CallStore
-
-REPO = Path(__file__).resolve().parents[1]
-OUT = REPO / "results" / "dp_fedavg"
+from swarmjax.privacy.sampling import poisson_capacity
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,17 +107,10 @@ PROFILES = {
 }
 
 MODEL_HIDDEN = (32,)  # 784-32-10, d = 25,450: small d keeps the noise norm sigma C sqrt(d) low
-LOCAL = dict(local_epochs=1, batch_size=10)
+LOCAL = LocalTraining(epochs=1, batch_size=10, optimizer="sgd")
 CLIENT_LR, SERVER_LR, SERVER_MOMENTUM = 0.05, 1.0, 0.9
 DIRICHLET_ALPHA = 0.5
 INITIAL_CLIP, TARGET_QUANTILE, CLIP_LR = 0.1, 0.5, 0.2
-
-
-def find_data_dir(given: str | None) -> Path:
-    for cand in (given, os.environ.get("SWARMJAX_DATA"), REPO.parent / "shared" / "data"):
-        if cand and Path(cand).is_dir():
-            return Path(cand)
-    raise SystemExit("no data directory: pass --data-dir or set SWARMJAX_DATA")
 
 
 def make_clients(data, scheme: str, num_clients: int):
@@ -144,7 +140,8 @@ def mia_advantage(model, params, data, n: int, seed: int) -> float:
 
 
 def methods(profile: Profile, z: float) -> list[tuple[str, dict]]:
-    """(name, run_dp_fedavg kwargs) of the compared methods at multiplier z."""
+    """(name, settings) of the compared methods at multiplier z: ``clipping`` (static) and
+    the keyword arguments of ``ClientLevelDPFedAvg.variants``."""
     out = [
         (
             "adaptive",
@@ -167,16 +164,23 @@ def methods(profile: Profile, z: float) -> list[tuple[str, dict]]:
 def run_one(config, clients, test, data, profile, method: str, kwargs: dict, eps_target: float):
     """One method at one epsilon, all seeds in one call: (per-round history, summary row)."""
     t0 = time.perf_counter()
-    res = run_dp_fedavg(
-        config,
+    kwargs = dict(kwargs)
+    alg = dataclasses.replace(config, clipping=kwargs.pop("clipping"))
+    variants = alg.variants(
         clients,
-        test,
-        rounds=profile.rounds,
         sample_rate=profile.sample_rate,
         client_lr=CLIENT_LR,
         server_lr=SERVER_LR,
-        seeds=list(profile.seeds),
         **kwargs,
+    )
+    res = simulate(
+        alg,
+        clients,
+        test,
+        variants=variants,
+        seeds=list(profile.seeds),
+        rounds=profile.rounds,
+        delta=default_delta(clients.num_clients),
     )
     seconds = time.perf_counter() - t0
     h = res.history
@@ -185,29 +189,31 @@ def run_one(config, clients, test, data, profile, method: str, kwargs: dict, eps
     mias = [
         mia_advantage(
             config.model,
-            jax.tree.map(lambda a, i=i: a[i], res.state.params),
+            jax.tree.map(lambda a, i=i: a[i], res.server.params),
             data,
             profile.mia_examples,
             seed,
         )
-        for i, seed in enumerate(res.seeds)
+        for i, seed in enumerate(res.runs["seed"])
     ]
+    z = float(variants.hyper.noise_multiplier[0])
+    count_noise = float(variants.hyper.count_noise[0])
+    adaptive = alg.clipping == "adaptive"
     row = {
         "method": method,
         "epsilon_target": eps_target,
-        "epsilon": float(last["epsilon"].iloc[0]),
+        "epsilon": float(last["epsilon_max"].iloc[0]),
         "delta": res.privacy.delta,
-        "noise_multiplier": res.privacy.noise_multiplier,
-        "sum_noise": res.privacy.sum_noise,
-        "count_noise": res.privacy.count_noise,
+        "noise_multiplier": z,
+        "sum_noise": float(sum_noise_multiplier(z, count_noise)) if adaptive else z,
+        "count_noise": count_noise,
         "accuracy": float(last["test_accuracy"].mean()),
         "accuracy_std": float(last["test_accuracy"].std(ddof=0)),
         "test_loss": float(last["test_loss"].mean()),
         "final_clip": float(last["clip_norm"].mean()),
-        "fraction_clipped": float(h["fraction_clipped"].mean()),
         "rounds_to_target": float(reach.mean()) if reach.notna().all() else math.nan,
         "seeds_reaching_target": int(reach.notna().sum()),
-        "bits_volume": float(last["bits_volume"].mean()),
+        "bits_volume": float(last["cum_bytes_up"].mean()) * 8,
         "mb_up": float(last["cum_bytes_up"].mean()) / 1e6,
         "mia_advantage": float(np.mean(mias)),
         "mia_advantage_std": float(np.std(mias)),
@@ -251,10 +257,6 @@ def plot(summary: pd.DataFrame, history: pd.DataFrame, out: Path) -> None:
         sub = sub[(sub.epsilon_target == eps_show) & (sub.seed == sub.seed.min())]
         for method, g in sub.groupby("method"):
             ax.plot(g["round"], g["clip_norm"], label=f"{method} C_t")
-            if method == "adaptive":
-                ax.plot(
-                    g["round"], g["median_update_norm"], ":", label="median ||Delta|| (adaptive)"
-                )
         ax.set(
             yscale="log", xlabel="round", ylabel="clip norm", title=f"{ds} {part}, eps={eps_show:g}"
         )
@@ -269,31 +271,22 @@ def _call_settings(meta: dict) -> dict:
     grid = ("datasets", "partitions", "epsilons")
     profile = {k: v for k, v in meta["profile"].items() if k not in grid}
     rest = {k: v for k, v in meta.items() if k not in ("profile", "noise_multipliers")}
-    return {"swarmjax": swarmjax.__version__, "profile": profile, **rest}
+    return {"profile": profile, **rest}
 
 
-def main(argv: list[str] | None = None) -> pd.DataFrame:
-    parser = argparse.ArgumentParser(
-        prog="python -m experiments.dp_fedavg",
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="Profiles: --quick (CI, < 1 min), default (minutes), --full.",
+def parse_args(argv: list[str] | None = None):
+    parser = _cli.parser(
+        "dp_fedavg",
+        __doc__.split("\n\n")[0],
+        quick="CI smoke run: MNIST subset, 100 clients, 15 rounds (< 1 minute)",
+        full="300 rounds, epsilons 0.5-8, fixed C 0.03-10, 3 seeds (hours)",
+        data="mnist/ and fashion_mnist/ (IDX files)",
+        seeds="quick 1, else 3",
     )
-    mode = parser.add_mutually_exclusive_group()
-    mode.add_argument(
-        "--quick",
-        action="store_true",
-        help="CI smoke run: MNIST subset, 100 clients, 15 rounds (< 1 minute)",
+    parser.add_argument("--rounds", type=_cli.count("--rounds"), help="override the rounds T")
+    parser.add_argument(
+        "--clients", type=_cli.count("--clients"), help="override the number of clients N"
     )
-    mode.add_argument(
-        "--full",
-        action="store_true",
-        help="300 rounds, epsilons 0.5-8, fixed C 0.03-10, 3 seeds (hours)",
-    )
-    parser.add_argument("--data-dir", help="folder with mnist/ and fashion_mnist/ (IDX files)")
-    parser.add_argument("--out", default=str(OUT), help="output folder (default %(default)s)")
-    parser.add_argument("--rounds", type=int, help="override the profile's rounds T")
-    parser.add_argument("--clients", type=int, help="override the number of clients N")
     parser.add_argument(
         "--datasets", nargs="+", choices=("mnist", "fashion_mnist"), help="restrict the datasets"
     )
@@ -306,33 +299,40 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     parser.add_argument(
         "--epsilons",
         nargs="+",
-        type=float,
+        type=_cli.positive_float("--epsilons"),
         help="target client-level epsilons (z found per target)",
     )
-    parser.add_argument(
-        "--seeds", nargs="+", type=int, help="seeds, run together under one vmap (default 0 1 2)"
-    )
-    parser.add_argument(
-        "--restart",
-        action="store_true",
-        help="run every setting again; by default a rerun with the same options and --out "
-        "reuses the runs already finished there (saved under <out>/calls/)",
-    )
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
 
-    profile = PROFILES["quick" if args.quick else "full" if args.full else "default"]
+
+@_cli.entry_point
+def main(argv: list[str] | None = None) -> pd.DataFrame:
+    args = parse_args(argv)
+    profile = PROFILES[_cli.profile_name(args)]
     if args.rounds:
         profile = dataclasses.replace(profile, rounds=args.rounds)
     if args.clients:
         profile = dataclasses.replace(profile, num_clients=args.clients)
-    for field in ("datasets", "partitions", "epsilons", "seeds"):
+    for field in ("datasets", "partitions", "epsilons"):
         if getattr(args, field):
             profile = dataclasses.replace(profile, **{field: tuple(getattr(args, field))})
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    data_dir = find_data_dir(args.data_dir)
+    profile = dataclasses.replace(profile, seeds=tuple(_cli.seeds(args, len(profile.seeds))))
+    data_dir = _cli.data_dir(args.data_dir)
+    loaded = {}
+    for ds in profile.datasets:  # every dataset before any work: a missing one fails now
+        try:
+            loaded[ds] = load_dataset(ds, data_dir, download=False)
+        except DatasetNotFoundError:
+            raise _cli.UserError(f"dataset {ds!r} not found under {str(data_dir)!r}") from None
+    out = _cli.out_dir(args)
     model = mlp(MODEL_HIDDEN, 10, (28, 28, 1))
-    config = DPFedAvgConfig(model, server_momentum=SERVER_MOMENTUM, eval_batch_size=2500, **LOCAL)
+    config = ClientLevelDPFedAvg(
+        model,
+        LOCAL,
+        capacity=poisson_capacity(profile.num_clients, profile.sample_rate),
+        server_momentum=SERVER_MOMENTUM,
+        eval_batch_size=2500,
+    )
     delta = profile.num_clients**-1.1
     zs = {
         e: sigma_for_epsilon(e, profile.sample_rate, profile.rounds, delta)
@@ -363,10 +363,10 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
         "epsilon_covers": "client-level: add/remove one client with all of its data (RDP)",
     }
     (out / "config.json").write_text(json.dumps(meta, indent=2, default=str))
-    store = CallStore(out / "calls", _call_settings(meta), restart=args.restart)
+    store = _cli.call_store(out, _call_settings(meta), __name__, restart=args.restart)
     bar = tqdm(total=n_runs, desc="dp_fedavg runs", unit="run")
     for ds in profile.datasets:
-        data = subsample(load_dataset(ds, data_dir), profile.n_train, profile.n_test, seed=0)
+        data = subsample(loaded[ds], profile.n_train, profile.n_test, seed=0)
         test = (jnp.asarray(data.x_test), jnp.asarray(data.y_test))
         for scheme in profile.partitions:
             clients = make_clients(data, scheme, profile.num_clients)

@@ -36,6 +36,7 @@ import json
 import math
 import os
 import time
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
@@ -43,8 +44,9 @@ import jax
 import numpy as np
 import pandas as pd
 
-import swarmjax
+from experiments import _cli
 from swarmjax.fl import (
+    DATASETS,
     DatasetNotFoundError,
     comm,
     flower_partition,
@@ -52,13 +54,15 @@ from swarmjax.fl import (
     stack_clients,
     subsample,
 )
-from swarmjax.fl.dp_local import sampler_capacity
-from swarmjax.fl.fed_dp_pso import COVERAGE_PAPER, FedDPPSOConfig, run_fed_dp_pso
-from swarmjax.fl.fedavg_dp import run_fedavg_dp
+from swarmjax.fl.algorithms.fed_dp_pso import FedDPPSO
+from swarmjax.fl.algorithms.fedavg import FedAvg
+from swarmjax.fl.client_training import LocalTraining, RecordDP
+from swarmjax.fl.dp_local import DELTA, sampler_capacity
+from swarmjax.fl.protocol import coverage
+from swarmjax.fl.runtime import simulate
 from swarmjax.models import Model, lenet5, mlp, paper_mlp
 from swarmjax.resume import CallStore
 
-OUT = Path("results/fed_dp_pso")
 PAPER = {  # spec 2.5: (mean, std) per (dataset, partition, epsilon)
     "mnist": {
         "dir0.3": [(72.31, 5.78), (74.61, 5.12), (76.24, 3.97), (88.69, 3.53)],
@@ -111,18 +115,21 @@ PRESETS = {
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    mode = p.add_mutually_exclusive_group()
-    mode.add_argument("--quick", action="store_true", help="CI: digits, 2 rounds, 1 seed")
-    mode.add_argument("--full", action="store_true", help="Tables 1-2: full grid, 5 seeds")
+    p = _cli.parser(
+        "fed_dp_pso",
+        __doc__.split("\n\n")[0],
+        quick="CI: digits, 2 rounds, 1 seed",
+        full="Tables 1-2: full grid, 5 seeds",
+        data="mnist/, fashion_mnist/ (IDX), medmnist/pathmnist.npz",
+        seeds="quick 1, default 2, full 5",
+    )
     p.add_argument(
         "--datasets",
         nargs="+",
+        choices=DATASETS,
         default=None,
         help="e.g. mnist (Table 1 only); pathmnist (colour: LeNet-5) when its .npz is found",
     )
-    p.add_argument("--data-dir", default=os.environ.get("SWARMJAX_DATA", "../shared/data"))
-    p.add_argument("--out", default=str(OUT))
     p.add_argument(
         "--epsilons",
         nargs="+",
@@ -130,9 +137,16 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="target epsilons, 'inf' for no DP (--full: 5 8 10 inf; otherwise 5 inf)",
     )
-    p.add_argument("--rounds", type=int, default=None, help="R (default 10; quick 2)")
-    p.add_argument("--seeds", type=int, default=None, help="number of seeds")
-    p.add_argument("--particles", type=int, default=5, help="S, particles per client")
+    p.add_argument("--rounds", type=_cli.count("--rounds"), help="R (default 10; quick 2)")
+    p.add_argument(
+        "--particles", type=_cli.count("--particles"), default=5, help="S, particles per client"
+    )
+    p.add_argument(
+        "--batch-size",
+        type=_cli.count("--batch-size"),
+        default=None,
+        help="B, expected Poisson batch (full 256, else 64)",
+    )
     p.add_argument(
         "--runtime",
         choices=("simulator", "flower"),
@@ -141,11 +155,8 @@ def _parser() -> argparse.ArgumentParser:
         "beside the simulator (experiments/_flower.py)",
     )
     p.add_argument(
-        "--batch-size", type=int, default=None, help="B, expected Poisson batch (full 256, else 64)"
-    )
-    p.add_argument(
         "--lr",
-        type=float,
+        type=_cli.positive_float("--lr"),
         default=None,
         help="eta of (DP-)Adam (default: the paper's, 0.005 for the MLPs, 0.001 for the CNN)",
     )
@@ -168,15 +179,11 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="clients as a vmap axis or one after another (full: sequential, else vmap)",
     )
-    p.add_argument("--n-train", type=int, default=None, help="train subset (0: all rows)")
-    p.add_argument("--eval-subset", type=int, default=None, help="rows/client (0: all)")
-    p.add_argument("--no-fig3", action="store_true", help="skip the FedAvg + DP baseline")
+    p.add_argument("--n-train", type=_cli.count("--n-train", 0), help="train subset (0: all rows)")
     p.add_argument(
-        "--restart",
-        action="store_true",
-        help="run every call again; by default a rerun with the same settings and --out "
-        "reuses the calls already finished there (saved under <out>/calls/)",
+        "--eval-subset", type=_cli.count("--eval-subset", 0), help="rows/client (0: all)"
     )
+    p.add_argument("--no-fig3", action="store_true", help="skip the FedAvg + DP baseline")
     return p
 
 
@@ -188,7 +195,7 @@ def _epsilon(text: str) -> float:
 
 
 def _plan(args: argparse.Namespace) -> dict:
-    plan = dict(PRESETS["quick" if args.quick else "full" if args.full else "default"])
+    plan = dict(PRESETS[_cli.profile_name(args)])
     for k in ("datasets", "rounds", "seeds", "n_train", "eval_subset", "batch_size", "client_map"):
         if getattr(args, k) is not None:
             plan[k] = getattr(args, k)
@@ -210,7 +217,7 @@ def _call_settings(plan: dict) -> dict:
     """What a saved call's result depends on besides its key (dataset, partition, epsilons).
     ``parts`` stays in: with sequential clients all partitions share one padded shape."""
     ignored = ("datasets", "eps", "fig3")
-    return {"swarmjax": swarmjax.__version__} | {k: v for k, v in plan.items() if k not in ignored}
+    return {k: v for k, v in plan.items() if k not in ignored}
 
 
 def _load_train(name: str, n_train: int | None, data_dir, seed: int = 0):
@@ -253,9 +260,42 @@ def _paper(name: str, part: str, eps: float) -> tuple[float, float]:
     return table[EPS_COLS.index(eps)]
 
 
-def _common(plan: dict, lr: float) -> dict:
-    """Runner arguments shared by Fed-DP-PSO and the FedAvg + DP baseline."""
-    return dict(rounds=plan["rounds"], learning_rate=lr, seeds=range(plan["seeds"]))
+def _covers() -> str:
+    """What the paper-mode epsilon covers, from Fed-DP-PSO's message declarations."""
+    covered, uncovered = coverage(FedDPPSO(paper_mlp()).exchanges)
+    return "covers " + "; ".join(covered) + ". NOT covered: " + "; ".join(uncovered)
+
+
+def _run(alg, clients, data, ds, plan: dict, lr: float, eps: list[float], **kw):
+    """One simulator call of ``alg`` for every epsilon of ``eps`` x every seed."""
+    variants = alg.variants(clients, rounds=plan["rounds"], learning_rate=lr, target_epsilon=eps)
+    return simulate(
+        alg,
+        data,
+        (ds.x_test, ds.y_test),
+        variants=variants,
+        seeds=list(range(plan["seeds"])),
+        rounds=plan["rounds"],
+        delta=DELTA,
+        progress=True,
+        **kw,
+    )
+
+
+def _without_dp(alg, eps: list[float]):
+    """``alg`` with plain local training for the ``inf`` target (no clipping, no noise)."""
+    if not math.isinf(eps[0]):
+        return alg
+    return replace(alg, training=replace(alg.training, record_dp=None))
+
+
+def _eps_of(res, eps: float) -> tuple[float, float]:
+    """(largest client epsilon at the end, largest sigma) of the runs at target ``eps``."""
+    rows = res.runs["epsilon_target"].to_numpy() == eps
+    return (
+        float(np.max(res.privacy.final_epsilon[rows])),
+        float(np.max(res.privacy.noise_multiplier[rows])),
+    )
 
 
 def _final(history: pd.DataFrame, rounds: int) -> pd.DataFrame:
@@ -276,14 +316,17 @@ def _dp_pso_call(name: str, part: str, group: list, cfg, clients, ds, plan: dict
     """One compiled Fed-DP-PSO call (every epsilon of ``group`` x every seed): the per-round
     history and one results-table row per epsilon."""
     t0 = time.perf_counter()
-    res = run_fed_dp_pso(
-        cfg,
+    alg = _without_dp(cfg, group)
+    res = _run(
+        alg,
         clients,
-        (ds.x_test, ds.y_test),
-        target_epsilon=group,
+        alg.client_data(clients),
+        ds,
+        plan,
+        lr,
+        group,
+        client_map=plan["client_map"],
         rounds_per_call=1,
-        progress=True,
-        **_common(plan, lr),
     )
     took = time.perf_counter() - t0
     h = res.history.assign(dataset=name, partition=part, method="fed_dp_pso")
@@ -291,7 +334,7 @@ def _dp_pso_call(name: str, part: str, group: list, cfg, clients, ds, plan: dict
     for eps, g in _final(h, plan["rounds"]).groupby("epsilon_target"):
         mean, std = _summary(g["test_accuracy"])
         pm, ps = _paper(name, part, eps)
-        eps_max = float(np.max(res.privacy_by_epsilon[eps]["epsilon"][-1]))
+        eps_max, sigma_max = _eps_of(res, eps)
         rows.append(
             dict(
                 dataset=name,
@@ -305,7 +348,7 @@ def _dp_pso_call(name: str, part: str, group: list, cfg, clients, ds, plan: dict
                 meets_paper=bool(mean >= pm - ps) if pm == pm else None,
                 epsilon_max=eps_max,
                 epsilon_ok=bool(eps_max <= eps),
-                sigma_max=float(max(res.privacy_by_epsilon[eps]["sigma"])),
+                sigma_max=sigma_max,
                 client_sizes=" ".join(map(str, np.asarray(clients.sizes).tolist())),
                 model=cfg.model.name,
                 lr=lr,
@@ -334,16 +377,20 @@ def _run_dataset(
     pad_to, capacity = _shared_shapes(sizes, bs) if sequential else (None, None)
     for part, p in parts.items():
         clients = stack_clients(ds.x_train, ds.y_train, p.indices, pad_to=pad_to)
-        cfg = FedDPPSOConfig(
+        cap = capacity or sampler_capacity(p.sizes, bs)
+        cfg = FedDPPSO(
             model=model,
+            training=LocalTraining(
+                batch_size=bs,
+                optimizer="adamw",
+                weight_decay=1e-4,
+                record_dp=RecordDP(clip_norm=1.0, capacity=cap),
+            ),
             particles=plan["particles"],
-            batch_size=bs,
             eval_batch_size=2000,
             eval_subset=plan["eval_subset"],
             refine_start=plan["refine_start"],
             selection_metric=plan["selection_metric"],
-            client_map=plan["client_map"],
-            capacity=capacity,
         )
         for group in groups:
             key = f"{name}_{part}_eps" + "-".join(f"{e:g}" for e in group)
@@ -364,16 +411,13 @@ def _fig3(name: str, stand_in, plan: dict, cells: list, out: Path) -> list[dict]
     ds, clients, model, bs, lr, store = stand_in
 
     def baseline(eps: float) -> tuple[pd.DataFrame, dict]:
-        base = run_fedavg_dp(
-            model,
-            clients,
-            (ds.x_test, ds.y_test),
-            target_epsilon=eps,
-            batch_size=bs,
-            progress=True,
-            **_common(plan, lr),
+        record_dp = RecordDP.for_sizes(clients.sizes, bs)
+        alg = _without_dp(
+            FedAvg(model, LocalTraining(batch_size=bs, optimizer="adam", record_dp=record_dp)),
+            [eps],
         )
-        return base.history, {"epsilon_max": float(np.max(base.privacy["epsilon"][-1]))}
+        base = _run(alg, clients, clients, ds, plan, lr, [eps])
+        return base.history, {"epsilon_max": _eps_of(base, eps)[0]}
 
     rows = []
     for eps in plan["eps"]:
@@ -455,24 +499,42 @@ def _comm(models: dict) -> list[dict]:
     return rows
 
 
+def flower_config(args: argparse.Namespace) -> dict:
+    """``--runtime flower``: the run config of Fed-DP-PSO on digits at the first
+    ``--epsilons`` (default 8), checked before any process starts."""
+    if args.datasets not in (None, ["digits"]):
+        raise _cli.UserError("--runtime flower runs the digits task: drop --datasets")
+    eps = (args.epsilons or [8.0])[0]
+    if not math.isfinite(eps):
+        raise _cli.UserError("--runtime flower runs Fed-DP-PSO with DP: give a finite --epsilons")
+    rounds = args.rounds or (2 if args.quick else 10)
+    particles = 2 if args.quick else args.particles
+    return {
+        "algorithm": "fed-dp-pso",
+        "rounds": rounds,
+        "particles": particles,
+        "target-epsilon": eps,
+    }
+
+
+_BUILT_IN = ("digits", "breast_cancer")  # shipped with scikit-learn: no data folder needed
+
+
+@_cli.entry_point
 def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
-    if args.runtime == "flower":  # needs the flower extra; digits, the first --epsilons
+    if args.runtime == "flower":  # needs the flower extra
         from experiments._flower import run_over_flower
 
-        eps = (args.epsilons or [8.0])[0]
-        if not math.isfinite(eps):
-            raise SystemExit("--runtime flower runs Fed-DP-PSO with DP: give a finite --epsilons")
-        rounds = args.rounds or (2 if args.quick else 10)
-        particles = 2 if args.quick else args.particles
-        config = {"algorithm": "fed-dp-pso", "rounds": rounds, "particles": particles}
-        run_over_flower(config | {"target-epsilon": eps}, Path(args.out))
+        run_over_flower(flower_config(args), _cli.out_dir(args))
         return
     plan = _plan(args)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    print(f"Privacy: {COVERAGE_PAPER}.\n{_header(plan)}\nload at start: {_load()}", flush=True)
-    store = CallStore(out / "calls", _call_settings(plan), restart=args.restart)
+    wants_files = any(d not in _BUILT_IN for d in plan["datasets"]) or args.full
+    if wants_files or args.data_dir is not None:
+        args.data_dir = _cli.data_dir(args.data_dir)
+    out = _cli.out_dir(args)
+    print(f"Privacy: {_covers()}.\n{_header(plan)}\nload at start: {_load()}", flush=True)
+    store = _cli.call_store(out, _call_settings(plan), __name__, restart=args.restart)
     stores = [store]
     cells, rounds_rows, fig3, walls = [], [], [], {}
     load_start = _load()
@@ -485,7 +547,7 @@ def main(argv: list[str] | None = None) -> None:
     t0 = time.perf_counter()
     if plan["fig3"] and FIG3 not in fig3_inputs and args.full:
         iid = {**plan, "parts": ["iid"]}  # own settings: the partitions fix the padded shape
-        iid_store = CallStore(out / "calls", _call_settings(iid), restart=args.restart)
+        iid_store = _cli.call_store(out, _call_settings(iid), __name__, restart=args.restart)
         try:  # the paper's Fig. 3 dataset, IID only, when its files are found
             _, fig3_inputs[FIG3], models[FIG3] = _run_dataset(
                 FIG3, iid, args, out, iid_store, cells, rounds_rows
@@ -511,7 +573,7 @@ def main(argv: list[str] | None = None) -> None:
     summary = dict(
         plan=plan,
         header=_header(plan),
-        privacy_covers=COVERAGE_PAPER,
+        privacy_covers=_covers(),
         fig3_dataset=fig3_name if fig3 else None,
         fig3_stand_in=bool(fig3) and fig3_name != FIG3,
         models={name: model.name for name, model in models.items()},

@@ -2,13 +2,21 @@
 
     python -m experiments.paaso --quick     # CI smoke run, under a minute
     python -m experiments.paaso             # a meaningful slice, minutes on a 2-core CPU
-    python -m experiments.paaso --full      # the paper's whole grid (meant for a GPU)
+    python -m experiments.paaso --full      # the paper's whole grid
+    python -m experiments.paaso --coordinator HOST:PORT --num-processes N --process-id I
+                                            # one of N processes (jax.distributed), e.g.
+                                            # one per host; README: multi-host recipe
 
-Writes ``results/paaso/`` (or ``--out``): one resumable sweep folder per figure, a CSV of
+Writes ``results/paaso/`` (or ``--out``): one resumable sweep folder per figure (under
+``calls/<code fingerprint>/``, so changed code never resumes a stale sweep), a CSV of
 mean/std objective per iteration for every curve (``figN.csv``), the figures
 (``figN.png``), ``summary.csv``/``summary.json`` (final objective, mean +/- std over runs,
 of the best configuration per strategy and function, with the epsilon spent) and prints
-that table.  Rerunning with the same options resumes unfinished sweeps.
+that table.  Rerunning with the same options resumes unfinished sweeps (``--restart``
+recomputes them).  Options follow ``experiments/_cli.py``; ``--runs`` (not ``--seeds``)
+counts the independent runs per configuration.  Then it prints the time spent: wall,
+kernels, compilations (also ``timing.json``).  Sweeps resume under any ``--memory-gb`` /
+``--cpu-devices`` / process count.
 """
 
 from __future__ import annotations
@@ -16,8 +24,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
-from pathlib import Path
+import time
+
+from experiments import _cli
+from swarmjax.resume import code_fingerprint
 
 PAPER_W = [0.005, 0.001, 0.05, 0.1, 0.2, 0.4]
 PAPER_PHI = [0.01, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0]
@@ -70,23 +82,21 @@ def fig2_setting(reading: str) -> dict[str, float]:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog="python -m experiments.paaso",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    p = _cli.parser(
+        "paaso",
+        __doc__,
+        quick="tiny CI run (f4 only, 5 runs, 100 iterations, a 2x2x2 search grid)",
+        full="the paper's full grid (GPU advised)",
     )
-    mode = p.add_mutually_exclusive_group()
-    mode.add_argument(
-        "--quick",
-        action="store_true",
-        help="tiny CI run (f4 only, 5 runs, 100 iterations, a 2x2x2 search grid)",
+    count = _cli.count
+    p.add_argument("--runs", type=count("--runs"), help="independent runs per configuration")
+    p.add_argument("--iterations", type=count("--iterations"), help="iterations per run")
+    p.add_argument(
+        "--agents", type=count("--agents"), default=50, help="agents for Figs. 2-4, 6 (paper: 50)"
     )
-    mode.add_argument("--full", action="store_true", help="the paper's full grid (GPU advised)")
-    p.add_argument("--out", type=Path, default=Path("results/paaso"), help="output folder")
-    p.add_argument("--runs", type=int, help="independent runs per configuration (paper: 20)")
-    p.add_argument("--iterations", type=int, help="iterations per run (paper: up to 1000)")
-    p.add_argument("--agents", type=int, default=50, help="agents for Figs. 2-4, 6 (paper: 50)")
-    p.add_argument("--k-alpha", type=int, default=8, help="voting directions (paper: 8)")
+    p.add_argument(
+        "--k-alpha", type=count("--k-alpha"), default=8, help="voting directions (paper: 8)"
+    )
     p.add_argument(
         "--fl-rule",
         choices=["direction", "cognitive"],
@@ -107,20 +117,28 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "readings_agents.csv, readings_fl_step.csv; minutes)",
     )
     p.add_argument(
-        "--memory-gb", type=float, default=1.0, help="device memory per chunk, GiB (default 1)"
+        "--memory-gb",
+        type=_cli.positive_float("--memory-gb"),
+        default=1.0,
+        help="device memory per chunk, GiB (default 1)",
     )
     p.add_argument(
         "--cpu-devices",
-        type=int,
+        type=count("--cpu-devices"),
         default=min(os.cpu_count() or 1, 8),
         help="split the CPU into this many XLA devices to use every core (default: all)",
     )
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    dist = p.add_argument_group("several processes (jax.distributed), all three or none")
+    dist.add_argument("--coordinator", help="HOST:PORT of process 0's coordinator service")
+    dist.add_argument("--num-processes", type=count("--num-processes"), help="processes")
+    dist.add_argument("--process-id", type=int, help="this process's index, 0..N-1")
     args = p.parse_args(argv)
-    for name in ("runs", "iterations", "agents", "k_alpha", "cpu_devices"):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            p.error(f"--{name.replace('_', '-')} must be >= 1; got {value}")
+    given = [args.coordinator, args.num_processes, args.process_id]
+    if any(v is not None for v in given) and not all(v is not None for v in given):
+        p.error("give --coordinator, --num-processes and --process-id together")
+    if args.num_processes is not None and not 0 <= args.process_id < args.num_processes:
+        p.error(f"--process-id must be in [0, {args.num_processes}); got {args.process_id}")
     return args
 
 
@@ -132,18 +150,67 @@ def _setup_devices(count: int) -> None:
         os.environ["XLA_FLAGS"] = f"{flags} {flag}".strip()
 
 
+def _timing(wall: float) -> dict[str, float]:
+    """Wall vs kernel time of this call's sweeps (swarmjax.sweep.STATS)."""
+    import jax
+
+    from experiments._paaso_figures import WORK
+    from swarmjax.sweep import STATS
+
+    return {
+        "backend": jax.default_backend(),
+        "devices": jax.device_count(),
+        "processes": jax.process_count(),
+        "wall_s": wall,
+        "kernel_s": STATS.kernel_seconds,
+        "compile_s": STATS.compile_seconds,
+        "compilations": STATS.compilations,
+        "runs_computed": STATS.runs,
+        "runs_total": WORK["runs"],
+        "agent_steps_total": WORK["agent_steps"],
+        "wall_over_kernel": wall / max(STATS.kernel_seconds, 1e-9),
+    }
+
+
+@_cli.entry_point
 def main(argv: list[str] | None = None) -> int:
+    start = time.perf_counter()
     args = parse_args(argv)
     _setup_devices(args.cpu_devices)
+    import jax
+
+    if args.coordinator is not None:
+        jax.distributed.initialize(
+            coordinator_address=args.coordinator,
+            num_processes=args.num_processes,
+            process_id=args.process_id,
+        )
+    from experiments import _paaso_claims, _paaso_figures
     from experiments._paaso_claims import run_claims
     from experiments._paaso_figures import run_all
 
-    profile = "quick" if args.quick else "full" if args.full else "default"
+    args.out = _cli.out_dir(args)
+    module = sys.modules[__name__]
+    args.sweeps = args.out / "calls" / code_fingerprint(module, _paaso_figures, _paaso_claims)
+    if args.restart and jax.process_index() == 0:
+        shutil.rmtree(args.sweeps, ignore_errors=True)
+    profile = _cli.profile_name(args)
     settings = dict(PROFILES[profile])
     settings["runs"] = args.runs or settings["runs"]
     settings["iterations"] = args.iterations or settings["iterations"]
     summary = run_all(args, profile, settings)
     claims = run_claims(args, settings)
+    timing = _timing(time.perf_counter() - start)
+    line = (
+        f"wall {timing['wall_s']:.1f} s, kernels {timing['kernel_s']:.1f} s "
+        f"(wall / kernel = {timing['wall_over_kernel']:.2f}), {timing['compilations']} "
+        f"compilations in {timing['compile_s']:.1f} s; {timing['runs_computed']} runs computed "
+        f"on {timing['backend']} ({timing['devices']} device(s), {timing['processes']} "
+        "process(es))"
+    )
+    if summary is None:  # not process 0: its share is written, process 0 reports
+        print(f"process {jax.process_index()}: {line}")
+        return 0
     if args.readings_study:
         from experiments._paaso_readings import (
             run_agents_study,
@@ -161,6 +228,7 @@ def main(argv: list[str] | None = None) -> int:
             args.out / "readings_fl_step.csv", index=False
         )
     args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "timing.json").write_text(json.dumps(timing, indent=1))
     (args.out / "settings.json").write_text(
         json.dumps(
             {
@@ -178,7 +246,8 @@ def main(argv: list[str] | None = None) -> int:
     print(summary.to_string(index=False))
     print()
     print(claims[["finding", "setting", "holds"]].to_string(index=False))
-    print(f"\nresults in {args.out}/")
+    print(f"\n{line}")
+    print(f"results in {args.out}/")
     return 0
 
 

@@ -14,6 +14,7 @@ Shipped models (seed 000, spec section 2.5):
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -101,15 +102,36 @@ class _LeNet5(nn.Module):
         return x[0] if unbatched else x
 
 
+@dataclass(frozen=True)
+class _FlaxInit:
+    """``key -> params`` of a linen module; compared by value (equal modules, equal inits)."""
+
+    module: nn.Module
+    input_shape: tuple[int, ...]
+
+    def __call__(self, key: PRNGKeyArray) -> PyTree:
+        return self.module.init(key, jnp.zeros((1, *self.input_shape), jnp.float32))
+
+
+@dataclass(frozen=True)
+class _FlaxApply:
+    """``(params, x) -> logits`` of a linen module; compared by value."""
+
+    module: nn.Module
+
+    def __call__(self, params: PyTree, x: Array) -> Array:
+        return self.module.apply(params, x)
+
+
 def from_flax(
     module: nn.Module, input_shape: Sequence[int], num_classes: int, name: str = "flax"
 ) -> Model:
-    """Wrap a Flax linen module (no mutable collections) as a :class:`Model`."""
+    """Wrap a Flax linen module (no mutable collections) as a :class:`Model`; two wraps of
+    equal modules give equal (and equally hashed) models, so they share compilations."""
     shape = tuple(int(s) for s in input_shape)
-    dummy = jnp.zeros((1, *shape), jnp.float32)
     return Model(
-        init=lambda key: module.init(key, dummy),
-        apply=module.apply,
+        init=_FlaxInit(module, shape),
+        apply=_FlaxApply(module),
         num_classes=check_int("num_classes", num_classes, 2),
         input_shape=shape,
         name=name,
@@ -122,15 +144,24 @@ def from_haiku(
     """Wrap a Haiku ``hk.transform``/``hk.without_apply_rng`` pair as a :class:`Model`.
 
     The module must be deterministic (no ``hk.next_rng_key`` in apply) and stateless.
+    Whether ``apply`` takes an ``rng`` argument (``hk.transform``) or not
+    (``hk.without_apply_rng``) is read from its signature once, here; errors raised inside
+    the model reach the caller unchanged.  Haiku itself is not a dependency of swarmjax.
     """
     shape = tuple(int(s) for s in input_shape)
     dummy = jnp.zeros((1, *shape), jnp.float32)
+    try:
+        takes_rng = "rng" in inspect.signature(transformed.apply).parameters
+    except (AttributeError, TypeError, ValueError):
+        raise ValueError(
+            "transformed must be a Haiku hk.transform / hk.without_apply_rng result "
+            f"(with .init and .apply); got {type(transformed).__name__}"
+        ) from None
 
     def apply(params: PyTree, x: Array) -> Array:
-        try:
+        if takes_rng:
             return transformed.apply(params, None, x)
-        except TypeError:  # hk.without_apply_rng: apply(params, x)
-            return transformed.apply(params, x)
+        return transformed.apply(params, x)
 
     return Model(
         init=lambda key: transformed.init(key, dummy),

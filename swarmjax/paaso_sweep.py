@@ -5,6 +5,7 @@ Grid keys: static ``strategy``, ``function``, ``num_agents``, ``k_alpha``, ``ite
 ``speed``, ``vmax_factor``; ``seed``.  ``phi`` sets ``phi_p = phi_g`` (the paper's grid).
 Numerics a strategy ignores (``w_g`` for PSO, ``p_m`` unless PbDRD, ...) are reset to their
 defaults, and ``k_alpha`` to 8 for non-voting strategies, so the grid has no duplicate runs.
+The static ``draw_casts`` is derived: off when ``p_c = 1`` (no casting randomness needed).
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ class PAASOTask:
     """The PAASO family for :func:`swarmjax.sweep.run_sweep`."""
 
     name: str = "paaso"
-    static_keys: tuple[str, ...] = (*_STATIC_DEFAULTS, "tie_phi")
+    static_keys: tuple[str, ...] = (*_STATIC_DEFAULTS, "tie_phi", "draw_casts")
     numeric_defaults: Mapping[str, float] = None  # type: ignore[assignment]
     trajectory_every: int = 1
 
@@ -71,7 +72,7 @@ class PAASOTask:
 
     def config(self, static: Mapping[str, Any]) -> paaso.PAASOConfig:
         kwargs = {k: static.get(k, v) for k, v in _STATIC_DEFAULTS.items()}
-        return paaso.PAASOConfig(**kwargs)
+        return paaso.PAASOConfig(**kwargs, draw_casts=bool(static.get("draw_casts", True)))
 
     def normalise(self, static: dict[str, Any], numeric: dict[str, float]) -> None:
         for k, v in _STATIC_DEFAULTS.items():
@@ -86,6 +87,8 @@ class PAASOTask:
                 numeric[k] = float(_NUMERIC[k])
         if cfg.strategy not in paaso.VOTING:
             static["k_alpha"] = _STATIC_DEFAULTS["k_alpha"]
+        # p_c = 1 needs no casting randomness (derived, never read from the grid)
+        static["draw_casts"] = cfg.strategy in paaso.VOTING and numeric["p_c"] < 1.0
 
     def batched(self, static: Mapping[str, Any]):
         cfg = self.config(static)

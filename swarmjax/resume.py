@@ -8,9 +8,12 @@ and renamed, as soon as it returns; the payload is written last and marks the ca
 A rerun with the same settings loads finished calls instead of running them again, so an
 interrupted experiment loses at most the call in progress.
 
-Settings that change a call's result (hyper-parameters, library version, ...) pick the
-folder, ``root/<settings id>/``: a rerun with other settings never reuses a result made with
-different ones.  Settings must be JSON-serialisable (``str`` is used for anything else).
+Settings that change a call's result (hyper-parameters, ...) and the code that computes it
+pick the folder, ``root/<settings id>/``: a rerun with other settings never reuses a result
+made with different ones, and neither does a rerun after the code changed, because the
+store adds :func:`code_fingerprint` (a hash of every ``.py`` file of the installed
+``swarmjax`` package and of the modules passed as ``code``, e.g. the experiment script) to
+the settings.  Settings must be JSON-serialisable (``str`` is used for anything else).
 """
 
 from __future__ import annotations
@@ -19,14 +22,15 @@ import hashlib
 import json
 import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from types import ModuleType
 from typing import Any, NamedTuple
 
 import numpy as np
 import pandas as pd
 
-__all__ = ["CallStore", "Fetched", "settings_id", "write_atomic"]
+__all__ = ["CallStore", "Fetched", "code_fingerprint", "settings_id", "write_atomic"]
 
 _KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.=+-]*$")
 
@@ -47,6 +51,29 @@ def _plain(value: Any) -> Any:
 
 def _settings_text(settings: Mapping[str, Any]) -> str:
     return json.dumps(dict(settings), sort_keys=True, default=str, indent=1)
+
+
+def _source_hash(paths: tuple[Path, ...]) -> str:
+    digest = hashlib.sha256()
+    for path in paths:
+        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
+
+
+def code_fingerprint(*code: ModuleType | str | os.PathLike[str]) -> str:
+    """A 16-hex-digit hash of the ``swarmjax`` package's source and of ``code``.
+
+    ``code``: extra modules (or source files) whose text a result depends on.  Any edit to
+    any ``.py`` file of the package, or to those, gives another fingerprint.
+    """
+    package = Path(__file__).resolve().parent
+    paths = sorted(package.rglob("*.py"))
+    for item in code:
+        where = getattr(item, "__file__", None) if isinstance(item, ModuleType) else item
+        if where is None:
+            raise ValueError(f"code: {item!r} has no source file to fingerprint")
+        paths.append(Path(where).resolve())
+    return _source_hash(tuple(paths))
 
 
 def settings_id(settings: Mapping[str, Any]) -> str:
@@ -70,6 +97,8 @@ class CallStore:
         settings: everything, besides the call key, that a call's result depends on; saved
             beside the results as ``settings.json``.
         restart: ignore (and overwrite) finished calls instead of reusing them.
+        code: modules (or source files) besides the ``swarmjax`` package whose source the
+            results depend on; their fingerprint joins ``settings`` as ``"code"``.
 
     Attributes:
         folder: where this store reads and writes.
@@ -77,8 +106,16 @@ class CallStore:
     """
 
     def __init__(
-        self, root: str | os.PathLike[str], settings: Mapping[str, Any], *, restart: bool = False
+        self,
+        root: str | os.PathLike[str],
+        settings: Mapping[str, Any],
+        *,
+        restart: bool = False,
+        code: Sequence[ModuleType | str | os.PathLike[str]] = (),
     ) -> None:
+        if "code" in settings:
+            raise ValueError("settings must not have a 'code' key: the store sets it")
+        settings = {**settings, "code": code_fingerprint(*code)}
         self.folder = Path(root) / settings_id(settings)
         self.folder.mkdir(parents=True, exist_ok=True)
         text = _settings_text(settings)

@@ -4,11 +4,20 @@ A *task* says which grid keys change shapes (static: one compiled program per di
 combination, a *group*) and which are numeric (stacked as arrays and vmapped over).  The
 runner expands the grid, groups it, cuts each group into chunks sized to a memory budget,
 pads the last chunk so every chunk of a group has one shape (one compilation per group),
-shards the run axis over all devices when there are several, and writes each finished
-chunk to disk at once (``parts/<chunk>.csv`` plus ``parts/<chunk>.npz`` with per-run
-arrays, written to a temporary name and renamed).  A sweep that is interrupted resumes
-where it stopped: a chunk whose CSV exists is never run again, so rows are neither lost nor
-duplicated.
+shards the run axis over the process's devices when there are several, runs each device's
+share in cache-sized blocks, and writes each finished chunk to disk at once
+(``parts/<chunk>.csv`` plus ``parts/<chunk>.npz`` with per-run arrays, written to a
+temporary name and renamed).
+
+Identity from content: every run has a ``run_id`` (a hash of its group, numeric
+configuration and seed, a column of every row) and a chunk's id hashes its runs' ids.  A
+sweep that is interrupted resumes from the runs already on disk, whatever chunking wrote
+them: the finished ``run_id`` s are removed from the plan before the rest is chunked, so a
+resume under another memory budget or device count ends with every run exactly once.
+
+Several processes (``jax.distributed``): process ``i`` of ``N`` owns the ``i``-th of ``N``
+contiguous slices of every group's runs (a function of the grid only), runs them on its
+own devices and writes into the same folder; the union is the one-process sweep.
 
 Every run's key is ``jax.random.key(seed)`` from its own ``seed`` grid value, so a run's
 result does not depend on what else is in its batch (batch invariance), and runs with the
@@ -22,7 +31,7 @@ import itertools
 import json
 import os
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -38,8 +47,11 @@ from swarmjax._validation import check_int, check_positive
 from swarmjax.resume import write_atomic
 
 __all__ = [
+    "STATS",
     "Chunk",
+    "RunnerStats",
     "SweepTask",
+    "finished_run_ids",
     "load_arrays",
     "load_results",
     "load_trajectories",
@@ -89,6 +101,7 @@ class Chunk:
     numeric: dict[str, np.ndarray]
     seeds: np.ndarray
     padded: int
+    run_ids: tuple[str, ...] = ()
 
     @property
     def size(self) -> int:
@@ -148,21 +161,36 @@ def _expand(task: SweepTask, grid: Mapping[str, Any]) -> list[_Group]:
     return list(groups.values())
 
 
+def _run_id(group_id: str, numeric: Mapping[str, float], seed: int) -> str:
+    """A run's identity: 16 hex digits of a hash of its group, configuration and seed."""
+    text = json.dumps([group_id, numeric, seed], sort_keys=True)
+    return hashlib.sha1(text.encode()).hexdigest()[:16]
+
+
 def plan(
     task: SweepTask,
     grid: Mapping[str, Any],
     *,
     memory_budget: float = 2**30,
     num_devices: int | None = None,
+    done: Set[str] = frozenset(),
+    process_index: int = 0,
+    process_count: int = 1,
 ) -> list[Chunk]:
-    """Expand ``grid`` into chunks (validating every configuration first).
+    """Expand ``grid`` into the chunks still to run (validating every configuration first).
 
     ``grid`` maps each key to a value or a list; ``seed`` lists the run seeds.  Chunks hold
     at most ``memory_budget`` bytes of runs (by ``task.bytes_per_run``), rounded to a
-    multiple of the device count.
+    multiple of the device count (default: this process's devices).  Runs whose id is in
+    ``done`` are left out; with ``process_count > 1`` only this process's slice of every
+    group is planned.
     """
     check_positive("memory_budget", memory_budget)
-    ndev = num_devices or jax.device_count()
+    check_int("process_count", process_count, minimum=1)
+    check_int("process_index", process_index, minimum=0)
+    if process_index >= process_count:
+        raise ValueError(f"process_index must be < process_count; got {process_index}")
+    ndev = num_devices or jax.local_device_count()
     chunks = []
     for group in _expand(task, grid):
         gid = _group_id(group.static)
@@ -171,20 +199,27 @@ def plan(
         size = max(1, min(total, int(memory_budget // per_run)))
         size = -(-size // ndev) * ndev
         padded = _bucket(size, ndev)
-        for index, start in enumerate(range(0, total, size)):
-            stop = min(start + size, total)
+        lo = total * process_index // process_count
+        hi = total * (process_index + 1) // process_count
+        ids = [_run_id(gid, group.configs[j], group.seeds[j]) for j in range(lo, hi)]
+        todo = [j for j, rid in zip(range(lo, hi), ids, strict=True) if rid not in done]
+        for start in range(0, len(todo), size):
+            members = todo[start : start + size]
+            run_ids = tuple(ids[j - lo] for j in members)
+            digest = hashlib.sha1("".join(run_ids).encode()).hexdigest()[:12]
             numeric = {
-                k: np.asarray([c[k] for c in group.configs[start:stop]], np.float32)
+                k: np.asarray([group.configs[j][k] for j in members], np.float32)
                 for k in task.numeric_defaults
             }
             chunks.append(
                 Chunk(
-                    chunk_id=f"{gid}-{index:05d}",
+                    chunk_id=f"{gid}-{digest}",
                     group_id=gid,
                     static=group.static,
                     numeric=numeric,
-                    seeds=np.asarray(group.seeds[start:stop], np.int64),
+                    seeds=np.asarray([group.seeds[j] for j in members], np.int64),
                     padded=padded,
+                    run_ids=run_ids,
                 )
             )
     return chunks
@@ -208,16 +243,58 @@ def _pad(values: np.ndarray, size: int) -> np.ndarray:
 
 
 # Jitted group functions, kept per task object so that a resumed sweep in the same process
-# reuses what is compiled: {(id(task), group_id): (task, fn)} (the task is held to pin its id).
-_JITTED: dict[tuple[int, str], tuple[SweepTask, Callable[..., Any]]] = {}
+# reuses what is compiled: {(id(task), group_id, padded): (task, fn)} (the task is held to
+# pin its id).
+_JITTED: dict[tuple[int, str, int], tuple[SweepTask, Callable[..., Any]]] = {}
+
+BLOCK = 512
+"""Runs per device per block: beyond ~1,000 vmapped runs the working set leaves the CPU
+caches (benchmarks/RESULTS.md), so a device's share of a chunk runs in blocks of this many
+under ``lax.map``."""
+
+
+@dataclass
+class RunnerStats:
+    """What :func:`run_sweep` calls in this process spent: ``compilations`` and
+    ``compile_seconds`` (tracing, lowering, XLA compilation of each group function),
+    ``kernel_seconds`` (running compiled chunks until their outputs are on the host) and
+    ``runs`` (runs computed, padding excluded)."""
+
+    compilations: int = 0
+    compile_seconds: float = 0.0
+    kernel_seconds: float = 0.0
+    runs: int = 0
+
+
+STATS = RunnerStats()
+
+
+def _blocked(fn: Callable[..., Any], ndev: int, padded: int) -> Callable[..., Any]:
+    """``fn`` over ``padded`` runs as ``ndev`` device rows of cache-sized blocks."""
+    per_device = padded // ndev
+    if padded % ndev or per_device <= BLOCK or per_device % BLOCK:
+        return fn
+
+    def blocks(numeric: dict[str, jax.Array], seeds: jax.Array) -> dict[str, jax.Array]:
+        def split(x):
+            return x.reshape(ndev, per_device // BLOCK, BLOCK, *x.shape[1:])
+
+        def device_row(args):
+            return jax.lax.map(lambda a: fn(*a), args)
+
+        out = jax.vmap(device_row)(jax.tree_util.tree_map(split, (numeric, seeds)))
+        return jax.tree_util.tree_map(lambda y: y.reshape(padded, *y.shape[3:]), out)
+
+    return blocks
 
 
 class _Compiled:
-    """One jitted, optionally sharded, function per group (compiled once per shape)."""
+    """One jitted function per group, sharded over this process's devices."""
 
     def __init__(self, task: SweepTask) -> None:
         self.task = task
-        devices = jax.devices()
+        devices = jax.local_devices()
+        self.ndev = len(devices)
         self.sharding = (
             NamedSharding(Mesh(np.asarray(devices), ("runs",)), PartitionSpec("runs"))
             if len(devices) > 1
@@ -225,20 +302,59 @@ class _Compiled:
         )
 
     def __call__(self, chunk: Chunk) -> Outputs:
-        key = (id(self.task), chunk.group_id)
-        if key not in _JITTED:
-            _JITTED[key] = (self.task, jax.jit(self.task.batched(chunk.static)))
+        key = (id(self.task), chunk.group_id, chunk.padded)
+        fresh = key not in _JITTED
+        if fresh:
+            fn = _blocked(self.task.batched(chunk.static), self.ndev, chunk.padded)
+            _JITTED[key] = (self.task, jax.jit(fn))
         fn = _JITTED[key][1]
         numeric = {k: _pad(v, chunk.padded) for k, v in chunk.numeric.items()}
         seeds = _pad(chunk.seeds, chunk.padded).astype(np.uint32)
         args = ({k: jnp.asarray(v) for k, v in numeric.items()}, jnp.asarray(seeds))
         if self.sharding is not None:
             args = jax.device_put(args, self.sharding)
+        if fresh:
+            start = time.perf_counter()
+            compiled = fn.lower(*args).compile()
+            STATS.compilations += 1
+            STATS.compile_seconds += time.perf_counter() - start
+            _JITTED[key] = (self.task, compiled)
+            fn = compiled
+        start = time.perf_counter()
         out = jax.device_get(fn(*args))
+        STATS.kernel_seconds += time.perf_counter() - start
+        STATS.runs += chunk.size
         return {k: np.asarray(v)[: chunk.size] for k, v in out.items()}
 
 
-def _check_manifest(out_dir: Path, task: SweepTask, grid: Mapping[str, Any]) -> None:
+def _barrier(name: str) -> None:
+    """Wait for every process of a ``jax.distributed`` job (no-op in one process)."""
+    if jax.process_count() == 1:
+        return
+    from jax._src import distributed  # the runtime's own barrier, no device collective
+
+    distributed.global_state.client.wait_at_barrier(name, 3_600_000)
+
+
+def finished_run_ids(out_dir: str | os.PathLike[str]) -> set[str]:
+    """``run_id`` of every run written to ``out_dir/parts/`` so far."""
+    done: set[str] = set()
+    for path in _part_files(Path(out_dir), ".csv"):
+        column = pd.read_csv(path, usecols=lambda c: c == "run_id", dtype=str)
+        if "run_id" not in column:
+            raise ValueError(
+                f"{str(path)!r} has no run_id column (written by an older swarmjax); "
+                "resume it with that version or start a new out_dir"
+            )
+        done.update(column["run_id"])
+    return done
+
+
+def _check_manifest(
+    out_dir: Path, task: SweepTask, grid: Mapping[str, Any], *, write: bool = True
+) -> None:
+    """Refuse a folder that holds another grid's sweep; record this grid (chunking is not
+    recorded: runs are identified by content, so any chunking may resume)."""
     manifest = {"task": task.name, "grid": {k: _as_list(k, v) for k, v in grid.items()}}
     text = json.dumps(manifest, sort_keys=True, default=str, indent=1)
     path = out_dir / "sweep.json"
@@ -247,7 +363,8 @@ def _check_manifest(out_dir: Path, task: SweepTask, grid: Mapping[str, Any]) -> 
             f"out_dir {str(out_dir)!r} holds results of a different sweep; "
             "choose another directory or delete it"
         )
-    write_atomic(path, lambda p: p.write_text(text))
+    if write:
+        write_atomic(path, lambda p: p.write_text(text))
 
 
 def run_sweep(
@@ -262,36 +379,55 @@ def run_sweep(
     """Run (or resume) a sweep, writing each chunk to ``out_dir/parts/`` as it finishes.
 
     ``max_chunks`` stops after that many newly run chunks (a time box; rerun to continue).
+    Under ``jax.distributed`` every process calls this with the same arguments and runs its
+    share (see the module docstring); all return once every process is done.
     Returns every row finished so far (this call's and earlier calls').
     """
     out = Path(out_dir)
-    chunks = plan(task, grid, memory_budget=memory_budget)
+    rank, processes = jax.process_index(), jax.process_count()
+    _expand(task, grid)  # validate before touching the folder
     parts = out / "parts"
-    parts.mkdir(parents=True, exist_ok=True)
-    _check_manifest(out, task, grid)
-    todo = [c for c in chunks if not (parts / f"{c.chunk_id}.csv").exists()]
-    done_runs = sum(c.size for c in chunks) - sum(c.size for c in todo)
+    if rank == 0:
+        parts.mkdir(parents=True, exist_ok=True)
+        _check_manifest(out, task, grid)
+    _barrier(f"sweep-start:{out}")
+    if rank != 0:
+        _check_manifest(out, task, grid, write=False)
+    done = finished_run_ids(out)
+    chunks = plan(
+        task,
+        grid,
+        memory_budget=memory_budget,
+        done=done,
+        process_index=rank,
+        process_count=processes,
+    )
+    todo = chunks[:max_chunks] if max_chunks is not None else chunks
     compiled = _Compiled(task)
     bar = tqdm(
         total=sum(c.size for c in chunks),
-        initial=done_runs,
         unit="run",
         disable=not progress,
-        desc=task.name,
+        desc=task.name if processes == 1 else f"{task.name} [{rank}/{processes}]",
     )
     start = time.perf_counter()
     ran = 0
-    for chunk in todo[:max_chunks] if max_chunks is not None else todo:
+    for chunk in todo:
         outputs = compiled(chunk)
         rows = task.rows(chunk.static, chunk.numeric, chunk.seeds, outputs)
+        rows.insert(0, "run_id", list(chunk.run_ids))
         rows.insert(0, "chunk", chunk.chunk_id)
         arrays = task.arrays(outputs)
         write_atomic(parts / f"{chunk.chunk_id}.npz", lambda p, a=arrays: _save_npz(p, a))
         write_atomic(parts / f"{chunk.chunk_id}.csv", lambda p, r=rows: r.to_csv(p, index=False))
         ran += chunk.size
         bar.update(chunk.size)
-        bar.set_postfix(runs_per_s=f"{ran / (time.perf_counter() - start):.1f}")
+        bar.set_postfix(
+            runs_per_s=f"{ran / (time.perf_counter() - start):.1f}",
+            compiles=f"{STATS.compilations} ({STATS.compile_seconds:.1f} s)",
+        )
     bar.close()
+    _barrier(f"sweep-end:{out}")
     return load_results(out)
 
 

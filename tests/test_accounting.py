@@ -165,3 +165,18 @@ def test_convergence_warnings_dropped_and_only_those(caplog) -> None:
     assert "another warning" in messages
     assert not logging.getLogger("absl").filters
     assert math.isfinite(eps)
+
+
+def test_accountant_delta_covers_sampler_overflow():
+    q, sigma, steps, delta = 0.01, 1.1, 1000, 1e-5
+    exact = acc.epsilon(q, sigma, steps, delta)
+    running = acc.PrivacyAccountant()
+    running.step(q, sigma, count=steps, overflow_prob=1e-12)
+    eps = running.epsilon(delta)
+    assert eps > exact
+    # the exact-Poisson mechanism at the remaining delta is within eps: (eps, delta) in total
+    rest = delta - steps * 1e-12 * (1 + math.exp(eps))
+    assert acc.epsilon(q, sigma, steps, rest) <= eps
+    assert acc.epsilon(q, sigma, steps, delta, overflow_prob=1e-12) == eps
+    # an overflow term as large as delta leaves nothing: no finite epsilon
+    assert acc.epsilon(q, sigma, steps, delta, overflow_prob=1e-8) == math.inf

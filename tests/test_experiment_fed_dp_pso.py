@@ -34,7 +34,7 @@ def _check_resume(out, options, monkeypatch, capsys) -> None:
     def must_not_run(*args, **kwargs):
         raise RuntimeError("Fed-DP-PSO ran again")
 
-    monkeypatch.setattr(fed_dp_pso, "run_fed_dp_pso", must_not_run)
+    monkeypatch.setattr(fed_dp_pso, "simulate", must_not_run)
     capsys.readouterr()
     fed_dp_pso.main(["--quick", *options, "--out", str(out)])
     assert "resumed from disk" in capsys.readouterr().out

@@ -12,6 +12,7 @@ import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pandas as pd
 import pytest
 
 from swarmjax.fl.algorithms.client_level_dp_fedavg import (
@@ -102,13 +103,23 @@ def _run(alg, kwargs, clients, test, **extra):
     )
 
 
+class _Runs(dict):
+    """Each algorithm's run, computed on first use (so a ``-k`` selection compiles only what
+    it needs)."""
+
+    def __init__(self, clients, test):
+        super().__init__()
+        self.clients, self.test = clients, test
+
+    def __missing__(self, name: str):
+        alg, kwargs = _algorithms(self.clients)[name]
+        self[name] = _run(alg, kwargs, self.clients, self.test, diagnostics=True)
+        return self[name]
+
+
 @pytest.fixture(scope="module")
 def results(setup):
-    clients, test = setup
-    return {
-        name: _run(alg, kwargs, clients, test, diagnostics=True)
-        for name, (alg, kwargs) in _algorithms(clients).items()
-    }
+    return _Runs(*setup)
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -172,9 +183,6 @@ def test_released_outputs_hold_only_message_derived_and_public_values(setup, res
     for k, v in last.items():
         if np.ndim(v) == 0:
             np.testing.assert_allclose(row[k], np.asarray(v), rtol=1e-6)
-    quiet = _run(alg, kwargs, clients, test) if name == "fedavg" else None
-    if quiet is not None:
-        assert quiet.private_diagnostics == {}
     for forbidden in ("train_loss", "participants", "fraction_clipped", "median_update_norm"):
         assert forbidden not in released
 
@@ -200,7 +208,8 @@ def test_fed_dp_pso_uploads_one_model_and_counts_one_observation_per_round(resul
 def test_client_level_dp_fedavg_releases_expected_not_realised_participants(setup, results):
     res = results["client_level_dp_fedavg"]
     expected = np.float32(0.7) * N
-    np.testing.assert_allclose(res.history["bytes_down"], expected * BYTES, rtol=1e-6)
+    request = BYTES + 4  # the model and the clip norm C_t (float32)
+    np.testing.assert_allclose(res.history["bytes_down"], expected * request, rtol=1e-6)
     assert "selected" in res.private_diagnostics  # realised counts: diagnostics only
 
 
@@ -280,7 +289,7 @@ def test_keys_are_fold_in_only_and_distinct_per_party():
     )
 
 
-def test_variants_draw_independent_noise_unless_common_random_numbers(setup):
+def test_variants_draw_independent_noise_unless_common_random_numbers(setup, results):
     """Two target epsilons with the same seed: different keys (independent noise); a run's
     numbers do not depend on the rest of its batch; common random numbers share keys."""
     clients, test = setup
@@ -289,46 +298,28 @@ def test_variants_draw_independent_noise_unless_common_random_numbers(setup):
     assert not np.array_equal(keys[0], keys[1])
     crn = jax.random.key_data(sim.run_keys([0], labels, True))
     np.testing.assert_array_equal(crn[0], crn[1])
-    alg = FedAvg(MODEL, _dp_training(clients))
-    both = simulate(
-        alg,
-        clients,
-        test,
-        seeds=[0],
-        rounds=1,
-        delta=1e-5,
-        variants=alg.variants(clients, rounds=1, learning_rate=0.01, target_epsilon=[1.0, 8.0]),
-    )
-    alone = simulate(
-        alg,
-        clients,
-        test,
-        seeds=[0],
-        rounds=1,
-        delta=1e-5,
-        variants=alg.variants(clients, rounds=1, learning_rate=0.01, target_epsilon=8.0),
-    )
-    np.testing.assert_array_equal(
-        both.history["test_loss"].to_numpy()[1:], alone.history["test_loss"].to_numpy()
-    )
+    alg, kwargs = _algorithms(clients)["fedavg_record_dp"]
+    both = _run(alg, {**kwargs, "target_epsilon": [1.0, 8.0]}, clients, test)
+    alone = results["fedavg_record_dp"].history  # target 8 only, same seeds
+    at8 = both.history[both.history["epsilon_target"] == 8.0].reset_index(drop=True)
+    np.testing.assert_array_equal(at8["test_loss"], alone["test_loss"])
+    at1 = both.history[both.history["epsilon_target"] == 1.0]
+    assert not np.array_equal(at1["test_loss"], alone["test_loss"])
 
 
-def test_equal_algorithms_compile_once(setup):
+def test_equal_algorithms_compile_once(setup, results):
+    """An algorithm equal to one already run (built anew) reuses its compiled rounds;
+    private diagnostics stay empty unless asked for."""
     clients, test = setup
-    kwargs = {"rounds": 1, "learning_rate": 0.3}
+    alg, kwargs = _algorithms(clients)["fedavg"]
+    first = results["fedavg"]  # compiled here (the fixture is lazy)
     before = sim.run_rounds._cache_size()
-    for _ in range(2):
-        alg = FedAvg(mlp((8,), 10, (8, 8, 1)), LocalTraining(batch_size=32))
-        simulate(
-            alg,
-            clients,
-            test,
-            variants=alg.variants(clients, **kwargs),
-            seeds=[5],
-            rounds=1,
-            delta=1e-5,
-        )
-    assert sim.run_rounds._cache_size() == before + 1
+    again = FedAvg(mlp((8,), 10, (8, 8, 1)), LocalTraining(batch_size=32))
+    assert again == alg and hash(again) == hash(alg)
+    res = _run(again, kwargs, clients, test, diagnostics=True)
+    assert sim.run_rounds._cache_size() == before
+    pd.testing.assert_frame_equal(res.history, first.history)
+    assert _run(again, kwargs, clients, test).private_diagnostics == {}
 
 
 def test_centralised_reference_keeps_its_optimiser_across_rounds(setup):
@@ -353,7 +344,7 @@ def test_centralised_reference_keeps_its_optimiser_across_rounds(setup):
 
 
 def test_bad_input_fails_before_any_work(setup):
-    clients, _ = setup
+    clients, test = setup
     with pytest.raises(ValueError, match="capacity"):
         ClientLevelDPFedAvg(MODEL, capacity=1).variants(
             clients, sample_rate=0.9, noise_multiplier=1.0
@@ -365,6 +356,17 @@ def test_bad_input_fails_before_any_work(setup):
     with pytest.raises(ValueError, match=r"record_dp\.capacity"):
         FedAvg(MODEL, LocalTraining(record_dp=RecordDP(capacity=1))).variants(
             clients, rounds=1, target_epsilon=8.0
+        )
+    small = FedAvg(mlp((8,), 3, (8, 8, 1)))  # 3 outputs, digits labels go to 9
+    with pytest.raises(ValueError, match="labels must be in"):
+        simulate(
+            small,
+            clients,
+            test,
+            seeds=[0],
+            rounds=1,
+            delta=1e-5,
+            variants=small.variants(clients, rounds=1),
         )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -58,6 +58,41 @@ def test_random_dictatorship_frequencies_follow_votes_plus_one():
     assert stats.chisquare(counts, probs * draws).pvalue > 1e-3
 
 
+def test_pram_dictatorship_masking_only_the_dictator_has_the_law_of_masking_every_ballot():
+    """PbDRD's shortcut (mask the drawn ballot only) against the exact law and against the
+    literal protocol (mask every ballot, then the dictatorship), by chi-square."""
+    votes = jnp.array([0, 0, 0, 1, 2, 2, 5, 7, 7, 7, 7, 3])
+    mask = jnp.array([1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0], bool)
+    m, p, draws = 8, 0.6, 100_000
+    probs = np.asarray(mech.random_dictatorship_pram_probs(votes, mask, m, p), np.float64)
+    counts = np.array([3, 1, 2, 0, 0, 1, 0, 4])
+    q = (1 - p) / (m - 1)
+    np.testing.assert_allclose(probs, (1 + p * counts + q * (11 - counts)) / 19, rtol=1e-6)
+    uniforms = jax.random.uniform(jax.random.key(5), (draws, 3))
+    short = jax.vmap(lambda u: mech.dictatorship_pram_from_counts(u, jnp.asarray(counts), p))
+    outcome, pool = short(uniforms)
+    assert int(pool[0]) == 19
+    keys = jax.random.split(jax.random.key(6), (draws, 2))
+    literal = jax.vmap(
+        lambda k: mech.random_dictatorship(
+            k[0], mech.randomized_response(k[1], votes, m, p), mask, m
+        )[0]
+    )(keys)
+    for sample in (outcome, literal):
+        observed = np.bincount(np.asarray(sample), minlength=m)
+        assert stats.chisquare(observed, probs / probs.sum() * draws).pvalue > 1e-3
+
+
+def test_dictatorship_from_counts_matches_the_ballot_pool():
+    """Every position of the sorted pool maps to its alternative: exact, no sampling."""
+    counts = jnp.array([2, 0, 3, 1])
+    pool = 6 + 4
+    u = (jnp.arange(pool) + 0.5) / pool
+    outcome, n = jax.vmap(lambda x: mech.dictatorship_from_counts(x, counts))(u)
+    assert int(n[0]) == pool
+    np.testing.assert_array_equal(np.bincount(np.asarray(outcome), minlength=4), [3, 1, 4, 2])
+
+
 def test_random_dictatorship_epsilon_and_audit():
     n_voters, m = 6, 4
     pool = n_voters + m

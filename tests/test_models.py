@@ -119,6 +119,20 @@ def test_haiku_model_fits_the_protocol():
     )
 
 
+def test_from_haiku_lets_errors_inside_the_model_through():
+    """A TypeError raised by the user's model is not taken for a signature mismatch."""
+
+    def broken(x):
+        raise TypeError("bug inside the model")
+
+    for transformed in (hk.transform(broken), hk.without_apply_rng(hk.transform(broken))):
+        model = from_haiku(transformed, (2, 2), 3)
+        with pytest.raises(TypeError, match="bug inside the model"):
+            model.apply({}, jnp.ones((4, 2, 2)))
+    with pytest.raises(ValueError, match="transformed"):
+        from_haiku(object(), (2, 2), 3)
+
+
 def test_check_model_rejects_mismatched_output_and_input():
     model = paper_mlp()
     check_model(model, 10)

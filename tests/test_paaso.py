@@ -113,6 +113,32 @@ def test_vote_direction_binning():
     np.testing.assert_array_equal(paaso._vote_directions(tuple(v.T), 4), [0, 1, 2, 3, 0])
 
 
+def test_vote_binning_matches_atan2_and_counts_match_bincount():
+    """The diamond-angle bins are atan2's nearest direction, for several k_alpha."""
+    v = jax.random.normal(jax.random.key(0), (2, 20_000))
+    v = v.at[:, :3].set(jnp.array([[0.0, 1e-30, -1.0], [0.0, 0.0, -0.0]]))
+    cast = jax.random.uniform(jax.random.key(1), (20_000,)) < 0.7
+    for k in (2, 3, 8, 16):
+        bins = np.asarray(paaso._vote_directions(tuple(v), k))
+        angle = np.arctan2(np.asarray(v[1], np.float64), np.asarray(v[0], np.float64))
+        expected = np.mod(np.round(angle * k / (2 * np.pi)), k).astype(int)
+        assert np.mean(bins == expected) > 1 - 1e-3  # only float rounding at the edges
+        assert bins[0] == 0 and bins[1] == 0 and bins[2] == k // 2 % k
+        counts = np.asarray(paaso._vote_counts(tuple(v), cast, k))
+        np.testing.assert_array_equal(counts, np.bincount(bins[np.asarray(cast)], minlength=k))
+
+
+def test_p_c_one_without_cast_draws_is_the_same_mechanism():
+    """draw_casts=False (p_c = 1 declared) draws no casting uniforms; every agent votes,
+    as with the casts drawn at p_c = 1."""
+    hyper = paaso.PAASOHyper(w=0.7, phi_p=1.4, phi_g=1.4, w_g=0.1, p_c=1.0)
+    kw = {"strategy": "adrd", "iterations": 60}
+    fast = _run(paaso.PAASOConfig(**kw, draw_casts=False), hyper, runs=8)
+    drawn = _run(paaso.PAASOConfig(**kw), hyper, runs=8)
+    assert np.all(np.asarray(fast["voters"]) == 50)
+    assert np.all(np.asarray(drawn["voters"]) == 50)
+
+
 def test_positions_stay_in_domain_with_divergent_inertia():
     """The paper's Fig. 1 uses w = 4, which diverges without the clamps."""
     hyper = paaso.PAASOHyper(w=4.0, phi_p=2.0, phi_g=2.0, w_g=0.005)

@@ -47,12 +47,51 @@ def test_inclusion_rate_and_padding_never_sampled():
 
 def _reference_rows(key, q, valid, capacity):
     """The gap construction in float64 numpy: the valid rows included, or None on overflow."""
-    u = np.asarray(sampling.row_uniforms(key, capacity + 1), np.float64)
-    ranks = np.cumsum(np.floor(np.log1p(-u) / np.log1p(-q)) + 1) - 1
+    e = np.asarray(sampling.slot_exponentials(key, capacity + 1), np.float64)
+    ranks = np.cumsum(np.floor(e / -np.log1p(-q)) + 1) - 1
     rows = np.flatnonzero(np.asarray(valid))
     if ranks[capacity] < len(rows):
         return None
     return rows[ranks[ranks < len(rows)].astype(int)]
+
+
+@jax.jit
+def _gap_at(index, q, branch):
+    """The sampler's gap for the bit pattern ``index = hi 2^23 + lo`` (int64 split in two)."""
+    hi, lo = index
+    e = sampling._exponential_from_bits(hi, lo, branch)
+    return sampling.geometric_gaps(e, q)
+
+
+def test_gap_law_is_exact_to_float_resolution():
+    """``P(gap >= g) = (1 - q)^g`` computed exactly over all 2^47 bit patterns.
+
+    The gap is monotone in the 46-bit index on each branch (``w = f`` or ``w = 1 - f``), so
+    a bisection finds how many patterns give ``gap >= g``; their share must equal
+    ``(1 - q)^g`` to float32 rounding, for rates as small as 1e-6 (every row's inclusion
+    probability is then ``q``: a renewal process with Geometric(q) gaps is Bernoulli(q)).
+    """
+    qs = [1e-6, 1e-3, 256 / 12000, 0.3]
+    cases = [(q, g) for q in qs for g in (1, 2, round(1 / q), round(5 / q))]
+    q = np.array([c[0] for c in cases] * 2, np.float32)
+    g = np.array([c[1] for c in cases] * 2, np.float64)
+    branch = np.repeat([False, True], len(cases))
+    # predicate "gap >= g": false-then-true in the index on branch w = 1 - f (E increases),
+    # true-then-false on branch w = f; bisect for the switch point in [0, 2^46]
+    lo, hi = np.zeros(len(q), np.int64), np.full(len(q), 2**46, np.int64)
+    while np.any(hi - lo > 1):
+        mid = (lo + hi) // 2
+        split = (
+            (mid >> 23).astype(np.uint32),
+            (mid & (2**23 - 1)).astype(np.uint32),
+        )
+        at_least = np.asarray(_gap_at(split, q, branch)) >= g
+        go_right = np.where(branch, at_least, ~at_least)
+        lo, hi = np.where(go_right, mid, lo), np.where(go_right, hi, mid)
+    share = np.where(branch, hi, 2**46 - hi) / 2**46
+    prob = 0.5 * (share[: len(cases)] + share[len(cases) :])
+    want = np.array([(1 - qq) ** gg for qq, gg in cases])
+    np.testing.assert_allclose(prob, want, rtol=2e-6)
 
 
 def test_sampled_rows_are_distinct_sorted_and_match_gap_construction():
@@ -162,3 +201,18 @@ def test_gather():
 def test_invalid_input_names_parameter(call, name):
     with pytest.raises(ValueError, match=name):
         call()
+
+
+def test_sampler_delta_over_a_run_and_the_capacity_that_bounds_it():
+    n, q, steps, delta, eps = 60000, 256 / 60000, 2350, 1e-5, 8.0
+    # a per-step overflow of 1e-9 is NOT negligible over 2350 steps at epsilon 8
+    per_step = sampling.overflow_probability(n, q, sampling.poisson_capacity(n, q))
+    assert 0 < per_step < 1e-9 and sampling.sampler_delta(per_step, steps, eps) > delta
+    cap = sampling.run_capacity(n, q, steps=steps, delta=delta, epsilon=eps)
+    assert sampling.sampler_delta(sampling.overflow_probability(n, q, cap), steps, eps) <= (
+        1e-3 * delta
+    )
+    smaller = sampling.overflow_probability(n, q, cap - 1)
+    assert sampling.sampler_delta(smaller, steps, eps) > 1e-3 * delta
+    assert sampling.overflow_probability(10, 0.5, 10) == 0.0
+    assert sampling.sampler_delta(1e-9, 1000, 0.0) == pytest.approx(2e-6)

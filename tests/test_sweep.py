@@ -133,6 +133,29 @@ def test_resume_after_interruption_loses_and_duplicates_nothing(tmp_path, monkey
     )
 
 
+def test_resume_under_other_chunking_keeps_every_run_exactly_once(tmp_path):
+    """Interrupted under one memory budget, resumed under two others (other chunk sizes and
+    padded shapes): every (configuration, seed) once, numbers equal to a fresh sweep."""
+    grid = expand_phi({**SMALL, "w": list(np.linspace(0.1, 0.9, 10)), "seed": list(range(10))})
+    task = PAASOTask()
+    per_run = task.bytes_per_run(SMALL)
+    sweep.run_sweep(task, grid, tmp_path, memory_budget=7 * per_run, max_chunks=3, progress=False)
+    assert len(sweep.load_results(tmp_path)) == 21
+    sweep.run_sweep(task, grid, tmp_path, memory_budget=16 * per_run, max_chunks=2, progress=False)
+    assert len(sweep.finished_run_ids(tmp_path)) == 53
+    resumed = sweep.run_sweep(task, grid, tmp_path, memory_budget=2**30, progress=False)
+    assert len(resumed) == 100 and resumed.run_id.is_unique
+    assert not resumed.duplicated(["w", "seed"]).any()
+    fresh = sweep.run_sweep(task, grid, tmp_path / "fresh", progress=False)
+    merged = resumed.merge(fresh, on="run_id", suffixes=("", "_fresh"))
+    assert len(merged) == 100
+    np.testing.assert_array_equal(merged.final_objective, merged.final_objective_fresh)
+    rows, traj = sweep.load_trajectories(tmp_path)
+    rows_f, traj_f = sweep.load_trajectories(tmp_path / "fresh")
+    order = rows_f.reset_index().set_index("run_id").loc[rows.run_id, "index"].to_numpy()
+    np.testing.assert_array_equal(traj, traj_f[order])
+
+
 def test_a_different_grid_in_the_same_directory_is_refused(tmp_path):
     grid = {**SMALL, "strategy": "pso", "iterations": 5, "seed": [0]}
     sweep.run_sweep(PAASOTask(), grid, tmp_path, progress=False)

@@ -1,7 +1,9 @@
-"""Federated learning: data, partitioners, stacked clients, local training, FedAvg, ceiling,
-and Fed-DP-PSO with its baselines (FedPSO, FedAvg + DP-SGD/DP-Adam).
+"""Federated learning: data, partitioners, stacked clients, client-side training, and the
+federated algorithms as client/server protocols (:mod:`swarmjax.fl.protocol`,
+:mod:`swarmjax.fl.algorithms`) run by one simulator (:mod:`swarmjax.fl.runtime`).
 
-See ``docs/federated.md`` and ``docs/fed_dp_pso.md`` for walk-throughs. The Fed-DP-PSO names
+The pre-protocol runners (``run_fedavg``, ``run_fed_dp_pso``, ...) are still exported here
+until their tests move; new code uses the protocol. See ``docs/federated.md``. The Fed-DP-PSO names
 are imported lazily (on first attribute access), so ``import swarmjax.fl`` stays light.
 """
 

@@ -82,10 +82,11 @@ def clip_update(
 class RecordDP:
     """Record-level DP of local training (DP-SGD / DP-Adam): per-example clipping to
     ``clip_norm``, Gaussian noise ``sigma_i clip_norm``, Poisson batches of rate
-    ``B / |D_i|`` in a buffer of ``capacity`` rows (see :meth:`for_sizes`)."""
+    ``B / |D_i|`` in a buffer of ``capacity`` rows (:meth:`for_sizes`: the smallest safe
+    one; ``None``: the padded client length, which never overflows but costs more)."""
 
     clip_norm: float = 1.0
-    capacity: int = 1
+    capacity: int | None = None
 
     @classmethod
     def for_sizes(cls, sizes: ArrayLike, batch_size: int, clip_norm: float = 1.0) -> RecordDP:
@@ -125,7 +126,8 @@ class LocalTraining:
             check_positive("clip_norm", self.record_dp.clip_norm)
             poisson_rates(np.asarray(sizes), self.batch_size)
             needed = sampler_capacity(sizes, self.batch_size)
-            if self.record_dp.capacity < needed:
+            capacity = self.record_dp.capacity
+            if capacity is not None and capacity < needed:
                 raise ValueError(
                     f"record_dp.capacity must be >= {needed} (Poisson overflow below 1e-9 for "
                     f"these clients); got {self.record_dp.capacity}: use RecordDP.for_sizes"
@@ -156,7 +158,8 @@ class LocalTraining:
                 noise_multiplier=noise_multiplier,
                 expected_batch_size=float(self.batch_size),
             )
-            sampler = poisson_sampler(self.batch_size, self.record_dp.capacity)
+            capacity = self.record_dp.capacity or data.mask.shape[0]
+            sampler = poisson_sampler(self.batch_size, capacity)
         return local_train(
             params,
             data,

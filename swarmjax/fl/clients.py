@@ -18,8 +18,16 @@ import numpy as np
 from jaxtyping import Array, ArrayLike, Bool, Float, Int
 
 from swarmjax._validation import check_finite, check_int
+from swarmjax.models import Model, check_model
 
-__all__ = ["ClientData", "client", "poisson_rates", "stack_clients"]
+__all__ = [
+    "ClientData",
+    "as_test_set",
+    "check_federated_inputs",
+    "client",
+    "poisson_rates",
+    "stack_clients",
+]
 
 
 @flax.struct.dataclass
@@ -117,3 +125,34 @@ def poisson_rates(sizes: ArrayLike, batch_size: float) -> np.ndarray:
             f"q_i = B / |D_i| <= 1; got {batch_size!r}"
         )
     return batch_size / sizes
+
+
+def as_test_set(test: tuple[ArrayLike, ArrayLike]) -> tuple[Array, Array]:
+    """``(x float32, y int32)`` device arrays."""
+    return jnp.asarray(test[0], jnp.float32), jnp.asarray(test[1], jnp.int32)
+
+
+def check_federated_inputs(
+    model: Model,
+    clients: ClientData,
+    test: tuple[Array, Array],
+    num_classes: int | None = None,
+) -> None:
+    """Raise ``ValueError`` (before any compilation) on mismatched model and data.
+
+    Checks the example shape of clients and test set against ``model.input_shape``, the
+    model's output size against ``num_classes`` (when given), and every label against the
+    model's output size.
+    """
+    example_shape = tuple(clients.x.shape[2:])
+    if tuple(test[0].shape[1:]) != example_shape:
+        raise ValueError(
+            f"test examples have shape {tuple(test[0].shape[1:])}, clients {example_shape}"
+        )
+    check_model(model, model.num_classes if num_classes is None else num_classes, example_shape)
+    labels = np.concatenate([np.asarray(clients.y)[np.asarray(clients.mask)], np.asarray(test[1])])
+    if labels.min() < 0 or labels.max() >= model.num_classes:
+        raise ValueError(
+            f"labels must be in [0, {model.num_classes - 1}] for model {model.name!r} with "
+            f"{model.num_classes} outputs; got [{labels.min()}, {labels.max()}]"
+        )

@@ -163,6 +163,7 @@ def epsilon(
     *,
     accountant: str = "rdp",
     orders: Iterable[float] | None = None,
+    overflow_prob: float = 0.0,
 ) -> float:
     """Epsilon after ``steps`` Poisson-subsampled Gaussian steps, at ``delta``.
 
@@ -173,10 +174,13 @@ def epsilon(
         delta: target delta in ``(0, 1)``.
         accountant: ``"rdp"`` or ``"pld"``.
         orders: RDP orders (``"rdp"`` only); default :data:`DEFAULT_ORDERS`.
+        overflow_prob: per-step probability that the sampler's static buffer overflowed
+            (:func:`swarmjax.privacy.sampling.overflow_probability`); ``delta`` then
+            covers the sampler's conditioning on "fits" too (see :class:`PrivacyAccountant`).
     """
     steps = check_int("steps", steps, minimum=0)
     acc = PrivacyAccountant(accountant=accountant, orders=orders)
-    acc.step(q, sigma, count=steps)
+    acc.step(q, sigma, count=steps, overflow_prob=overflow_prob)
     return acc.epsilon(delta)
 
 
@@ -189,12 +193,14 @@ def sigma_for_epsilon(
     accountant: str = "rdp",
     rtol: float = 1e-3,
     orders: Iterable[float] | None = None,
+    overflow_prob: float = 0.0,
 ) -> float:
     """Smallest noise multiplier (to ``rtol``) whose epsilon is ``<= target_epsilon``.
 
     Bisection on ``sigma`` (epsilon decreases in sigma): the returned value always satisfies
     ``epsilon(q, sigma, steps, delta) <= target_epsilon`` and is within ``rtol`` (relative)
     of the exact threshold.  ``target_epsilon = inf`` (and ``steps = 0``) return ``0.0``.
+    ``overflow_prob`` as in :func:`epsilon`.
     """
     check_positive("target_epsilon", target_epsilon)
     _check_q(q)
@@ -205,7 +211,13 @@ def sigma_for_epsilon(
     if math.isinf(target_epsilon) or steps == 0:
         return 0.0
     eps = functools.partial(
-        epsilon, q, steps=steps, delta=delta, accountant=accountant, orders=orders
+        epsilon,
+        q,
+        steps=steps,
+        delta=delta,
+        accountant=accountant,
+        orders=orders,
+        overflow_prob=overflow_prob,
     )
     lo, hi = 0.0, 1.0
     while eps(hi) > target_epsilon:
@@ -234,6 +246,13 @@ class PrivacyAccountant:
     >>> acc.step(q=0.01, sigma=1.1, count=100)
     >>> acc.step(q=0.02, sigma=1.5)
     >>> eps = acc.epsilon(1e-5)
+
+    Static-shape samplers: a step whose batch buffer overflowed with probability ``p`` is
+    recorded with ``overflow_prob=p``.  With ``P = sum of p`` over steps, ``epsilon(delta)``
+    returns the smallest ``eps`` (on a fixed-point iteration) such that the exact-Poisson
+    mechanism is ``(eps, delta - P (1 + e^eps))``-DP, so the sampler actually used is
+    ``(eps, delta)``-DP (:func:`swarmjax.privacy.sampling.sampler_delta`).  ``inf`` if
+    ``P (1 + e^eps)`` reaches ``delta``.
     """
 
     def __init__(self, *, accountant: str = "rdp", orders: Iterable[float] | None = None):
@@ -242,14 +261,21 @@ class PrivacyAccountant:
         self._rdp = np.zeros(len(self.orders))
         self._events: list[tuple[float, float, int]] = []
         self.steps = 0
+        self.overflow = 0.0  # sum over steps of P(the sampler's buffer overflowed)
 
-    def step(self, q: float, sigma: float, count: int = 1) -> None:
-        """Record ``count`` steps with sampling rate ``q`` and noise multiplier ``sigma``."""
+    def step(self, q: float, sigma: float, count: int = 1, overflow_prob: float = 0.0) -> None:
+        """Record ``count`` steps with sampling rate ``q`` and noise multiplier ``sigma``.
+
+        ``overflow_prob``: each step's probability that its sampler had to redraw (see the
+        class docs); 0 for exact Poisson sampling.
+        """
         q, sigma = _check_q(q), _check_sigma(sigma)
         count = check_int("count", count, minimum=0)
+        check_range("overflow_prob", overflow_prob, 0.0, 1.0)
         if count == 0:
             return
         self.steps += count
+        self.overflow += count * float(overflow_prob)
         if self._events and self._events[-1][:2] == (q, sigma):
             self._events[-1] = (q, sigma, self._events[-1][2] + count)
         else:
@@ -258,8 +284,27 @@ class PrivacyAccountant:
             self._rdp = self._rdp + count * _rdp_per_step(q, sigma, self.orders)
 
     def epsilon(self, delta: float) -> float:
-        """Epsilon of everything recorded so far at ``delta`` (``inf`` if any sigma was 0)."""
+        """Epsilon of everything recorded so far at ``delta`` (``inf`` if any sigma was 0).
+
+        ``delta`` includes the samplers' overflow term when steps recorded one.
+        """
         delta = _check_delta(delta)
+        if self.overflow == 0.0:
+            return self._mechanism_epsilon(delta)
+        eps = 0.0
+        for _ in range(100):  # eps_{k+1} = eps_mech(delta - P (1 + e^eps_k)) increases
+            if eps > 700.0:
+                return math.inf
+            rest = delta - self.overflow * (1.0 + math.exp(eps))
+            if rest <= 0.0:
+                return math.inf
+            new = self._mechanism_epsilon(rest)
+            if new <= eps:
+                return eps
+            eps = new * (1.0 + 1e-9) + 1e-12  # a step above, so the last check is strict
+        return math.inf
+
+    def _mechanism_epsilon(self, delta: float) -> float:
         if self.accountant == "rdp":
             return _rdp_epsilon(self._rdp, self.orders, delta)
         return _pld_epsilon(self._events, delta)

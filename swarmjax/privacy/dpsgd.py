@@ -6,7 +6,11 @@ One private gradient (Abadi et al. 2016), for a padded batch ``x (B, ...)``, ``y
     g = (sum_i mask_i * clip(grad loss_i, C) + N(0, (sigma C)^2 I)) / expected_batch_size
 
 where ``clip(g, C) = g * min(1, C / ||g||)`` and ``||g||`` is the L2 norm over the whole
-parameter pytree.  Divide by the *expected* batch size ``q * n`` (not the realised one): the
+parameter pytree.  Hostile records: an example whose gradient norm is not finite (NaN or
+inf inputs, an overflowing gradient) contributes exactly zero (still norm ``<= C``) and
+shows as a non-finite entry of the returned norms (:func:`dropped_examples`); norms are
+computed with each row scaled by its largest entry, so finite gradients never overflow.
+Divide by the *expected* batch size ``q * n`` (not the realised one): the
 realised size is data-dependent, the expected one is public.
 
 Two ways to get the clipped sum, same result (same key -> same noised gradient):
@@ -27,9 +31,11 @@ Two ways to get the clipped sum, same result (same key -> same noised gradient):
   ``flax.linen`` Module (``module.apply``, as :func:`swarmjax.models.from_flax` builds it),
   ``params`` holds only the ``"params"`` collection, every parameter belongs to an
   ``nn.Dense`` or ``nn.Conv`` layer (exact types) that is called once per forward pass,
-  and every such layer's input has the batch axis first.  Anything else (Haiku, plain JAX,
-  LayerNorm, shared layers, ...) uses the generic path under ``method="auto"`` and raises
-  under ``method="fast"``.  The model must treat examples independently (no batch norm).
+  and every such layer's input has the batch axis first, no parameter is read outside its
+  own layer's call (weight tying: found in the jaxpr), and no example moves another
+  example's logits or loss (batch statistics: a forward-mode probe on random inputs).
+  Anything else (Haiku, plain JAX, LayerNorm, shared layers, ...) uses the generic path
+  under ``method="auto"`` and raises under ``method="fast"``.
 
 Noise: :func:`swarmjax.privacy.mechanisms.gaussian_mechanism` (one draw for the whole pytree).
 Pass a key already folded with the step, client and particle indices (:func:`noise_key`)
@@ -46,7 +52,9 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
+from jax.extend.core import Var
 from jaxtyping import Array, ArrayLike, Bool, Float, PRNGKeyArray, PyTree
 
 from swarmjax._validation import check_choice, check_int, check_nonnegative, check_range
@@ -57,6 +65,7 @@ __all__ = [
     "clipped_grad_sum",
     "dp_grad",
     "dp_step",
+    "dropped_examples",
     "fast_path_supported",
     "noise_key",
     "per_example_grads",
@@ -107,10 +116,54 @@ def per_example_grads(
     return jax.vmap(jax.grad(one), in_axes=(None, 0, 0))(params, x, y)
 
 
-def _clip_factors(sq_norms: Float[Array, " B"], mask: Array, clip_norm: ArrayLike) -> Array:
-    norms = jnp.sqrt(sq_norms)
-    factor = clip_norm / jnp.maximum(norms, clip_norm)
-    return jnp.where(mask, factor, 0.0).astype(sq_norms.dtype)
+def _row_norms(leaves: list[Array]) -> Float[Array, " B"]:
+    """Whole-pytree L2 norm of each row (leading axis ``B``), without overflow or underflow.
+
+    Each row is divided by its largest magnitude before squaring, so finite rows up to the
+    dtype's maximum get a finite norm (or ``inf`` if the norm itself exceeds it).  A row
+    holding NaN gets NaN; a row holding ``inf`` gets ``inf`` or NaN.
+    """
+    rows = [jnp.reshape(g, (g.shape[0], -1)) for g in leaves]
+    peak = jnp.max(jnp.stack([jnp.max(jnp.abs(r), axis=1) for r in rows]), axis=0)
+    scale = jnp.where((peak > 0) & jnp.isfinite(peak), peak, 1.0)
+    # The barrier stops XLA from rewriting (r / s)^2 as r^2 / s^2, which overflows again.
+    scaled = jax.lax.optimization_barrier([r / scale[:, None] for r in rows])
+    sq = sum(jnp.sum(r * r, axis=1) for r in scaled)
+    return jnp.where(jnp.isfinite(peak), peak * jnp.sqrt(sq), peak)
+
+
+def _hypot_norms(norms: list[Array]) -> Float[Array, " B"]:
+    """Combine per-part norms ``(B,)`` into one norm ``sqrt(sum n^2)``, overflow-free."""
+    return _row_norms([n[:, None] for n in norms])
+
+
+def _clip_factors(norms: Float[Array, " B"], mask: Array, clip_norm: ArrayLike) -> Array:
+    """``min(1, C / norm)`` on usable rows, exactly 0 elsewhere.
+
+    A row is usable when it is real (``mask``) and its norm is finite.  A non-finite norm
+    (NaN or inf features, an overflowing gradient) has no reliable direction, so that row
+    contributes nothing: zero is a valid clipped value (norm ``<= C``), so the sensitivity
+    bound holds whatever the record holds.
+    """
+    usable = mask & jnp.isfinite(norms)
+    factor = clip_norm / jnp.maximum(jnp.where(usable, norms, 1.0), clip_norm)
+    return jnp.where(usable, factor, 0.0).astype(norms.dtype)
+
+
+def _weighted_rows(factor: Array, g: Array) -> Array:
+    """``sum_i factor_i g_i``; rows with ``factor == 0`` add exactly zero even if non-finite."""
+    keep = (factor != 0).reshape(factor.shape + (1,) * (g.ndim - 1))
+    return jnp.tensordot(factor, jnp.where(keep, g, jnp.zeros((), g.dtype)), axes=1)
+
+
+def dropped_examples(norms: Float[ArrayLike, " B"], mask: Bool[ArrayLike, " B"]) -> Array:
+    """Number of real examples whose gradient was non-finite and so contributed nothing.
+
+    ``norms`` as returned by :func:`clipped_grad_sum`.  This count is a statistic of the
+    private data, NOT covered by the DP guarantee: use it for diagnostics, never publish it
+    without accounting for it separately.
+    """
+    return jnp.sum(jnp.asarray(mask, bool) & ~jnp.isfinite(jnp.asarray(norms)))
 
 
 def clip_and_sum(
@@ -118,14 +171,14 @@ def clip_and_sum(
 ) -> tuple[PyTree, Float[Array, " B"]]:
     """Clip per-example gradients (leading axis ``B``) to ``clip_norm`` and sum masked rows.
 
-    Returns ``(clipped_sum, norms)`` with ``norms (B,)`` the unclipped whole-pytree norms.
+    Returns ``(clipped_sum, norms)`` with ``norms (B,)`` the unclipped whole-pytree norms
+    (NaN or ``inf`` for rows that were dropped as non-finite, see :func:`dropped_examples`).
     """
     _check_hyper(clip_norm)
-    leaves = jax.tree_util.tree_leaves(grads)
-    sq = sum(jnp.sum(jnp.reshape(g, (g.shape[0], -1)) ** 2, axis=1) for g in leaves)
-    factor = _clip_factors(sq, jnp.asarray(mask, bool), clip_norm)
-    summed = jax.tree_util.tree_map(lambda g: jnp.tensordot(factor, g, axes=1), grads)
-    return summed, jnp.sqrt(sq)
+    norms = _row_norms(jax.tree_util.tree_leaves(grads))
+    factor = _clip_factors(norms, jnp.asarray(mask, bool), clip_norm)
+    summed = jax.tree_util.tree_map(lambda g: _weighted_rows(factor, g), grads)
+    return summed, norms
 
 
 def _generic_clipped_sum(apply_fn, loss_fn, params, x, y, mask, clip_norm):
@@ -179,13 +232,14 @@ def _param_paths(params: PyTree) -> list[tuple[tuple[str, ...], str]]:
     return paths
 
 
-def _fast_plan(module, params, x) -> tuple[list[_Call], Any] | str:
+def _fast_plan(module, params, x, loss_fn=None, y=None) -> tuple[list[_Call], Any] | str:
     """Trace shapes only; return (calls, output shapes) or the reason the fast path fails."""
     if not isinstance(params, dict) and not hasattr(params, "keys"):
         return "params is not a Flax variables dict"
     if set(params.keys()) != {"params"}:
         return f"params has collections {sorted(params.keys())}; only 'params' is supported"
-    spec = lambda a: jax.ShapeDtypeStruct(jnp.shape(a), jnp.result_type(a))
+    if not jnp.issubdtype(jnp.result_type(x), jnp.floating):
+        return f"inputs have dtype {jnp.result_type(x)}; the fast path needs floating inputs"
     holder: dict[str, list[_Call]] = {}
 
     def trace(p, xs):
@@ -194,7 +248,7 @@ def _fast_plan(module, params, x) -> tuple[list[_Call], Any] | str:
         return logits, [c.inputs for c in calls]
 
     try:
-        jax.eval_shape(trace, jax.tree_util.tree_map(spec, params), spec(x))
+        jax.eval_shape(trace, _spec(params), _spec(x))
     except Exception as exc:  # the model cannot be traced this way: use the generic path
         return f"tracing the model failed: {exc}"
     calls = holder["calls"]
@@ -209,13 +263,153 @@ def _fast_plan(module, params, x) -> tuple[list[_Call], Any] | str:
     for c in calls:
         layer_out = jax.eval_shape(
             lambda p, a, c=c: c.module.apply({"params": p}, a),
-            _layer_params_spec(params, c.path),
+            _spec(_layer_params(params, c.path)),
             c.inputs,
         )
         if c.inputs.shape[:1] != x.shape[:1] or layer_out.shape[:1] != x.shape[:1]:
             return f"layer {'/'.join(c.path)} does not keep the batch axis first"
         out_shapes.append(layer_out)
+    try:
+        tied = _params_read_outside_layers(module, params, x, calls)
+        mixing = _mixing_reason(module, params, x, out_shapes, loss_fn, y)
+    except Exception as exc:  # a check that cannot run: use the generic path
+        return f"the fast-path checks could not run: {type(exc).__name__}: {exc}"
+    if tied:
+        return (
+            f"parameters {tied} are also read outside their layer's call (weight tying?); "
+            "the fast path would miss that gradient term"
+        )
+    if mixing:
+        return mixing
     return calls, out_shapes
+
+
+def _spec(tree: PyTree) -> PyTree:
+    return jax.tree_util.tree_map(
+        lambda a: jax.ShapeDtypeStruct(jnp.shape(a), jnp.result_type(a)), tree
+    )
+
+
+def _params_read_outside_layers(module, params, x, calls: list[_Call]) -> list[str]:
+    """Parameter paths that reach the output other than through their own layer's call.
+
+    The model is traced with every Dense/Conv call fed a separate copy of its parameters;
+    any use left of the original ones (a tied kernel, ``layer.variables`` read elsewhere)
+    is found by following data dependencies through the jaxpr.
+    """
+
+    def substituted(p_outer, p_layers, xs):
+        inside: list[bool] = []  # the copy's own call must not be substituted again
+
+        def intercept(next_fun, args, kwargs, context):
+            mod = context.module
+            if inside or context.method_name != "__call__" or type(mod) not in _FAST_LAYERS:
+                return next_fun(*args, **kwargs)
+            own = p_layers["/".join(mod.scope.path)]
+            inside.append(True)
+            try:
+                return mod.clone(parent=None).apply({"params": own}, *args, **kwargs)
+            finally:
+                inside.pop()
+
+        with nn.intercept_methods(intercept):
+            return module.apply(p_outer, xs)
+
+    p_layers = {"/".join(c.path): _spec(_layer_params(params, c.path)) for c in calls}
+    closed = jax.make_jaxpr(substituted)(_spec(params), p_layers, _spec(x))
+    names = ["/".join((*path, leaf)) for path, leaf in _param_paths(params)]
+    reached = _inputs_reaching_outputs(closed.jaxpr, len(names))
+    return [names[i] for i in sorted(reached)]
+
+
+def _inputs_reaching_outputs(jaxpr, num_inputs: int) -> set[int]:
+    """Which of the first ``num_inputs`` inputs of ``jaxpr`` the outputs depend on.
+
+    Conservative: an equation's outputs depend on all of its inputs (sub-jaxprs included).
+    """
+    sources: dict[Any, frozenset[int]] = {
+        v: frozenset({i}) for i, v in enumerate(jaxpr.invars[:num_inputs])
+    }
+    for eqn in jaxpr.eqns:
+        found = frozenset().union(
+            *(sources.get(v, frozenset()) for v in eqn.invars if isinstance(v, Var))
+        )
+        if found:
+            for v in eqn.outvars:
+                sources[v] = found
+    return set().union(*(sources.get(v, frozenset()) for v in jaxpr.outvars if isinstance(v, Var)))
+
+
+def _mixing_reason(module, params, x, out_shapes, loss_fn, y) -> str | None:
+    """Whether one example's input (or a layer output) moves another example's output.
+
+    Probed with data-independent random parameters and inputs of the same shapes (never
+    the caller's data): a forward-mode derivative seeded on one example must be exactly
+    zero on every other example's logits (and losses, given ``loss_fn`` and ``y``).
+    Batch statistics (normalising over the batch, batch means) fail this.
+    """
+    batch = x.shape[0]
+    if batch < 2:
+        return None
+    rng = np.random.default_rng(0)
+    draw = lambda s: (0.5 * rng.standard_normal(s.shape)).astype(s.dtype)
+    p_probe = jax.tree_util.tree_map(draw, _spec(params))
+    y_probe = None if y is None else np.zeros(jnp.shape(y), jnp.result_type(y))
+    use_loss = loss_fn is not None and y_probe is not None
+
+    def outputs(pp, xs, perturbs):
+        logits, _ = _recording_apply(module, pp, xs, perturbs)
+        outs = [logits.reshape(batch, -1)]
+        if use_loss:
+            outs.append(jnp.reshape(loss_fn(logits, y_probe), (batch, -1)))
+        return jnp.concatenate(outs, axis=1)
+
+    @jax.jit
+    def moved_elsewhere(pp, xs, tangents, row):
+        zeros = [jnp.zeros(s.shape, s.dtype) for s in out_shapes]
+        _, moved = jax.jvp(lambda a, b: outputs(pp, a, b), (xs, zeros), tangents)
+        return jnp.any((moved != 0) & (jnp.arange(batch) != row)[:, None])
+
+    def seeded(s, row):
+        t = np.zeros(s.shape, s.dtype)
+        t[row] = draw(s)[row]
+        return t
+
+    with jax.ensure_compile_time_eval():
+        for row in (0, batch - 1):
+            tangents = (seeded(_spec(x), row), [seeded(s, row) for s in out_shapes])
+            if bool(moved_elsewhere(p_probe, draw(_spec(x)), tangents, row)):
+                return (
+                    f"example {row} changes other examples' outputs (batch statistics or "
+                    "other mixing across the batch); per-example clipping needs independence"
+                )
+    return None
+    with jax.ensure_compile_time_eval():
+        keys = iter(jax.random.split(jax.random.key(0), 64))
+        draw = lambda s: 0.5 * jax.random.normal(next(keys), s.shape, s.dtype)
+        p_probe = jax.tree_util.tree_map(draw, _spec(params))
+        x_probe = draw(_spec(x))
+        zeros = [jnp.zeros(s.shape, s.dtype) for s in out_shapes]
+        y_probe = None if y is None else jnp.zeros(jnp.shape(y), jnp.result_type(y))
+
+        def outputs(xs, perturbs):
+            logits, _ = _recording_apply(module, p_probe, xs, perturbs)
+            outs = [logits.reshape(batch, -1)]
+            if loss_fn is not None and y_probe is not None:
+                outs.append(jnp.reshape(loss_fn(logits, y_probe), (batch, -1)))
+            return jnp.concatenate(outs, axis=1)
+
+        for row in (0, batch - 1):
+            seed = lambda s, row=row: jnp.zeros(s.shape, s.dtype).at[row].set(draw(s)[row])
+            tangents = (seed(_spec(x)), [seed(s) for s in out_shapes])
+            _, moved = jax.jvp(outputs, (x_probe, zeros), tangents)
+            others = jnp.delete(moved, row, axis=0)
+            if bool(jnp.any(others != 0)):
+                return (
+                    f"example {row} changes other examples' outputs (batch statistics or "
+                    "other mixing across the batch); per-example clipping needs independence"
+                )
+    return None
 
 
 def _layer_params(params: PyTree, path: tuple[str, ...]) -> PyTree:
@@ -225,34 +419,45 @@ def _layer_params(params: PyTree, path: tuple[str, ...]) -> PyTree:
     return node
 
 
-def _layer_params_spec(params: PyTree, path: tuple[str, ...]) -> PyTree:
-    node = _layer_params(params, path)
-    return jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), node)
+def fast_path_supported(
+    apply_fn: ApplyFn,
+    params: PyTree,
+    x: Array,
+    loss_fn: LossFn | None = None,
+    y: ArrayLike | None = None,
+) -> tuple[bool, str]:
+    """Whether :func:`clipped_grad_sum` can use the fast path, and why not if it cannot.
 
-
-def fast_path_supported(apply_fn: ApplyFn, params: PyTree, x: Array) -> tuple[bool, str]:
-    """Whether :func:`clipped_grad_sum` can use the fast path, and why not if it cannot."""
+    With ``loss_fn`` and ``y`` the loss is checked for mixing examples too.
+    """
     module = _flax_module(apply_fn)
     if module is None:
         return False, "apply_fn is not the apply method of a flax.linen Module"
-    plan = _fast_plan(module, params, x)
+    plan = _fast_plan(module, params, x, loss_fn, y)
     if isinstance(plan, str):
         return False, plan
     return True, "ok"
 
 
 def _dense_2d(call: _Call, a: Array, delta: Array, has_bias: bool):
-    """Ghost norms and the clipped-sum builder for a dense layer on ``(B, d_in)`` inputs."""
-    d2 = jnp.sum(delta * delta, axis=1)
-    sq = jnp.sum(a * a, axis=1) * d2 + (d2 if has_bias else 0.0)
+    """Ghost norms and the clipped-sum builder for a dense layer on ``(B, d_in)`` inputs.
+
+    ``||grad_i|| = ||delta_i|| sqrt(||a_i||^2 + [bias])``, each norm overflow-free.
+    """
+    a_norm = _row_norms([a])
+    d_norm = _row_norms([delta])
+    norms = d_norm * (_hypot_norms([a_norm, jnp.ones_like(a_norm)]) if has_bias else a_norm)
 
     def clipped(factor: Array) -> dict[str, Array]:
-        out = {"kernel": (a * factor[:, None]).T @ delta}
+        keep = (factor != 0)[:, None]
+        a_w = jnp.where(keep, a * factor[:, None], jnp.zeros((), a.dtype))
+        d_w = jnp.where(keep, delta, jnp.zeros((), delta.dtype))
+        out = {"kernel": a_w.T @ d_w}
         if has_bias:
-            out["bias"] = factor @ delta
+            out["bias"] = factor @ d_w
         return out
 
-    return sq, clipped
+    return norms, clipped
 
 
 def _per_example_layer(call: _Call, layer_params: PyTree, a: Array, delta: Array):
@@ -264,13 +469,12 @@ def _per_example_layer(call: _Call, layer_params: PyTree, a: Array, delta: Array
         return vjp(di[None])[0]
 
     grads = jax.vmap(one)(a, delta)
-    leaves = jax.tree_util.tree_leaves(grads)
-    sq = sum(jnp.sum(jnp.reshape(g, (g.shape[0], -1)) ** 2, axis=1) for g in leaves)
+    norms = _row_norms(jax.tree_util.tree_leaves(grads))
 
     def clipped(factor: Array) -> PyTree:
-        return jax.tree_util.tree_map(lambda g: jnp.tensordot(factor, g, axes=1), grads)
+        return jax.tree_util.tree_map(lambda g: _weighted_rows(factor, g), grads)
 
-    return sq, clipped
+    return norms, clipped
 
 
 def _fast_clipped_sum(module, plan, loss_fn, params, x, y, mask, clip_norm):
@@ -284,21 +488,22 @@ def _fast_clipped_sum(module, plan, loss_fn, params, x, y, mask, clip_norm):
 
     deltas, inputs = jax.grad(total_loss, has_aux=True)(zeros)
     calls = plan[0]
-    sq_total = 0.0
+    layer_norms = []
     builders = []
     for call, a, delta in zip(calls, inputs, deltas, strict=True):
         layer_params = _layer_params(params, call.path)
         if type(call.module) is nn.Dense and a.ndim == 2:
-            sq, build = _dense_2d(call, a, delta, "bias" in layer_params)
+            norms, build = _dense_2d(call, a, delta, "bias" in layer_params)
         else:
-            sq, build = _per_example_layer(call, layer_params, a, delta)
-        sq_total = sq_total + sq
+            norms, build = _per_example_layer(call, layer_params, a, delta)
+        layer_norms.append(norms)
         builders.append((call.path, build))
-    factor = _clip_factors(sq_total, mask, clip_norm)
+    norms = _hypot_norms(layer_norms)
+    factor = _clip_factors(norms, mask, clip_norm)
     by_path = {path: build(factor) for path, build in builders}
     leaves = [by_path[path][name] for path, name in _param_paths(params)]
     treedef = jax.tree_util.tree_structure(params)
-    return jax.tree_util.tree_unflatten(treedef, leaves), jnp.sqrt(sq_total)
+    return jax.tree_util.tree_unflatten(treedef, leaves), norms
 
 
 # ----------------------------------------------------------------------------------------
@@ -306,12 +511,15 @@ def _fast_clipped_sum(module, plan, loss_fn, params, x, y, mask, clip_norm):
 # ----------------------------------------------------------------------------------------
 
 
-def _select(apply_fn, params, x, method):
+def _select(apply_fn, loss_fn, params, x, y, method):
     check_choice("method", method, _METHODS)
     if method == "generic":
         return None
     module = _flax_module(apply_fn)
-    plan = _fast_plan(module, params, x) if module is not None else "not a flax.linen apply"
+    if module is None:
+        plan = "not a flax.linen apply"
+    else:
+        plan = _fast_plan(module, params, x, loss_fn, y)
     if isinstance(plan, str):
         if method == "fast":
             raise ValueError(f"method='fast' is not supported for this model: {plan}")
@@ -361,7 +569,7 @@ def clipped_grad_sum(
     if batch % chunk:
         raise ValueError(f"microbatch_size must divide the batch size {batch}; got {chunk}")
     x = _zero_padding(x, mask)
-    selected = _select(apply_fn, params, x[:chunk], method)
+    selected = _select(apply_fn, loss_fn, params, x[:chunk], y[:chunk], method)
 
     def run(xc, yc, mc):
         if selected is None:

@@ -13,6 +13,10 @@ Mechanisms here:
   ``keep_prob``, otherwise report one of the other ``c - 1`` uniformly.
 * DP random dictatorship (seed 001, Definition 2): one dummy voter per alternative joins the
   real voters; a voter drawn uniformly from all of them dictates the outcome.
+* The two combined (PbDRD): every real ballot masked by PRAM, then a random dictatorship.
+  Only the dictator's ballot reaches the outcome, so masking that ballot alone gives the
+  same outcome law with O(1) instead of O(voters) randomness per round (see
+  :func:`dictatorship_pram_from_counts`).
 """
 
 from __future__ import annotations
@@ -33,12 +37,15 @@ from swarmjax._validation import (
 )
 
 __all__ = [
+    "dictatorship_from_counts",
+    "dictatorship_pram_from_counts",
     "gaussian_mechanism",
     "gaussian_sigma",
     "laplace_mechanism",
     "random_dictatorship",
     "random_dictatorship_epsilon",
     "random_dictatorship_from_uniform",
+    "random_dictatorship_pram_probs",
     "random_dictatorship_probs",
     "randomized_response",
     "randomized_response_epsilon",
@@ -239,12 +246,56 @@ def random_dictatorship_from_uniform(
 ) -> tuple[Int[Array, ""], Int[Array, ""]]:
     """:func:`random_dictatorship` given its randomness, one ``uniform`` ~ U[0, 1) drawn
     from ``jax.random``."""
-    counts = vote_counts(votes, mask, num_alternatives)
-    ballots = counts + 1
-    pool = jnp.sum(ballots)
+    return dictatorship_from_counts(uniform, vote_counts(votes, mask, num_alternatives))
+
+
+def _draw_ballot(
+    uniform: Float[ArrayLike, ""], counts: Int[Array, " m"]
+) -> tuple[Int[Array, ""], Bool[Array, ""], Int[Array, ""]]:
+    """A uniform ballot of the pool sorted by alternative (each block: its real ballots,
+    then its dummy): ``(alternative, is the dummy, pool size)``."""
+    ends = jnp.cumsum(counts + 1)
+    pool = ends[-1]
     position = jnp.minimum(jnp.floor(uniform * pool).astype(jnp.int32), pool - 1)
-    outcome = jnp.sum(jnp.cumsum(ballots) <= position, dtype=jnp.int32)
-    return outcome, pool
+    alternative = jnp.sum(ends <= position, dtype=jnp.int32)
+    dummy = position == jnp.take(ends, alternative) - 1
+    return alternative, dummy, pool
+
+
+def dictatorship_from_counts(
+    uniform: Float[ArrayLike, ""], counts: Int[ArrayLike, " alternatives"]
+) -> tuple[Int[Array, ""], Int[Array, ""]]:
+    """DP random dictatorship from the real votes per alternative ``counts`` and one
+    ``uniform`` ~ U[0, 1): outcome ``a`` with probability ``(counts[a] + 1) / n``.
+
+    Returns ``(outcome, n)``, ``n = sum(counts) + m`` the pool size.
+    """
+    alternative, _, pool = _draw_ballot(uniform, jnp.asarray(counts))
+    return alternative, pool
+
+
+def dictatorship_pram_from_counts(
+    uniforms: Float[ArrayLike, " 3"], counts: Int[ArrayLike, " alternatives"], keep_prob: ArrayLike
+) -> tuple[Int[Array, ""], Int[Array, ""]]:
+    """Random dictatorship over PRAM-masked ballots, from the unmasked ``counts``.
+
+    Every real voter masks its vote with :func:`randomized_response` (keep-probability
+    ``keep_prob``) before the dictatorship.  Only the drawn dictator's ballot decides the
+    outcome and the masks are independent, so this draws the dictator first
+    (``uniforms[0]``) and masks only a real dictator's vote (``uniforms[1:]``, as
+    :func:`randomized_response_from_uniform`): the outcome has exactly the law of
+    :func:`random_dictatorship_pram_probs`, with O(1) instead of O(voters) randomness.  The
+    local-DP guarantee of each voter's mask is a property of the protocol and holds whether
+    or not the masks that never reach the outcome are simulated.
+
+    Returns ``(outcome, n)``, ``n = sum(counts) + m`` the pool size.
+    """
+    check_probability("keep_prob", keep_prob)
+    counts = jnp.asarray(counts)
+    u = jnp.asarray(uniforms)
+    alternative, dummy, pool = _draw_ballot(u[0], counts)
+    masked = randomized_response_from_uniform(u[1:3], alternative, counts.shape[-1], keep_prob)
+    return jnp.where(dummy, alternative, masked), pool
 
 
 def random_dictatorship_epsilon(pool_size: ArrayLike) -> np.ndarray | Array:
@@ -260,3 +311,22 @@ def random_dictatorship_epsilon(pool_size: ArrayLike) -> np.ndarray | Array:
     check_range("pool_size", pool_size, 1.0)
     n = np.asarray(pool_size, dtype=np.float64)
     return np.log(2.0 * n / (n + 1.0))
+
+
+def random_dictatorship_pram_probs(
+    votes: Int[ArrayLike, " voters"],
+    mask: Bool[ArrayLike, " voters"],
+    num_alternatives: int,
+    keep_prob: ArrayLike,
+) -> Float[Array, " alternatives"]:
+    """Outcome law of a random dictatorship over PRAM-masked ballots.
+
+    ``P(a) = (1 + sum_i mask_i [p [v_i = a] + (1 - p) / (m - 1) [v_i != a]]) / (|I| + m)``:
+    a dummy dictates its own alternative, a real voter its masked vote.
+    """
+    m = check_int("num_alternatives", num_alternatives, minimum=2)
+    counts = vote_counts(votes, mask, m).astype(jnp.float32)
+    p = jnp.asarray(keep_prob, jnp.float32)
+    voters = jnp.sum(counts)
+    masked = p * counts + (1.0 - p) / (m - 1) * (voters - counts)
+    return (masked + 1.0) / (voters + m)

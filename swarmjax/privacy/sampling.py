@@ -13,22 +13,31 @@ probability ``q``.  The buffer never truncates a batch:
   ``P(Binomial(n, q) > k) < overflow_prob`` (default ``1e-9``), from the exact binomial tail.
 * Resampling (always on): if a draw still has more than ``capacity`` examples, the whole
   draw is repeated with a fresh key (``fold_in(key, attempt)``) until it fits.  Conditioning
-  on "fits" moves the sampling distribution by at most ``P(overflow)`` in total variation,
-  so with the default capacity the guarantee is the accountant's ``(epsilon, delta)`` with
-  ``delta`` raised by at most ``1e-9``.  The number of draws is returned for inspection.
+  on "fits" moves one step's sampling distribution by at most ``p = P(overflow)`` in total
+  variation, so ``T`` steps move the whole run's by at most ``T p``, and an
+  ``(epsilon, delta)`` guarantee for exact Poisson sampling becomes
+  ``(epsilon, delta + T p (1 + e^epsilon))`` for the sampler actually used
+  (:func:`sampler_delta`).  Report that total: pass ``overflow_prob`` (from
+  :func:`overflow_probability`) to :class:`swarmjax.privacy.accounting.PrivacyAccountant`,
+  which then returns the epsilon whose delta includes it, or size the buffer with
+  :func:`run_capacity` so that the term is at most a stated share of delta.  The number of
+  draws is returned for inspection.
 
 How a draw is made: a Bernoulli(``q``) coin per valid row is the same process as
 geometric gaps between included rows (``P(gap >= g) = (1 - q)^g``, memoryless), so a draw
-takes ``capacity + 1`` uniforms, whatever the number of rows: slot ``k`` holds the valid row
+takes ``capacity + 1`` gaps, whatever the number of rows: slot ``k`` holds the valid row
 of rank ``sum_{l <= k} (gap_l + 1) - 1``, and slot ``capacity`` landing inside the data is
-exactly "more than ``capacity`` rows were included" (an overflow).  The gaps are
-``floor(log(1 - u) / log(1 - q))`` in float32 from uniforms on a ``2^-23`` grid, which moves
-each inclusion probability by about ``1e-7`` relative, less than rounding ``q`` itself would
-with one uniform coin per row.  Cost per draw: ``O(capacity)`` random numbers, against
-``O(N)`` for a coin per row (a 12,000-row client at ``q = 256 / 12000`` draws 357 numbers
-instead of 12,000).
+exactly "more than ``capacity`` rows were included" (an overflow).  Each gap is
+``floor(E / -log(1 - q))`` with ``E ~ Exp(1)`` (:func:`slot_exponentials`).  ``E = -log w``
+is computed from a uniform ``w`` held at full float32 relative precision near 0 and near 1
+(47 random bits), so ``P(gap >= g)`` is ``(1 - q)^g`` to float32 rounding (about ``1e-7``
+relative, tested) and every row's inclusion probability is ``q`` to that precision, for any
+``q`` (a plain float32 uniform, on a ``2^-23`` grid, would be off by ``2^-23 / q``: ``1e-4``
+relative at ``q = 1e-3``).  Cost per draw: ``O(capacity)`` random numbers, against
+``O(N)`` for a coin per row (a 12,000-row client at ``q = 256 / 12000`` draws 357 gaps
+instead of 12,000 coins).
 
-Batch invariance: slot ``k``'s uniform is ``uniform(fold_in(key, k))`` and ranks count
+Batch invariance: slot ``k``'s gap comes from ``fold_in(key, k)`` and ranks count
 valid rows only, so the sampled rows do not depend on the padded length ``N``, on the
 capacity (unless it overflows), or on what else is in a vmapped batch.
 
@@ -53,11 +62,16 @@ from swarmjax._validation import check_int, check_range
 
 __all__ = [
     "gather",
+    "geometric_gaps",
     "geometric_ranks",
+    "overflow_probability",
     "poisson_capacity",
     "poisson_sample",
     "row_uniforms",
+    "run_capacity",
+    "sampler_delta",
     "shuffled_batches",
+    "slot_exponentials",
 ]
 
 _MAX_DRAWS = 64
@@ -83,11 +97,87 @@ def poisson_capacity(num_examples: int, q: float, overflow_prob: float = 1e-9) -
     return max(k, 1)
 
 
+def overflow_probability(num_examples: int, q: float, capacity: int) -> float:
+    """Exact ``P(Binomial(num_examples, q) > capacity)``: one step's chance to overflow."""
+    n = check_int("num_examples", num_examples, minimum=1)
+    check_range("q", q, 0.0, 1.0, low_open=True)
+    capacity = check_int("capacity", capacity, minimum=1)
+    q_max = float(np.max(np.asarray(q, dtype=np.float64)))
+    return float(stats.binom.sf(capacity, n, q_max)) if capacity < n else 0.0
+
+
+def sampler_delta(overflow_prob: float, steps: int, epsilon: float) -> float:
+    """Delta the buffer adds to an ``(epsilon, delta)`` run of ``steps`` steps.
+
+    ``steps * overflow_prob * (1 + e^epsilon)`` (capped at 1): conditioning each step on
+    "fits" moves the run's output distribution by at most ``steps * overflow_prob`` in total
+    variation, and a total-variation shift ``t`` turns ``(eps, delta)`` into
+    ``(eps, delta + t (1 + e^eps))`` (apply the shift on both neighbouring datasets).
+    """
+    check_range("overflow_prob", overflow_prob, 0.0, 1.0)
+    steps = check_int("steps", steps, minimum=0)
+    check_range("epsilon", epsilon, 0.0, math.inf)
+    if overflow_prob == 0.0 or steps == 0:
+        return 0.0
+    if epsilon > 700.0:
+        return 1.0
+    return min(1.0, steps * overflow_prob * (1.0 + math.exp(epsilon)))
+
+
+def run_capacity(
+    num_examples: int, q: float, *, steps: int, delta: float, epsilon: float, share: float = 1e-3
+) -> int:
+    """Smallest buffer whose :func:`sampler_delta` over the whole run is ``<= share * delta``.
+
+    ``epsilon`` is an upper bound on the run's epsilon (the target).  Then the run's reported
+    ``(epsilon, delta)`` holds with delta ``delta * (1 + share)`` for the sampler used: state
+    that (or account it exactly with ``PrivacyAccountant(...).step(..., overflow_prob=...)``).
+    """
+    steps = check_int("steps", steps, minimum=1)
+    check_range("delta", delta, 0.0, 1.0, low_open=True, high_open=True)
+    check_range("epsilon", epsilon, 0.0, 700.0)
+    check_range("share", share, 0.0, 1.0, low_open=True)
+    per_step = share * delta / (steps * (1.0 + math.exp(epsilon)))
+    return poisson_capacity(num_examples, q, overflow_prob=per_step)
+
+
 def row_uniforms(key: PRNGKeyArray, num_rows: int) -> Float[Array, " N"]:
     """One ``U[0, 1)`` per row (or slot), row ``j`` from ``fold_in(key, j)`` (independent of
     ``N``)."""
     rows = jnp.arange(num_rows, dtype=jnp.uint32)
     return jax.vmap(lambda j: jax.random.uniform(jax.random.fold_in(key, j)))(rows)
+
+
+_HALF_ULP = 2.0**-23  # spacing of the 23-bit integers' fractions below
+_TWO_M24 = 2.0**-24
+
+
+def _exponential_from_bits(hi: Array, lo: Array, branch: Array) -> Array:
+    """``E = -log w`` for ``w`` uniform on ``(0, 1)``, from two 23-bit integers and a bit.
+
+    ``f = (hi + (lo + 1/2) 2^-23) 2^-24`` is uniform on ``(0, 1/2)`` to float32 rounding
+    (46 bits, kept at full relative precision near 0 by the float format); ``w = f`` when
+    ``branch`` is set, else ``w = 1 - f`` (evaluated as ``-log1p(-f)``), so both tails of
+    ``E`` are resolved to float32 relative precision.
+    """
+    frac = (lo.astype(jnp.float32) + 0.5) * _HALF_ULP
+    f = (hi.astype(jnp.float32) + frac) * _TWO_M24
+    return jnp.where(branch, -jnp.log(f), -jnp.log1p(-f))
+
+
+def slot_exponentials(key: PRNGKeyArray, slots: int) -> Float[Array, " slots"]:
+    """One ``Exp(1)`` per slot, slot ``k`` from ``fold_in(key, k)`` (independent of ``slots``)."""
+
+    def one(k: Array) -> Array:
+        bits = jax.random.bits(jax.random.fold_in(key, k), (3,), jnp.uint32)
+        return _exponential_from_bits(bits[0] >> 9, bits[1] >> 9, (bits[2] & 1) == 1)
+
+    return jax.vmap(one)(jnp.arange(slots, dtype=jnp.uint32))
+
+
+def geometric_gaps(e: Float[Array, "..."], q: ArrayLike) -> Float[Array, "..."]:
+    """``floor(E / -log(1 - q))``: Geometric(``q``) failures before a success, as floats."""
+    return jnp.floor(e / -jnp.log1p(-jnp.asarray(q, e.dtype)))
 
 
 def geometric_ranks(
@@ -97,12 +187,11 @@ def geometric_ranks(
     ``limit`` (every rank ``>= limit`` is returned as ``limit``).
 
     Rank ``k`` is ``sum_{l <= k} (gap_l + 1) - 1`` with independent geometric gaps
-    ``gap_l = floor(log(1 - u_l) / log(1 - q))``, ``u_l = uniform(fold_in(key, l))``: the
-    same law as one coin per row. The running sum saturates at ``limit``, so it cannot
-    overflow int32.
+    ``gap_l = floor(E_l / -log(1 - q))``, ``E_l`` from :func:`slot_exponentials`: the same
+    law as one coin per row.  The running sum saturates at ``limit``, so it cannot overflow
+    int32.
     """
-    u = row_uniforms(key, slots)
-    gaps = jnp.floor(jnp.log1p(-u) / jnp.log1p(-jnp.asarray(q, u.dtype)))
+    gaps = geometric_gaps(slot_exponentials(key, slots), q)
     steps = jnp.minimum(gaps, float(limit)).astype(jnp.int32) + 1
     saturating_add = lambda a, b: jnp.minimum(a + b, limit + 1)
     return jax.lax.associative_scan(saturating_add, steps) - 1

@@ -30,6 +30,7 @@ from jaxtyping import Array, Int, PRNGKeyArray, PyTree
 from tqdm.auto import tqdm
 
 from swarmjax._validation import check_choice, check_int
+from swarmjax.fl.clients import ClientData, as_test_set, check_federated_inputs
 from swarmjax.fl.protocol import (
     Algorithm,
     Exchange,
@@ -264,7 +265,8 @@ def simulate(
         clients: stacked client data (a pytree with a leading client axis, usually
             :class:`~swarmjax.fl.clients.ClientData`; ``alg.client_init`` and ``client``
             get one client's slice).
-        test: public ``(x, y)`` test set for ``alg.evaluate``.
+        test: public ``(x, y)`` test set for ``alg.evaluate``. Model, client data and test
+            set are checked against each other (shapes, classes, labels) before any work.
         variants: the hyper pytree with a variant axis, and the variants' labels.
         seeds: one seed or several; runs are (variant, seed) pairs, variant-major.
         rounds: training rounds ``T >= 1`` (after the setup exchanges).
@@ -278,6 +280,10 @@ def simulate(
             (statistics of private data, NOT covered by epsilon) into
             ``Result.private_diagnostics``.
     """
+    test = as_test_set(test)
+    train = clients if isinstance(clients, ClientData) else getattr(clients, "train", None)
+    if isinstance(train, ClientData) and hasattr(alg, "model"):
+        check_federated_inputs(alg.model, train, test)  # shapes, classes, labels
     seed_list = [seeds] if isinstance(seeds, int | np.integer) else list(seeds)
     if not seed_list:
         raise ValueError("seeds must not be empty")

@@ -1,0 +1,106 @@
+"""PAASO strategies' throughput, each beside PSO in the same run.
+
+    python -m benchmarks.paaso_strategies [--runs 1000] [--iterations 1000] [--no-write]
+
+One jit(vmap) of ``paaso.run`` per strategy over ``--runs`` runs of 50 agents on f4
+(w 0.7, phi 1.4, wG 0.1, p_m 0.9), sharded over every CPU device.  Voting strategies run
+twice: with ``p_c = 1`` declared (``draw_casts=False``: what the sweep task uses for the
+paper's grids) and with the ``s`` casting uniforms drawn every iteration (any ``p_c``).
+Timings interleave the variants (best of ``--repeats``), so the ratios to PSO compare
+like with like on a shared machine; the backend and machine load are printed and written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.paaso_strategies",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--runs", type=int, default=1000, help="runs (swarms) per strategy")
+    p.add_argument("--iterations", type=int, default=1000, help="iterations per run")
+    p.add_argument("--repeats", type=int, default=3, help="timed calls per variant (best)")
+    p.add_argument("--cpu-devices", type=int, default=min(os.cpu_count() or 1, 8))
+    p.add_argument("--no-write", action="store_true", help="do not update RESULTS.md")
+    args = p.parse_args(argv)
+    for name in ("runs", "iterations", "repeats", "cpu_devices"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1; got {getattr(args, name)}")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    flags = os.environ.get("XLA_FLAGS", "")
+    if args.cpu_devices > 1 and "xla_force_host_platform_device_count" not in flags:
+        os.environ["XLA_FLAGS"] = (
+            f"{flags} --xla_force_host_platform_device_count={args.cpu_devices}".strip()
+        )
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    from benchmarks._results import machine, write_section
+    from swarmjax import paaso
+
+    print(f"backend: {jax.default_backend()} ({jax.device_count()} device(s))", flush=True)
+    ndev = jax.device_count()
+    runs = -(-args.runs // ndev) * ndev
+    sharding = NamedSharding(Mesh(np.asarray(jax.devices()), ("runs",)), PartitionSpec("runs"))
+    seeds = jax.device_put(jnp.arange(runs, dtype=jnp.uint32), sharding)
+    hyper = paaso.PAASOHyper(w=0.7, phi_p=1.4, phi_g=1.4, w_g=0.1, p_c=1.0, p_m=0.9)
+    variants = [("pso", {"strategy": "pso"}), ("fl", {"strategy": "fl"})]
+    for s in paaso.VOTING:
+        variants += [
+            (s, {"strategy": s, "draw_casts": False}),
+            (f"{s}, casts drawn", {"strategy": s}),
+        ]
+    load_before = os.getloadavg()[0]
+    fns = {}
+    for label, kw in variants:
+        cfg = paaso.PAASOConfig(function="f4", iterations=args.iterations, **kw)
+        fn = jax.jit(
+            jax.vmap(lambda k, c=cfg: paaso.run(jax.random.key(k), c, hyper)["final_objective"])
+        )
+        t0 = time.perf_counter()
+        fn(seeds).block_until_ready()
+        fns[label] = (fn, time.perf_counter() - t0)
+    best = dict.fromkeys(fns, float("inf"))
+    for _ in range(args.repeats):
+        for label, (fn, _) in fns.items():
+            t0 = time.perf_counter()
+            fn(seeds).block_until_ready()
+            best[label] = min(best[label], time.perf_counter() - t0)
+    steps = runs * 50 * args.iterations
+    table = [
+        "| strategy | M agent-steps/s | / PSO | compile s |",
+        "|---|---:|---:|---:|",
+    ]
+    for label, (_, compile_s) in fns.items():
+        rate = steps / best[label]
+        ratio = best["pso"] / best[label]
+        print(f"{label:20s} {rate / 1e6:8.1f} M agent-steps/s  x{ratio:.2f} of PSO", flush=True)
+        table.append(f"| {label} | {rate / 1e6:.1f} | {ratio:.2f} | {compile_s:.1f} |")
+    text = (
+        "## paaso_strategies (`python -m benchmarks.paaso_strategies"
+        f" --runs {args.runs} --iterations {args.iterations}`)\n\n"
+        f"Machine: {machine()}; {ndev} XLA device(s); load average before the run "
+        f"{load_before:.2f}, after {os.getloadavg()[0]:.2f}.\n"
+        f"{runs} runs x 50 agents x {args.iterations} iterations on f4 per strategy, one "
+        f"jit(vmap) each, best of {args.repeats} interleaved calls.\n\n" + "\n".join(table)
+    )
+    if not args.no_write:
+        write_section("paaso_strategies", text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

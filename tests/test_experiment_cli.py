@@ -1,0 +1,93 @@
+"""Every experiment script refuses bad command-line input before any work.
+
+One line on stderr naming the option, exit status 2, no traceback; the compute and data
+loading functions are replaced by ones that fail, so a refusal that came late would show.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from experiments import _cli, apdim, combined_learning, dp_fedavg, fed_dp_pso, paaso
+from swarmjax.resume import CallStore
+
+MISSING = "/nonexistent/swarmjax-data"
+
+
+def _no_work(*args, **kwargs):
+    raise AssertionError("work started before the arguments were checked")
+
+
+@pytest.fixture(autouse=True)
+def _forbid_work(monkeypatch):
+    monkeypatch.setattr(dp_fedavg, "load_dataset", _no_work)
+    monkeypatch.setattr(combined_learning, "load_dataset", _no_work)
+    monkeypatch.setattr(apdim, "load_split", _no_work)
+    monkeypatch.setattr(fed_dp_pso, "_run_dataset", _no_work)
+    monkeypatch.setattr(paaso, "_setup_devices", _no_work)
+
+
+BAD = [
+    (dp_fedavg, ["--rounds", "0"], "--rounds"),
+    (dp_fedavg, ["--clients", "0"], "--clients"),
+    (dp_fedavg, ["--seeds", "0"], "--seeds"),
+    (dp_fedavg, ["--seeds", "2", "5"], "unrecognized"),  # a count, not a list
+    (dp_fedavg, ["--epsilons", "nan"], "--epsilons"),
+    (dp_fedavg, ["--data-dir", MISSING], "--data-dir"),
+    (combined_learning, ["--rounds", "0"], "--rounds"),
+    (combined_learning, ["--seeds", "0"], "--seeds"),
+    (combined_learning, ["--datasets", "mnist", "--data-dir", MISSING], "--data-dir"),
+    (combined_learning, ["--datasets", "breast_cancer", "--models", "conv"], "--models"),
+    (apdim, ["--seeds", "-3"], "--seeds"),
+    (apdim, ["--data-dir", MISSING], "--data-dir"),
+    (fed_dp_pso, ["--datasets", "mnist", "foo"], "--datasets"),
+    (fed_dp_pso, ["--rounds", "0"], "--rounds"),
+    (fed_dp_pso, ["--datasets", "mnist", "--data-dir", MISSING], "--data-dir"),
+    (fed_dp_pso, ["--lr", "-1"], "--lr"),
+    (paaso, ["--runs", "0"], "--runs"),
+    (paaso, ["--quick", "--full"], "--full"),
+]
+
+
+@pytest.mark.parametrize(
+    ("module", "argv", "named"), BAD, ids=[f"{m.__name__[12:]} {' '.join(a)}" for m, a, _ in BAD]
+)
+def test_bad_input_exits_2_with_one_line(module, argv, named, capsys, monkeypatch):
+    monkeypatch.delenv("SWARMJAX_DATA", raising=False)
+    with pytest.raises(SystemExit) as exit_info:
+        module.main(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert named in err
+
+
+def test_data_dir_never_falls_back(tmp_path, monkeypatch):
+    monkeypatch.setenv("SWARMJAX_DATA", str(tmp_path))
+    with pytest.raises(_cli.UserError, match="--data-dir"):
+        _cli.data_dir(MISSING)  # given but missing: not replaced by $SWARMJAX_DATA
+    monkeypatch.setenv("SWARMJAX_DATA", MISSING)
+    with pytest.raises(_cli.UserError, match="SWARMJAX_DATA"):
+        _cli.data_dir(None)
+    assert _cli.data_dir(tmp_path) == tmp_path
+    with pytest.raises(_cli.UserError, match="lacks tabular"):
+        _cli.data_dir(tmp_path, needs=["tabular"])
+
+
+def test_results_default_to_the_repository_results_folder():
+    for module in (dp_fedavg, combined_learning, apdim, fed_dp_pso, paaso):
+        name = module.__name__.split(".")[-1]
+        parse = getattr(module, "parse_args", None)
+        args = parse([]) if parse else fed_dp_pso._parser().parse_args([])
+        assert args.out == _cli.RESULTS / name
+
+
+def test_changed_code_never_reuses_a_saved_call(tmp_path):
+    script = tmp_path / "experiment.py"
+    script.write_text("RATE = 1\n")
+    first = CallStore(tmp_path / "calls", {"lr": 0.1}, code=[script])
+    assert first.folder == CallStore(tmp_path / "calls", {"lr": 0.1}, code=[script]).folder
+    script.write_text("RATE = 2\n")
+    assert CallStore(tmp_path / "calls", {"lr": 0.1}, code=[script]).folder != first.folder
+    with pytest.raises(ValueError, match="code"):
+        CallStore(tmp_path / "calls", {"code": "mine"})
