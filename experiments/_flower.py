@@ -10,6 +10,7 @@ difference of the global model, and says what epsilon covers.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import jax
@@ -17,13 +18,28 @@ import numpy as np
 import pandas as pd
 
 from swarmjax.flower.deployment import LocalDeployment
-from swarmjax.flower.server import read_run
-from swarmjax.flower.task import load_task, simulate_task
+from swarmjax.flower.server import FlowerRun, read_run
+from swarmjax.flower.task import Task, load_task, simulate_task
+
+Runner = Callable[[dict, Task, Path], FlowerRun]
 
 
-def run_over_flower(config: dict, out: Path) -> dict:
-    """Run the digits task ``config`` (keys of ``flower_app/pyproject.toml``) on Flower and
-    in the simulator; write ``out/flower/`` and return a summary."""
+def deployed(config: dict, task: Task, out: Path) -> FlowerRun:
+    """Run ``config`` over a SuperLink + one SuperNode per client on 127.0.0.1."""
+    nodes = tuple(range(task.num_clients))
+    print(f"Flower: SuperLink + {len(nodes)} SuperNodes on 127.0.0.1, {config}", flush=True)
+    run_dir = Path(config["out-dir"])
+    with LocalDeployment(partitions=nodes, node_config={"jax-cache-dir": str(out / "jax")}) as d:
+        output = d.run(config, timeout=3600)
+        if not (run_dir / "privacy.json").exists():
+            raise RuntimeError(f"the ServerApp wrote no results:\n{output[-3000:]}\n{d.logs()}")
+    return read_run(run_dir, task)
+
+
+def run_over_flower(config: dict, out: Path, runner: Runner = deployed) -> dict:
+    """Run the digits task ``config`` (keys of ``flower_app/pyproject.toml``) on Flower
+    (``runner``: a real deployment; tests pass an in-process grid) and in the simulator;
+    write ``out/flower/`` and return a summary."""
     out = Path(out)
     run_dir = out / "flower"
     # generous waits: a node compiles the run's functions while joining (minutes on a
@@ -31,13 +47,7 @@ def run_over_flower(config: dict, out: Path) -> dict:
     waits = {"join-timeout": 1200.0, "reply-timeout": 600.0}
     config = {"task": "swarmjax.flower.tasks:digits", **waits, **config, "out-dir": str(run_dir)}
     task = load_task(config)
-    nodes = tuple(range(task.num_clients))
-    print(f"Flower: SuperLink + {len(nodes)} SuperNodes on 127.0.0.1, {config}", flush=True)
-    with LocalDeployment(partitions=nodes, node_config={"jax-cache-dir": str(out / "jax")}) as d:
-        output = d.run(config, timeout=3600)
-        if not (run_dir / "privacy.json").exists():
-            raise RuntimeError(f"the ServerApp wrote no results:\n{output[-3000:]}\n{d.logs()}")
-    run = read_run(run_dir, task)
+    run = runner(config, task, out)
     sim = simulate_task(task)
     diff = max(
         float(np.max(np.abs(np.asarray(a) - np.asarray(b))))

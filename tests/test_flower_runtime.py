@@ -1,7 +1,9 @@
 """The Flower runtime in one process (LoopbackGrid: the real ServerApp and ClientApp code,
 no SuperLink): same numbers as the simulator, and the faults a deployment meets."""
 
+import functools
 import logging
+import os
 
 import pytest
 
@@ -16,17 +18,35 @@ from swarmjax.flower.loopback import LoopbackGrid
 from swarmjax.flower.server import ServerSettings, drive
 from swarmjax.flower.task import load_task, simulate_task
 
-BASE = {"task": "swarmjax.flower.tasks:digits", "train-size": 300, "hidden": 16}
+# The smallest settings that still run every code path: 150 digits rows (50 per client, the
+# Poisson batch of 32 stays below them), an 8-unit hidden layer, 2 rounds (1 for
+# Fed-DP-PSO, whose setup exchange plus both exchanges compile the longest), 2 particles.
+# SWARMJAX_FLOWER_FULL=1: the larger settings (300 rows, 16 units, 2 rounds, 3 particles).
+FULL = os.environ.get("SWARMJAX_FLOWER_FULL") == "1"
+BASE = {"task": "swarmjax.flower.tasks:digits", "rounds": 2}
+BASE |= {"train-size": 300, "hidden": 16} if FULL else {"train-size": 150, "hidden": 8}
+SIZES = {"fed-dp-pso": {"particles": 3} if FULL else {"rounds": 1, "particles": 2}}
 FAST = ServerSettings(join_timeout=1.0, reply_timeout=1.0)
+
+
+def config(algorithm: str, **extra: object) -> dict:
+    """The run config of ``algorithm`` at the suite's sizes. Tests that use the same config
+    share one Task, so its functions compile once per process."""
+    return {**BASE, "algorithm": algorithm, **SIZES.get(algorithm, {}), **extra}
 
 
 def _grid(config, partitions=(0, 1, 2)):
     return LoopbackGrid.with_partitions(make_client_app(), config, partitions)
 
 
-def _simulate(config):
-    task = load_task(config)
-    return simulate_task(task)
+@functools.cache
+def _simulate(frozen):
+    return simulate_task(load_task(dict(frozen)))
+
+
+def simulated(config):
+    """The simulator's run of ``config`` (once per config and process)."""
+    return _simulate(tuple(sorted(config.items())))
 
 
 def assert_same_run(run, sim, atol=1e-6):
@@ -41,22 +61,19 @@ def assert_same_run(run, sim, atol=1e-6):
     assert run.privacy.not_covered == sim.privacy.not_covered
 
 
-# Fed-DP-PSO compiles the longest: one round (setup + both exchanges), 2 particles
-SIZES = {"fed-dp-pso": {"rounds": 1, "particles": 2, "train-size": 150}}
-
-
 @pytest.mark.parametrize("algorithm", ["fedavg", "dp-fedavg", "fed-dp-pso"])
 def test_same_numbers_as_the_simulator(algorithm):
-    config = {**BASE, "algorithm": algorithm, "rounds": 2, **SIZES.get(algorithm, {})}
-    run = drive(_grid(config), load_task(config), FAST)
-    sim = _simulate(config)
+    cfg = config(algorithm)
+    run = drive(_grid(cfg), load_task(cfg), FAST)
+    sim = simulated(cfg)
     assert_same_run(run, sim)
     assert (run.messages["status"] == "ok").all()
     # released bytes: what was carried (public selection) or, for DP-FedAvg's secret
     # Poisson sampling, the expected count x message size; both equal the simulator's
     np.testing.assert_allclose(run.history["bytes_up"], sim.history["bytes_up"], rtol=1e-12)
     np.testing.assert_allclose(run.history["bytes_down"], sim.history["bytes_down"], rtol=1e-12)
-    carried = run.messages.groupby("round")["bytes_up"].sum()
+    trained = run.messages[~run.messages["setup"]]  # the setup round is not in the history
+    carried = trained.groupby("round")["bytes_up"].sum()
     if algorithm == "dp-fedavg":  # the realised messages stay in the operator's log
         assert np.isfinite(run.privacy.epsilon).all()
         per_client = run.messages["bytes_up"].max()
@@ -65,9 +82,38 @@ def test_same_numbers_as_the_simulator(algorithm):
         np.testing.assert_array_equal(carried, run.history["bytes_up"])
 
 
+def test_the_experiment_over_flower(tmp_path, capsys):
+    """``python -m experiments.fed_dp_pso --runtime flower``: its settings, its one-line
+    errors, and the function it calls run end to end over an in-process grid (the
+    deployment itself is tested in test_flower_deployment.py)."""
+    from experiments import fed_dp_pso
+    from experiments._flower import run_over_flower
+
+    args = fed_dp_pso._parser().parse_args(["--runtime", "flower", "--quick", "--epsilons", "5"])
+    expected = {"algorithm": "fed-dp-pso", "rounds": 2, "particles": 2, "target-epsilon": 5.0}
+    assert fed_dp_pso.flower_config(args) == expected
+    for argv, error in (
+        (["--epsilons", "inf"], "give a finite --epsilons"),
+        (["--datasets", "mnist"], "runs the digits task: drop --datasets"),
+    ):
+        with pytest.raises(SystemExit) as exit_:
+            fed_dp_pso.main(["--runtime", "flower", *argv, "--out", str(tmp_path)])
+        assert exit_.value.code == 2 and error in capsys.readouterr().err
+
+    def in_process(cfg, task, out):
+        return drive(_grid(cfg), task, ServerSettings.from_run_config(cfg))
+
+    summary = run_over_flower(config("fed-dp-pso"), tmp_path, runner=in_process)
+    assert summary["max_abs_model_difference"] <= 1e-6
+    assert (tmp_path / "flower" / "privacy.json").exists()
+    assert (tmp_path / "flower_summary.json").exists()
+    printed = capsys.readouterr().out
+    assert "largest |flower - simulator|" in printed and "covers: " in printed
+
+
 def test_dropped_client_round_finishes_and_spend_stays_correct(caplog):
-    config = {**BASE, "algorithm": "fedavg", "rounds": 2}
-    grid = _grid(config)
+    cfg = config("fedavg")
+    grid = _grid(cfg)
     calls = {"n": 0}
 
     def dies_in_round_two(reply: Message) -> Message | None:
@@ -76,7 +122,7 @@ def test_dropped_client_round_finishes_and_spend_stays_correct(caplog):
 
     grid.nodes[101].rewrite = dies_in_round_two
     with caplog.at_level(logging.WARNING, logger="swarmjax.flower"):
-        run = drive(grid, load_task(config), FAST)
+        run = drive(grid, load_task(cfg), FAST)
     status = run.messages.set_index(["round", "client"])["status"]
     assert status[(1, 1)] == "ok"
     assert status[(2, 1)].startswith("no reply")
@@ -91,8 +137,8 @@ def test_dropped_client_round_finishes_and_spend_stays_correct(caplog):
 
 
 def test_garbage_reply_is_rejected_with_a_logged_reason(caplog):
-    config = {**BASE, "algorithm": "fedavg", "rounds": 1}
-    grid = _grid(config)
+    cfg = config("fedavg")
+    grid = _grid(cfg)
 
     def garbage(reply: Message) -> Message:
         if "reply" in reply.content:
@@ -101,23 +147,23 @@ def test_garbage_reply_is_rejected_with_a_logged_reason(caplog):
 
     grid.nodes[102].rewrite = garbage
     with caplog.at_level(logging.WARNING, logger="swarmjax.flower"):
-        run = drive(grid, load_task(config), FAST)
-    row = run.messages.set_index("client").loc[2]
+        run = drive(grid, load_task(cfg), FAST)
+    row = run.messages.set_index(["round", "client"]).loc[(1, 2)]
     assert row["status"].startswith("rejected: fields missing")
     assert "client 2 left out: rejected" in caplog.text
     # the round used clients 0 and 1: the same model as a run where client 2 is down
-    grid2 = _grid(config)
+    grid2 = _grid(cfg)
     grid2.nodes[102].up = False
-    other = drive(grid2, load_task(config), FAST)
+    other = drive(grid2, load_task(cfg), FAST)
     for x, y in zip(jax.tree.leaves(run.server), jax.tree.leaves(other.server), strict=True):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
 def test_late_node_joins_between_rounds():
-    config = {**BASE, "algorithm": "fedavg", "rounds": 2}
-    grid = _grid(config)
+    cfg = config("fedavg")
+    grid = _grid(cfg)
     grid.nodes[102].joins_after = 3  # visible once round 1's messages went out
-    run = drive(grid, load_task(config), FAST)
+    run = drive(grid, load_task(cfg), FAST)
     ok = run.messages[run.messages["status"] == "ok"]
     clients = ok.groupby("round")["client"].apply(sorted)
     assert clients[1] == [0, 1] and clients[2] == [0, 1, 2]
@@ -126,15 +172,16 @@ def test_late_node_joins_between_rounds():
 
 
 def test_a_partition_claimed_twice_is_refused(caplog):
-    config = {**BASE, "algorithm": "fedavg", "rounds": 1}
-    grid = _grid(config, partitions=(0, 1))
-    twin = _grid(config, partitions=(1,)).nodes[101]
+    cfg = config("fedavg")
+    grid = _grid(cfg, partitions=(0, 1))
+    twin = _grid(cfg, partitions=(1,)).nodes[101]
     grid.nodes[999] = twin
     with caplog.at_level(logging.WARNING, logger="swarmjax.flower"):
-        run = drive(grid, load_task(config), FAST)
+        run = drive(grid, load_task(cfg), FAST)
     assert "partition 1 is out of range or taken" in caplog.text
     ok = run.messages[run.messages["status"] == "ok"]
-    assert sorted(ok["client"]) == [0, 1] and set(ok["node"]) == {100, 101}
+    assert ok.groupby("round")["client"].apply(sorted).tolist() == [[0, 1], [0, 1]]
+    assert set(ok["node"]) == {100, 101}
 
 
 def test_bad_settings_fail_before_any_work():

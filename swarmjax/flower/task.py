@@ -23,7 +23,7 @@ from jaxtyping import Array, PRNGKeyArray, PyTree
 from swarmjax.fl.protocol import Algorithm, client_init_key, server_init_key
 from swarmjax.fl.runtime.simulator import Variants, num_clients, run_keys, simulate
 
-__all__ = ["Task", "load_task", "simulate_task", "stacked_task"]
+__all__ = ["SERVER_KEYS", "Task", "load_task", "simulate_task", "stacked_task"]
 
 
 @dataclass(frozen=True, eq=False)  # identity hash: a process builds its task once
@@ -111,9 +111,15 @@ def _load(frozen: str) -> Task:
     return task
 
 
+# run configuration keys that say how the ServerApp waits and writes, not what runs: runs
+# that differ only in these share one Task (and its compiled functions)
+SERVER_KEYS = ("join-timeout", "reply-timeout", "reject-nonfinite", "out-dir")
+
+
 def load_task(run_config: Mapping[str, Any]) -> Task:
-    """The :class:`Task` the run configuration names (built once per process)."""
-    return _load(_freeze(run_config))
+    """The :class:`Task` the run configuration names (built once per process; the
+    :data:`SERVER_KEYS` do not enter it)."""
+    return _load(_freeze({k: v for k, v in run_config.items() if k not in SERVER_KEYS}))
 
 
 def stacked_task(
