@@ -148,6 +148,13 @@ def _parser() -> argparse.ArgumentParser:
         help="B, expected Poisson batch (full 256, else 64)",
     )
     p.add_argument(
+        "--runtime",
+        choices=("simulator", "flower"),
+        default="simulator",
+        help="flower: Fed-DP-PSO on digits over a SuperLink + 3 SuperNodes on 127.0.0.1, "
+        "beside the simulator (experiments/_flower.py)",
+    )
+    p.add_argument(
         "--lr",
         type=_cli.positive_float("--lr"),
         default=None,
@@ -492,12 +499,35 @@ def _comm(models: dict) -> list[dict]:
     return rows
 
 
+def flower_config(args: argparse.Namespace) -> dict:
+    """``--runtime flower``: the run config of Fed-DP-PSO on digits at the first
+    ``--epsilons`` (default 8), checked before any process starts."""
+    if args.datasets not in (None, ["digits"]):
+        raise _cli.UserError("--runtime flower runs the digits task: drop --datasets")
+    eps = (args.epsilons or [8.0])[0]
+    if not math.isfinite(eps):
+        raise _cli.UserError("--runtime flower runs Fed-DP-PSO with DP: give a finite --epsilons")
+    rounds = args.rounds or (2 if args.quick else 10)
+    particles = 2 if args.quick else args.particles
+    return {
+        "algorithm": "fed-dp-pso",
+        "rounds": rounds,
+        "particles": particles,
+        "target-epsilon": eps,
+    }
+
+
 _BUILT_IN = ("digits", "breast_cancer")  # shipped with scikit-learn: no data folder needed
 
 
 @_cli.entry_point
 def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
+    if args.runtime == "flower":  # needs the flower extra
+        from experiments._flower import run_over_flower
+
+        run_over_flower(flower_config(args), _cli.out_dir(args))
+        return
     plan = _plan(args)
     wants_files = any(d not in _BUILT_IN for d in plan["datasets"]) or args.full
     if wants_files or args.data_dir is not None:

@@ -1,0 +1,259 @@
+"""A real Flower deployment on one machine: a SuperLink and N SuperNodes as separate
+processes on ``127.0.0.1``, a run submitted with ``flwr run``, everything stopped after.
+
+:class:`LocalDeployment` is what the tests, the benchmark and ``--runtime flower`` use; the
+README shows the same commands typed by hand (docs/flower.md: what changes across
+machines). Every process is started in its own session; leaving the ``with`` block (also
+on an error or a failed test) terminates each process tree, then kills what is left.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+import swarmjax
+
+__all__ = ["APP_DIR", "LocalDeployment", "free_port"]
+
+REPO = Path(swarmjax.__file__).resolve().parents[1]
+APP_DIR = REPO / "flower_app"
+HOST = "127.0.0.1"
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return int(s.getsockname()[1])
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def config_arg(config: dict[str, Any]) -> str:
+    """``{"a": 1, "b": "x"}`` -> ``'a=1 b="x"'`` (``--run-config`` / ``--node-config``)."""
+    return " ".join(f"{k}={_toml_value(v)}" for k, v in config.items())
+
+
+@dataclass
+class LocalDeployment:
+    """SuperLink + SuperNodes on 127.0.0.1 (a context manager).
+
+    Attributes:
+        partitions: the partition id of each SuperNode started on entry.
+        node_config: extra node configuration given to every SuperNode.
+        workdir: where homes and logs go (default: a fresh temporary folder, removed on
+            exit unless ``keep`` is set).
+        startup_timeout: seconds to wait for the SuperLink to listen.
+    """
+
+    partitions: tuple[int, ...] = (0, 1, 2)
+    node_config: dict[str, Any] = field(default_factory=dict)
+    workdir: Path | None = None
+    startup_timeout: float = 60.0
+    keep: bool = False
+    port: int = 0
+    nodes: dict[int, psutil.Popen] = field(default_factory=dict)
+    _procs: list[psutil.Popen] = field(default_factory=list)
+    _tmp: bool = False
+
+    def __enter__(self) -> LocalDeployment:
+        if self.workdir is None:
+            self.workdir, self._tmp = Path(tempfile.mkdtemp(prefix="swarmjax-flower-")), True
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        try:
+            self._start_superlink()
+            for pid in self.partitions:
+                self.start_node(pid)
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+        if self._tmp and not self.keep:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    # ------------------------------------------------------------------------ processes
+
+    def _env(self, home: str) -> dict[str, str]:
+        env = dict(os.environ)
+        env["FLWR_HOME"] = str(self.workdir / home)
+        # the processes import this checkout's swarmjax, whatever the environment has
+        env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(
+            os.pathsep
+        )
+        return env
+
+    def _spawn(self, args: list[str], home: str, log: str) -> psutil.Popen:
+        out = open(self.workdir / log, "wb")  # closed below: the child keeps its own handle
+        proc = psutil.Popen(
+            args,
+            env=self._env(home),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            cwd=self.workdir,
+        )
+        out.close()
+        self._procs.append(proc)
+        return proc
+
+    def _start_superlink(self) -> None:
+        self.port = free_port()
+        bin_dir = Path(sys.executable).parent
+        self._spawn(
+            [
+                str(bin_dir / "flower-superlink"),
+                "--insecure",
+                "--host",
+                HOST,
+                "--port",
+                str(self.port),
+                "--health-server-address",
+                f"{HOST}:{free_port()}",
+                "--disable-runtime-dependency-installation",
+            ],
+            "superlink",
+            "superlink.log",
+        )
+        deadline = time.monotonic() + self.startup_timeout
+        while time.monotonic() < deadline:
+            with socket.socket() as s:
+                if s.connect_ex((HOST, self.port)) == 0:
+                    break
+            time.sleep(0.1)
+        else:
+            raise RuntimeError(
+                f"SuperLink did not listen on {HOST}:{self.port} within "
+                f"{self.startup_timeout} s; see {self.workdir / 'superlink.log'}"
+            )
+        cli = self.workdir / "cli"
+        cli.mkdir(exist_ok=True)
+        (cli / "config.toml").write_text(
+            f'[superlink]\ndefault = "local"\n\n[superlink.local]\n'
+            f'address = "{HOST}:{self.port}"\ninsecure = true\n'
+        )
+
+    def start_node(self, partition: int) -> psutil.Popen:
+        """Start a SuperNode holding ``partition`` (also after the run started: a late join)."""
+        config = {"partition-id": partition, **self.node_config}
+        proc = self._spawn(
+            [
+                str(Path(sys.executable).parent / "flower-supernode"),
+                "--insecure",
+                "--superlink",
+                f"{HOST}:{self.port}",
+                "--host",
+                HOST,
+                "--port",
+                str(free_port()),
+                "--node-config",
+                config_arg(config),
+            ],
+            f"node{partition}",
+            f"node{partition}.log",
+        )
+        self.nodes[partition] = proc
+        return proc
+
+    def kill_node(self, partition: int) -> None:
+        """SIGKILL the SuperNode of ``partition`` and its ClientApp processes (a crash)."""
+        _kill_tree(self.nodes.pop(partition), graceful=False)
+
+    def stop(self) -> None:
+        """Stop every process this deployment started (children included)."""
+        for proc in reversed(self._procs):
+            _kill_tree(proc, graceful=True)
+        self._procs.clear()
+        self.nodes.clear()
+
+    # ---------------------------------------------------------------------------- a run
+
+    def start_run(self, run_config: dict[str, Any], app: Path = APP_DIR) -> psutil.Popen:
+        """Submit a run (``flwr run app local --stream``) and return the CLI process, which
+        streams the run's logs and exits when the run ends (see :meth:`finish`)."""
+        cmd = [
+            str(Path(sys.executable).parent / "flwr"),
+            "run",
+            str(app),
+            "local",
+            "--stream",
+            "--run-config",
+            config_arg(run_config),
+        ]
+        proc = psutil.Popen(
+            cmd,
+            env=self._env("cli"),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            cwd=self.workdir,
+        )
+        self._procs.append(proc)
+        return proc
+
+    def finish(self, proc: psutil.Popen, timeout: float = 300.0) -> str:
+        """Wait for a run started by :meth:`start_run`; its output. Raises ``RuntimeError``
+        (with the output) if it fails or takes longer than ``timeout`` seconds."""
+        try:
+            out, _ = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            _kill_tree(proc, graceful=False)
+            out = proc.communicate()[0]
+            raise RuntimeError(
+                f"flwr run took more than {timeout} s:\n{out.decode()[-4000:]}"
+            ) from None
+        text = out.decode(errors="replace")
+        if proc.returncode != 0:
+            raise RuntimeError(f"flwr run failed ({proc.returncode}):\n{text[-4000:]}")
+        return text
+
+    def run(self, run_config: dict[str, Any], app: Path = APP_DIR, timeout: float = 300.0) -> str:
+        """Run to the end (:meth:`start_run` then :meth:`finish`); the CLI's output."""
+        return self.finish(self.start_run(run_config, app), timeout)
+
+    def logs(self) -> str:
+        """The tail of every process's log (for a failure message)."""
+        parts = []
+        for path in sorted(self.workdir.glob("*.log")):
+            parts.append(f"== {path.name}\n{path.read_text(errors='replace')[-3000:]}")
+        return "\n".join(parts)
+
+
+def _kill_tree(proc: psutil.Process, graceful: bool) -> None:
+    """Terminate ``proc`` and all its descendants (SIGTERM, 3 s grace, SIGKILL)."""
+    try:
+        tree = [proc, *proc.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        tree = [proc]
+    # descendants that started their own session (the SuperExec) are children too
+    for p in tree:
+        try:
+            p.terminate() if graceful else p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(tree, timeout=3 if graceful else 1)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(alive, timeout=3)

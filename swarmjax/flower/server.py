@@ -1,0 +1,414 @@
+"""The ServerApp: drives any protocol algorithm over Flower messages.
+
+A run: find the SuperNodes and their partitions (``query.hello``), ``server_init``, the
+setup exchanges (round 0), then ``rounds`` rounds of the algorithm's exchanges. One
+exchange: ``select`` with the simulator's server key decides which client slots take part,
+``request`` builds the one Request, the ServerApp sends it only to the selected clients'
+nodes, waits for their replies (at most ``reply-timeout`` seconds), places each valid reply
+in its client slot (the other slots: zeros, ``mask`` False) and calls ``aggregate``. A node
+that does not answer in time, answers with an error, or answers something that is not the
+algorithm's Reply (another structure, shape or dtype, or non-finite numbers) is left out of
+that exchange and logged with the reason: the round finishes with the clients that answered.
+
+Privacy spend per client: record-level algorithms report their :class:`Spend` with every
+reply (a client that did not reply has released nothing new, so its last report stands);
+client-level algorithms are accounted by the server (``algorithm.spend(server, .)``).
+
+Outputs (``out-dir`` in the run configuration): ``server.npz`` (final server state),
+``history.csv`` (public metrics, bytes and wall seconds per round), ``messages.csv`` (one
+row per message: client, status, payload and wire bytes), ``privacy.json`` (epsilon per
+client after each round, what it covers and what it does not). :func:`read_run` loads them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pandas as pd
+from flwr.app import ConfigRecord, Context, Message, RecordDict
+from flwr.serverapp import Grid, ServerApp
+from jaxtyping import PyTree
+
+from swarmjax.fl.protocol import Exchange, Spend, aggregate_key, server_init_key, server_key
+from swarmjax.fl.runtime.result import PrivacyRecord, privacy_record
+from swarmjax.flower.records import (
+    RecordError,
+    from_record,
+    load_tree,
+    payload_bytes,
+    save_tree,
+    to_record,
+)
+from swarmjax.flower.task import Task, load_task
+
+__all__ = ["FlowerRun", "ServerSettings", "drive", "make_server_app", "read_run"]
+
+log = logging.getLogger("swarmjax.flower")
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """How the ServerApp waits for nodes (run configuration keys in brackets).
+
+    Attributes:
+        join_timeout: seconds to wait for all ``N`` partitions before round 1 [join-timeout];
+            the run starts with the nodes present then (at least one); nodes that join
+            later are added between rounds.
+        reply_timeout: seconds one exchange waits for replies [reply-timeout].
+        poll: seconds between two pulls of replies.
+        reject_nonfinite: leave out replies holding NaN or inf [reject-nonfinite].
+        out_dir: where the results are written [out-dir] (``None``: not written).
+    """
+
+    join_timeout: float = 120.0
+    reply_timeout: float = 120.0
+    poll: float = 0.05
+    reject_nonfinite: bool = True
+    out_dir: Path | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("join_timeout", "reply_timeout", "poll"):
+            value = getattr(self, name)
+            if not (isinstance(value, int | float) and value > 0 and math.isfinite(value)):
+                raise ValueError(f"{name} must be a finite number > 0; got {value!r}")
+
+    @classmethod
+    def from_run_config(cls, config: dict[str, Any]) -> ServerSettings:
+        out = config.get("out-dir") or None
+        return cls(
+            join_timeout=float(config.get("join-timeout", cls.join_timeout)),
+            reply_timeout=float(config.get("reply-timeout", cls.reply_timeout)),
+            reject_nonfinite=bool(config.get("reject-nonfinite", cls.reject_nonfinite)),
+            out_dir=Path(out) if out else None,
+        )
+
+
+@dataclass
+class FlowerRun:
+    """What a deployment released: final server state, history, message log, privacy."""
+
+    server: PyTree
+    history: pd.DataFrame
+    messages: pd.DataFrame
+    privacy: PrivacyRecord
+
+
+@dataclass
+class _Coordinator:
+    grid: Grid
+    task: Task
+    settings: ServerSettings
+    nodes: dict[int, int] = field(default_factory=dict)  # client id -> node id
+    seen: set[int] = field(default_factory=set)  # node ids already greeted
+    messages: list[dict[str, Any]] = field(default_factory=list)
+
+    # ------------------------------------------------------------------------- transport
+
+    def _send(
+        self, contents: dict[int, RecordDict], kind: str, group: str, timeout: float
+    ) -> dict[int, Message | str]:
+        """Send ``contents[node]`` to each node; ``node -> reply`` or the reason there is none."""
+        msgs = [
+            Message(content, dst_node_id=node, message_type=kind, group_id=group)
+            for node, content in contents.items()
+        ]
+        ids = list(self.grid.push_messages(msgs))
+        pending = dict(zip(ids, contents, strict=True))
+        out: dict[int, Message | str] = {}
+        deadline = time.monotonic() + timeout
+        while pending and time.monotonic() < deadline:
+            for reply in self.grid.pull_messages(list(pending)):
+                node = pending.pop(reply.metadata.reply_to_message_id, None)
+                if node is not None:
+                    out[node] = reply
+            if pending:
+                time.sleep(self.settings.poll)
+        for node in pending.values():
+            out[node] = f"no reply within {timeout:g} s"
+        return out
+
+    def greet(self, deadline: float) -> None:
+        """Learn the partition of every new node; wait until all ``N`` are known or until
+        ``deadline`` (``time.monotonic()``)."""
+        n = self.task.num_clients
+        while True:
+            new = [node for node in self.grid.get_node_ids() if node not in self.seen]
+            if new:
+                self.seen.update(new)
+                hello = {node: RecordDict() for node in new}
+                timeout = max(self.settings.reply_timeout, deadline - time.monotonic())
+                for node, reply in self._send(hello, "query.hello", "hello", timeout).items():
+                    self._register(node, reply)
+            if len(self.nodes) == n or time.monotonic() >= deadline:
+                return
+            time.sleep(self.settings.poll)
+
+    def _register(self, node: int, reply: Message | str) -> None:
+        if isinstance(reply, str) or reply.has_error():
+            reason = reply if isinstance(reply, str) else reply.error.reason
+            log.warning("node %d did not say its partition: %s", node, reason)
+            self.seen.discard(node)  # ask again later
+            return
+        try:
+            pid = int(reply.content["hello"]["partition-id"])
+        except (KeyError, TypeError, ValueError) as err:
+            log.warning("node %d rejected: malformed hello reply (%s)", node, err)
+            return
+        if not 0 <= pid < self.task.num_clients or pid in self.nodes:
+            log.warning("node %d rejected: partition %d is out of range or taken", node, pid)
+            return
+        self.nodes[pid] = node
+        log.info("node %d holds partition %d", node, pid)
+
+    # -------------------------------------------------------------------------- exchange
+
+    def exchange(
+        self, server: PyTree, ex: Exchange, index: int, round_index: int, setup: bool
+    ) -> tuple[PyTree, dict[int, PyTree], dict[str, float]]:
+        """One exchange: ``(server, spend reported by the clients that replied, release)``;
+        ``release``: the selected count and bytes down/up the history publishes."""
+        task, n = self.task, self.task.num_clients
+        key = server_key(task.run_key, round_index, index)
+        selected = np.array(_select(ex, n)(server, key))  # a writable copy
+        if ex.max_selected is not None:  # as the simulator: the first max_selected ids only
+            selected[np.flatnonzero(selected)[ex.max_selected :]] = False
+        request = _jit(ex.request)(server)
+        request_record = to_record(request)
+        reply_like, spend_like = _reply_like(task, ex, request)
+        meta = ConfigRecord({"round": round_index, "exchange": index, "setup": setup})
+        targets = {int(c): self.nodes.get(int(c)) for c in np.flatnonzero(selected)}
+        contents = {
+            node: RecordDict({"request": request_record, "meta": meta})
+            for node in targets.values()
+            if node is not None
+        }
+        group = f"{'setup' if setup else 'round'}-{round_index}-{ex.name}"
+        start = len(self.messages)
+        replies = self._send(contents, "train.exchange", group, self.settings.reply_timeout)
+        slots = jax.tree.map(lambda s: np.zeros((n, *s.shape), s.dtype), _plain(reply_like))
+        mask = np.zeros(n, bool)
+        spends: dict[int, PyTree] = {}
+        for cid, node in targets.items():
+            row = {"round": round_index, "setup": setup, "exchange": ex.name, "client": cid}
+            row |= {"node": node, "bytes_down": 0, "wire_down": 0, "bytes_up": 0, "wire_up": 0}
+            if node is None:
+                row["status"] = "no node holds this partition"
+            else:
+                row |= {"bytes_down": payload_bytes(request)}
+                row |= {"wire_down": request_record.count_bytes()}
+                reply, status = self._accept(replies[node], reply_like, spend_like, row)
+                row["status"] = status
+                if reply is not None:
+                    value, spend = reply
+                    jax.tree.map(lambda buf, v, c=cid: buf.__setitem__(c, v), slots, value)
+                    mask[cid] = True
+                    if spend is not None:
+                        spends[cid] = spend
+            if row["status"] != "ok":
+                log.warning("%s: client %d left out: %s", group, cid, row["status"])
+            self.messages.append(row)
+        agg_key = aggregate_key(task.run_key, round_index, index)
+        server = _jit(ex.aggregate)(server, slots, jnp.asarray(mask), agg_key, task.hyper)
+        return server, spends, self._release(ex, selected, request, reply_like, start)
+
+    def _release(
+        self, ex: Exchange, selected: np.ndarray, request: PyTree, reply_like: PyTree, start: int
+    ) -> dict[str, float]:
+        """What the history publishes about an exchange: the bytes carried, or, when the
+        selection is secret (``expected_selected``: DP client sampling), the expected count
+        times the message sizes, as the simulator does (``messages.csv`` keeps the realised
+        messages, which only the operator sees)."""
+        if ex.expected_selected is not None:
+            count = float(ex.expected_selected(self.task.hyper, self.task.num_clients))
+            down = count * payload_bytes(request)
+            return {"selected": count, "down": down, "up": count * payload_bytes(reply_like)}
+        rows = self.messages[start:]
+        down = sum(r["bytes_down"] for r in rows)
+        return {
+            "selected": int(selected.sum()),
+            "down": down,
+            "up": sum(r["bytes_up"] for r in rows),
+        }
+
+    def _accept(
+        self, reply: Message | str, reply_like: PyTree, spend_like: PyTree | None, row: dict
+    ) -> tuple[tuple[PyTree, PyTree | None] | None, str]:
+        if isinstance(reply, str):
+            return None, reply
+        if reply.has_error():
+            return None, f"error reply: {reply.error.reason}"
+        try:
+            content = reply.content
+            record = content["reply"]
+            row |= {"wire_up": record.count_bytes()}
+            value = from_record(record, reply_like)
+            spend = None if spend_like is None else from_record(content["spend"], spend_like)
+        except (RecordError, KeyError, TypeError) as err:
+            return None, f"rejected: {err}"
+        if self.settings.reject_nonfinite and not _finite(value):
+            return None, "rejected: non-finite values in the reply"
+        row |= {"bytes_up": payload_bytes(value)}
+        return (value, spend), "ok"
+
+
+# ----------------------------------------------------------------------- compiled pieces
+# One compilation per function per process; the algorithm is hashable, so these caches
+# hold one entry per exchange.
+
+_JITS: dict[Any, Callable] = {}
+
+
+def _jit(fn: Callable, **kwargs: Any) -> Callable:
+    key = (fn, tuple(sorted(kwargs.items())))
+    if key not in _JITS:
+        _JITS[key] = jax.jit(fn, **kwargs)
+    return _JITS[key]
+
+
+def _select(ex: Exchange, n: int) -> Callable:
+    fn = _jit(ex.select, static_argnums=2)
+    return lambda server, key: fn(server, key, n)
+
+
+def _plain(tree: PyTree) -> PyTree:
+    return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype), tree)
+
+
+def _reply_like(task: Task, ex: Exchange, request: PyTree) -> tuple[PyTree, PyTree | None]:
+    """Shapes of the Reply of ``ex`` and of a client's Spend (``None`` at client level)."""
+    _, reply = jax.eval_shape(
+        ex.client, task.state_like, task.data_like, request, task.run_key, task.hyper
+    )
+    spend = None
+    if task.algorithm.privacy_unit != "client":
+        spend = jax.eval_shape(task.algorithm.spend, task.server_like, task.state_like)
+    return reply, spend
+
+
+def _finite(tree: PyTree) -> bool:
+    leaves = [np.asarray(x) for x in jax.tree.leaves(tree)]
+    return all(np.isfinite(x).all() for x in leaves if np.issubdtype(x.dtype, np.inexact))
+
+
+def _spend_table(task: Task, server: PyTree, reported: dict[int, PyTree]) -> PyTree:
+    """Every client's :class:`Spend` after a round (leaves ``(clients,)``)."""
+    n = task.num_clients
+    if task.algorithm.privacy_unit == "client":
+        zero = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), task.state_like)
+        one = task.algorithm.spend(server, zero)
+        return jax.tree.map(lambda a: np.repeat(np.asarray(a)[None], n, axis=0), one)
+    rows = [reported.get(c, Spend.none()) for c in range(n)]
+    return jax.tree.map(lambda *xs: np.stack([np.asarray(x) for x in xs]), *rows)
+
+
+# --------------------------------------------------------------------------------- driver
+
+
+def drive(grid: Grid, task: Task, settings: ServerSettings) -> FlowerRun:
+    """Run ``task`` over the nodes ``grid`` reaches and return what it released."""
+    alg = task.algorithm
+    co = _Coordinator(grid, task, settings)
+    co.greet(time.monotonic() + settings.join_timeout)
+    if not co.nodes:
+        raise RuntimeError(f"no SuperNode said its partition within {settings.join_timeout} s")
+    log.info("starting with partitions %s of %d", sorted(co.nodes), task.num_clients)
+    server = _jit(alg.server_init)(server_init_key(task.run_key), task.hyper)
+    reported: dict[int, PyTree] = {}
+    for e, ex in enumerate(alg.setup):
+        server, spends, _ = co.exchange(server, ex, e, 0, setup=True)
+        reported |= spends
+    rows, spend_rounds, metrics_rounds = [], [], []
+    for r in range(1, task.rounds + 1):
+        co.greet(time.monotonic())  # nodes that joined late take part from this round on
+        t0, down, up = time.perf_counter(), 0, 0
+        row: dict[str, Any] = {"round": r}
+        for e, ex in enumerate(alg.exchanges):
+            server, spends, release = co.exchange(server, ex, e, r, setup=False)
+            reported |= spends
+            row[f"selected_{ex.name}"] = release["selected"]
+            down, up = down + release["down"], up + release["up"]
+        metrics = {k: np.asarray(v) for k, v in _jit(alg.evaluate)(server, task.test).items()}
+        metrics_rounds.append(metrics)
+        row |= {k: v.item() for k, v in metrics.items() if v.ndim == 0}
+        row["bytes_down"], row["bytes_up"] = down, up
+        row["seconds"] = time.perf_counter() - t0  # wall time of the round at the server
+        rows.append(row)
+        spend_rounds.append(_spend_table(task, server, reported))
+    history = pd.DataFrame(rows)
+    history["cum_bytes_down"] = history["bytes_down"].cumsum()
+    history["cum_bytes_up"] = history["bytes_up"].cumsum()
+    spend = jax.tree.map(lambda *xs: np.stack(xs)[None], *spend_rounds)  # (1, rounds, N)
+    privacy = privacy_record(
+        spend, alg.setup + alg.exchanges, unit=alg.privacy_unit, delta=task.delta
+    )
+    history["epsilon_max"] = privacy.epsilon[0].max(axis=1)  # as the simulator releases
+    run = FlowerRun(server, history, pd.DataFrame(co.messages), privacy)
+    if settings.out_dir is not None:
+        _write(run, settings.out_dir)
+    return run
+
+
+def _write(run: FlowerRun, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    save_tree(out / "server.npz", run.server)
+    run.history.to_csv(out / "history.csv", index=False)
+    run.messages.to_csv(out / "messages.csv", index=False)
+    p = run.privacy
+    record = {
+        "unit": p.unit,
+        "delta": p.delta,
+        "epsilon": p.epsilon[0].tolist(),
+        "steps": p.steps[0].tolist(),
+        "sample_rate": p.sample_rate[0].tolist(),
+        "noise_multiplier": p.noise_multiplier[0].tolist(),
+        "covers": list(p.covers),
+        "not_covered": list(p.not_covered),
+    }
+    (out / "privacy.json").write_text(json.dumps(record, indent=1))
+
+
+def read_run(out: str | Path, task: Task) -> FlowerRun:
+    """Load what :func:`drive` wrote into ``out`` (the server state checked against ``task``)."""
+    out = Path(out)
+    if not (out / "privacy.json").exists():
+        raise FileNotFoundError(f"no run results in {out}: did the ServerApp fail? (its log)")
+    record = json.loads((out / "privacy.json").read_text())
+    steps = np.asarray(record["steps"], np.int64)[None]
+    privacy = PrivacyRecord(
+        unit=record["unit"],
+        delta=record["delta"],
+        epsilon=np.asarray(record["epsilon"], np.float64)[None],
+        sample_rate=np.asarray(record["sample_rate"], np.float64)[None],
+        noise_multiplier=np.asarray(record["noise_multiplier"], np.float64)[None],
+        steps=steps,
+        covers=tuple(record["covers"]),
+        not_covered=tuple(record["not_covered"]),
+    )
+    return FlowerRun(
+        server=load_tree(out / "server.npz", task.server_like),
+        history=pd.read_csv(out / "history.csv"),
+        messages=pd.read_csv(out / "messages.csv"),
+        privacy=privacy,
+    )
+
+
+def _main(grid: Grid, context: Context) -> None:
+    config = dict(context.run_config)
+    drive(grid, load_task(config), ServerSettings.from_run_config(config))
+
+
+def make_server_app() -> ServerApp:
+    """A ServerApp that runs the run configuration's :class:`~swarmjax.flower.task.Task`."""
+    app = ServerApp()
+    app.main()(_main)
+    return app

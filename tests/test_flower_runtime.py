@@ -1,0 +1,202 @@
+"""The Flower runtime in one process (LoopbackGrid: the real ServerApp and ClientApp code,
+no SuperLink): same numbers as the simulator, and the faults a deployment meets."""
+
+import functools
+import logging
+import os
+
+import pytest
+
+pytest.importorskip("flwr", reason="the flower extra is not installed")
+
+import jax
+import numpy as np
+from flwr.app import ArrayRecord, Message, RecordDict
+
+from swarmjax.flower.client import make_client_app
+from swarmjax.flower.loopback import LoopbackGrid
+from swarmjax.flower.server import ServerSettings, drive
+from swarmjax.flower.task import load_task, simulate_task
+
+# The smallest settings that still run every code path: 150 digits rows (50 per client, the
+# Poisson batch of 32 stays below them), an 8-unit hidden layer, 2 rounds (1 for
+# Fed-DP-PSO, whose setup exchange plus both exchanges compile the longest), 2 particles.
+# SWARMJAX_FLOWER_FULL=1: the larger settings (300 rows, 16 units, 2 rounds, 3 particles).
+FULL = os.environ.get("SWARMJAX_FLOWER_FULL") == "1"
+BASE = {"task": "swarmjax.flower.tasks:digits", "rounds": 2}
+BASE |= {"train-size": 300, "hidden": 16} if FULL else {"train-size": 150, "hidden": 8}
+SIZES = {"fed-dp-pso": {"particles": 3} if FULL else {"rounds": 1, "particles": 2}}
+FAST = ServerSettings(join_timeout=1.0, reply_timeout=1.0)
+
+
+def config(algorithm: str, **extra: object) -> dict:
+    """The run config of ``algorithm`` at the suite's sizes. Tests that use the same config
+    share one Task, so its functions compile once per process."""
+    return {**BASE, "algorithm": algorithm, **SIZES.get(algorithm, {}), **extra}
+
+
+def _grid(config, partitions=(0, 1, 2)):
+    return LoopbackGrid.with_partitions(make_client_app(), config, partitions)
+
+
+@functools.cache
+def _simulate(frozen):
+    return simulate_task(load_task(dict(frozen)))
+
+
+def simulated(config):
+    """The simulator's run of ``config`` (once per config and process)."""
+    return _simulate(tuple(sorted(config.items())))
+
+
+def assert_same_run(run, sim, atol=1e-6):
+    a = jax.tree.leaves(run.server)
+    b = jax.tree.leaves(jax.tree.map(lambda x: x[0], sim.server))
+    for x, y in zip(a, b, strict=True):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=0, atol=atol)
+    for col in ("test_accuracy", "test_loss", "epsilon_max"):
+        np.testing.assert_allclose(run.history[col], sim.history[col], rtol=0, atol=atol)
+    np.testing.assert_allclose(run.privacy.epsilon, sim.privacy.epsilon)
+    assert run.privacy.covers == sim.privacy.covers
+    assert run.privacy.not_covered == sim.privacy.not_covered
+
+
+@pytest.mark.parametrize("algorithm", ["fedavg", "dp-fedavg", "fed-dp-pso"])
+def test_same_numbers_as_the_simulator(algorithm):
+    cfg = config(algorithm)
+    run = drive(_grid(cfg), load_task(cfg), FAST)
+    sim = simulated(cfg)
+    assert_same_run(run, sim)
+    assert (run.messages["status"] == "ok").all()
+    # released bytes: what was carried (public selection) or, for DP-FedAvg's secret
+    # Poisson sampling, the expected count x message size; both equal the simulator's
+    np.testing.assert_allclose(run.history["bytes_up"], sim.history["bytes_up"], rtol=1e-12)
+    np.testing.assert_allclose(run.history["bytes_down"], sim.history["bytes_down"], rtol=1e-12)
+    trained = run.messages[~run.messages["setup"]]  # the setup round is not in the history
+    carried = trained.groupby("round")["bytes_up"].sum()
+    if algorithm == "dp-fedavg":  # the realised messages stay in the operator's log
+        assert np.isfinite(run.privacy.epsilon).all()
+        per_client = run.messages["bytes_up"].max()
+        assert (carried % per_client == 0).all()
+    else:
+        np.testing.assert_array_equal(carried, run.history["bytes_up"])
+
+
+def test_the_experiment_over_flower(tmp_path, capsys):
+    """``python -m experiments.fed_dp_pso --runtime flower``: its settings, its one-line
+    errors, and the function it calls run end to end over an in-process grid (the
+    deployment itself is tested in test_flower_deployment.py)."""
+    from experiments import fed_dp_pso
+    from experiments._flower import run_over_flower
+
+    args = fed_dp_pso._parser().parse_args(["--runtime", "flower", "--quick", "--epsilons", "5"])
+    expected = {"algorithm": "fed-dp-pso", "rounds": 2, "particles": 2, "target-epsilon": 5.0}
+    assert fed_dp_pso.flower_config(args) == expected
+    for argv, error in (
+        (["--epsilons", "inf"], "give a finite --epsilons"),
+        (["--datasets", "mnist"], "runs the digits task: drop --datasets"),
+    ):
+        with pytest.raises(SystemExit) as exit_:
+            fed_dp_pso.main(["--runtime", "flower", *argv, "--out", str(tmp_path)])
+        assert exit_.value.code == 2 and error in capsys.readouterr().err
+
+    def in_process(cfg, task, out):
+        return drive(_grid(cfg), task, ServerSettings.from_run_config(cfg))
+
+    summary = run_over_flower(config("fed-dp-pso"), tmp_path, runner=in_process)
+    assert summary["max_abs_model_difference"] <= 1e-6
+    assert (tmp_path / "flower" / "privacy.json").exists()
+    assert (tmp_path / "flower_summary.json").exists()
+    printed = capsys.readouterr().out
+    assert "largest |flower - simulator|" in printed and "covers: " in printed
+
+
+def test_dropped_client_round_finishes_and_spend_stays_correct(caplog):
+    cfg = config("fedavg")
+    grid = _grid(cfg)
+    calls = {"n": 0}
+
+    def dies_in_round_two(reply: Message) -> Message | None:
+        calls["n"] += 1  # 1: hello, 2: round 1, 3: round 2 (computed, then the node died)
+        return None if calls["n"] == 3 else reply
+
+    grid.nodes[101].rewrite = dies_in_round_two
+    with caplog.at_level(logging.WARNING, logger="swarmjax.flower"):
+        run = drive(grid, load_task(cfg), FAST)
+    status = run.messages.set_index(["round", "client"])["status"]
+    assert status[(1, 1)] == "ok"
+    assert status[(2, 1)].startswith("no reply")
+    assert "client 1 left out" in caplog.text
+    assert list(run.history["round"]) == [1, 2]  # the run did not hang
+    assert run.history["bytes_up"].iloc[1] == 2 * run.messages["bytes_up"].iloc[0]
+    # the spend released by client 1 is that of round 1 (its round-2 model never left it);
+    # the clients that answered counted round 2's steps
+    steps = run.privacy.steps[0]
+    assert steps[1, 1] == steps[0, 1] > 0
+    assert (steps[1, [0, 2]] == 2 * steps[0, [0, 2]]).all()
+
+
+def test_garbage_reply_is_rejected_with_a_logged_reason(caplog):
+    cfg = config("fedavg")
+    grid = _grid(cfg)
+
+    def garbage(reply: Message) -> Message:
+        if "reply" in reply.content:
+            reply.content = RecordDict({"reply": ArrayRecord([np.zeros(3)])})
+        return reply
+
+    grid.nodes[102].rewrite = garbage
+    with caplog.at_level(logging.WARNING, logger="swarmjax.flower"):
+        run = drive(grid, load_task(cfg), FAST)
+    row = run.messages.set_index(["round", "client"]).loc[(1, 2)]
+    assert row["status"].startswith("rejected: fields missing")
+    assert "client 2 left out: rejected" in caplog.text
+    # the round used clients 0 and 1: the same model as a run where client 2 is down
+    grid2 = _grid(cfg)
+    grid2.nodes[102].up = False
+    other = drive(grid2, load_task(cfg), FAST)
+    for x, y in zip(jax.tree.leaves(run.server), jax.tree.leaves(other.server), strict=True):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def test_late_node_joins_between_rounds():
+    cfg = config("fedavg")
+    grid = _grid(cfg)
+    grid.nodes[102].joins_after = 3  # visible once round 1's messages went out
+    run = drive(grid, load_task(cfg), FAST)
+    ok = run.messages[run.messages["status"] == "ok"]
+    clients = ok.groupby("round")["client"].apply(sorted)
+    assert clients[1] == [0, 1] and clients[2] == [0, 1, 2]
+    absent = run.messages.set_index(["round", "client"])["status"][(1, 2)]
+    assert absent == "no node holds this partition"
+
+
+def test_a_partition_claimed_twice_is_refused(caplog):
+    cfg = config("fedavg")
+    grid = _grid(cfg, partitions=(0, 1))
+    twin = _grid(cfg, partitions=(1,)).nodes[101]
+    grid.nodes[999] = twin
+    with caplog.at_level(logging.WARNING, logger="swarmjax.flower"):
+        run = drive(grid, load_task(cfg), FAST)
+    assert "partition 1 is out of range or taken" in caplog.text
+    ok = run.messages[run.messages["status"] == "ok"]
+    assert ok.groupby("round")["client"].apply(sorted).tolist() == [[0, 1], [0, 1]]
+    assert set(ok["node"]) == {100, 101}
+
+
+def test_bad_settings_fail_before_any_work():
+    from flwr.app import Context
+
+    from swarmjax.flower.client import partition_id
+
+    with pytest.raises(ValueError, match="reply_timeout must be a finite number > 0"):
+        ServerSettings(reply_timeout=0)
+    with pytest.raises(ValueError, match="run config 'task' must name a factory"):
+        load_task({"task": "swarmjax.flower.tasks.digits"})
+    with pytest.raises(ValueError, match="algorithm"):
+        load_task({**BASE, "algorithm": "fedsgd"})
+    ctx = Context(1, 1, {"partition-id": 3}, RecordDict(), {})
+    with pytest.raises(ValueError, match=r"'partition-id' must be in \[0, 3\); got 3"):
+        partition_id(ctx, 3)
+    with pytest.raises(ValueError, match="'partition-id' is missing"):
+        partition_id(Context(1, 1, {}, RecordDict(), {}), 3)
