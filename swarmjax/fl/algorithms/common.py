@@ -116,15 +116,23 @@ def calibrated_noise(
 ) -> np.ndarray:
     """``(targets, clients)`` float32 noise multipliers: client ``i`` reaches each target at
     ``delta`` after ``rounds`` rounds of ``E ceil(|D_i| / B)`` steps at ``q_i = B / |D_i|``.
-    Rounded UP to float32 (the device value never has less noise than the calibrated one);
-    zeros without record-level DP."""
+    The Poisson buffer's overflow is charged to delta as the privacy record does. Rounded UP
+    to float32 (the device value never has less noise than the calibrated one); zeros
+    without record-level DP."""
     sizes = np.asarray(sizes)
     if training.record_dp is None:
         return np.zeros((len(targets), len(sizes)), np.float32)
+    overflow = training.sampler_overflow(sizes, int(np.max(sizes)))
     rows = []
     for e in targets:
         s = calibrate_sigmas(
-            e, sizes, training.batch_size, rounds=rounds, epochs=training.epochs, delta=delta
+            e,
+            sizes,
+            training.batch_size,
+            rounds=rounds,
+            epochs=training.epochs,
+            delta=delta,
+            overflow_prob=overflow,
         )
         s32 = s.astype(np.float32)
         rows.append(np.where(s32 < s, np.nextafter(s32, np.float32(np.inf)), s32))
