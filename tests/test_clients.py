@@ -13,7 +13,7 @@ import optax
 import pytest
 
 from swarmjax.fl.clients import client, poisson_rates, stack_clients
-from swarmjax.fl.local import local_train, local_train_clients, shuffled_batches
+from swarmjax.fl.local import local_train, shuffled_batches
 from swarmjax.models import loss, mlp
 
 SIZES = (7, 12, 3)
@@ -75,6 +75,17 @@ def np_params(seed: int = 0):
     rng = np.random.default_rng(seed)
     shapes = jax.eval_shape(MODEL.init, jax.random.key(0))
     return jax.tree.map(lambda s: jnp.asarray(0.3 * rng.normal(size=s.shape), s.dtype), shapes)
+
+
+def local_train_clients(params, clients, key, **kw):
+    """``local_train`` vmapped over stacked clients, client ``i`` on ``fold_in(key, i)``
+    (what the simulator does with its per-client keys)."""
+    ids = jnp.arange(clients.sizes.shape[0])
+
+    def one(d, i):
+        return local_train(params, d, jax.random.fold_in(key, i), **kw)
+
+    return jax.vmap(one)(clients, ids)
 
 
 def _train(data, key, **kw):

@@ -1,8 +1,6 @@
-"""FedAvg, the centralised ceiling and byte accounting on the digits set."""
+"""FedAvg on the protocol simulator, the centralised ceiling and byte accounting on digits."""
 
 from __future__ import annotations
-
-from functools import partial
 
 import haiku as hk
 import jax
@@ -10,22 +8,21 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from swarmjax.fl import _runner, comm
-from swarmjax.fl.centralized import CentralizedConfig, run_centralized
+from swarmjax.fl import comm
+from swarmjax.fl.algorithms.common import weighted_average
+from swarmjax.fl.algorithms.fedavg import FedAvg, FedAvgHyper
+from swarmjax.fl.algorithms.local_only import LocalOnly, centralised_clients
+from swarmjax.fl.client_training import LocalTraining
 from swarmjax.fl.clients import stack_clients
 from swarmjax.fl.data import load_dataset
-from swarmjax.fl.fedavg import (
-    FedAvgConfig,
-    FedAvgHyper,
-    fedavg_run,
-    run_fedavg,
-    weighted_average,
-)
 from swarmjax.fl.partition import iid_partition
+from swarmjax.fl.runtime import Variants, simulate
+from swarmjax.fl.runtime import simulator as sim
 from swarmjax.models import from_haiku, mlp, paper_mlp
 
 ROUNDS = 12
 MODEL = mlp((32,), 10, (8, 8, 1))
+ALG = FedAvg(MODEL, LocalTraining(epochs=1, batch_size=32))
 
 
 @pytest.fixture(scope="module")
@@ -36,26 +33,34 @@ def digits():
     return data, clients, (data.x_test, data.y_test)
 
 
+def _fedavg(clients, test, *, rounds=ROUNDS, seeds=(0, 1), **kw):
+    variants = ALG.variants(clients, rounds=rounds, learning_rate=0.3)
+    return simulate(
+        ALG, clients, test, variants=variants, seeds=list(seeds), rounds=rounds, delta=1e-5, **kw
+    )
+
+
 @pytest.fixture(scope="module")
 def fed(digits):
     _, clients, test = digits
-    config = FedAvgConfig(MODEL, local_epochs=1, batch_size=32)
-    return run_fedavg(config, clients, test, rounds=ROUNDS, learning_rate=0.3, seeds=[0, 1])
+    return _fedavg(clients, test)
 
 
 def test_fedavg_on_iid_digits_approaches_the_centralised_model(digits, fed):
-    data, _, test = digits
-    central = run_centralized(
-        CentralizedConfig(MODEL, batch_size=32),
-        data.x_train,
-        data.y_train,
+    _, clients, test = digits
+    union = centralised_clients(clients)
+    central_alg = LocalOnly(MODEL, LocalTraining(batch_size=32))
+    central = simulate(
+        central_alg,
+        union,
         test,
-        epochs=ROUNDS,
-        learning_rate=0.3,
+        variants=central_alg.variants(union, learning_rate=0.3),
         seeds=[0, 1],
+        rounds=ROUNDS,
+        delta=1e-5,
     )
     last = fed.history[fed.history["round"] == ROUNDS]
-    ceiling = central.history[central.history["epoch"] == ROUNDS]
+    ceiling = central.history[central.history["round"] == ROUNDS]
     fed_acc, central_acc = last["test_accuracy"].mean(), ceiling["test_accuracy"].mean()
     assert central_acc > 0.9
     assert fed_acc > central_acc - 0.05, (fed_acc, central_acc)
@@ -63,54 +68,48 @@ def test_fedavg_on_iid_digits_approaches_the_centralised_model(digits, fed):
     assert fed_acc > first + 0.1
 
 
-def test_history_has_metrics_and_exact_bytes(fed, digits):
-    _, clients, _ = digits
+def test_history_has_public_metrics_and_exact_bytes(fed):
     hist = fed.history
     assert len(hist) == 2 * ROUNDS and set(hist["seed"]) == {0, 1}
     model_bytes = 4 * (64 * 32 + 32 + 32 * 10 + 10)
-    assert (hist["bytes_up"] == 5 * model_bytes).all() and (
-        hist["bytes_down"] == 5 * model_bytes
-    ).all()
-    assert hist["cum_bytes_up"].max() == ROUNDS * 5 * model_bytes
-    assert np.isfinite(hist[["test_loss", "train_loss"]].to_numpy()).all()
-    assert jax.tree.leaves(fed.state.params)[0].shape[0] == 2  # seed axis
-    np.testing.assert_array_equal(fed.state.round, [ROUNDS, ROUNDS])
-    del clients
+    # down: the model to each of 5 clients; up: each client's model and its weight |D_i|
+    assert (hist["bytes_down"] == 5 * model_bytes).all()
+    assert (hist["bytes_up"] == 5 * (model_bytes + 4)).all()
+    assert hist["cum_bytes_up"].max() == ROUNDS * 5 * (model_bytes + 4)
+    assert np.isfinite(hist[["test_loss", "test_accuracy"]].to_numpy()).all()
+    assert "train_loss" not in hist  # a statistic of private data: never released
+    assert jax.tree.leaves(fed.server.params)[0].shape[0] == 2  # run axis
 
 
-def test_one_seed_alone_and_in_chunks_equals_it_inside_the_batch(fed, digits):
+def test_one_seed_alone_and_in_chunks_equals_it_inside_the_batch(digits, fed):
     _, clients, test = digits
-    config = FedAvgConfig(MODEL, local_epochs=1, batch_size=32)
-    alone = run_fedavg(
-        config, clients, test, rounds=4, learning_rate=0.3, seeds=1, rounds_per_call=2
-    )
+    alone = _fedavg(clients, test, rounds=4, seeds=[1], rounds_per_call=2)
     batched = fed.history[(fed.history["seed"] == 1) & (fed.history["round"] <= 4)]
     np.testing.assert_allclose(
         alone.history["test_accuracy"].to_numpy(), batched["test_accuracy"].to_numpy(), atol=1e-6
     )
 
 
-def test_fedavg_run_vmaps_over_learning_rates_with_a_haiku_model(digits):
-    """The pure run is vmappable over numeric hyper-parameters, and any (init, apply) pair
-    works: here a Haiku MLP."""
+def test_runs_vmap_over_learning_rates_with_a_haiku_model(digits):
+    """Numeric hyper-parameters are a vmapped axis of one compiled run, and any (init,
+    apply) pair works: here a Haiku MLP."""
     _, clients, test = digits
 
     def forward(x):
         return hk.nets.MLP([32, 10])(x.reshape(x.shape[0], -1))
 
     model = from_haiku(hk.without_apply_rng(hk.transform(forward)), (8, 8, 1), 10)
-    config = FedAvgConfig(model, local_epochs=1, batch_size=64)
-    run = jax.jit(
-        jax.vmap(partial(fedavg_run, config=config, rounds=3), in_axes=(None, 0, None, None))
+    alg = FedAvg(model, LocalTraining(epochs=1, batch_size=64))
+    n = clients.num_clients
+    variants = Variants(  # learning rate 0 is not a valid setting: built by hand here
+        hyper=FedAvgHyper(learning_rate=jnp.array([0.0, 0.5]), noise_multiplier=jnp.zeros((2, n))),
+        labels={"learning_rate": [0.0, 0.5]},
     )
-    test = (jnp.asarray(test[0]), jnp.asarray(test[1]))
-    hyper = FedAvgHyper(learning_rate=jnp.array([0.0, 0.5]))
-    _, metrics = run(jax.random.key(0), hyper, clients, test)
-    acc = np.asarray(metrics["test_accuracy"])
+    res = simulate(alg, clients, test, variants=variants, seeds=[0], rounds=3, delta=1e-5)
+    acc = res.metrics["test_accuracy"]
     assert acc.shape == (2, 3)
     assert acc[0, 0] == acc[0, 2]  # learning rate 0: the model never moves
     assert acc[1, 2] > 0.5 > acc[0, 2]  # chance is 0.1
-    np.testing.assert_array_equal(metrics["client_steps"][0, 0], np.ceil(clients.sizes / 64))
 
 
 def test_bad_model_fails_before_compiling(digits, monkeypatch):
@@ -119,19 +118,21 @@ def test_bad_model_fails_before_compiling(digits, monkeypatch):
     def never(*args, **kwargs):
         raise AssertionError("compiled despite bad input")
 
-    monkeypatch.setattr(_runner, "init_over_seeds", never)
-    monkeypatch.setattr(_runner, "rounds_over_seeds", never)
-    five = mlp((8,), 5, (8, 8, 1))
+    monkeypatch.setattr(sim, "init_runs", never)
+    monkeypatch.setattr(sim, "run_rounds", never)
+
+    def run(alg, rounds=1, **kw):
+        variants = alg.variants(clients, rounds=1, **kw)
+        return simulate(alg, clients, test, variants=variants, seeds=0, rounds=rounds, delta=1e-5)
+
     with pytest.raises(ValueError, match="labels must be in"):
-        run_fedavg(FedAvgConfig(five), clients, test, rounds=1)
-    with pytest.raises(ValueError, match="9 classes"):
-        run_fedavg(FedAvgConfig(MODEL), clients, test, rounds=1, num_classes=9)
+        run(FedAvg(mlp((8,), 5, (8, 8, 1))))
     with pytest.raises(ValueError, match="cannot take inputs"):
-        run_fedavg(FedAvgConfig(paper_mlp()), clients, test, rounds=1)
+        run(FedAvg(paper_mlp()))
     with pytest.raises(ValueError, match="learning_rate"):
-        run_fedavg(FedAvgConfig(MODEL), clients, test, rounds=1, learning_rate=-1.0)
+        run(FedAvg(MODEL), learning_rate=-1.0)
     with pytest.raises(ValueError, match="rounds"):
-        run_fedavg(FedAvgConfig(MODEL), clients, test, rounds=0)
+        run(FedAvg(MODEL), rounds=0)
 
 
 def test_weighted_average_is_exact():

@@ -1,31 +1,24 @@
-"""Federated learning: data, partitioners, stacked clients, client-side training, and the
-federated algorithms as client/server protocols (:mod:`swarmjax.fl.protocol`,
-:mod:`swarmjax.fl.algorithms`) run by one simulator (:mod:`swarmjax.fl.runtime`).
+"""Federated learning, cut along what stays on a client and what leaves it:
 
-The pre-protocol runners (``run_fedavg``, ``run_fed_dp_pso``, ...) are still exported here
-until their tests move; new code uses the protocol. See ``docs/federated.md``. The Fed-DP-PSO names
-are imported lazily (on first attribute access), so ``import swarmjax.fl`` stays light.
+* data: :mod:`~swarmjax.fl.data` (datasets), :mod:`~swarmjax.fl.partition` (clients from a
+  dataset), :mod:`~swarmjax.fl.clients` (stacked, padded, masked client data),
+  :mod:`~swarmjax.fl.comm` (bytes on the wire);
+* client-side training: :mod:`~swarmjax.fl.client_training` (local steps, record-level DP,
+  the optimiser convention) over :mod:`~swarmjax.fl.local` and :mod:`~swarmjax.fl.dp_local`;
+* the protocol: :mod:`~swarmjax.fl.protocol` (exchanges, message protection, keys);
+* algorithms, one file each: :mod:`~swarmjax.fl.algorithms` (FedAvg with record-level DP and
+  combined learning, client-level DP-FedAvg, Fed-DP-PSO and FedPSO, clients alone and the
+  centralised reference);
+* runtime: :mod:`~swarmjax.fl.runtime` (the simulator and its one :class:`Result`).
+
+See ``docs/federated.md``. The algorithms and the runtime are imported lazily (on first
+attribute access), so ``import swarmjax.fl`` stays light.
 """
 
 import importlib
 
-from swarmjax.fl.centralized import (
-    CentralizedConfig,
-    CentralizedHyper,
-    CentralizedState,
-    centralized_epoch,
-    centralized_run,
-    run_centralized,
-)
+from swarmjax.fl import comm
 from swarmjax.fl.clients import ClientData, client, poisson_rates, stack_clients
-from swarmjax.fl.comm import (
-    RoundBytes,
-    fedavg_bytes,
-    model_bytes,
-    per_round_table,
-    pso_bytes,
-    upload_saving,
-)
 from swarmjax.fl.data import (
     DATASETS,
     Dataset,
@@ -33,30 +26,6 @@ from swarmjax.fl.data import (
     load_dataset,
     read_idx,
     subsample,
-)
-from swarmjax.fl.fedavg import (
-    Aggregator,
-    FedAvgConfig,
-    FedAvgHyper,
-    FedAvgState,
-    RunResult,
-    check_federated_inputs,
-    fedavg_init,
-    fedavg_round,
-    fedavg_rounds,
-    fedavg_run,
-    run_fedavg,
-    weighted_average,
-)
-from swarmjax.fl.local import (
-    Batches,
-    GradFn,
-    LocalResult,
-    Sampler,
-    default_grad_fn,
-    local_train,
-    local_train_clients,
-    shuffled_batches,
 )
 from swarmjax.fl.partition import (
     SCHEMES,
@@ -70,26 +39,24 @@ from swarmjax.fl.partition import (
 )
 
 _LAZY = {
-    "COVERAGE_PAPER": "fed_dp_pso",
-    "COVERAGE_PRIVATE_SELECTION": "fed_dp_pso",
-    "FedDPPSOConfig": "fed_dp_pso",
-    "FedDPPSOHyper": "fed_dp_pso",
-    "FedDPPSOResult": "fed_dp_pso",
-    "FedDPPSOState": "fed_dp_pso",
-    "evaluation_subset": "fed_dp_pso",
-    "fed_dp_pso_init": "fed_dp_pso",
-    "fed_dp_pso_round": "fed_dp_pso",
-    "fed_dp_pso_rounds": "fed_dp_pso",
-    "run_fed_dp_pso": "fed_dp_pso",
-    "server_select": "fed_dp_pso",
-    "fedpso_config": "fedpso",
-    "run_fedpso": "fedpso",
-    "FedAvgDPResult": "fedavg_dp",
-    "run_fedavg_dp": "fedavg_dp",
-    "calibrate_sigmas": "dp_local",
-    "dp_grad_fn": "dp_local",
-    "epsilon_history": "dp_local",
-    "poisson_sampler": "dp_local",
+    "LocalTraining": "client_training",
+    "RecordDP": "client_training",
+    "Exchange": "protocol",
+    "Protection": "protocol",
+    "Spend": "protocol",
+    "client_key": "protocol",
+    "server_key": "protocol",
+    "FedAvg": "algorithms.fedavg",
+    "ClientLevelDPFedAvg": "algorithms.client_level_dp_fedavg",
+    "FedDPPSO": "algorithms.fed_dp_pso",
+    "fedpso": "algorithms.fed_dp_pso",
+    "LocalOnly": "algorithms.local_only",
+    "centralised_clients": "algorithms.local_only",
+    "CombinedAggregator": "combined",
+    "PrivacyRecord": "runtime",
+    "Result": "runtime",
+    "Variants": "runtime",
+    "simulate": "runtime",
 }
 
 
@@ -106,74 +73,41 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
-    "COVERAGE_PAPER",
-    "COVERAGE_PRIVATE_SELECTION",
     "DATASETS",
     "SCHEMES",
-    "Aggregator",
-    "Batches",
-    "CentralizedConfig",
-    "CentralizedHyper",
-    "CentralizedState",
     "ClientData",
+    "ClientLevelDPFedAvg",
+    "CombinedAggregator",
     "Dataset",
     "DatasetNotFoundError",
-    "FedAvgConfig",
-    "FedAvgDPResult",
-    "FedAvgHyper",
-    "FedAvgState",
-    "FedDPPSOConfig",
-    "FedDPPSOHyper",
-    "FedDPPSOResult",
-    "FedDPPSOState",
-    "GradFn",
-    "LocalResult",
+    "Exchange",
+    "FedAvg",
+    "FedDPPSO",
+    "LocalOnly",
+    "LocalTraining",
     "Partition",
-    "RoundBytes",
-    "RunResult",
-    "Sampler",
-    "calibrate_sigmas",
-    "centralized_epoch",
-    "centralized_run",
-    "check_federated_inputs",
+    "PrivacyRecord",
+    "Protection",
+    "RecordDP",
+    "Result",
+    "Spend",
+    "Variants",
+    "centralised_clients",
     "client",
-    "default_grad_fn",
+    "client_key",
+    "comm",
     "dirichlet_partition",
-    "dp_grad_fn",
-    "epsilon_history",
-    "evaluation_subset",
-    "fed_dp_pso_init",
-    "fed_dp_pso_round",
-    "fed_dp_pso_rounds",
-    "fedavg_bytes",
-    "fedavg_init",
-    "fedavg_round",
-    "fedavg_rounds",
-    "fedavg_run",
-    "fedpso_config",
+    "fedpso",
     "flower_partition",
     "iid_partition",
     "label_skew",
     "load_dataset",
-    "local_train",
-    "local_train_clients",
-    "model_bytes",
     "partition",
     "pathological_partition",
-    "per_round_table",
     "poisson_rates",
-    "poisson_sampler",
-    "pso_bytes",
     "read_idx",
-    "run_centralized",
-    "run_fed_dp_pso",
-    "run_fedavg",
-    "run_fedavg_dp",
-    "run_fedpso",
-    "server_select",
-    "shuffled_batches",
+    "server_key",
+    "simulate",
     "stack_clients",
     "subsample",
-    "upload_saving",
-    "weighted_average",
 ]

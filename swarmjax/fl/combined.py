@@ -16,11 +16,11 @@ after the threshold and before spread and mix. The spec follows the code: that i
 The authors ran ``c = 0.01`` (the default here).
 
 FedAvg is the same loop with ``new = sum_h r_h a_h``
-(:func:`swarmjax.fl.fedavg.weighted_average`). :class:`CombinedAggregator` has FedAvg's
-``aggregate(client_params, weights)`` signature, so CL is
-``FedAvgConfig(..., aggregate=CombinedAggregator(conv))`` run by
-:func:`swarmjax.fl.run_fedavg` (clients train E epochs, the server combines, every client
-restarts from the combination; all clients under one vmap).
+(:func:`swarmjax.fl.algorithms.common.weighted_average`). :class:`CombinedAggregator` has
+FedAvg's ``combine(client_params, weights)`` signature, so CL is
+``FedAvg(model, training, combine=CombinedAggregator(conv))`` run by
+:func:`swarmjax.fl.runtime.simulate` (clients train E epochs, the server combines, every
+client restarts from the combination).
 
 Pairwise sums. ``sum_{h<l} (x_h - x_l)^2 = K sum_h x_h^2 - (sum_h x_h)^2`` is exact in real
 arithmetic but cancels catastrophically in float32 when the clients are close (the usual
@@ -29,29 +29,20 @@ equal, centred form ``K sum_h (x_h - mean_h x)^2`` instead: a sum of squares (ne
 negative, so no clamp is needed before the square root), O(K) work and memory per element
 like the raw identity, and no O(K^2) pairwise tensor.
 
-Also here: :func:`run_standalone`, the "each client alone" baseline (every client trains on
-its own data only, never combining), evaluated per round like FedAvg and CL.
+The "each client alone" baseline is :class:`swarmjax.fl.algorithms.local_only.LocalOnly`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pandas as pd
-from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray, PyTree
+from jaxtyping import Array, ArrayLike, Float, PyTree
 
 from swarmjax._validation import check_choice, check_finite
-from swarmjax.fl._runner import TestSet, check_run_inputs, run_over_seeds
-from swarmjax.fl.clients import ClientData
-from swarmjax.fl.fedavg import FedAvgConfig
-from swarmjax.fl.local import local_train_clients
-from swarmjax.models import evaluate
 
 __all__ = [
     "VARIANTS",
@@ -60,7 +51,6 @@ __all__ = [
     "combine_leaf",
     "pairwise_sq_sum",
     "relevance",
-    "run_standalone",
 ]
 
 VARIANTS = ("code", "listing")
@@ -152,8 +142,8 @@ def combine(
 class CombinedAggregator:
     """CL as a FedAvg ``aggregate(client_params, weights)``; ``weights`` are ``|D_h|``.
 
-    Hashable (a static field of :class:`~swarmjax.fl.FedAvgConfig`), so equal settings share
-    one compilation.
+    Hashable (a static field of :class:`~swarmjax.fl.algorithms.fedavg.FedAvg`), so equal
+    settings share one compilation.
     """
 
     conv: float = 0.01
@@ -165,103 +155,3 @@ class CombinedAggregator:
 
     def __call__(self, client_params: PyTree, weights: Float[Array, " clients"]) -> PyTree:
         return combine(client_params, relevance(weights), self.conv, variant=self.variant)
-
-
-@flax.struct.dataclass
-class _StandaloneState:
-    """Every client's own model (leading client axis) and the rounds done."""
-
-    params: PyTree
-    round: Array
-
-
-def _standalone_init(
-    key: PRNGKeyArray, clients: ClientData, config: FedAvgConfig
-) -> _StandaloneState:
-    """One shared init ``config.model.init(key)``, copied to every client."""
-    params = config.model.init(key)
-    k = clients.sizes.shape[0]
-    return _StandaloneState(
-        params=jax.tree.map(lambda p: jnp.repeat(p[None], k, axis=0), params),
-        round=jnp.zeros((), jnp.int32),
-    )
-
-
-def _standalone_round(
-    state: _StandaloneState,
-    key: PRNGKeyArray,
-    learning_rate: Float[Array, ""],
-    clients: ClientData,
-    test: TestSet,
-    *,
-    config: FedAvgConfig,
-) -> tuple[_StandaloneState, dict[str, Array]]:
-    local = local_train_clients(
-        state.params,
-        clients,
-        key,
-        stacked_params=True,
-        apply_fn=config.model.apply,
-        optimizer=config.optimizer(learning_rate),
-        epochs=config.local_epochs,
-        batch_size=config.batch_size,
-        grad_fn=config.grad_fn,
-        sampler=config.sampler,
-    )
-    loss, acc = jax.vmap(lambda p: evaluate(config.model.apply, p, *test, config.eval_batch_size))(
-        local.params
-    )
-    new = _StandaloneState(params=local.params, round=state.round + 1)
-    return new, {"test_loss": loss, "test_accuracy": acc}
-
-
-def run_standalone(
-    config: FedAvgConfig,
-    clients: ClientData,
-    test: tuple[ArrayLike, ArrayLike],
-    *,
-    rounds: int,
-    learning_rate: float = 0.1,
-    seeds: int | Sequence[int] = 0,
-    num_classes: int | None = None,
-) -> pd.DataFrame:
-    """Each client alone: from one shared init, client ``h`` trains ``config.local_epochs``
-    epochs per round on its own data and never combines; every client model is evaluated
-    on ``test`` after each round (a fresh optimiser state each round, as in FedAvg).
-
-    Returns a long table ``seed, round, client, test_loss, test_accuracy``.
-    """
-    rounds, test = check_run_inputs(
-        config.model,
-        clients,
-        test,
-        rounds=rounds,
-        local_epochs=config.local_epochs,
-        batch_size=config.batch_size,
-        learning_rate=learning_rate,
-        num_classes=num_classes,
-    )
-    k = clients.num_clients
-    lr = jnp.asarray(learning_rate, jnp.float32)
-    _, metrics, seed_list = run_over_seeds(
-        _standalone_init,
-        _standalone_round,
-        seeds,
-        rounds,
-        init_args=(clients,),
-        args=(lr, clients, test),
-        config=config,
-    )
-    acc = np.asarray(metrics["test_accuracy"])  # (seeds, rounds, clients)
-    s_idx, t_idx, c_idx = np.meshgrid(
-        np.asarray(seed_list), np.arange(1, rounds + 1), np.arange(k), indexing="ij"
-    )
-    return pd.DataFrame(
-        {
-            "seed": s_idx.reshape(-1),
-            "round": t_idx.reshape(-1),
-            "client": c_idx.reshape(-1),
-            "test_loss": np.asarray(metrics["test_loss"]).reshape(-1),
-            "test_accuracy": acc.reshape(-1),
-        }
-    )

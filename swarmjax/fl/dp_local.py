@@ -7,15 +7,14 @@ These plug into :func:`swarmjax.fl.local.local_train` (and so into FedAvg and Fe
   ``ceil(|D_i| / B)`` active steps (the accountant counts exactly those).
 * :func:`dp_grad_fn` — per-example clipping to ``C``, Gaussian noise ``sigma C``, divided by
   the expected batch size ``q_i |D_i| = B`` (:func:`swarmjax.privacy.dpsgd.dp_grad`).
-* :func:`calibrate_sigmas` / :func:`epsilon_history` — per-client noise multiplier that hits
-  the target epsilon after the whole run, and the epsilon spent after every round;
-  :func:`privacy_record` / :func:`epsilon_columns` package them for a runner's output.
+* :func:`calibrate_sigmas` — per-client noise multiplier that hits the target epsilon after
+  the whole run (the Poisson buffer's overflow included). The epsilon actually spent is the
+  simulator's privacy record (:mod:`swarmjax.fl.runtime.result`).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -25,7 +24,7 @@ from jaxtyping import Array, ArrayLike, Bool, Float, Int, PRNGKeyArray, PyTree
 from swarmjax._validation import check_int, check_positive, check_range
 from swarmjax.fl.local import Batches, GradFn, Sampler
 from swarmjax.models import ApplyFn, cross_entropy, loss
-from swarmjax.privacy.accounting import PrivacyAccountant, sigma_for_epsilon
+from swarmjax.privacy.accounting import sigma_for_epsilon
 from swarmjax.privacy.dpsgd import dp_grad
 from swarmjax.privacy.sampling import poisson_capacity, poisson_sample
 
@@ -33,10 +32,7 @@ __all__ = [
     "DELTA",
     "calibrate_sigmas",
     "dp_grad_fn",
-    "epsilon_columns",
-    "epsilon_history",
     "poisson_sampler",
-    "privacy_record",
     "sampler_capacity",
     "steps_per_round",
 ]
@@ -144,68 +140,3 @@ def calibrate_sigmas(
             q = min(1.0, batch_size / n)
             cache[n, t, p] = sigma_for_epsilon(target_epsilon, q, t, delta, overflow_prob=p)
     return np.array([cache[r] for r in rows])
-
-
-def epsilon_history(
-    sizes: ArrayLike,
-    batch_size: int,
-    sigmas: Sequence[float] | np.ndarray,
-    *,
-    rounds: int,
-    epochs: int = 1,
-    delta: float = DELTA,
-) -> np.ndarray:
-    """``(rounds, clients)`` epsilon spent by each client after each round (RDP accountant);
-    ``inf`` where ``sigma = 0`` (no noise)."""
-    sizes = np.asarray(sizes, np.int64).reshape(-1)
-    per_round = steps_per_round(sizes, batch_size, epochs)
-    out = np.empty((rounds, len(sizes)))
-    for i, (n, sigma) in enumerate(zip(sizes, np.asarray(sigmas, float), strict=True)):
-        if sigma <= 0:
-            out[:, i] = np.inf
-            continue
-        acc = PrivacyAccountant()
-        for t in range(rounds):
-            acc.step(min(1.0, batch_size / int(n)), float(sigma), int(per_round[i]))
-            out[t, i] = acc.epsilon(delta)
-    return out
-
-
-def epsilon_columns(eps: np.ndarray) -> dict[str, np.ndarray]:
-    """History columns ``epsilon_client_<i>`` and ``epsilon_max`` from ``(rounds, clients)``."""
-    cols = {f"epsilon_client_{i}": eps[:, i] for i in range(eps.shape[1])}
-    cols["epsilon_max"] = eps.max(axis=1)
-    return cols
-
-
-def privacy_record(
-    sizes: ArrayLike,
-    batch_size: int,
-    sigmas: Sequence[float] | np.ndarray,
-    *,
-    rounds: int,
-    epochs: int,
-    delta: float,
-    target_epsilon: float,
-    clip_norm: float,
-    epsilon: np.ndarray | None = None,
-) -> dict:
-    """The runner's privacy record: ``q``, ``sigma``, ``steps_per_round`` (per client),
-    ``rounds``, ``delta``, ``target_epsilon``, ``clip_norm`` and ``epsilon`` ``(rounds,
-    clients)`` (from :func:`epsilon_history` unless given), enough to recompute every value."""
-    sizes = np.asarray(sizes, np.int64).reshape(-1)
-    sigmas = np.asarray(sigmas, float)
-    if epsilon is None:
-        epsilon = epsilon_history(
-            sizes, batch_size, sigmas, rounds=rounds, epochs=epochs, delta=delta
-        )
-    return {
-        "q": (batch_size / sizes).tolist(),
-        "sigma": sigmas.tolist(),
-        "steps_per_round": steps_per_round(sizes, batch_size, epochs).tolist(),
-        "rounds": rounds,
-        "delta": delta,
-        "target_epsilon": target_epsilon,
-        "clip_norm": clip_norm,
-        "epsilon": epsilon,
-    }

@@ -1,4 +1,4 @@
-"""Local training of ONE client (E epochs of mini-batch steps), lifted to all clients by vmap.
+"""Local training of ONE client (E epochs of mini-batch steps); the runtime vmaps it over clients.
 
 Pieces, each swappable:
 
@@ -40,7 +40,6 @@ __all__ = [
     "Sampler",
     "default_grad_fn",
     "local_train",
-    "local_train_clients",
     "shuffled_batches",
 ]
 
@@ -177,24 +176,3 @@ def local_train(
         loss=total / jnp.maximum(n, 1),
         steps=n,
     )
-
-
-def local_train_clients(
-    params: PyTree,
-    clients: ClientData,
-    key: PRNGKeyArray,
-    *,
-    stacked_params: bool = False,
-    **kwargs,
-) -> LocalResult:
-    """:func:`local_train` on every client at once (vmap); client ``i`` uses ``fold_in(key, i)``.
-
-    ``params`` is shared by all clients unless ``stacked_params`` (leading client axis).
-    ``kwargs`` are :func:`local_train`'s keyword arguments. The result has a client axis.
-    """
-    ids = jnp.arange(clients.sizes.shape[0])
-
-    def one(p: PyTree, d: ClientData, i: Int[Array, ""]) -> LocalResult:
-        return local_train(p, d, jax.random.fold_in(key, i), **kwargs)
-
-    return jax.vmap(one, in_axes=(0 if stacked_params else None, 0, 0))(params, clients, ids)
