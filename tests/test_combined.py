@@ -12,17 +12,19 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from swarmjax.fl import FedAvgConfig, iid_partition, load_dataset, run_fedavg, stack_clients
+from swarmjax.fl import iid_partition, load_dataset, simulate, stack_clients
+from swarmjax.fl.algorithms.common import weighted_average
+from swarmjax.fl.algorithms.fedavg import FedAvg
+from swarmjax.fl.algorithms.local_only import LocalOnly
 from swarmjax.fl.cl_models import thesis_model
+from swarmjax.fl.client_training import LocalTraining
 from swarmjax.fl.combined import (
     CombinedAggregator,
     combine,
     combine_leaf,
     pairwise_sq_sum,
     relevance,
-    run_standalone,
 )
-from swarmjax.fl.fedavg import weighted_average
 from swarmjax.models import mlp
 
 
@@ -199,15 +201,25 @@ def test_short_cl_run_on_breast_cancer_learns() -> None:
     clients = stack_clients(data.x_train, data.y_train, part.indices)
     test = (data.x_test, data.y_test)
     model = mlp((32,), 2, data.input_shape)  # small: the run's cost is compilation
-    config = FedAvgConfig(
-        model=model, local_epochs=2, batch_size=16, aggregate=CombinedAggregator()
-    )
-    result = run_fedavg(config, clients, test, rounds=3, learning_rate=0.5, seeds=0)
+    training = LocalTraining(epochs=2, batch_size=16)
+    cl = FedAvg(model, training, combine=CombinedAggregator())
+    variants = cl.variants(clients, rounds=3, learning_rate=0.5)
+    result = simulate(cl, clients, test, variants=variants, seeds=0, rounds=3, delta=1e-5)
     acc = result.history["test_accuracy"].to_numpy()
     chance = np.bincount(data.y_test).max() / data.y_test.size  # majority class, ~0.63
     assert acc[-1] > chance + 0.2, acc
-    alone = run_standalone(config, clients, test, rounds=2, learning_rate=0.1, seeds=[0, 1])
-    assert len(alone) == 2 * 2 * 3
-    assert alone.groupby(["seed", "client"]).size().eq(2).all()
-    assert alone["test_accuracy"].between(0, 1).all()
-    assert alone.groupby("round")["test_accuracy"].mean().iloc[-1] > chance
+    alone = LocalOnly(model, training)
+    res = simulate(
+        alone,
+        clients,
+        test,
+        variants=alone.variants(clients, learning_rate=0.1),
+        seeds=[0, 1],
+        rounds=2,
+        delta=1e-5,
+    )
+    per_client = res.metrics["test_accuracy"]  # (seeds, rounds, clients)
+    assert per_client.shape == (2, 2, 3)
+    assert np.all((per_client >= 0) & (per_client <= 1))
+    assert per_client[:, -1].mean() > chance
+    assert not np.array_equal(per_client[:, :, 0], per_client[:, :, 1])  # each client alone

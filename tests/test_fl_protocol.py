@@ -205,6 +205,55 @@ def test_fed_dp_pso_uploads_one_model_and_counts_one_observation_per_round(resul
     assert set(np.unique(res.metrics["leader"])) <= set(range(N))
 
 
+def test_fed_dp_pso_epsilon_per_client_is_the_accountants_and_within_target(setup, results):
+    """Each client's epsilon after each round recomputes from its own (q_i, sigma_i, steps)
+    with the Poisson buffer's overflow; it stays within the target, close to it at the end."""
+    from swarmjax.privacy.accounting import epsilon as accounted
+
+    clients, _ = setup
+    res = results["fed_dp_pso"]
+    alg, _ = _algorithms(clients)["fed_dp_pso"]
+    sizes = np.asarray(clients.sizes)
+    over = alg.training.sampler_overflow(sizes, clients.mask.shape[1])
+    per_round = -(-sizes // alg.training.batch_size)
+    pr = res.privacy
+    assert pr.unit == "record" and any("DP-Adam" in line for line in pr.covers)
+    # <= the target; here well below it: the 1e-9-per-step buffer's overflow, charged with
+    # its e^epsilon factor, leaves the accountant no delta above epsilon ~6.3 (see
+    # RecordDP.for_sizes(steps=...) for a buffer sized to the run)
+    assert np.all(pr.final_epsilon <= 8.0) and np.all(pr.final_epsilon > 6.0)
+    for r in range(len(SEEDS)):
+        for i in range(N):
+            q, sigma = float(pr.sample_rate[r, i]), float(pr.noise_multiplier[r, i])
+            assert q == pytest.approx(alg.training.batch_size / sizes[i])
+            for t in range(ROUNDS):
+                assert pr.steps[r, t, i] == (t + 1) * per_round[i]
+                want = accounted(q, sigma, (t + 1) * per_round[i], pr.delta, overflow_prob=over[i])
+                assert pr.epsilon[r, t, i] == pytest.approx(want, rel=1e-9)
+
+
+def test_fed_dp_pso_private_selection_adds_its_budget_end_to_end(setup, results):
+    """Every score is noised: nothing is left uncovered, and the selection's epsilon (1.0 by
+    default, spread over S + rounds (S + 1) scores) adds to DP-Adam's, round by round."""
+    from swarmjax.fl.algorithms.fed_dp_pso import selection_releases
+    from swarmjax.privacy.accounting import epsilon as accounted
+
+    clients, _ = setup
+    alg, _ = _algorithms(clients)["fed_dp_pso_private_selection"]
+    pr = results["fed_dp_pso_private_selection"].privacy
+    assert pr.end_to_end, pr.not_covered
+    assert any("Laplace" in line for line in pr.covers)
+    over = alg.training.sampler_overflow(np.asarray(clients.sizes), clients.mask.shape[1])
+    per_score = 1.0 / selection_releases(alg.particles, ROUNDS)
+    for i in range(N):
+        q, sigma = float(pr.sample_rate[0, i]), float(pr.noise_multiplier[0, i])
+        for t in range(ROUNDS):
+            adam = accounted(q, sigma, int(pr.steps[0, t, i]), pr.delta, overflow_prob=over[i])
+            scores = alg.particles + (t + 1) * (alg.particles + 1)
+            assert pr.epsilon[0, t, i] == pytest.approx(adam + scores * per_score, rel=1e-6)
+    assert pr.final_epsilon.max() <= 9.0 + 1e-5
+
+
 def test_client_level_dp_fedavg_releases_expected_not_realised_participants(setup, results):
     res = results["client_level_dp_fedavg"]
     expected = np.float32(0.7) * N
