@@ -351,9 +351,10 @@ def test_variants_draw_independent_noise_unless_common_random_numbers(setup, res
     both = _run(alg, {**kwargs, "target_epsilon": [1.0, 8.0]}, clients, test)
     alone = results["fedavg_record_dp"].history  # target 8 only, same seeds
     at8 = both.history[both.history["epsilon_target"] == 8.0].reset_index(drop=True)
-    np.testing.assert_array_equal(at8["test_loss"], alone["test_loss"])
+    # equal up to float32 rounding (XLA may vectorise a batch of 4 runs unlike one of 2)
+    np.testing.assert_allclose(at8["test_loss"], alone["test_loss"], rtol=1e-6)
     at1 = both.history[both.history["epsilon_target"] == 1.0]
-    assert not np.array_equal(at1["test_loss"], alone["test_loss"])
+    assert not np.allclose(at1["test_loss"], alone["test_loss"], rtol=1e-4)
 
 
 def test_equal_algorithms_compile_once(setup, results):

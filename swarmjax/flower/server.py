@@ -349,13 +349,31 @@ def drive(grid: Grid, task: Task, settings: ServerSettings) -> FlowerRun:
     history["cum_bytes_up"] = history["bytes_up"].cumsum()
     spend = jax.tree.map(lambda *xs: np.stack(xs)[None], *spend_rounds)  # (1, rounds, N)
     privacy = privacy_record(
-        spend, alg.setup + alg.exchanges, unit=alg.privacy_unit, delta=task.delta
+        spend,
+        alg.setup + alg.exchanges,
+        unit=alg.privacy_unit,
+        delta=task.delta,
+        overflow_prob=_sampler_overflow(alg, spend),
     )
     history["epsilon_max"] = privacy.epsilon[0].max(axis=1)  # as the simulator releases
     run = FlowerRun(server, history, pd.DataFrame(co.messages), privacy)
     if settings.out_dir is not None:
         _write(run, settings.out_dir)
     return run
+
+
+def _sampler_overflow(alg: Any, spend: Spend) -> np.ndarray | None:
+    """``(N,)`` per-step overflow chance of record-level DP's Poisson buffers, as the
+    simulator charges it; client ``i``'s size is ``B / q_i`` from the sample rate it reported
+    (already part of the privacy record). ``None`` without record-level DP."""
+    training = getattr(alg, "training", None)
+    if alg.privacy_unit != "record" or training is None:
+        return None
+    q = np.asarray(spend.sample_rate, np.float64)[0].max(axis=0)  # (N,); 0: never replied
+    safe = np.where(q > 0, q, 1.0)
+    sizes = np.rint(training.batch_size / safe).astype(np.int64)
+    over = training.sampler_overflow(sizes, int(sizes.max()))
+    return np.where(q > 0, over, 0.0)
 
 
 def _write(run: FlowerRun, out: Path) -> None:

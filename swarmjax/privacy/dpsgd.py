@@ -199,7 +199,7 @@ class _Call:
 
 
 def _flax_module(apply_fn: ApplyFn) -> nn.Module | None:
-    """The linen module behind ``apply_fn``: ``module.apply`` or a :func:`models.from_flax` apply."""
+    """The linen module behind ``apply_fn`` (``module.apply`` or a ``models.from_flax`` apply)."""
     wrapped = getattr(apply_fn, "flax_module", None)
     if isinstance(wrapped, nn.Module):
         return wrapped
