@@ -74,10 +74,33 @@ def digits():
 
 
 @pytest.fixture(scope="module")
-def plain_run(digits):
-    ds, clients, model = digits
-    alg = FedDPPSO(model, _plain(32), particles=3)
-    return _simulate(alg, clients, (ds.x_test, ds.y_test), rounds=3, learning_rate=0.01)
+def uneven():
+    """Digits over 3 clients of different sizes (Dirichlet 1.0), so each runs its own
+    number of local steps."""
+    ds = load_dataset("digits", standardize=True)
+    part = partition(ds.y_train, 3, "dirichlet", alpha=1.0, seed=1)
+    clients = stack_clients(ds.x_train, ds.y_train, part.indices)
+    assert len(set(np.asarray(clients.sizes).tolist())) == 3
+    return ds, clients, FedDPPSO(mlp((16,), 10, ds.input_shape), _plain(32), particles=3)
+
+
+def _plain_run(uneven, client_map: str):
+    ds, clients, alg = uneven
+    return simulate(
+        alg,
+        alg.client_data(clients),
+        (ds.x_test, ds.y_test),
+        variants=alg.variants(clients, rounds=3, learning_rate=0.01),
+        seeds=[3],
+        rounds=3,
+        delta=DELTA,
+        client_map=client_map,
+    )
+
+
+@pytest.fixture(scope="module")
+def plain_run(uneven):
+    return _plain_run(uneven, "vmap")
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 6])
@@ -297,31 +320,11 @@ def test_refinement_starts_from_best_pbest_or_best_position(digits, start) -> No
     assert int(new.swarm.iteration) == int(state.swarm.iteration) + 1
 
 
-def test_sequential_clients_match_vmapped_clients() -> None:
-    """lax.map over clients (each runs its own number of DP steps) gives the vmap result."""
-    ds = load_dataset("digits", standardize=True)
-    sizes_differ = partition(ds.y_train[:600], 3, "dirichlet", alpha=0.5, seed=1)
-    clients = stack_clients(ds.x_train, ds.y_train, sizes_differ.indices)
-    assert len(set(np.asarray(clients.sizes).tolist())) == 3
-    model = mlp((8,), 10, ds.input_shape)
-    alg = FedDPPSO(model, _dp(clients, 32), particles=2)
-    variants = alg.variants(clients, rounds=2, target_epsilon=5.0)
-    out = {
-        how: simulate(
-            alg,
-            alg.client_data(clients),
-            (ds.x_test, ds.y_test),
-            variants=variants,
-            seeds=[3],
-            rounds=2,
-            delta=DELTA,
-            client_map=how,
-        )
-        for how in ("vmap", "sequential")
-    }
-    a, b = out["vmap"], out["sequential"]
+def test_sequential_clients_match_vmapped_clients(uneven, plain_run) -> None:
+    """lax.map over clients (each runs its own number of local steps) gives the vmap
+    result."""
+    a, b = plain_run, _plain_run(uneven, "sequential")
     np.testing.assert_allclose(a.history["test_accuracy"], b.history["test_accuracy"], atol=1e-6)
     np.testing.assert_array_equal(a.history["leader"], b.history["leader"])
     for x, y in zip(jax.tree.leaves(a.server.gbest), jax.tree.leaves(b.server.gbest), strict=True):
         np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-5)
-    np.testing.assert_array_equal(a.privacy.epsilon, b.privacy.epsilon)
