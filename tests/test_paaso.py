@@ -1,5 +1,8 @@
 """PAASO: PSO accuracy on f1-f8, the paper's qualitative findings, privacy, validation."""
 
+import functools
+
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -18,11 +21,20 @@ def _run(cfg, hyper, runs=RUNS, offset=0):
 PSO = paaso.PAASOHyper(w=0.7, phi_p=1.4, phi_g=1.4)
 
 
+@functools.cache
+def _pso_any_function():
+    """PSO over 20 runs with the function as data: one compilation for f1-f8."""
+    cfg = paaso.PAASOConfig(strategy="pso", function=None, iterations=1000)
+    keys = jax.vmap(jax.random.key)(jnp.arange(RUNS))
+    fn = jax.jit(jax.vmap(lambda k, f: paaso.run(k, cfg, PSO, f), in_axes=(0, None)))
+    return lambda function: fn(keys, paaso.FUNCTIONS.index(function))
+
+
 @pytest.mark.parametrize("function", ["f1", "f2", "f3", "f4"])
 def test_pso_reaches_the_optimum_of_unimodal_functions(function):
     """50 agents, 1000 iterations, w = 0.7, phi = 1.4: >= 95 % of 20 runs within 1e-4."""
     cfg = paaso.PAASOConfig(strategy="pso", function=function, iterations=1000)
-    out = _run(cfg, PSO)
+    out = _pso_any_function()(function)
     gap = np.asarray(out["final_objective"]) - cfg.objective.optimum_value(2)
     dist = np.linalg.norm(
         np.asarray(out["final_position"]) - cfg.objective.optimum_point(2), axis=1
@@ -39,7 +51,7 @@ MEDIAN_GAP = {"f5": 1e-2, "f6": 1e-4, "f7": 1e-4, "f8": 1e-2}
 @pytest.mark.parametrize("function", sorted(MEDIAN_GAP))
 def test_pso_median_on_multimodal_functions(function):
     cfg = paaso.PAASOConfig(strategy="pso", function=function, iterations=1000)
-    out = _run(cfg, PSO)
+    out = _pso_any_function()(function)
     gap = np.asarray(out["final_objective"]) - cfg.objective.optimum_value(2)
     assert np.median(gap) < MEDIAN_GAP[function]
     assert gap.min() > -1e-3  # never below the true optimum (the paper's f5 value is 30-D)
@@ -137,6 +149,53 @@ def test_p_c_one_without_cast_draws_is_the_same_mechanism():
     drawn = _run(paaso.PAASOConfig(**kw), hyper, runs=8)
     assert np.all(np.asarray(fast["voters"]) == 50)
     assert np.all(np.asarray(drawn["voters"]) == 50)
+
+
+def test_function_and_voting_strategy_as_data_run_the_same_swarms_as_static_ones():
+    """One program for every function and voting strategy (``function=None``,
+    ``strategy="voting"`` + indices): PbDRD on f4 bit for bit as its static program, aDRD
+    on f7 (exp, cos) to float rounding, as XLA fuses the objective differently."""
+    hyper = paaso.PAASOHyper(w=0.4, phi_p=1.0, phi_g=1.0, w_g=0.1, p_m=0.8)
+    kw = {"iterations": 30, "num_agents": 10, "draw_casts": False}
+    keys = jax.vmap(jax.random.key)(jnp.arange(4))
+    cfg = paaso.PAASOConfig(**kw, strategy="voting", function=None)
+    run_any = jax.jit(
+        jax.vmap(lambda k, f, v: paaso.run(k, cfg, hyper, f, v), in_axes=(0, None, None))
+    )
+    for strategy, name in (("pbdrd", "f4"), ("adrd", "f7")):
+        static = _run(paaso.PAASOConfig(**kw, strategy=strategy, function=name), hyper, runs=4)
+        data = run_any(keys, paaso.FUNCTIONS.index(name), paaso.VOTING.index(strategy))
+        chex.assert_trees_all_equal_shapes(static, data)
+        for k, v in static.items():
+            if name == "f4":
+                np.testing.assert_array_equal(data[k], v, err_msg=k)
+            else:
+                np.testing.assert_allclose(data[k], v, rtol=1e-4, atol=1e-4, err_msg=k)
+
+
+@pytest.mark.parametrize(
+    ("config", "call", "match"),
+    [
+        ({"function": None}, {}, "needs function="),
+        ({}, {"function": 3}, "not both"),
+        ({"function": None}, {"function": 8}, r"function must be an integer index in \[0, 8\)"),
+        ({"function": None}, {"function": 1.0}, "function must be an integer index"),
+        ({"strategy": "voting"}, {}, "needs voting="),
+        ({"strategy": "voting"}, {"voting": 3}, r"voting must be an integer index in \[0, 3\)"),
+        ({"strategy": "bdrd"}, {"voting": 1}, "only with strategy='voting'"),
+    ],
+)
+def test_function_and_voting_as_data_are_checked_before_work(config, call, match):
+    cfg = paaso.PAASOConfig(**{"strategy": "pso", **config, "iterations": 5})
+    with pytest.raises(ValueError, match=match):
+        paaso.run(jax.random.key(0), cfg, PSO, **call)
+
+
+def test_config_without_its_function_or_strategy_refuses_what_needs_them():
+    with pytest.raises(ValueError, match="function is None"):
+        _ = paaso.PAASOConfig(function=None).objective
+    with pytest.raises(ValueError, match="strategy"):
+        paaso.privacy_summary(paaso.PAASOConfig(strategy="voting"), 0.9, np.zeros((2, 5)))
 
 
 def test_positions_stay_in_domain_with_divergent_inertia():
