@@ -87,11 +87,9 @@ from swarmjax._validation import (
 from swarmjax.objectives import OBJECTIVES, Objective, get_objective
 from swarmjax.privacy.accounting import advanced_composition
 from swarmjax.privacy.mechanisms import (
-    dictatorship_from_counts,
-    dictatorship_pram_from_counts,
     random_dictatorship_epsilon,
     randomized_response_epsilon,
-    vote_counts,
+    randomized_response_from_uniform,
 )
 
 __all__ = [
@@ -400,19 +398,35 @@ def _vote_directions(velocity: Coords, k_alpha: int) -> Int[Array, " s"]:
 
     The number of bin edges below the velocity's diamond angle, mod ``k_alpha``: the bins of
     ``round(atan2(vy, vx) k_alpha / 2 pi) mod k_alpha`` (up to float rounding at the edges;
-    a zero or non-finite velocity votes 0).  :func:`_vote_counts` counts the same bins.
+    a zero or non-finite velocity votes 0).
     """
     dia = _diamond_angle(*velocity)
     above = sum((dia > e).astype(jnp.int32) for e in _bin_edges(k_alpha))
     return above % k_alpha
 
 
-def _vote_counts(velocity: Coords, cast: Bool[Array, " s"], k_alpha: int) -> Int[Array, " k_alpha"]:
-    """Votes per direction among the agents that cast."""
-    # materialised once: XLA would otherwise fuse the binning into each of the k_alpha
-    # counts and recompute it there
-    votes = jax.lax.optimization_barrier(_vote_directions(velocity, k_alpha))
-    return vote_counts(votes, cast, k_alpha)
+def _dictator(
+    u: Float[Array, ""], cast: Bool[Array, " s"], k_alpha: int
+) -> tuple[Int[Array, ""], Bool[Array, ""], Int[Array, ""]]:
+    """DP random dictatorship's ballot drawn from one uniform, without counting votes.
+
+    The pool is the casting agents' ballots in agent order, then one dummy per direction;
+    ballot ``floor(u n)`` of the ``n = voters + k_alpha`` is drawn, so direction ``a`` wins
+    with probability ``(votes for a + 1) / n`` (the mechanism's law; the order of the pool
+    does not matter).  Returns ``(who, real, voters)``: ``who`` is the dictator's agent index
+    if ``real``, else the dummy's direction.  Casters' ranks come from a product with a
+    triangular matrix of ones (exact: integers below 2^24), on the CPU backend cheaper than
+    ``cumsum``, and much cheaper than binning and counting every agent's vote.
+    """
+    s = cast.shape[-1]
+    upper = np.triu(np.ones((s, s), np.float32))  # upper[i, j] = [i <= j]
+    rank = jnp.dot(cast.astype(jnp.float32), upper).astype(jnp.int32)  # casters in 0..j
+    voters = rank[-1]
+    pool = voters + k_alpha
+    position = jnp.minimum(jnp.floor(u * pool).astype(jnp.int32), pool - 1)
+    agent = jnp.sum(rank <= position, dtype=jnp.int32)  # the (position + 1)-th caster
+    real = position < voters
+    return jnp.where(real, agent, position - voters), real, voters
 
 
 def _privacy_uniform_count(cfg: PAASOConfig) -> int:
@@ -443,9 +457,10 @@ def _vote(
     """Cast votes, run DP random dictatorship; return the centre's move and voter count.
 
     ``u``: this iteration's privacy uniforms (:func:`_privacy_uniforms`): ``s`` for casting
-    (if drawn), then one for the dictator and (PbDRD) two for the PRAM mask of the
-    dictator's ballot (:func:`random_dictatorship_pram_from_uniform`: same outcome law as
-    masking every ballot).
+    (if drawn), then one for the dictator (:func:`_dictator`) and (PbDRD) two for the PRAM
+    mask of the dictator's ballot if it is real: only that ballot reaches the outcome and
+    the masks are independent, so the outcome has the law of masking every ballot
+    (``mechanisms.random_dictatorship_pram_probs``).  Only the dictator's vote is binned.
     """
     a = state.agents
     s = cfg.num_agents if cfg.draw_casts else 0
@@ -455,17 +470,17 @@ def _vote(
         cast = cast & better
     elif rule.better_only is not False:  # traced: the voting strategy is data
         cast = cast & (better | ~rule.better_only)
-    counts = _vote_counts(a.velocity, cast, cfg.k_alpha)
-    if rule.pram is True:
-        outcome, pool = dictatorship_pram_from_counts(u[s:], counts, hyper.p_m)
-    elif rule.pram is False:
-        outcome, pool = dictatorship_from_counts(u[s], counts)
-    else:  # keep-probability 1 keeps every ballot: the same outcome as without PRAM
-        keep = jnp.where(rule.pram, hyper.p_m, 1.0)
-        outcome, pool = dictatorship_pram_from_counts(u[s:], counts, keep)
+    who, real, voters = _dictator(u[s], cast, cfg.k_alpha)
+    agent = jnp.minimum(who, cfg.num_agents - 1)  # any agent when ``who`` is a direction
+    ballot = _vote_directions(tuple(v[agent][None] for v in a.velocity), cfg.k_alpha)[0]
+    outcome = jnp.where(real, ballot, who)
+    if rule.pram is not False:  # keep-probability 1 (aDRD, bDRD as data) keeps the ballot
+        keep = hyper.p_m if rule.pram is True else jnp.where(rule.pram, hyper.p_m, 1.0)
+        masked = randomized_response_from_uniform(u[s + 1 : s + 3], outcome, cfg.k_alpha, keep)
+        outcome = jnp.where(real, masked, outcome)
     angle = 2.0 * jnp.pi * outcome / cfg.k_alpha
     direction = hyper.speed * jnp.stack([jnp.cos(angle), jnp.sin(angle)])
-    return direction, pool - cfg.k_alpha
+    return direction, voters
 
 
 def _coefficients(cfg: PAASOConfig, agents: swarm.SwarmState) -> tuple[Coords, Coords]:

@@ -7,8 +7,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from scipy import stats
 
 from swarmjax import paaso
+from swarmjax.privacy import mechanisms as mech
 
 RUNS = 20
 
@@ -125,19 +127,61 @@ def test_vote_direction_binning():
     np.testing.assert_array_equal(paaso._vote_directions(tuple(v.T), 4), [0, 1, 2, 3, 0])
 
 
-def test_vote_binning_matches_atan2_and_counts_match_bincount():
+def test_vote_binning_matches_atan2():
     """The diamond-angle bins are atan2's nearest direction, for several k_alpha."""
     v = jax.random.normal(jax.random.key(0), (2, 20_000))
     v = v.at[:, :3].set(jnp.array([[0.0, 1e-30, -1.0], [0.0, 0.0, -0.0]]))
-    cast = jax.random.uniform(jax.random.key(1), (20_000,)) < 0.7
     for k in (2, 3, 8, 16):
         bins = np.asarray(paaso._vote_directions(tuple(v), k))
         angle = np.arctan2(np.asarray(v[1], np.float64), np.asarray(v[0], np.float64))
         expected = np.mod(np.round(angle * k / (2 * np.pi)), k).astype(int)
         assert np.mean(bins == expected) > 1 - 1e-3  # only float rounding at the edges
         assert bins[0] == 0 and bins[1] == 0 and bins[2] == k // 2 % k
-        counts = np.asarray(paaso._vote_counts(tuple(v), cast, k))
-        np.testing.assert_array_equal(counts, np.bincount(bins[np.asarray(cast)], minlength=k))
+
+
+def test_dictator_draws_every_ballot_of_the_pool_once():
+    """Exact, no sampling: the pool's n = voters + k positions give each direction its
+    votes + 1 outcomes (the DRD law), whichever agents cast."""
+    k = 8
+    v = jax.random.normal(jax.random.key(2), (2, 50))
+    votes = np.asarray(paaso._vote_directions(tuple(v), k))
+    for cast in (np.arange(50) % 3 != 1, np.zeros(50, bool), np.ones(50, bool)):
+        pool = int(cast.sum()) + k
+        u = (jnp.arange(pool) + 0.5) / pool
+        who, real, voters = jax.vmap(lambda x, c=cast: paaso._dictator(x, jnp.asarray(c), k))(u)
+        who, real = np.asarray(who), np.asarray(real)
+        assert np.all(np.asarray(voters) == cast.sum())
+        assert np.all(cast[who[real]]) and len(set(who[real])) == real.sum() == cast.sum()
+        outcome = np.where(real, votes[np.minimum(who, 49)], who)
+        expected = np.bincount(votes[cast], minlength=k) + 1
+        np.testing.assert_array_equal(np.bincount(outcome, minlength=k), expected)
+
+
+@pytest.mark.parametrize("strategy", ["bdrd", "pbdrd"])
+def test_vote_has_the_mechanisms_law(strategy):
+    """One iteration's vote, drawn 100,000 times with fixed agents, against the exact law
+    (mechanisms.random_dictatorship_pram_probs; keep-probability 1 for bDRD), by chi-square:
+    only agents better than pG cast, PbDRD masks the dictator's ballot only."""
+    k, p, draws = 8, 0.6, 100_000
+    cfg = paaso.PAASOConfig(strategy=strategy, num_agents=12, iterations=1, draw_casts=False)
+    hyper = paaso.PAASOHyper(p_m=p, speed=1.0)
+    state = paaso.init(jax.random.key(3), cfg)
+    velocity = jax.random.normal(jax.random.key(4), (2, 12))
+    best_loss = jnp.where(jnp.arange(12) % 4 == 0, 1e9, -1.0)  # 3 agents do not cast
+    state = state.replace(
+        agents=state.agents.replace(velocity=tuple(velocity), best_loss=best_loss)
+    )
+    rule = paaso._rule(cfg, None)
+    u = jax.random.uniform(jax.random.key(5), (draws, 3))
+    direction, voters = jax.jit(jax.vmap(lambda x: paaso._vote(cfg, hyper, rule, state, x)))(u)
+    assert np.all(np.asarray(voters) == 9)
+    angle = np.arctan2(np.asarray(direction[:, 1]), np.asarray(direction[:, 0]))
+    outcome = np.mod(np.round(angle * k / (2 * np.pi)), k).astype(int)
+    votes = paaso._vote_directions(tuple(velocity), k)
+    keep = p if strategy == "pbdrd" else 1.0
+    probs = np.asarray(mech.random_dictatorship_pram_probs(votes, best_loss < 0, k, keep), float)
+    observed = np.bincount(outcome, minlength=k)
+    assert stats.chisquare(observed, probs / probs.sum() * draws).pvalue > 1e-3
 
 
 def test_p_c_one_without_cast_draws_is_the_same_mechanism():
