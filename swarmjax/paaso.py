@@ -56,11 +56,12 @@ Privacy per run (what the numbers cover):
 Randomness: swarm coefficients come from the hash generator of :mod:`swarmjax.random`;
 vote casting, PRAM and the dictatorship draw use ``jax.random`` (Threefry-2x32, 20 rounds)
 from the run's key.  Per iteration a voting run draws ``s`` casting uniforms (none when
-``p_c = 1`` is declared with ``draw_casts=False``), one for the dictator and, for PbDRD, two
+``p_c = 1`` is declared with ``draw_casts=False``), one for the dictator's position in the
+pool of ballots (casters in agent order, then one dummy per direction) and, for PbDRD, two
 for the PRAM mask of the dictator's ballot only: the outcome has the law of masking every
-ballot (:func:`swarmjax.privacy.mechanisms.dictatorship_pram_from_counts`).  Votes are binned
+ballot (``mechanisms.random_dictatorship_pram_probs``).  Only the dictator's vote is binned,
 with a diamond angle instead of ``atan2``.  Together these took the voting strategies from
-~0.18x to 0.55-0.63x of PSO's speed at p_c = 1 (docs/paaso_speed.md).
+~0.18x to 0.72-0.88x of PSO's speed at p_c = 1 (docs/paaso_speed.md).
 """
 
 from __future__ import annotations
