@@ -237,9 +237,9 @@ def _bucket(size: int, ndev: int) -> int:
     """Padded chunk size, ``ndev`` equal device shares: a share is a power of two up to 128
     (at least 32), a multiple of 128 up to 1024, else a multiple of :data:`BLOCK`.
 
-    Sweeps of the same group but different sizes then often share compiled programs, at most
-    ~1/8 of a large chunk is padding (powers of two wasted up to half), and shares above
-    1024 split into cache-sized blocks.
+    Sweeps of the same group but different sizes then often share compiled programs; a share
+    above 128 runs holds at most 127 padded runs up to 1024 and 511 beyond, and shares above
+    1024 run in cache-sized blocks.
     """
     share = -(-size // ndev)
     if share <= 128:
