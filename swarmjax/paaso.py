@@ -56,17 +56,19 @@ Privacy per run (what the numbers cover):
 Randomness: swarm coefficients come from the hash generator of :mod:`swarmjax.random`;
 vote casting, PRAM and the dictatorship draw use ``jax.random`` (Threefry-2x32, 20 rounds)
 from the run's key.  Per iteration a voting run draws ``s`` casting uniforms (none when
-``p_c = 1`` is declared with ``draw_casts=False``), one for the dictator and, for PbDRD, two
+``p_c = 1`` is declared with ``draw_casts=False``), one for the dictator's position in the
+pool of ballots (casters in agent order, then one dummy per direction) and, for PbDRD, two
 for the PRAM mask of the dictator's ballot only: the outcome has the law of masking every
-ballot (:func:`swarmjax.privacy.mechanisms.dictatorship_pram_from_counts`).  Votes are binned
+ballot (``mechanisms.random_dictatorship_pram_probs``).  Only the dictator's vote is binned,
 with a diamond angle instead of ``atan2``.  Together these took the voting strategies from
-~0.18x to 0.55-0.63x of PSO's speed at p_c = 1 (docs/paaso_speed.md).
+~0.18x to 0.72-0.88x of PSO's speed at p_c = 1 (docs/paaso_speed.md).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Literal
+from collections.abc import Callable
+from typing import Literal, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -83,17 +85,16 @@ from swarmjax._validation import (
     check_probability,
     check_range,
 )
-from swarmjax.objectives import Objective, get_objective
+from swarmjax.objectives import OBJECTIVES, Objective, get_objective
 from swarmjax.privacy.accounting import advanced_composition
 from swarmjax.privacy.mechanisms import (
-    dictatorship_from_counts,
-    dictatorship_pram_from_counts,
     random_dictatorship_epsilon,
     randomized_response_epsilon,
-    vote_counts,
+    randomized_response_from_uniform,
 )
 
 __all__ = [
+    "FUNCTIONS",
     "READINGS",
     "STRATEGIES",
     "PAASOConfig",
@@ -108,8 +109,12 @@ __all__ = [
 Strategy = Literal["pso", "fl", "adrd", "bdrd", "pbdrd"]
 STRATEGIES: tuple[str, ...] = ("pso", "fl", "adrd", "bdrd", "pbdrd")
 VOTING = ("adrd", "bdrd", "pbdrd")
+ANY_VOTING = "voting"
+"""``PAASOConfig(strategy=ANY_VOTING)``: one of :data:`VOTING`, given per call as an index."""
 FL_RULES = ("direction", "cognitive")
 FL_STEPS = ("mean", "unit")
+FUNCTIONS: tuple[str, ...] = tuple(OBJECTIVES)
+"""Benchmark functions by index, for ``PAASOConfig(function=None)`` (the function as data)."""
 
 # Named readings of the numerics the paper leaves open (PAASOHyper fields).
 READINGS: dict[str, dict[str, float]] = {
@@ -159,10 +164,17 @@ class PAASOConfig:
     paper's figures): a Bernoulli(1) needs no randomness, so the ``num_agents`` casting
     uniforms per iteration are not drawn, and ``hyper.p_c`` is not read.  The sweep task
     sets it from the grid's ``p_c``.
+
+    ``function=None`` makes the benchmark function data: :func:`init`, :func:`step` and
+    :func:`run` then take ``function``, an int32 index into :data:`FUNCTIONS` (traced is
+    fine), and one compiled program serves all eight (a ``lax.switch`` per evaluation).
+    Likewise ``strategy="voting"`` (:data:`ANY_VOTING`) takes ``voting``, an index into
+    :data:`VOTING`: aDRD, bDRD and PbDRD differ only in who casts and whether the
+    dictator's ballot is masked, both selected per run at no measurable cost.
     """
 
     strategy: str = struct.field(pytree_node=False, default="pso")
-    function: str = struct.field(pytree_node=False, default="f4")
+    function: str | None = struct.field(pytree_node=False, default="f4")
     num_agents: int = struct.field(pytree_node=False, default=50)
     dim: int = struct.field(pytree_node=False, default=2)
     k_alpha: int = struct.field(pytree_node=False, default=8)
@@ -175,8 +187,9 @@ class PAASOConfig:
     options: swarm.PSOOptions = struct.field(pytree_node=False, default=swarm.PSOOptions())
 
     def __post_init__(self) -> None:
-        check_choice("strategy", self.strategy, STRATEGIES)
-        get_objective(self.function)
+        check_choice("strategy", self.strategy, (*STRATEGIES, ANY_VOTING))
+        if self.function is not None:
+            get_objective(self.function)
         check_int("num_agents", self.num_agents, minimum=1)
         check_int("dim", self.dim, minimum=1)
         check_int("k_alpha", self.k_alpha, minimum=2)
@@ -184,16 +197,99 @@ class PAASOConfig:
         check_choice("init_velocity", self.init_velocity, ("zero", "uniform"))
         check_choice("fl_rule", self.fl_rule, FL_RULES)
         check_choice("fl_step", self.fl_step, FL_STEPS)
-        if self.strategy in VOTING and self.dim != 2:
+        if self.voting and self.dim != 2:
             raise ValueError(
                 f"dim must be 2 for the voting strategy {self.strategy!r} (directions are "
                 f"angles in the plane); got {self.dim}"
             )
 
     @property
+    def voting(self) -> bool:
+        """Whether the strategy votes (one of :data:`VOTING`, or any of them)."""
+        return self.strategy in (*VOTING, ANY_VOTING)
+
+    @property
     def objective(self) -> Objective:
-        """The benchmark function being minimised."""
+        """The benchmark function being minimised (not with ``function=None``)."""
+        if self.function is None:
+            raise ValueError("function is None (given per call as an index into FUNCTIONS)")
         return get_objective(self.function)
+
+
+class _Problem(NamedTuple):
+    """The objective of a run: ``fn`` maps ``(d, *batch)`` to ``batch``; box ``[low, high]``
+    and ``width`` (Python floats, or traced scalars when the function is data)."""
+
+    fn: Callable[[Array], Array]
+    low: Float[ArrayLike, ""]
+    high: Float[ArrayLike, ""]
+    width: Float[ArrayLike, ""]
+
+
+_TABLE = [OBJECTIVES[name] for name in FUNCTIONS]
+_LOWS = np.asarray([o.low for o in _TABLE], np.float32)
+_HIGHS = np.asarray([o.high for o in _TABLE], np.float32)
+_WIDTHS = np.asarray([o.width for o in _TABLE], np.float32)
+
+
+def _problem(cfg: PAASOConfig, function: Int[ArrayLike, ""] | None) -> _Problem:
+    """The static objective ``cfg.function``, or the one ``function`` indexes in FUNCTIONS."""
+    if cfg.function is not None:
+        if function is not None:
+            raise ValueError(
+                f"function: give it in PAASOConfig ({cfg.function!r}) or per call, not both"
+            )
+        obj = cfg.objective
+        return _Problem(obj.fn, obj.low, obj.high, obj.width)
+    if function is None:
+        raise ValueError(
+            "function: PAASOConfig(function=None) needs function=<index into paaso.FUNCTIONS>"
+        )
+    index = _index("function", function, FUNCTIONS)
+    fns = [o.fn for o in _TABLE]
+
+    def fn(x: Array) -> Array:
+        return jax.lax.switch(index, fns, x)
+
+    low, high, width = (jnp.asarray(table)[index] for table in (_LOWS, _HIGHS, _WIDTHS))
+    return _Problem(fn, low, high, width)
+
+
+def _index(name: str, value: ArrayLike, choices: tuple[str, ...]) -> Int[Array, ""]:
+    """``value`` as an int32 index into ``choices`` (checked unless traced)."""
+    if not isinstance(value, jax.core.Tracer):
+        v = np.asarray(value)
+        if v.shape or v.dtype.kind not in "iu" or not 0 <= v < len(choices):
+            raise ValueError(
+                f"{name} must be an integer index in [0, {len(choices)}) into "
+                f"{choices}; got {value!r}"
+            )
+    return jnp.asarray(value, jnp.int32)
+
+
+class _Rule(NamedTuple):
+    """Who votes and how: ``better_only`` (only agents whose best beats pG: bDRD, PbDRD)
+    and ``pram`` (the dictator's ballot masked: PbDRD); Python bools, or traced scalars
+    when the voting strategy is data."""
+
+    better_only: bool | Bool[Array, ""]
+    pram: bool | Bool[Array, ""]
+
+
+def _rule(cfg: PAASOConfig, voting: Int[ArrayLike, ""] | None) -> _Rule:
+    """The voting rule of ``cfg.strategy``, or of ``VOTING[voting]`` for ``"voting"``."""
+    if cfg.strategy != ANY_VOTING:
+        if voting is not None:
+            raise ValueError(
+                f"voting: only with strategy={ANY_VOTING!r}; this config's is {cfg.strategy!r}"
+            )
+        return _Rule(cfg.strategy in ("bdrd", "pbdrd"), cfg.strategy == "pbdrd")
+    if voting is None:
+        raise ValueError(
+            f"voting: PAASOConfig(strategy={ANY_VOTING!r}) needs voting=<index into paaso.VOTING>"
+        )
+    index = _index("voting", voting, VOTING)
+    return _Rule(index >= VOTING.index("bdrd"), index == VOTING.index("pbdrd"))
 
 
 Coords = tuple[Float[Array, " s"], ...]
@@ -216,8 +312,7 @@ class PAASOState:
     key: PRNGKeyArray
 
 
-def _pso_hyper(cfg: PAASOConfig, hyper: PAASOHyper) -> swarm.PSOHyperParams:
-    obj = cfg.objective
+def _pso_hyper(cfg: PAASOConfig, hyper: PAASOHyper, obj: _Problem) -> swarm.PSOHyperParams:
     low, high = (obj.low, obj.high) if cfg.clip_positions else (-math.inf, math.inf)
     return swarm.PSOHyperParams(
         inertia=hyper.w,
@@ -229,14 +324,22 @@ def _pso_hyper(cfg: PAASOConfig, hyper: PAASOHyper) -> swarm.PSOHyperParams:
     )
 
 
-def _evaluate(cfg: PAASOConfig, coords: Coords) -> Float[Array, " s"]:
+def _evaluate(obj: _Problem, coords: Coords) -> Float[Array, " s"]:
     """Objective of every agent; ``coords`` holds the ``d`` coordinate arrays ``(s,)``."""
-    return cfg.objective.fn(jnp.stack(coords))
+    return obj.fn(jnp.stack(coords))
 
 
-def init(key: PRNGKeyArray, cfg: PAASOConfig) -> PAASOState:
-    """Uniform agents in the domain, zero (or +/-10%-width uniform) velocities, uniform pG."""
-    obj = cfg.objective
+def init(
+    key: PRNGKeyArray, cfg: PAASOConfig, function: Int[ArrayLike, ""] | None = None
+) -> PAASOState:
+    """Uniform agents in the domain, zero (or +/-10%-width uniform) velocities, uniform pG.
+
+    ``function``: index into :data:`FUNCTIONS`, only with ``cfg.function=None``.
+    """
+    return _init(key, cfg, _problem(cfg, function))
+
+
+def _init(key: PRNGKeyArray, cfg: PAASOConfig, obj: _Problem) -> PAASOState:
     k_pos, k_vel, k_center, k_swarm, k_vote = jax.random.split(key, 5)
     shape = (cfg.dim, cfg.num_agents)
     position = tuple(jax.random.uniform(k_pos, shape, minval=obj.low, maxval=obj.high))
@@ -244,7 +347,7 @@ def init(key: PRNGKeyArray, cfg: PAASOConfig) -> PAASOState:
     if cfg.init_velocity == "uniform":
         span = 0.1 * obj.width
         velocity = tuple(jax.random.uniform(k_vel, shape, minval=-span, maxval=span))
-    agents = swarm.init(k_swarm, position, _evaluate(cfg, position), velocity)
+    agents = swarm.init(k_swarm, position, _evaluate(obj, position), velocity)
     center = jax.random.uniform(k_center, (cfg.dim,), minval=obj.low, maxval=obj.high)
     return PAASOState(agents, center, obj.fn(center), k_vote)
 
@@ -296,26 +399,42 @@ def _vote_directions(velocity: Coords, k_alpha: int) -> Int[Array, " s"]:
 
     The number of bin edges below the velocity's diamond angle, mod ``k_alpha``: the bins of
     ``round(atan2(vy, vx) k_alpha / 2 pi) mod k_alpha`` (up to float rounding at the edges;
-    a zero or non-finite velocity votes 0).  :func:`_vote_counts` counts the same bins.
+    a zero or non-finite velocity votes 0).
     """
     dia = _diamond_angle(*velocity)
     above = sum((dia > e).astype(jnp.int32) for e in _bin_edges(k_alpha))
     return above % k_alpha
 
 
-def _vote_counts(velocity: Coords, cast: Bool[Array, " s"], k_alpha: int) -> Int[Array, " k_alpha"]:
-    """Votes per direction among the agents that cast."""
-    # materialised once: XLA would otherwise fuse the binning into each of the k_alpha
-    # counts and recompute it there
-    votes = jax.lax.optimization_barrier(_vote_directions(velocity, k_alpha))
-    return vote_counts(votes, cast, k_alpha)
+def _dictator(
+    u: Float[Array, ""], cast: Bool[Array, " s"], k_alpha: int
+) -> tuple[Int[Array, ""], Bool[Array, ""], Int[Array, ""]]:
+    """DP random dictatorship's ballot drawn from one uniform, without counting votes.
+
+    The pool is the casting agents' ballots in agent order, then one dummy per direction;
+    ballot ``floor(u n)`` of the ``n = voters + k_alpha`` is drawn, so direction ``a`` wins
+    with probability ``(votes for a + 1) / n`` (the mechanism's law; the order of the pool
+    does not matter).  Returns ``(who, real, voters)``: ``who`` is the dictator's agent index
+    if ``real``, else the dummy's direction.  Casters' ranks come from a product with a
+    triangular matrix of ones (exact: integers below 2^24), on the CPU backend cheaper than
+    ``cumsum``, and much cheaper than binning and counting every agent's vote.
+    """
+    s = cast.shape[-1]
+    upper = np.triu(np.ones((s, s), np.float32))  # upper[i, j] = [i <= j]
+    rank = jnp.dot(cast.astype(jnp.float32), upper).astype(jnp.int32)  # casters in 0..j
+    voters = rank[-1]
+    pool = voters + k_alpha
+    position = jnp.minimum(jnp.floor(u * pool).astype(jnp.int32), pool - 1)
+    agent = jnp.sum(rank <= position, dtype=jnp.int32)  # the (position + 1)-th caster
+    real = position < voters
+    return jnp.where(real, agent, position - voters), real, voters
 
 
 def _privacy_uniform_count(cfg: PAASOConfig) -> int:
     """Uniforms per iteration: one cast decision per agent (unless ``draw_casts`` is off),
     the dictator, (PbDRD) the PRAM mask of the dictator's ballot."""
     casts = cfg.num_agents if cfg.draw_casts else 0
-    return casts + (3 if cfg.strategy == "pbdrd" else 1)
+    return casts + (3 if cfg.strategy in ("pbdrd", ANY_VOTING) else 1)
 
 
 def _privacy_uniforms(
@@ -323,37 +442,46 @@ def _privacy_uniforms(
 ) -> Float[Array, " m"]:
     """The privacy randomness of iteration ``iteration``: one ``jax.random`` draw.
 
-    ``(s + 1,)`` uniforms (``s + 3`` for PbDRD; ``s`` fewer without ``draw_casts``) from
-    ``fold_in(key, iteration)``; empty for the strategies that do not vote.
+    ``(s + 1,)`` uniforms (``s + 3`` for PbDRD or any voting strategy; ``s`` fewer
+    without ``draw_casts``) from ``fold_in(key, iteration)``; empty for the strategies that
+    do not vote.  ``jax.random`` draws are prefixes of each other (Threefry in its
+    partitionable mode), so drawing ``s + 3`` for aDRD leaves its first ``s + 1`` as they are.
     """
-    if cfg.strategy not in VOTING:
+    if not cfg.voting:
         return jnp.zeros((0,), jnp.float32)
     return jax.random.uniform(jax.random.fold_in(key, iteration), (_privacy_uniform_count(cfg),))
 
 
 def _vote(
-    cfg: PAASOConfig, hyper: PAASOHyper, state: PAASOState, u: Float[Array, " m"]
+    cfg: PAASOConfig, hyper: PAASOHyper, rule: _Rule, state: PAASOState, u: Float[Array, " m"]
 ) -> tuple[Float[Array, " 2"], Int[Array, ""]]:
     """Cast votes, run DP random dictatorship; return the centre's move and voter count.
 
     ``u``: this iteration's privacy uniforms (:func:`_privacy_uniforms`): ``s`` for casting
-    (if drawn), then one for the dictator and (PbDRD) two for the PRAM mask of the
-    dictator's ballot (:func:`random_dictatorship_pram_from_uniform`: same outcome law as
-    masking every ballot).
+    (if drawn), then one for the dictator (:func:`_dictator`) and (PbDRD) two for the PRAM
+    mask of the dictator's ballot if it is real: only that ballot reaches the outcome and
+    the masks are independent, so the outcome has the law of masking every ballot
+    (``mechanisms.random_dictatorship_pram_probs``).  Only the dictator's vote is binned.
     """
     a = state.agents
     s = cfg.num_agents if cfg.draw_casts else 0
     cast = u[:s] < hyper.p_c if cfg.draw_casts else jnp.ones(cfg.num_agents, bool)
-    if cfg.strategy in ("bdrd", "pbdrd"):
-        cast = cast & (a.best_loss < state.center_loss)
-    counts = _vote_counts(a.velocity, cast, cfg.k_alpha)
-    if cfg.strategy == "pbdrd":
-        outcome, pool = dictatorship_pram_from_counts(u[s:], counts, hyper.p_m)
-    else:
-        outcome, pool = dictatorship_from_counts(u[s], counts)
+    better = a.best_loss < state.center_loss
+    if rule.better_only is True:
+        cast = cast & better
+    elif rule.better_only is not False:  # traced: the voting strategy is data
+        cast = cast & (better | ~rule.better_only)
+    who, real, voters = _dictator(u[s], cast, cfg.k_alpha)
+    agent = jnp.minimum(who, cfg.num_agents - 1)  # any agent when ``who`` is a direction
+    ballot = _vote_directions(tuple(v[agent][None] for v in a.velocity), cfg.k_alpha)[0]
+    outcome = jnp.where(real, ballot, who)
+    if rule.pram is not False:  # keep-probability 1 (aDRD, bDRD as data) keeps the ballot
+        keep = hyper.p_m if rule.pram is True else jnp.where(rule.pram, hyper.p_m, 1.0)
+        masked = randomized_response_from_uniform(u[s + 1 : s + 3], outcome, cfg.k_alpha, keep)
+        outcome = jnp.where(real, masked, outcome)
     angle = 2.0 * jnp.pi * outcome / cfg.k_alpha
     direction = hyper.speed * jnp.stack([jnp.cos(angle), jnp.sin(angle)])
-    return direction, pool - cfg.k_alpha
+    return direction, voters
 
 
 def _coefficients(cfg: PAASOConfig, agents: swarm.SwarmState) -> tuple[Coords, Coords]:
@@ -374,19 +502,34 @@ def step(
     cfg: PAASOConfig,
     hyper: PAASOHyper,
     draws: Draws | None = None,
+    function: Int[ArrayLike, ""] | None = None,
+    voting: Int[ArrayLike, ""] | None = None,
 ) -> tuple[PAASOState, dict[str, Array]]:
     """One iteration of the configured strategy.
 
     ``draws``: this iteration's randomness if already drawn (``run`` draws it one iteration
-    ahead, see :func:`_draws`); drawn here by default.  Metrics: ``objective`` (f(g) for
+    ahead, see :func:`_draws`); drawn here by default.  ``function``: index into
+    :data:`FUNCTIONS`, only with ``cfg.function=None``; ``voting``: index into
+    :data:`VOTING`, only with ``cfg.strategy="voting"``.  Metrics: ``objective`` (f(g) for
     PSO, f(pG) otherwise), ``voters`` (0 unless voting).
     """
-    pso_hyper = _pso_hyper(cfg, hyper)
+    return _step(state, cfg, hyper, _problem(cfg, function), _rule(cfg, voting), draws)
+
+
+def _step(
+    state: PAASOState,
+    cfg: PAASOConfig,
+    hyper: PAASOHyper,
+    obj: _Problem,
+    rule: _Rule,
+    draws: Draws | None,
+) -> tuple[PAASOState, dict[str, Array]]:
+    pso_hyper = _pso_hyper(cfg, hyper, obj)
     a = state.agents
     coeffs, privacy_u = _draws(cfg, state) if draws is None else draws
     if cfg.strategy == "pso":
         a = swarm.move(a, pso_hyper, cfg.options, coeffs=coeffs)
-        a = swarm.observe(a, _evaluate(cfg, a.position))
+        a = swarm.observe(a, _evaluate(obj, a.position))
         state = state.replace(agents=a)
         return state, {"objective": a.global_best_loss, "voters": jnp.zeros((), jnp.int32)}
 
@@ -394,7 +537,7 @@ def step(
     low, high = pso_hyper.position_low, pso_hyper.position_high
     position = tuple(jnp.clip(x + v, low, high) for x, v in zip(a.position, velocity, strict=True))
     a = swarm.observe_personal(
-        a.replace(position=position, velocity=velocity), _evaluate(cfg, position)
+        a.replace(position=position, velocity=velocity), _evaluate(obj, position)
     )
     state = state.replace(agents=a)
     if cfg.strategy == "fl":
@@ -404,21 +547,31 @@ def step(
             mean_velocity = hyper.speed * mean_velocity / jnp.where(norm > 0, norm, 1.0)
         move_by, voters = hyper.w_g * mean_velocity, jnp.zeros((), jnp.int32)
     else:
-        direction, voters = _vote(cfg, hyper, state, privacy_u)
+        direction, voters = _vote(cfg, hyper, rule, state, privacy_u)
         move_by = hyper.w_g * direction
     center = jnp.clip(state.center + move_by, low, high)
-    center_loss = cfg.objective.fn(center)
+    center_loss = obj.fn(center)
     state = state.replace(center=center, center_loss=center_loss)
     return state, {"objective": center_loss, "voters": voters}
 
 
-def run(key: PRNGKeyArray, cfg: PAASOConfig, hyper: PAASOHyper) -> dict[str, Array]:
+def run(
+    key: PRNGKeyArray,
+    cfg: PAASOConfig,
+    hyper: PAASOHyper,
+    function: Int[ArrayLike, ""] | None = None,
+    voting: Int[ArrayLike, ""] | None = None,
+) -> dict[str, Array]:
     """Run ``cfg.iterations`` iterations (scan); vmap over keys and hyper-parameters.
 
+    ``function``: index into :data:`FUNCTIONS`, only with ``cfg.function=None`` (leave it
+    unbatched under ``vmap``: a batched index would evaluate every function); ``voting``:
+    index into :data:`VOTING`, only with ``cfg.strategy="voting"`` (batched is fine).
     Returns ``objective`` ``(T,)``, ``voters`` ``(T,)``, ``final_position`` ``(d,)``
     (``g`` for PSO, ``pG`` otherwise), ``final_objective`` and ``nonfinite`` count.
     """
-    state = init(key, cfg)
+    obj, rule = _problem(cfg, function), _rule(cfg, voting)
+    state = _init(key, cfg, obj)
 
     # The randomness of iteration t+1 is drawn at the end of iteration t and carried: a
     # loop-carried array is computed once, whereas drawn inside the step XLA's CPU fusion
@@ -427,7 +580,7 @@ def run(key: PRNGKeyArray, cfg: PAASOConfig, hyper: PAASOHyper) -> dict[str, Arr
     # function of (key, iteration).
     def body(carry, _: None):
         s, draws = carry
-        s, metrics = step(s, cfg, hyper, draws)
+        s, metrics = _step(s, cfg, hyper, obj, rule, draws)
         return (s, _draws(cfg, s)), metrics
 
     carry = (state, _draws(cfg, state))
@@ -452,6 +605,8 @@ def privacy_summary(
     bound at ``delta``), ``pram_eps_vote`` (per vote) and ``pram_eps_basic`` (T times it, an
     agent voting every iteration).  Non-voting strategies get ``inf``: no DP guarantee.
     """
+    if cfg.strategy == ANY_VOTING:
+        raise ValueError(f"strategy: privacy_summary needs the run's own, not {ANY_VOTING!r}")
     voters = np.asarray(voters)
     batch = voters.shape[:-1]
     steps = cfg.iterations

@@ -1,8 +1,10 @@
 """PAASO as a sweep task: grids over strategies, functions, agent counts and numerics.
 
 Grid keys: static ``strategy``, ``function``, ``num_agents``, ``k_alpha``, ``iterations``,
-``dim``, ``fl_rule``; numeric ``w``, ``phi_p``, ``phi_g``, ``w_g``, ``p_c``, ``p_m``,
-``speed``, ``vmax_factor``; ``seed``.  ``phi`` sets ``phi_p = phi_g`` (the paper's grid).
+``dim``, ``fl_rule`` (the function and which voting strategy reach the compiled program as
+data: one program runs all eight functions, and one all three voting strategies); numeric
+``w``, ``phi_p``, ``phi_g``, ``w_g``, ``p_c``, ``p_m``, ``speed``, ``vmax_factor``;
+``seed``.  ``phi`` sets ``phi_p = phi_g`` (the paper's grid).
 Numerics a strategy ignores (``w_g`` for PSO, ``p_m`` unless PbDRD, ...) are reset to their
 defaults, and ``k_alpha`` to 8 for non-voting strategies, so the grid has no duplicate runs.
 The static ``draw_casts`` is derived: off when ``p_c = 1`` (no casting randomness needed).
@@ -19,6 +21,8 @@ import numpy as np
 import pandas as pd
 
 from swarmjax import paaso
+from swarmjax._validation import check_choice
+from swarmjax.objectives import get_objective
 
 __all__ = ["PAASOTask", "expand_phi"]
 
@@ -78,6 +82,8 @@ class PAASOTask:
         for k, v in _STATIC_DEFAULTS.items():
             static.setdefault(k, v)
         static["tie_phi"] = bool(static.get("tie_phi", False))
+        check_choice("strategy", static["strategy"], paaso.STRATEGIES)  # not "voting"
+        get_objective(static["function"])  # a name, never None
         cfg = self.config(static)  # validates the static values
         if static["tie_phi"]:
             numeric["phi_g"] = numeric["phi_p"]
@@ -90,16 +96,27 @@ class PAASOTask:
         # p_c = 1 needs no casting randomness (derived, never read from the grid)
         static["draw_casts"] = cfg.strategy in paaso.VOTING and numeric["p_c"] < 1.0
 
-    def batched(self, static: Mapping[str, Any]):
-        cfg = self.config(static)
+    def program(self, static: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The function, and the voting strategy of a voting group, become data."""
+        program = {**static, "function": None}
+        function = paaso.FUNCTIONS.index(get_objective(static["function"]).name)
+        data = {"function": np.int32(function)}
+        if static["strategy"] in paaso.VOTING:
+            program["strategy"] = paaso.ANY_VOTING
+            data["voting"] = np.int32(paaso.VOTING.index(static["strategy"]))
+        return program, data
+
+    def batched(self, program: Mapping[str, Any]):
+        cfg = self.config(program)
         every = self.trajectory_every
 
-        def one(numeric: dict[str, jax.Array], seed: jax.Array) -> dict[str, jax.Array]:
-            out = paaso.run(jax.random.key(seed), cfg, paaso.PAASOHyper(**numeric))
+        def one(numeric: dict[str, jax.Array], seed: jax.Array, data) -> dict[str, jax.Array]:
+            hyper = paaso.PAASOHyper(**numeric)
+            out = paaso.run(jax.random.key(seed), cfg, hyper, **data)
             out["objective"] = out["objective"][every - 1 :: every]
             return out
 
-        return jax.vmap(one)
+        return jax.vmap(one, in_axes=(0, 0, None))
 
     def bytes_per_run(self, static: Mapping[str, Any]) -> int:
         cfg = self.config(static)

@@ -1,9 +1,12 @@
 """Grids of configurations run as chunked, jit-compiled, vmapped (and sharded) calls.
 
 A *task* says which grid keys change shapes (static: one compiled program per distinct
-combination, a *group*) and which are numeric (stacked as arrays and vmapped over).  The
-runner expands the grid, groups it, cuts each group into chunks sized to a memory budget,
-pads the last chunk so every chunk of a group has one shape (one compilation per group),
+combination, a *group*) and which are numeric (stacked as arrays and vmapped over).  A
+task may let several groups share one compiled *program*: ``task.program(static)`` splits a
+group's static values into the program's and unbatched data the chunk passes to it (PAASO:
+the benchmark function and the voting strategy are data).  The runner expands the grid,
+groups it, cuts each group into chunks sized to a memory budget, pads the last chunk so
+every chunk of a group has one shape (one compilation per program and padded size),
 shards the run axis over the process's devices when there are several, runs each device's
 share in cache-sized blocks, and writes each finished chunk to disk at once
 (``parts/<chunk>.csv`` plus ``parts/<chunk>.npz`` with per-run arrays, written to a
@@ -72,8 +75,13 @@ class SweepTask(Protocol):
     def normalise(self, static: dict[str, Any], numeric: dict[str, float]) -> None:
         """Validate one configuration (raise ValueError) and reset irrelevant numerics."""
 
-    def batched(self, static: Mapping[str, Any]) -> Callable[..., dict[str, jax.Array]]:
-        """``fn(numeric: dict[str, (B,)], seeds: (B,)) -> dict of (B, ...)`` (jit-able)."""
+    def program(self, static: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """A group's ``static`` values split into its compiled program's (groups with equal
+        ones share it) and the scalar data the group passes to that program."""
+
+    def batched(self, program: Mapping[str, Any]) -> Callable[..., dict[str, jax.Array]]:
+        """``fn(numeric: dict[str, (B,)], seeds: (B,), data: dict[str, ()]) -> dict of
+        (B, ...)`` (jit-able) for a ``program`` from :meth:`program`."""
 
     def bytes_per_run(self, static: Mapping[str, Any]) -> int:
         """Device memory one run needs, for chunk sizing."""
@@ -226,13 +234,21 @@ def plan(
 
 
 def _bucket(size: int, ndev: int) -> int:
-    """Padded chunk size: 64, a power of two up to 1024, else a multiple of 1024 (x ndev).
+    """Padded chunk size, ``ndev`` equal device shares: a share is a power of two up to 128
+    (at least 32), a multiple of 128 up to 1024, else a multiple of :data:`BLOCK`.
 
-    Sweeps of the same group but different sizes then share compiled programs; the padded
-    runs cost little next to a compilation.
+    Sweeps of the same group but different sizes then often share compiled programs; a share
+    above 128 runs holds at most 127 padded runs up to 1024 and 511 beyond, and shares above
+    1024 run in cache-sized blocks.
     """
-    size = max(64, 1 << (size - 1).bit_length()) if size <= 1024 else -(-size // 1024) * 1024
-    return max(ndev, -(-size // ndev) * ndev)
+    share = -(-size // ndev)
+    if share <= 128:
+        share = max(32, 1 << (share - 1).bit_length())
+    elif share <= 1024:
+        share = -(-share // 128) * 128
+    else:
+        share = -(-share // BLOCK) * BLOCK
+    return share * ndev
 
 
 def _pad(values: np.ndarray, size: int) -> np.ndarray:
@@ -242,15 +258,15 @@ def _pad(values: np.ndarray, size: int) -> np.ndarray:
     return np.concatenate([values, np.repeat(values[-1:], missing, axis=0)])
 
 
-# Jitted group functions, kept per task object so that a resumed sweep in the same process
-# reuses what is compiled: {(id(task), group_id, padded): (task, fn)} (the task is held to
-# pin its id).
+# Jitted programs, kept per task object so that a resumed sweep in the same process reuses
+# what is compiled: {(id(task), program id, padded): (task, fn)}, the program id hashing
+# the program's static values (task.program; the task is held to pin its id).
 _JITTED: dict[tuple[int, str, int], tuple[SweepTask, Callable[..., Any]]] = {}
 
 BLOCK = 512
 """Runs per device per block: beyond ~1,000 vmapped runs the working set leaves the CPU
-caches (benchmarks/RESULTS.md), so a device's share of a chunk runs in blocks of this many
-under ``lax.map``."""
+caches (benchmarks/RESULTS.md), so a device's share of a chunk, when a multiple of this
+larger than it, runs in blocks of this many under ``lax.map``."""
 
 
 @dataclass
@@ -275,12 +291,14 @@ def _blocked(fn: Callable[..., Any], ndev: int, padded: int) -> Callable[..., An
     if padded % ndev or per_device <= BLOCK or per_device % BLOCK:
         return fn
 
-    def blocks(numeric: dict[str, jax.Array], seeds: jax.Array) -> dict[str, jax.Array]:
+    def blocks(
+        numeric: dict[str, jax.Array], seeds: jax.Array, data: dict[str, jax.Array]
+    ) -> dict[str, jax.Array]:
         def split(x):
             return x.reshape(ndev, per_device // BLOCK, BLOCK, *x.shape[1:])
 
         def device_row(args):
-            return jax.lax.map(lambda a: fn(*a), args)
+            return jax.lax.map(lambda a: fn(*a, data), args)
 
         out = jax.vmap(device_row)(jax.tree_util.tree_map(split, (numeric, seeds)))
         return jax.tree_util.tree_map(lambda y: y.reshape(padded, *y.shape[3:]), out)
@@ -289,7 +307,8 @@ def _blocked(fn: Callable[..., Any], ndev: int, padded: int) -> Callable[..., An
 
 
 class _Compiled:
-    """One jitted function per group, sharded over this process's devices."""
+    """One jitted function per program (:meth:`SweepTask.program`) and padded size, sharded
+    over this process's devices."""
 
     def __init__(self, task: SweepTask) -> None:
         self.task = task
@@ -302,10 +321,11 @@ class _Compiled:
         )
 
     def __call__(self, chunk: Chunk) -> Outputs:
-        key = (id(self.task), chunk.group_id, chunk.padded)
+        program, data = self.task.program(chunk.static)
+        key = (id(self.task), _group_id(program), chunk.padded)
         fresh = key not in _JITTED
         if fresh:
-            fn = _blocked(self.task.batched(chunk.static), self.ndev, chunk.padded)
+            fn = _blocked(self.task.batched(program), self.ndev, chunk.padded)
             _JITTED[key] = (self.task, jax.jit(fn))
         fn = _JITTED[key][1]
         numeric = {k: _pad(v, chunk.padded) for k, v in chunk.numeric.items()}
@@ -313,6 +333,7 @@ class _Compiled:
         args = ({k: jnp.asarray(v) for k, v in numeric.items()}, jnp.asarray(seeds))
         if self.sharding is not None:
             args = jax.device_put(args, self.sharding)
+        args = (*args, {k: jnp.asarray(v) for k, v in data.items()})
         if fresh:
             start = time.perf_counter()
             compiled = fn.lower(*args).compile()

@@ -50,15 +50,17 @@ def test_pbdrd_converges_by_500_iterations(pbdrd_fig2):
 
 
 def test_pram_keep_probability_has_little_effect(pbdrd_fig2):
-    """Fig. 3: every p_m in 0.6-1.0 converges and the final f(pG) does not differ
-    detectably across them (the paper: a little slower early under stronger masking).
+    """Fig. 3: every p_m in 0.6-1.0 converges, and the final f(pG) differs little across
+    them (the paper: a little slower early under stronger masking).
 
-    "Converges" by the median over runs: the final f is heavy-tailed, and the mean of 20
-    runs at p_m 0.6 moved from 0.74 to 1.18 when issue 16 changed which draws the same
-    mechanism consumes (its law unchanged), so the mean decides on one or two runs."""
-    final = pbdrd_fig2[:, :, -1]
-    assert np.all(np.median(final, axis=1) < 1.0)
-    assert kruskal_p(list(final)) >= 0.01
+    "Converges" and "little" by the median over runs (the final f is heavy-tailed): every
+    median below 1 and within 0.5 of each other.  Not "no detectable effect": with 100
+    runs per p_m, Kruskal-Wallis finds one (p ~ 1e-5 to 1e-7, before and after issue 16
+    changed which draws the mechanism consumes; medians 0.36 at p_m 0.6 to 0.12 at 1.0),
+    and with 20 runs its p-value fell anywhere from 0.003 to 0.11 with the draws."""
+    median = np.median(pbdrd_fig2[:, :, -1], axis=1)
+    assert np.all(median < 1.0)
+    assert median.max() - median.min() < 0.5
 
 
 def test_fl_is_worse_than_bdrd_at_the_fig4_setting():

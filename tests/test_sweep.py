@@ -21,9 +21,9 @@ class CountingTask(PAASOTask):
         inner = super().batched(static)
         key = json.dumps(static, sort_keys=True)
 
-        def counted(numeric, seeds):
+        def counted(numeric, seeds, shared):
             self.traces[key] = self.traces.get(key, 0) + 1
-            return inner(numeric, seeds)
+            return inner(numeric, seeds, shared)
 
         return counted
 
@@ -64,15 +64,16 @@ def test_batch_invariance_alone_vs_inside_10000_runs(tmp_path):
     np.testing.assert_array_equal(traj_chunk[index], traj_a)
 
 
-def test_one_compilation_per_shape_group(tmp_path):
+def test_one_compilation_per_program_whatever_the_function_or_voting_strategy(tmp_path):
     task = CountingTask()
     grid = {
         **SMALL,
-        "strategy": ["pso", "pbdrd"],
+        "strategy": ["pso", "adrd", "pbdrd"],  # adrd and pbdrd: one program
+        "function": ["f4", "f7"],  # data
         "w": list(np.linspace(0.1, 0.9, 25)),
         "phi": [1.0, 2.0],
         "seed": list(range(20)),
-    }  # 1000 configurations per strategy
+    }  # 1000 configurations per strategy and function
     chunks = sweep.plan(task, expand_phi(grid), memory_budget=200 * task.bytes_per_run(SMALL))
     assert len(chunks) > 4 and len({c.padded for c in chunks}) == 1
     df = sweep.run_sweep(
@@ -82,8 +83,11 @@ def test_one_compilation_per_shape_group(tmp_path):
         memory_budget=200 * task.bytes_per_run(SMALL),
         progress=False,
     )
-    assert len(df) == 2 * 25 * 2 * 20
+    assert len(df) == 3 * 2 * 25 * 2 * 20
     assert sorted(task.traces.values()) == [1, 1]
+    programs = [json.loads(k) for k in task.traces]
+    assert sorted(p["strategy"] for p in programs) == ["pso", "voting"]
+    assert {p["function"] for p in programs} == {None}
 
 
 def test_irrelevant_parameters_are_collapsed():
