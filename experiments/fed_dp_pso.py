@@ -355,6 +355,16 @@ def _call_settings(plan: dict) -> dict:
 PIXEL_STD_FLOOR = 0.1  # a pixel nearly constant in the public rows is divided by 0.1 at most
 
 
+def public_mask(n: int, public_rows: int, seed: int = 0) -> np.ndarray:
+    """``(n,)`` bool: the ``public_rows`` training rows drawn with ``default_rng(seed)``
+    (public randomness) and held out of every client."""
+    if not 1 <= public_rows < n:
+        raise ValueError(f"public_rows must be in [1, {n - 1}]; got {public_rows}")
+    public = np.zeros(n, bool)
+    public[np.random.default_rng(seed).choice(n, public_rows, replace=False)] = True
+    return public
+
+
 def scale_inputs(ds: Dataset, how: str, public_rows: int, seed: int = 0) -> Dataset:
     """``ds`` (pixels in ``[0, 1]``) scaled as ``--input-scaling`` says.
 
@@ -372,11 +382,7 @@ def scale_inputs(ds: Dataset, how: str, public_rows: int, seed: int = 0) -> Data
         std = np.where(std > 0, std, 1.0)
         x_train = ds.x_train
     else:
-        n = len(ds.y_train)
-        if not 1 <= public_rows < n:
-            raise ValueError(f"public_rows must be in [1, {n - 1}]; got {public_rows}")
-        public = np.zeros(n, bool)
-        public[np.random.default_rng(seed).choice(n, public_rows, replace=False)] = True
+        public = public_mask(len(ds.y_train), public_rows, seed)
         mean = ds.x_train[public].mean(axis=0)
         std = np.maximum(ds.x_train[public].std(axis=0), PIXEL_STD_FLOOR)
         x_train, ds = ds.x_train[~public], replace(ds, y_train=ds.y_train[~public])

@@ -14,6 +14,7 @@ import optax
 import pytest
 
 from experiments import fed_dp_pso as experiment
+from experiments import fed_dp_pso_study
 from swarmjax import swarm
 from swarmjax.fl.algorithms.fed_dp_pso import FedDPPSO
 from swarmjax.fl.client_training import LocalTraining, RecordDP, make_optimizer
@@ -261,3 +262,22 @@ def test_a_flag_overrides_its_reading():
     plan = experiment.reading_plan(args)
     assert plan["init"] == "independent" and plan["refine_update"] == "always"
     assert plan["velocity_clamp"] == 0.1 and plan["input_scaling"] == "pixel_public"
+
+
+@pytest.mark.parametrize("bad", [["--readings", "paper"], ["--rounds", "1"], ["--epsilons", "0"]])
+def test_the_study_rejects_bad_flags_in_one_line(bad, capsys):
+    with pytest.raises(SystemExit):
+        fed_dp_pso_study.main(["--quick", *bad])
+    err = capsys.readouterr().err
+    assert bad[0] in err and len(err.strip().splitlines()) == 1
+
+
+def test_the_study_never_reads_the_test_split():
+    """The study's evaluation split is cut from the training split."""
+    plan = dict(fed_dp_pso_study.PRESETS["quick"])
+    ds, public = fed_dp_pso_study._splits("digits", plan, None)
+    full = load_dataset("digits")
+    assert len(ds.y_test) == plan["val_rows"] and public.sum() == plan["public_rows"]
+    assert len(ds.y_train) + len(ds.y_test) == len(full.y_train)
+    train_rows = {r.tobytes() for r in full.x_train}
+    assert all(r.tobytes() in train_rows for r in ds.x_test)
