@@ -40,11 +40,11 @@ from experiments.fed_dp_pso import (
     _without_dp,
     pso_config,
     public_mask,
+    run_capacity,
     scale_inputs,
 )
 from swarmjax.fl import flower_partition, load_dataset, stack_clients
 from swarmjax.fl.data import Dataset
-from swarmjax.fl.dp_local import sampler_capacity
 from swarmjax.fl.partition import label_skew
 
 # One design choice at a time on top of "current", then all of them ("authors"), then all
@@ -258,7 +258,7 @@ def _study_reading(name, ds, public, label, eps, plan, extra, store, runs, round
     sizes = [p.sizes for p in parts.values()]
     bs = min(plan["batch_size"], int(min(s.min() for s in sizes)))
     pad_to = int(max(s.max() for s in sizes))
-    cap = max(sampler_capacity(s, bs) for s in sizes)
+    cap = run_capacity(sizes, bs, plan["rounds"], [eps])
     model, lr = _model(name, data, None)
     settings = {**plan, **reading, "particles": 5, "refine_start": "pbest"}
     settings["selection_metric"] = "loss"
