@@ -104,8 +104,15 @@ _CURRENT = dict(
     input_scaling="channel",
     public_rows=1000,
 )
-READINGS = {  # docs/fed_dp_pso.md, "Readings": why each choice
-    "current": dict(_CURRENT, about="independent inits, pbest kept if better, AdamW"),
+READINGS = {  # docs/fed_dp_pso.md, "The authors' code and the readings": why each choice
+    "paper": dict(
+        _CURRENT,
+        refine_update="always",
+        weight_decay="coupled",
+        about="default: Algorithm 1's text (refined model always kept) and eq. 10 (coupled "
+        "L2); independent inits, fresh Adam, r1/r2 per particle, no clamp",
+    ),
+    "current": dict(_CURRENT, about="before issue 17: pbest kept only if better, AdamW"),
     "authors": dict(
         _CURRENT,
         init="shared",
@@ -119,7 +126,7 @@ READINGS = {  # docs/fed_dp_pso.md, "Readings": why each choice
         "per client, r1/r2 per tensor, clamp 0.1, coupled L2, per-pixel scaling)",
     ),
 }
-DEFAULT_READING = "current"
+DEFAULT_READING = "paper"
 FIG3 = "pathmnist"  # the paper's Fig. 3 dataset (LeNet-5); --full adds it when found
 PRESETS = {
     "quick": dict(
@@ -241,14 +248,15 @@ def _parser() -> argparse.ArgumentParser:
         "--refine-update",
         choices=("if_better", "always"),
         default=None,
-        help="the refined model enters the client's pbest only if its score is lower "
-        "(default), or always (Algorithm 1 lines 27-32, the notebooks)",
+        help="the refined model enters the client's pbest always (Algorithm 1 lines 27-32, "
+        "the notebooks; reading paper) or only if its score is lower (reading current)",
     )
     p.add_argument(
         "--optimizer-state",
         choices=("fresh", "persistent"),
         default=None,
-        help="(DP-)Adam state fresh every round (default) or one per client across rounds",
+        help="(DP-)Adam state fresh every round (paper, current) or one per client across "
+        "rounds (authors)",
     )
     p.add_argument(
         "--tensor-coefficients",
@@ -260,13 +268,13 @@ def _parser() -> argparse.ArgumentParser:
         "--velocity-clamp",
         type=_cli.positive_float("--velocity-clamp", allow_inf=True),
         default=None,
-        help="clamp every velocity coordinate to [-v, v] (default inf; the notebooks 0.1)",
+        help="clamp every velocity coordinate to [-v, v] (paper: inf; authors: 0.1)",
     )
     p.add_argument(
         "--weight-decay",
         choices=("decoupled", "coupled"),
         default=None,
-        help="AdamW's decoupled decay (default) or Adam + coupled L2 (the notebooks)",
+        help="Adam + coupled L2, eq. 10 (paper, authors) or AdamW's decoupled decay (current)",
     )
     p.add_argument(
         "--decay",
@@ -278,7 +286,8 @@ def _parser() -> argparse.ArgumentParser:
         "--input-scaling",
         choices=INPUT_SCALINGS,
         default=None,
-        help="channel: train mean/std per channel (default); pixel_public: per-pixel mean/std "
+        help="channel: train mean/std per channel (paper, current); pixel_public: per-pixel "
+        "mean/std "
         "of --public-rows training rows held out from every client; none: [0, 1]",
     )
     p.add_argument(
@@ -648,10 +657,19 @@ def _fig3(name: str, stand_in, plan: dict, cells: list, out: Path) -> list[dict]
     return rows
 
 
+SCALING_PRIVACY = {
+    "channel": "inputs scaled by the mean/std of all training pixels (2 numbers of the "
+    "clients' pooled data, NOT covered by epsilon)",
+    "pixel_public": "inputs scaled by per-pixel statistics of held-out public rows (no cost)",
+    "none": "inputs in [0, 1]",
+}
+
+
 def _reading_text(plan: dict) -> str:
-    """The design choices, e.g. ``current (init=independent, ...)``."""
+    """The design choices, e.g. ``current (init=independent, ...)``, and what the input
+    scaling releases."""
     choices = ", ".join(f"{k}={plan[k]}" for k in READING_KEYS)
-    return f"{plan.get('reading', '?')} ({choices})"
+    return f"{plan.get('reading', '?')} ({choices}; {SCALING_PRIVACY[plan['input_scaling']]})"
 
 
 def _header(plan: dict) -> str:

@@ -211,6 +211,21 @@ def _table(runs: pd.DataFrame, out: Path, header: str) -> None:
     agg.to_csv(out / "table.csv", index=False)
     md = agg.to_markdown(index=False, floatfmt=".1f")
     (out / "table.md").write_text(f"{header}\n\n{md}\n")
+    (out / "pivot.md").write_text(f"{header}\n\n{pivot(agg)}\n")
+
+
+def pivot(agg: pd.DataFrame) -> str:
+    """Markdown: one row per (dataset, partition, epsilon), one column per reading with the
+    final-round accuracy ``mean +- std`` over seeds."""
+    cell = agg.assign(
+        text=[f"{m:.1f} +- {s:.1f}" for m, s in zip(agg.final, agg.final_std, strict=True)]
+    )
+    wide = cell.pivot_table(
+        index=["dataset", "partition", "epsilon"], columns="reading", values="text",
+        aggfunc="first", sort=False,
+    )  # fmt: skip
+    order = [r for r in STUDY_READINGS if r in wide.columns]
+    return wide[order].reset_index().to_markdown(index=False)
 
 
 def _header(plan: dict) -> str:

@@ -84,7 +84,7 @@ def _train(alg, state, data, hyper, gbest, key=3):
 
 def test_refine_update_always_replaces_the_refined_slots_pbest(setup):
     clients, _ = setup
-    kept = FedDPPSO(MODEL, PLAIN, particles=S)
+    kept = FedDPPSO(MODEL, PLAIN, particles=S, refine_update="if_better")
     always = dataclasses.replace(kept, refine_update="always")
     # a huge step size makes the refined model worse than the pbest it started from
     data, hyper, state = _client(kept, clients, learning_rate=5.0)
@@ -248,7 +248,7 @@ def test_bad_options_fail_naming_the_field(setup):
         ["--velocity-clamp", "-1"],
         ["--decay", "-1"],
         ["--input-scaling", "pixel"],
-        ["--reading", "paper"],
+        ["--reading", "notebooks"],
         ["--tensor-coefficients", "maybe"],
     ],
 )
@@ -264,6 +264,11 @@ def test_a_flag_overrides_its_reading():
     plan = experiment.reading_plan(args)
     assert plan["init"] == "independent" and plan["refine_update"] == "always"
     assert plan["velocity_clamp"] == 0.1 and plan["input_scaling"] == "pixel_public"
+    default = experiment.reading_plan(experiment._parser().parse_args([]))
+    assert default["refine_update"] == "always" and default["weight_decay"] == "coupled"
+    assert default["init"] == "independent" and default["optimizer_state"] == "fresh"
+    alg = FedDPPSO(MODEL)  # the library's defaults are the same reading
+    assert alg.refine_update == "always" and alg.training.optimizer == "adam"
 
 
 @pytest.mark.parametrize("bad", [["--readings", "paper"], ["--rounds", "1"], ["--epsilons", "0"]])

@@ -171,8 +171,9 @@ class FedDPPSO:
 
     Attributes:
         model: the ``(init, apply)`` pair.
-        training: the refinement of the best particle (default DP-Adam: AdamW with
-            ``weight_decay`` 1e-4; ``record_dp=None`` gives plain AdamW, epsilon inf).
+        training: the refinement of the best particle (default DP-Adam with eq. 10's
+            coupled L2, ``weight_decay`` 1e-4; ``record_dp=None`` gives plain Adam, epsilon
+            inf; ``optimizer="adamw"``: decoupled decay, the earlier default).
         particles: ``S`` per client.
         refine_start: ``"pbest"`` (refine the best personal best, the model the client
             would send; default) or ``"position"`` (the best moved position).
@@ -189,9 +190,10 @@ class FedDPPSO:
             at ``theta_0 + init_scale * N(0, 1)``; the initial ``gbest`` is ``theta_0``,
             no upload at setup).
         init_scale: standard deviation of the shared initialisation's noise.
-        refine_update: ``"if_better"`` (the refined model enters the personal best only if
-            its score is lower; default) or ``"always"`` (Algorithm 1 lines 27-32, the
-            notebooks: it replaces the refined slot's personal best unconditionally).
+        refine_update: ``"always"`` (default; Algorithm 1 lines 27-32 and the authors'
+            notebooks: the refined model replaces the refined slot's personal best
+            unconditionally) or ``"if_better"`` (only if its score is lower; the earlier
+            default).
         optimizer_state: ``"fresh"`` (the optimiser restarts every round; default) or
             ``"persistent"`` (one state per client, kept in its :class:`PSOClient` across
             rounds, as the DP notebooks' one Adam per client).
@@ -202,7 +204,7 @@ class FedDPPSO:
     model: Model
     training: LocalTraining = field(
         default_factory=lambda: LocalTraining(
-            batch_size=64, optimizer="adamw", weight_decay=1e-4, record_dp=RecordDP()
+            batch_size=64, optimizer="adam", weight_decay=1e-4, record_dp=RecordDP()
         )
     )
     particles: int = 5
@@ -216,7 +218,7 @@ class FedDPPSO:
     eval_subset: int | None = None
     init: Literal["independent", "shared"] = "independent"
     init_scale: float = 0.01
-    refine_update: Literal["if_better", "always"] = "if_better"
+    refine_update: Literal["if_better", "always"] = "always"
     optimizer_state: Literal["fresh", "persistent"] = "fresh"
     tensor_coefficients: bool = False
 
@@ -609,11 +611,12 @@ def fedpso(
     model: Model, *, local_epochs: int = 1, batch_size: int = 32, eval_batch_size: int | None = None
 ) -> FedDPPSO:
     """FedPSO (Park et al. 2021) as Fed-DP-PSO's settings: ``S = 1``, plain SGD, the best
-    report wins (``top_k = 1``), no DP."""
+    report wins (``top_k = 1``), the trained model kept only if better, no DP."""
     return FedDPPSO(
         model=model,
         training=LocalTraining(epochs=local_epochs, batch_size=batch_size, optimizer="sgd"),
         particles=1,
         top_k=1,
+        refine_update="if_better",
         eval_batch_size=eval_batch_size,
     )
