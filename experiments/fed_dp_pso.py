@@ -45,6 +45,7 @@ import numpy as np
 import pandas as pd
 
 from experiments import _cli
+from swarmjax._validation import check_choice
 from swarmjax.fl import (
     DATASETS,
     DatasetNotFoundError,
@@ -57,11 +58,13 @@ from swarmjax.fl import (
 from swarmjax.fl.algorithms.fed_dp_pso import FedDPPSO
 from swarmjax.fl.algorithms.fedavg import FedAvg
 from swarmjax.fl.client_training import LocalTraining, RecordDP
+from swarmjax.fl.data import Dataset
 from swarmjax.fl.dp_local import DELTA, sampler_capacity
 from swarmjax.fl.protocol import coverage
 from swarmjax.fl.runtime import simulate
 from swarmjax.models import Model, lenet5, mlp, paper_mlp
 from swarmjax.resume import CallStore
+from swarmjax.swarm import PSOHyperParams
 
 PAPER = {  # spec 2.5: (mean, std) per (dataset, partition, epsilon)
     "mnist": {
@@ -76,6 +79,54 @@ PAPER = {  # spec 2.5: (mean, std) per (dataset, partition, epsilon)
     },
 }
 EPS_COLS = [5.0, 8.0, 10.0, math.inf]
+INPUT_SCALINGS = ("channel", "pixel_public", "none")
+READING_KEYS = (
+    "init",
+    "init_scale",
+    "refine_update",
+    "optimizer_state",
+    "tensor_coefficients",
+    "velocity_clamp",
+    "weight_decay",
+    "decay",
+    "input_scaling",
+    "public_rows",
+)
+_CURRENT = dict(
+    init="independent",
+    init_scale=0.01,
+    refine_update="if_better",
+    optimizer_state="fresh",
+    tensor_coefficients="no",
+    velocity_clamp=math.inf,
+    weight_decay="decoupled",
+    decay=1e-4,
+    input_scaling="channel",
+    public_rows=1000,
+)
+READINGS = {  # docs/fed_dp_pso.md, "The authors' code and the readings": why each choice
+    "paper": dict(
+        _CURRENT,
+        refine_update="always",
+        weight_decay="coupled",
+        about="default: Algorithm 1's text (refined model always kept) and eq. 10 (coupled "
+        "L2); independent inits, fresh Adam, r1/r2 per particle, no clamp",
+    ),
+    "current": dict(_CURRENT, about="before issue 17: pbest kept only if better, AdamW"),
+    "authors": dict(
+        _CURRENT,
+        init="shared",
+        refine_update="always",
+        optimizer_state="persistent",
+        tensor_coefficients="yes",
+        velocity_clamp=0.1,
+        weight_decay="coupled",
+        input_scaling="pixel_public",
+        about="the DP notebooks' choices (shared init, refined model always kept, one Adam "
+        "per client, r1/r2 per tensor, clamp 0.1, coupled L2, per-pixel scaling)",
+    ),
+}
+DEFAULT_READING = "paper"
 FIG3 = "pathmnist"  # the paper's Fig. 3 dataset (LeNet-5); --full adds it when found
 PRESETS = {
     "quick": dict(
@@ -174,6 +225,78 @@ def _parser() -> argparse.ArgumentParser:
         "(an option: under DP-Adam the loss rises while accuracy improves)",
     )
     p.add_argument(
+        "--reading",
+        choices=tuple(READINGS),
+        default=DEFAULT_READING,
+        help="a named set of the design choices below (each flag overrides it): "
+        + "; ".join(f"{k}: {v['about']}" for k, v in READINGS.items()),
+    )
+    p.add_argument(
+        "--init",
+        choices=("independent", "shared"),
+        default=None,
+        help="particles: independent model inits, or one shared model + --init-scale N(0,1) "
+        "with gbest = that model (the authors' notebooks)",
+    )
+    p.add_argument(
+        "--init-scale",
+        type=_cli.positive_float("--init-scale"),
+        default=None,
+        help="std of the shared initialisation's noise (default 0.01)",
+    )
+    p.add_argument(
+        "--refine-update",
+        choices=("if_better", "always"),
+        default=None,
+        help="the refined model enters the client's pbest always (Algorithm 1 lines 27-32, "
+        "the notebooks; reading paper) or only if its score is lower (reading current)",
+    )
+    p.add_argument(
+        "--optimizer-state",
+        choices=("fresh", "persistent"),
+        default=None,
+        help="(DP-)Adam state fresh every round (paper, current) or one per client across "
+        "rounds (authors)",
+    )
+    p.add_argument(
+        "--tensor-coefficients",
+        choices=("no", "yes"),
+        default=None,
+        help="draw r1, r2 per parameter tensor (the notebooks) instead of per particle",
+    )
+    p.add_argument(
+        "--velocity-clamp",
+        type=_cli.positive_float("--velocity-clamp", allow_inf=True),
+        default=None,
+        help="clamp every velocity coordinate to [-v, v] (paper: inf; authors: 0.1)",
+    )
+    p.add_argument(
+        "--weight-decay",
+        choices=("decoupled", "coupled"),
+        default=None,
+        help="Adam + coupled L2, eq. 10 (paper, authors) or AdamW's decoupled decay (current)",
+    )
+    p.add_argument(
+        "--decay",
+        type=_nonnegative_float,
+        default=None,
+        help="lambda of the weight decay (default 1e-4)",
+    )
+    p.add_argument(
+        "--input-scaling",
+        choices=INPUT_SCALINGS,
+        default=None,
+        help="channel: train mean/std per channel (paper, current); pixel_public: per-pixel "
+        "mean/std "
+        "of --public-rows training rows held out from every client; none: [0, 1]",
+    )
+    p.add_argument(
+        "--public-rows",
+        type=_cli.count("--public-rows"),
+        default=None,
+        help="rows held out of the training split for pixel_public statistics (default 1000)",
+    )
+    p.add_argument(
         "--client-map",
         choices=("vmap", "sequential"),
         default=None,
@@ -185,6 +308,16 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--no-fig3", action="store_true", help="skip the FedAvg + DP baseline")
     return p
+
+
+def _nonnegative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--decay must be a number; got {text!r}") from None
+    if not 0 <= value < math.inf:
+        raise argparse.ArgumentTypeError(f"--decay must be finite and >= 0; got {text}")
+    return value
 
 
 def _epsilon(text: str) -> float:
@@ -209,8 +342,16 @@ def _plan(args: argparse.Namespace) -> dict:
         refine_start=args.refine_start,
         selection_metric=args.selection_metric,
         fig3=not args.no_fig3,
+        reading=args.reading,
+        **reading_plan(args),
     )
     return plan
+
+
+def reading_plan(args: argparse.Namespace) -> dict:
+    """The design choices of ``--reading``, each replaced by its flag when given."""
+    base = READINGS[args.reading]
+    return {k: base[k] if getattr(args, k) is None else getattr(args, k) for k in READING_KEYS}
 
 
 def _call_settings(plan: dict) -> dict:
@@ -220,11 +361,75 @@ def _call_settings(plan: dict) -> dict:
     return {k: v for k, v in plan.items() if k not in ignored}
 
 
-def _load_train(name: str, n_train: int | None, data_dir, seed: int = 0):
-    ds = load_dataset(name, data_dir, standardize=True)
+PIXEL_STD_FLOOR = 0.1  # a pixel nearly constant in the public rows is divided by 0.1 at most
+
+
+def public_mask(n: int, public_rows: int, seed: int = 0) -> np.ndarray:
+    """``(n,)`` bool: the ``public_rows`` training rows drawn with ``default_rng(seed)``
+    (public randomness) and held out of every client."""
+    if not 1 <= public_rows < n:
+        raise ValueError(f"public_rows must be in [1, {n - 1}]; got {public_rows}")
+    public = np.zeros(n, bool)
+    public[np.random.default_rng(seed).choice(n, public_rows, replace=False)] = True
+    return public
+
+
+def scale_inputs(ds: Dataset, how: str, public_rows: int, seed: int = 0) -> Dataset:
+    """``ds`` (pixels in ``[0, 1]``) scaled as ``--input-scaling`` says.
+
+    ``channel``: minus the mean, over the std, of every training pixel per channel (2
+    numbers of the clients' pooled data, not accounted: see docs/fed_dp_pso.md);
+    ``pixel_public``: per-pixel mean and std (std floored at :data:`PIXEL_STD_FLOOR`) of
+    ``public_rows`` training rows drawn with ``default_rng(seed)`` and REMOVED from the
+    training split, so no client holds them (public data: costs no privacy); ``none``."""
+    check_choice("input_scaling", how, INPUT_SCALINGS)
+    if how == "none":
+        return ds
+    if how == "channel":
+        axes = tuple(range(ds.x_train.ndim - 1))
+        mean, std = ds.x_train.mean(axis=axes), ds.x_train.std(axis=axes)
+        std = np.where(std > 0, std, 1.0)
+        x_train = ds.x_train
+    else:
+        public = public_mask(len(ds.y_train), public_rows, seed)
+        mean = ds.x_train[public].mean(axis=0)
+        std = np.maximum(ds.x_train[public].std(axis=0), PIXEL_STD_FLOOR)
+        x_train, ds = ds.x_train[~public], replace(ds, y_train=ds.y_train[~public])
+    mean, std = mean.astype(np.float32), std.astype(np.float32)
+    return replace(ds, x_train=(x_train - mean) / std, x_test=(ds.x_test - mean) / std)
+
+
+def _load_train(name: str, plan: dict, data_dir, seed: int = 0) -> Dataset:
+    ds = scale_inputs(load_dataset(name, data_dir), plan["input_scaling"], plan["public_rows"])
+    n_train = plan["n_train"]
     if n_train is not None and n_train < len(ds.y_train):
         ds = subsample(ds, n_train, seed=seed)
     return ds
+
+
+def pso_config(model: Model, plan: dict, batch_size: int, capacity: int) -> FedDPPSO:
+    """Fed-DP-PSO with the plan's settings and design choices (DP-Adam; the epsilon = inf
+    runs drop ``record_dp``)."""
+    optimizer = "adamw" if plan["weight_decay"] == "decoupled" else "adam"
+    return FedDPPSO(
+        model=model,
+        training=LocalTraining(
+            batch_size=batch_size,
+            optimizer=optimizer,
+            weight_decay=plan["decay"],
+            record_dp=RecordDP(clip_norm=1.0, capacity=capacity),
+        ),
+        particles=plan["particles"],
+        eval_batch_size=2000,
+        eval_subset=plan["eval_subset"],
+        refine_start=plan["refine_start"],
+        selection_metric=plan["selection_metric"],
+        init=plan["init"],
+        init_scale=plan["init_scale"],
+        refine_update=plan["refine_update"],
+        optimizer_state=plan["optimizer_state"],
+        tensor_coefficients=plan["tensor_coefficients"] == "yes",
+    )
 
 
 def _partition(ds, part: str, seed: int = 42):
@@ -246,11 +451,28 @@ def _model(name: str, ds, lr: float | None) -> tuple[Model, float]:
     return model, eta if lr is None else lr
 
 
-def _shared_shapes(sizes: list[np.ndarray], batch_size: int) -> tuple[int, int]:
+def run_capacity(sizes: list[np.ndarray], batch_size: int, rounds: int, eps: list[float]) -> int:
+    """One Poisson buffer for every partition: its overflow over the whole run adds at most
+    ``1e-3 delta`` at the largest finite target (``RecordDP.for_sizes`` with the run's
+    steps). The per-step ``1e-9`` buffer is not enough: the accountant charges the overflow
+    as ``P (1 + e^eps)`` out of delta, which caps the reachable epsilon (about 4-6 at
+    these step counts), so targets 8 and 10 would be silently met at ~5."""
+    finite = [e for e in eps if math.isfinite(e)]
+    if not finite:
+        return max(sampler_capacity(s, batch_size) for s in sizes)
+    caps = []
+    for s in sizes:
+        steps = rounds * math.ceil(int(s.max()) / batch_size)
+        dp = RecordDP.for_sizes(s, batch_size, steps=steps, delta=DELTA, epsilon=max(finite))
+        caps.append(int(dp.capacity))
+    return max(caps)
+
+
+def _shared_shapes(sizes: list[np.ndarray], batch_size: int, rounds, eps) -> tuple[int, int]:
     """One padded length and one Poisson capacity for every partition of a dataset, so each
     compiled program serves all partitions (with sequential clients padding costs no DP
     steps: each client runs its own count)."""
-    return int(max(s.max() for s in sizes)), max(sampler_capacity(s, batch_size) for s in sizes)
+    return int(max(s.max() for s in sizes)), run_capacity(sizes, batch_size, rounds, eps)
 
 
 def _paper(name: str, part: str, eps: float) -> tuple[float, float]:
@@ -268,7 +490,12 @@ def _covers() -> str:
 
 def _run(alg, clients, data, ds, plan: dict, lr: float, eps: list[float], **kw):
     """One simulator call of ``alg`` for every epsilon of ``eps`` x every seed."""
-    variants = alg.variants(clients, rounds=plan["rounds"], learning_rate=lr, target_epsilon=eps)
+    extra = {}
+    if isinstance(alg, FedDPPSO):
+        extra["pso"] = PSOHyperParams(velocity_clamp=plan["velocity_clamp"])
+    variants = alg.variants(
+        clients, rounds=plan["rounds"], learning_rate=lr, target_epsilon=eps, **extra
+    )
     return simulate(
         alg,
         data,
@@ -367,31 +594,19 @@ def _run_dataset(
     stand_in = None
     finite = [e for e in plan["eps"] if not math.isinf(e)]
     groups = [g for g in (finite, [e for e in plan["eps"] if math.isinf(e)]) if g]
-    ds = _load_train(name, plan["n_train"], args.data_dir)
+    ds = _load_train(name, plan, args.data_dir)
     # one Model object per dataset: equal configs share compilations
     model, lr = _model(name, ds, plan["lr"])
     parts = {part: _partition(ds, part) for part in plan["parts"]}
     sizes = [p.sizes for p in parts.values()]
     bs = min(plan["batch_size"], int(min(s.min() for s in sizes)))
     sequential = plan["client_map"] == "sequential"
-    pad_to, capacity = _shared_shapes(sizes, bs) if sequential else (None, None)
+    shapes = _shared_shapes(sizes, bs, plan["rounds"], plan["eps"])
+    pad_to, capacity = shapes if sequential else (None, None)
     for part, p in parts.items():
         clients = stack_clients(ds.x_train, ds.y_train, p.indices, pad_to=pad_to)
-        cap = capacity or sampler_capacity(p.sizes, bs)
-        cfg = FedDPPSO(
-            model=model,
-            training=LocalTraining(
-                batch_size=bs,
-                optimizer="adamw",
-                weight_decay=1e-4,
-                record_dp=RecordDP(clip_norm=1.0, capacity=cap),
-            ),
-            particles=plan["particles"],
-            eval_batch_size=2000,
-            eval_subset=plan["eval_subset"],
-            refine_start=plan["refine_start"],
-            selection_metric=plan["selection_metric"],
-        )
+        cap = capacity or run_capacity([p.sizes], bs, plan["rounds"], plan["eps"])
+        cfg = pso_config(model, plan, bs, cap)
         for group in groups:
             key = f"{name}_{part}_eps" + "-".join(f"{e:g}" for e in group)
             run = partial(_dp_pso_call, name, part, group, cfg, clients, ds, plan, lr)
@@ -411,7 +626,8 @@ def _fig3(name: str, stand_in, plan: dict, cells: list, out: Path) -> list[dict]
     ds, clients, model, bs, lr, store = stand_in
 
     def baseline(eps: float) -> tuple[pd.DataFrame, dict]:
-        record_dp = RecordDP.for_sizes(clients.sizes, bs)
+        cap = run_capacity([np.asarray(clients.sizes)], bs, plan["rounds"], [eps])
+        record_dp = RecordDP(clip_norm=1.0, capacity=cap)
         alg = _without_dp(
             FedAvg(model, LocalTraining(batch_size=bs, optimizer="adam", record_dp=record_dp)),
             [eps],
@@ -441,11 +657,26 @@ def _fig3(name: str, stand_in, plan: dict, cells: list, out: Path) -> list[dict]
     return rows
 
 
+SCALING_PRIVACY = {
+    "channel": "inputs scaled by the mean/std of all training pixels (2 numbers of the "
+    "clients' pooled data, NOT covered by epsilon)",
+    "pixel_public": "inputs scaled by per-pixel statistics of held-out public rows (no cost)",
+    "none": "inputs in [0, 1]",
+}
+
+
+def _reading_text(plan: dict) -> str:
+    """The design choices, e.g. ``current (init=independent, ...)``, and what the input
+    scaling releases."""
+    choices = ", ".join(f"{k}={plan[k]}" for k in READING_KEYS)
+    return f"{plan.get('reading', '?')} ({choices}; {SCALING_PRIVACY[plan['input_scaling']]})"
+
+
 def _header(plan: dict) -> str:
     return (
         f"Fed-DP-PSO, N=5 clients, S={plan['particles']}, R={plan['rounds']}, E=1, "
         f"B={plan['batch_size']}, eta={plan['lr'] or '0.005 (MLP) / 0.001 (CNN)'}, "
-        f"refine from {plan['refine_start']}, "
+        f"refine from {plan['refine_start']}, reading {_reading_text(plan)}, "
         f"particles scored by {plan['selection_metric']}, clients {plan['client_map']}, "
         f"{plan['seeds']} seed{'s' if plan['seeds'] > 1 else ''} (mean +- sample std); "
         "partitions: Flower's FederatedDataset "

@@ -43,11 +43,15 @@ OPTIMIZERS = ("sgd", "adam", "adamw")
 def make_optimizer(
     name: OptimizerName, learning_rate: ArrayLike, weight_decay: float = 0.0, momentum: float = 0.0
 ) -> optax.GradientTransformation:
-    """The optimiser convention: ``"sgd"`` (with ``momentum`` when > 0), ``"adam"`` or
-    ``"adamw"`` (decoupled ``weight_decay``) at ``learning_rate`` (may be traced)."""
+    """The optimiser convention: ``"sgd"`` (with ``momentum`` when > 0), ``"adam"`` (with
+    ``weight_decay`` > 0: coupled L2, ``weight_decay * params`` added to the gradient before
+    Adam, as PyTorch's ``Adam(weight_decay=...)``) or ``"adamw"`` (decoupled
+    ``weight_decay``) at ``learning_rate`` (may be traced)."""
     if name == "sgd":
         return optax.sgd(learning_rate, momentum=momentum or None)
     if name == "adam":
+        if weight_decay:
+            return optax.chain(optax.add_decayed_weights(weight_decay), optax.adam(learning_rate))
         return optax.adam(learning_rate)
     return optax.adamw(learning_rate, weight_decay=weight_decay)
 
@@ -125,7 +129,7 @@ class LocalTraining:
         epochs: ``E`` local epochs.
         batch_size: ``B`` (the expected Poisson batch under record-level DP).
         optimizer: ``"sgd"``, ``"adam"`` or ``"adamw"`` (fresh state every round).
-        weight_decay: ``lambda`` of ``"adamw"``.
+        weight_decay: ``lambda`` of ``"adamw"`` (decoupled) or ``"adam"`` (coupled L2).
         momentum: momentum of ``"sgd"`` (0: none).
         record_dp: record-level DP, or ``None`` (shuffled batches, exact gradients).
     """

@@ -22,6 +22,13 @@ privacy record's ``not_covered``); the epsilon covers the DP-Adam steps. With
 noise (``selection_epsilon`` per client in total, added by basic composition), end to end.
 The debate about the paper (which model is refined, loss vs error scoring) is in
 ``docs/fed_dp_pso.md``.
+
+The authors' design choices (their DP notebooks) are named options, each keeping the
+accounting above: ``init="shared"`` (every particle = one public initial model + noise,
+initial ``gbest`` = that model, broadcast at setup), ``refine_update="always"`` (the refined
+model replaces the client's best), ``optimizer_state="persistent"`` (one optimiser state per
+client, kept in the client's state), ``tensor_coefficients`` (``r1, r2`` per parameter
+tensor); the velocity clamp is ``PSOHyperParams.velocity_clamp``.
 """
 
 from __future__ import annotations
@@ -103,13 +110,15 @@ class FedDPPSOHyper:
 @flax.struct.dataclass
 class PSOClient:
     """A client's swarm ``(S, ...)``, its privacy spend, the Laplace scale of its scores
-    (nats) and, for the private diagnostics only, its last DP-Adam loss and step count."""
+    (nats), its optimiser state (``optimizer_state="persistent"``; ``()`` otherwise) and,
+    for the private diagnostics only, its last DP-Adam loss and step count."""
 
     swarm: swarm.SwarmState
     spend: Spend
     score_scale: Float[Array, ""]
     refine_loss: Float[Array, ""]
     refine_steps: Int[Array, ""]
+    opt_state: PyTree = ()
 
 
 @flax.struct.dataclass
@@ -162,8 +171,9 @@ class FedDPPSO:
 
     Attributes:
         model: the ``(init, apply)`` pair.
-        training: the refinement of the best particle (default DP-Adam: AdamW with
-            ``weight_decay`` 1e-4; ``record_dp=None`` gives plain AdamW, epsilon inf).
+        training: the refinement of the best particle (default DP-Adam with eq. 10's
+            coupled L2, ``weight_decay`` 1e-4; ``record_dp=None`` gives plain Adam, epsilon
+            inf; ``optimizer="adamw"``: decoupled decay, the earlier default).
         particles: ``S`` per client.
         refine_start: ``"pbest"`` (refine the best personal best, the model the client
             would send; default) or ``"position"`` (the best moved position).
@@ -174,12 +184,27 @@ class FedDPPSO:
         selection_metric: ``"loss"`` (the paper) or ``"error"`` (error rate; an option).
         eval_batch_size: chunk size of the test evaluation.
         eval_subset: score particles on at most this many rows per client (None: all).
+        init: ``"independent"`` (every particle its own ``model.init`` draw; default) or
+            ``"shared"`` (the authors' notebooks: the server's initial model ``theta_0``,
+            public randomness, is broadcast at setup; particle ``j`` of every client starts
+            at ``theta_0 + init_scale * N(0, 1)``; the initial ``gbest`` is ``theta_0``,
+            no upload at setup).
+        init_scale: standard deviation of the shared initialisation's noise.
+        refine_update: ``"always"`` (default; Algorithm 1 lines 27-32 and the authors'
+            notebooks: the refined model replaces the refined slot's personal best
+            unconditionally) or ``"if_better"`` (only if its score is lower; the earlier
+            default).
+        optimizer_state: ``"fresh"`` (the optimiser restarts every round; default) or
+            ``"persistent"`` (one state per client, kept in its :class:`PSOClient` across
+            rounds, as the DP notebooks' one Adam per client).
+        tensor_coefficients: draw ``r1, r2`` once per (particle, parameter tensor), as the
+            notebooks, instead of as ``pso_options.coefficients`` says.
     """
 
     model: Model
     training: LocalTraining = field(
         default_factory=lambda: LocalTraining(
-            batch_size=64, optimizer="adamw", weight_decay=1e-4, record_dp=RecordDP()
+            batch_size=64, optimizer="adam", weight_decay=1e-4, record_dp=RecordDP()
         )
     )
     particles: int = 5
@@ -191,6 +216,11 @@ class FedDPPSO:
     selection_metric: Literal["loss", "error"] = "loss"
     eval_batch_size: int | None = None
     eval_subset: int | None = None
+    init: Literal["independent", "shared"] = "independent"
+    init_scale: float = 0.01
+    refine_update: Literal["if_better", "always"] = "always"
+    optimizer_state: Literal["fresh", "persistent"] = "fresh"
+    tensor_coefficients: bool = False
 
     @property
     def privacy_unit(self) -> str | None:
@@ -233,6 +263,8 @@ class FedDPPSO:
 
     @property
     def setup(self) -> tuple[Exchange, ...]:
+        if self.init == "shared":  # theta_0 down, nothing up: gbest stays theta_0
+            return (Exchange("init", everyone, self.request_gbest, self.start_swarm, _keep, {}),)
         return (self._report(), self._upload())
 
     @property
@@ -299,7 +331,12 @@ class FedDPPSO:
         )
         inits = jax.vmap(lambda j: self.model.init(jax.random.fold_in(k_init, j)))
         positions = inits(jnp.arange(self.particles))
-        state = swarm.init(k_swarm, positions, self.scores(positions, data.score, k_score, scale))
+        if self.init == "shared":  # placeholders: the setup's "init" exchange starts the swarm
+            losses = jnp.full((self.particles,), jnp.inf, jnp.float32)
+        else:
+            losses = self.scores(positions, data.score, k_score, scale)
+        state = swarm.init(k_swarm, positions, losses)
+        # The S initial scores are counted here in both modes ("shared": scored at setup).
         spend = Spend.none().replace(extra_epsilon=self.particles * eps1)
         if self.training.record_dp is not None:
             spend = spend.replace(
@@ -307,7 +344,39 @@ class FedDPPSO:
                 noise_multiplier=hyper.noise_multiplier[client_id],
             )
         zero = jnp.zeros((), jnp.float32)
-        return PSOClient(state, spend, scale, zero, jnp.zeros((), jnp.int32))
+        opt_state = ()
+        if self.optimizer_state == "persistent":
+            template = _take(positions, 0)
+            opt_state = self.training.optimizer_for(hyper.learning_rate).init(template)
+        return PSOClient(state, spend, scale, zero, jnp.zeros((), jnp.int32), opt_state)
+
+    def start_swarm(
+        self,
+        state: PSOClient,
+        data: PSOData,
+        theta0: PyTree,
+        key: PRNGKeyArray,
+        hyper: FedDPPSOHyper,
+    ) -> tuple[PSOClient, tuple]:
+        """``init="shared"`` setup: particle ``j`` = ``theta0 + init_scale * N(0, 1)``
+        (keys ``fold_in(key, j)``), scored; nothing is sent back."""
+        del hyper
+        k_noise, k_score = jax.random.split(key)
+        leaves, treedef = jax.tree.flatten(theta0)
+
+        def one(j: Int[Array, ""]) -> PyTree:
+            ks = jax.random.split(jax.random.fold_in(k_noise, j), len(leaves))
+            noisy = [
+                leaf + self.init_scale * jax.random.normal(k, leaf.shape, leaf.dtype)
+                for leaf, k in zip(leaves, ks, strict=True)
+            ]
+            return treedef.unflatten(noisy)
+
+        positions = jax.vmap(one)(jnp.arange(self.particles))
+        losses = self.scores(positions, data.score, k_score, state.score_scale)
+        s = state.swarm
+        fresh = swarm.init(jax.random.key(0), positions, losses)
+        return state.replace(swarm=fresh.replace(seed=s.seed)), ()
 
     def request_gbest(self, server: PSOServer) -> PyTree:
         return server.gbest
@@ -334,7 +403,8 @@ class FedDPPSO:
     ) -> tuple[PSOClient, Float[Array, ""]]:
         """Algorithm 1 for ONE client: move, score, refine the best, re-score, report."""
         k_score, k_train, k_rescore = jax.random.split(key, 3)
-        s = swarm.move(state.swarm, hyper.pso, self.pso_options, social_target=gbest)
+        coeffs = self.tensor_coeffs(state.swarm) if self.tensor_coefficients else None
+        s = swarm.move(state.swarm, hyper.pso, self.pso_options, social_target=gbest, coeffs=coeffs)
         scores = self.scores(s.position, data.score, k_score, state.score_scale)
         s = swarm.observe_personal(s, scores)
         if self.refine_start == "pbest":
@@ -343,6 +413,7 @@ class FedDPPSO:
         else:
             j = jnp.argmin(jnp.where(jnp.isfinite(scores), scores, jnp.inf))
             start = _take(s.position, j)
+        persistent = self.optimizer_state == "persistent"
         res = self.training.train(
             self.model,
             start,
@@ -350,6 +421,7 @@ class FedDPPSO:
             k_train,
             hyper.learning_rate,
             state.spend.noise_multiplier,
+            opt_state=state.opt_state if persistent else None,
         )
         refined = jax.tree.map(lambda leaf: leaf[None], res.params)
         new = self.scores(refined, data.score, k_rescore, state.score_scale)[0]
@@ -357,6 +429,13 @@ class FedDPPSO:
         # The refined particle's pbest update is part of this round's one observation: the
         # iteration advances once and only the new score can add a non-finite count.
         after = swarm.observe_personal(s.replace(position=position), scores.at[j].set(new))
+        if self.refine_update == "always":  # slot j's pbest := the refined model, any score
+            after = after.replace(
+                best_position=jax.tree.map(
+                    lambda all_, r: all_.at[j].set(r), after.best_position, res.params
+                ),
+                best_loss=after.best_loss.at[j].set(jnp.where(jnp.isfinite(new), new, jnp.inf)),
+            )
         s = after.replace(
             iteration=s.iteration, nonfinite=s.nonfinite + (~jnp.isfinite(new)).astype(jnp.int32)
         )
@@ -365,9 +444,29 @@ class FedDPPSO:
             extra_epsilon=state.spend.extra_epsilon + (self.particles + 1) * hyper.score_epsilon,
         )
         new_state = state.replace(
-            swarm=s, spend=spend, refine_loss=res.loss, refine_steps=res.steps
+            swarm=s,
+            spend=spend,
+            refine_loss=res.loss,
+            refine_steps=res.steps,
+            opt_state=res.opt_state if persistent else state.opt_state,
         )
         return new_state, jnp.min(s.best_loss)
+
+    def tensor_coeffs(self, s: swarm.SwarmState) -> tuple[PyTree, PyTree]:
+        """``(r1, r2)`` ~ U(0, 1), one pair per (particle, parameter tensor), from the swarm's
+        own stream (leaves ``(S, 1, ..., 1)``)."""
+        leaves, treedef = jax.tree.flatten(s.position)
+        grid = jnp.zeros((self.particles, len(leaves)), jnp.float32)
+        opts = swarm.PSOOptions(rng=self.pso_options.rng, coefficients="element")
+        r1, r2 = swarm.coefficients(s.seed, s.iteration, grid, opts)
+
+        def per_leaf(r: Array) -> PyTree:
+            shaped = [
+                r[:, i].reshape((-1,) + (1,) * (leaf.ndim - 1)) for i, leaf in enumerate(leaves)
+            ]
+            return treedef.unflatten(shaped)
+
+        return per_leaf(r1), per_leaf(r2)
 
     def store_reports(
         self,
@@ -437,6 +536,10 @@ class FedDPPSO:
         check_positive("loss_bound", self.loss_bound)
         check_choice("refine_start", self.refine_start, ("pbest", "position"))
         check_choice("selection_metric", self.selection_metric, ("loss", "error"))
+        check_choice("init", self.init, ("independent", "shared"))
+        check_positive("init_scale", self.init_scale)
+        check_choice("refine_update", self.refine_update, ("if_better", "always"))
+        check_choice("optimizer_state", self.optimizer_state, ("fresh", "persistent"))
         if self.eval_subset is not None:
             check_int("eval_subset", self.eval_subset, 1)
         self.training.check(clients.sizes)
@@ -498,15 +601,22 @@ def _nothing(server: PyTree) -> tuple:
     return ()
 
 
+def _keep(server: PSOServer, replies: tuple, mask: Bool[Array, " N"], key, hyper) -> PSOServer:
+    """An aggregate that keeps the server as it is (the exchange sends nothing back)."""
+    del replies, mask, key, hyper
+    return server
+
+
 def fedpso(
     model: Model, *, local_epochs: int = 1, batch_size: int = 32, eval_batch_size: int | None = None
 ) -> FedDPPSO:
     """FedPSO (Park et al. 2021) as Fed-DP-PSO's settings: ``S = 1``, plain SGD, the best
-    report wins (``top_k = 1``), no DP."""
+    report wins (``top_k = 1``), the trained model kept only if better, no DP."""
     return FedDPPSO(
         model=model,
         training=LocalTraining(epochs=local_epochs, batch_size=batch_size, optimizer="sgd"),
         particles=1,
         top_k=1,
+        refine_update="if_better",
         eval_batch_size=eval_batch_size,
     )
