@@ -328,3 +328,22 @@ def test_sequential_clients_match_vmapped_clients(uneven, plain_run) -> None:
     np.testing.assert_array_equal(a.history["leader"], b.history["leader"])
     for x, y in zip(jax.tree.leaves(a.server.gbest), jax.tree.leaves(b.server.gbest), strict=True):
         np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-5)
+
+
+def test_an_unreachable_target_warns_and_a_run_sized_buffer_reaches_it() -> None:
+    """A buffer sized for 1e-9 overflow per step caps epsilon (its overflow is charged to
+    delta with the e^epsilon factor): calibration warns instead of silently adding more
+    noise than the target needs; a buffer sized for the run reaches the target."""
+    sizes = np.array([200, 200, 200])
+    per_step = LocalTraining(batch_size=32, record_dp=RecordDP.for_sizes(sizes, 32))
+    alg = FedDPPSO(mlp((8,), 10, (8, 8, 1)), per_step, particles=2)
+    fake = stack_clients(
+        np.zeros((600, 8, 8, 1), np.float32), np.arange(600) % 10, np.split(np.arange(600), 3)
+    )
+    with pytest.warns(UserWarning, match="target_epsilon=8.0 is out of reach"):
+        alg.variants(fake, rounds=2, target_epsilon=8.0)
+    run = RecordDP.for_sizes(sizes, 32, steps=14, delta=DELTA, epsilon=8.0)
+    sized = dataclasses.replace(alg, training=dataclasses.replace(per_step, record_dp=run))
+    sigma = float(sized.variants(fake, rounds=2, target_epsilon=8.0).hyper.noise_multiplier[0, 0])
+    over = sized.training.sampler_overflow(sizes, 200)[0]
+    assert 0.99 * 8.0 < epsilon(32 / 200, sigma, 14, DELTA, overflow_prob=over) <= 8.0

@@ -15,6 +15,7 @@ These plug into :func:`swarmjax.fl.local.local_train` (and so into FedAvg and Fe
 from __future__ import annotations
 
 import math
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -24,7 +25,7 @@ from jaxtyping import Array, ArrayLike, Bool, Float, Int, PRNGKeyArray, PyTree
 from swarmjax._validation import check_int, check_positive, check_range
 from swarmjax.fl.local import Batches, GradFn, Sampler
 from swarmjax.models import ApplyFn, cross_entropy, loss
-from swarmjax.privacy.accounting import sigma_for_epsilon
+from swarmjax.privacy.accounting import epsilon, sigma_for_epsilon
 from swarmjax.privacy.dpsgd import dp_grad
 from swarmjax.privacy.sampling import poisson_capacity, poisson_sample
 
@@ -139,4 +140,14 @@ def calibrate_sigmas(
         if (n, t, p) not in cache:
             q = min(1.0, batch_size / n)
             cache[n, t, p] = sigma_for_epsilon(target_epsilon, q, t, delta, overflow_prob=p)
+            reached = epsilon(q, cache[n, t, p], t, delta, overflow_prob=p)
+            if p > 0 and reached < 0.9 * target_epsilon:
+                warnings.warn(
+                    f"target_epsilon={target_epsilon} is out of reach for a client of {n} rows: "
+                    f"the Poisson buffer's overflow ({p:.1e} per step, charged with its "
+                    f"e^epsilon factor) caps epsilon near {reached:.2f}, so the noise is "
+                    "larger than needed; size the buffer for the run with "
+                    "RecordDP.for_sizes(sizes, B, steps=..., delta=..., epsilon=...)",
+                    stacklevel=2,
+                )
     return np.array([cache[r] for r in rows])

@@ -64,13 +64,17 @@ def digits(config: dict[str, Any]) -> Task:
         alg = FedAvg(model, training)
         variants = alg.variants(clients, rounds=rounds, learning_rate=lr, target_epsilon=math.inf)
     elif name == "fed-dp-pso":
-        dp = RecordDP.for_sizes(clients.sizes, training.batch_size)
+        target = float(config.get("target-epsilon", 8.0))
+        steps = rounds * training.epochs * -(-int(jnp.max(clients.sizes)) // training.batch_size)
+        dp = RecordDP.for_sizes(  # a buffer sized for the run, so the target is reachable
+            clients.sizes, training.batch_size, steps=steps, delta=delta, epsilon=target
+        )
         training = replace(training, optimizer="adamw", weight_decay=1e-4, record_dp=dp)
         alg = FedDPPSO(model, training, particles=int(config.get("particles", 3)))
         variants = alg.variants(
             clients,
             rounds=rounds,
-            target_epsilon=float(config.get("target-epsilon", 8.0)),
+            target_epsilon=target,
             learning_rate=float(config.get("pso-learning-rate", 0.005)),
             delta=delta,
         )
