@@ -46,11 +46,12 @@ def _setup(rounds: int):
     ds = load_dataset("digits", standardize=True)
     clients = stack_clients(ds.x_train, ds.y_train, partition(ds.y_train, N, seed=0).indices)
     model = mlp((32,), 10, ds.input_shape)
+    steps = rounds * -(-int(jnp.max(clients.sizes)) // 32)
     training = LocalTraining(
         batch_size=32,
         optimizer="adamw",
-        weight_decay=1e-4,
-        record_dp=RecordDP.for_sizes(clients.sizes, 32),
+        weight_decay=1e-4,  # the Poisson buffer sized for the run (epsilon 8 reachable)
+        record_dp=RecordDP.for_sizes(clients.sizes, 32, steps=steps, delta=1e-5, epsilon=8.0),
     )
     alg = FedDPPSO(model, training, particles=S)
     variants = alg.variants(clients, rounds=rounds, target_epsilon=8.0)
