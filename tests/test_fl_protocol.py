@@ -232,6 +232,37 @@ def test_fed_dp_pso_epsilon_per_client_is_the_accountants_and_within_target(setu
                 assert pr.epsilon[r, t, i] == pytest.approx(want, rel=1e-9)
 
 
+def test_client_level_sampling_overflow_is_charged_to_delta(setup):
+    """Client-level DP's draw of at most ``capacity`` clients is redrawn when it overflows:
+    that chance (per round) is charged to delta as the record-level buffers' is; no capacity
+    (or one holding every client) charges nothing."""
+    from swarmjax.fl.protocol import Spend
+    from swarmjax.fl.runtime.result import client_sampling_overflow, privacy_record
+    from swarmjax.privacy.accounting import epsilon as accounted
+    from swarmjax.privacy.sampling import overflow_probability
+
+    n, q = 1000, 0.05
+    alg = ClientLevelDPFedAvg(MODEL, capacity=90)
+    shape = (2, 3, n)
+    spend = Spend(
+        sample_rate=np.full(shape, q),
+        noise_multiplier=np.full(shape, 1.0),
+        steps=np.broadcast_to(np.arange(1, 4)[None, :, None], shape),
+        extra_epsilon=np.zeros(shape),
+    )
+    over = client_sampling_overflow(alg, spend, n)
+    chex.assert_shape(over, (2, 1, n))
+    p = overflow_probability(n, q, 90)
+    assert 0 < p < 1e-6
+    np.testing.assert_allclose(over, p)
+    record = privacy_record(spend, (), unit="client", delta=1e-6, overflow_prob=over)
+    want = accounted(q, 1.0, 3, 1e-6, overflow_prob=p)
+    np.testing.assert_allclose(record.final_epsilon, want)
+    assert want > accounted(q, 1.0, 3, 1e-6)
+    assert client_sampling_overflow(ClientLevelDPFedAvg(MODEL), spend, n) is None
+    assert client_sampling_overflow(ClientLevelDPFedAvg(MODEL, capacity=n), spend, n) is None
+
+
 def test_fed_dp_pso_private_selection_adds_its_budget_end_to_end(setup, results):
     """Every score is noised: nothing is left uncovered, and the selection's epsilon (1.0 by
     default, spread over S + rounds (S + 1) scores) adds to DP-Adam's, round by round."""

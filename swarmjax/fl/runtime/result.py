@@ -12,8 +12,9 @@ import pandas as pd
 
 from swarmjax.fl.protocol import Exchange, Spend, coverage
 from swarmjax.privacy.accounting import epsilon as accounted_epsilon
+from swarmjax.privacy.sampling import overflow_probability
 
-__all__ = ["PrivacyRecord", "Result", "privacy_record"]
+__all__ = ["PrivacyRecord", "Result", "client_sampling_overflow", "privacy_record"]
 
 
 @dataclass(frozen=True)
@@ -63,8 +64,9 @@ def privacy_record(
 ) -> PrivacyRecord:
     """Epsilon per (run, round, client) from the per-round spend (a :class:`Spend` with
     ``(runs, rounds, clients)`` leaves) and the coverage of ``exchanges``' declarations.
-    ``overflow_prob``: ``(clients,)`` per-step chance that a client's static-size Poisson
-    buffer overflowed; the accountant charges it to ``delta`` (the stated delta covers the
+    ``overflow_prob``: per-step chance (``(clients,)`` or broadcastable to the spend's
+    shape) that a static-size Poisson draw overflowed (a client's batch buffer, or the draw
+    of clients); the accountant charges it to ``delta`` (the stated delta covers the
     sampler). Equal ``(q, sigma, steps, overflow)`` are accounted once."""
     q = np.asarray(spend.sample_rate, np.float64)
     sigma = np.asarray(spend.noise_multiplier, np.float64)
@@ -101,6 +103,22 @@ def privacy_record(
         covers=covered,
         not_covered=uncovered,
     )
+
+
+def client_sampling_overflow(alg: Any, spend: Spend, num_clients: int) -> np.ndarray | None:
+    """``(runs, 1, N)`` per-round chance that client-level DP's Poisson draw of clients
+    (rate ``q_c``, from ``spend.sample_rate`` ``(runs, rounds, N)``) exceeds the algorithm's
+    static ``capacity`` and is redrawn; ``None`` when no draw can overflow (no ``capacity``,
+    or one that holds every client). :func:`privacy_record` charges it to delta."""
+    capacity = getattr(alg, "capacity", None)
+    if alg.privacy_unit != "client" or capacity is None or capacity >= num_clients:
+        return None
+    q = np.asarray(spend.sample_rate, np.float64)[:, -1, :]
+    probs = {
+        v: overflow_probability(num_clients, v, capacity) if v > 0 else 0.0
+        for v in set(q.ravel().tolist())
+    }
+    return np.vectorize(probs.__getitem__, otypes=[np.float64])(q)[:, None, :]
 
 
 @dataclass(frozen=True)

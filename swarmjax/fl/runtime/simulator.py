@@ -34,6 +34,7 @@ from swarmjax.fl.clients import ClientData, as_test_set, check_federated_inputs
 from swarmjax.fl.protocol import (
     Algorithm,
     Exchange,
+    Spend,
     aggregate_key,
     client_init_key,
     client_key,
@@ -41,7 +42,7 @@ from swarmjax.fl.protocol import (
     server_key,
     where_selected,
 )
-from swarmjax.fl.runtime.result import Result, privacy_record
+from swarmjax.fl.runtime.result import Result, client_sampling_overflow, privacy_record
 from swarmjax.models import param_bytes
 
 __all__ = [
@@ -243,8 +244,13 @@ def _sharded(tree: PyTree) -> PyTree:
     return jax.device_put(tree, sharding)
 
 
-def _sampler_overflow(alg: Algorithm, train: ClientData | None) -> np.ndarray | None:
-    """``(clients,)`` per-step overflow chance of record-level DP's Poisson buffers."""
+def _sampler_overflow(
+    alg: Algorithm, train: ClientData | None, spend: Spend, n: int
+) -> np.ndarray | None:
+    """Per-step overflow chance of record-level DP's Poisson buffers ``(clients,)``, or of
+    client-level DP's draw of clients ``(runs, 1, clients)``."""
+    if alg.privacy_unit == "client":
+        return client_sampling_overflow(alg, spend, n)
     training = getattr(alg, "training", None)
     if alg.privacy_unit != "record" or training is None or not isinstance(train, ClientData):
         return None
@@ -338,7 +344,7 @@ def simulate(
         alg.setup + alg.exchanges,
         unit=alg.privacy_unit,
         delta=delta,
-        overflow_prob=_sampler_overflow(alg, train),
+        overflow_prob=_sampler_overflow(alg, train, out["spend"], num_clients(clients)),
     )
     history["epsilon_max"] = record.epsilon.max(axis=2).reshape(-1)
     diag = {}
