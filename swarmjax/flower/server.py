@@ -40,7 +40,7 @@ from flwr.serverapp import Grid, ServerApp
 from jaxtyping import PyTree
 
 from swarmjax.fl.protocol import Exchange, Spend, aggregate_key, server_init_key, server_key
-from swarmjax.fl.runtime.result import PrivacyRecord, client_sampling_overflow, privacy_record
+from swarmjax.fl.runtime.result import PrivacyRecord, privacy_record, sampling_overflow
 from swarmjax.flower.records import (
     RecordError,
     from_record,
@@ -353,29 +353,13 @@ def drive(grid: Grid, task: Task, settings: ServerSettings) -> FlowerRun:
         alg.setup + alg.exchanges,
         unit=alg.privacy_unit,
         delta=task.delta,
-        overflow_prob=_sampler_overflow(alg, spend, task.num_clients),
+        overflow_prob=sampling_overflow(alg, spend, task.num_clients),
     )
     history["epsilon_max"] = privacy.epsilon[0].max(axis=1)  # as the simulator releases
     run = FlowerRun(server, history, pd.DataFrame(co.messages), privacy)
     if settings.out_dir is not None:
         _write(run, settings.out_dir)
     return run
-
-
-def _sampler_overflow(alg: Any, spend: Spend, n: int) -> np.ndarray | None:
-    """Per-step overflow chance of the Poisson draws, as the simulator charges it: client-level
-    DP's draw of clients, or record-level DP's buffers ``(N,)`` (client ``i``'s size is
-    ``B / q_i`` from the sample rate it reported, already part of the privacy record)."""
-    if alg.privacy_unit == "client":
-        return client_sampling_overflow(alg, spend, n)
-    training = getattr(alg, "training", None)
-    if alg.privacy_unit != "record" or training is None:
-        return None
-    q = np.asarray(spend.sample_rate, np.float64)[0].max(axis=0)  # (N,); 0: never replied
-    safe = np.where(q > 0, q, 1.0)
-    sizes = np.rint(training.batch_size / safe).astype(np.int64)
-    over = training.sampler_overflow(sizes, int(sizes.max()))
-    return np.where(q > 0, over, 0.0)
 
 
 def _write(run: FlowerRun, out: Path) -> None:

@@ -14,7 +14,13 @@ from swarmjax.fl.protocol import Exchange, Spend, coverage
 from swarmjax.privacy.accounting import epsilon as accounted_epsilon
 from swarmjax.privacy.sampling import overflow_probability
 
-__all__ = ["PrivacyRecord", "Result", "client_sampling_overflow", "privacy_record"]
+__all__ = [
+    "PrivacyRecord",
+    "Result",
+    "client_sampling_overflow",
+    "privacy_record",
+    "sampling_overflow",
+]
 
 
 @dataclass(frozen=True)
@@ -119,6 +125,35 @@ def client_sampling_overflow(alg: Any, spend: Spend, num_clients: int) -> np.nda
         for v in set(q.ravel().tolist())
     }
     return np.vectorize(probs.__getitem__, otypes=[np.float64])(q)[:, None, :]
+
+
+def sampling_overflow(
+    alg: Any,
+    spend: Spend,
+    num_clients: int,
+    *,
+    sizes: np.ndarray | None = None,
+    padded: int | None = None,
+) -> np.ndarray | None:
+    """Per-step overflow chance of the static-size Poisson draws ``alg``'s privacy rests on,
+    for :func:`privacy_record` (every runtime charges it the same way): client-level DP's
+    draw of clients (:func:`client_sampling_overflow`) or record-level DP's batch buffers
+    ``(N,)`` for clients of ``sizes`` padded to ``padded`` rows. Without ``sizes`` (a
+    deployment, where the server holds no data) client ``i``'s size is ``B / q_i`` from the
+    sample rate it reported, already part of the record; a client that never reported
+    (``q_i = 0``) took no step and is charged nothing. ``None`` when nothing can overflow."""
+    if alg.privacy_unit == "client":
+        return client_sampling_overflow(alg, spend, num_clients)
+    training = getattr(alg, "training", None)
+    if alg.privacy_unit != "record" or training is None:
+        return None
+    if sizes is not None:
+        sizes = np.asarray(sizes, np.int64)
+        return training.sampler_overflow(sizes, int(sizes.max() if padded is None else padded))
+    rates = np.asarray(spend.sample_rate, np.float64)  # (runs, rounds, N)
+    q = rates.reshape(-1, rates.shape[-1]).max(axis=0)  # (N,): any round it reported in
+    derived = np.rint(training.batch_size / np.where(q > 0, q, 1.0)).astype(np.int64)
+    return np.where(q > 0, training.sampler_overflow(derived, int(derived.max())), 0.0)
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,6 @@ from swarmjax.fl.clients import ClientData, as_test_set, check_federated_inputs
 from swarmjax.fl.protocol import (
     Algorithm,
     Exchange,
-    Spend,
     aggregate_key,
     client_init_key,
     client_key,
@@ -42,7 +41,7 @@ from swarmjax.fl.protocol import (
     server_key,
     where_selected,
 )
-from swarmjax.fl.runtime.result import Result, client_sampling_overflow, privacy_record
+from swarmjax.fl.runtime.result import Result, privacy_record, sampling_overflow
 from swarmjax.models import param_bytes
 
 __all__ = [
@@ -244,19 +243,6 @@ def _sharded(tree: PyTree) -> PyTree:
     return jax.device_put(tree, sharding)
 
 
-def _sampler_overflow(
-    alg: Algorithm, train: ClientData | None, spend: Spend, n: int
-) -> np.ndarray | None:
-    """Per-step overflow chance of record-level DP's Poisson buffers ``(clients,)``, or of
-    client-level DP's draw of clients ``(runs, 1, clients)``."""
-    if alg.privacy_unit == "client":
-        return client_sampling_overflow(alg, spend, n)
-    training = getattr(alg, "training", None)
-    if alg.privacy_unit != "record" or training is None or not isinstance(train, ClientData):
-        return None
-    return training.sampler_overflow(np.asarray(train.sizes), train.mask.shape[1])
-
-
 def simulate(
     alg: Algorithm,
     clients: PyTree,
@@ -344,7 +330,13 @@ def simulate(
         alg.setup + alg.exchanges,
         unit=alg.privacy_unit,
         delta=delta,
-        overflow_prob=_sampler_overflow(alg, train, out["spend"], num_clients(clients)),
+        overflow_prob=sampling_overflow(
+            alg,
+            out["spend"],
+            num_clients(clients),
+            sizes=np.asarray(train.sizes) if isinstance(train, ClientData) else None,
+            padded=train.mask.shape[1] if isinstance(train, ClientData) else None,
+        ),
     )
     history["epsilon_max"] = record.epsilon.max(axis=2).reshape(-1)
     diag = {}
