@@ -9,6 +9,16 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
+# The suite is compile-bound: its programs are small and run once or twice, and XLA's CPU
+# backend spends most of a test's time in LLVM (a vmapped threefry draw compiles in 3.4 s at
+# the default -O2, 0.15 s at -O0). LLVM's level changes the speed of the code, not its
+# results beyond float32 rounding (-O2 fuses multiply-adds; test_compile_level.py checks
+# a DP run and a PAASO swarm both ways), so the tests compile at -O0 unless XLA_FLAGS
+# already sets a level. Processes the tests start (SuperNodes, sweep workers) inherit it.
+_flags = os.environ.get("XLA_FLAGS", "")
+if "xla_backend_optimization_level" not in _flags:
+    os.environ["XLA_FLAGS"] = f"{_flags} --xla_backend_optimization_level=0".strip()
+
 
 def shared_data_dir() -> Path | None:
     """``$SWARMJAX_DATA`` if set, else ``../shared/data`` beside the checkout, if present."""

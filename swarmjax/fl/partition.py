@@ -26,13 +26,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 from jaxtyping import ArrayLike
-from matplotlib.figure import Figure
 
 from swarmjax._validation import check_choice, check_int, check_positive
+
+if TYPE_CHECKING:  # matplotlib is imported when a plot is drawn (not in every ClientApp process)
+    from matplotlib.figure import Figure
 
 __all__ = [
     "SCHEMES",
@@ -87,6 +90,8 @@ class Partition:
     def plot(self, path: str | Path | None = None, *, title: str | None = None) -> Figure:
         """Stacked bars of class counts per client; saved as PNG when ``path`` is given."""
         counts = self.histogram().drop(columns="total").to_numpy()
+        from matplotlib.figure import Figure
+
         fig = Figure(figsize=(1.0 + 0.6 * self.num_clients, 3.5), layout="constrained")
         ax = fig.add_subplot()
         bottom = np.zeros(self.num_clients)

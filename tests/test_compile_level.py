@@ -1,0 +1,75 @@
+"""The suite compiles at LLVM -O0 (``tests/conftest.py``) on the premise that LLVM's level
+changes speed, not results. This checks it: the same DP-Adam FedAvg round (Poisson
+sampling, per-example clipping, Gaussian noise, a matmul model) and the same PAASO voting
+swarm, computed in fresh processes at -O0 and at XLA's default -O2, make the same discrete
+choices and agree to float32 rounding (they are not bit-identical: -O2 fuses multiply-adds;
+measured 1e-7 relative on the model, 5e-7 on the swarms)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from tests.conftest import REPO
+
+_PROGRAM = r"""
+import sys
+import jax, jax.numpy as jnp, numpy as np
+from swarmjax import paaso
+from swarmjax.fl.algorithms.fedavg import FedAvg
+from swarmjax.fl.client_training import LocalTraining, RecordDP
+from swarmjax.fl.clients import stack_clients
+from swarmjax.fl.data import load_dataset
+from swarmjax.fl.partition import iid_partition
+from swarmjax.fl.runtime import simulate
+from swarmjax.models import mlp
+
+data = load_dataset("digits")
+part = iid_partition(data.y_train[:200], 2, seed=0)
+clients = stack_clients(data.x_train, data.y_train, part.indices)
+dp = LocalTraining(batch_size=16, optimizer="adam", record_dp=RecordDP.for_sizes(clients.sizes, 16))
+alg = FedAvg(mlp((8,), 10, (8, 8, 1)), dp)
+variants = alg.variants(clients, rounds=1, learning_rate=0.01, target_epsilon=8.0)
+res = simulate(alg, clients, (data.x_test[:100], data.y_test[:100]), variants=variants,
+               seeds=[0], rounds=1, delta=1e-5)
+cfg = paaso.PAASOConfig(strategy="voting", function="f5", iterations=50)
+pbdrd = paaso.VOTING.index("pbdrd")
+swarms = jax.jit(jax.vmap(lambda k: paaso.run(k, cfg, paaso.PAASOHyper(), voting=pbdrd)))(
+    jax.random.split(jax.random.key(3), 4))
+leaves = [np.asarray(leaf) for leaf in jax.tree.leaves((res.server, swarms))]
+leaves.append(res.history[["test_loss", "test_accuracy"]].to_numpy())
+np.savez(sys.argv[1], *leaves)
+"""
+
+
+def _run(level: int, out: Path) -> list[np.ndarray]:
+    flags = " ".join(
+        f for f in os.environ.get("XLA_FLAGS", "").split() if "optimization_level" not in f
+    )
+    env = {**os.environ, "XLA_FLAGS": f"{flags} --xla_backend_optimization_level={level}"}
+    proc = subprocess.run(
+        [sys.executable, "-c", _PROGRAM, str(out)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with np.load(out) as arrays:
+        return [arrays[k] for k in arrays.files]
+
+
+def test_llvm_level_changes_no_result(tmp_path):
+    fast, default = _run(0, tmp_path / "o0.npz"), _run(2, tmp_path / "o2.npz")
+    assert len(fast) == len(default) == 10
+    for a, b in zip(fast, default, strict=True):
+        assert a.shape == b.shape and a.dtype == b.dtype
+        if a.dtype.kind == "f":
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+        else:  # voters, non-finite counts: the same choices
+            np.testing.assert_array_equal(a, b)
