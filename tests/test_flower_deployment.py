@@ -97,7 +97,7 @@ def test_deployment_gives_the_simulators_numbers_and_survives_a_killed_supernode
     except RuntimeError as err:
         pytest.fail(f"{err}\n{deployment.logs()}")
     finally:
-        if FULL:  # the opt-in runs below use all three nodes
+        if FULL:  # the opt-in run below uses all three nodes
             deployment.start_node(1)
     task = load_task(cfg)
     run = read_run(tmp_path / "fedavg", task)
