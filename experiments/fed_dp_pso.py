@@ -127,6 +127,7 @@ READINGS = {  # docs/fed_dp_pso.md, "The authors' code and the readings": why ea
     ),
 }
 DEFAULT_READING = "paper"
+PARTITIONS = ("iid", "dir0.3", "dir1")  # Tables 1-2's column groups
 FIG3 = "pathmnist"  # the paper's Fig. 3 dataset (LeNet-5); --full adds it when found
 PRESETS = {
     "quick": dict(
@@ -142,7 +143,7 @@ PRESETS = {
     ),
     "full": dict(
         datasets=["mnist", "fashion_mnist"],
-        parts=["iid", "dir0.3", "dir1"],
+        parts=list(PARTITIONS),
         eps=EPS_COLS,
         rounds=10,
         seeds=5,
@@ -187,6 +188,14 @@ def _parser() -> argparse.ArgumentParser:
         type=_epsilon,
         default=None,
         help="target epsilons, 'inf' for no DP (--full: 5 8 10 inf; otherwise 5 inf)",
+    )
+    p.add_argument(
+        "--partitions",
+        nargs="+",
+        choices=PARTITIONS,
+        default=None,
+        help="e.g. iid for one column group of a table (quick: iid; default: iid dir1; "
+        "full: iid dir0.3 dir1); the partitions run share one padded shape",
     )
     p.add_argument("--rounds", type=_cli.count("--rounds"), help="R (default 10; quick 2)")
     p.add_argument(
@@ -336,6 +345,8 @@ def _plan(args: argparse.Namespace) -> dict:
         plan[k] = plan[k] or None  # 0 means "all rows"
     if args.epsilons is not None:
         plan["eps"] = sorted(set(args.epsilons))
+    if args.partitions is not None:
+        plan["parts"] = [p for p in PARTITIONS if p in args.partitions]
     plan.update(
         particles=args.particles,
         lr=args.lr,

@@ -86,12 +86,27 @@ def _check_plan(quick_run) -> None:
 
 
 @pytest.mark.parametrize(
-    "bad", [["--selection-metric", "accuracy"], ["--epsilons", "0"], ["--epsilons", "-1"]]
+    "bad",
+    [
+        ["--selection-metric", "accuracy"],
+        ["--epsilons", "0"],
+        ["--epsilons", "-1"],
+        ["--partitions", "dir0.5"],
+    ],
 )
 def test_bad_options_are_rejected_by_the_parser(bad, capsys) -> None:
     with pytest.raises(SystemExit):
         fed_dp_pso.main(["--quick", *bad])
     assert bad[0] in capsys.readouterr().err
+
+
+def test_partitions_select_column_groups_in_table_order() -> None:
+    def parts(*argv: str) -> list[str]:
+        return fed_dp_pso._plan(fed_dp_pso._parser().parse_args(list(argv)))["parts"]
+
+    assert parts("--full") == ["iid", "dir0.3", "dir1"]
+    assert parts("--full", "--partitions", "dir1", "iid", "dir1") == ["iid", "dir1"]
+    assert parts("--partitions", "dir0.3") == ["dir0.3"]
 
 
 def test_pathmnist_runs_lenet5_and_fig3_uses_it(tmp_path) -> None:
