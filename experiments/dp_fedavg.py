@@ -57,7 +57,6 @@ from swarmjax.fl.data import DatasetNotFoundError, load_dataset, subsample
 from swarmjax.fl.partition import dirichlet_partition, iid_partition
 from swarmjax.fl.runtime import simulate
 from swarmjax.models import cross_entropy, mlp, param_count
-from swarmjax.privacy.accounting import sigma_for_epsilon
 from swarmjax.privacy.audit import membership_inference_advantage
 from swarmjax.privacy.sampling import poisson_capacity
 
@@ -337,7 +336,9 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     )
     delta = default_delta(profile.num_clients)  # the paper's N^-1.1; warns once if too large
     zs = {
-        e: sigma_for_epsilon(e, profile.sample_rate, profile.rounds, delta)
+        e: config.noise_for_epsilon(
+            e, profile.num_clients, profile.sample_rate, profile.rounds, delta
+        )
         for e in profile.epsilons
     }
     n_runs = (

@@ -263,6 +263,40 @@ def test_client_level_sampling_overflow_is_charged_to_delta(setup):
     assert client_sampling_overflow(ClientLevelDPFedAvg(MODEL, capacity=n), spend, n) is None
 
 
+def test_client_level_noise_for_epsilon_meets_the_target_of_the_charged_record():
+    """Calibrating without the overflow charge misses the target once the record charges it
+    (DP-FedAvg's experiment at epsilon 8 reported 8.30); ``noise_for_epsilon`` calibrates
+    against the same record and lands just below the target."""
+    from swarmjax.fl.protocol import Spend
+    from swarmjax.fl.runtime.result import client_sampling_overflow, privacy_record
+    from swarmjax.privacy.accounting import sigma_for_epsilon
+    from swarmjax.privacy.sampling import poisson_capacity
+
+    n, q, rounds, delta = 1000, 0.1, 50, 1000**-1.1
+    alg = ClientLevelDPFedAvg(MODEL, capacity=poisson_capacity(n, q))
+
+    def recorded(z: float) -> float:
+        shape = (1, rounds, n)
+        spend = Spend(
+            sample_rate=np.full(shape, q),
+            noise_multiplier=np.full(shape, z),
+            steps=np.broadcast_to(np.arange(1, rounds + 1)[None, :, None], shape),
+            extra_epsilon=np.zeros(shape),
+        )
+        over = client_sampling_overflow(alg, spend, n)
+        record = privacy_record(spend, (), unit="client", delta=delta, overflow_prob=over)
+        return float(record.final_epsilon.max())
+
+    for target in (2.0, 8.0):
+        z = alg.noise_for_epsilon(target, n, q, rounds, delta)
+        assert target * 0.99 <= recorded(z) <= target
+    assert recorded(sigma_for_epsilon(8.0, q, rounds, delta)) > 8.2  # the uncharged calibration
+    unbounded = ClientLevelDPFedAvg(MODEL)  # no capacity: nothing to charge
+    assert unbounded.noise_for_epsilon(8.0, n, q, rounds, delta) == sigma_for_epsilon(
+        8.0, q, rounds, delta
+    )
+
+
 def test_fed_dp_pso_private_selection_adds_its_budget_end_to_end(setup, results):
     """Every score is noised: nothing is left uncovered, and the selection's epsilon (1.0 by
     default, spread over S + rounds (S + 1) scores) adds to DP-Adam's, round by round."""

@@ -44,8 +44,9 @@ from swarmjax.fl.clients import ClientData
 from swarmjax.fl.protocol import Exchange, Protection, Spend
 from swarmjax.fl.runtime.simulator import Variants
 from swarmjax.models import Model
+from swarmjax.privacy.accounting import sigma_for_epsilon
 from swarmjax.privacy.mechanisms import gaussian_mechanism
-from swarmjax.privacy.sampling import poisson_capacity, poisson_sample
+from swarmjax.privacy.sampling import overflow_probability, poisson_capacity, poisson_sample
 
 __all__ = [
     "ClientLevelDPFedAvg",
@@ -292,6 +293,22 @@ class ClientLevelDPFedAvg:
 
     def private_diagnostics(self, state: Trainer) -> dict[str, Array]:
         return {"local_train_loss": state.loss}
+
+    def noise_for_epsilon(
+        self, target_epsilon: float, num_clients: int, sample_rate: float, rounds: int, delta: float
+    ) -> float:
+        """Smallest noise multiplier ``z`` whose client-level epsilon after ``rounds`` rounds
+        at client rate ``sample_rate`` is ``<= target_epsilon``, charging this ``capacity``'s
+        per-round overflow chance to ``delta`` exactly as the run's privacy record does (at
+        epsilon 8 a 1e-9 chance per round over 50 rounds already moves epsilon by ~0.3)."""
+        n = check_int("num_clients", num_clients, 1)
+        check_range("sample_rate", sample_rate, 0.0, 1.0, low_open=True)
+        overflow = 0.0
+        if self.capacity is not None and self.capacity < n:
+            overflow = overflow_probability(n, float(sample_rate), self.capacity)
+        return sigma_for_epsilon(
+            target_epsilon, float(sample_rate), rounds, delta, overflow_prob=overflow
+        )
 
     def variants(
         self,
