@@ -232,24 +232,31 @@ def test_fed_dp_pso_epsilon_per_client_is_the_accountants_and_within_target(setu
                 assert pr.epsilon[r, t, i] == pytest.approx(want, rel=1e-9)
 
 
+def _uniform_spend(*, runs, rounds, clients, sample_rate, noise_multiplier):
+    """A client-level ``Spend`` where every client takes one step per round at the same
+    ``(q_c, z)``."""
+    from swarmjax.fl.protocol import Spend
+
+    shape = (runs, rounds, clients)
+    return Spend(
+        sample_rate=np.full(shape, sample_rate),
+        noise_multiplier=np.full(shape, noise_multiplier),
+        steps=np.broadcast_to(np.arange(1, rounds + 1)[None, :, None], shape),
+        extra_epsilon=np.zeros(shape),
+    )
+
+
 def test_client_level_sampling_overflow_is_charged_to_delta(setup):
     """Client-level DP's draw of at most ``capacity`` clients is redrawn when it overflows:
     that chance (per round) is charged to delta as the record-level buffers' is; no capacity
     (or one holding every client) charges nothing."""
-    from swarmjax.fl.protocol import Spend
     from swarmjax.fl.runtime.result import client_sampling_overflow, privacy_record
     from swarmjax.privacy.accounting import epsilon as accounted
     from swarmjax.privacy.sampling import overflow_probability
 
     n, q = 1000, 0.05
     alg = ClientLevelDPFedAvg(MODEL, capacity=90)
-    shape = (2, 3, n)
-    spend = Spend(
-        sample_rate=np.full(shape, q),
-        noise_multiplier=np.full(shape, 1.0),
-        steps=np.broadcast_to(np.arange(1, 4)[None, :, None], shape),
-        extra_epsilon=np.zeros(shape),
-    )
+    spend = _uniform_spend(runs=2, rounds=3, clients=n, sample_rate=q, noise_multiplier=1.0)
     over = client_sampling_overflow(alg, spend, n)
     chex.assert_shape(over, (2, 1, n))
     p = overflow_probability(n, q, 90)
@@ -267,7 +274,6 @@ def test_client_level_noise_for_epsilon_meets_the_target_of_the_charged_record()
     """Calibrating without the overflow charge misses the target once the record charges it
     (DP-FedAvg's experiment at epsilon 8 reported 8.30); ``noise_for_epsilon`` calibrates
     against the same record and lands just below the target."""
-    from swarmjax.fl.protocol import Spend
     from swarmjax.fl.runtime.result import client_sampling_overflow, privacy_record
     from swarmjax.privacy.accounting import sigma_for_epsilon
     from swarmjax.privacy.sampling import poisson_capacity
@@ -276,13 +282,7 @@ def test_client_level_noise_for_epsilon_meets_the_target_of_the_charged_record()
     alg = ClientLevelDPFedAvg(MODEL, capacity=poisson_capacity(n, q))
 
     def recorded(z: float) -> float:
-        shape = (1, rounds, n)
-        spend = Spend(
-            sample_rate=np.full(shape, q),
-            noise_multiplier=np.full(shape, z),
-            steps=np.broadcast_to(np.arange(1, rounds + 1)[None, :, None], shape),
-            extra_epsilon=np.zeros(shape),
-        )
+        spend = _uniform_spend(runs=1, rounds=rounds, clients=n, sample_rate=q, noise_multiplier=z)
         over = client_sampling_overflow(alg, spend, n)
         record = privacy_record(spend, (), unit="client", delta=delta, overflow_prob=over)
         return float(record.final_epsilon.max())

@@ -42,11 +42,12 @@ from swarmjax.fl.algorithms.common import Trainer, keep_if, masked, public_metri
 from swarmjax.fl.client_training import LocalTraining, clip_update
 from swarmjax.fl.clients import ClientData
 from swarmjax.fl.protocol import Exchange, Protection, Spend
+from swarmjax.fl.runtime.result import client_draw_overflow
 from swarmjax.fl.runtime.simulator import Variants
 from swarmjax.models import Model
 from swarmjax.privacy.accounting import sigma_for_epsilon
 from swarmjax.privacy.mechanisms import gaussian_mechanism
-from swarmjax.privacy.sampling import overflow_probability, poisson_capacity, poisson_sample
+from swarmjax.privacy.sampling import poisson_capacity, poisson_sample
 
 __all__ = [
     "ClientLevelDPFedAvg",
@@ -303,9 +304,7 @@ class ClientLevelDPFedAvg:
         epsilon 8 a 1e-9 chance per round over 50 rounds already moves epsilon by ~0.3)."""
         n = check_int("num_clients", num_clients, 1)
         check_range("sample_rate", sample_rate, 0.0, 1.0, low_open=True)
-        overflow = 0.0
-        if self.capacity is not None and self.capacity < n:
-            overflow = overflow_probability(n, float(sample_rate), self.capacity)
+        overflow = client_draw_overflow(self.capacity, n, float(sample_rate))
         return sigma_for_epsilon(
             target_epsilon, float(sample_rate), rounds, delta, overflow_prob=overflow
         )

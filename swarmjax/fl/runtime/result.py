@@ -17,6 +17,7 @@ from swarmjax.privacy.sampling import overflow_probability
 __all__ = [
     "PrivacyRecord",
     "Result",
+    "client_draw_overflow",
     "client_sampling_overflow",
     "privacy_record",
     "sampling_overflow",
@@ -120,11 +121,18 @@ def client_sampling_overflow(alg: Any, spend: Spend, num_clients: int) -> np.nda
     if alg.privacy_unit != "client" or capacity is None or capacity >= num_clients:
         return None
     q = np.asarray(spend.sample_rate, np.float64)[:, -1, :]
-    probs = {
-        v: overflow_probability(num_clients, v, capacity) if v > 0 else 0.0
-        for v in set(q.ravel().tolist())
-    }
+    probs = {v: client_draw_overflow(capacity, num_clients, v) for v in set(q.ravel().tolist())}
     return np.vectorize(probs.__getitem__, otypes=[np.float64])(q)[:, None, :]
+
+
+def client_draw_overflow(capacity: int | None, num_clients: int, sample_rate: float) -> float:
+    """Chance per round that a Poisson draw of ``num_clients`` clients at ``sample_rate``
+    exceeds ``capacity`` (and is redrawn): what client-level DP charges to delta, in the
+    record (:func:`client_sampling_overflow`) and in calibration. ``0`` when ``capacity`` is
+    ``None`` or holds every client, or nobody is drawn."""
+    if capacity is None or capacity >= num_clients or sample_rate <= 0:
+        return 0.0
+    return overflow_probability(num_clients, sample_rate, capacity)
 
 
 def sampling_overflow(
