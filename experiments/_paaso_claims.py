@@ -27,7 +27,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from experiments._paaso_figures import _base, _curves, _lead, _sweep
+from experiments._paaso_figures import _base, _curves, _lead, _log_y, _sweep
 from experiments.paaso import FIG2_INERTIA, FIG4, STRATEGIES, fig2_setting
 from swarmjax.objectives import get_objective
 from swarmjax.paaso import READINGS
@@ -118,13 +118,13 @@ def _fig1(args: argparse.Namespace, settings: dict[str, Any]) -> tuple[pd.DataFr
             part = frame[np.isclose(frame["w"], w) & (frame["execution"] == execution)]
             for strategy, c in part.groupby("strategy", sort=False):
                 ax.plot(c["iteration"], np.maximum(c["objective"], 1e-12), label=strategy)
-            ax.set_yscale("log")
+            _log_y(ax)
             name = readings.get(min(readings, key=lambda x: abs(x - w)), "")
             ax.set_title(f"execution {execution}, w = {w:g} ({name} reading)", fontsize=9)
             ax.set_xlabel("iteration")
             ax.set_ylabel("objective (f(g) for PSO, f(pG) otherwise)")
             ax.grid(alpha=0.3)
-            ax.legend(fontsize=7)
+            ax.legend(fontsize=7, loc="upper right")
     fig.suptitle(
         f"Fig. 1: two executions on f4, {args.agents} agents, k={args.k_alpha}, "
         f"phi=2, wG={fig2['w_g']}, p_c=1, p_m=0.9, {args.reading} reading {READINGS[args.reading]}",
@@ -172,13 +172,13 @@ def _kalpha(args: argparse.Namespace, settings: dict[str, Any]) -> tuple[pd.Data
             part = curves[(curves["setting"] == name) & (curves["strategy"] == strategy)]
             for k, c in part.groupby("k_alpha"):
                 ax.plot(c["iteration"], c["mean"], label=f"k_alpha={k}")
-            ax.set_yscale("log")
+            _log_y(ax)
             s = studied[name]
             ax.set_title(f"{strategy}, {name} setting (w={s['w']}, wG={s['w_g']})", fontsize=9)
             ax.set_xlabel("iteration")
             ax.set_ylabel("mean f(pG) over runs")
             ax.grid(alpha=0.3)
-            ax.legend(fontsize=7)
+            ax.legend(fontsize=7, loc="upper right")
     fig.suptitle(f"k_alpha study on f4, {args.agents} agents, {settings['runs']} runs", fontsize=10)
     fig.tight_layout()
     fig.savefig(args.out / "kalpha.png", dpi=110)

@@ -177,7 +177,8 @@ def _timing(wall: float) -> dict[str, float]:
         "runs_computed": STATS.runs,
         "runs_total": WORK["runs"],
         "agent_steps_total": WORK["agent_steps"],
-        "wall_over_kernel": wall / max(STATS.kernel_seconds, 1e-9),
+        # None when every sweep was resumed from disk (no kernel ran)
+        "wall_over_kernel": wall / STATS.kernel_seconds if STATS.kernel_seconds else None,
     }
 
 
@@ -210,9 +211,11 @@ def main(argv: list[str] | None = None) -> int:
     summary = run_all(args, profile, settings)
     claims = run_claims(args, settings)
     timing = _timing(time.perf_counter() - start)
+    ratio = timing["wall_over_kernel"]
     line = (
         f"wall {timing['wall_s']:.1f} s, kernels {timing['kernel_s']:.1f} s "
-        f"(wall / kernel = {timing['wall_over_kernel']:.2f}), {timing['compilations']} "
+        f"(wall / kernel = {'n/a, all resumed' if ratio is None else f'{ratio:.2f}'}), "
+        f"{timing['compilations']} "
         f"compilations in {timing['compile_s']:.1f} s; {timing['runs_computed']} runs computed "
         f"on {timing['backend']} ({timing['devices']} device(s), {timing['processes']} "
         "process(es))"

@@ -170,14 +170,16 @@ class PAASOConfig:
     fine), and one compiled program serves all eight (a ``lax.switch`` per evaluation).
     Likewise ``strategy="voting"`` (:data:`ANY_VOTING`) takes ``voting``, an index into
     :data:`VOTING`: aDRD, bDRD and PbDRD differ only in who casts and whether the
-    dictator's ballot is masked, both selected per run at no measurable cost.
+    dictator's ballot is masked, both selected per run at no measurable cost.  And
+    ``k_alpha=None`` takes ``k_alpha`` per call, an int in ``[2, MAX_DATA_K_ALPHA]``: only
+    the dictator's ballot is binned, against a row of a table of bin edges.
     """
 
     strategy: str = struct.field(pytree_node=False, default="pso")
     function: str | None = struct.field(pytree_node=False, default="f4")
     num_agents: int = struct.field(pytree_node=False, default=50)
     dim: int = struct.field(pytree_node=False, default=2)
-    k_alpha: int = struct.field(pytree_node=False, default=8)
+    k_alpha: int | None = struct.field(pytree_node=False, default=8)
     iterations: int = struct.field(pytree_node=False, default=1000)
     clip_positions: bool = struct.field(pytree_node=False, default=True)
     init_velocity: str = struct.field(pytree_node=False, default="zero")
@@ -192,7 +194,8 @@ class PAASOConfig:
             get_objective(self.function)
         check_int("num_agents", self.num_agents, minimum=1)
         check_int("dim", self.dim, minimum=1)
-        check_int("k_alpha", self.k_alpha, minimum=2)
+        if self.k_alpha is not None:
+            check_int("k_alpha", self.k_alpha, minimum=2)
         check_int("iterations", self.iterations, minimum=1)
         check_choice("init_velocity", self.init_velocity, ("zero", "uniform"))
         check_choice("fl_rule", self.fl_rule, FL_RULES)
@@ -268,28 +271,33 @@ def _index(name: str, value: ArrayLike, choices: tuple[str, ...]) -> Int[Array, 
 
 
 class _Rule(NamedTuple):
-    """Who votes and how: ``better_only`` (only agents whose best beats pG: bDRD, PbDRD)
-    and ``pram`` (the dictator's ballot masked: PbDRD); Python bools, or traced scalars
-    when the voting strategy is data."""
+    """Who votes and how: ``better_only`` (only agents whose best beats pG: bDRD, PbDRD),
+    ``pram`` (the dictator's ballot masked: PbDRD) and the ``k_alpha`` directions; Python
+    values, or traced scalars when the voting strategy or ``k_alpha`` is data."""
 
     better_only: bool | Bool[Array, ""]
     pram: bool | Bool[Array, ""]
+    k_alpha: int | Int[Array, ""]
 
 
-def _rule(cfg: PAASOConfig, voting: Int[ArrayLike, ""] | None) -> _Rule:
-    """The voting rule of ``cfg.strategy``, or of ``VOTING[voting]`` for ``"voting"``."""
+def _rule(
+    cfg: PAASOConfig, voting: Int[ArrayLike, ""] | None, k_alpha: Int[ArrayLike, ""] | None
+) -> _Rule:
+    """The voting rule of ``cfg.strategy``, or of ``VOTING[voting]`` for ``"voting"``, with
+    ``cfg.k_alpha`` directions (``k_alpha`` when that is None)."""
+    k = _k_alpha(cfg, k_alpha)
     if cfg.strategy != ANY_VOTING:
         if voting is not None:
             raise ValueError(
                 f"voting: only with strategy={ANY_VOTING!r}; this config's is {cfg.strategy!r}"
             )
-        return _Rule(cfg.strategy in ("bdrd", "pbdrd"), cfg.strategy == "pbdrd")
+        return _Rule(cfg.strategy in ("bdrd", "pbdrd"), cfg.strategy == "pbdrd", k)
     if voting is None:
         raise ValueError(
             f"voting: PAASOConfig(strategy={ANY_VOTING!r}) needs voting=<index into paaso.VOTING>"
         )
     index = _index("voting", voting, VOTING)
-    return _Rule(index >= VOTING.index("bdrd"), index == VOTING.index("pbdrd"))
+    return _Rule(index >= VOTING.index("bdrd"), index == VOTING.index("pbdrd"), k)
 
 
 Coords = tuple[Float[Array, " s"], ...]
@@ -374,6 +382,26 @@ def _fl_velocity(
     return tuple(map(coordinate, a.velocity, a.position, a.best_position, center, r_p, r_g))
 
 
+def _k_alpha(cfg: PAASOConfig, k_alpha: Int[ArrayLike, ""] | None) -> int | Int[Array, ""]:
+    """The static ``cfg.k_alpha``, or the ``k_alpha`` given per call when it is None."""
+    if cfg.k_alpha is not None:
+        if k_alpha is not None:
+            raise ValueError(
+                f"k_alpha: give it in PAASOConfig ({cfg.k_alpha}) or per call, not both"
+            )
+        return cfg.k_alpha
+    if k_alpha is None:
+        raise ValueError("k_alpha: PAASOConfig(k_alpha=None) needs k_alpha=<int> per call")
+    if not isinstance(k_alpha, jax.core.Tracer):
+        k = np.asarray(k_alpha)
+        if k.shape or k.dtype.kind not in "iu" or not 2 <= k <= MAX_DATA_K_ALPHA:
+            raise ValueError(
+                f"k_alpha must be an integer in [2, {MAX_DATA_K_ALPHA}] when given per call; "
+                f"got {k_alpha!r}"
+            )
+    return jnp.asarray(k_alpha, jnp.int32)
+
+
 def _diamond_angle(vx: Float[Array, " s"], vy: Float[Array, " s"]) -> Float[Array, " s"]:
     """A strictly increasing function of the angle ``atan2(vy, vx)`` in ``[0, 2 pi)``, with
     values in ``[0, 4)``: arithmetic and selects only (``atan2`` is a scalar library call on
@@ -394,20 +422,34 @@ def _bin_edges(k_alpha: int) -> list[float]:
     return edges
 
 
-def _vote_directions(velocity: Coords, k_alpha: int) -> Int[Array, " s"]:
+MAX_DATA_K_ALPHA = 64
+"""Largest ``k_alpha`` that can be given per call (``PAASOConfig(k_alpha=None)``)."""
+
+# Row k: the float32 edges of k_alpha = k, then +inf (never below a diamond angle).
+_EDGE_TABLE = np.full((MAX_DATA_K_ALPHA + 1, MAX_DATA_K_ALPHA), np.inf, np.float32)
+for _k in range(2, MAX_DATA_K_ALPHA + 1):
+    _EDGE_TABLE[_k, :_k] = _bin_edges(_k)
+
+
+def _vote_directions(velocity: Coords, k_alpha: int | Int[Array, ""]) -> Int[Array, " s"]:
     """Index of the direction ``2 pi k / k_alpha`` nearest to each velocity's angle.
 
     The number of bin edges below the velocity's diamond angle, mod ``k_alpha``: the bins of
     ``round(atan2(vy, vx) k_alpha / 2 pi) mod k_alpha`` (up to float rounding at the edges;
-    a zero or non-finite velocity votes 0).
+    a zero or non-finite velocity votes 0).  A traced ``k_alpha`` reads its edges from a
+    table row (the same float32 edges, so the same bins as the static count).
     """
     dia = _diamond_angle(*velocity)
-    above = sum((dia > e).astype(jnp.int32) for e in _bin_edges(k_alpha))
+    if isinstance(k_alpha, int):
+        above = sum((dia > e).astype(jnp.int32) for e in _bin_edges(k_alpha))
+    else:
+        edges = jnp.asarray(_EDGE_TABLE)[k_alpha]
+        above = jnp.sum(dia[..., None] > edges, axis=-1, dtype=jnp.int32)
     return above % k_alpha
 
 
 def _dictator(
-    u: Float[Array, ""], cast: Bool[Array, " s"], k_alpha: int
+    u: Float[Array, ""], cast: Bool[Array, " s"], k_alpha: int | Int[Array, ""]
 ) -> tuple[Int[Array, ""], Bool[Array, ""], Int[Array, ""]]:
     """DP random dictatorship's ballot drawn from one uniform, without counting votes.
 
@@ -471,15 +513,16 @@ def _vote(
         cast = cast & better
     elif rule.better_only is not False:  # traced: the voting strategy is data
         cast = cast & (better | ~rule.better_only)
-    who, real, voters = _dictator(u[s], cast, cfg.k_alpha)
+    k_alpha = rule.k_alpha
+    who, real, voters = _dictator(u[s], cast, k_alpha)
     agent = jnp.minimum(who, cfg.num_agents - 1)  # any agent when ``who`` is a direction
-    ballot = _vote_directions(tuple(v[agent][None] for v in a.velocity), cfg.k_alpha)[0]
+    ballot = _vote_directions(tuple(v[agent][None] for v in a.velocity), k_alpha)[0]
     outcome = jnp.where(real, ballot, who)
     if rule.pram is not False:  # keep-probability 1 (aDRD, bDRD as data) keeps the ballot
         keep = hyper.p_m if rule.pram is True else jnp.where(rule.pram, hyper.p_m, 1.0)
-        masked = randomized_response_from_uniform(u[s + 1 : s + 3], outcome, cfg.k_alpha, keep)
+        masked = randomized_response_from_uniform(u[s + 1 : s + 3], outcome, k_alpha, keep)
         outcome = jnp.where(real, masked, outcome)
-    angle = 2.0 * jnp.pi * outcome / cfg.k_alpha
+    angle = 2.0 * jnp.pi * outcome / k_alpha
     direction = hyper.speed * jnp.stack([jnp.cos(angle), jnp.sin(angle)])
     return direction, voters
 
@@ -504,16 +547,19 @@ def step(
     draws: Draws | None = None,
     function: Int[ArrayLike, ""] | None = None,
     voting: Int[ArrayLike, ""] | None = None,
+    k_alpha: Int[ArrayLike, ""] | None = None,
 ) -> tuple[PAASOState, dict[str, Array]]:
     """One iteration of the configured strategy.
 
     ``draws``: this iteration's randomness if already drawn (``run`` draws it one iteration
     ahead, see :func:`_draws`); drawn here by default.  ``function``: index into
     :data:`FUNCTIONS`, only with ``cfg.function=None``; ``voting``: index into
-    :data:`VOTING`, only with ``cfg.strategy="voting"``.  Metrics: ``objective`` (f(g) for
-    PSO, f(pG) otherwise), ``voters`` (0 unless voting).
+    :data:`VOTING`, only with ``cfg.strategy="voting"``; ``k_alpha``: only with
+    ``cfg.k_alpha=None``.  Metrics: ``objective`` (f(g) for PSO, f(pG) otherwise),
+    ``voters`` (0 unless voting).
     """
-    return _step(state, cfg, hyper, _problem(cfg, function), _rule(cfg, voting), draws)
+    rule = _rule(cfg, voting, k_alpha)
+    return _step(state, cfg, hyper, _problem(cfg, function), rule, draws)
 
 
 def _step(
@@ -561,16 +607,18 @@ def run(
     hyper: PAASOHyper,
     function: Int[ArrayLike, ""] | None = None,
     voting: Int[ArrayLike, ""] | None = None,
+    k_alpha: Int[ArrayLike, ""] | None = None,
 ) -> dict[str, Array]:
     """Run ``cfg.iterations`` iterations (scan); vmap over keys and hyper-parameters.
 
     ``function``: index into :data:`FUNCTIONS`, only with ``cfg.function=None`` (leave it
     unbatched under ``vmap``: a batched index would evaluate every function); ``voting``:
-    index into :data:`VOTING`, only with ``cfg.strategy="voting"`` (batched is fine).
-    Returns ``objective`` ``(T,)``, ``voters`` ``(T,)``, ``final_position`` ``(d,)``
-    (``g`` for PSO, ``pG`` otherwise), ``final_objective`` and ``nonfinite`` count.
+    index into :data:`VOTING`, only with ``cfg.strategy="voting"`` (batched is fine);
+    ``k_alpha``: only with ``cfg.k_alpha=None`` (batched is fine).  Returns ``objective``
+    ``(T,)``, ``voters`` ``(T,)``, ``final_position`` ``(d,)`` (``g`` for PSO, ``pG``
+    otherwise), ``final_objective`` and ``nonfinite`` count.
     """
-    obj, rule = _problem(cfg, function), _rule(cfg, voting)
+    obj, rule = _problem(cfg, function), _rule(cfg, voting, k_alpha)
     state = _init(key, cfg, obj)
 
     # The randomness of iteration t+1 is drawn at the end of iteration t and carried: a
@@ -607,6 +655,8 @@ def privacy_summary(
     """
     if cfg.strategy == ANY_VOTING:
         raise ValueError(f"strategy: privacy_summary needs the run's own, not {ANY_VOTING!r}")
+    if cfg.k_alpha is None:
+        raise ValueError("k_alpha: privacy_summary needs the run's own, not None")
     voters = np.asarray(voters)
     batch = voters.shape[:-1]
     steps = cfg.iterations
@@ -623,8 +673,13 @@ def privacy_summary(
                 "pram_eps_basic",
             )
         }
-    realised = random_dictatorship_epsilon(voters + cfg.k_alpha)
-    bound = float(random_dictatorship_epsilon(cfg.num_agents + cfg.k_alpha))
+    if voters.size and not 0 <= voters.min() <= voters.max() <= cfg.num_agents:
+        raise ValueError(f"voters must be in [0, {cfg.num_agents}]")
+    # the epsilon of every possible pool, looked up: a log per iteration and run took most
+    # of the --full sweep's Python time
+    per_pool = random_dictatorship_epsilon(np.arange(cfg.num_agents + 1) + cfg.k_alpha)
+    realised = per_pool[voters]
+    bound = float(per_pool[-1])
     advanced, _ = advanced_composition(bound, steps, delta)
     if cfg.strategy == "pbdrd":
         pram = np.broadcast_to(randomized_response_epsilon(hyper_p_m, cfg.k_alpha), batch)

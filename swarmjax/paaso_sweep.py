@@ -1,10 +1,10 @@
 """PAASO as a sweep task: grids over strategies, functions, agent counts and numerics.
 
 Grid keys: static ``strategy``, ``function``, ``num_agents``, ``k_alpha``, ``iterations``,
-``dim``, ``fl_rule`` (the function and which voting strategy reach the compiled program as
-data: one program runs all eight functions, and one all three voting strategies); numeric
-``w``, ``phi_p``, ``phi_g``, ``w_g``, ``p_c``, ``p_m``, ``speed``, ``vmax_factor``;
-``seed``.  ``phi`` sets ``phi_p = phi_g`` (the paper's grid).
+``dim``, ``fl_rule`` (the function, the voting strategy and ``k_alpha`` reach the compiled
+program as data: one program runs all eight functions, all three voting strategies and
+every ``k_alpha`` up to 64); numeric ``w``, ``phi_p``, ``phi_g``, ``w_g``, ``p_c``,
+``p_m``, ``speed``, ``vmax_factor``; ``seed``.  ``phi`` sets ``phi_p = phi_g`` (the paper's grid).
 Numerics a strategy ignores (``w_g`` for PSO, ``p_m`` unless PbDRD, ...) are reset to their
 defaults, and ``k_alpha`` to 8 for non-voting strategies, so the grid has no duplicate runs.
 The static ``draw_casts`` is derived: off when ``p_c = 1`` (no casting randomness needed).
@@ -97,13 +97,17 @@ class PAASOTask:
         static["draw_casts"] = cfg.strategy in paaso.VOTING and numeric["p_c"] < 1.0
 
     def program(self, static: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-        """The function, and the voting strategy of a voting group, become data."""
+        """The function, and a voting group's strategy and ``k_alpha`` (up to
+        ``paaso.MAX_DATA_K_ALPHA``), become data."""
         program = {**static, "function": None}
         function = paaso.FUNCTIONS.index(get_objective(static["function"]).name)
         data = {"function": np.int32(function)}
         if static["strategy"] in paaso.VOTING:
             program["strategy"] = paaso.ANY_VOTING
             data["voting"] = np.int32(paaso.VOTING.index(static["strategy"]))
+            if static["k_alpha"] <= paaso.MAX_DATA_K_ALPHA:
+                program["k_alpha"] = None
+                data["k_alpha"] = np.int32(static["k_alpha"])
         return program, data
 
     def batched(self, program: Mapping[str, Any]):

@@ -5,12 +5,12 @@ combination, a *group*) and which are numeric (stacked as arrays and vmapped ove
 task may let several groups share one compiled *program*: ``task.program(static)`` splits a
 group's static values into the program's and unbatched data the chunk passes to it (PAASO:
 the benchmark function and the voting strategy are data).  The runner expands the grid,
-groups it, cuts each group into chunks sized to a memory budget, pads the last chunk so
-every chunk of a group has one shape (one compilation per program and padded size),
-shards the run axis over the process's devices when there are several, runs each device's
-share in cache-sized blocks, and writes each finished chunk to disk at once
-(``parts/<chunk>.csv`` plus ``parts/<chunk>.npz`` with per-run arrays, written to a
-temporary name and renamed).
+groups it, cuts each group into chunks sized to a memory budget, runs each chunk as calls
+of one fixed-size *block* (:data:`BLOCK` runs per device, cache-sized; the last call
+padded), shards each block over the process's devices when there are several, and writes
+each finished chunk to disk at once (``parts/<chunk>.csv`` plus ``parts/<chunk>.npz`` with
+per-run arrays, written to a temporary name and renamed).  One block size means one
+compilation per program, whatever the chunk sizes.
 
 Identity from content: every run has a ``run_id`` (a hash of its group, numeric
 configuration and seed, a column of every row) and a chunk's id hashes its runs' ids.  A
@@ -22,9 +22,12 @@ Several processes (``jax.distributed``): process ``i`` of ``N`` owns the ``i``-t
 contiguous slices of every group's runs (a function of the grid only), runs them on its
 own devices and writes into the same folder; the union is the one-process sweep.
 
-Every run's key is ``jax.random.key(seed)`` from its own ``seed`` grid value, so a run's
-result does not depend on what else is in its batch (batch invariance), and runs with the
-same seed in different configurations share random streams (common random numbers).
+Every run's key is ``jax.random.key(seed)`` from its own ``seed`` grid value, and every
+run is computed in a block of the same shape, so a run's result does not depend on what
+else is in its chunk, on the chunking or on the device count (batch invariance, bit for
+bit: XLA's CPU code rounds some reductions and transcendentals differently at other batch
+widths, so a fixed block is what makes this exact); runs with the same seed in different
+configurations share random streams (common random numbers).
 """
 
 from __future__ import annotations
@@ -40,7 +43,6 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pandas as pd
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
@@ -101,14 +103,15 @@ class SweepTask(Protocol):
 
 @dataclass(frozen=True)
 class Chunk:
-    """A slice of one group: ``size`` real runs, padded to ``padded`` for a fixed shape."""
+    """A slice of one group: ``size`` real runs, run in calls of ``block`` runs (the last
+    call padded)."""
 
     chunk_id: str
     group_id: str
     static: dict[str, Any]
     numeric: dict[str, np.ndarray]
     seeds: np.ndarray
-    padded: int
+    block: int
     run_ids: tuple[str, ...] = ()
 
     @property
@@ -169,10 +172,20 @@ def _expand(task: SweepTask, grid: Mapping[str, Any]) -> list[_Group]:
     return list(groups.values())
 
 
-def _run_id(group_id: str, numeric: Mapping[str, float], seed: int) -> str:
-    """A run's identity: 16 hex digits of a hash of its group, configuration and seed."""
-    text = json.dumps([group_id, numeric, seed], sort_keys=True)
-    return hashlib.sha1(text.encode()).hexdigest()[:16]
+def _run_ids(
+    group_id: str, configs: Sequence[Mapping[str, float]], seeds: Sequence[int]
+) -> list[str]:
+    """Each run's identity: 16 hex digits of a SHA-1 of the JSON text of
+    ``[group_id, numeric configuration, seed]`` (keys sorted), the configuration's text
+    written once per configuration object."""
+    prefixes: dict[int, str] = {}
+    ids = []
+    for numeric, seed in zip(configs, seeds, strict=True):
+        prefix = prefixes.get(id(numeric))
+        if prefix is None:
+            prefix = prefixes[id(numeric)] = json.dumps([group_id, numeric], sort_keys=True)[:-1]
+        ids.append(hashlib.sha1(f"{prefix}, {int(seed)}]".encode()).hexdigest()[:16])
+    return ids
 
 
 def plan(
@@ -198,18 +211,32 @@ def plan(
     check_int("process_index", process_index, minimum=0)
     if process_index >= process_count:
         raise ValueError(f"process_index must be < process_count; got {process_index}")
+    return _chunks(
+        task, _expand(task, grid), memory_budget, num_devices, done, process_index, process_count
+    )
+
+
+def _chunks(
+    task: SweepTask,
+    groups: list[_Group],
+    memory_budget: float,
+    num_devices: int | None,
+    done: Set[str],
+    process_index: int,
+    process_count: int,
+) -> list[Chunk]:
+    """:func:`plan` for groups already expanded (and validated) by :func:`_expand`."""
     ndev = num_devices or jax.local_device_count()
     chunks = []
-    for group in _expand(task, grid):
+    for group in groups:
         gid = _group_id(group.static)
         total = len(group.seeds)
         per_run = max(1, int(task.bytes_per_run(group.static)))
         size = max(1, min(total, int(memory_budget // per_run)))
         size = -(-size // ndev) * ndev
-        padded = _bucket(size, ndev)
         lo = total * process_index // process_count
         hi = total * (process_index + 1) // process_count
-        ids = [_run_id(gid, group.configs[j], group.seeds[j]) for j in range(lo, hi)]
+        ids = _run_ids(gid, group.configs[lo:hi], group.seeds[lo:hi])
         todo = [j for j, rid in zip(range(lo, hi), ids, strict=True) if rid not in done]
         for start in range(0, len(todo), size):
             members = todo[start : start + size]
@@ -226,29 +253,11 @@ def plan(
                     static=group.static,
                     numeric=numeric,
                     seeds=np.asarray([group.seeds[j] for j in members], np.int64),
-                    padded=padded,
+                    block=BLOCK * ndev,
                     run_ids=run_ids,
                 )
             )
     return chunks
-
-
-def _bucket(size: int, ndev: int) -> int:
-    """Padded chunk size, ``ndev`` equal device shares: a share is a power of two up to 128
-    (at least 32), a multiple of 128 up to 1024, else a multiple of :data:`BLOCK`.
-
-    Sweeps of the same group but different sizes then often share compiled programs; a share
-    above 128 runs holds at most 127 padded runs up to 1024 and 511 beyond, and shares above
-    1024 run in cache-sized blocks.
-    """
-    share = -(-size // ndev)
-    if share <= 128:
-        share = max(32, 1 << (share - 1).bit_length())
-    elif share <= 1024:
-        share = -(-share // 128) * 128
-    else:
-        share = -(-share // BLOCK) * BLOCK
-    return share * ndev
 
 
 def _pad(values: np.ndarray, size: int) -> np.ndarray:
@@ -258,15 +267,16 @@ def _pad(values: np.ndarray, size: int) -> np.ndarray:
     return np.concatenate([values, np.repeat(values[-1:], missing, axis=0)])
 
 
-# Jitted programs, kept per task object so that a resumed sweep in the same process reuses
-# what is compiled: {(id(task), program id, padded): (task, fn)}, the program id hashing
-# the program's static values (task.program; the task is held to pin its id).
-_JITTED: dict[tuple[int, str, int], tuple[SweepTask, Callable[..., Any]]] = {}
+# Compiled programs, kept per task object so that later sweeps in the same process reuse
+# them: {(id(task), program id, block): (task, compiled)}, the program id hashing the
+# program's static values (task.program; the task is held to pin its id).
+_COMPILED: dict[tuple[int, str, int], tuple[SweepTask, Callable[..., Any]]] = {}
 
-BLOCK = 512
-"""Runs per device per block: beyond ~1,000 vmapped runs the working set leaves the CPU
-caches (benchmarks/RESULTS.md), so a device's share of a chunk, when a multiple of this
-larger than it, runs in blocks of this many under ``lax.map``."""
+BLOCK = 128
+"""Runs per device per call.  A PAASO voting program (50 agents, f4) runs as fast at 128
+runs per device as at 512 or 1,024, and 20 % slower at 64 (docs/paaso_speed.md).  One
+block for every chunk: one compiled executable per program, and the same numbers for a
+run whatever its chunk (see the module docstring)."""
 
 
 @dataclass
@@ -285,30 +295,9 @@ class RunnerStats:
 STATS = RunnerStats()
 
 
-def _blocked(fn: Callable[..., Any], ndev: int, padded: int) -> Callable[..., Any]:
-    """``fn`` over ``padded`` runs as ``ndev`` device rows of cache-sized blocks."""
-    per_device = padded // ndev
-    if padded % ndev or per_device <= BLOCK or per_device % BLOCK:
-        return fn
-
-    def blocks(
-        numeric: dict[str, jax.Array], seeds: jax.Array, data: dict[str, jax.Array]
-    ) -> dict[str, jax.Array]:
-        def split(x):
-            return x.reshape(ndev, per_device // BLOCK, BLOCK, *x.shape[1:])
-
-        def device_row(args):
-            return jax.lax.map(lambda a: fn(*a, data), args)
-
-        out = jax.vmap(device_row)(jax.tree_util.tree_map(split, (numeric, seeds)))
-        return jax.tree_util.tree_map(lambda y: y.reshape(padded, *y.shape[3:]), out)
-
-    return blocks
-
-
 class _Compiled:
-    """One jitted function per program (:meth:`SweepTask.program`) and padded size, sharded
-    over this process's devices."""
+    """Runs chunks as calls of one compiled block per program (:meth:`SweepTask.program`),
+    each call sharded over this process's devices."""
 
     def __init__(self, task: SweepTask) -> None:
         self.task = task
@@ -320,32 +309,35 @@ class _Compiled:
             else None
         )
 
+    def _args(self, numeric: Outputs, seeds: np.ndarray, data: Any) -> tuple[Any, ...]:
+        return (*jax.device_put((numeric, seeds), self.sharding), data)
+
     def __call__(self, chunk: Chunk) -> Outputs:
         program, data = self.task.program(chunk.static)
-        key = (id(self.task), _group_id(program), chunk.padded)
-        fresh = key not in _JITTED
-        if fresh:
-            fn = _blocked(self.task.batched(program), self.ndev, chunk.padded)
-            _JITTED[key] = (self.task, jax.jit(fn))
-        fn = _JITTED[key][1]
-        numeric = {k: _pad(v, chunk.padded) for k, v in chunk.numeric.items()}
-        seeds = _pad(chunk.seeds, chunk.padded).astype(np.uint32)
-        args = ({k: jnp.asarray(v) for k, v in numeric.items()}, jnp.asarray(seeds))
-        if self.sharding is not None:
-            args = jax.device_put(args, self.sharding)
-        args = (*args, {k: jnp.asarray(v) for k, v in data.items()})
-        if fresh:
+        block = chunk.block
+        key = (id(self.task), _group_id(program), block)
+        calls = -(-chunk.size // block)
+        numeric = {k: _pad(v, calls * block) for k, v in chunk.numeric.items()}
+        seeds = _pad(chunk.seeds, calls * block).astype(np.uint32)
+        data = jax.device_put(data)
+        args = [
+            self._args(
+                {k: v[i : i + block] for k, v in numeric.items()}, seeds[i : i + block], data
+            )
+            for i in range(0, calls * block, block)
+        ]
+        if key not in _COMPILED:
             start = time.perf_counter()
-            compiled = fn.lower(*args).compile()
+            fn = jax.jit(self.task.batched(program))
+            _COMPILED[key] = (self.task, fn.lower(*args[0]).compile())
             STATS.compilations += 1
             STATS.compile_seconds += time.perf_counter() - start
-            _JITTED[key] = (self.task, compiled)
-            fn = compiled
+        fn = _COMPILED[key][1]
         start = time.perf_counter()
-        out = jax.device_get(fn(*args))
+        out = jax.device_get([fn(*a) for a in args])  # dispatched asynchronously
         STATS.kernel_seconds += time.perf_counter() - start
         STATS.runs += chunk.size
-        return {k: np.asarray(v)[: chunk.size] for k, v in out.items()}
+        return {k: np.concatenate([o[k] for o in out])[: chunk.size] for k in out[0]}
 
 
 def _barrier(name: str) -> None:
@@ -406,7 +398,8 @@ def run_sweep(
     """
     out = Path(out_dir)
     rank, processes = jax.process_index(), jax.process_count()
-    _expand(task, grid)  # validate before touching the folder
+    check_positive("memory_budget", memory_budget)
+    groups = _expand(task, grid)  # validate before touching the folder
     parts = out / "parts"
     if rank == 0:
         parts.mkdir(parents=True, exist_ok=True)
@@ -415,14 +408,7 @@ def run_sweep(
     if rank != 0:
         _check_manifest(out, task, grid, write=False)
     done = finished_run_ids(out)
-    chunks = plan(
-        task,
-        grid,
-        memory_budget=memory_budget,
-        done=done,
-        process_index=rank,
-        process_count=processes,
-    )
+    chunks = _chunks(task, groups, memory_budget, None, done, rank, processes)
     todo = chunks[:max_chunks] if max_chunks is not None else chunks
     compiled = _Compiled(task)
     bar = tqdm(

@@ -110,6 +110,10 @@ def test_voting_counts_and_privacy_summary():
     np.testing.assert_allclose(summary["drd_eps_bound"], bound)
     np.testing.assert_allclose(summary["drd_eps_basic"], 100 * bound)
     assert np.all(summary["drd_eps_mean"] <= bound + 1e-12)
+    n = voters + 8.0  # the realised epsilon per iteration, computed directly
+    np.testing.assert_array_equal(summary["drd_eps_mean"], np.log(2 * n / (n + 1)).mean(-1))
+    with pytest.raises(ValueError, match=r"voters must be in \[0, 30\]"):
+        paaso.privacy_summary(cfg, 0.7, voters + 31)
     assert np.all(summary["drd_eps_advanced"] <= summary["drd_eps_basic"])
     np.testing.assert_allclose(summary["pram_eps_vote"], 2.79, atol=0.01)
     pso = paaso.privacy_summary(paaso.PAASOConfig(strategy="pso"), 0.7, voters)
@@ -157,13 +161,22 @@ def test_dictator_draws_every_ballot_of_the_pool_once():
         np.testing.assert_array_equal(np.bincount(outcome, minlength=k), expected)
 
 
-@pytest.mark.parametrize("strategy", ["bdrd", "pbdrd"])
-def test_vote_has_the_mechanisms_law(strategy):
+@pytest.mark.parametrize(
+    ("strategy", "k", "k_as_data"), [("bdrd", 8, False), ("pbdrd", 8, False), ("pbdrd", 5, True)]
+)
+def test_vote_has_the_mechanisms_law(strategy, k, k_as_data):
     """One iteration's vote, drawn 100,000 times with fixed agents, against the exact law
     (mechanisms.random_dictatorship_pram_probs; keep-probability 1 for bDRD), by chi-square:
-    only agents better than pG cast, PbDRD masks the dictator's ballot only."""
-    k, p, draws = 8, 0.6, 100_000
-    cfg = paaso.PAASOConfig(strategy=strategy, num_agents=12, iterations=1, draw_casts=False)
+    only agents better than pG cast, PbDRD masks the dictator's ballot only; ``k_alpha``
+    static or given per call (its bin edges from a table)."""
+    p, draws = 0.6, 100_000
+    cfg = paaso.PAASOConfig(
+        strategy=strategy,
+        num_agents=12,
+        iterations=1,
+        draw_casts=False,
+        k_alpha=None if k_as_data else k,
+    )
     hyper = paaso.PAASOHyper(p_m=p, speed=1.0)
     state = paaso.init(jax.random.key(3), cfg)
     velocity = jax.random.normal(jax.random.key(4), (2, 12))
@@ -171,7 +184,7 @@ def test_vote_has_the_mechanisms_law(strategy):
     state = state.replace(
         agents=state.agents.replace(velocity=tuple(velocity), best_loss=best_loss)
     )
-    rule = paaso._rule(cfg, None)
+    rule = paaso._rule(cfg, None, np.int32(k) if k_as_data else None)
     u = jax.random.uniform(jax.random.key(5), (draws, 3))
     direction, voters = jax.jit(jax.vmap(lambda x: paaso._vote(cfg, hyper, rule, state, x)))(u)
     assert np.all(np.asarray(voters) == 9)
@@ -219,6 +232,21 @@ def test_function_and_voting_strategy_as_data_run_the_same_swarms_as_static_ones
                 np.testing.assert_allclose(data[k], v, rtol=1e-4, atol=1e-4, err_msg=k)
 
 
+def test_k_alpha_as_data_runs_the_same_swarms_as_static_ones():
+    """``PAASOConfig(k_alpha=None)`` with ``k_alpha`` per run (batched here) runs the static
+    programs' swarms bit for bit: the table holds the same float32 bin edges."""
+    hyper = paaso.PAASOHyper(w=0.4, phi_p=1.0, phi_g=1.0, w_g=0.1, p_c=0.7, p_m=0.8)
+    kw = {"strategy": "pbdrd", "iterations": 40, "num_agents": 10}
+    ks = np.asarray([2, 3, 16, 64], np.int32)
+    data_cfg = paaso.PAASOConfig(**kw, k_alpha=None)
+    keys = jax.vmap(jax.random.key)(jnp.zeros(len(ks), jnp.int32))
+    data = jax.jit(jax.vmap(lambda key, k: paaso.run(key, data_cfg, hyper, k_alpha=k)))(keys, ks)
+    for i, k in enumerate(ks):
+        static = _run(paaso.PAASOConfig(**kw, k_alpha=int(k)), hyper, runs=1)
+        for name, v in static.items():
+            np.testing.assert_array_equal(data[name][i], v[0], err_msg=f"{name}, k {k}")
+
+
 @pytest.mark.parametrize(
     ("config", "call", "match"),
     [
@@ -229,9 +257,16 @@ def test_function_and_voting_strategy_as_data_run_the_same_swarms_as_static_ones
         ({"strategy": "voting"}, {}, "needs voting="),
         ({"strategy": "voting"}, {"voting": 3}, r"voting must be an integer index in \[0, 3\)"),
         ({"strategy": "bdrd"}, {"voting": 1}, "only with strategy='voting'"),
+        ({"strategy": "bdrd", "k_alpha": None}, {}, "needs k_alpha="),
+        ({"strategy": "bdrd"}, {"k_alpha": 8}, "k_alpha: give it in PAASOConfig"),
+        (
+            {"strategy": "bdrd", "k_alpha": None},
+            {"k_alpha": 65},
+            r"k_alpha must be an integer in \[2, 64\]",
+        ),
     ],
 )
-def test_function_and_voting_as_data_are_checked_before_work(config, call, match):
+def test_function_voting_and_k_alpha_as_data_are_checked_before_work(config, call, match):
     cfg = paaso.PAASOConfig(**{"strategy": "pso", **config, "iterations": 5})
     with pytest.raises(ValueError, match=match):
         paaso.run(jax.random.key(0), cfg, PSO, **call)

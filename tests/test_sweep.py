@@ -1,7 +1,12 @@
 """Sweep runner: batch invariance, one compilation per group, resume, validation."""
 
+import hashlib
 import json
+import os
+import subprocess
+import sys
 
+import jax
 import numpy as np
 import pandas as pd
 import pytest
@@ -64,18 +69,19 @@ def test_batch_invariance_alone_vs_inside_10000_runs(tmp_path):
     np.testing.assert_array_equal(traj_chunk[index], traj_a)
 
 
-def test_one_compilation_per_program_whatever_the_function_or_voting_strategy(tmp_path):
+def test_one_compilation_per_program_whatever_the_function_voting_strategy_or_k(tmp_path):
     task = CountingTask()
     grid = {
         **SMALL,
         "strategy": ["pso", "adrd", "pbdrd"],  # adrd and pbdrd: one program
         "function": ["f4", "f7"],  # data
+        "k_alpha": [4, 8],  # data for the voting strategies (PSO ignores it)
         "w": list(np.linspace(0.1, 0.9, 25)),
         "phi": [1.0, 2.0],
         "seed": list(range(20)),
-    }  # 1000 configurations per strategy and function
+    }  # 1000 configurations per strategy, function and (voting) k_alpha
     chunks = sweep.plan(task, expand_phi(grid), memory_budget=200 * task.bytes_per_run(SMALL))
-    assert len(chunks) > 4 and len({c.padded for c in chunks}) == 1
+    assert len(chunks) > 4 and len({c.block for c in chunks}) == 1
     df = sweep.run_sweep(
         task,
         expand_phi(grid),
@@ -83,11 +89,84 @@ def test_one_compilation_per_program_whatever_the_function_or_voting_strategy(tm
         memory_budget=200 * task.bytes_per_run(SMALL),
         progress=False,
     )
-    assert len(df) == 3 * 2 * 25 * 2 * 20
+    assert len(df) == (1 + 2 * 2) * 2 * 25 * 2 * 20
     assert sorted(task.traces.values()) == [1, 1]
     programs = [json.loads(k) for k in task.traces]
     assert sorted(p["strategy"] for p in programs) == ["pso", "voting"]
     assert {p["function"] for p in programs} == {None}
+    assert sorted(p["k_alpha"] for p in programs if p["strategy"] == "voting") == [None]
+
+
+# FL (its mean over agents) and f5 (sin, sqrt) are where XLA's CPU code rounds differently
+# at other batch widths: 19-20 of 20 runs differed between vmap over 20 and over 128 runs.
+ROUNDING = {
+    "strategy": ["fl", "pso"],
+    "function": ["f4", "f5"],
+    "iterations": 60,
+    "num_agents": 10,
+    "w": 0.4,
+    "phi": 2.0,
+    "w_g": 0.05,
+}
+
+
+def _trajectories_by_run_id(out_dir):
+    rows, traj = sweep.load_trajectories(out_dir)
+    return dict(zip(rows.run_id, traj, strict=True))
+
+
+def test_runs_alone_equal_the_same_runs_inside_a_larger_sweep_bit_for_bit(tmp_path):
+    """Every chunk runs in calls of one block (BLOCK runs per device): 5 seeds alone and
+    inside a 300-seed sweep (other chunk, other positions) give the same trajectories even
+    where XLA rounds differently at other batch widths, and each program compiles once."""
+    task = PAASOTask()
+    before = sweep.STATS.compilations
+    grid = expand_phi({**ROUNDING, "seed": list(range(5))})
+    sweep.run_sweep(task, grid, tmp_path / "a", progress=False)
+    assert sweep.STATS.compilations == before + 2  # pso, fl: the function is data
+    grid = expand_phi({**ROUNDING, "seed": list(range(300))})
+    sweep.run_sweep(task, grid, tmp_path / "b", progress=False)
+    assert sweep.STATS.compilations == before + 2
+    alone, inside = (_trajectories_by_run_id(tmp_path / d) for d in "ab")
+    assert len(alone) == 20 and len(inside) == 1200
+    for run_id, traj in alone.items():
+        np.testing.assert_array_equal(inside[run_id], traj)
+    assert {c.block for c in sweep.plan(task, expand_phi(SMALL))} == {
+        sweep.BLOCK * jax.local_device_count()
+    }
+
+
+def test_two_xla_devices_give_the_numbers_of_one(tmp_path):
+    """A block sharded over two CPU devices computes each run as one device alone does."""
+    grid = expand_phi({**ROUNDING, "seed": list(range(6))})
+    sweep.run_sweep(PAASOTask(), grid, tmp_path / "one", progress=False)
+    flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=2"
+    code = (
+        "import jax, sys; from swarmjax import sweep; from swarmjax.paaso_sweep import PAASOTask;"
+        f"assert jax.local_device_count() == 2; sweep.run_sweep(PAASOTask(), {grid!r}, "
+        "sys.argv[1], progress=False)"
+    )
+    subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "two")],
+        check=True,
+        env={**os.environ, "XLA_FLAGS": flags.strip()},
+        timeout=300,
+    )
+    one, two = (_trajectories_by_run_id(tmp_path / d) for d in ("one", "two"))
+    assert one.keys() == two.keys() and len(one) == 24
+    for run_id, traj in one.items():
+        np.testing.assert_array_equal(two[run_id], traj)
+
+
+def test_run_ids_hash_the_json_of_group_configuration_and_seed():
+    """The id folders on disk were written with: resumable across versions."""
+    configs = [{"w": 0.5, "phi_p": 1.0}] * 2 + [{"w": 0.25, "phi_p": 2.0}]
+    ids = sweep._run_ids("g-1", configs, [0, 7, 7])
+    expected = [
+        hashlib.sha1(json.dumps(["g-1", c, s], sort_keys=True).encode()).hexdigest()[:16]
+        for c, s in zip(configs, [0, 7, 7], strict=True)
+    ]
+    assert ids == expected and len(set(ids)) == 3
 
 
 def test_irrelevant_parameters_are_collapsed():

@@ -179,7 +179,7 @@ def randomized_response(
 def randomized_response_from_uniform(
     uniforms: Float[ArrayLike, " 2 *batch"],
     category: Int[ArrayLike, "*batch"],
-    num_categories: int,
+    num_categories: int | Int[Array, ""],
     keep_prob: ArrayLike,
 ) -> Int[Array, "*batch"]:
     """:func:`randomized_response` given its randomness: ``uniforms`` ~ U[0, 1) from
@@ -187,8 +187,11 @@ def randomized_response_from_uniform(
 
     For callers that draw all of an iteration's privacy randomness in one call (each
     ``jax.random`` call is a loop on the CPU backend; PAASO runs this every iteration).
+    ``num_categories`` may be a JAX array, traced or not (PAASO's ``k_alpha`` as data; the
+    caller checks it).
     """
-    c = check_int("num_categories", num_categories, minimum=2)
+    given = isinstance(num_categories, jax.Array)
+    c = num_categories if given else check_int("num_categories", num_categories, minimum=2)
     check_probability("keep_prob", keep_prob)
     category = jnp.asarray(category)
     u_keep, u_other = jnp.asarray(uniforms)
