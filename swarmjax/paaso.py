@@ -258,16 +258,20 @@ def _problem(cfg: PAASOConfig, function: Int[ArrayLike, ""] | None) -> _Problem:
     return _Problem(fn, low, high, width)
 
 
-def _index(name: str, value: ArrayLike, choices: tuple[str, ...]) -> Int[Array, ""]:
-    """``value`` as an int32 index into ``choices`` (checked unless traced)."""
+def _int_data(name: str, value: ArrayLike, low: int, high: int, what: str) -> Int[Array, ""]:
+    """``value``, an integer given per call, as an int32 scalar; unless traced, checked to
+    be one in ``[low, high]`` (else ``"<name> must be <what>"``)."""
     if not isinstance(value, jax.core.Tracer):
         v = np.asarray(value)
-        if v.shape or v.dtype.kind not in "iu" or not 0 <= v < len(choices):
-            raise ValueError(
-                f"{name} must be an integer index in [0, {len(choices)}) into "
-                f"{choices}; got {value!r}"
-            )
+        if v.shape or v.dtype.kind not in "iu" or not low <= v <= high:
+            raise ValueError(f"{name} must be {what}; got {value!r}")
     return jnp.asarray(value, jnp.int32)
+
+
+def _index(name: str, value: ArrayLike, choices: tuple[str, ...]) -> Int[Array, ""]:
+    """``value`` as an int32 index into ``choices`` (checked unless traced)."""
+    n = len(choices)
+    return _int_data(name, value, 0, n - 1, f"an integer index in [0, {n}) into {choices}")
 
 
 class _Rule(NamedTuple):
@@ -392,14 +396,8 @@ def _k_alpha(cfg: PAASOConfig, k_alpha: Int[ArrayLike, ""] | None) -> int | Int[
         return cfg.k_alpha
     if k_alpha is None:
         raise ValueError("k_alpha: PAASOConfig(k_alpha=None) needs k_alpha=<int> per call")
-    if not isinstance(k_alpha, jax.core.Tracer):
-        k = np.asarray(k_alpha)
-        if k.shape or k.dtype.kind not in "iu" or not 2 <= k <= MAX_DATA_K_ALPHA:
-            raise ValueError(
-                f"k_alpha must be an integer in [2, {MAX_DATA_K_ALPHA}] when given per call; "
-                f"got {k_alpha!r}"
-            )
-    return jnp.asarray(k_alpha, jnp.int32)
+    what = f"an integer in [2, {MAX_DATA_K_ALPHA}] when given per call"
+    return _int_data("k_alpha", k_alpha, 2, MAX_DATA_K_ALPHA, what)
 
 
 def _diamond_angle(vx: Float[Array, " s"], vy: Float[Array, " s"]) -> Float[Array, " s"]:
