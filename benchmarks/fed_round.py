@@ -32,9 +32,9 @@ from benchmarks._results import best_time, machine, write_section
 from swarmjax import swarm
 from swarmjax.fl import load_dataset, partition, stack_clients
 from swarmjax.fl.algorithms.fed_dp_pso import FedDPPSO
-from swarmjax.fl.client_training import LocalTraining, RecordDP
-from swarmjax.fl.clients import client
-from swarmjax.fl.dp_local import poisson_sampler
+from swarmjax.fl.client.record_dp import poisson_sampler
+from swarmjax.fl.client.training import LocalTraining, RecordDP
+from swarmjax.fl.data.clients import client
 from swarmjax.fl.runtime import simulator
 from swarmjax.models import cross_entropy, evaluate, loss, mlp
 from swarmjax.privacy.dpsgd import dp_step

@@ -5,7 +5,7 @@ The same task (FedAvg on scikit-learn's digits, 3 clients, ``--rounds`` rounds) 
 * in the vectorised simulator (one process, clients under ``vmap``; the time of a second,
   already compiled call divided by the rounds), and
 * on a real deployment: SuperLink + 3 SuperNodes as separate processes on 127.0.0.1
-  (:class:`~swarmjax.flower.deployment.LocalDeployment`), the round time the ServerApp
+  (:class:`~swarmjax.fl.runtime.flower.deployment.LocalDeployment`), the round time the ServerApp
   measured (send, the nodes' ClientApp processes, replies, aggregate, evaluate). The nodes
   compile while joining (before round 1); every round loads the executables from the
   persistent cache.
@@ -25,9 +25,9 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks._results import machine, write_section
-from swarmjax.flower.deployment import LocalDeployment
-from swarmjax.flower.server import read_run
-from swarmjax.flower.task import load_task, simulate_task
+from swarmjax.fl.runtime.flower.deployment import LocalDeployment
+from swarmjax.fl.runtime.flower.server import read_run
+from swarmjax.fl.runtime.flower.task import load_task, simulate_task
 
 
 def _simulator_round(config: dict) -> float:
@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "out"
         config = {
-            "task": "swarmjax.flower.tasks:digits",
+            "task": "swarmjax.fl.runtime.flower.tasks:digits",
             "algorithm": "fedavg",
             "rounds": rounds,
             "out-dir": str(out),

@@ -1,8 +1,8 @@
 """``--runtime flower``: run an experiment's algorithm on a real Flower deployment.
 
 A SuperLink and one SuperNode per client start as separate processes on 127.0.0.1
-(:class:`swarmjax.flower.deployment.LocalDeployment`), the digits task of
-:mod:`swarmjax.flower.tasks` runs over ``flwr run``, and the same task runs in the
+(:class:`swarmjax.fl.runtime.flower.deployment.LocalDeployment`), the digits task of
+:mod:`swarmjax.fl.runtime.flower.tasks` runs over ``flwr run``, and the same task runs in the
 simulator beside it: the printout puts the two histories side by side with the largest
 difference of the global model, and says what epsilon covers.
 """
@@ -17,9 +17,9 @@ import jax
 import numpy as np
 import pandas as pd
 
-from swarmjax.flower.deployment import LocalDeployment
-from swarmjax.flower.server import FlowerRun, read_run
-from swarmjax.flower.task import Task, load_task, simulate_task
+from swarmjax.fl.runtime.flower.deployment import LocalDeployment
+from swarmjax.fl.runtime.flower.server import FlowerRun, read_run
+from swarmjax.fl.runtime.flower.task import Task, load_task, simulate_task
 
 Runner = Callable[[dict, Task, Path], FlowerRun]
 
@@ -45,7 +45,12 @@ def run_over_flower(config: dict, out: Path, runner: Runner = deployed) -> dict:
     # generous waits: a node compiles the run's functions while joining (minutes on a
     # loaded CPU for Fed-DP-PSO)
     waits = {"join-timeout": 1200.0, "reply-timeout": 600.0}
-    config = {"task": "swarmjax.flower.tasks:digits", **waits, **config, "out-dir": str(run_dir)}
+    config = {
+        "task": "swarmjax.fl.runtime.flower.tasks:digits",
+        **waits,
+        **config,
+        "out-dir": str(run_dir),
+    }
     task = load_task(config)
     run = runner(config, task, out)
     sim = simulate_task(task)

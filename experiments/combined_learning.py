@@ -12,9 +12,10 @@ and arbitrary K = 2 (two classes); mmlp, lmlp and lstm on uniform K = 5. ``--ful
 every model on every split x K.
 
 For every (dataset, model, split, K): clients train E local epochs per round; CL combines
-them with :class:`swarmjax.fl.combined.CombinedAggregator` (spec section 6, c = 0.01 as the
-authors ran), FedAvg with the weighted mean; "alone" clients never combine; the centralised
-model trains on all the data (E epochs per round, so round t matches E*t epochs). Test
+them with :class:`swarmjax.fl.algorithms.combined.CombinedAggregator` (spec section 6,
+c = 0.01 as the authors ran), FedAvg with the weighted mean; "alone" clients never combine;
+the centralised model trains on all the data (E epochs per round, so round t matches E*t
+epochs). Test
 accuracy per round goes to ``results/combined_learning/`` (history.csv, summary.csv/json,
 one PNG per dataset and model) as each setting finishes; each finished setting is also saved
 under ``calls/``, so rerunning the same command resumes where it stopped (``--restart`` runs
@@ -49,13 +50,13 @@ from swarmjax.fl import (
     stack_clients,
     subsample,
 )
+from swarmjax.fl.algorithms.combined import CombinedAggregator
+from swarmjax.fl.algorithms.combined_models import thesis_model
 from swarmjax.fl.algorithms.common import weighted_average
 from swarmjax.fl.algorithms.fedavg import FedAvg
 from swarmjax.fl.algorithms.local_only import LocalOnly
-from swarmjax.fl.cl_models import thesis_model
-from swarmjax.fl.client_training import LocalTraining
-from swarmjax.fl.combined import CombinedAggregator
-from swarmjax.fl.dp_local import DELTA
+from swarmjax.fl.client.record_dp import DELTA
+from swarmjax.fl.client.training import LocalTraining
 from swarmjax.fl.runtime import simulate
 
 SPLITS = ("uniform", "arbitrary")

@@ -51,10 +51,10 @@ from swarmjax.fl.algorithms.client_level_dp_fedavg import (
     rounds_to_target,
     sum_noise_multiplier,
 )
-from swarmjax.fl.client_training import LocalTraining
-from swarmjax.fl.clients import stack_clients
+from swarmjax.fl.client.training import LocalTraining
 from swarmjax.fl.data import DatasetNotFoundError, load_dataset, subsample
-from swarmjax.fl.partition import dirichlet_partition, iid_partition
+from swarmjax.fl.data.clients import stack_clients
+from swarmjax.fl.data.partition import dirichlet_partition, iid_partition
 from swarmjax.fl.runtime import simulate
 from swarmjax.models import cross_entropy, mlp, param_count
 from swarmjax.privacy.audit import membership_inference_advantage

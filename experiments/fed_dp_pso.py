@@ -57,9 +57,9 @@ from swarmjax.fl import (
 )
 from swarmjax.fl.algorithms.fed_dp_pso import FedDPPSO
 from swarmjax.fl.algorithms.fedavg import FedAvg
-from swarmjax.fl.client_training import LocalTraining, RecordDP
+from swarmjax.fl.client.record_dp import DELTA, sampler_capacity
+from swarmjax.fl.client.training import LocalTraining, RecordDP
 from swarmjax.fl.data import Dataset
-from swarmjax.fl.dp_local import DELTA, sampler_capacity
 from swarmjax.fl.protocol import coverage
 from swarmjax.fl.runtime import simulate
 from swarmjax.models import Model, lenet5, mlp, paper_mlp

@@ -45,7 +45,7 @@ from experiments.fed_dp_pso import (
 )
 from swarmjax.fl import flower_partition, load_dataset, stack_clients
 from swarmjax.fl.data import Dataset
-from swarmjax.fl.partition import label_skew
+from swarmjax.fl.data.partition import label_skew
 
 # One design choice at a time on top of "current", then all of them ("authors"), then all
 # but the shared initialisation (the first check found it hurts on Dirichlet 0.3).

@@ -6,3 +6,7 @@ Subpackages are imported on demand: ``swarmjax.swarm``, ``swarmjax.objectives``,
 """
 
 __version__ = "0.1.0"
+
+from swarmjax import _moved
+
+_moved.install()  # old module paths of swarmjax.fl and swarmjax.flower, for one release

@@ -12,8 +12,8 @@ import numpy as np
 import optax
 import pytest
 
-from swarmjax.fl.clients import client, poisson_rates, stack_clients
-from swarmjax.fl.local import local_train, shuffled_batches
+from swarmjax.fl.client.local import local_train, shuffled_batches
+from swarmjax.fl.data.clients import client, poisson_rates, stack_clients
 from swarmjax.models import loss, mlp
 
 SIZES = (7, 12, 3)

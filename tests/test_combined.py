@@ -13,18 +13,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from swarmjax.fl import iid_partition, load_dataset, simulate, stack_clients
-from swarmjax.fl.algorithms.common import weighted_average
-from swarmjax.fl.algorithms.fedavg import FedAvg
-from swarmjax.fl.algorithms.local_only import LocalOnly
-from swarmjax.fl.cl_models import thesis_model
-from swarmjax.fl.client_training import LocalTraining
-from swarmjax.fl.combined import (
+from swarmjax.fl.algorithms.combined import (
     CombinedAggregator,
     combine,
     combine_leaf,
     pairwise_sq_sum,
     relevance,
 )
+from swarmjax.fl.algorithms.combined_models import thesis_model
+from swarmjax.fl.algorithms.common import weighted_average
+from swarmjax.fl.algorithms.fedavg import FedAvg
+from swarmjax.fl.algorithms.local_only import LocalOnly
+from swarmjax.fl.client.training import LocalTraining
 from swarmjax.models import mlp
 
 

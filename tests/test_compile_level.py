@@ -21,10 +21,10 @@ import sys
 import jax, jax.numpy as jnp, numpy as np
 from swarmjax import paaso
 from swarmjax.fl.algorithms.fedavg import FedAvg
-from swarmjax.fl.client_training import LocalTraining, RecordDP
-from swarmjax.fl.clients import stack_clients
+from swarmjax.fl.client.training import LocalTraining, RecordDP
+from swarmjax.fl.data.clients import stack_clients
 from swarmjax.fl.data import load_dataset
-from swarmjax.fl.partition import iid_partition
+from swarmjax.fl.data.partition import iid_partition
 from swarmjax.fl.runtime import simulate
 from swarmjax.models import mlp
 

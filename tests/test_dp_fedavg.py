@@ -21,10 +21,10 @@ from swarmjax.fl.algorithms.client_level_dp_fedavg import (
     sum_noise_multiplier,
 )
 from swarmjax.fl.algorithms.fedavg import FedAvg
-from swarmjax.fl.client_training import LocalTraining, clip_update
-from swarmjax.fl.clients import stack_clients
+from swarmjax.fl.client.training import LocalTraining, clip_update
 from swarmjax.fl.data import load_dataset
-from swarmjax.fl.partition import iid_partition
+from swarmjax.fl.data.clients import stack_clients
+from swarmjax.fl.data.partition import iid_partition
 from swarmjax.fl.runtime import simulate
 from swarmjax.models import mlp, param_bytes
 from swarmjax.privacy import accounting

@@ -28,10 +28,10 @@ from swarmjax.fl.algorithms.fed_dp_pso import (
     fedpso,
     server_select,
 )
-from swarmjax.fl.client_training import LocalTraining, RecordDP
-from swarmjax.fl.clients import client
-from swarmjax.fl.dp_local import poisson_sampler, sampler_capacity
-from swarmjax.fl.local import local_train
+from swarmjax.fl.client.local import local_train
+from swarmjax.fl.client.record_dp import poisson_sampler, sampler_capacity
+from swarmjax.fl.client.training import LocalTraining, RecordDP
+from swarmjax.fl.data.clients import client
 from swarmjax.models import cross_entropy, mlp
 from swarmjax.privacy.accounting import epsilon
 

@@ -17,11 +17,11 @@ from experiments import fed_dp_pso as experiment
 from experiments import fed_dp_pso_study
 from swarmjax import swarm
 from swarmjax.fl.algorithms.fed_dp_pso import FedDPPSO
-from swarmjax.fl.client_training import LocalTraining, RecordDP, make_optimizer
-from swarmjax.fl.clients import stack_clients
+from swarmjax.fl.client.record_dp import calibrate_sigmas, sampler_capacity
+from swarmjax.fl.client.training import LocalTraining, RecordDP, make_optimizer
 from swarmjax.fl.data import load_dataset
-from swarmjax.fl.dp_local import calibrate_sigmas, sampler_capacity
-from swarmjax.fl.partition import iid_partition
+from swarmjax.fl.data.clients import stack_clients
+from swarmjax.fl.data.partition import iid_partition
 from swarmjax.fl.protocol import coverage
 from swarmjax.fl.runtime import simulate
 from swarmjax.models import mlp

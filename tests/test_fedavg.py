@@ -12,10 +12,10 @@ from swarmjax.fl import comm
 from swarmjax.fl.algorithms.common import weighted_average
 from swarmjax.fl.algorithms.fedavg import FedAvg, FedAvgHyper
 from swarmjax.fl.algorithms.local_only import LocalOnly, centralised_clients
-from swarmjax.fl.client_training import LocalTraining
-from swarmjax.fl.clients import stack_clients
+from swarmjax.fl.client.training import LocalTraining
 from swarmjax.fl.data import load_dataset
-from swarmjax.fl.partition import iid_partition
+from swarmjax.fl.data.clients import stack_clients
+from swarmjax.fl.data.partition import iid_partition
 from swarmjax.fl.runtime import Variants, simulate
 from swarmjax.fl.runtime import simulator as sim
 from swarmjax.models import from_haiku, mlp, paper_mlp

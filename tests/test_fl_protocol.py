@@ -20,15 +20,15 @@ from swarmjax.fl.algorithms.client_level_dp_fedavg import (
     ClientUpdate,
     default_delta,
 )
+from swarmjax.fl.algorithms.combined import CombinedAggregator
 from swarmjax.fl.algorithms.common import ModelReply, ModelServer
 from swarmjax.fl.algorithms.fed_dp_pso import FedDPPSO, fedpso
 from swarmjax.fl.algorithms.fedavg import FedAvg
 from swarmjax.fl.algorithms.local_only import LocalOnly, centralised_clients
-from swarmjax.fl.client_training import LocalTraining, RecordDP, clip_update
-from swarmjax.fl.clients import stack_clients
-from swarmjax.fl.combined import CombinedAggregator
+from swarmjax.fl.client.training import LocalTraining, RecordDP, clip_update
 from swarmjax.fl.data import load_dataset
-from swarmjax.fl.partition import iid_partition
+from swarmjax.fl.data.clients import stack_clients
+from swarmjax.fl.data.partition import iid_partition
 from swarmjax.fl.protocol import client_key, server_key
 from swarmjax.fl.runtime import simulate
 from swarmjax.fl.runtime import simulator as sim

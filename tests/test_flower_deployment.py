@@ -25,9 +25,9 @@ pytest.importorskip("flwr", reason="the flower extra is not installed")
 import psutil
 from flwr.app import Message
 
-from swarmjax.flower.deployment import LocalDeployment
-from swarmjax.flower.server import drive, read_run
-from swarmjax.flower.task import load_task
+from swarmjax.fl.runtime.flower.deployment import LocalDeployment
+from swarmjax.fl.runtime.flower.server import drive, read_run
+from swarmjax.fl.runtime.flower.task import load_task
 from tests.test_flower_runtime import FAST, FULL, _grid, assert_same_run, config, simulated
 
 pytestmark = pytest.mark.slow

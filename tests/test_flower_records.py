@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from swarmjax.flower.records import RecordError, from_record, payload_bytes, to_record
+from swarmjax.fl.runtime.flower.records import RecordError, from_record, payload_bytes, to_record
 
 DTYPES = [np.float32, np.float64, np.float16, np.int32, np.int8, np.uint32, np.bool_]
 

@@ -13,17 +13,17 @@ import jax
 import numpy as np
 from flwr.app import ArrayRecord, Message, RecordDict
 
-from swarmjax.flower.client import make_client_app
-from swarmjax.flower.loopback import LoopbackGrid
-from swarmjax.flower.server import ServerSettings, drive
-from swarmjax.flower.task import load_task, simulate_task
+from swarmjax.fl.runtime.flower.client import make_client_app
+from swarmjax.fl.runtime.flower.loopback import LoopbackGrid
+from swarmjax.fl.runtime.flower.server import ServerSettings, drive
+from swarmjax.fl.runtime.flower.task import load_task, simulate_task
 
 # The smallest settings that still run every code path: 150 digits rows (50 per client, the
 # Poisson batch of 32 stays below them), an 8-unit hidden layer, 2 rounds (1 for
 # Fed-DP-PSO, whose setup exchange plus both exchanges compile the longest), 2 particles.
 # SWARMJAX_FLOWER_FULL=1: the larger settings (300 rows, 16 units, 2 rounds, 3 particles).
 FULL = os.environ.get("SWARMJAX_FLOWER_FULL") == "1"
-BASE = {"task": "swarmjax.flower.tasks:digits", "rounds": 2}
+BASE = {"task": "swarmjax.fl.runtime.flower.tasks:digits", "rounds": 2}
 BASE |= {"train-size": 300, "hidden": 16} if FULL else {"train-size": 150, "hidden": 8}
 SIZES = {"fed-dp-pso": {"particles": 3} if FULL else {"rounds": 1, "particles": 2}}
 FAST = ServerSettings(join_timeout=1.0, reply_timeout=1.0)
@@ -121,7 +121,7 @@ def test_dropped_client_round_finishes_and_spend_stays_correct(caplog):
         return None if calls["n"] == 3 else reply
 
     grid.nodes[101].rewrite = dies_in_round_two
-    with caplog.at_level(logging.WARNING, logger="swarmjax.flower"):
+    with caplog.at_level(logging.WARNING, logger="swarmjax.fl.runtime.flower"):
         run = drive(grid, load_task(cfg), FAST)
     status = run.messages.set_index(["round", "client"])["status"]
     assert status[(1, 1)] == "ok"
@@ -146,7 +146,7 @@ def test_garbage_reply_is_rejected_with_a_logged_reason(caplog):
         return reply
 
     grid.nodes[102].rewrite = garbage
-    with caplog.at_level(logging.WARNING, logger="swarmjax.flower"):
+    with caplog.at_level(logging.WARNING, logger="swarmjax.fl.runtime.flower"):
         run = drive(grid, load_task(cfg), FAST)
     row = run.messages.set_index(["round", "client"]).loc[(1, 2)]
     assert row["status"].startswith("rejected: fields missing")
@@ -176,7 +176,7 @@ def test_a_partition_claimed_twice_is_refused(caplog):
     grid = _grid(cfg, partitions=(0, 1))
     twin = _grid(cfg, partitions=(1,)).nodes[101]
     grid.nodes[999] = twin
-    with caplog.at_level(logging.WARNING, logger="swarmjax.flower"):
+    with caplog.at_level(logging.WARNING, logger="swarmjax.fl.runtime.flower"):
         run = drive(grid, load_task(cfg), FAST)
     assert "partition 1 is out of range or taken" in caplog.text
     ok = run.messages[run.messages["status"] == "ok"]
@@ -187,12 +187,12 @@ def test_a_partition_claimed_twice_is_refused(caplog):
 def test_bad_settings_fail_before_any_work():
     from flwr.app import Context
 
-    from swarmjax.flower.client import partition_id
+    from swarmjax.fl.runtime.flower.client import partition_id
 
     with pytest.raises(ValueError, match="reply_timeout must be a finite number > 0"):
         ServerSettings(reply_timeout=0)
     with pytest.raises(ValueError, match="run config 'task' must name a factory"):
-        load_task({"task": "swarmjax.flower.tasks.digits"})
+        load_task({"task": "swarmjax.fl.runtime.flower.tasks.digits"})
     with pytest.raises(ValueError, match="algorithm"):
         load_task({**BASE, "algorithm": "fedsgd"})
     ctx = Context(1, 1, {"partition-id": 3}, RecordDict(), {})

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from swarmjax.fl.partition import (
+from swarmjax.fl.data.partition import (
     dirichlet_partition,
     flower_partition,
     iid_partition,

@@ -5,7 +5,7 @@ import jax
 import numpy as np
 import pytest
 
-from swarmjax.fl.cl_models import _SliceConv
+from swarmjax.fl.algorithms.combined_models import _SliceConv
 
 
 @pytest.mark.parametrize(

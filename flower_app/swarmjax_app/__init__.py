@@ -1,1 +1,1 @@
-"""The Flower app's components (the runtime itself lives in :mod:`swarmjax.flower`)."""
+"""The Flower app's components (the runtime itself lives in :mod:`swarmjax.fl.runtime.flower`)."""

@@ -1,15 +1,13 @@
-"""Federated learning, cut along what stays on a client and what leaves it:
+"""Federated learning, cut by role:
 
-* data: :mod:`~swarmjax.fl.data` (datasets), :mod:`~swarmjax.fl.partition` (clients from a
-  dataset), :mod:`~swarmjax.fl.clients` (stacked, padded, masked client data),
-  :mod:`~swarmjax.fl.comm` (bytes on the wire);
-* client-side training: :mod:`~swarmjax.fl.client_training` (local steps, record-level DP,
-  the optimiser convention) over :mod:`~swarmjax.fl.local` and :mod:`~swarmjax.fl.dp_local`;
-* the protocol: :mod:`~swarmjax.fl.protocol` (exchanges, message protection, keys);
-* algorithms, one file each: :mod:`~swarmjax.fl.algorithms` (FedAvg with record-level DP and
-  combined learning, client-level DP-FedAvg, Fed-DP-PSO and FedPSO, clients alone and the
-  centralised reference);
-* runtime: :mod:`~swarmjax.fl.runtime` (the simulator and its one :class:`Result`).
+* :mod:`~swarmjax.fl.data`: datasets, partitions of a dataset into clients, stacked clients;
+* :mod:`~swarmjax.fl.client`: what runs on ONE client (local training, record-level DP);
+* :mod:`~swarmjax.fl.protocol`: the contract between algorithms and runtimes (exchanges,
+  message protection, keys, variants);
+* :mod:`~swarmjax.fl.algorithms`: one file per algorithm (FedAvg with record-level DP and
+  combined learning, client-level DP-FedAvg, Fed-DP-PSO and FedPSO, clients alone);
+* :mod:`~swarmjax.fl.runtime`: the simulator, its one :class:`Result`, and the Flower runtime
+  (:mod:`~swarmjax.fl.runtime.flower`).
 
 See ``docs/federated.md``. The algorithms and the runtime are imported lazily (on first
 attribute access), so ``import swarmjax.fl`` stays light.
@@ -18,29 +16,30 @@ attribute access), so ``import swarmjax.fl`` stays light.
 import importlib
 
 from swarmjax.fl import comm
-from swarmjax.fl.clients import ClientData, client, poisson_rates, stack_clients
 from swarmjax.fl.data import (
     DATASETS,
+    SCHEMES,
+    ClientData,
     Dataset,
     DatasetNotFoundError,
-    load_dataset,
-    read_idx,
-    subsample,
-)
-from swarmjax.fl.partition import (
-    SCHEMES,
     Partition,
+    client,
     dirichlet_partition,
     flower_partition,
     iid_partition,
     label_skew,
+    load_dataset,
     partition,
     pathological_partition,
+    poisson_rates,
+    read_idx,
+    stack_clients,
+    subsample,
 )
 
 _LAZY = {
-    "LocalTraining": "client_training",
-    "RecordDP": "client_training",
+    "LocalTraining": "client.training",
+    "RecordDP": "client.training",
     "Exchange": "protocol",
     "Protection": "protocol",
     "Spend": "protocol",
@@ -52,7 +51,7 @@ _LAZY = {
     "fedpso": "algorithms.fed_dp_pso",
     "LocalOnly": "algorithms.local_only",
     "centralised_clients": "algorithms.local_only",
-    "CombinedAggregator": "combined",
+    "CombinedAggregator": "algorithms.combined",
     "PrivacyRecord": "runtime",
     "Result": "runtime",
     "Variants": "runtime",

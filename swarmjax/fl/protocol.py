@@ -32,7 +32,7 @@ and ``Algorithm.private_diagnostics`` added; ``aggregate`` takes a key
 (``aggregate(server, replies, mask, key, hyper)``, key from :func:`aggregate_key`).
 
 Runtimes: :mod:`swarmjax.fl.runtime.simulator` (one process, everything vmapped) and the
-Flower runtime (``swarmjax.flower``) execute any :class:`Algorithm` unchanged.
+Flower runtime (``swarmjax.fl.runtime.flower``) execute any :class:`Algorithm` unchanged.
 """
 
 from __future__ import annotations

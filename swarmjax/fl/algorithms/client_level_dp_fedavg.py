@@ -39,8 +39,8 @@ from jaxtyping import Array, ArrayLike, Bool, Float, Int, PRNGKeyArray, PyTree
 
 from swarmjax._validation import check_choice, check_int, check_positive, check_range
 from swarmjax.fl.algorithms.common import Trainer, keep_if, masked, public_metrics
-from swarmjax.fl.client_training import LocalTraining, clip_update
-from swarmjax.fl.clients import ClientData
+from swarmjax.fl.client.training import LocalTraining, clip_update
+from swarmjax.fl.data.clients import ClientData
 from swarmjax.fl.protocol import Exchange, Protection, Spend
 from swarmjax.fl.runtime.result import client_draw_overflow
 from swarmjax.fl.runtime.simulator import Variants

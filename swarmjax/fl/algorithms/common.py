@@ -13,8 +13,8 @@ import numpy as np
 from jaxtyping import Array, ArrayLike, Bool, Float, PyTree
 
 from swarmjax._validation import check_positive
-from swarmjax.fl.client_training import LocalTraining
-from swarmjax.fl.dp_local import calibrate_sigmas
+from swarmjax.fl.client.record_dp import calibrate_sigmas
+from swarmjax.fl.client.training import LocalTraining
 from swarmjax.fl.protocol import Spend, where_selected
 from swarmjax.models import Model, evaluate
 

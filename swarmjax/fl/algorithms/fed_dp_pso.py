@@ -6,7 +6,7 @@ two exchanges:
 1. ``train`` (every client): the server broadcasts ``gbest``; the client moves its swarm
    toward its personal bests and ``gbest``, scores every particle on its data, refines its
    best particle ``theta_{i,best}`` with ``E`` epochs of DP-Adam (record-level DP,
-   :class:`~swarmjax.fl.client_training.LocalTraining`), re-scores it and reports ONE number,
+   :class:`~swarmjax.fl.client.training.LocalTraining`), re-scores it and reports ONE number,
    its lowest personal-best score;
 2. ``upload`` (one client): the server picks a client uniformly among the ``top_k`` lowest
    reports; only that client uploads its best personal best, the new ``gbest``.
@@ -53,9 +53,9 @@ from swarmjax.fl.algorithms.common import (
     public_metrics,
     target_list,
 )
-from swarmjax.fl.client_training import LocalTraining, RecordDP, sample_rate
-from swarmjax.fl.clients import ClientData
-from swarmjax.fl.dp_local import DELTA
+from swarmjax.fl.client.record_dp import DELTA
+from swarmjax.fl.client.training import LocalTraining, RecordDP, sample_rate
+from swarmjax.fl.data.clients import ClientData
 from swarmjax.fl.protocol import (
     ACCOUNTED,
     UNPROTECTED,

@@ -2,10 +2,10 @@
 (FedAvg + DP-SGD / DP-Adam), and combined learning through its ``combine`` rule.
 
 One exchange per round, every client: the server broadcasts the global model, each client
-trains ``E`` local epochs (:class:`~swarmjax.fl.client_training.LocalTraining`) and uploads
+trains ``E`` local epochs (:class:`~swarmjax.fl.client.training.LocalTraining`) and uploads
 its model with its weight ``|D_i|``; the server combines the uploaded models with
 ``combine`` (default :func:`~swarmjax.fl.algorithms.common.weighted_average`; combined
-learning plugs in :class:`~swarmjax.fl.combined.CombinedAggregator`).
+learning plugs in :class:`~swarmjax.fl.algorithms.combined.CombinedAggregator`).
 """
 
 from __future__ import annotations
@@ -31,9 +31,9 @@ from swarmjax.fl.algorithms.common import (
     target_list,
     weighted_average,
 )
-from swarmjax.fl.client_training import LocalTraining, sample_rate
-from swarmjax.fl.clients import ClientData
-from swarmjax.fl.dp_local import DELTA
+from swarmjax.fl.client.record_dp import DELTA
+from swarmjax.fl.client.training import LocalTraining, sample_rate
+from swarmjax.fl.data.clients import ClientData
 from swarmjax.fl.protocol import ACCOUNTED, UNPROTECTED, Exchange, Protection, Spend, everyone
 from swarmjax.fl.runtime.simulator import Variants
 from swarmjax.models import Model

@@ -25,8 +25,8 @@ from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray, PyTree
 
 from swarmjax._validation import check_positive
 from swarmjax.fl.algorithms.common import public_metrics
-from swarmjax.fl.client_training import LocalTraining
-from swarmjax.fl.clients import ClientData, stack_clients
+from swarmjax.fl.client.training import LocalTraining
+from swarmjax.fl.data.clients import ClientData, stack_clients
 from swarmjax.fl.protocol import UNPROTECTED, Exchange, Spend, everyone, where_selected
 from swarmjax.fl.runtime.simulator import Variants
 from swarmjax.models import Model

@@ -1,5 +1,5 @@
 """Runtimes that execute any protocol algorithm: the in-process simulator (the Flower
-runtime, ``swarmjax.flower``, sits beside it)."""
+runtime, ``swarmjax.fl.runtime.flower``, sits beside it)."""
 
 from swarmjax.fl.runtime.result import PrivacyRecord, Result
 from swarmjax.fl.runtime.simulator import Variants, simulate

@@ -1,6 +1,6 @@
 """The simulator: runs any :class:`~swarmjax.fl.protocol.Algorithm` in one process.
 
-Clients are stacked (:class:`~swarmjax.fl.clients.ClientData` with a client axis) and every
+Clients are stacked (:class:`~swarmjax.fl.data.clients.ClientData` with a client axis) and every
 exchange maps the ONE-client function over them (``vmap``, or ``lax.map`` with
 ``client_map="sequential"``); rounds are a ``lax.scan``; runs (seeds, target epsilons,
 numeric hyper-parameters: a leading axis on the keys and the hyper pytree) are a ``vmap``,
@@ -30,7 +30,7 @@ from jaxtyping import Array, Int, PRNGKeyArray, PyTree
 from tqdm.auto import tqdm
 
 from swarmjax._validation import check_choice, check_int
-from swarmjax.fl.clients import ClientData, as_test_set, check_federated_inputs
+from swarmjax.fl.data.clients import ClientData, as_test_set, check_federated_inputs
 from swarmjax.fl.protocol import (
     Algorithm,
     Exchange,
@@ -263,7 +263,7 @@ def simulate(
     Args:
         alg: the algorithm (hashable; a static jit argument).
         clients: stacked client data (a pytree with a leading client axis, usually
-            :class:`~swarmjax.fl.clients.ClientData`; ``alg.client_init`` and ``client``
+            :class:`~swarmjax.fl.data.clients.ClientData`; ``alg.client_init`` and ``client``
             get one client's slice).
         test: public ``(x, y)`` test set for ``alg.evaluate``. Model, client data and test
             set are checked against each other (shapes, classes, labels) before any work.

@@ -40,8 +40,7 @@ from flwr.serverapp import Grid, ServerApp
 from jaxtyping import PyTree
 
 from swarmjax.fl.protocol import Exchange, Spend, aggregate_key, server_init_key, server_key
-from swarmjax.fl.runtime.result import PrivacyRecord, privacy_record, sampling_overflow
-from swarmjax.flower.records import (
+from swarmjax.fl.runtime.flower.records import (
     RecordError,
     from_record,
     load_tree,
@@ -49,11 +48,12 @@ from swarmjax.flower.records import (
     save_tree,
     to_record,
 )
-from swarmjax.flower.task import Task, load_task
+from swarmjax.fl.runtime.flower.task import Task, load_task
+from swarmjax.fl.runtime.result import PrivacyRecord, privacy_record, sampling_overflow
 
 __all__ = ["FlowerRun", "ServerSettings", "drive", "make_server_app", "read_run"]
 
-log = logging.getLogger("swarmjax.flower")
+log = logging.getLogger("swarmjax.fl.runtime.flower")
 
 
 @dataclass(frozen=True)
@@ -412,7 +412,8 @@ def _main(grid: Grid, context: Context) -> None:
 
 
 def make_server_app() -> ServerApp:
-    """A ServerApp that runs the run configuration's :class:`~swarmjax.flower.task.Task`."""
+    """A ServerApp that runs the run configuration's
+    :class:`~swarmjax.fl.runtime.flower.task.Task`."""
     app = ServerApp()
     app.main()(_main)
     return app

@@ -1,6 +1,6 @@
 """Record-level DP for local training: a Poisson sampler, a DP ``grad_fn``, calibration.
 
-These plug into :func:`swarmjax.fl.local.local_train` (and so into FedAvg and Fed-DP-PSO):
+These plug into :func:`swarmjax.fl.client.local.local_train` (and so into FedAvg and Fed-DP-PSO):
 
 * :func:`poisson_sampler` — one "epoch" of ``ceil(max_n / B)`` static steps; client ``i``
   samples every real row independently with ``q_i = B / |D_i|`` and has
@@ -23,7 +23,7 @@ import numpy as np
 from jaxtyping import Array, ArrayLike, Bool, Float, Int, PRNGKeyArray, PyTree
 
 from swarmjax._validation import check_int, check_positive, check_range
-from swarmjax.fl.local import Batches, GradFn, Sampler
+from swarmjax.fl.client.local import Batches, GradFn, Sampler
 from swarmjax.models import ApplyFn, cross_entropy, loss
 from swarmjax.privacy.accounting import epsilon, sigma_for_epsilon
 from swarmjax.privacy.dpsgd import dp_grad
@@ -56,7 +56,7 @@ def sampler_capacity(sizes: ArrayLike, batch_size: int, overflow_prob: float = 1
 
 
 def poisson_sampler(batch_size: int, capacity: int) -> Sampler:
-    """Sampler for :func:`~swarmjax.fl.local.local_train`: Poisson batches, ``q = B / size``.
+    """Sampler for :func:`~swarmjax.fl.client.local.local_train`: Poisson batches, ``q = B / size``.
 
     Returns ``Batches`` with ``idx, mask: (steps, capacity)``, ``steps = ceil(max_n / B)``,
     step ``s`` active iff ``s < ceil(size / B)``. Row coins use ``fold_in(key, step)``.
@@ -127,7 +127,7 @@ def calibrate_sigmas(
     """Per-client noise multiplier so client ``i`` spends ``<= target_epsilon`` at ``delta``
     after ``rounds * E * ceil(|D_i| / B)`` steps at ``q_i = B / |D_i|``; zeros for ``inf``.
     ``overflow_prob``: ``(clients,)`` per-step overflow chance of each client's Poisson buffer
-    (:meth:`~swarmjax.fl.client_training.LocalTraining.sampler_overflow`), charged to delta."""
+    (:meth:`~swarmjax.fl.client.training.LocalTraining.sampler_overflow`), charged to delta."""
     check_positive("target_epsilon", target_epsilon)
     check_range("delta", delta, 0.0, 1.0, low_open=True, high_open=True)
     rounds = check_int("rounds", rounds, 1)

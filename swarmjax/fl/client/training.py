@@ -3,8 +3,8 @@ DP (DP-SGD / DP-Adam) and the one optimiser convention.
 
 :class:`LocalTraining` says how a client trains (epochs ``E``, batch size ``B``, optimiser
 name, record-level DP or not); :meth:`LocalTraining.train` runs it on ONE client's padded
-data (:func:`swarmjax.fl.local.local_train` with the DP ``grad_fn`` and Poisson sampler of
-:mod:`swarmjax.fl.dp_local` when ``record_dp`` is set) and returns the trained model with
+data (:func:`swarmjax.fl.client.local.local_train` with the DP ``grad_fn`` and Poisson sampler of
+:mod:`swarmjax.fl.client.record_dp` when ``record_dp`` is set) and returns the trained model with
 the number of accounted steps. The Poisson rate is defined once, :func:`sample_rate`.
 """
 
@@ -20,9 +20,9 @@ import optax
 from jaxtyping import Array, ArrayLike, Bool, Float, Int, PRNGKeyArray, PyTree
 
 from swarmjax._validation import check_choice, check_int, check_nonnegative, check_positive
-from swarmjax.fl.clients import ClientData, poisson_rates
-from swarmjax.fl.dp_local import dp_grad_fn, poisson_sampler, sampler_capacity
-from swarmjax.fl.local import LocalResult, local_train
+from swarmjax.fl.client.local import LocalResult, local_train
+from swarmjax.fl.client.record_dp import dp_grad_fn, poisson_sampler, sampler_capacity
+from swarmjax.fl.data.clients import ClientData, poisson_rates
 from swarmjax.models import Model
 from swarmjax.privacy.sampling import overflow_probability, run_capacity
 
@@ -58,7 +58,8 @@ def make_optimizer(
 
 def sample_rate(size: Int[Array, ""], batch_size: int) -> Float[Array, ""]:
     """Poisson rate of record-level DP: ``q_i = B / |D_i|`` (capped at 1), on device.
-    The host-side check that ``B <= min |D_i|`` is :func:`swarmjax.fl.clients.poisson_rates`."""
+    The host-side check that ``B <= min |D_i|`` is
+    :func:`swarmjax.fl.data.clients.poisson_rates`."""
     return jnp.minimum(batch_size / jnp.maximum(size, 1).astype(jnp.float32), 1.0)
 
 

@@ -1,7 +1,7 @@
 """The ClientApp: runs the algorithm's ``client`` functions for the partition its SuperNode
 holds, keeping the client's state in the node's persistent context.
 
-Messages it answers (the ServerApp sends them, :mod:`swarmjax.flower.server`):
+Messages it answers (the ServerApp sends them, :mod:`swarmjax.fl.runtime.flower.server`):
 
 * ``query.hello``: reply ``{"partition-id": i}`` (read from the node configuration),
   after compiling the run's client functions into the persistent cache.
@@ -31,8 +31,8 @@ from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
 from swarmjax.fl.protocol import client_init_key, client_key
-from swarmjax.flower.records import from_record, to_record
-from swarmjax.flower.task import Task, load_task
+from swarmjax.fl.runtime.flower.records import from_record, to_record
+from swarmjax.fl.runtime.flower.task import Task, load_task
 
 __all__ = ["STATE_KEY", "client_spend", "make_client_app", "partition_id"]
 
@@ -138,7 +138,7 @@ def _hello(msg: Message, context: Context) -> Message:
 
 
 def make_client_app() -> ClientApp:
-    """A ClientApp that runs any :class:`~swarmjax.flower.task.Task`'s algorithm."""
+    """A ClientApp that runs any :class:`~swarmjax.fl.runtime.flower.task.Task`'s algorithm."""
     app = ClientApp()
     app.query("hello")(_hello)
     app.train("exchange")(_exchange)

@@ -1,4 +1,4 @@
 """Run swarmjax's federated algorithms as a Flower deployment (needs the ``flower`` extra).
 
-:mod:`swarmjax.flower.records` converts pytrees to Flower records.
+:mod:`swarmjax.fl.runtime.flower.records` converts pytrees to Flower records.
 """

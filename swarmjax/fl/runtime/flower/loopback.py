@@ -4,7 +4,7 @@
 persistent :class:`flwr.app.Context`, so a ServerApp's logic (and a ClientApp's) can be
 debugged and tested in one process, with faults injected per node: a node that is down
 (never replies), a node that joins late, a node whose replies are rewritten (garbage).
-A deployment (:mod:`swarmjax.flower.deployment`) runs the same code across processes.
+A deployment (:mod:`swarmjax.fl.runtime.flower.deployment`) runs the same code across processes.
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ import optax
 from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray, PyTree
 
 from swarmjax._validation import check_int
-from swarmjax.fl.clients import ClientData
+from swarmjax.fl.data.clients import ClientData
 from swarmjax.models import ApplyFn, loss
 
 __all__ = [

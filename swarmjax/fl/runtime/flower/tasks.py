@@ -24,11 +24,11 @@ from swarmjax._validation import check_choice, check_int
 from swarmjax.fl.algorithms.client_level_dp_fedavg import ClientLevelDPFedAvg
 from swarmjax.fl.algorithms.fed_dp_pso import FedDPPSO
 from swarmjax.fl.algorithms.fedavg import FedAvg
-from swarmjax.fl.client_training import LocalTraining, RecordDP
-from swarmjax.fl.clients import ClientData, stack_clients
+from swarmjax.fl.client.training import LocalTraining, RecordDP
 from swarmjax.fl.data import load_dataset
-from swarmjax.fl.partition import partition
-from swarmjax.flower.task import Task, stacked_task
+from swarmjax.fl.data.clients import ClientData, stack_clients
+from swarmjax.fl.data.partition import partition
+from swarmjax.fl.runtime.flower.task import Task, stacked_task
 from swarmjax.models import mlp
 
 __all__ = ["ALGORITHMS", "digits", "digits_clients"]
