@@ -25,25 +25,27 @@ so a simulator and a deployment where each client derives its own keys from the 
 its id and the round/exchange index the server sends draw identical numbers. Round ``0``
 is the setup; rounds ``1..T`` are the training rounds.
 
-Changed (after the first version): ``client_init`` takes the ``client_id`` (per-client
-hyper-parameters such as a calibrated noise multiplier are picked by id); ``spend`` takes the
-server state too (client-level DP is accounted by the server); ``Exchange.expected_selected``
-and ``Algorithm.private_diagnostics`` added; ``aggregate`` takes a key
-(``aggregate(server, replies, mask, key, hyper)``, key from :func:`aggregate_key`).
-
-Runtimes: :mod:`swarmjax.fl.runtime.simulator` (one process, everything vmapped) and the
-Flower runtime (``swarmjax.fl.runtime.flower``) execute any :class:`Algorithm` unchanged.
+The contract, in one place: a runtime calls only the members of :class:`Algorithm` (every
+host-side one has a default here), builds the variant axis with :meth:`Variants.grid` and
+the run keys with :func:`run_keys`, and reads a call's rounds, delta and seeds from one
+:class:`RunSpec`. Runtimes: :mod:`swarmjax.fl.runtime.simulator` (one process, everything
+vmapped) and the Flower runtime (:mod:`swarmjax.fl.runtime.flower`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import dataclasses
+import itertools
+import math
+import zlib
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, ClassVar, Literal
 
 import flax.struct
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray, PyTree
 
 __all__ = [
@@ -53,13 +55,16 @@ __all__ = [
     "Algorithm",
     "Exchange",
     "Protection",
+    "RunSpec",
     "Spend",
+    "Variants",
     "aggregate_key",
     "client_init_key",
     "client_key",
     "coverage",
     "everyone",
     "noised",
+    "run_keys",
     "server_init_key",
     "server_key",
     "where_selected",
@@ -254,38 +259,248 @@ class Exchange:
         )
 
 
-@runtime_checkable
-class Algorithm(Protocol):
-    """A federated algorithm: a frozen, hashable dataclass (a jit static argument; equal
-    algorithms compile once) with these members.
+class Algorithm:
+    """Base class of every federated algorithm: what a runtime may call, with defaults.
 
-    * ``server_init(key, hyper) -> ServerState``;
-    * ``client_init(key, data, hyper, client_id) -> ClientState`` for ONE client (``data``:
-      its padded :class:`~swarmjax.fl.data.ClientData` without a client axis);
-    * ``setup``: exchanges run once before round 1 (round index 0);
-    * ``exchanges``: one round is these exchanges in order;
-    * ``evaluate(server, test) -> dict[str, Array]``: public metrics of the server state
-      on the public test set ``(x, y)`` (the history's columns);
-    * ``spend(server, client_state) -> Spend``: what that client's accountant has counted
-      (record-level DP: the client's own steps; client-level DP: the server's accounted
-      aggregates, the same for every client);
-    * ``privacy_unit``: ``"record"``, ``"client"`` or ``None`` (no DP);
-    * ``private_diagnostics(client_state) -> dict[str, Array]``: statistics of a client's
-      private data for debugging (collected only on request, never released, not covered).
+    Subclasses are frozen dataclasses (hashable: a jit static argument; equal algorithms
+    compile once). Device-side members, written for ONE client or the server:
+
+    * ``server_init(key, hyper) -> ServerState`` and
+      ``client_init(key, data, hyper, client_id) -> ClientState`` (``data``: one client's
+      slice of :meth:`client_data`), both required;
+    * ``setup`` (exchanges run once before round 1) and ``exchanges`` (one round);
+    * ``evaluate(server, test) -> dict[str, Array]``: public metrics on the public test set
+      (the history's columns), required;
+    * ``spend(server, client_state) -> Spend``: what that client's accountant counted;
+    * ``private_diagnostics(client_state)``: statistics of private data, collected only on
+      request, never released.
+
+    Host-side members (called before any work, never traced): :meth:`client_data`,
+    :meth:`check`, :meth:`default_hyper`, :meth:`resolve` and :meth:`sampling_overflow`.
+    ``privacy_unit`` is ``"record"``, ``"client"`` or ``None`` (no DP).
     """
 
-    setup: tuple[Exchange, ...]
-    exchanges: tuple[Exchange, ...]
-    privacy_unit: Literal["record", "client"] | None
+    setup: ClassVar[tuple[Exchange, ...]] = ()
+    exchanges: ClassVar[tuple[Exchange, ...]] = ()
+    privacy_unit: ClassVar[Literal["record", "client"] | None] = None
 
-    def server_init(self, key: PRNGKeyArray, hyper: Hyper) -> ServerState: ...
+    # ------------------------------------------------------------------ device side
+
+    def server_init(self, key: PRNGKeyArray, hyper: Hyper) -> ServerState:
+        raise NotImplementedError
 
     def client_init(
         self, key: PRNGKeyArray, data: Any, hyper: Hyper, client_id: Int[Array, ""]
-    ) -> ClientState: ...
+    ) -> ClientState:
+        raise NotImplementedError
 
-    def evaluate(self, server: ServerState, test: tuple[Array, Array]) -> dict[str, Array]: ...
+    def evaluate(self, server: ServerState, test: tuple[Array, Array]) -> dict[str, Array]:
+        raise NotImplementedError
 
-    def spend(self, server: ServerState, client_state: ClientState) -> Spend: ...
+    def spend(self, server: ServerState, client_state: ClientState) -> Spend:
+        """What the client's accountant counted (default: nothing, a non-private algorithm)."""
+        del server, client_state
+        return Spend.none()
 
-    def private_diagnostics(self, client_state: ClientState) -> dict[str, Array]: ...
+    def private_diagnostics(self, client_state: ClientState) -> dict[str, Array]:
+        """Statistics of a client's private data for debugging (default: none)."""
+        del client_state
+        return {}
+
+    # -------------------------------------------------------------------- host side
+
+    def client_data(self, clients: Any) -> PyTree:
+        """What each client holds, stacked over clients, from stacked
+        :class:`~swarmjax.fl.data.clients.ClientData` (default: the data itself)."""
+        return clients
+
+    def check(self, clients: Any, test: tuple[Array, Array]) -> None:
+        """``ValueError`` naming the setting unless the algorithm fits ``clients`` (stacked
+        ``ClientData``) and the public ``test`` set (default: no check)."""
+        del clients, test
+
+    def default_hyper(self, clients: Any, spec: RunSpec) -> Hyper:
+        """The hyper pytree of one variant (no variant axis) before :meth:`resolve`."""
+        raise NotImplementedError
+
+    def resolve(
+        self, hyper: Hyper, clients: Any, spec: RunSpec, epsilon_target: float | None
+    ) -> Hyper:
+        """One variant's final hyper-parameters: derived values filled in (e.g. the noise
+        calibrated to ``epsilon_target``), every value checked (``ValueError`` naming it).
+        Default: an algorithm without DP accepts no finite ``epsilon_target``."""
+        del clients, spec
+        if epsilon_target is not None and math.isfinite(epsilon_target):
+            raise ValueError(
+                f"{type(self).__name__} makes no DP claim here: epsilon_target must be inf; "
+                f"got {epsilon_target}"
+            )
+        return hyper
+
+    def sampling_overflow(
+        self,
+        spend: Spend,
+        num_clients: int,
+        sizes: np.ndarray | None = None,
+        padded: int | None = None,
+    ) -> np.ndarray | None:
+        """Per-step chance that a static-size Poisson draw the privacy rests on overflowed
+        (charged to delta by the privacy record), broadcastable to the spend's
+        ``(runs, rounds, clients)``; ``sizes``/``padded``: the clients' real and padded row
+        counts, ``None`` in a deployment (the server holds no data). Default: nothing can
+        overflow."""
+        del spend, num_clients, sizes, padded
+        return None
+
+
+# ---------------------------------------------------------------------------- variants
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """What every run of one call shares, stated once: ``rounds`` (training rounds
+    ``T >= 1``), ``delta`` (of every epsilon the call reports) and ``seeds`` (runs are
+    (variant, seed) pairs)."""
+
+    rounds: int
+    delta: float
+    seeds: tuple[int, ...] = (0,)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.rounds, bool) or not isinstance(self.rounds, int | np.integer):
+            raise ValueError(f"rounds must be an integer >= 1; got {self.rounds!r}")
+        if self.rounds < 1:
+            raise ValueError(f"rounds must be an integer >= 1; got {self.rounds!r}")
+        if not (isinstance(self.delta, int | float) and 0.0 < self.delta < 1.0):
+            raise ValueError(f"delta must be in (0, 1); got {self.delta!r}")
+        seeds = (self.seeds,) if isinstance(self.seeds, int | np.integer) else self.seeds
+        seeds = tuple(int(s) for s in seeds)
+        if not seeds or min(seeds) < 0:
+            raise ValueError(f"seeds must be one or more integers >= 0; got {self.seeds!r}")
+        object.__setattr__(self, "rounds", int(self.rounds))
+        object.__setattr__(self, "delta", float(self.delta))
+        object.__setattr__(self, "seeds", seeds)
+
+
+@dataclass(frozen=True)
+class Variants:
+    """Numeric variants of one algorithm run side by side, and the call's :class:`RunSpec`.
+
+    Attributes:
+        hyper: the algorithm's hyper pytree with a leading variant axis ``V`` on every leaf.
+        labels: history columns naming each variant (``V`` values each), e.g.
+            ``{"epsilon_target": [1.0, 8.0]}``; rows with equal labels must be equal rows.
+        spec: rounds, delta and seeds of the call.
+    """
+
+    hyper: PyTree
+    labels: Mapping[str, Sequence[Any]]
+    spec: RunSpec
+
+    @property
+    def size(self) -> int:
+        """``V``, the number of variants."""
+        return int(jax.tree.leaves(self.hyper)[0].shape[0])
+
+    def row_labels(self) -> list[dict[str, Any]]:
+        """The labels of each variant, ``V`` dicts."""
+        return [{k: v[i] for k, v in self.labels.items()} for i in range(self.size)]
+
+    @classmethod
+    def grid(
+        cls,
+        alg: Algorithm,
+        clients: Any,
+        spec: RunSpec,
+        *,
+        epsilon_target: float | Sequence[float] | None = None,
+        **values: Any,
+    ) -> Variants:
+        """The variants of ``alg`` over a grid, validated before any work.
+
+        Args:
+            alg: the algorithm (:meth:`Algorithm.default_hyper` gives the starting values,
+                :meth:`Algorithm.resolve` calibrates and checks each row).
+            clients: stacked client data (e.g. its sizes calibrate record-level noise).
+            spec: rounds, delta and seeds of the call.
+            epsilon_target: target epsilon(s) the noise is calibrated to (``inf``: no DP).
+            **values: hyper fields by name (e.g. ``learning_rate=0.1``); a list or tuple
+                is an axis of the grid, anything else one value for every row.
+
+        Axes (given as lists) become labels, in the order given with ``epsilon_target``
+        first; rows are their product, the first axis outermost.
+        """
+        base = alg.default_hyper(clients, spec)
+        names = {f.name for f in dataclasses.fields(base)}
+        for name in values:
+            if name not in names:
+                raise ValueError(
+                    f"{type(alg).__name__} has no hyper-parameter {name!r}; it has {sorted(names)}"
+                )
+        axes: dict[str, list[Any]] = {}
+        if epsilon_target is not None:
+            axes["epsilon_target"] = _axis("epsilon_target", epsilon_target)
+        fixed = {}
+        for name, v in values.items():
+            if isinstance(v, list | tuple):
+                axes[name] = _axis(name, v)
+            else:
+                fixed[name] = v
+        base = base.replace(**fixed) if fixed else base
+        rows = []
+        combos = list(itertools.product(*axes.values())) if axes else [()]
+        for combo in combos:
+            row = dict(zip(axes, combo, strict=True))
+            eps = row.pop("epsilon_target", None)
+            hyper = base.replace(**row) if row else base
+            rows.append(alg.resolve(hyper, clients, spec, None if eps is None else float(eps)))
+        hyper = jax.tree.map(lambda *xs: jnp.stack([jnp.asarray(x) for x in xs]), *rows)
+        labels = {name: [combo[i] for combo in combos] for i, name in enumerate(axes)}
+        return cls(hyper=hyper, labels=labels, spec=spec)
+
+    def take(self, index: int) -> Variants:
+        """Variant ``index`` alone (a variant axis of 1; labels kept)."""
+        hyper = jax.tree.map(lambda a: a[index : index + 1], self.hyper)
+        labels = {k: [v[index]] for k, v in self.labels.items()}
+        return Variants(hyper=hyper, labels=labels, spec=self.spec)
+
+
+def _axis(name: str, values: float | Iterable[Any]) -> list[Any]:
+    out = list(values) if isinstance(values, list | tuple) else [values]
+    out = [v.item() if isinstance(v, np.generic) else v for v in out]
+    if not out:
+        raise ValueError(f"{name} must not be empty")
+    if len(set(map(repr, out))) != len(out):
+        raise ValueError(f"{name} has repeated values: {out}")
+    return out
+
+
+def _label_tag(labels: Mapping[str, Any]) -> int:
+    return zlib.crc32(repr(sorted((k, repr(v)) for k, v in labels.items())).encode())
+
+
+def run_keys(
+    seeds: Sequence[int], labels: Sequence[Mapping[str, Any]], common_random_numbers: bool
+) -> PRNGKeyArray:
+    """One key per (variant, seed), variant-major: the root of every random number a run
+    draws (:func:`server_key`, :func:`client_key`, ...).
+
+    Independent by default: run ``(v, s)`` uses ``fold_in(key(s), crc32(labels of v))``, so
+    variants draw independent noise and a run's numbers do not depend on what else is in
+    the batch. Two variants with equal labels would share every draw (two releases with
+    the same noise), so labels must tell the variants apart (``ValueError`` otherwise).
+    ``common_random_numbers=True`` gives every variant ``key(s)``: the variants then share
+    every draw on purpose (paired comparisons; not independent samples).
+    """
+    tags = [_label_tag(lab) for lab in labels]
+    if not common_random_numbers and len(set(tags)) != len(tags):
+        raise ValueError(
+            "variants must have labels that tell every row apart (rows with equal labels "
+            f"would draw the same noise); got labels {list(labels)}"
+        )
+    keys = []
+    for tag in tags:
+        for s in seeds:
+            k = jax.random.key(np.uint32(s))
+            keys.append(k if common_random_numbers else jax.random.fold_in(k, tag))
+    return jnp.stack(keys)

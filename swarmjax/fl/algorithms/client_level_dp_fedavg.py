@@ -28,32 +28,38 @@ import math
 import warnings
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Literal
+from typing import ClassVar, Literal
 
 import flax.struct
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 import pandas as pd
 from jaxtyping import Array, ArrayLike, Bool, Float, Int, PRNGKeyArray, PyTree
 
 from swarmjax._validation import check_choice, check_int, check_positive, check_range
-from swarmjax.fl.algorithms.common import Trainer, keep_if, masked, public_metrics
+from swarmjax.fl.algorithms.common import (
+    Trainer,
+    check_model_inputs,
+    keep_if,
+    masked,
+    public_metrics,
+)
 from swarmjax.fl.client.training import LocalTraining, clip_update
 from swarmjax.fl.data.clients import ClientData
-from swarmjax.fl.protocol import Exchange, Protection, Spend
-from swarmjax.fl.runtime.result import client_draw_overflow
-from swarmjax.fl.runtime.simulator import Variants
+from swarmjax.fl.protocol import Algorithm, Exchange, Protection, RunSpec, Spend
 from swarmjax.models import Model
 from swarmjax.privacy.accounting import sigma_for_epsilon
 from swarmjax.privacy.mechanisms import gaussian_mechanism
-from swarmjax.privacy.sampling import poisson_capacity, poisson_sample
+from swarmjax.privacy.sampling import overflow_probability, poisson_capacity, poisson_sample
 
 __all__ = [
     "ClientLevelDPFedAvg",
     "ClientUpdate",
     "DPFedAvgHyper",
     "DPFedAvgServer",
+    "client_draw_overflow",
     "default_count_noise",
     "default_delta",
     "effective_noise_multiplier",
@@ -110,7 +116,7 @@ def default_delta(num_clients: int) -> float:
 
 @flax.struct.dataclass
 class DPFedAvgHyper:
-    """Numeric hyper-parameters (vmappable; built by :meth:`ClientLevelDPFedAvg.variants`).
+    """Numeric hyper-parameters (vmappable; built by :meth:`~swarmjax.fl.protocol.Variants.grid`).
 
     ``client_lr``, ``server_lr``; ``sample_rate`` ``q_c``; ``noise_multiplier`` ``z`` (the
     accounted multiplier); ``count_noise`` ``sigma_b``; ``initial_clip`` ``C_0``;
@@ -151,7 +157,7 @@ class ClientUpdate:
 
 
 @dataclass(frozen=True)
-class ClientLevelDPFedAvg:
+class ClientLevelDPFedAvg(Algorithm):
     """Client-level DP-FedAvg (static settings; hashable).
 
     Attributes:
@@ -171,8 +177,7 @@ class ClientLevelDPFedAvg:
     server_momentum: float = 0.0
     eval_batch_size: int | None = None
 
-    setup: tuple[Exchange, ...] = ()
-    privacy_unit: str = "client"
+    privacy_unit: ClassVar[str] = "client"
 
     @property
     def exchanges(self) -> tuple[Exchange, ...]:
@@ -295,13 +300,105 @@ class ClientLevelDPFedAvg:
     def private_diagnostics(self, state: Trainer) -> dict[str, Array]:
         return {"local_train_loss": state.loss}
 
+    # ------------------------------------------------------------------------ host side
+
+    def check(self, clients: ClientData, test: tuple[Array, Array]) -> None:
+        check_choice("clipping", self.clipping, ("fixed", "adaptive"))
+        check_range("server_momentum", self.server_momentum, 0.0, 1.0, high_open=True)
+        self.training.check(clients.sizes)
+        if self.training.record_dp is not None:
+            raise ValueError("training.record_dp must be None: DP-FedAvg's unit is the client")
+        check_model_inputs(self.model, clients, test)
+
+    def default_hyper(self, clients: ClientData, spec: RunSpec) -> DPFedAvgHyper:
+        """Client lr 0.1, server lr 1.0, ``q_c = 0.1``, ``z = 1``, ``C_0 = 0.1``,
+        ``gamma = 0.5``, ``eta_C = 0.2`` and ``sigma_b`` NaN (:meth:`resolve` then takes
+        :func:`default_count_noise`)."""
+        del clients, spec
+        f = partial(jnp.asarray, dtype=jnp.float32)
+        return DPFedAvgHyper(
+            client_lr=f(0.1),
+            server_lr=f(1.0),
+            sample_rate=f(0.1),
+            noise_multiplier=f(1.0),
+            count_noise=f(jnp.nan),
+            initial_clip=f(0.1),
+            target_quantile=f(0.5),
+            clip_lr=f(0.2),
+        )
+
+    def resolve(
+        self,
+        hyper: DPFedAvgHyper,
+        clients: ClientData,
+        spec: RunSpec,
+        epsilon_target: float | None,
+    ) -> DPFedAvgHyper:
+        """Checks every value as stored (float32); ``epsilon_target`` (finite) sets ``z``
+        (:meth:`noise_for_epsilon`); a NaN ``count_noise`` becomes
+        :func:`default_count_noise`; fixed clipping makes no count (``sigma_b = 0``,
+        ``eta_C = 0``)."""
+        n = clients.num_clients
+        q = check_range("sample_rate", _stored(hyper.sample_rate), 0.0, 1.0, low_open=True)
+        if self.capacity is not None:
+            needed = poisson_capacity(n, q)
+            if self.capacity < needed:
+                raise ValueError(
+                    f"capacity must be >= {needed} (overflow below 1e-9 at q_c = {q}, "
+                    f"N = {n}) or None; got {self.capacity}"
+                )
+        z = _stored(hyper.noise_multiplier)
+        if epsilon_target is not None and math.isfinite(epsilon_target):
+            z = self.noise_for_epsilon(epsilon_target, n, q, spec.rounds, spec.delta)
+        check_range("noise_multiplier", z, 0.0, math.inf, high_open=True)
+        b = _stored(hyper.count_noise)
+        b = default_count_noise(q * n, z) if math.isnan(b) else b
+        check_range("count_noise", b, 0.0, math.inf, high_open=True)
+        check_range(
+            "clip", _stored(hyper.initial_clip), 0.0, math.inf, low_open=True, high_open=True
+        )
+        check_range(
+            "target_quantile",
+            _stored(hyper.target_quantile),
+            0.0,
+            1.0,
+            low_open=True,
+            high_open=True,
+        )
+        clip_lr = check_range("clip_lr", _stored(hyper.clip_lr), 0.0, math.inf, high_open=True)
+        check_positive("client_lr", _stored(hyper.client_lr))
+        check_positive("server_lr", _stored(hyper.server_lr))
+        if self.clipping == "fixed":
+            b, clip_lr = 0.0, 0.0
+        elif z > 0 and not 2.0 * _stored(b) > _stored(z):  # as the device will compute it
+            raise ValueError(
+                "count_noise must be > noise_multiplier / 2 for adaptive clipping (as "
+                f"float32); got count_noise={b!r}, noise_multiplier={z!r}"
+            )
+        f = partial(jnp.asarray, dtype=jnp.float32)
+        return hyper.replace(noise_multiplier=f(z), count_noise=f(b), clip_lr=f(clip_lr))
+
+    def sampling_overflow(self, spend, num_clients, sizes=None, padded=None):
+        """``(runs, 1, N)`` per-round chance that the Poisson draw of clients (rate ``q_c``
+        from ``spend.sample_rate``) exceeds ``capacity`` and is redrawn; ``None`` when no
+        draw can overflow (no ``capacity``, or one that holds every client)."""
+        del sizes, padded
+        if self.capacity is None or self.capacity >= num_clients:
+            return None
+        q = np.asarray(spend.sample_rate, np.float64)[:, -1, :]
+        probs = {
+            v: client_draw_overflow(self.capacity, num_clients, v) for v in set(q.ravel().tolist())
+        }
+        return np.vectorize(probs.__getitem__, otypes=[np.float64])(q)[:, None, :]
+
     def noise_for_epsilon(
         self, target_epsilon: float, num_clients: int, sample_rate: float, rounds: int, delta: float
     ) -> float:
-        """Smallest noise multiplier ``z`` whose client-level epsilon after ``rounds`` rounds
-        at client rate ``sample_rate`` is ``<= target_epsilon``, charging this ``capacity``'s
-        per-round overflow chance to ``delta`` exactly as the run's privacy record does (at
-        epsilon 8 a 1e-9 chance per round over 50 rounds already moves epsilon by ~0.3)."""
+        """Client-level calibration: the smallest noise multiplier ``z`` whose epsilon after
+        ``rounds`` rounds at client rate ``sample_rate`` is ``<= target_epsilon``, charging
+        this ``capacity``'s per-round overflow chance to ``delta`` exactly as the run's
+        privacy record does (at epsilon 8 a 1e-9 chance per round over 50 rounds already
+        moves epsilon by ~0.3)."""
         n = check_int("num_clients", num_clients, 1)
         check_range("sample_rate", sample_rate, 0.0, 1.0, low_open=True)
         overflow = client_draw_overflow(self.capacity, n, float(sample_rate))
@@ -309,69 +406,20 @@ class ClientLevelDPFedAvg:
             target_epsilon, float(sample_rate), rounds, delta, overflow_prob=overflow
         )
 
-    def variants(
-        self,
-        clients: ClientData,
-        *,
-        sample_rate: float,
-        noise_multiplier: float | list[float],
-        clip: float = 0.1,
-        target_quantile: float = 0.5,
-        clip_lr: float = 0.2,
-        count_noise: float | None = None,
-        client_lr: float = 0.1,
-        server_lr: float = 1.0,
-    ) -> Variants:
-        """Validated hyper-parameters, one variant per ``noise_multiplier`` (label
-        ``noise_multiplier``). ``count_noise=None``: :func:`default_count_noise`."""
-        check_choice("clipping", self.clipping, ("fixed", "adaptive"))
-        check_range("server_momentum", self.server_momentum, 0.0, 1.0, high_open=True)
-        self.training.check(clients.sizes)
-        if self.training.record_dp is not None:
-            raise ValueError("training.record_dp must be None: DP-FedAvg's unit is the client")
-        n = clients.num_clients
-        check_range("sample_rate", sample_rate, 0.0, 1.0, low_open=True)
-        if self.capacity is not None:
-            needed = poisson_capacity(n, float(sample_rate))
-            if self.capacity < needed:
-                raise ValueError(
-                    f"capacity must be >= {needed} (overflow below 1e-9 at q_c = "
-                    f"{sample_rate}, N = {n}) or None; got {self.capacity}"
-                )
-        zs = [noise_multiplier] if isinstance(noise_multiplier, int | float) else noise_multiplier
-        check_range("clip", clip, 0.0, math.inf, low_open=True, high_open=True)
-        check_range("target_quantile", target_quantile, 0.0, 1.0, low_open=True, high_open=True)
-        check_range("clip_lr", clip_lr, 0.0, math.inf, high_open=True)
-        check_positive("client_lr", client_lr)
-        check_positive("server_lr", server_lr)
-        rows = []
-        for z in zs:
-            check_range("noise_multiplier", z, 0.0, math.inf, high_open=True)
-            b = default_count_noise(sample_rate * n, z) if count_noise is None else count_noise
-            check_range("count_noise", b, 0.0, math.inf, high_open=True)
-            if self.clipping == "fixed":
-                b, lr_c = 0.0, 0.0
-            else:
-                lr_c = clip_lr
-                if z > 0 and not 2.0 * b > z:
-                    raise ValueError(
-                        "count_noise must be > noise_multiplier / 2 for adaptive clipping; "
-                        f"got count_noise={b!r}, noise_multiplier={z!r}"
-                    )
-            rows.append((z, b, lr_c))
-        f = partial(jnp.asarray, dtype=jnp.float32)
-        v = len(rows)
-        hyper = DPFedAvgHyper(
-            client_lr=f([client_lr] * v),
-            server_lr=f([server_lr] * v),
-            sample_rate=f([sample_rate] * v),
-            noise_multiplier=f([r[0] for r in rows]),
-            count_noise=f([r[1] for r in rows]),
-            initial_clip=f([clip] * v),
-            target_quantile=f([target_quantile] * v),
-            clip_lr=f([r[2] for r in rows]),
-        )
-        return Variants(hyper=hyper, labels={"noise_multiplier": [float(r[0]) for r in rows]})
+
+def _stored(value: ArrayLike) -> float:
+    """``value`` as the device holds it (float32), for checks."""
+    return float(np.float32(value))
+
+
+def client_draw_overflow(capacity: int | None, num_clients: int, sample_rate: float) -> float:
+    """Chance per round that a Poisson draw of ``num_clients`` clients at ``sample_rate``
+    exceeds ``capacity`` (and is redrawn): what client-level DP charges to delta, in the
+    record (:meth:`ClientLevelDPFedAvg.sampling_overflow`) and in calibration. ``0`` when
+    ``capacity`` is ``None`` or holds every client, or nobody is drawn."""
+    if capacity is None or capacity >= num_clients or sample_rate <= 0:
+        return 0.0
+    return overflow_probability(num_clients, sample_rate, capacity)
 
 
 def _expected_clients(hyper: DPFedAvgHyper, num_clients: int) -> Array:

@@ -1,10 +1,12 @@
 """Pieces several algorithms share: the model messages, the masked weighted average, the
-trainer's client state, the public test metrics and the noise calibration per target."""
+trainer's client state, the public test metrics, and record-level DP's calibration and
+buffer-overflow charge."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
+from typing import Any
 
 import flax.struct
 import jax
@@ -15,7 +17,8 @@ from jaxtyping import Array, ArrayLike, Bool, Float, PyTree
 from swarmjax._validation import check_positive
 from swarmjax.fl.client.record_dp import calibrate_sigmas
 from swarmjax.fl.client.training import LocalTraining
-from swarmjax.fl.protocol import Spend, where_selected
+from swarmjax.fl.data.clients import ClientData, as_test_set, check_federated_inputs
+from swarmjax.fl.protocol import RunSpec, Spend, where_selected
 from swarmjax.models import Model, evaluate
 
 __all__ = [
@@ -23,11 +26,12 @@ __all__ = [
     "ModelReply",
     "ModelServer",
     "Trainer",
-    "calibrated_noise",
+    "check_model_inputs",
     "keep_if",
     "masked",
     "public_metrics",
-    "target_list",
+    "record_level_noise",
+    "record_sampling_overflow",
     "weighted_average",
 ]
 
@@ -87,53 +91,58 @@ def public_metrics(
     return {"test_loss": loss, "test_accuracy": acc}
 
 
-def target_list(target_epsilon: float | Sequence[float]) -> list[float]:
-    """Target epsilons as a non-empty list, each ``> 0``, all finite or all ``inf``."""
-    targets = (
-        [float(target_epsilon)]
-        if isinstance(target_epsilon, int | float | np.number)
-        else [float(e) for e in target_epsilon]
-    )
-    if not targets:
-        raise ValueError("target_epsilon must not be empty")
-    for e in targets:
-        check_positive("target_epsilon", e)
-    if len({math.isinf(e) for e in targets}) > 1:
-        raise ValueError(
-            "target_epsilon must be all finite (DP) or all inf (no DP) in one call; "
-            f"got {targets}: run the inf target separately"
-        )
-    return targets
-
-
-def calibrated_noise(
-    training: LocalTraining,
-    sizes: ArrayLike,
-    *,
-    rounds: int,
-    targets: Sequence[float],
-    delta: float,
+def record_level_noise(
+    training: LocalTraining, sizes: ArrayLike, spec: RunSpec, epsilon_target: float | None
 ) -> np.ndarray:
-    """``(targets, clients)`` float32 noise multipliers: client ``i`` reaches each target at
-    ``delta`` after ``rounds`` rounds of ``E ceil(|D_i| / B)`` steps at ``q_i = B / |D_i|``.
-    The Poisson buffer's overflow is charged to delta as the privacy record does. Rounded UP
-    to float32 (the device value never has less noise than the calibrated one); zeros
-    without record-level DP."""
+    """Record-level calibration: ``(clients,)`` float32 noise multipliers so that client
+    ``i`` spends ``epsilon_target`` at ``spec.delta`` after ``spec.rounds`` rounds of
+    ``E ceil(|D_i| / B)`` steps at ``q_i = B / |D_i|``, the Poisson buffer's overflow
+    charged to delta as the privacy record does. Rounded UP to float32 (the device value
+    never has less noise than the calibrated one). Zeros for ``None`` or ``inf`` (no noise:
+    epsilon inf); a finite target needs ``training.record_dp``."""
     sizes = np.asarray(sizes)
+    if epsilon_target is None or math.isinf(epsilon_target):
+        return np.zeros(len(sizes), np.float32)
+    check_positive("epsilon_target", epsilon_target)
     if training.record_dp is None:
-        return np.zeros((len(targets), len(sizes)), np.float32)
-    overflow = training.sampler_overflow(sizes, int(np.max(sizes)))
-    rows = []
-    for e in targets:
-        s = calibrate_sigmas(
-            e,
-            sizes,
-            training.batch_size,
-            rounds=rounds,
-            epochs=training.epochs,
-            delta=delta,
-            overflow_prob=overflow,
+        raise ValueError(
+            f"epsilon_target must be inf without training.record_dp; got {epsilon_target}"
         )
-        s32 = s.astype(np.float32)
-        rows.append(np.where(s32 < s, np.nextafter(s32, np.float32(np.inf)), s32))
-    return np.stack(rows).astype(np.float32)
+    s = calibrate_sigmas(
+        epsilon_target,
+        sizes,
+        training.batch_size,
+        rounds=spec.rounds,
+        epochs=training.epochs,
+        delta=spec.delta,
+        overflow_prob=training.sampler_overflow(sizes, int(np.max(sizes))),
+    )
+    s32 = s.astype(np.float32)
+    return np.where(s32 < s, np.nextafter(s32, np.float32(np.inf)), s32).astype(np.float32)
+
+
+def record_sampling_overflow(
+    training: LocalTraining, spend: Spend, sizes: np.ndarray | None, padded: int | None
+) -> np.ndarray | None:
+    """:meth:`~swarmjax.fl.protocol.Algorithm.sampling_overflow` of record-level DP: the
+    per-step overflow chance ``(clients,)`` of each client's Poisson batch buffer, for
+    clients of ``sizes`` padded to ``padded`` rows. Without ``sizes`` (a deployment, where
+    the server holds no data) client ``i``'s size is ``B / q_i`` from the sample rate it
+    reported, already part of the record; a client that never reported (``q_i = 0``) took
+    no step and is charged nothing. ``None`` without record-level DP."""
+    if training.record_dp is None:
+        return None
+    if sizes is not None:
+        sizes = np.asarray(sizes, np.int64)
+        return training.sampler_overflow(sizes, int(sizes.max() if padded is None else padded))
+    rates = np.asarray(spend.sample_rate, np.float64)  # (runs, rounds, N)
+    q = rates.reshape(-1, rates.shape[-1]).max(axis=0)  # (N,): any round it reported in
+    derived = np.rint(training.batch_size / np.where(q > 0, q, 1.0)).astype(np.int64)
+    return np.where(q > 0, training.sampler_overflow(derived, int(derived.max())), 0.0)
+
+
+def check_model_inputs(model: Model, clients: Any, test: tuple[Array, Array]) -> None:
+    """Model, stacked client data and test set against each other (shapes, classes,
+    labels) when ``clients`` is :class:`~swarmjax.fl.data.clients.ClientData`."""
+    if isinstance(clients, ClientData):
+        check_federated_inputs(model, clients, as_test_set(test))

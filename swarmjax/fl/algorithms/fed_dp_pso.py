@@ -34,7 +34,6 @@ tensor); the velocity clamp is ``PSOHyperParams.velocity_clamp``.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -45,37 +44,43 @@ import numpy as np
 from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray, PyTree
 
 from swarmjax import swarm
-from swarmjax._validation import check_choice, check_int, check_positive
+from swarmjax._validation import check_choice, check_int, check_positive, check_range
 from swarmjax.fl.algorithms.common import (
-    calibrated_noise,
+    check_model_inputs,
     keep_if,
     masked,
     public_metrics,
-    target_list,
+    record_level_noise,
+    record_sampling_overflow,
 )
-from swarmjax.fl.client.record_dp import DELTA
 from swarmjax.fl.client.training import LocalTraining, RecordDP, sample_rate
 from swarmjax.fl.data.clients import ClientData
 from swarmjax.fl.protocol import (
     ACCOUNTED,
     UNPROTECTED,
+    Algorithm,
     Exchange,
     Protection,
+    RunSpec,
     Spend,
     everyone,
     noised,
 )
-from swarmjax.fl.runtime.simulator import Variants
 from swarmjax.models import Model, cross_entropy
 
 __all__ = [
+    "DEFAULT_READING",
+    "READINGS",
     "FedDPPSO",
     "FedDPPSOHyper",
     "PSOClient",
     "PSOData",
     "PSOServer",
+    "Reading",
     "evaluation_subset",
+    "fed_dp_pso",
     "fedpso",
+    "reading_hyper",
     "selection_releases",
     "server_select",
 ]
@@ -166,7 +171,7 @@ def _take(tree: PyTree, index: Int[Array, ""]) -> PyTree:
 
 
 @dataclass(frozen=True)
-class FedDPPSO:
+class FedDPPSO(Algorithm):
     """Fed-DP-PSO (static settings; hashable). FedPSO is :func:`fedpso`.
 
     Attributes:
@@ -180,6 +185,8 @@ class FedDPPSO:
         top_k: the server picks uniformly among the ``min(top_k, N)`` lowest reports.
         pso_options: ``swarm.PSOOptions``.
         private_selection: noise every score (clipped mean + Laplace); see module docs.
+        selection_epsilon: the epsilon of all of a client's noised scores over a run
+            (split evenly over :func:`selection_releases`), with ``private_selection``.
         loss_bound: per-example clip of a score under ``private_selection`` (nats).
         selection_metric: ``"loss"`` (the paper) or ``"error"`` (error rate; an option).
         eval_batch_size: chunk size of the test evaluation.
@@ -212,6 +219,7 @@ class FedDPPSO:
     top_k: int = 3
     pso_options: swarm.PSOOptions = field(default_factory=swarm.PSOOptions)
     private_selection: bool = False
+    selection_epsilon: float = 1.0
     loss_bound: float = 10.0
     selection_metric: Literal["loss", "error"] = "loss"
     eval_batch_size: int | None = None
@@ -527,13 +535,14 @@ class FedDPPSO:
             "nonfinite": state.swarm.nonfinite,
         }
 
-    # --------------------------------------------------------------------- host helpers
+    # ------------------------------------------------------------------------ host side
 
-    def check(self, clients: ClientData) -> None:
+    def check(self, clients: ClientData, test: tuple[Array, Array]) -> None:
         """``ValueError`` naming the field unless the settings fit ``clients``."""
         check_int("particles", self.particles, 1)
         check_int("top_k", self.top_k, 1)
         check_positive("loss_bound", self.loss_bound)
+        check_positive("selection_epsilon", self.selection_epsilon)
         check_choice("refine_start", self.refine_start, ("pbest", "position"))
         check_choice("selection_metric", self.selection_metric, ("loss", "error"))
         check_choice("init", self.init, ("independent", "shared"))
@@ -543,6 +552,7 @@ class FedDPPSO:
         if self.eval_subset is not None:
             check_int("eval_subset", self.eval_subset, 1)
         self.training.check(clients.sizes)
+        check_model_inputs(self.model, clients, test)
 
     def client_data(self, clients: ClientData) -> PSOData:
         """Stacked :class:`PSOData` (the scoring subset drawn once, public randomness)."""
@@ -551,48 +561,50 @@ class FedDPPSO:
         )
         return PSOData(train=clients, score=score)
 
-    def variants(
-        self,
-        clients: ClientData,
-        *,
-        rounds: int,
-        target_epsilon: float | Sequence[float] = math.inf,
-        learning_rate: float = 0.005,
-        pso: swarm.PSOHyperParams | None = None,
-        selection_epsilon: float = 1.0,
-        delta: float = DELTA,
-    ) -> Variants:
-        """One variant per target epsilon (label ``epsilon_target``): ``sigma_i`` calibrated
-        per client; with ``private_selection`` each score gets ``selection_epsilon /``
-        :func:`selection_releases`."""
-        self.check(clients)
-        check_int("rounds", rounds, 1)
-        check_positive("learning_rate", learning_rate)
-        targets = target_list(target_epsilon)
-        if (self.training.record_dp is None) != math.isinf(targets[0]):
-            raise ValueError(
-                "target_epsilon must be inf exactly when training.record_dp is None; got "
-                f"{targets} with record_dp={self.training.record_dp}"
-            )
-        if self.private_selection:
-            check_positive("selection_epsilon", selection_epsilon)
-        pso = (swarm.PSOHyperParams() if pso is None else pso).validate()
-        sig = calibrated_noise(
-            self.training, clients.sizes, rounds=rounds, targets=targets, delta=delta
+    def default_hyper(self, clients: ClientData, spec: RunSpec) -> FedDPPSOHyper:
+        """The paper's ``w = 0.7``, ``c1 = c2 = 1.4`` (``swarm.PSOHyperParams()``),
+        ``eta = 0.005``, no noise."""
+        del spec
+        return FedDPPSOHyper(
+            pso=jax.tree.map(lambda a: jnp.asarray(a, jnp.float32), swarm.PSOHyperParams()),
+            learning_rate=jnp.asarray(0.005, jnp.float32),
+            noise_multiplier=jnp.zeros((clients.num_clients,), jnp.float32),
+            score_epsilon=jnp.zeros((), jnp.float32),
         )
+
+    def resolve(
+        self,
+        hyper: FedDPPSOHyper,
+        clients: ClientData,
+        spec: RunSpec,
+        epsilon_target: float | None,
+    ) -> FedDPPSOHyper:
+        """``sigma_i`` calibrated per client to ``epsilon_target`` (which must be inf exactly
+        when ``training.record_dp`` is None); with ``private_selection`` each score gets
+        ``selection_epsilon /`` :func:`selection_releases`."""
+        target = math.inf if epsilon_target is None else epsilon_target
+        if (self.training.record_dp is None) != math.isinf(target):
+            raise ValueError(
+                "epsilon_target must be inf exactly when training.record_dp is None; got "
+                f"{target} with record_dp={self.training.record_dp}"
+            )
+        check_positive("learning_rate", float(hyper.learning_rate))
+        pso = hyper.pso.validate()
         eps1 = (
-            selection_epsilon / selection_releases(self.particles, rounds)
+            self.selection_epsilon / selection_releases(self.particles, spec.rounds)
             if self.private_selection
             else 0.0
         )
-        v = len(targets)
-        hyper = FedDPPSOHyper(
-            pso=jax.tree.map(lambda a: jnp.full((v,), a, jnp.float32), pso),
-            learning_rate=jnp.full((v,), learning_rate, jnp.float32),
-            noise_multiplier=jnp.asarray(sig),
-            score_epsilon=jnp.full((v,), eps1, jnp.float32),
+        sigma = record_level_noise(self.training, clients.sizes, spec, target)
+        return hyper.replace(
+            pso=jax.tree.map(lambda a: jnp.asarray(a, jnp.float32), pso),
+            noise_multiplier=jnp.asarray(sigma),
+            score_epsilon=jnp.asarray(eps1, jnp.float32),
         )
-        return Variants(hyper=hyper, labels={"epsilon_target": targets})
+
+    def sampling_overflow(self, spend, num_clients, sizes=None, padded=None):
+        del num_clients
+        return record_sampling_overflow(self.training, spend, sizes, padded)
 
 
 def _nothing(server: PyTree) -> tuple:
@@ -605,6 +617,101 @@ def _keep(server: PSOServer, replies: tuple, mask: Bool[Array, " N"], key, hyper
     """An aggregate that keeps the server as it is (the exchange sends nothing back)."""
     del replies, mask, key, hyper
     return server
+
+
+@dataclass(frozen=True)
+class Reading:
+    """A named set of the design choices the paper leaves open (docs/fed_dp_pso.md, "The
+    authors' code and the readings"): the algorithm's options, the velocity clamp (a hyper
+    value), the weight decay and the input scaling (a data transform,
+    :func:`swarmjax.fl.data.transforms.scale_inputs`)."""
+
+    init: Literal["independent", "shared"] = "independent"
+    init_scale: float = 0.01
+    refine_update: Literal["if_better", "always"] = "always"
+    optimizer_state: Literal["fresh", "persistent"] = "fresh"
+    tensor_coefficients: bool = False
+    velocity_clamp: float = math.inf
+    weight_decay: Literal["coupled", "decoupled"] = "coupled"
+    decay: float = 1e-4
+    input_scaling: Literal["channel", "pixel_public", "none"] = "channel"
+    public_rows: int = 1000
+    about: str = ""
+
+    def check(self) -> Reading:
+        """``ValueError`` naming the field unless every choice is valid; returns self."""
+        check_choice("init", self.init, ("independent", "shared"))
+        check_positive("init_scale", self.init_scale)
+        check_choice("refine_update", self.refine_update, ("if_better", "always"))
+        check_choice("optimizer_state", self.optimizer_state, ("fresh", "persistent"))
+        check_positive("velocity_clamp", self.velocity_clamp)
+        check_choice("weight_decay", self.weight_decay, ("coupled", "decoupled"))
+        check_range("decay", self.decay, 0.0, math.inf, high_open=True)
+        check_choice("input_scaling", self.input_scaling, ("channel", "pixel_public", "none"))
+        check_int("public_rows", self.public_rows, 1)
+        return self
+
+
+READINGS = {
+    "paper": Reading(
+        about="default: Algorithm 1's text (refined model always kept) and eq. 10 (coupled "
+        "L2); independent inits, fresh Adam, r1/r2 per particle, no clamp"
+    ),
+    "current": Reading(
+        refine_update="if_better",
+        weight_decay="decoupled",
+        about="before issue 17: pbest kept only if better, AdamW",
+    ),
+    "authors": Reading(
+        init="shared",
+        optimizer_state="persistent",
+        tensor_coefficients=True,
+        velocity_clamp=0.1,
+        input_scaling="pixel_public",
+        about="the DP notebooks' choices (shared init, refined model always kept, one Adam "
+        "per client, r1/r2 per tensor, clamp 0.1, coupled L2, per-pixel scaling)",
+    ),
+}
+DEFAULT_READING = "paper"
+
+
+def fed_dp_pso(
+    model: Model,
+    reading: Reading,
+    *,
+    batch_size: int,
+    record_dp: RecordDP | None,
+    particles: int = 5,
+    **options: object,
+) -> FedDPPSO:
+    """Fed-DP-PSO under ``reading`` with DP-Adam (``record_dp``; ``None``: plain Adam,
+    epsilon inf) at batch size ``batch_size``; ``options`` are other :class:`FedDPPSO`
+    fields (e.g. ``eval_subset``, ``selection_metric``). The experiments and the Flower
+    tasks build the algorithm here, so a deployment runs the reading an experiment asked
+    for. The velocity clamp is a hyper value: :func:`reading_hyper`."""
+    reading.check()
+    training = LocalTraining(
+        batch_size=batch_size,
+        optimizer="adamw" if reading.weight_decay == "decoupled" else "adam",
+        weight_decay=reading.decay,
+        record_dp=record_dp,
+    )
+    return FedDPPSO(
+        model=model,
+        training=training,
+        particles=particles,
+        init=reading.init,
+        init_scale=reading.init_scale,
+        refine_update=reading.refine_update,
+        optimizer_state=reading.optimizer_state,
+        tensor_coefficients=reading.tensor_coefficients,
+        **options,
+    )
+
+
+def reading_hyper(reading: Reading) -> dict[str, swarm.PSOHyperParams]:
+    """The hyper values of ``reading`` for :meth:`~swarmjax.fl.protocol.Variants.grid`."""
+    return {"pso": swarm.PSOHyperParams(velocity_clamp=reading.velocity_clamp)}
 
 
 def fedpso(

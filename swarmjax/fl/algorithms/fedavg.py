@@ -10,8 +10,6 @@ learning plugs in :class:`~swarmjax.fl.algorithms.combined.CombinedAggregator`).
 
 from __future__ import annotations
 
-import math
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import flax.struct
@@ -24,18 +22,26 @@ from swarmjax.fl.algorithms.common import (
     ModelReply,
     ModelServer,
     Trainer,
-    calibrated_noise,
+    check_model_inputs,
     keep_if,
     masked,
     public_metrics,
-    target_list,
+    record_level_noise,
+    record_sampling_overflow,
     weighted_average,
 )
-from swarmjax.fl.client.record_dp import DELTA
 from swarmjax.fl.client.training import LocalTraining, sample_rate
 from swarmjax.fl.data.clients import ClientData
-from swarmjax.fl.protocol import ACCOUNTED, UNPROTECTED, Exchange, Protection, Spend, everyone
-from swarmjax.fl.runtime.simulator import Variants
+from swarmjax.fl.protocol import (
+    ACCOUNTED,
+    UNPROTECTED,
+    Algorithm,
+    Exchange,
+    Protection,
+    RunSpec,
+    Spend,
+    everyone,
+)
 from swarmjax.models import Model
 
 __all__ = ["FedAvg", "FedAvgHyper"]
@@ -55,7 +61,7 @@ class FedAvgHyper:
 
 
 @dataclass(frozen=True)
-class FedAvg:
+class FedAvg(Algorithm):
     """FedAvg as a protocol algorithm (static settings; hashable).
 
     Attributes:
@@ -70,8 +76,6 @@ class FedAvg:
     training: LocalTraining = field(default_factory=LocalTraining)
     combine: Aggregator = weighted_average
     eval_batch_size: int | None = None
-
-    setup: tuple[Exchange, ...] = ()
 
     @property
     def privacy_unit(self) -> str | None:
@@ -151,33 +155,29 @@ class FedAvg:
     def private_diagnostics(self, state: Trainer) -> dict[str, Array]:
         return {"local_train_loss": state.loss}
 
-    # --------------------------------------------------------------------- host helpers
+    # ------------------------------------------------------------------------ host side
 
-    def variants(
-        self,
-        clients: ClientData,
-        *,
-        rounds: int,
-        learning_rate: float | Sequence[float] = 0.1,
-        target_epsilon: float | Sequence[float] = math.inf,
-        delta: float = DELTA,
-    ) -> Variants:
-        """Variants over target epsilons x learning rates (labels ``epsilon_target``,
-        ``learning_rate``); ``sigma_i`` calibrated per client for each target."""
+    def check(self, clients: ClientData, test: tuple[Array, Array]) -> None:
         self.training.check(clients.sizes)
-        targets = target_list(target_epsilon)
-        if self.training.record_dp is None and not all(math.isinf(e) for e in targets):
-            raise ValueError("target_epsilon must be inf without training.record_dp")
-        lrs = [learning_rate] if isinstance(learning_rate, int | float) else list(learning_rate)
-        for lr in lrs:
-            check_positive("learning_rate", lr)
-        sig = calibrated_noise(
-            self.training, clients.sizes, rounds=rounds, targets=targets, delta=delta
+        check_model_inputs(self.model, clients, test)
+
+    def default_hyper(self, clients: ClientData, spec: RunSpec) -> FedAvgHyper:
+        """Learning rate 0.1, no noise."""
+        del spec
+        return FedAvgHyper(
+            learning_rate=jnp.asarray(0.1, jnp.float32),
+            noise_multiplier=jnp.zeros((clients.num_clients,), jnp.float32),
         )
-        rows = [(e, lr, sig[i]) for i, e in enumerate(targets) for lr in lrs]
-        hyper = FedAvgHyper(
-            learning_rate=jnp.asarray([r[1] for r in rows], jnp.float32),
-            noise_multiplier=jnp.asarray([r[2] for r in rows], jnp.float32),
-        )
-        labels = {"epsilon_target": [r[0] for r in rows], "learning_rate": [r[1] for r in rows]}
-        return Variants(hyper=hyper, labels=labels)
+
+    def resolve(
+        self, hyper: FedAvgHyper, clients: ClientData, spec: RunSpec, epsilon_target: float | None
+    ) -> FedAvgHyper:
+        """``sigma_i`` calibrated per client to ``epsilon_target``
+        (:func:`~swarmjax.fl.algorithms.common.record_level_noise`)."""
+        check_positive("learning_rate", float(hyper.learning_rate))
+        sigma = record_level_noise(self.training, clients.sizes, spec, epsilon_target)
+        return hyper.replace(noise_multiplier=jnp.asarray(sigma))
+
+    def sampling_overflow(self, spend, num_clients, sizes=None, padded=None):
+        del num_clients
+        return record_sampling_overflow(self.training, spend, sizes, padded)

@@ -14,7 +14,6 @@ when there is one client).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import flax.struct
@@ -24,11 +23,17 @@ import numpy as np
 from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray, PyTree
 
 from swarmjax._validation import check_positive
-from swarmjax.fl.algorithms.common import public_metrics
+from swarmjax.fl.algorithms.common import check_model_inputs, public_metrics
 from swarmjax.fl.client.training import LocalTraining
 from swarmjax.fl.data.clients import ClientData, stack_clients
-from swarmjax.fl.protocol import UNPROTECTED, Exchange, Spend, everyone, where_selected
-from swarmjax.fl.runtime.simulator import Variants
+from swarmjax.fl.protocol import (
+    UNPROTECTED,
+    Algorithm,
+    Exchange,
+    RunSpec,
+    everyone,
+    where_selected,
+)
 from swarmjax.models import Model
 
 __all__ = ["LocalHyper", "LocalOnly", "LocalServer", "centralised_clients"]
@@ -66,7 +71,7 @@ def centralised_clients(clients: ClientData) -> ClientData:
 
 
 @dataclass(frozen=True)
-class LocalOnly:
+class LocalOnly(Algorithm):
     """Clients training alone (static settings; hashable). No DP: epsilon is inf.
 
     Attributes:
@@ -81,8 +86,6 @@ class LocalOnly:
     training: LocalTraining = field(default_factory=LocalTraining)
     keep_optimizer_state: bool = False
     eval_batch_size: int | None = None
-
-    privacy_unit: None = None
 
     @property
     def setup(self) -> tuple[Exchange, ...]:
@@ -149,27 +152,25 @@ class LocalOnly:
             out = {k: v[0] for k, v in out.items()}
         return out
 
-    def spend(self, server: LocalServer, state: LocalClient) -> Spend:
-        del server, state
-        return Spend.none()
-
     def private_diagnostics(self, state: LocalClient) -> dict[str, Array]:
         return {"local_train_loss": state.loss}
 
-    def variants(
-        self, clients: ClientData, *, learning_rate: float | Sequence[float] = 0.1
-    ) -> Variants:
-        """One variant per learning rate (label ``learning_rate``)."""
+    def check(self, clients: ClientData, test: tuple[Array, Array]) -> None:
         self.training.check(clients.sizes)
         if self.training.record_dp is not None:
             raise ValueError("training.record_dp must be None for the local-only references")
-        lrs = [learning_rate] if isinstance(learning_rate, int | float) else list(learning_rate)
-        for lr in lrs:
-            check_positive("learning_rate", lr)
-        return Variants(
-            hyper=LocalHyper(learning_rate=jnp.asarray(lrs, jnp.float32)),
-            labels={"learning_rate": [float(lr) for lr in lrs]},
-        )
+        check_model_inputs(self.model, clients, test)
+
+    def default_hyper(self, clients: ClientData, spec: RunSpec) -> LocalHyper:
+        """Learning rate 0.1."""
+        del clients, spec
+        return LocalHyper(learning_rate=jnp.asarray(0.1, jnp.float32))
+
+    def resolve(
+        self, hyper: LocalHyper, clients: ClientData, spec: RunSpec, epsilon_target: float | None
+    ) -> LocalHyper:
+        check_positive("learning_rate", float(hyper.learning_rate))
+        return super().resolve(hyper, clients, spec, epsilon_target)
 
 
 def _initial(server: LocalServer) -> PyTree:

@@ -12,16 +12,8 @@ import pandas as pd
 
 from swarmjax.fl.protocol import Exchange, Spend, coverage
 from swarmjax.privacy.accounting import epsilon as accounted_epsilon
-from swarmjax.privacy.sampling import overflow_probability
 
-__all__ = [
-    "PrivacyRecord",
-    "Result",
-    "client_draw_overflow",
-    "client_sampling_overflow",
-    "privacy_record",
-    "sampling_overflow",
-]
+__all__ = ["PrivacyRecord", "Result", "privacy_record"]
 
 
 @dataclass(frozen=True)
@@ -110,58 +102,6 @@ def privacy_record(
         covers=covered,
         not_covered=uncovered,
     )
-
-
-def client_sampling_overflow(alg: Any, spend: Spend, num_clients: int) -> np.ndarray | None:
-    """``(runs, 1, N)`` per-round chance that client-level DP's Poisson draw of clients
-    (rate ``q_c``, from ``spend.sample_rate`` ``(runs, rounds, N)``) exceeds the algorithm's
-    static ``capacity`` and is redrawn; ``None`` when no draw can overflow (no ``capacity``,
-    or one that holds every client). :func:`privacy_record` charges it to delta."""
-    capacity = getattr(alg, "capacity", None)
-    if alg.privacy_unit != "client" or capacity is None or capacity >= num_clients:
-        return None
-    q = np.asarray(spend.sample_rate, np.float64)[:, -1, :]
-    probs = {v: client_draw_overflow(capacity, num_clients, v) for v in set(q.ravel().tolist())}
-    return np.vectorize(probs.__getitem__, otypes=[np.float64])(q)[:, None, :]
-
-
-def client_draw_overflow(capacity: int | None, num_clients: int, sample_rate: float) -> float:
-    """Chance per round that a Poisson draw of ``num_clients`` clients at ``sample_rate``
-    exceeds ``capacity`` (and is redrawn): what client-level DP charges to delta, in the
-    record (:func:`client_sampling_overflow`) and in calibration. ``0`` when ``capacity`` is
-    ``None`` or holds every client, or nobody is drawn."""
-    if capacity is None or capacity >= num_clients or sample_rate <= 0:
-        return 0.0
-    return overflow_probability(num_clients, sample_rate, capacity)
-
-
-def sampling_overflow(
-    alg: Any,
-    spend: Spend,
-    num_clients: int,
-    *,
-    sizes: np.ndarray | None = None,
-    padded: int | None = None,
-) -> np.ndarray | None:
-    """Per-step overflow chance of the static-size Poisson draws ``alg``'s privacy rests on,
-    for :func:`privacy_record` (every runtime charges it the same way): client-level DP's
-    draw of clients (:func:`client_sampling_overflow`) or record-level DP's batch buffers
-    ``(N,)`` for clients of ``sizes`` padded to ``padded`` rows. Without ``sizes`` (a
-    deployment, where the server holds no data) client ``i``'s size is ``B / q_i`` from the
-    sample rate it reported, already part of the record; a client that never reported
-    (``q_i = 0``) took no step and is charged nothing. ``None`` when nothing can overflow."""
-    if alg.privacy_unit == "client":
-        return client_sampling_overflow(alg, spend, num_clients)
-    training = getattr(alg, "training", None)
-    if alg.privacy_unit != "record" or training is None:
-        return None
-    if sizes is not None:
-        sizes = np.asarray(sizes, np.int64)
-        return training.sampler_overflow(sizes, int(sizes.max() if padded is None else padded))
-    rates = np.asarray(spend.sample_rate, np.float64)  # (runs, rounds, N)
-    q = rates.reshape(-1, rates.shape[-1]).max(axis=0)  # (N,): any round it reported in
-    derived = np.rint(training.batch_size / np.where(q > 0, q, 1.0)).astype(np.int64)
-    return np.where(q > 0, training.sampler_overflow(derived, int(derived.max())), 0.0)
 
 
 @dataclass(frozen=True)

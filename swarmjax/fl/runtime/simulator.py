@@ -15,9 +15,6 @@ number of clients a deployment would message.
 
 from __future__ import annotations
 
-import zlib
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Literal
 
@@ -30,70 +27,32 @@ from jaxtyping import Array, Int, PRNGKeyArray, PyTree
 from tqdm.auto import tqdm
 
 from swarmjax._validation import check_choice, check_int
-from swarmjax.fl.data.clients import ClientData, as_test_set, check_federated_inputs
+from swarmjax.fl.data.clients import ClientData, as_test_set
 from swarmjax.fl.protocol import (
     Algorithm,
     Exchange,
+    Variants,
     aggregate_key,
     client_init_key,
     client_key,
+    run_keys,
     server_init_key,
     server_key,
     where_selected,
 )
-from swarmjax.fl.runtime.result import Result, privacy_record, sampling_overflow
+from swarmjax.fl.runtime.result import Result, privacy_record
 from swarmjax.models import param_bytes
 
 __all__ = [
     "ClientMap",
-    "Variants",
     "init_runs",
     "num_clients",
     "run_exchange",
-    "run_keys",
     "run_rounds",
     "simulate",
 ]
 
 ClientMap = Literal["vmap", "sequential"]
-
-
-@dataclass(frozen=True)
-class Variants:
-    """Numeric variants of one algorithm run side by side (e.g. several target epsilons).
-
-    Attributes:
-        hyper: the algorithm's hyper pytree with a leading variant axis on every leaf.
-        labels: history columns naming each variant (``V`` values each), e.g.
-            ``{"epsilon_target": [1.0, 8.0]}``; empty for a single unnamed variant.
-    """
-
-    hyper: PyTree
-    labels: Mapping[str, Sequence[Any]] = field(default_factory=dict)
-
-    @property
-    def size(self) -> int:
-        return int(jax.tree.leaves(self.hyper)[0].shape[0])
-
-
-def run_keys(
-    seeds: Sequence[int], labels: Sequence[Mapping[str, Any]], common_random_numbers: bool
-) -> PRNGKeyArray:
-    """One key per (variant, seed), variant-major.
-
-    Independent by default: run ``(v, s)`` uses ``fold_in(key(s), crc32(labels of v))``, so
-    variants draw independent noise and a run's numbers do not depend on what else is in
-    the batch. ``common_random_numbers=True`` gives every variant ``key(s)``: the variants
-    then share every draw (lower-variance comparisons between them, but their results are
-    not independent samples).
-    """
-    keys = []
-    for lab in labels:
-        tag = zlib.crc32(repr(sorted((k, repr(v)) for k, v in lab.items())).encode())
-        for s in seeds:
-            k = jax.random.key(np.uint32(s))
-            keys.append(k if common_random_numbers else jax.random.fold_in(k, tag))
-    return jnp.stack(keys)
 
 
 def num_clients(clients: PyTree) -> int:
@@ -247,11 +206,8 @@ def simulate(
     alg: Algorithm,
     clients: PyTree,
     test: tuple[Array, Array],
-    *,
     variants: Variants,
-    seeds: int | Sequence[int],
-    rounds: int,
-    delta: float,
+    *,
     common_random_numbers: bool = False,
     client_map: ClientMap = "vmap",
     rounds_per_call: int | None = None,
@@ -262,16 +218,15 @@ def simulate(
 
     Args:
         alg: the algorithm (hashable; a static jit argument).
-        clients: stacked client data (a pytree with a leading client axis, usually
-            :class:`~swarmjax.fl.data.clients.ClientData`; ``alg.client_init`` and ``client``
-            get one client's slice).
-        test: public ``(x, y)`` test set for ``alg.evaluate``. Model, client data and test
-            set are checked against each other (shapes, classes, labels) before any work.
-        variants: the hyper pytree with a variant axis, and the variants' labels.
-        seeds: one seed or several; runs are (variant, seed) pairs, variant-major.
-        rounds: training rounds ``T >= 1`` (after the setup exchanges).
-        delta: the delta of the privacy record.
-        common_random_numbers: give every variant the same keys (see :func:`run_keys`).
+        clients: stacked client data (usually :class:`~swarmjax.fl.data.clients.ClientData`
+            with a leading client axis); every client holds its slice of
+            ``alg.client_data(clients)``. Checked with ``alg.check`` before any work.
+        test: public ``(x, y)`` test set for ``alg.evaluate``.
+        variants: the hyper pytree with a variant axis, its labels and the call's
+            :class:`~swarmjax.fl.protocol.RunSpec` (rounds, delta, seeds); runs are
+            (variant, seed) pairs, variant-major.
+        common_random_numbers: give every variant the same keys (see
+            :func:`~swarmjax.fl.protocol.run_keys`).
         client_map: ``"vmap"`` or ``"sequential"`` (``lax.map`` over clients: same result,
             each client runs its own trip counts).
         rounds_per_call: scan this many rounds per compiled call (same result).
@@ -280,62 +235,56 @@ def simulate(
             (statistics of private data, NOT covered by epsilon) into
             ``Result.private_diagnostics``.
     """
+    spec = variants.spec
     test = as_test_set(test)
-    train = clients if isinstance(clients, ClientData) else getattr(clients, "train", None)
-    if isinstance(train, ClientData) and hasattr(alg, "model"):
-        check_federated_inputs(alg.model, train, test)  # shapes, classes, labels
-    seed_list = [seeds] if isinstance(seeds, int | np.integer) else list(seeds)
-    if not seed_list:
-        raise ValueError("seeds must not be empty")
-    seed_list = [check_int("seed", s, 0) for s in seed_list]
+    alg.check(clients, test)
+    data = alg.client_data(clients)
+    check_choice("client_map", client_map, ("vmap", "sequential"))
     n_var = variants.size
     for name, values in variants.labels.items():
         if len(values) != n_var:
             raise ValueError(
                 f"variants.labels[{name!r}] must have {n_var} values; got {len(values)}"
             )
-    per_variant = [{k: v[i] for k, v in variants.labels.items()} for i in range(n_var)]
-    keys = run_keys(seed_list, per_variant, common_random_numbers)
+    rounds, seed_list = spec.rounds, list(spec.seeds)
+    keys = run_keys(seed_list, variants.row_labels(), common_random_numbers)
     hyper = jax.tree.map(
         lambda a: jnp.repeat(jnp.asarray(a), len(seed_list), axis=0), variants.hyper
     )
     labels = {k: np.repeat(np.asarray(v), len(seed_list)) for k, v in variants.labels.items()}
     labels["seed"] = np.tile(np.asarray(seed_list), n_var)
     runs = n_var * len(seed_list)
-    rounds = check_int("rounds", rounds, 1)
-    check_choice("client_map", client_map, ("vmap", "sequential"))
     per_call = (
         rounds if rounds_per_call is None else check_int("rounds_per_call", rounds_per_call, 1)
     )
     keys, hyper = _sharded((keys, hyper))
-    carry = init_runs(alg, keys, hyper, clients, client_map)
-    sizes = _message_bytes(alg, carry, keys, hyper, clients)
+    carry = init_runs(alg, keys, hyper, data, client_map)
+    sizes = _message_bytes(alg, carry, keys, hyper, data)
     parts = []
     with tqdm(total=rounds, disable=not progress, unit="round", desc=type(alg).__name__) as bar:
         done = 0
         while done < rounds:
             n = min(per_call, rounds - done)
-            carry, out = run_rounds(
-                alg, carry, keys, hyper, clients, test, n, client_map, diagnostics
-            )
+            carry, out = run_rounds(alg, carry, keys, hyper, data, test, n, client_map, diagnostics)
             parts.append(jax.device_get(out))
             done += n
             bar.update(n)
     out = jax.tree.map(lambda *xs: np.concatenate(xs, axis=1), *parts)
-    expected = _expected_selected(alg, hyper, num_clients(clients), runs, rounds)
+    n_clients = num_clients(data)
+    expected = _expected_selected(alg, hyper, n_clients, runs, rounds)
     selected = np.where(np.isnan(expected), out["selected"], expected)
     history = _history(labels, out["metrics"], selected, sizes, runs, rounds)
+    stacked = isinstance(clients, ClientData)
     record = privacy_record(
         out["spend"],
         alg.setup + alg.exchanges,
         unit=alg.privacy_unit,
-        delta=delta,
-        overflow_prob=sampling_overflow(
-            alg,
+        delta=spec.delta,
+        overflow_prob=alg.sampling_overflow(
             out["spend"],
-            num_clients(clients),
-            sizes=np.asarray(train.sizes) if isinstance(train, ClientData) else None,
-            padded=train.mask.shape[1] if isinstance(train, ClientData) else None,
+            n_clients,
+            sizes=np.asarray(clients.sizes) if stacked else None,
+            padded=clients.max_size if stacked else None,
         ),
     )
     history["epsilon_max"] = record.epsilon.max(axis=2).reshape(-1)

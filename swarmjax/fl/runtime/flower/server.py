@@ -49,7 +49,7 @@ from swarmjax.fl.runtime.flower.records import (
     to_record,
 )
 from swarmjax.fl.runtime.flower.task import Task, load_task
-from swarmjax.fl.runtime.result import PrivacyRecord, privacy_record, sampling_overflow
+from swarmjax.fl.runtime.result import PrivacyRecord, privacy_record
 
 __all__ = ["FlowerRun", "ServerSettings", "drive", "make_server_app", "read_run"]
 
@@ -353,7 +353,7 @@ def drive(grid: Grid, task: Task, settings: ServerSettings) -> FlowerRun:
         alg.setup + alg.exchanges,
         unit=alg.privacy_unit,
         delta=task.delta,
-        overflow_prob=sampling_overflow(alg, spend, task.num_clients),
+        overflow_prob=alg.sampling_overflow(spend, task.num_clients),
     )
     history["epsilon_max"] = privacy.epsilon[0].max(axis=1)  # as the simulator releases
     run = FlowerRun(server, history, pd.DataFrame(co.messages), privacy)

@@ -20,8 +20,8 @@ from typing import Any
 import jax
 from jaxtyping import Array, PRNGKeyArray, PyTree
 
-from swarmjax.fl.protocol import Algorithm, client_init_key, server_init_key
-from swarmjax.fl.runtime.simulator import Variants, num_clients, run_keys, simulate
+from swarmjax.fl.protocol import Algorithm, Variants, client_init_key, run_keys, server_init_key
+from swarmjax.fl.runtime.simulator import num_clients, simulate
 
 __all__ = ["SERVER_KEYS", "Task", "load_task", "simulate_task", "stacked_task"]
 
@@ -32,19 +32,17 @@ class Task:
 
     Attributes:
         algorithm: the protocol algorithm (the same object the simulator runs).
-        variants: ONE variant (``variants.size == 1``): the hyper pytree with a leading axis
-            of 1 and its labels; the labels enter the run key exactly as in the simulator.
+        variants: ONE variant (``variants.size == 1``) and ONE seed: the hyper pytree with a
+            leading axis of 1, its labels (they enter the run key exactly as in the
+            simulator) and the run's :class:`~swarmjax.fl.protocol.RunSpec`.
         num_clients: ``N``, the number of partitions (client slots).
-        client_data: ``partition_id ->`` that one client's data (no client axis; usually a
-            ``ClientData``); called only on the SuperNode that holds the partition.
+        client_data: ``partition_id ->`` that one client's data (no client axis; a slice of
+            ``algorithm.client_data(...)``); called only on the SuperNode that holds it.
         data_like: shapes and dtypes of one client's data (``jax.ShapeDtypeStruct`` leaves;
             public: the padded size is part of the configuration).
         test: the public ``(x, y)`` test set of ``algorithm.evaluate``.
-        rounds: training rounds ``T``.
-        seed: the run seed (``run_keys([seed], [labels])`` as in the simulator).
-        delta: the delta of the privacy record.
-        stacked: all clients' data stacked (the simulator's input), when the task was built
-            from it (:func:`stacked_task`); a deployment never sends it anywhere.
+        stacked: all clients' stacked ``ClientData`` (the simulator's input), when the task
+            was built from it (:func:`stacked_task`); a deployment never sends it anywhere.
     """
 
     algorithm: Algorithm
@@ -53,15 +51,29 @@ class Task:
     client_data: Callable[[int], PyTree]
     data_like: PyTree
     test: tuple[Array, Array]
-    rounds: int
-    seed: int
-    delta: float
 
     stacked: PyTree = None
 
     def __post_init__(self) -> None:
         if self.variants.size != 1:
             raise ValueError(f"variants must hold exactly 1 variant; got {self.variants.size}")
+        if len(self.variants.spec.seeds) != 1:
+            raise ValueError(f"a task runs one seed; got {self.variants.spec.seeds}")
+
+    @property
+    def rounds(self) -> int:
+        """Training rounds ``T``."""
+        return self.variants.spec.rounds
+
+    @property
+    def seed(self) -> int:
+        """The run seed."""
+        return self.variants.spec.seeds[0]
+
+    @property
+    def delta(self) -> float:
+        """The delta of the privacy record."""
+        return self.variants.spec.delta
 
     @property
     def hyper(self) -> PyTree:
@@ -71,8 +83,7 @@ class Task:
     @functools.cached_property
     def run_key(self) -> PRNGKeyArray:
         """The simulator's key of this (variant, seed) run."""
-        labels = {k: v[0] for k, v in self.variants.labels.items()}
-        return run_keys([self.seed], [labels], common_random_numbers=False)[0]
+        return run_keys([self.seed], self.variants.row_labels(), common_random_numbers=False)[0]
 
     @functools.cached_property
     def server_like(self) -> PyTree:
@@ -123,24 +134,17 @@ def load_task(run_config: Mapping[str, Any]) -> Task:
 
 
 def stacked_task(
-    algorithm: Algorithm,
-    variants: Variants,
-    clients: PyTree,
-    test: tuple[Array, Array],
-    *,
-    rounds: int,
-    seed: int,
-    delta: float,
+    algorithm: Algorithm, variants: Variants, clients: PyTree, test: tuple[Array, Array]
 ) -> Task:
-    """A :class:`Task` over stacked clients (the simulator's input, any pytree with a leading
-    client axis): client ``i`` holds slice ``i``."""
+    """A :class:`Task` over stacked clients (the simulator's input, usually ``ClientData``):
+    client ``i`` holds slice ``i`` of ``algorithm.client_data(clients)``."""
+    data = algorithm.client_data(clients)
 
     def one(pid: int) -> PyTree:
-        return jax.tree.map(lambda a: a[pid], clients)
+        return jax.tree.map(lambda a: a[pid], data)
 
-    like = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), clients)
-    n = num_clients(clients)
-    return Task(algorithm, variants, n, one, like, test, rounds, seed, delta, clients)
+    like = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), data)
+    return Task(algorithm, variants, num_clients(data), one, like, test, clients)
 
 
 def simulate_task(task: Task) -> Any:
@@ -148,12 +152,4 @@ def simulate_task(task: Task) -> Any:
     task's stacked clients): the reference a deployment is compared with."""
     if task.stacked is None:
         raise ValueError("task.stacked is None: build the task with stacked_task to simulate it")
-    return simulate(
-        task.algorithm,
-        task.stacked,
-        task.test,
-        variants=task.variants,
-        seeds=task.seed,
-        rounds=task.rounds,
-        delta=task.delta,
-    )
+    return simulate(task.algorithm, task.stacked, task.test, task.variants)

@@ -8,37 +8,53 @@ client-level DP-FedAvg with adaptive clipping; ``fed-dp-pso``: Fed-DP-PSO with D
 ``learning-rate`` (0.1), ``epochs`` (1), ``batch-size`` (32), ``delta`` (1e-5); for
 ``dp-fedavg`` also ``client-rate`` (Poisson rate of clients, 0.7), ``noise-multiplier``
 (1.0) and ``clip`` (initial clip norm, 0.1); for ``fed-dp-pso`` also ``particles`` (3),
-``target-epsilon`` (8.0) and ``pso-learning-rate`` (0.005, the DP-Adam step). Every
+``target-epsilon`` (8.0), ``pso-learning-rate`` (0.005, the DP-Adam step), ``reading``
+(``paper``; see :data:`~swarmjax.fl.algorithms.fed_dp_pso.READINGS`) and
+``reading-<field>`` keys replacing one choice of the reading (e.g. ``reading-init =
+"shared"``; ``""``: the reading's own). Every
 process builds the same partitions from these; a SuperNode keeps only its own.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from dataclasses import fields, replace
 from typing import Any
 
 import jax.numpy as jnp
 
 from swarmjax._validation import check_choice, check_int
 from swarmjax.fl.algorithms.client_level_dp_fedavg import ClientLevelDPFedAvg
-from swarmjax.fl.algorithms.fed_dp_pso import FedDPPSO
+from swarmjax.fl.algorithms.fed_dp_pso import (
+    DEFAULT_READING,
+    READINGS,
+    Reading,
+    fed_dp_pso,
+    reading_hyper,
+)
 from swarmjax.fl.algorithms.fedavg import FedAvg
 from swarmjax.fl.client.training import LocalTraining, RecordDP
 from swarmjax.fl.data import load_dataset
 from swarmjax.fl.data.clients import ClientData, stack_clients
 from swarmjax.fl.data.partition import partition
+from swarmjax.fl.data.transforms import scale_inputs
+from swarmjax.fl.protocol import RunSpec, Variants
 from swarmjax.fl.runtime.flower.task import Task, stacked_task
 from swarmjax.models import mlp
 
-__all__ = ["ALGORITHMS", "digits", "digits_clients"]
+__all__ = ["ALGORITHMS", "digits", "digits_clients", "fed_dp_pso_reading"]
 
 ALGORITHMS = ("fedavg", "dp-fedavg", "fed-dp-pso")
 
 
-def digits_clients(config: dict[str, Any]) -> tuple[ClientData, tuple[Any, Any]]:
-    """Stacked digits clients (IID partition) and the public test set."""
+def digits_clients(
+    config: dict[str, Any], reading: Reading | None = None
+) -> tuple[ClientData, tuple[Any, Any]]:
+    """Stacked digits clients (IID partition) and the public test set, the inputs scaled
+    as ``reading`` says (Fed-DP-PSO; ``None``: pixels in [0, 1])."""
     ds = load_dataset("digits")
+    if reading is not None:
+        ds = scale_inputs(ds, reading.input_scaling, reading.public_rows)
     n = check_int("train-size", int(config.get("train-size", 600)), 1)
     if n > len(ds.y_train):
         raise ValueError(f"train-size must be in [1, {len(ds.y_train)}]; got {n}")
@@ -51,43 +67,76 @@ def digits_clients(config: dict[str, Any]) -> tuple[ClientData, tuple[Any, Any]]
 def digits(config: dict[str, Any]) -> Task:
     """The task the run configuration describes (see the module docs)."""
     name = check_choice("algorithm", str(config.get("algorithm", "fedavg")), ALGORITHMS)
-    clients, test = digits_clients(config)
-    rounds = check_int("rounds", int(config.get("rounds", 2)), 1)
+    reading = fed_dp_pso_reading(config) if name == "fed-dp-pso" else None
+    clients, test = digits_clients(config, reading)
+    spec = RunSpec(
+        rounds=check_int("rounds", int(config.get("rounds", 2)), 1),
+        delta=float(config.get("delta", 1e-5)),
+        seeds=(int(config.get("seed", 0)),),
+    )
     model = mlp((int(config.get("hidden", 32)),), 10, clients.x.shape[2:])
     training = LocalTraining(
         epochs=int(config.get("epochs", 1)), batch_size=int(config.get("batch-size", 32))
     )
     lr = float(config.get("learning-rate", 0.1))
-    delta = float(config.get("delta", 1e-5))
-    data: Any = clients  # what each client holds: its ClientData, or the algorithm's view
     if name == "fedavg":
         alg = FedAvg(model, training)
-        variants = alg.variants(clients, rounds=rounds, learning_rate=lr, target_epsilon=math.inf)
-    elif name == "fed-dp-pso":
+        variants = Variants.grid(alg, clients, spec, epsilon_target=[math.inf], learning_rate=[lr])
+    elif reading is not None:  # fed-dp-pso
         target = float(config.get("target-epsilon", 8.0))
-        steps = rounds * training.epochs * -(-int(jnp.max(clients.sizes)) // training.batch_size)
+        steps = spec.rounds * training.epochs * -(-int(clients.sizes.max()) // training.batch_size)
         dp = RecordDP.for_sizes(  # a buffer sized for the run, so the target is reachable
-            clients.sizes, training.batch_size, steps=steps, delta=delta, epsilon=target
+            clients.sizes, training.batch_size, steps=steps, delta=spec.delta, epsilon=target
         )
-        training = replace(training, optimizer="adamw", weight_decay=1e-4, record_dp=dp)
-        alg = FedDPPSO(model, training, particles=int(config.get("particles", 3)))
-        variants = alg.variants(
+        alg = fed_dp_pso(
+            model,
+            reading,
+            batch_size=training.batch_size,
+            record_dp=dp,
+            particles=int(config.get("particles", 3)),
+        )
+        variants = Variants.grid(
+            alg,
             clients,
-            rounds=rounds,
-            target_epsilon=target,
+            spec,
+            epsilon_target=[target],
             learning_rate=float(config.get("pso-learning-rate", 0.005)),
-            delta=delta,
+            **reading_hyper(reading),
         )
-        data = alg.client_data(clients)
     else:  # dp-fedavg
         alg = ClientLevelDPFedAvg(model, training, clipping="adaptive")
-        variants = alg.variants(
+        variants = Variants.grid(
+            alg,
             clients,
+            spec,
             sample_rate=float(config.get("client-rate", 0.7)),
-            noise_multiplier=float(config.get("noise-multiplier", 1.0)),
-            clip=float(config.get("clip", 0.1)),
+            noise_multiplier=[float(config.get("noise-multiplier", 1.0))],
+            initial_clip=float(config.get("clip", 0.1)),
             client_lr=lr,
         )
-    return stacked_task(
-        alg, variants, data, test, rounds=rounds, seed=int(config.get("seed", 0)), delta=delta
-    )
+    return stacked_task(alg, variants, clients, test)
+
+
+def fed_dp_pso_reading(config: dict[str, Any]) -> Reading:
+    """The Fed-DP-PSO reading the run configuration names (``reading``, default
+    ``paper``), each ``reading-<field>`` key that is set replacing that field (as the
+    experiment's flags do)."""
+    name = check_choice("reading", str(config.get("reading", DEFAULT_READING)), tuple(READINGS))
+    reading = READINGS[name]
+    kinds = {f.name: type(getattr(reading, f.name)) for f in fields(reading) if f.name != "about"}
+    changes = {}
+    for field_name, kind in kinds.items():
+        raw = config.get(f"reading-{field_name.replace('_', '-')}", "")
+        if raw != "":
+            changes[field_name] = kind(raw) if kind is not bool else _as_bool(raw)
+    return replace(reading, **changes).check()
+
+
+def _as_bool(raw: Any) -> bool:
+    if isinstance(raw, bool):
+        return raw
+    if str(raw).lower() in ("true", "yes", "1"):
+        return True
+    if str(raw).lower() in ("false", "no", "0"):
+        return False
+    raise ValueError(f"expected a boolean (true/false); got {raw!r}")
