@@ -25,6 +25,7 @@ from swarmjax.fl.algorithms.common import weighted_average
 from swarmjax.fl.algorithms.fedavg import FedAvg
 from swarmjax.fl.algorithms.local_only import LocalOnly
 from swarmjax.fl.client.training import LocalTraining
+from swarmjax.fl.protocol import RunSpec, Variants
 from swarmjax.models import mlp
 
 
@@ -203,21 +204,14 @@ def test_short_cl_run_on_breast_cancer_learns() -> None:
     model = mlp((32,), 2, data.input_shape)  # small: the run's cost is compilation
     training = LocalTraining(epochs=2, batch_size=16)
     cl = FedAvg(model, training, combine=CombinedAggregator())
-    variants = cl.variants(clients, rounds=3, learning_rate=0.5)
-    result = simulate(cl, clients, test, variants=variants, seeds=0, rounds=3, delta=1e-5)
+    variants = Variants.grid(cl, clients, RunSpec(3, 1e-5), learning_rate=0.5)
+    result = simulate(cl, clients, test, variants)
     acc = result.history["test_accuracy"].to_numpy()
     chance = np.bincount(data.y_test).max() / data.y_test.size  # majority class, ~0.63
     assert acc[-1] > chance + 0.2, acc
     alone = LocalOnly(model, training)
-    res = simulate(
-        alone,
-        clients,
-        test,
-        variants=alone.variants(clients, learning_rate=0.1),
-        seeds=[0, 1],
-        rounds=2,
-        delta=1e-5,
-    )
+    variants = Variants.grid(alone, clients, RunSpec(2, 1e-5, (0, 1)), learning_rate=0.1)
+    res = simulate(alone, clients, test, variants)
     per_client = res.metrics["test_accuracy"]  # (seeds, rounds, clients)
     assert per_client.shape == (2, 2, 3)
     assert np.all((per_client >= 0) & (per_client <= 1))

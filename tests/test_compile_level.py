@@ -25,6 +25,7 @@ from swarmjax.fl.client.training import LocalTraining, RecordDP
 from swarmjax.fl.data.clients import stack_clients
 from swarmjax.fl.data import load_dataset
 from swarmjax.fl.data.partition import iid_partition
+from swarmjax.fl.protocol import RunSpec, Variants
 from swarmjax.fl.runtime import simulate
 from swarmjax.models import mlp
 
@@ -33,9 +34,8 @@ part = iid_partition(data.y_train[:200], 2, seed=0)
 clients = stack_clients(data.x_train, data.y_train, part.indices)
 dp = LocalTraining(batch_size=16, optimizer="adam", record_dp=RecordDP.for_sizes(clients.sizes, 16))
 alg = FedAvg(mlp((8,), 10, (8, 8, 1)), dp)
-variants = alg.variants(clients, rounds=1, learning_rate=0.01, target_epsilon=8.0)
-res = simulate(alg, clients, (data.x_test[:100], data.y_test[:100]), variants=variants,
-               seeds=[0], rounds=1, delta=1e-5)
+variants = Variants.grid(alg, clients, RunSpec(1, 1e-5), learning_rate=[0.01], epsilon_target=[8.0])
+res = simulate(alg, clients, (data.x_test[:100], data.y_test[:100]), variants)
 cfg = paaso.PAASOConfig(strategy="voting", function="f5", iterations=50)
 pbdrd = paaso.VOTING.index("pbdrd")
 swarms = jax.jit(jax.vmap(lambda k: paaso.run(k, cfg, paaso.PAASOHyper(), voting=pbdrd)))(

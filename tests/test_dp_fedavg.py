@@ -25,6 +25,7 @@ from swarmjax.fl.client.training import LocalTraining, clip_update
 from swarmjax.fl.data import load_dataset
 from swarmjax.fl.data.clients import stack_clients
 from swarmjax.fl.data.partition import iid_partition
+from swarmjax.fl.protocol import RunSpec, Variants
 from swarmjax.fl.runtime import simulate
 from swarmjax.models import mlp, param_bytes
 from swarmjax.privacy import accounting
@@ -53,22 +54,8 @@ def digits():
 def _run(alg, clients, test, rounds, **kw):
     """``rounds`` rounds of both seeds; common random numbers, so equal seeds start from the
     same model whatever the algorithm."""
-    lr = kw.pop("learning_rate", None)
-    if isinstance(alg, FedAvg):
-        variants = alg.variants(clients, rounds=rounds, learning_rate=lr)
-    else:
-        variants = alg.variants(clients, **kw)
-    return simulate(
-        alg,
-        clients,
-        test,
-        variants=variants,
-        seeds=SEEDS,
-        rounds=rounds,
-        delta=DELTA,
-        rounds_per_call=1,
-        common_random_numbers=True,
-    )
+    variants = Variants.grid(alg, clients, RunSpec(rounds, DELTA, tuple(SEEDS)), **kw)
+    return simulate(alg, clients, test, variants, rounds_per_call=1, common_random_numbers=True)
 
 
 def _full_participation(**kw):
@@ -77,8 +64,7 @@ def _full_participation(**kw):
 
 def _initial_params(alg, clients, test):
     """The runs' initial global models (leading run axis): the algorithm's own init."""
-    from swarmjax.fl.protocol import server_init_key
-    from swarmjax.fl.runtime.simulator import run_keys
+    from swarmjax.fl.protocol import run_keys, server_init_key
 
     keys = run_keys(SEEDS, [{}], True)
     return jax.vmap(lambda k: alg.model.init(server_init_key(k)))(keys)
@@ -120,8 +106,8 @@ def test_clip_update_bounds_every_client_and_keeps_small_ones():
 def fixed_runs(digits):
     clients, test = digits
     return {
-        "tight": _run(FIXED, clients, test, 1, **_full_participation(clip=0.05)),
-        "loose": _run(FIXED, clients, test, 3, **_full_participation(clip=1e6)),
+        "tight": _run(FIXED, clients, test, 1, **_full_participation(initial_clip=0.05)),
+        "loose": _run(FIXED, clients, test, 3, **_full_participation(initial_clip=1e6)),
     }
 
 
@@ -154,7 +140,7 @@ def test_no_noise_full_participation_equals_fedavg(digits, fixed_runs):
 def test_noise_on_the_sum_has_std_sigma_delta_times_clip(digits):
     clients, test = digits
     clip, z, sigma_b = 0.3, 1.2, 1.0
-    kw = _full_participation(clip=clip, noise_multiplier=z, count_noise=sigma_b)
+    kw = _full_participation(initial_clip=clip, noise_multiplier=z, count_noise=sigma_b)
     res = _run(ADAPTIVE, clients, test, 1, **(kw | {"client_lr": 1e-9}))
     # updates ~ 0: the model moves by the noise / (q N) only
     start = _initial_params(ADAPTIVE, clients, test)
@@ -185,11 +171,13 @@ def test_adaptive_clipping_converges_to_the_target_quantile(gamma):
     fake = stack_clients(np.zeros((m, 1), np.float32), np.zeros(m, int), np.arange(m)[:, None])
     hyper = jax.tree.map(
         lambda a: a[0],
-        alg.variants(
+        Variants.grid(
+            alg,
             fake,
+            RunSpec(1, DELTA),
             sample_rate=1.0,
             noise_multiplier=0.0,
-            clip=0.01,  # start 2 orders of magnitude off
+            initial_clip=0.01,  # start 2 orders of magnitude off
             target_quantile=gamma,
             clip_lr=0.2,
             count_noise=m / 20,
@@ -217,7 +205,7 @@ def test_fixed_clipping_keeps_the_norm_and_makes_no_count(digits):
     clients, _ = digits
     hyper = jax.tree.map(
         lambda a: a[0],
-        FIXED.variants(clients, sample_rate=0.1, noise_multiplier=1.0, clip=0.7).hyper,
+        Variants.grid(FIXED, clients, RunSpec(1, DELTA), sample_rate=0.1, initial_clip=0.7).hyper,
     )
     assert float(hyper.clip_lr) == 0.0 and float(hyper.count_noise) == 0.0
     server = FIXED.server_init(jax.random.key(0), hyper)
@@ -233,7 +221,7 @@ def test_fixed_clipping_keeps_the_norm_and_makes_no_count(digits):
 @pytest.fixture(scope="module")
 def run(digits):
     clients, test = digits
-    kw = dict(sample_rate=0.5, noise_multiplier=0.8, clip=0.2, client_lr=0.3)
+    kw = dict(sample_rate=0.5, noise_multiplier=0.8, initial_clip=0.2, client_lr=0.3)
     return _run(ADAPTIVE, clients, test, 12, **kw)
 
 
@@ -274,7 +262,7 @@ def test_run_history_reports_clip_bytes_and_learns(run):
         ({"sample_rate": 0.0}, "sample_rate"),
         ({"sample_rate": 1.5}, "sample_rate"),
         ({"noise_multiplier": -0.1}, "noise_multiplier"),
-        ({"clip": 0.0}, "clip"),
+        ({"initial_clip": 0.0}, "clip"),
         ({"target_quantile": 0.0}, "target_quantile"),
         ({"target_quantile": 1.0}, "target_quantile"),
         ({"clip_lr": -1.0}, "clip_lr"),
@@ -286,18 +274,22 @@ def test_bad_hyper_parameters_raise_naming_the_parameter(digits, kwargs, name):
     clients, _ = digits
     args = {"sample_rate": 0.1, "noise_multiplier": 1.0, "count_noise": 5.0} | kwargs
     with pytest.raises(ValueError, match=name):
-        ADAPTIVE.variants(clients, **args)
+        Variants.grid(ADAPTIVE, clients, RunSpec(1, DELTA), **args)
 
 
 def test_bad_settings_raise_before_compiling(digits):
     clients, test = digits
     kw = dict(sample_rate=0.5, noise_multiplier=1.0)
+    spec = RunSpec(2, DELTA)
     with pytest.raises(ValueError, match="clipping"):
-        ClientLevelDPFedAvg(MODEL, clipping="median").variants(clients, **kw)
+        Variants.grid(ClientLevelDPFedAvg(MODEL, clipping="median"), clients, spec, **kw)
     with pytest.raises(ValueError, match="server_momentum"):
-        ClientLevelDPFedAvg(MODEL, server_momentum=1.0).variants(clients, **kw)
-    variants = ADAPTIVE.variants(clients, **kw)
+        Variants.grid(ClientLevelDPFedAvg(MODEL, server_momentum=1.0), clients, spec, **kw)
     with pytest.raises(ValueError, match="delta"):
-        simulate(ADAPTIVE, clients, test, variants=variants, seeds=0, rounds=2, delta=1.0)
+        RunSpec(2, 1.0)
     with pytest.raises(ValueError, match="rounds"):
-        simulate(ADAPTIVE, clients, test, variants=variants, seeds=0, rounds=0, delta=DELTA)
+        RunSpec(0, DELTA)
+    variants = Variants.grid(ADAPTIVE, clients, spec, **kw)
+    bad_test = (test[0][:, :4], test[1])
+    with pytest.raises(ValueError, match="test examples have shape"):
+        simulate(ADAPTIVE, clients, bad_test, variants)

@@ -32,6 +32,7 @@ from swarmjax.fl.client.local import local_train
 from swarmjax.fl.client.record_dp import poisson_sampler, sampler_capacity
 from swarmjax.fl.client.training import LocalTraining, RecordDP
 from swarmjax.fl.data.clients import client
+from swarmjax.fl.protocol import RunSpec, Variants
 from swarmjax.models import cross_entropy, mlp
 from swarmjax.privacy.accounting import epsilon
 
@@ -53,16 +54,8 @@ def _plain(batch_size: int) -> LocalTraining:
 
 
 def _simulate(alg, clients, test, *, rounds, seeds=0, **kwargs):
-    variants = alg.variants(clients, rounds=rounds, **kwargs)
-    return simulate(
-        alg,
-        alg.client_data(clients),
-        test,
-        variants=variants,
-        seeds=seeds,
-        rounds=rounds,
-        delta=DELTA,
-    )
+    variants = Variants.grid(alg, clients, RunSpec(rounds, DELTA, seeds), **kwargs)
+    return simulate(alg, clients, test, variants)
 
 
 @pytest.fixture(scope="module")
@@ -86,16 +79,8 @@ def uneven():
 
 def _plain_run(uneven, client_map: str):
     ds, clients, alg = uneven
-    return simulate(
-        alg,
-        alg.client_data(clients),
-        (ds.x_test, ds.y_test),
-        variants=alg.variants(clients, rounds=3, learning_rate=0.01),
-        seeds=[3],
-        rounds=3,
-        delta=DELTA,
-        client_map=client_map,
-    )
+    variants = Variants.grid(alg, clients, RunSpec(3, DELTA, (3,)), learning_rate=0.01)
+    return simulate(alg, clients, (ds.x_test, ds.y_test), variants, client_map=client_map)
 
 
 @pytest.fixture(scope="module")
@@ -174,7 +159,9 @@ def test_smaller_targets_get_more_noise_per_client(digits) -> None:
     _, clients, model = digits
     alg = FedDPPSO(model, _dp(clients, 64), particles=2)
     sigma = np.asarray(
-        alg.variants(clients, rounds=2, target_epsilon=TARGETS).hyper.noise_multiplier
+        Variants.grid(
+            alg, clients, RunSpec(2, DELTA), epsilon_target=TARGETS
+        ).hyper.noise_multiplier
     )
     assert sigma.shape == (len(TARGETS), 3)
     assert np.all(sigma[0] > sigma[1]) and np.all(sigma > 0)
@@ -219,18 +206,18 @@ def test_bad_input_raises_before_compiling(digits) -> None:
     test = (ds.x_test, ds.y_test)
     dp = _dp(clients, 64)
 
-    def variants(alg, **kw):
-        return alg.variants(clients, **{"rounds": 1, "target_epsilon": 5.0, **kw})
+    def variants(alg, rounds=1, **kw):
+        return Variants.grid(alg, clients, RunSpec(rounds, DELTA), **{"epsilon_target": 5.0, **kw})
 
     with pytest.raises(ValueError, match="batch_size"):
         variants(FedDPPSO(model, dataclasses.replace(dp, batch_size=10_000)))
     with pytest.raises(ValueError, match="particles"):
         variants(FedDPPSO(model, dp, particles=0))
-    with pytest.raises(ValueError, match="target_epsilon"):
-        variants(FedDPPSO(model, dp), target_epsilon=0)
-    with pytest.raises(ValueError, match="all finite"):
-        variants(FedDPPSO(model, dp), target_epsilon=[5.0, math.inf])
-    with pytest.raises(ValueError, match="target_epsilon must be inf exactly"):
+    with pytest.raises(ValueError, match="epsilon_target"):
+        variants(FedDPPSO(model, dp), epsilon_target=0)
+    with pytest.raises(ValueError, match="epsilon_target must be inf exactly"):
+        variants(FedDPPSO(model, dp), epsilon_target=[5.0, math.inf])
+    with pytest.raises(ValueError, match="epsilon_target must be inf exactly"):
         variants(FedDPPSO(model, _plain(64)))
     with pytest.raises(ValueError, match="eval_subset"):
         variants(FedDPPSO(model, dp, eval_subset=0))
@@ -242,19 +229,10 @@ def test_bad_input_raises_before_compiling(digits) -> None:
         variants(FedDPPSO(model, dataclasses.replace(dp, record_dp=RecordDP(capacity=2))))
     small = FedDPPSO(mlp((8,), 4, ds.input_shape), _plain(64))
     with pytest.raises(ValueError, match="labels must be in"):
-        _simulate(small, clients, test, rounds=1, target_epsilon=math.inf)
+        _simulate(small, clients, test, rounds=1, epsilon_target=math.inf)
     alg = FedDPPSO(model, dp)
     with pytest.raises(ValueError, match="client_map"):
-        simulate(
-            alg,
-            alg.client_data(clients),
-            test,
-            variants=variants(alg),
-            seeds=0,
-            rounds=1,
-            delta=DELTA,
-            client_map="loop",
-        )
+        simulate(alg, clients, test, variants(alg), client_map="loop")
 
 
 @pytest.mark.parametrize("metric", ["loss", "error"])
@@ -341,9 +319,10 @@ def test_an_unreachable_target_warns_and_a_run_sized_buffer_reaches_it() -> None
         np.zeros((600, 8, 8, 1), np.float32), np.arange(600) % 10, np.split(np.arange(600), 3)
     )
     with pytest.warns(UserWarning, match="target_epsilon=8.0 is out of reach"):
-        alg.variants(fake, rounds=2, target_epsilon=8.0)
+        Variants.grid(alg, fake, RunSpec(2, DELTA), epsilon_target=8.0)
     run = RecordDP.for_sizes(sizes, 32, steps=14, delta=DELTA, epsilon=8.0)
     sized = dataclasses.replace(alg, training=dataclasses.replace(per_step, record_dp=run))
-    sigma = float(sized.variants(fake, rounds=2, target_epsilon=8.0).hyper.noise_multiplier[0, 0])
+    grid = Variants.grid(sized, fake, RunSpec(2, DELTA), epsilon_target=8.0)
+    sigma = float(grid.hyper.noise_multiplier[0, 0])
     over = sized.training.sampler_overflow(sizes, 200)[0]
     assert 0.99 * 8.0 < epsilon(32 / 200, sigma, 14, DELTA, overflow_prob=over) <= 8.0

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import haiku as hk
 import jax
 import jax.numpy as jnp
@@ -16,7 +18,8 @@ from swarmjax.fl.client.training import LocalTraining
 from swarmjax.fl.data import load_dataset
 from swarmjax.fl.data.clients import stack_clients
 from swarmjax.fl.data.partition import iid_partition
-from swarmjax.fl.runtime import Variants, simulate
+from swarmjax.fl.protocol import RunSpec, Variants
+from swarmjax.fl.runtime import simulate
 from swarmjax.fl.runtime import simulator as sim
 from swarmjax.models import from_haiku, mlp, paper_mlp
 
@@ -34,10 +37,9 @@ def digits():
 
 
 def _fedavg(clients, test, *, rounds=ROUNDS, seeds=(0, 1), **kw):
-    variants = ALG.variants(clients, rounds=rounds, learning_rate=0.3)
-    return simulate(
-        ALG, clients, test, variants=variants, seeds=list(seeds), rounds=rounds, delta=1e-5, **kw
-    )
+    spec = RunSpec(rounds, 1e-5, tuple(seeds))
+    variants = Variants.grid(ALG, clients, spec, epsilon_target=[math.inf], learning_rate=[0.3])
+    return simulate(ALG, clients, test, variants, **kw)
 
 
 @pytest.fixture(scope="module")
@@ -50,14 +52,9 @@ def test_fedavg_on_iid_digits_approaches_the_centralised_model(digits, fed):
     _, clients, test = digits
     union = centralised_clients(clients)
     central_alg = LocalOnly(MODEL, LocalTraining(batch_size=32))
+    spec = RunSpec(ROUNDS, 1e-5, (0, 1))
     central = simulate(
-        central_alg,
-        union,
-        test,
-        variants=central_alg.variants(union, learning_rate=0.3),
-        seeds=[0, 1],
-        rounds=ROUNDS,
-        delta=1e-5,
+        central_alg, union, test, Variants.grid(central_alg, union, spec, learning_rate=[0.3])
     )
     last = fed.history[fed.history["round"] == ROUNDS]
     ceiling = central.history[central.history["round"] == ROUNDS]
@@ -104,8 +101,9 @@ def test_runs_vmap_over_learning_rates_with_a_haiku_model(digits):
     variants = Variants(  # learning rate 0 is not a valid setting: built by hand here
         hyper=FedAvgHyper(learning_rate=jnp.array([0.0, 0.5]), noise_multiplier=jnp.zeros((2, n))),
         labels={"learning_rate": [0.0, 0.5]},
+        spec=RunSpec(3, 1e-5),
     )
-    res = simulate(alg, clients, test, variants=variants, seeds=[0], rounds=3, delta=1e-5)
+    res = simulate(alg, clients, test, variants)
     acc = res.metrics["test_accuracy"]
     assert acc.shape == (2, 3)
     assert acc[0, 0] == acc[0, 2]  # learning rate 0: the model never moves
@@ -122,8 +120,8 @@ def test_bad_model_fails_before_compiling(digits, monkeypatch):
     monkeypatch.setattr(sim, "run_rounds", never)
 
     def run(alg, rounds=1, **kw):
-        variants = alg.variants(clients, rounds=1, **kw)
-        return simulate(alg, clients, test, variants=variants, seeds=0, rounds=rounds, delta=1e-5)
+        variants = Variants.grid(alg, clients, RunSpec(rounds, 1e-5), **kw)
+        return simulate(alg, clients, test, variants)
 
     with pytest.raises(ValueError, match="labels must be in"):
         run(FedAvg(mlp((8,), 5, (8, 8, 1))))

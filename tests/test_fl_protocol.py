@@ -29,7 +29,7 @@ from swarmjax.fl.client.training import LocalTraining, RecordDP, clip_update
 from swarmjax.fl.data import load_dataset
 from swarmjax.fl.data.clients import stack_clients
 from swarmjax.fl.data.partition import iid_partition
-from swarmjax.fl.protocol import client_key, server_key
+from swarmjax.fl.protocol import RunSpec, Variants, client_key, run_keys, server_key
 from swarmjax.fl.runtime import simulate
 from swarmjax.fl.runtime import simulator as sim
 from swarmjax.models import mlp, param_bytes
@@ -58,22 +58,22 @@ def _algorithms(clients):
     dp = _dp_training(clients)
     return {
         "fedavg": (FedAvg(MODEL, LocalTraining(batch_size=32)), {"learning_rate": 0.3}),
-        "fedavg_record_dp": (FedAvg(MODEL, dp), {"learning_rate": 0.01, "target_epsilon": 8.0}),
+        "fedavg_record_dp": (FedAvg(MODEL, dp), {"learning_rate": 0.01, "epsilon_target": 8.0}),
         "combined": (
             FedAvg(MODEL, LocalTraining(batch_size=32), combine=CombinedAggregator(0.01)),
             {"learning_rate": 0.3},
         ),
         "client_level_dp_fedavg": (
             ClientLevelDPFedAvg(MODEL, LocalTraining(batch_size=32), capacity=N),
-            {"sample_rate": 0.7, "noise_multiplier": 0.8, "clip": 0.5},
+            {"sample_rate": 0.7, "noise_multiplier": 0.8, "initial_clip": 0.5},
         ),
         "fed_dp_pso": (
             FedDPPSO(MODEL, dataclasses.replace(dp, optimizer="adamw"), particles=2),
-            {"target_epsilon": 8.0},
+            {"epsilon_target": 8.0},
         ),
         "fed_dp_pso_private_selection": (
             FedDPPSO(MODEL, dp, particles=2, private_selection=True),
-            {"target_epsilon": 8.0},
+            {"epsilon_target": 8.0},
         ),
         "fedpso": (fedpso(MODEL), {"learning_rate": 0.05}),
         "clients_alone": (LocalOnly(MODEL, LocalTraining(batch_size=32)), {"learning_rate": 0.3}),
@@ -93,14 +93,7 @@ NAMES = [
 
 
 def _run(alg, kwargs, clients, test, **extra):
-    data = alg.client_data(clients) if isinstance(alg, FedDPPSO) else clients
-    if isinstance(alg, FedDPPSO | FedAvg):
-        kwargs = {"rounds": ROUNDS, **kwargs}
-    variants = alg.variants(clients, **kwargs)
-    delta = 1e-3 if alg.privacy_unit == "client" else 1e-5
-    return simulate(
-        alg, data, test, variants=variants, seeds=SEEDS, rounds=ROUNDS, delta=delta, **extra
-    )
+    return simulate(alg, clients, test, _variants(alg, kwargs, clients), **extra)
 
 
 class _Runs(dict):
@@ -156,7 +149,7 @@ def test_released_outputs_hold_only_message_derived_and_public_values(setup, res
     clients, test = setup
     alg, kwargs = _algorithms(clients)[name]
     res = results[name]
-    data = alg.client_data(clients) if isinstance(alg, FedDPPSO) else clients
+    data = alg.client_data(clients)
     one = jax.tree.map(lambda a: a[0], data)
     server = jax.tree.map(lambda a: a[0], res.server)
     state = jax.tree.map(lambda a: a[0, 0], res.clients)
@@ -188,9 +181,8 @@ def test_released_outputs_hold_only_message_derived_and_public_values(setup, res
 
 
 def _variants(alg, kwargs, clients):
-    if isinstance(alg, FedDPPSO | FedAvg):
-        kwargs = {"rounds": ROUNDS, **kwargs}
-    return alg.variants(clients, **kwargs)
+    delta = 1e-3 if alg.privacy_unit == "client" else 1e-5
+    return Variants.grid(alg, clients, RunSpec(ROUNDS, delta, tuple(SEEDS)), **kwargs)
 
 
 def test_fed_dp_pso_uploads_one_model_and_counts_one_observation_per_round(results):
@@ -250,14 +242,14 @@ def test_client_level_sampling_overflow_is_charged_to_delta(setup):
     """Client-level DP's draw of at most ``capacity`` clients is redrawn when it overflows:
     that chance (per round) is charged to delta as the record-level buffers' is; no capacity
     (or one holding every client) charges nothing."""
-    from swarmjax.fl.runtime.result import client_sampling_overflow, privacy_record
+    from swarmjax.fl.runtime.result import privacy_record
     from swarmjax.privacy.accounting import epsilon as accounted
     from swarmjax.privacy.sampling import overflow_probability
 
     n, q = 1000, 0.05
     alg = ClientLevelDPFedAvg(MODEL, capacity=90)
     spend = _uniform_spend(runs=2, rounds=3, clients=n, sample_rate=q, noise_multiplier=1.0)
-    over = client_sampling_overflow(alg, spend, n)
+    over = alg.sampling_overflow(spend, n)
     chex.assert_shape(over, (2, 1, n))
     p = overflow_probability(n, q, 90)
     assert 0 < p < 1e-6
@@ -266,15 +258,15 @@ def test_client_level_sampling_overflow_is_charged_to_delta(setup):
     want = accounted(q, 1.0, 3, 1e-6, overflow_prob=p)
     np.testing.assert_allclose(record.final_epsilon, want)
     assert want > accounted(q, 1.0, 3, 1e-6)
-    assert client_sampling_overflow(ClientLevelDPFedAvg(MODEL), spend, n) is None
-    assert client_sampling_overflow(ClientLevelDPFedAvg(MODEL, capacity=n), spend, n) is None
+    assert ClientLevelDPFedAvg(MODEL).sampling_overflow(spend, n) is None
+    assert ClientLevelDPFedAvg(MODEL, capacity=n).sampling_overflow(spend, n) is None
 
 
 def test_client_level_noise_for_epsilon_meets_the_target_of_the_charged_record():
     """Calibrating without the overflow charge misses the target once the record charges it
     (DP-FedAvg's experiment at epsilon 8 reported 8.30); ``noise_for_epsilon`` calibrates
     against the same record and lands just below the target."""
-    from swarmjax.fl.runtime.result import client_sampling_overflow, privacy_record
+    from swarmjax.fl.runtime.result import privacy_record
     from swarmjax.privacy.accounting import sigma_for_epsilon
     from swarmjax.privacy.sampling import poisson_capacity
 
@@ -283,7 +275,7 @@ def test_client_level_noise_for_epsilon_meets_the_target_of_the_charged_record()
 
     def recorded(z: float) -> float:
         spend = _uniform_spend(runs=1, rounds=rounds, clients=n, sample_rate=q, noise_multiplier=z)
-        over = client_sampling_overflow(alg, spend, n)
+        over = alg.sampling_overflow(spend, n)
         record = privacy_record(spend, (), unit="client", delta=delta, overflow_prob=over)
         return float(record.final_epsilon.max())
 
@@ -351,8 +343,9 @@ def test_unselected_slots_contribute_exactly_nothing(setup, bad):
     chex.assert_trees_all_equal(*agg)
 
     dp = ClientLevelDPFedAvg(MODEL, capacity=None)
-    hyper = jax.tree.map(
-        lambda a: a[0], dp.variants(clients, sample_rate=0.5, noise_multiplier=1.0).hyper
+    spec = RunSpec(1, 1e-3)
+    hyper = dp.resolve(
+        dp.default_hyper(clients, spec).replace(sample_rate=0.5), clients, spec, None
     )
     dserver = dp.server_init(jax.random.key(0), hyper)
     upd = ClientUpdate(update=stacked, unclipped=jnp.array([1.0, 0.0, 1.0]))
@@ -365,10 +358,7 @@ def test_unselected_slots_contribute_exactly_nothing(setup, bad):
     chex.assert_trees_all_equal(*out)
 
     pso = FedDPPSO(MODEL)
-    pserver = pso.server_init(
-        jax.random.key(0),
-        jax.tree.map(lambda a: a[0], pso.variants(clients, rounds=1, target_epsilon=8.0).hyper),
-    )
+    pserver = pso.server_init(jax.random.key(0), pso.default_hyper(clients, spec))
     one_hot = jnp.array([False, True, False])
     models = [pso.take_gbest(pserver, poison(stacked, v), one_hot, key, None) for v in (0.0, bad)]
     chex.assert_trees_all_equal(*models)
@@ -408,12 +398,12 @@ def test_variants_draw_independent_noise_unless_common_random_numbers(setup, res
     numbers do not depend on the rest of its batch; common random numbers share keys."""
     clients, test = setup
     labels = [{"epsilon_target": 1.0}, {"epsilon_target": 8.0}]
-    keys = jax.random.key_data(sim.run_keys([0], labels, False))
+    keys = jax.random.key_data(run_keys([0], labels, False))
     assert not np.array_equal(keys[0], keys[1])
-    crn = jax.random.key_data(sim.run_keys([0], labels, True))
+    crn = jax.random.key_data(run_keys([0], labels, True))
     np.testing.assert_array_equal(crn[0], crn[1])
     alg, kwargs = _algorithms(clients)["fedavg_record_dp"]
-    both = _run(alg, {**kwargs, "target_epsilon": [1.0, 8.0]}, clients, test)
+    both = _run(alg, {**kwargs, "epsilon_target": [1.0, 8.0]}, clients, test)
     alone = results["fedavg_record_dp"].history  # target 8 only, same seeds
     at8 = both.history[both.history["epsilon_target"] == 8.0].reset_index(drop=True)
     # equal up to float32 rounding (XLA may vectorise a batch of 4 runs unlike one of 2)
@@ -445,13 +435,7 @@ def test_centralised_reference_keeps_its_optimiser_across_rounds(setup):
         MODEL, LocalTraining(batch_size=32, optimizer="adam"), keep_optimizer_state=True
     )
     res = simulate(
-        alg,
-        union,
-        test,
-        variants=alg.variants(union, learning_rate=0.01),
-        seeds=[0],
-        rounds=3,
-        delta=1e-5,
+        alg, union, test, Variants.grid(alg, union, RunSpec(3, 1e-5), learning_rate=0.01)
     )
     assert res.history["test_accuracy"].iloc[-1] > 0.5
     count = jax.tree.leaves(res.clients.opt_state)[0]
@@ -459,30 +443,24 @@ def test_centralised_reference_keeps_its_optimiser_across_rounds(setup):
 
 
 def test_bad_input_fails_before_any_work(setup):
-    clients, test = setup
+    clients, _ = setup
+    spec = RunSpec(1, 1e-5)
     with pytest.raises(ValueError, match="capacity"):
-        ClientLevelDPFedAvg(MODEL, capacity=1).variants(
-            clients, sample_rate=0.9, noise_multiplier=1.0
-        )
+        Variants.grid(ClientLevelDPFedAvg(MODEL, capacity=1), clients, spec, sample_rate=0.9)
     with pytest.raises(ValueError, match="learning_rate"):
-        FedAvg(MODEL).variants(clients, rounds=1, learning_rate=-1.0)
-    with pytest.raises(ValueError, match="target_epsilon"):
-        FedAvg(MODEL).variants(clients, rounds=1, target_epsilon=8.0)
+        Variants.grid(FedAvg(MODEL), clients, spec, learning_rate=-1.0)
+    with pytest.raises(ValueError, match="epsilon_target"):
+        Variants.grid(FedAvg(MODEL), clients, spec, epsilon_target=8.0)
     with pytest.raises(ValueError, match=r"record_dp\.capacity"):
-        FedAvg(MODEL, LocalTraining(record_dp=RecordDP(capacity=1))).variants(
-            clients, rounds=1, target_epsilon=8.0
-        )
+        alg = FedAvg(MODEL, LocalTraining(record_dp=RecordDP(capacity=1)))
+        Variants.grid(alg, clients, spec, epsilon_target=8.0)
+    with pytest.raises(ValueError, match="no hyper-parameter 'lr'"):
+        Variants.grid(FedAvg(MODEL), clients, spec, lr=0.1)
+    with pytest.raises(ValueError, match="labels that tell every row apart"):
+        run_keys([0], [{}, {}], common_random_numbers=False)
     small = FedAvg(mlp((8,), 3, (8, 8, 1)))  # 3 outputs, digits labels go to 9
     with pytest.raises(ValueError, match="labels must be in"):
-        simulate(
-            small,
-            clients,
-            test,
-            seeds=[0],
-            rounds=1,
-            delta=1e-5,
-            variants=small.variants(clients, rounds=1),
-        )
+        Variants.grid(small, clients, spec)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         assert default_delta(100) == pytest.approx(100**-1.1)

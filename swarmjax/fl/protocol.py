@@ -314,9 +314,10 @@ class Algorithm:
         :class:`~swarmjax.fl.data.clients.ClientData` (default: the data itself)."""
         return clients
 
-    def check(self, clients: Any, test: tuple[Array, Array]) -> None:
+    def check(self, clients: Any, test: tuple[Array, Array] | None = None) -> None:
         """``ValueError`` naming the setting unless the algorithm fits ``clients`` (stacked
-        ``ClientData``) and the public ``test`` set (default: no check)."""
+        ``ClientData``) and the public ``test`` set (``None``: not checked); default: no
+        check. :meth:`Variants.grid` and the runtimes call it before any work."""
         del clients, test
 
     def default_hyper(self, clients: Any, spec: RunSpec) -> Hyper:
@@ -430,6 +431,7 @@ class Variants:
         Axes (given as lists) become labels, in the order given with ``epsilon_target``
         first; rows are their product, the first axis outermost.
         """
+        alg.check(clients)
         base = alg.default_hyper(clients, spec)
         names = {f.name for f in dataclasses.fields(base)}
         for name in values:

@@ -302,7 +302,7 @@ class ClientLevelDPFedAvg(Algorithm):
 
     # ------------------------------------------------------------------------ host side
 
-    def check(self, clients: ClientData, test: tuple[Array, Array]) -> None:
+    def check(self, clients: ClientData, test: tuple[Array, Array] | None = None) -> None:
         check_choice("clipping", self.clipping, ("fixed", "adaptive"))
         check_range("server_momentum", self.server_momentum, 0.0, 1.0, high_open=True)
         self.training.check(clients.sizes)

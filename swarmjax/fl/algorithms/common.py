@@ -141,8 +141,8 @@ def record_sampling_overflow(
     return np.where(q > 0, training.sampler_overflow(derived, int(derived.max())), 0.0)
 
 
-def check_model_inputs(model: Model, clients: Any, test: tuple[Array, Array]) -> None:
-    """Model, stacked client data and test set against each other (shapes, classes,
-    labels) when ``clients`` is :class:`~swarmjax.fl.data.clients.ClientData`."""
+def check_model_inputs(model: Model, clients: Any, test: tuple[Array, Array] | None) -> None:
+    """Model, stacked client data and test set (``None``: not checked) against each other
+    (shapes, classes, labels) when ``clients`` is :class:`~swarmjax.fl.data.clients.ClientData`."""
     if isinstance(clients, ClientData):
-        check_federated_inputs(model, clients, as_test_set(test))
+        check_federated_inputs(model, clients, None if test is None else as_test_set(test))

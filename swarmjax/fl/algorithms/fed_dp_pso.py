@@ -537,7 +537,7 @@ class FedDPPSO(Algorithm):
 
     # ------------------------------------------------------------------------ host side
 
-    def check(self, clients: ClientData, test: tuple[Array, Array]) -> None:
+    def check(self, clients: ClientData, test: tuple[Array, Array] | None = None) -> None:
         """``ValueError`` naming the field unless the settings fit ``clients``."""
         check_int("particles", self.particles, 1)
         check_int("top_k", self.top_k, 1)

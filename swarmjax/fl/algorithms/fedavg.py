@@ -157,7 +157,7 @@ class FedAvg(Algorithm):
 
     # ------------------------------------------------------------------------ host side
 
-    def check(self, clients: ClientData, test: tuple[Array, Array]) -> None:
+    def check(self, clients: ClientData, test: tuple[Array, Array] | None = None) -> None:
         self.training.check(clients.sizes)
         check_model_inputs(self.model, clients, test)
 

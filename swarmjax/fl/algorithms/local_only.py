@@ -155,7 +155,7 @@ class LocalOnly(Algorithm):
     def private_diagnostics(self, state: LocalClient) -> dict[str, Array]:
         return {"local_train_loss": state.loss}
 
-    def check(self, clients: ClientData, test: tuple[Array, Array]) -> None:
+    def check(self, clients: ClientData, test: tuple[Array, Array] | None = None) -> None:
         self.training.check(clients.sizes)
         if self.training.record_dp is not None:
             raise ValueError("training.record_dp must be None for the local-only references")

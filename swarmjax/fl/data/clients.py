@@ -135,22 +135,25 @@ def as_test_set(test: tuple[ArrayLike, ArrayLike]) -> tuple[Array, Array]:
 def check_federated_inputs(
     model: Model,
     clients: ClientData,
-    test: tuple[Array, Array],
+    test: tuple[Array, Array] | None,
     num_classes: int | None = None,
 ) -> None:
     """Raise ``ValueError`` (before any compilation) on mismatched model and data.
 
-    Checks the example shape of clients and test set against ``model.input_shape``, the
-    model's output size against ``num_classes`` (when given), and every label against the
-    model's output size.
+    Checks the example shape of clients and test set (``None``: the clients only) against
+    ``model.input_shape``, the model's output size against ``num_classes`` (when given),
+    and every label against the model's output size.
     """
     example_shape = tuple(clients.x.shape[2:])
-    if tuple(test[0].shape[1:]) != example_shape:
+    if test is not None and tuple(test[0].shape[1:]) != example_shape:
         raise ValueError(
             f"test examples have shape {tuple(test[0].shape[1:])}, clients {example_shape}"
         )
     check_model(model, model.num_classes if num_classes is None else num_classes, example_shape)
-    labels = np.concatenate([np.asarray(clients.y)[np.asarray(clients.mask)], np.asarray(test[1])])
+    labels = [np.asarray(clients.y)[np.asarray(clients.mask)]]
+    if test is not None:
+        labels.append(np.asarray(test[1]))
+    labels = np.concatenate(labels)
     if labels.min() < 0 or labels.max() >= model.num_classes:
         raise ValueError(
             f"labels must be in [0, {model.num_classes - 1}] for model {model.name!r} with "
