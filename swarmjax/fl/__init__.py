@@ -9,40 +9,24 @@
 * :mod:`~swarmjax.fl.runtime`: the simulator, its one :class:`Result`, and the Flower runtime
   (:mod:`~swarmjax.fl.runtime.flower`).
 
-See ``docs/federated.md``. The algorithms and the runtime are imported lazily (on first
-attribute access), so ``import swarmjax.fl`` stays light.
+See ``docs/federated.md``. Every name below is imported on first access, so
+``import swarmjax.fl`` stays light.
 """
 
 import importlib
 
-from swarmjax.fl import comm
-from swarmjax.fl.data import (
-    DATASETS,
-    SCHEMES,
-    ClientData,
-    Dataset,
-    DatasetNotFoundError,
-    Partition,
-    client,
-    dirichlet_partition,
-    flower_partition,
-    iid_partition,
-    label_skew,
-    load_dataset,
-    partition,
-    pathological_partition,
-    poisson_rates,
-    read_idx,
-    stack_clients,
-    subsample,
-)
+from swarmjax.fl import data
 
 _LAZY = {
+    **dict.fromkeys(data.__all__, "data"),
     "LocalTraining": "client.training",
     "RecordDP": "client.training",
+    "Algorithm": "protocol",
     "Exchange": "protocol",
     "Protection": "protocol",
+    "RunSpec": "protocol",
     "Spend": "protocol",
+    "Variants": "protocol",
     "client_key": "protocol",
     "server_key": "protocol",
     "FedAvg": "algorithms.fedavg",
@@ -54,7 +38,6 @@ _LAZY = {
     "CombinedAggregator": "algorithms.combined",
     "PrivacyRecord": "runtime",
     "Result": "runtime",
-    "Variants": "runtime",
     "simulate": "runtime",
 }
 
@@ -71,42 +54,4 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_LAZY))
 
 
-__all__ = [
-    "DATASETS",
-    "SCHEMES",
-    "ClientData",
-    "ClientLevelDPFedAvg",
-    "CombinedAggregator",
-    "Dataset",
-    "DatasetNotFoundError",
-    "Exchange",
-    "FedAvg",
-    "FedDPPSO",
-    "LocalOnly",
-    "LocalTraining",
-    "Partition",
-    "PrivacyRecord",
-    "Protection",
-    "RecordDP",
-    "Result",
-    "Spend",
-    "Variants",
-    "centralised_clients",
-    "client",
-    "client_key",
-    "comm",
-    "dirichlet_partition",
-    "fedpso",
-    "flower_partition",
-    "iid_partition",
-    "label_skew",
-    "load_dataset",
-    "partition",
-    "pathological_partition",
-    "poisson_rates",
-    "read_idx",
-    "server_key",
-    "simulate",
-    "stack_clients",
-    "subsample",
-]
+__all__ = sorted(_LAZY)

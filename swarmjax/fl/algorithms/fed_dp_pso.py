@@ -178,7 +178,7 @@ class FedDPPSO(Algorithm):
         model: the ``(init, apply)`` pair.
         training: the refinement of the best particle (default DP-Adam with eq. 10's
             coupled L2, ``weight_decay`` 1e-4; ``record_dp=None`` gives plain Adam, epsilon
-            inf; ``optimizer="adamw"``: decoupled decay, the earlier default).
+            inf; ``optimizer="adamw"``: decoupled decay).
         particles: ``S`` per client.
         refine_start: ``"pbest"`` (refine the best personal best, the model the client
             would send; default) or ``"position"`` (the best moved position).
@@ -199,8 +199,8 @@ class FedDPPSO(Algorithm):
         init_scale: standard deviation of the shared initialisation's noise.
         refine_update: ``"always"`` (default; Algorithm 1 lines 27-32 and the authors'
             notebooks: the refined model replaces the refined slot's personal best
-            unconditionally) or ``"if_better"`` (only if its score is lower; the earlier
-            default).
+            unconditionally) or ``"if_better"`` (only if its score is lower: the
+            ``current`` reading).
         optimizer_state: ``"fresh"`` (the optimiser restarts every round; default) or
             ``"persistent"`` (one state per client, kept in its :class:`PSOClient` across
             rounds, as the DP notebooks' one Adam per client).
@@ -660,7 +660,7 @@ READINGS = {
     "current": Reading(
         refine_update="if_better",
         weight_decay="decoupled",
-        about="before issue 17: pbest kept only if better, AdamW",
+        about="the published tables' first reading: pbest kept only if better, AdamW",
     ),
     "authors": Reading(
         init="shared",

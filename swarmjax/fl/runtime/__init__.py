@@ -2,6 +2,6 @@
 runtime, ``swarmjax.fl.runtime.flower``, sits beside it)."""
 
 from swarmjax.fl.runtime.result import PrivacyRecord, Result
-from swarmjax.fl.runtime.simulator import Variants, simulate
+from swarmjax.fl.runtime.simulator import simulate
 
-__all__ = ["PrivacyRecord", "Result", "Variants", "simulate"]
+__all__ = ["PrivacyRecord", "Result", "simulate"]
