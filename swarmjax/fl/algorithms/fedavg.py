@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import flax.struct
 import jax.numpy as jnp
+import optax
 from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray, PyTree
 
 from swarmjax._validation import check_positive
@@ -126,11 +127,23 @@ class FedAvg(Algorithm):
         hyper: FedAvgHyper,
     ) -> tuple[Trainer, ModelReply]:
         res = self.training.train(
-            self.model, params, data, key, hyper.learning_rate, state.spend.noise_multiplier
+            self.model,
+            params,
+            data,
+            key,
+            hyper.learning_rate,
+            state.spend.noise_multiplier,
+            gradient_transform=self.gradient_transform(hyper),
         )
         spend = state.spend.replace(steps=state.spend.steps + res.steps)
         reply = ModelReply(params=res.params, weight=data.sizes.astype(jnp.float32))
         return Trainer(spend=spend, loss=res.loss), reply
+
+    def gradient_transform(self, hyper: FedAvgHyper) -> optax.GradientTransformation | None:
+        """A transform of the local gradient before the optimiser (FedAvg: none; FedProx
+        adds its proximal term here)."""
+        del hyper
+        return None
 
     def aggregate(
         self,

@@ -187,10 +187,16 @@ class LocalTraining:
         learning_rate: Float[Array, ""],
         noise_multiplier: Float[Array, ""],
         opt_state: PyTree | None = None,
+        gradient_transform: optax.GradientTransformation | None = None,
     ) -> LocalResult:
         """``E`` epochs on ONE client from ``params`` (the optimiser state starts fresh unless
         ``opt_state``); ``steps`` are the accounted steps (``E ceil(|D_i| / B)``) when
-        ``record_dp`` is set."""
+        ``record_dp`` is set. ``gradient_transform`` (e.g. FedProx's proximal term) is
+        applied to the (DP) gradient before the optimiser; it must not read the data (it
+        then post-processes the DP release and costs no privacy)."""
+        optimizer = self.optimizer_for(learning_rate)
+        if gradient_transform is not None:
+            optimizer = optax.chain(gradient_transform, optimizer)
         grad_fn = sampler = None
         if self.record_dp is not None:
             grad_fn = dp_grad_fn(
@@ -206,7 +212,7 @@ class LocalTraining:
             data,
             key,
             apply_fn=model.apply,
-            optimizer=self.optimizer_for(learning_rate),
+            optimizer=optimizer,
             epochs=self.epochs,
             batch_size=self.batch_size,
             grad_fn=grad_fn,
