@@ -25,7 +25,7 @@ from swarmjax.fl.client.training import LocalTraining, clip_update
 from swarmjax.fl.data import load_dataset
 from swarmjax.fl.data.clients import stack_clients
 from swarmjax.fl.data.partition import iid_partition
-from swarmjax.fl.protocol import RunSpec, Variants
+from swarmjax.fl.protocol import RunSpec, Slots, Variants
 from swarmjax.fl.runtime import simulate
 from swarmjax.models import mlp, param_bytes
 from swarmjax.privacy import accounting
@@ -190,7 +190,9 @@ def test_adaptive_clipping_converges_to_the_target_quantile(gamma):
         k_norm, k_agg = jax.random.split(k)
         norms = jnp.exp(s * jax.random.normal(k_norm, (m,)))
         bits = (norms <= server.clip).astype(jnp.float32)
-        server = alg.aggregate(server, ClientUpdate(zeros, bits), mask, k_agg, hyper)
+        server = alg.aggregate(
+            server, ClientUpdate(zeros, bits), Slots.everyone(mask), k_agg, hyper
+        )
         return server, server.clip
 
     server = alg.server_init(jax.random.key(1), hyper)
@@ -211,7 +213,11 @@ def test_fixed_clipping_keeps_the_norm_and_makes_no_count(digits):
     server = FIXED.server_init(jax.random.key(0), hyper)
     zeros = jax.tree.map(lambda a: jnp.zeros((NUM_CLIENTS, *a.shape)), server.params)
     out = FIXED.aggregate(
-        server, ClientUpdate(zeros), jnp.ones(NUM_CLIENTS, bool), jax.random.key(1), hyper
+        server,
+        ClientUpdate(zeros),
+        Slots.everyone(jnp.ones(NUM_CLIENTS, bool)),
+        jax.random.key(1),
+        hyper,
     )
     assert float(out.clip) == pytest.approx(0.7)
     assert np.isnan(float(out.noisy_unclipped_fraction))  # fixed: nothing counted

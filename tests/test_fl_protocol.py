@@ -29,7 +29,7 @@ from swarmjax.fl.client.training import LocalTraining, RecordDP, clip_update
 from swarmjax.fl.data import load_dataset
 from swarmjax.fl.data.clients import stack_clients
 from swarmjax.fl.data.partition import iid_partition
-from swarmjax.fl.protocol import RunSpec, Variants, client_key, run_keys, server_key
+from swarmjax.fl.protocol import RunSpec, Slots, Variants, client_key, run_keys, server_key
 from swarmjax.fl.runtime import simulate
 from swarmjax.fl.runtime import simulator as sim
 from swarmjax.models import mlp, param_bytes
@@ -336,7 +336,11 @@ def test_unselected_slots_contribute_exactly_nothing(setup, bad):
     reply = ModelReply(params=stacked, weight=jnp.array([10.0, 20.0, 30.0]))
     agg = [
         fedavg.aggregate(
-            server, ModelReply(poison(stacked, v), reply.weight.at[2].set(v)), mask, key, None
+            server,
+            ModelReply(poison(stacked, v), reply.weight.at[2].set(v)),
+            Slots.everyone(mask),
+            key,
+            None,
         )
         for v in (0.0, bad)
     ]
@@ -351,7 +355,11 @@ def test_unselected_slots_contribute_exactly_nothing(setup, bad):
     upd = ClientUpdate(update=stacked, unclipped=jnp.array([1.0, 0.0, 1.0]))
     out = [
         dp.aggregate(
-            dserver, ClientUpdate(poison(stacked, v), upd.unclipped.at[2].set(v)), mask, key, hyper
+            dserver,
+            ClientUpdate(poison(stacked, v), upd.unclipped.at[2].set(v)),
+            Slots.everyone(mask),
+            key,
+            hyper,
         )
         for v in (0.0, bad)
     ]
@@ -360,10 +368,14 @@ def test_unselected_slots_contribute_exactly_nothing(setup, bad):
     pso = FedDPPSO(MODEL)
     pserver = pso.server_init(jax.random.key(0), pso.default_hyper(clients, spec))
     one_hot = jnp.array([False, True, False])
-    models = [pso.take_gbest(pserver, poison(stacked, v), one_hot, key, None) for v in (0.0, bad)]
+    models = [
+        pso.take_gbest(pserver, poison(stacked, v), Slots.everyone(one_hot), key, None)
+        for v in (0.0, bad)
+    ]
     chex.assert_trees_all_equal(*models)
     reports = [
-        pso.store_reports(pserver, jnp.array([1.0, 2.0, v]), mask, key, None) for v in (0.0, bad)
+        pso.store_reports(pserver, jnp.array([1.0, 2.0, v]), Slots.everyone(mask), key, None)
+        for v in (0.0, bad)
     ]
     chex.assert_trees_all_equal(*reports)
 
@@ -524,3 +536,48 @@ def test_record_dp_accounts_the_samplers_overflow_over_the_whole_run(setup, resu
             overflow_prob=float(p[i]),
         )
         assert pr.final_epsilon[0, i] == pytest.approx(expected, rel=1e-9)
+
+
+def test_slots_scatter_and_update_place_replies_by_client_id_and_drop_unused_slots():
+    """A cohort's compact slots: slot s holds client ids[s]; an unused slot (mask False,
+    id N) changes nothing, whatever it holds."""
+    slots = Slots(
+        mask=jnp.array([True, True, False]), ids=jnp.array([4, 1, 5], jnp.int32), num_clients=5
+    )
+    values = jnp.array([10.0, 11.0, jnp.nan])
+    np.testing.assert_array_equal(
+        np.asarray(slots.scatter(values, jnp.inf)), [np.inf, 11.0, np.inf, np.inf, 10.0]
+    )
+    old = {"w": jnp.arange(10.0).reshape(5, 2)}
+    new = {"w": jnp.array([[1e30, 1e30], [7.0, 7.0], [jnp.nan, jnp.nan]])}
+    got = np.asarray(slots.update(old, new)["w"])
+    want = np.arange(10.0, dtype=np.float32).reshape(5, 2)
+    want[4], want[1] = 1e30, 7.0
+    np.testing.assert_array_equal(got, want)
+
+
+def test_a_capped_exchange_runs_and_aggregates_only_the_cohorts_slots(setup):
+    """With ``max_selected`` the simulator calls ``client`` and hands ``aggregate`` that many
+    slots (not N): a round's cost follows the cohort."""
+    from swarmjax.privacy.sampling import poisson_capacity
+
+    _, test = setup
+    data = load_dataset("digits")
+    many = 40
+    part = iid_partition(data.y_train[:800], many, seed=0)
+    clients = stack_clients(data.x_train, data.y_train, part.indices)
+    capacity = poisson_capacity(many, 0.1)
+    assert capacity < many
+    seen = []
+
+    @dataclasses.dataclass(frozen=True)
+    class Spy(ClientLevelDPFedAvg):
+        def aggregate(self, server, replies, slots, key, hyper):
+            seen.append((jax.tree.leaves(replies)[0].shape[0], slots.num_clients))
+            return super().aggregate(server, replies, slots, key, hyper)
+
+    alg = Spy(MODEL, LocalTraining(batch_size=10), capacity=capacity)
+    grid = Variants.grid(alg, clients, RunSpec(1, 1e-3), sample_rate=0.1)
+    res = simulate(alg, clients, test, grid)
+    assert seen and all(s == (capacity, many) for s in seen)
+    assert np.isfinite(res.history["test_loss"]).all()

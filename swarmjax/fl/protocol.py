@@ -8,11 +8,13 @@ A run is ``setup`` exchanges once, then ``rounds`` rounds of ``exchanges``. One 
 2. the server builds ONE request for all of them, ``request(server) -> Request``;
 3. every selected client runs ``client(state, data, request, key, hyper) -> (state, Reply)``
    on its own data; its state (swarm, optimiser state, privacy spend) never leaves it;
-4. the server folds the replies in, ``aggregate(server, replies, mask, key, hyper) -> server``
-   (``key``: :func:`aggregate_key`, for server-side noise).
-   ``replies`` are stacked over ALL ``N`` client slots, ``mask`` marks the slots that
-   replied; the other slots may hold anything (zeros, garbage, NaN), so aggregates must
-   combine with ``jnp.where(mask, ...)`` and never multiply by a 0/1 mask.
+4. the server folds the replies in, ``aggregate(server, replies, slots, key, hyper) ->
+   server`` (``key``: :func:`aggregate_key`, for server-side noise). ``replies`` are stacked
+   over ``S`` reply slots (all ``N`` clients, or an exchange's ``max_selected`` cohort
+   slots: a round costs the cohort, not the federation); :class:`Slots` says which client
+   each slot holds (``ids``) and which slots replied (``mask``). The other slots may hold
+   anything (zeros, garbage, NaN), so aggregates must combine with
+   ``jnp.where(slots.mask, ...)`` and never multiply by a 0/1 mask.
 
 Privacy follows the messages: every exchange declares, per Reply field, how that field is
 protected (:class:`Protection`). The run's privacy record is derived from those
@@ -46,7 +48,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray, PyTree
+from jaxtyping import Array, ArrayLike, Bool, Float, Int, PRNGKeyArray, PyTree
 
 __all__ = [
     "ACCOUNTED",
@@ -56,6 +58,7 @@ __all__ = [
     "Exchange",
     "Protection",
     "RunSpec",
+    "Slots",
     "Spend",
     "Variants",
     "aggregate_key",
@@ -197,6 +200,45 @@ def coverage(exchanges: tuple[Exchange, ...]) -> tuple[tuple[str, ...], tuple[st
 # ----------------------------------------------------------------------------- exchanges
 
 
+@flax.struct.dataclass
+class Slots:
+    """The reply slots of one exchange: slot ``s`` holds client ``ids[s]``'s reply iff
+    ``mask[s]`` (an unused slot has ``mask`` False and any id, e.g. ``num_clients``).
+
+    Attributes:
+        mask: ``(S,)`` bool, True where the slot holds a reply.
+        ids: ``(S,)`` int32 client ids.
+        num_clients: ``N``, the client slots of the federation (static).
+    """
+
+    mask: Bool[Array, " S"]
+    ids: Int[Array, " S"]
+    num_clients: int = flax.struct.field(pytree_node=False)
+
+    @classmethod
+    def everyone(cls, mask: Bool[Array, " N"]) -> Slots:
+        """One slot per client, in client order."""
+        n = mask.shape[0]
+        return cls(mask=mask, ids=jnp.arange(n, dtype=jnp.int32), num_clients=n)
+
+    def scatter(self, values: Array, fill: ArrayLike) -> Array:
+        """``(N, ...)``: each replying slot's value at its client id, ``fill`` elsewhere."""
+        mask = self.mask.reshape((-1,) + (1,) * (values.ndim - 1))
+        out = jnp.full((self.num_clients, *values.shape[1:]), fill, values.dtype)
+        return out.at[self.ids].set(jnp.where(mask, values, fill), mode="drop")
+
+    def update(self, per_client: PyTree, values: PyTree) -> PyTree:
+        """``per_client`` (leading axis ``N``) with each replying slot's value written at its
+        client id; other clients keep theirs (a ``jnp.where``: unused slots never leak)."""
+
+        def one(old: Array, new: Array) -> Array:
+            safe = jnp.minimum(self.ids, self.num_clients - 1)
+            mask = self.mask.reshape((-1,) + (1,) * (new.ndim - 1))
+            return old.at[self.ids].set(jnp.where(mask, new, old[safe]), mode="drop")
+
+        return jax.tree.map(one, per_client, values)
+
+
 def where_selected(mask: Bool[Array, " N"], new: PyTree, old: PyTree) -> PyTree:
     """Per client slot (leading axis of every leaf): ``new`` where ``mask`` else ``old``.
     A ``jnp.where``, so whatever an unselected slot of ``new`` holds (NaN, inf) is dropped,
@@ -223,11 +265,12 @@ class Exchange:
         select: ``(server, key, num_clients) -> Bool[num_clients]``.
         request: ``server -> Request`` (sent to every selected client).
         client: ``(client_state, data, request, key, hyper) -> (client_state, Reply)``.
-        aggregate: ``(server, replies, mask, key, hyper) -> server``; ``replies`` stacked
-            over all slots, unselected slots arbitrary (combine with ``jnp.where``).
+        aggregate: ``(server, replies, slots, key, hyper) -> server``; ``replies`` stacked
+            over the :class:`Slots`, unused slots arbitrary (combine with ``jnp.where``).
         protection: Reply field name -> :class:`Protection`, one entry per Reply field.
         max_selected: a static bound on how many clients ``select`` can pick (``None``: all);
-            a runtime may then run only that many client calls.
+            a runtime then runs only that many client calls and ``aggregate`` gets that
+            many slots.
         expected_selected: ``None`` when the selection is public (released byte counts use
             the realised number of clients). Set it, ``(hyper, num_clients) -> expected
             number``, when the selection is part of a DP mechanism (secret Poisson sampling
@@ -239,7 +282,7 @@ class Exchange:
     select: Callable[[ServerState, PRNGKeyArray, int], Bool[Array, " N"]]
     request: Callable[[ServerState], Request]
     client: Callable[..., tuple[ClientState, Reply]]
-    aggregate: Callable[[ServerState, Reply, Bool[Array, " N"], PRNGKeyArray, Hyper], ServerState]
+    aggregate: Callable[[ServerState, Reply, Slots, PRNGKeyArray, Hyper], ServerState]
     protection: Mapping[str, Protection] = field(default_factory=dict)
     max_selected: int | None = None
     expected_selected: Callable[[Hyper, int], Array] | None = None

@@ -48,7 +48,7 @@ from swarmjax.fl.algorithms.common import (
 )
 from swarmjax.fl.client.training import LocalTraining, clip_update
 from swarmjax.fl.data.clients import ClientData
-from swarmjax.fl.protocol import Algorithm, Exchange, Protection, RunSpec, Spend
+from swarmjax.fl.protocol import Algorithm, Exchange, Protection, RunSpec, Slots, Spend
 from swarmjax.models import Model
 from swarmjax.privacy.accounting import sigma_for_epsilon
 from swarmjax.privacy.mechanisms import gaussian_mechanism
@@ -248,13 +248,13 @@ class ClientLevelDPFedAvg(Algorithm):
         self,
         server: DPFedAvgServer,
         replies: ClientUpdate,
-        mask: Bool[Array, " N"],
+        slots: Slots,
         key: PRNGKeyArray,
         hyper: DPFedAvgHyper,
     ) -> DPFedAvgServer:
-        n = mask.shape[0]
+        n = slots.num_clients
         k_sum, k_count = jax.random.split(key)
-        r = masked(replies, mask)
+        r = masked(replies, slots.mask)
         adaptive = self.clipping == "adaptive"
         sum_noise = sum_noise_multiplier(hyper.noise_multiplier, hyper.count_noise)
         sum_noise = sum_noise if adaptive else hyper.noise_multiplier
@@ -269,7 +269,7 @@ class ClientLevelDPFedAvg(Algorithm):
         params = optax.apply_updates(server.params, updates)
         clip, below = server.clip, server.noisy_unclipped_fraction
         if adaptive:
-            centred = jnp.sum(jnp.where(mask, r.unclipped - 0.5, 0.0))
+            centred = jnp.sum(jnp.where(slots.mask, r.unclipped - 0.5, 0.0))
             noisy_count = centred + hyper.count_noise * jax.random.normal(k_count, ())
             below = noisy_count / expected + 0.5
             clip = clip * jnp.exp(-hyper.clip_lr * (below - hyper.target_quantile))

@@ -62,6 +62,7 @@ from swarmjax.fl.protocol import (
     Exchange,
     Protection,
     RunSpec,
+    Slots,
     Spend,
     everyone,
     noised,
@@ -479,13 +480,13 @@ class FedDPPSO(Algorithm):
     def store_reports(
         self,
         server: PSOServer,
-        reports: Float[Array, " N"],
-        mask: Bool[Array, " N"],
+        reports: Float[Array, " S"],
+        slots: Slots,
         key: PRNGKeyArray,
         hyper: FedDPPSOHyper,
     ) -> PSOServer:
         del key, hyper
-        return server.replace(reports=jnp.where(mask, reports, jnp.inf))
+        return server.replace(reports=slots.scatter(reports, jnp.inf))
 
     def select_leader(self, server: PSOServer, key: PRNGKeyArray, n: int) -> Bool[Array, " N"]:
         return jnp.zeros(n, bool).at[server_select(key, server.reports, self.top_k)].set(True)
@@ -506,15 +507,16 @@ class FedDPPSO(Algorithm):
         self,
         server: PSOServer,
         models: PyTree,
-        mask: Bool[Array, " N"],
+        slots: Slots,
         key: PRNGKeyArray,
         hyper: FedDPPSOHyper,
     ) -> PSOServer:
         del key, hyper
-        gbest = jax.tree.map(lambda leaf: jnp.sum(leaf, axis=0), masked(models, mask))
+        gbest = jax.tree.map(lambda leaf: jnp.sum(leaf, axis=0), masked(models, slots.mask))
+        uploaded = jnp.any(slots.mask)
         return server.replace(
-            gbest=keep_if(jnp.any(mask), gbest, server.gbest),
-            leader=jnp.argmax(mask).astype(jnp.int32),
+            gbest=keep_if(uploaded, gbest, server.gbest),
+            leader=jnp.where(uploaded, slots.ids[jnp.argmax(slots.mask)], server.leader),
         )
 
     def evaluate(self, server: PSOServer, test: tuple[Array, Array]) -> dict[str, Array]:
@@ -613,9 +615,9 @@ def _nothing(server: PyTree) -> tuple:
     return ()
 
 
-def _keep(server: PSOServer, replies: tuple, mask: Bool[Array, " N"], key, hyper) -> PSOServer:
+def _keep(server: PSOServer, replies: tuple, slots: Slots, key, hyper) -> PSOServer:
     """An aggregate that keeps the server as it is (the exchange sends nothing back)."""
-    del replies, mask, key, hyper
+    del replies, slots, key, hyper
     return server
 
 

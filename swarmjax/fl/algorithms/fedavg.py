@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import flax.struct
 import jax.numpy as jnp
 import optax
-from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray, PyTree
+from jaxtyping import Array, Float, Int, PRNGKeyArray, PyTree
 
 from swarmjax._validation import check_positive
 from swarmjax.fl.algorithms.common import (
@@ -40,6 +40,7 @@ from swarmjax.fl.protocol import (
     Exchange,
     Protection,
     RunSpec,
+    Slots,
     Spend,
     everyone,
 )
@@ -149,12 +150,12 @@ class FedAvg(Algorithm):
         self,
         server: ModelServer,
         replies: ModelReply,
-        mask: Bool[Array, " N"],
+        slots: Slots,
         key: PRNGKeyArray,
         hyper: FedAvgHyper,
     ) -> ModelServer:
         del key, hyper
-        r = masked(replies, mask)
+        r = masked(replies, slots.mask)
         new = self.combine(r.params, r.weight)
         return ModelServer(params=keep_if(jnp.sum(r.weight) > 0, new, server.params))
 

@@ -20,7 +20,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray, PyTree
+from jaxtyping import Array, Float, Int, PRNGKeyArray, PyTree
 
 from swarmjax._validation import check_positive
 from swarmjax.fl.algorithms.common import check_model_inputs, public_metrics
@@ -31,8 +31,8 @@ from swarmjax.fl.protocol import (
     Algorithm,
     Exchange,
     RunSpec,
+    Slots,
     everyone,
-    where_selected,
 )
 from swarmjax.models import Model
 
@@ -185,21 +185,21 @@ def _nothing(server: LocalServer) -> tuple:
 def _unchanged(
     server: LocalServer,
     replies: tuple,
-    mask: Bool[Array, " N"],
+    slots: Slots,
     key: PRNGKeyArray,
     hyper: LocalHyper,
 ) -> LocalServer:
     del key, hyper
-    n = mask.shape[0]
+    n = slots.num_clients
     return server.replace(models=jax.tree.map(lambda a: jnp.repeat(a[None], n, 0), server.init))
 
 
 def _store(
     server: LocalServer,
     models: PyTree,
-    mask: Bool[Array, " N"],
+    slots: Slots,
     key: PRNGKeyArray,
     hyper: LocalHyper,
 ) -> LocalServer:
     del key, hyper
-    return server.replace(models=where_selected(mask, models, server.models))
+    return server.replace(models=slots.update(server.models, models))

@@ -31,6 +31,7 @@ from swarmjax.fl.data.clients import ClientData, as_test_set
 from swarmjax.fl.protocol import (
     Algorithm,
     Exchange,
+    Slots,
     Variants,
     aggregate_key,
     client_init_key,
@@ -58,6 +59,13 @@ ClientMap = Literal["vmap", "sequential"]
 def num_clients(clients: PyTree) -> int:
     """Client slots of stacked client data (the leading axis of its leaves)."""
     return int(jax.tree.leaves(clients)[0].shape[0])
+
+
+def take_clients(clients: PyTree, ids: Int[Array, " S"]) -> PyTree:
+    """The stacked data of clients ``ids``: ``clients.take(ids)`` where the client data
+    gathers (a flat client store), else row ``ids`` of every leaf."""
+    take = getattr(clients, "take", None)
+    return take(ids) if callable(take) else jax.tree.map(lambda a: a[ids], clients)
 
 
 def _map_clients(fn: Any, args: tuple, client_map: ClientMap) -> Any:
@@ -95,18 +103,18 @@ def run_exchange(
     if ex.max_selected is None or ex.max_selected >= n:
         new, replies = _map_clients(one, (states, clients, ids), client_map)
         states = states if all(kept) else where_selected(mask, new, states)
-    else:
-        chosen = jnp.nonzero(mask, size=ex.max_selected, fill_value=n)[0]
+        slots = Slots.everyone(mask)
+    else:  # only the cohort's slots: a round costs the cohort, not the federation
+        chosen = jnp.nonzero(mask, size=ex.max_selected, fill_value=n)[0].astype(jnp.int32)
         safe = jnp.minimum(chosen, n - 1)
         take = partial(jax.tree.map, lambda a: a[safe])
-        new, sub = _map_clients(one, (take(states), take(clients), safe), client_map)
-        if not all(kept):
-            states = jax.tree.map(lambda a, b: a.at[chosen].set(b, mode="drop"), states, new)
-        replies = jax.tree.map(
-            lambda b: jnp.zeros((n, *b.shape[1:]), b.dtype).at[chosen].set(b, mode="drop"), sub
+        new, replies = _map_clients(
+            one, (take(states), take_clients(clients, safe), safe), client_map
         )
-        mask = jnp.zeros(n, bool).at[chosen].set(True, mode="drop")
-    server = ex.aggregate(server, replies, mask, aggregate_key(run_key, round_index, index), hyper)
+        slots = Slots(mask=chosen < n, ids=chosen, num_clients=n)
+        if not all(kept):
+            states = slots.update(states, new)
+    server = ex.aggregate(server, replies, slots, aggregate_key(run_key, round_index, index), hyper)
     return server, states, jnp.sum(mask).astype(jnp.int32)
 
 

@@ -39,7 +39,14 @@ from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.serverapp import Grid, ServerApp
 from jaxtyping import PyTree
 
-from swarmjax.fl.protocol import Exchange, Spend, aggregate_key, server_init_key, server_key
+from swarmjax.fl.protocol import (
+    Exchange,
+    Slots,
+    Spend,
+    aggregate_key,
+    server_init_key,
+    server_key,
+)
 from swarmjax.fl.runtime.flower.records import (
     RecordError,
     from_record,
@@ -218,7 +225,9 @@ class _Coordinator:
                 log.warning("%s: client %d left out: %s", group, cid, row["status"])
             self.messages.append(row)
         agg_key = aggregate_key(task.run_key, round_index, index)
-        server = _jit(ex.aggregate)(server, slots, jnp.asarray(mask), agg_key, task.hyper)
+        server = _jit(ex.aggregate)(
+            server, slots, Slots.everyone(jnp.asarray(mask)), agg_key, task.hyper
+        )
         return server, spends, self._release(ex, selected, request, reply_like, start)
 
     def _release(
