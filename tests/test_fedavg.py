@@ -99,7 +99,11 @@ def test_runs_vmap_over_learning_rates_with_a_haiku_model(digits):
     alg = FedAvg(model, LocalTraining(epochs=1, batch_size=64))
     n = clients.num_clients
     variants = Variants(  # learning rate 0 is not a valid setting: built by hand here
-        hyper=FedAvgHyper(learning_rate=jnp.array([0.0, 0.5]), noise_multiplier=jnp.zeros((2, n))),
+        hyper=FedAvgHyper(
+            learning_rate=jnp.array([0.0, 0.5]),
+            noise_multiplier=jnp.zeros((2, n)),
+            server_lr=jnp.ones(2),
+        ),
         labels={"learning_rate": [0.0, 0.5]},
         spec=RunSpec(3, 1e-5),
     )
@@ -155,3 +159,38 @@ def test_byte_counts_exact_for_the_paper_mlp():
     np.testing.assert_array_equal(table["cum_bytes_up"], np.array([1, 2, 3]) * pso.up)
     with pytest.raises(ValueError, match="num_clients"):
         comm.fedavg_bytes(shapes, 0)
+
+
+def test_a_cohort_round_trains_and_sends_only_the_cohort(digits):
+    """``cohort=k``: k clients drawn uniformly without replacement per round (public), only
+    they train and upload; the history's bytes are k messages each way."""
+    _, clients, test = digits
+    alg = FedAvg(MODEL, LocalTraining(batch_size=32), cohort=2)
+    spec = RunSpec(4, 1e-5, (0,))
+    res = simulate(alg, clients, test, Variants.grid(alg, clients, spec), diagnostics=True)
+    np.testing.assert_array_equal(res.private_diagnostics["selected"], 2)
+    model_bytes = 4 * (64 * 32 + 32 + 32 * 10 + 10)
+    assert (res.history["bytes_up"] == 2 * (model_bytes + 4)).all()
+    assert (res.history["bytes_down"] == 2 * model_bytes).all()
+    loss = np.asarray(res.private_diagnostics["local_train_loss"])[0]  # (rounds, N): last
+    trained = np.diff(loss, axis=0, prepend=0.0) != 0  # a client's loss moves when it trains
+    assert (trained.sum(axis=1) == 2).all() and trained.any(axis=0).sum() > 2  # cohorts vary
+    with pytest.raises(ValueError, match="cohort"):
+        Variants.grid(FedAvg(MODEL, cohort=6), clients, spec)
+
+
+def test_server_optimisers_step_along_the_pseudo_gradient(digits, fed):
+    """Server SGD at lr 1 is plain FedAvg (to float rounding); FedAdam and FedYogi learn."""
+    _, clients, test = digits
+    spec = RunSpec(ROUNDS, 1e-5, (0, 1))
+    grid = {"epsilon_target": [math.inf], "learning_rate": [0.3]}
+    sgd = FedAvg(MODEL, LocalTraining(epochs=1, batch_size=32), server_optimizer="sgd")
+    res = simulate(sgd, clients, test, Variants.grid(sgd, clients, spec, **grid))
+    np.testing.assert_allclose(
+        res.history["test_accuracy"], fed.history["test_accuracy"], atol=0.02
+    )
+    for name in ("adam", "yogi"):
+        alg = FedAvg(MODEL, LocalTraining(batch_size=32), server_optimizer=name)
+        out = simulate(alg, clients, test, Variants.grid(alg, clients, spec, server_lr=0.01))
+        assert out.history["test_accuracy"].iloc[-1] > 0.5, name
+        assert jax.tree.leaves(out.server.opt_state)  # the optimiser's moments are kept

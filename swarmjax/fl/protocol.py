@@ -60,6 +60,7 @@ __all__ = [
     "RunSpec",
     "Slots",
     "Spend",
+    "UniformCohort",
     "Variants",
     "aggregate_key",
     "client_init_key",
@@ -254,6 +255,25 @@ def everyone(server: ServerState, key: PRNGKeyArray, num_clients: int) -> Bool[A
     """``select`` that takes every client."""
     del server, key
     return jnp.ones((num_clients,), bool)
+
+
+@dataclass(frozen=True)
+class UniformCohort:
+    """``select`` that draws ``min(size, N)`` clients uniformly without replacement (public:
+    the server's key only). Use it with ``max_selected=size``: a round then runs and
+    aggregates only the cohort."""
+
+    size: int
+
+    def __post_init__(self) -> None:
+        if isinstance(self.size, bool) or not isinstance(self.size, int) or self.size < 1:
+            raise ValueError(f"cohort size must be an integer >= 1; got {self.size!r}")
+
+    def __call__(self, server: ServerState, key: PRNGKeyArray, num_clients: int) -> Array:
+        del server
+        k = min(self.size, num_clients)
+        ids = jax.random.choice(key, num_clients, (k,), replace=False)
+        return jnp.zeros((num_clients,), bool).at[ids].set(True)
 
 
 @dataclass(frozen=True)

@@ -40,9 +40,11 @@ Aggregator = Callable[[PyTree, Float[Array, " clients"]], PyTree]
 
 @flax.struct.dataclass
 class ModelServer:
-    """Server state of the model-averaging algorithms: the global model."""
+    """Server state of the model-averaging algorithms: the global model and, with a server
+    optimiser, its state."""
 
     params: PyTree
+    opt_state: PyTree = ()
 
 
 @flax.struct.dataclass

@@ -11,13 +11,15 @@ learning plugs in :class:`~swarmjax.fl.algorithms.combined.CombinedAggregator`).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 import flax.struct
+import jax
 import jax.numpy as jnp
 import optax
 from jaxtyping import Array, Float, Int, PRNGKeyArray, PyTree
 
-from swarmjax._validation import check_positive
+from swarmjax._validation import check_choice, check_int, check_positive
 from swarmjax.fl.algorithms.common import (
     Aggregator,
     ModelReply,
@@ -42,6 +44,7 @@ from swarmjax.fl.protocol import (
     RunSpec,
     Slots,
     Spend,
+    UniformCohort,
     everyone,
 )
 from swarmjax.models import Model
@@ -56,10 +59,12 @@ class FedAvgHyper:
     Attributes:
         learning_rate: local learning rate.
         noise_multiplier: ``(clients,)`` ``sigma_i`` of record-level DP (unused without).
+        server_lr: the server optimiser's learning rate (unused without one).
     """
 
     learning_rate: Float[Array, ""]
     noise_multiplier: Float[Array, " clients"]
+    server_lr: Float[Array, ""]
 
 
 @dataclass(frozen=True)
@@ -72,12 +77,19 @@ class FedAvg(Algorithm):
         combine: ``(client_params, weights) -> params`` over the uploaded models (stacked);
             unselected slots are zeroed with weight 0 before it is called.
         eval_batch_size: chunk size of the test evaluation (None: one pass).
+        cohort: clients per round, drawn uniformly without replacement (public); a round
+            runs and aggregates only them (``None``: every client, every round).
+        server_optimizer: ``None`` (the new global model is the combination, McMahan et
+            al.), or ``"sgd"``, ``"adam"`` (FedAdam), ``"yogi"`` (FedYogi; Reddi et al.
+            2021) applied at ``server_lr`` to the pseudo-gradient ``w_t - combination``.
     """
 
     model: Model
     training: LocalTraining = field(default_factory=LocalTraining)
     combine: Aggregator = weighted_average
     eval_batch_size: int | None = None
+    cohort: int | None = None
+    server_optimizer: Literal["sgd", "adam", "yogi"] | None = None
 
     @property
     def privacy_unit(self) -> str | None:
@@ -90,18 +102,27 @@ class FedAvg(Algorithm):
         return (
             Exchange(
                 "train",
-                everyone,
+                everyone if self.cohort is None else UniformCohort(self.cohort),
                 self.request,
                 self.client,
                 self.aggregate,
                 {"params": params, "weight": weight},
+                max_selected=self.cohort,
             ),
         )
 
     # ------------------------------------------------------------------ protocol members
 
     def server_init(self, key: PRNGKeyArray, hyper: FedAvgHyper) -> ModelServer:
-        return ModelServer(params=self.model.init(key))
+        params = self.model.init(key)
+        opt = self._server_opt(hyper)
+        return ModelServer(params=params, opt_state=() if opt is None else opt.init(params))
+
+    def _server_opt(self, hyper: FedAvgHyper) -> optax.GradientTransformation | None:
+        if self.server_optimizer is None:
+            return None
+        make = {"sgd": optax.sgd, "adam": optax.adam, "yogi": optax.yogi}
+        return make[self.server_optimizer](hyper.server_lr)
 
     def client_init(
         self, key: PRNGKeyArray, data: ClientData, hyper: FedAvgHyper, client_id: Int[Array, ""]
@@ -154,10 +175,20 @@ class FedAvg(Algorithm):
         key: PRNGKeyArray,
         hyper: FedAvgHyper,
     ) -> ModelServer:
-        del key, hyper
+        del key
         r = masked(replies, slots.mask)
         new = self.combine(r.params, r.weight)
-        return ModelServer(params=keep_if(jnp.sum(r.weight) > 0, new, server.params))
+        opt = self._server_opt(hyper)
+        opt_state = server.opt_state
+        if opt is not None:  # a step along the pseudo-gradient w_t - combination
+            grads = jax.tree.map(jnp.subtract, server.params, new)
+            updates, opt_state = opt.update(grads, server.opt_state, server.params)
+            new = optax.apply_updates(server.params, updates)
+        replied = jnp.sum(r.weight) > 0
+        return ModelServer(
+            params=keep_if(replied, new, server.params),
+            opt_state=keep_if(replied, opt_state, server.opt_state),
+        )
 
     def evaluate(self, server: ModelServer, test: tuple[Array, Array]) -> dict[str, Array]:
         return public_metrics(self.model, server.params, test, self.eval_batch_size)
@@ -173,14 +204,22 @@ class FedAvg(Algorithm):
 
     def check(self, clients: ClientData, test: tuple[Array, Array] | None = None) -> None:
         self.training.check(clients.sizes)
+        check_choice("server_optimizer", self.server_optimizer, (None, "sgd", "adam", "yogi"))
+        if self.cohort is not None:
+            cohort = check_int("cohort", self.cohort, 1)
+            if cohort > clients.num_clients:
+                raise ValueError(
+                    f"cohort must be <= the {clients.num_clients} clients; got {cohort}"
+                )
         check_model_inputs(self.model, clients, test)
 
     def default_hyper(self, clients: ClientData, spec: RunSpec) -> FedAvgHyper:
-        """Learning rate 0.1, no noise."""
+        """Learning rate 0.1, no noise, server learning rate 1."""
         del spec
         return FedAvgHyper(
             learning_rate=jnp.asarray(0.1, jnp.float32),
             noise_multiplier=jnp.zeros((clients.num_clients,), jnp.float32),
+            server_lr=jnp.asarray(1.0, jnp.float32),
         )
 
     def resolve(
@@ -189,6 +228,7 @@ class FedAvg(Algorithm):
         """``sigma_i`` calibrated per client to ``epsilon_target``
         (:func:`~swarmjax.fl.algorithms.common.record_level_noise`)."""
         check_positive("learning_rate", float(hyper.learning_rate))
+        check_positive("server_lr", float(hyper.server_lr))
         sigma = record_level_noise(self.training, clients.sizes, spec, epsilon_target)
         return hyper.replace(noise_multiplier=jnp.asarray(sigma))
 
