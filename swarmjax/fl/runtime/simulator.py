@@ -15,6 +15,7 @@ number of clients a deployment would message.
 
 from __future__ import annotations
 
+import os
 from functools import partial
 from typing import Any, Literal
 
@@ -41,6 +42,7 @@ from swarmjax.fl.protocol import (
     server_key,
     where_selected,
 )
+from swarmjax.fl.runtime.checkpoint import Checkpoints, fingerprint
 from swarmjax.fl.runtime.result import Result, privacy_record
 from swarmjax.models import param_bytes
 
@@ -221,6 +223,7 @@ def simulate(
     rounds_per_call: int | None = None,
     progress: bool = False,
     diagnostics: bool = False,
+    checkpoint_dir: str | os.PathLike | None = None,
 ) -> Result:
     """Run ``alg`` for every (variant, seed) at once and return the one :class:`Result`.
 
@@ -242,6 +245,10 @@ def simulate(
         diagnostics: also collect ``alg.private_diagnostics`` and the realised selections
             (statistics of private data, NOT covered by epsilon) into
             ``Result.private_diagnostics``.
+        checkpoint_dir: save the run after every compiled call (``rounds_per_call``
+            rounds) into this folder with orbax and resume from its last checkpoint: a
+            killed run ends with the numbers of an uninterrupted one
+            (:mod:`~swarmjax.fl.runtime.checkpoint`).
     """
     spec = variants.spec
     test = as_test_set(test)
@@ -268,15 +275,34 @@ def simulate(
     keys, hyper = _sharded((keys, hyper))
     carry = init_runs(alg, keys, hyper, data, client_map)
     sizes = _message_bytes(alg, carry, keys, hyper, data)
-    parts = []
-    with tqdm(total=rounds, disable=not progress, unit="round", desc=type(alg).__name__) as bar:
-        done = 0
+    parts, done = [], 0
+    saved = (
+        None
+        if checkpoint_dir is None
+        else Checkpoints(checkpoint_dir, fingerprint(alg, variants, data))
+    )
+    if saved is not None and saved.latest() is not None:
+        done = saved.latest()
+        like = jax.eval_shape(
+            lambda c: run_rounds(alg, c, keys, hyper, data, test, 1, client_map, diagnostics)[1],
+            carry,
+        )
+        carry, first = saved.restore(done, carry, like)
+        parts.append(first)
+    with tqdm(
+        total=rounds, initial=done, disable=not progress, unit="round", desc=type(alg).__name__
+    ) as bar:
         while done < rounds:
             n = min(per_call, rounds - done)
             carry, out = run_rounds(alg, carry, keys, hyper, data, test, n, client_map, diagnostics)
             parts.append(jax.device_get(out))
             done += n
             bar.update(n)
+            if saved is not None:
+                parts = [jax.tree.map(lambda *xs: np.concatenate(xs, axis=1), *parts)]
+                saved.save(done, carry, parts[0])
+    if saved is not None:
+        saved.close()
     out = jax.tree.map(lambda *xs: np.concatenate(xs, axis=1), *parts)
     n_clients = num_clients(data)
     expected = _expected_selected(alg, hyper, n_clients, runs, rounds)

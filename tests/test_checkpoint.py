@@ -1,0 +1,82 @@
+"""Mid-run checkpoints: a simulation killed (SIGKILL) after round 2 of 5 resumes from its
+orbax checkpoint and ends with exactly the numbers of an uninterrupted run; a folder of
+another run is refused."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pandas as pd
+import pytest
+
+from tests.conftest import REPO
+
+SETUP = r"""
+import math
+from swarmjax.fl.algorithms.fedavg import FedAvg
+from swarmjax.fl.client.training import LocalTraining
+from swarmjax.fl.data import load_dataset, partition, stack_clients
+from swarmjax.fl.protocol import RunSpec, Variants
+from swarmjax.fl.runtime import simulate
+from swarmjax.models import mlp
+
+data = load_dataset("digits")
+clients = stack_clients(data.x_train, data.y_train, partition(data.y_train, 6, "iid").indices)
+alg = FedAvg(mlp((16,), 10, data.input_shape), LocalTraining(batch_size=32), cohort=3,
+             server_optimizer="adam")
+variants = Variants.grid(alg, clients, RunSpec(5, 1e-5, (0, 1)), server_lr=[0.01, 0.03])
+test = (data.x_test, data.y_test)
+"""
+
+KILL_AFTER_TWO = r"""
+import os, signal, sys
+from swarmjax.fl.runtime import checkpoint
+
+save = checkpoint.Checkpoints.save
+
+def save_then_die(self, rounds_done, carry, outputs):
+    save(self, rounds_done, carry, outputs)
+    if rounds_done == 2:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+checkpoint.Checkpoints.save = save_then_die
+simulate(alg, clients, test, variants, rounds_per_call=1, checkpoint_dir=sys.argv[1])
+raise SystemExit("not killed")
+"""
+
+
+def _namespace() -> dict:
+    ns: dict = {}
+    exec(SETUP, ns)
+    return ns
+
+
+def test_a_killed_run_resumes_and_ends_as_an_uninterrupted_one(tmp_path):
+    folder = tmp_path / "ckpt"
+    proc = subprocess.run(
+        [sys.executable, "-c", SETUP + KILL_AFTER_TWO, str(folder)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == -9, proc.stderr[-2000:]
+    assert (folder / "outputs_2.npz").exists() and not (folder / "outputs_3.npz").exists()
+
+    ns = _namespace()
+    run = ns["simulate"]
+    args = (ns["alg"], ns["clients"], ns["test"], ns["variants"])
+    resumed = run(*args, rounds_per_call=1, checkpoint_dir=folder)
+    whole = run(*args, rounds_per_call=1)
+    pd.testing.assert_frame_equal(resumed.history, whole.history)
+    for a, b in zip(jax.tree.leaves(resumed.server), jax.tree.leaves(whole.server), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    np.testing.assert_array_equal(resumed.privacy.epsilon, whole.privacy.epsilon)
+    assert (folder / "outputs_5.npz").exists()
+
+    other = ns["Variants"].grid(ns["alg"], ns["clients"], ns["RunSpec"](5, 1e-5, (0, 1)))
+    with pytest.raises(ValueError, match="holds a run with other settings"):
+        run(ns["alg"], ns["clients"], ns["test"], other, checkpoint_dir=folder)
