@@ -5,7 +5,7 @@ import jax
 import numpy as np
 import pytest
 
-from swarmjax.fl.algorithms.combined_models import _SliceConv
+from swarmjax.models import SliceConv
 
 
 @pytest.mark.parametrize(
@@ -15,7 +15,7 @@ from swarmjax.fl.algorithms.combined_models import _SliceConv
 def test_slice_conv_matches_nn_conv(shape, features, kernel, padding):
     x = jax.random.normal(jax.random.key(0), shape)
     ref = nn.Conv(features, kernel, padding=padding)
-    ours = _SliceConv(features, kernel, padding)
+    ours = SliceConv(features, kernel, padding)
     p_ref = ref.init(jax.random.key(1), x)
     p_ours = ours.init(jax.random.key(1), x)
     jax.tree.map(np.testing.assert_array_equal, p_ref, p_ours)

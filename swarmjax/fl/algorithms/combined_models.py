@@ -32,35 +32,12 @@ from collections.abc import Callable
 from functools import cache
 
 import flax.linen as nn
-import jax.numpy as jnp
 from jaxtyping import Array
 
 from swarmjax._validation import check_choice
-from swarmjax.models import Model, from_flax, mlp
+from swarmjax.models import Model, SliceConv, from_flax, mlp, simple_cnn
 
 __all__ = ["THESIS_MODELS", "thesis_model"]
-
-
-class _SliceConv(nn.Module):
-    """``nn.Conv`` (stride 1, same parameters and initialisers) computed as one matmul over
-    the ``kh * kw`` shifted slices of the (padded) input. XLA's CPU backend runs the
-    gradients of ``conv_general_dilated`` about 30x slower inside a ``while`` loop (a
-    ``lax.scan`` of training steps) than outside; slices, pads and dots have no such cliff."""
-
-    features: int
-    kernel_size: tuple[int, int]
-    padding: tuple[tuple[int, int], tuple[int, int]] = ((0, 0), (0, 0))
-
-    @nn.compact
-    def __call__(self, x: Array) -> Array:
-        kh, kw = self.kernel_size
-        cin = x.shape[-1]
-        kernel = self.param("kernel", nn.initializers.lecun_normal(), (kh, kw, cin, self.features))
-        bias = self.param("bias", nn.initializers.zeros_init(), (self.features,))
-        x = jnp.pad(x, ((0, 0), *self.padding, (0, 0)))
-        h, w = x.shape[1] - kh + 1, x.shape[2] - kw + 1
-        cols = [x[:, i : i + h, j : j + w, :] for i in range(kh) for j in range(kw)]
-        return jnp.concatenate(cols, axis=-1) @ kernel.reshape(kh * kw * cin, -1) + bias
 
 
 class _Stack(nn.Module):
@@ -79,23 +56,6 @@ class _Stack(nn.Module):
         return nn.Dense(self.num_classes)(x)
 
 
-class _MnistConv(nn.Module):
-    """PyTorch's MNIST example net: 28x28x1 -> 26 -> 24 -> pool 12 -> 9216 -> 128 -> C."""
-
-    num_classes: int
-
-    @nn.compact
-    def __call__(self, x: Array) -> Array:
-        unbatched = x.ndim == 3
-        x = x[None] if unbatched else x
-        x = nn.relu(_SliceConv(32, (3, 3), name="Conv_0")(x))
-        x = nn.relu(_SliceConv(64, (3, 3), name="Conv_1")(x))
-        x = nn.max_pool(x, (2, 2), strides=(2, 2))
-        x = nn.relu(nn.Dense(128)(x.reshape((x.shape[0], -1))))
-        x = nn.Dense(self.num_classes)(x)
-        return x[0] if unbatched else x
-
-
 class _CifarConv(nn.Module):
     """32x32x3 -> conv3 64 / conv2 128 / conv2 64 (padding 1), each + pool 2 -> 1024 -> C."""
 
@@ -106,7 +66,7 @@ class _CifarConv(nn.Module):
         unbatched = x.ndim == 3
         x = x[None] if unbatched else x
         for i, (ch, k) in enumerate(((64, 3), (128, 2), (64, 2))):
-            x = nn.relu(_SliceConv(ch, (k, k), ((1, 1), (1, 1)), name=f"Conv_{i}")(x))
+            x = nn.relu(SliceConv(ch, (k, k), ((1, 1), (1, 1)), name=f"Conv_{i}")(x))
             x = nn.max_pool(x, (2, 2), strides=(2, 2))
         x = x.reshape((x.shape[0], -1))
         for width in (512, 128, 64):
@@ -154,7 +114,7 @@ THESIS_MODELS: dict[str, dict[str, Callable[[str], Model]]] = {
         "smlp": lambda name: mlp((100, 50), 10, _MNIST, name),
         "mmlp": lambda name: mlp((200, 200), 10, _MNIST, name),
         "lmlp": _stack((300, 160, 120, 80, 50), ("relu",) * 4 + ("tanh",), _MNIST, 10),
-        "conv": lambda name: from_flax(_MnistConv(10), _MNIST, 10, name),
+        "conv": lambda name: simple_cnn(10, _MNIST, name),
         "lstm": lambda name: from_flax(_RowLSTM(28, 128, 2, 10, 3), _MNIST, 10, name),
     },
     "breast_cancer": {
