@@ -1,0 +1,333 @@
+"""Cross-device federated learning: many clients, a cohort per round, user-level DP.
+
+``python -m experiments.cross_device [--quick | --full]`` trains pfl-research's
+``simple_cnn`` (conv 32, conv 64, max-pool, dense 128, dense 10) on offline MNIST or
+Fashion-MNIST split into many small clients (``--clients``; IID: a seeded shuffle cut into
+equal consecutive chunks, as pfl's benchmark; or Dirichlet label skew), ``--cohort``
+clients per round, 1 local epoch of SGD at batch 10, and compares FedAvg, FedProx,
+FedAdam, FedYogi and user-level DP-FedAvg (fixed or adaptive clipping; a secret Poisson
+cohort of expected size ``--cohort`` calibrated to ``--epsilon`` at ``--delta``).
+
+Results go to ``results/cross_device/``: ``history.csv`` (per seed and round: test accuracy
+on ``--test-size`` public test rows, bytes, epsilon), ``summary.csv`` / ``summary.json``
+(final accuracy on the whole test set, seconds per round, epsilon and what it covers),
+``privacy.json``, and the figures ``accuracy_per_round.png`` (mean and a band of one std
+over seeds) and ``accuracy_vs_epsilon.png``. Every algorithm checkpoints its run after each
+round (``checkpoints/``, orbax): rerunning the same command resumes a killed run from its
+last round and ends with the same numbers; ``--restart`` starts over.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import shutil
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+import pandas as pd
+
+from experiments import _cli
+from swarmjax.fl.algorithms.client_level_dp_fedavg import ClientLevelDPFedAvg
+from swarmjax.fl.algorithms.fedavg import FedAvg
+from swarmjax.fl.algorithms.fedprox import FedProx
+from swarmjax.fl.client.training import LocalTraining
+from swarmjax.fl.data import load_dataset, partition, stack_clients, subsample
+from swarmjax.fl.protocol import RunSpec, Variants
+from swarmjax.fl.runtime import simulate
+from swarmjax.models import evaluate, simple_cnn
+from swarmjax.privacy.sampling import run_capacity
+
+ALGORITHMS = ("fedavg", "fedprox", "fedadam", "fedyogi", "dp-fedavg", "dp-fedavg-adaptive")
+PARTITIONS = ("iid", "dirichlet")
+
+
+@dataclasses.dataclass(frozen=True)
+class Profile:
+    """One run of the experiment (every option of the command line)."""
+
+    dataset: str
+    clients: int
+    rows_per_client: int | None  # None: all training rows over the clients
+    cohort: int
+    rounds: int
+    algorithms: tuple[str, ...]
+    epsilon: float
+    delta: float | None  # None: 0.1 / clients
+    seeds: tuple[int, ...]
+    partition: str
+    test_size: int
+    client_lr: float = 0.1
+    server_lr: float = 1.0
+    clip: float = 0.4
+    mu: float = 0.01
+    adaptive_server_lr: float = 0.01  # FedAdam / FedYogi
+
+
+PROFILES = {
+    "quick": Profile(
+        "mnist", 100, 50, 10, 3, ("fedavg", "dp-fedavg"), 8.0, None, (0,), "iid", 1000
+    ),
+    "default": Profile(
+        "mnist",
+        1200,
+        50,
+        50,
+        30,
+        ("fedavg", "fedadam", "dp-fedavg"),
+        2.0,
+        None,
+        (0,),
+        "iid",
+        2000,
+    ),
+    "full": Profile("mnist", 1200, 50, 50, 100, ALGORITHMS, 2.0, None, (0, 1), "iid", 10000),
+}
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = _cli.parser(
+        "cross_device",
+        __doc__.split("\n\n")[0],
+        quick="CI: 100 clients, cohort 10, 3 rounds, FedAvg and DP-FedAvg",
+        full="every algorithm, 1,200 clients of 50 rows, cohort 50, 100 rounds, 2 seeds",
+        data="mnist/ or fashion_mnist/ (IDX files)",
+        seeds="quick 1, default 1, full 2",
+    )
+    p.add_argument(
+        "--dataset",
+        choices=("mnist", "fashion_mnist", "digits"),
+        help="default mnist; digits (8x8, bundled with scikit-learn) needs no data folder",
+    )
+    p.add_argument("--clients", type=_cli.count("--clients", 2), help="N (default 1200)")
+    p.add_argument(
+        "--rows-per-client",
+        type=_cli.count("--rows-per-client"),
+        help="rows each client holds (default 50; the training set must have clients x rows)",
+    )
+    p.add_argument("--cohort", type=_cli.count("--cohort"), help="clients per round (50)")
+    p.add_argument("--rounds", type=_cli.count("--rounds"), help="rounds (default 30)")
+    p.add_argument(
+        "--algorithm", nargs="+", choices=ALGORITHMS, help="default fedavg fedadam dp-fedavg"
+    )
+    p.add_argument(
+        "--epsilon",
+        type=_cli.positive_float("--epsilon"),
+        help="user-level target epsilon of the DP algorithms (default 2)",
+    )
+    p.add_argument(
+        "--delta", type=_probability, help="delta of every epsilon (default 0.1 / clients)"
+    )
+    p.add_argument("--partition", choices=PARTITIONS, help="iid (default) or dirichlet (0.5)")
+    p.add_argument("--test-size", type=_cli.count("--test-size"), help="public test rows per round")
+    return p
+
+
+def _probability(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--delta must be a number; got {text!r}") from None
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"--delta must be in (0, 1); got {text}")
+    return value
+
+
+def profile(args: argparse.Namespace) -> Profile:
+    """The profile of ``--quick`` / default / ``--full`` with every given option applied,
+    checked before any work (one-line errors naming the option)."""
+    base = PROFILES[_cli.profile_name(args)]
+    given = {
+        "dataset": args.dataset,
+        "clients": args.clients,
+        "rows_per_client": args.rows_per_client,
+        "cohort": args.cohort,
+        "rounds": args.rounds,
+        "algorithms": tuple(args.algorithm) if args.algorithm else None,
+        "epsilon": args.epsilon,
+        "delta": args.delta,
+        "partition": args.partition,
+        "test_size": args.test_size,
+        "seeds": tuple(range(args.seeds)) if args.seeds else None,
+    }
+    prof = dataclasses.replace(base, **{k: v for k, v in given.items() if v is not None})
+    if prof.cohort > prof.clients:
+        raise _cli.UserError(f"--cohort {prof.cohort} must be <= --clients {prof.clients}")
+    return prof
+
+
+def clients_and_test(prof: Profile, data_dir: Path | None):
+    """Stacked clients (``prof.clients`` of ``prof.rows_per_client`` rows) and the public
+    test set (the first ``test_size`` rows for the per-round curve, all for the end)."""
+    data = load_dataset(prof.dataset, data_dir)
+    need = prof.clients * (prof.rows_per_client or 1)
+    if need > len(data.y_train):
+        raise _cli.UserError(
+            f"--clients x --rows-per-client = {need} exceeds the {len(data.y_train)} "
+            f"training rows of {prof.dataset}"
+        )
+    if prof.rows_per_client is not None:
+        data = subsample(data, need, seed=0)
+    kw = {"alpha": 0.5} if prof.partition == "dirichlet" else {}
+    part = partition(data.y_train, prof.clients, prof.partition, seed=0, **kw)
+    clients = stack_clients(data.x_train, data.y_train, part.indices)
+    test = (data.x_test[: prof.test_size], data.y_test[: prof.test_size])
+    return clients, test, (data.x_test, data.y_test)
+
+
+def algorithm(name: str, prof: Profile, clients) -> tuple:
+    """``(algorithm, grid values)`` of ``name`` under ``prof``."""
+    model = simple_cnn(10, clients.x.shape[2:])
+    local = LocalTraining(epochs=1, batch_size=10, optimizer="sgd")
+    lr = {"learning_rate": prof.client_lr}
+    if name in ("fedavg", "fedadam", "fedyogi"):
+        server = {"fedavg": None, "fedadam": "adam", "fedyogi": "yogi"}[name]
+        alg = FedAvg(model, local, cohort=prof.cohort, server_optimizer=server)
+        slr = prof.server_lr if server is None else prof.adaptive_server_lr
+        return alg, {**lr, "server_lr": slr}
+    if name == "fedprox":
+        return FedProx(model, local, cohort=prof.cohort), {**lr, "mu": prof.mu}
+    q = prof.cohort / prof.clients
+    capacity = run_capacity(
+        prof.clients, q, steps=prof.rounds, delta=_delta(prof), epsilon=prof.epsilon
+    )
+    clipping = "adaptive" if name.endswith("adaptive") else "fixed"
+    alg = ClientLevelDPFedAvg(model, local, clipping=clipping, capacity=min(capacity, prof.clients))
+    grid = {
+        "sample_rate": q,
+        "initial_clip": prof.clip,
+        "client_lr": prof.client_lr,
+        "server_lr": prof.server_lr,
+        "epsilon_target": [prof.epsilon],
+    }
+    return alg, grid
+
+
+def _delta(prof: Profile) -> float:
+    return 0.1 / prof.clients if prof.delta is None else prof.delta
+
+
+def run_one(name: str, prof: Profile, clients, test, full_test, out: Path) -> dict:
+    """One algorithm's run (checkpointed per round): its history and summary row."""
+    alg, grid = algorithm(name, prof, clients)
+    spec = RunSpec(prof.rounds, _delta(prof), prof.seeds)
+    variants = Variants.grid(alg, clients, spec, **grid)
+    t0 = time.perf_counter()
+    res = simulate(
+        alg,
+        clients,
+        test,
+        variants,
+        rounds_per_call=1,
+        progress=True,
+        checkpoint_dir=out / "checkpoints" / name,
+    )
+    wall = time.perf_counter() - t0
+    params = res.server.params
+    finals = [
+        float(
+            evaluate(alg.model.apply, jax.tree.map(lambda a, i=i: a[i], params), *full_test, 2000)[
+                1
+            ]
+        )
+        for i in range(len(prof.seeds))
+    ]
+    history = res.history.assign(algorithm=name)
+    eps = res.privacy.final_epsilon.max(axis=1)
+    row = {
+        "algorithm": name,
+        "final_accuracy": float(np.mean(finals)),
+        "final_accuracy_std": float(np.std(finals, ddof=1)) if len(finals) > 1 else math.nan,
+        "epsilon": float(np.max(eps)),
+        "delta": spec.delta,
+        "relation": getattr(res.privacy, "relation", res.privacy.unit),
+        "seconds_per_round": wall / prof.rounds,
+        "wall_seconds": wall,
+        "covers": list(res.privacy.covers),
+        "not_covered": list(res.privacy.not_covered),
+    }
+    return {"history": history, "row": row}
+
+
+def figures(history: pd.DataFrame, out: Path) -> None:
+    """Accuracy per round (mean, one-std band over seeds) and against epsilon."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name, g in history.groupby("algorithm"):
+        stats = g.groupby("round")["test_accuracy"].agg(["mean", "std"]).fillna(0.0)
+        ax.plot(stats.index, stats["mean"], label=name)
+        ax.fill_between(
+            stats.index, stats["mean"] - stats["std"], stats["mean"] + stats["std"], alpha=0.2
+        )
+    ax.set(xlabel="round", ylabel="test accuracy", title="Cross-device: accuracy per round")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "accuracy_per_round.png", dpi=120)
+    plt.close(fig)
+    dp = history[np.isfinite(history["epsilon_max"])]
+    if len(dp):
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for name, g in dp.groupby("algorithm"):
+            stats = g.groupby("round")[["epsilon_max", "test_accuracy"]].mean()
+            ax.plot(stats["epsilon_max"], stats["test_accuracy"], marker=".", label=name)
+        ax.set(
+            xlabel="epsilon spent (user-level)",
+            ylabel="test accuracy",
+            title="Cross-device: accuracy vs epsilon",
+        )
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(out / "accuracy_vs_epsilon.png", dpi=120)
+        plt.close(fig)
+
+
+@_cli.entry_point
+def main(argv: list[str] | None = None) -> None:
+    args = _parser().parse_args(argv)
+    prof = profile(args)
+    data_dir = None if prof.dataset == "digits" else _cli.data_dir(args.data_dir)
+    out = _cli.out_dir(args)
+    if args.restart:
+        shutil.rmtree(out / "checkpoints", ignore_errors=True)
+    clients, test, full_test = clients_and_test(prof, data_dir)
+    print(
+        f"{prof.clients} clients of {int(clients.sizes.min())}-{int(clients.sizes.max())} rows "
+        f"({prof.partition}), cohort {prof.cohort}, {prof.rounds} rounds, seeds {prof.seeds}",
+        flush=True,
+    )
+    histories, rows = [], []
+    for name in prof.algorithms:
+        got = run_one(name, prof, clients, test, full_test, out)
+        histories.append(got["history"])
+        rows.append(got["row"])
+        print(
+            f"{name}: accuracy {got['row']['final_accuracy']:.4f}, epsilon "
+            f"{got['row']['epsilon']:.3g}, {got['row']['seconds_per_round']:.2f} s/round",
+            flush=True,
+        )
+    history = pd.concat(histories, ignore_index=True)
+    history.to_csv(out / "history.csv", index=False)
+    table = pd.DataFrame(rows)
+    table.drop(columns=["covers", "not_covered"]).to_csv(out / "summary.csv", index=False)
+    summary = {"profile": dataclasses.asdict(prof), "delta": _delta(prof), "runs": rows}
+    (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
+    privacy = {
+        r["algorithm"]: {k: r[k] for k in ("epsilon", "delta", "relation", "covers", "not_covered")}
+        for r in rows
+    }
+    (out / "privacy.json").write_text(json.dumps(privacy, indent=1, default=str))
+    figures(history, out)
+    cols = ["algorithm", "final_accuracy", "epsilon", "seconds_per_round"]
+    print(table[cols].to_markdown(index=False, floatfmt=".4g"))
+
+
+if __name__ == "__main__":
+    main()
