@@ -121,16 +121,18 @@ def per_round(
     suptitle: str | None = None,
     label=str,
     panel_title=str,
+    axes_set: dict | None = None,
     **style,
 ) -> None:
     """One panel per value of ``panel``, in each one :func:`band` of ``y`` against ``x``
-    per value of ``line`` (legend ``label(value)``), saved to ``path``."""
+    per value of ``line`` (legend ``label(value)``; ``axes_set``: more ``Axes.set`` settings,
+    e.g. ``yscale``), saved to ``path``."""
     panels = list(dict.fromkeys(frame[panel]))
     fig, axes = grid(1, len(panels), width=4)
     for ax, p in zip(axes[0], panels, strict=True):
         sub = frame[frame[panel] == p]
         for v in dict.fromkeys(sub[line]):
             band(ax, sub[sub[line] == v], y, x=x, scale=scale, label=label(v), **style)
-        ax.set(xlabel=x, ylabel=ylabel or y, title=title(panel_title(p)))
+        ax.set(xlabel=x, ylabel=ylabel or y, title=title(panel_title(p)), **(axes_set or {}))
         ax.legend(fontsize=7)
     save(fig, path, suptitle=suptitle)

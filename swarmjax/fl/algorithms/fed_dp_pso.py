@@ -712,7 +712,9 @@ def fed_dp_pso(
     )
 
 
-def paper_model(dataset: str, num_classes: int, input_shape: tuple[int, ...]) -> tuple[Model, float]:
+def paper_model(
+    dataset: str, num_classes: int, input_shape: tuple[int, ...]
+) -> tuple[Model, float]:
     """The paper's model and DP-Adam step ``eta`` for ``dataset`` (spec 2.5): the LeNet-5
     variant at 0.001 for colour images (PathMNIST), the MLP 784-256-256-C at 0.005 for
     grey-scale ones; a small MLP 64-32-C at 0.005 for scikit-learn's bundled ``digits``."""
