@@ -189,6 +189,10 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    return _parser().parse_args(argv)
+
+
 def reading(args: argparse.Namespace) -> Reading:
     """``--reading``'s :class:`Reading`, each design-choice flag that is given replacing
     its field."""
@@ -267,7 +271,8 @@ def _load() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
-def _paper(name: str, part: str, eps: float) -> tuple[float, float]:
+def paper_accuracy(name: str, part: str, eps: float) -> tuple[float, float]:
+    """The paper's (mean, std) accuracy in % of a table cell; NaNs where it has none."""
     table = PAPER.get(name, {}).get(part)
     return table[EPS_COLS.index(eps)] if table and eps in EPS_COLS else (math.nan, math.nan)
 
@@ -289,7 +294,7 @@ def _dp_pso_call(name, part, group, alg, clients, ds, prof: Profile, lr: float):
     rows, sizes = [], " ".join(map(str, np.asarray(clients.sizes).tolist()))
     for eps, g in h[h["round"] == prof.rounds].groupby("epsilon_target"):
         mean, std = _report.mean_std(g["test_accuracy"], 100)
-        pm, ps = _paper(name, part, eps)
+        pm, ps = paper_accuracy(name, part, eps)
         eps_max, sigma_max = _eps_of(res, eps)
         meets = bool(mean >= pm - ps) if pm == pm else None
         rows.append(dict(dataset=name, partition=part, epsilon=eps, acc_mean=mean, acc_std=std,
@@ -458,32 +463,34 @@ def _figures(rounds: pd.DataFrame, fig3: pd.DataFrame | None, out: Path) -> None
 
 
 def flower_config(args: argparse.Namespace) -> dict:
-    """``--runtime flower``: the run config of Fed-DP-PSO on digits at the first
-    ``--epsilons`` (default 8) with the reading and the flags of the simulator path
-    (``reading`` and one ``reading-<field>`` key per field it differs in), checked before
-    any process starts."""
+    """``--runtime flower``: the run config of Fed-DP-PSO on the digits task at the smallest
+    target epsilon (which must be finite), checked before any process starts. It carries the
+    algorithm's settings, the reading (``reading``) and each field the flags changed
+    (``reading-<field>``), so the deployment runs the algorithm the simulator path builds
+    for the same flags (on the task's own 3 clients of 600 rows)."""
     if args.datasets not in (None, ["digits"]):
         raise _cli.UserError("--runtime flower runs the digits task: drop --datasets")
-    eps = (args.epsilons or [8.0])[0]
+    prof = profile(args)
+    eps = prof.epsilons[0]
     if not math.isfinite(eps):
         raise _cli.UserError("--runtime flower runs Fed-DP-PSO with DP: give a finite --epsilons")
-    prof = profile(args)
-    base, ours = READINGS[prof.reading_name], prof.reading
+    base = READINGS[prof.reading_name]
     changed = {
-        f"reading-{k.replace('_', '-')}": getattr(ours, k)
+        f"reading-{k.replace('_', '-')}": getattr(prof.reading, k)
         for k in READING_FIELDS
-        if getattr(ours, k) != getattr(base, k)
+        if getattr(prof.reading, k) != getattr(base, k)
     }
     return {
         "algorithm": "fed-dp-pso",
         "rounds": prof.rounds,
-        "particles": 2 if args.quick else prof.particles,
+        "particles": prof.particles,
         "target-epsilon": eps,
         "batch-size": prof.batch_size,
         "eval-batch-size": EVAL_BATCH,
+        "eval-subset": prof.eval_subset or "",
         "selection-metric": prof.selection_metric,
         "refine-start": prof.refine_start,
-        **({} if prof.lr is None else {"pso-learning-rate": prof.lr}),
+        "pso-learning-rate": prof.lr or paper_model("digits", 10, (8, 8, 1))[1],
         "reading": prof.reading_name,
         **changed,
     }
@@ -491,7 +498,7 @@ def flower_config(args: argparse.Namespace) -> dict:
 
 @_cli.entry_point
 def main(argv: list[str] | None = None) -> None:
-    args = _parser().parse_args(argv)
+    args = parse_args(argv)
     if args.runtime == "flower":  # needs the flower extra
         from experiments._flower import run_over_flower
 
