@@ -22,7 +22,7 @@ import time
 from dataclasses import asdict, dataclass, field, fields, replace
 from functools import partial
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple, get_args, get_origin, get_type_hints
 
 import numpy as np
 import pandas as pd
@@ -48,7 +48,7 @@ from swarmjax.fl.algorithms.fed_dp_pso import (
 from swarmjax.fl.algorithms.fedavg import FedAvg
 from swarmjax.fl.client.record_dp import DELTA
 from swarmjax.fl.client.training import LocalTraining, RecordDP
-from swarmjax.fl.data.transforms import INPUT_SCALINGS, SCALING_PRIVACY, scale_inputs
+from swarmjax.fl.data.transforms import SCALING_PRIVACY, scale_inputs
 from swarmjax.fl.protocol import RunSpec, Variants, coverage
 from swarmjax.fl.runtime import simulate
 from swarmjax.models import paper_mlp
@@ -116,28 +116,25 @@ PROFILES = {
 }
 
 
-_READING_FLAGS = {  # --<field> of each design choice (docs/fed_dp_pso.md): argparse keywords
-    "init": dict(choices=("independent", "shared"), help="independent inits or one shared "
-                 "model + --init-scale noise (authors)"),
-    "init_scale": dict(type=_cli.positive_float("--init-scale"), help="std of the shared "
-                       "init's noise"),
-    "refine_update": dict(choices=("if_better", "always"), help="the refined model enters "
-                          "the pbest always (paper, authors) or if better (current)"),
-    "optimizer_state": dict(choices=("fresh", "persistent"), help="(DP-)Adam state fresh "
-                            "every round or one per client (authors)"),
-    "tensor_coefficients": dict(choices=("no", "yes"), help="r1, r2 per parameter tensor "
-                                "(authors) instead of per particle"),
-    "velocity_clamp": dict(type=_cli.positive_float("--velocity-clamp", allow_inf=True),
-                           help="clamp velocities to [-v, v] (paper: inf; authors: 0.1)"),
-    "weight_decay": dict(choices=("decoupled", "coupled"), help="coupled L2, eq. 10 (paper, "
-                         "authors) or AdamW (current)"),
-    "decay": dict(type=_cli.positive_float("--decay", allow_zero=True), help="lambda of the "
-                  "weight decay"),
-    "input_scaling": dict(choices=INPUT_SCALINGS, help="channel: train mean/std per channel; "
-                          "pixel_public: per pixel, of --public-rows held-out rows; none"),
-    "public_rows": dict(type=_cli.count("--public-rows"), help="rows held out for "
-                        "pixel_public statistics"),
-}  # fmt: skip
+_READING_FLOATS = {  # how each float choice is parsed
+    "init_scale": _cli.positive_float("--init-scale"),
+    "velocity_clamp": _cli.positive_float("--velocity-clamp", allow_inf=True),
+    "decay": _cli.positive_float("--decay", allow_zero=True),
+}
+
+
+def _reading_flag(name: str) -> dict:
+    """argparse keywords of ``--<name>``: a :class:`Reading` field (choices from its type)."""
+    kind = get_type_hints(Reading)[name]
+    if get_origin(kind) is Literal:
+        how = {"choices": get_args(kind)}
+    else:
+        how = {bool: {"choices": ("no", "yes")}, int: {"type": _cli.count(f"--{name}")}}.get(
+            kind, {"type": _READING_FLOATS.get(name)}
+        )
+    return dict(how, help=f"replace the reading's {name} (docs/fed_dp_pso.md)")
+
+
 _OPTIONS = {  # the other flags: argparse keywords
     "--datasets": dict(nargs="+", choices=DATASETS, help="e.g. mnist (Table 1 only); pathmnist "
                        "(colour: LeNet-5) when its .npz is found"),
@@ -184,8 +181,8 @@ def _parser() -> argparse.ArgumentParser:
         default=DEFAULT_READING,
         help=f"a named set of the design choices below (each flag overrides it): {about}",
     )
-    for name, kw in _READING_FLAGS.items():
-        p.add_argument(f"--{name.replace('_', '-')}", **kw)
+    for name in READING_FIELDS:
+        p.add_argument(f"--{name.replace('_', '-')}", **_reading_flag(name))
     return p
 
 
@@ -202,24 +199,25 @@ def reading(args: argparse.Namespace) -> Reading:
     return replace(READINGS[args.reading], **given).check()
 
 
+_PROFILE_FLAGS = {  # flag -> its value in the profile
+    **dict.fromkeys(
+        ("rounds", "seeds", "n_train", "eval_subset", "batch_size", "client_map"), None
+    ),
+    "datasets": tuple,
+    "epsilons": lambda eps: tuple(sorted(set(eps))),
+    "partitions": lambda parts: tuple(p for p in PARTITIONS if p in parts),  # table order
+}
+
+
 def profile(args: argparse.Namespace) -> Profile:
     """The profile of ``--quick``/``--full``/default with every given flag applied."""
-    base = PROFILES[_cli.profile_name(args)]
     given = {
-        k: getattr(args, k)
-        for k in ("datasets", "rounds", "seeds", "n_train", "eval_subset", "batch_size")
+        k: f(getattr(args, k)) if f else getattr(args, k)
+        for k, f in _PROFILE_FLAGS.items()
         if getattr(args, k) is not None
     }
-    if args.datasets is not None:
-        given["datasets"] = tuple(args.datasets)
-    if args.client_map is not None:
-        given["client_map"] = args.client_map
-    if args.epsilons is not None:
-        given["epsilons"] = tuple(sorted(set(args.epsilons)))
-    if args.partitions is not None:
-        given["partitions"] = tuple(p for p in PARTITIONS if p in args.partitions)
     out = replace(
-        base,
+        PROFILES[_cli.profile_name(args)],
         **given,
         particles=args.particles,
         lr=args.lr,
@@ -235,20 +233,12 @@ def profile(args: argparse.Namespace) -> Profile:
 def algorithm(prof: Profile, model, sizes: list, batch_size: int) -> FedDPPSO:
     """Fed-DP-PSO of ``prof`` with DP-Adam whose Poisson buffer serves every client set of
     ``sizes`` at every target (the simulator's and the Flower task's algorithm)."""
-    dp = RecordDP.for_run(
-        sizes, batch_size, rounds=prof.rounds, epsilons=prof.epsilons, delta=DELTA
-    )
-    return fed_dp_pso(
-        model,
-        prof.reading,
-        batch_size=batch_size,
-        record_dp=dp,
-        particles=prof.particles,
-        eval_batch_size=EVAL_BATCH,
-        eval_subset=prof.eval_subset,
-        refine_start=prof.refine_start,
-        selection_metric=prof.selection_metric,
-    )
+    dp = RecordDP.for_run(sizes, batch_size, rounds=prof.rounds, epsilons=prof.epsilons,
+                          delta=DELTA)  # fmt: skip
+    return fed_dp_pso(model, prof.reading, batch_size=batch_size, record_dp=dp,
+                      particles=prof.particles, eval_batch_size=EVAL_BATCH,
+                      eval_subset=prof.eval_subset, refine_start=prof.refine_start,
+                      selection_metric=prof.selection_metric)  # fmt: skip
 
 
 def without_dp(alg, eps: float):
@@ -407,20 +397,19 @@ def _comm(name: str, d: _Dataset, pso: pd.DataFrame, fedavg: pd.DataFrame | None
 
 
 def _header(prof: Profile) -> str:
-    r = prof.reading
-    choices = ", ".join(f"{k}={getattr(r, k)}" for k in READING_FIELDS)
+    r, p = prof.reading, prof
     return (
-        f"Fed-DP-PSO, N={NUM_CLIENTS} clients, S={prof.particles}, R={prof.rounds}, E=1, "
-        f"B={prof.batch_size}, eta={prof.lr or '0.005 (MLP) / 0.001 (CNN)'}, "
-        f"refine from {prof.refine_start}, reading {prof.reading_name} ({choices}; "
-        f"{SCALING_PRIVACY[r.input_scaling]}), particles scored by {prof.selection_metric}, "
-        f"clients {prof.client_map}, {prof.seeds} seed{'s' if prof.seeds > 1 else ''} (mean "
-        "+- sample std); partitions: Flower's FederatedDataset (shuffle seed 42) + "
-        "IidPartitioner / DirichletPartitioner (seed 42); "
-        f"train rows: {prof.n_train or 'all'}; particle-loss rows per client: "
-        f"{prof.eval_subset or 'all'}; full test set. meets = ours >= paper mean - paper "
-        "std; eps_ok = reported per-client epsilon (max over clients) <= target. Epsilon covers "
-        "the DP-Adam steps only."
+        f"Fed-DP-PSO, N={NUM_CLIENTS} clients, S={p.particles}, R={p.rounds}, E=1, "
+        f"B={p.batch_size}, eta={p.lr or '0.005 (MLP) / 0.001 (CNN)'}, refine from "
+        f"{p.refine_start}, reading {p.reading_name} ("
+        + ", ".join(f"{k}={getattr(r, k)}" for k in READING_FIELDS)
+        + f"; {SCALING_PRIVACY[r.input_scaling]}), particles scored by {p.selection_metric}, "
+        f"clients {p.client_map}, {p.seeds} seed{'s' if p.seeds > 1 else ''} (mean +- sample "
+        "std); partitions: Flower's FederatedDataset (shuffle seed 42) + IidPartitioner / "
+        f"DirichletPartitioner (seed 42); train rows: {p.n_train or 'all'}; particle-loss "
+        f"rows per client: {p.eval_subset or 'all'}; full test set. meets = ours >= paper "
+        "mean - paper std; eps_ok = reported per-client epsilon (max over clients) <= target. "
+        "Epsilon covers the DP-Adam steps only."
     )
 
 
