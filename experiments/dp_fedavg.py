@@ -398,8 +398,8 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     ]
     shown = summary.assign(
         accuracy=np.vectorize(partial(_report.mean_std_text, digits=4), otypes=[str])(
-            summary.accuracy, summary.accuracy_std
-        )
+            summary.accuracy, summary.accuracy_std if len(profile.seeds) > 1 else np.nan
+        )  # one seed: no std
     )
     _report.write_table(shown, out / "summary_table", columns=cols[:5] + cols[6:], floatfmt=".4g")
     with pd.option_context("display.width", 200, "display.max_rows", 500):
