@@ -20,6 +20,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
+from matplotlib.ticker import MaxNLocator
 
 __all__ = [
     "band",
@@ -95,6 +96,8 @@ def band(
     mean = g.mean() * scale
     std = g.std(ddof=1).fillna(0.0) * scale
     (line,) = ax.plot(mean.index, mean.values, label=label, **style)
+    if x == "round":
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     if g.size().max() > 1:
         ax.fill_between(mean.index, mean - std, mean + std, color=line.get_color(), alpha=0.2, lw=0)
 

@@ -160,7 +160,6 @@ def test_the_history_counts_fedavgs_bytes_exactly(digits):
     np.testing.assert_array_equal(h["cum_bytes_up"], np.array([1, 2]) * n * (model + 4))
 
 
-
 def test_a_cohort_round_trains_and_sends_only_the_cohort(digits):
     """``cohort=k``: k clients drawn uniformly without replacement per round (public), only
     they train and upload; the history's bytes are k messages each way."""
