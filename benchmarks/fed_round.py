@@ -35,6 +35,7 @@ from swarmjax.fl.algorithms.fed_dp_pso import FedDPPSO
 from swarmjax.fl.client.record_dp import poisson_sampler
 from swarmjax.fl.client.training import LocalTraining, RecordDP
 from swarmjax.fl.data.clients import client
+from swarmjax.fl.protocol import RunSpec, Variants, run_keys
 from swarmjax.fl.runtime import simulator
 from swarmjax.models import cross_entropy, evaluate, loss, mlp
 from swarmjax.privacy.dpsgd import dp_step
@@ -46,15 +47,12 @@ def _setup(rounds: int):
     ds = load_dataset("digits", standardize=True)
     clients = stack_clients(ds.x_train, ds.y_train, partition(ds.y_train, N, seed=0).indices)
     model = mlp((32,), 10, ds.input_shape)
-    steps = rounds * -(-int(jnp.max(clients.sizes)) // 32)
-    training = LocalTraining(
-        batch_size=32,
-        optimizer="adamw",
-        weight_decay=1e-4,  # the Poisson buffer sized for the run (epsilon 8 reachable)
-        record_dp=RecordDP.for_sizes(clients.sizes, 32, steps=steps, delta=1e-5, epsilon=8.0),
+    dp = RecordDP.for_run([clients.sizes], 32, rounds=rounds, epsilons=[8.0], delta=1e-5)
+    training = LocalTraining(  # the Poisson buffer sized for the run (epsilon 8 reachable)
+        batch_size=32, optimizer="adamw", weight_decay=1e-4, record_dp=dp
     )
     alg = FedDPPSO(model, training, particles=S)
-    variants = alg.variants(clients, rounds=rounds, target_epsilon=8.0)
+    variants = Variants.grid(alg, clients, RunSpec(rounds, 1e-5), epsilon_target=[8.0])
     hyper = jax.tree.map(lambda a: a[0], variants.hyper)  # the one variant
     test = (jnp.asarray(ds.x_test), jnp.asarray(ds.y_test))
     return alg, variants.hyper, hyper, clients, test
@@ -284,7 +282,7 @@ def main(argv: list[str] | None = None) -> None:
     alg, hypers, hyper, clients, test = _setup(args.rounds)
     key = jax.random.key(0)
     data = alg.client_data(clients)
-    keys = simulator.run_keys([0], [{}], common_random_numbers=False)
+    keys = run_keys([0], [{}], common_random_numbers=False)
     carry = simulator.init_runs(alg, keys, hypers, data, "vmap")
 
     def vround():

@@ -127,16 +127,21 @@ def count(name: str, minimum: int = 1) -> Callable[[str], int]:
     return parse
 
 
-def positive_float(name: str, *, allow_inf: bool = False) -> Callable[[str], float]:
-    """argparse ``type``: a finite number ``> 0`` (``inf`` too with ``allow_inf``)."""
+def positive_float(
+    name: str, *, allow_inf: bool = False, allow_zero: bool = False
+) -> Callable[[str], float]:
+    """argparse ``type``: a finite number ``> 0`` (``inf`` too with ``allow_inf``, ``0`` too
+    with ``allow_zero``)."""
 
     def parse(text: str) -> float:
         try:
             value = float(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"must be a number; got {text!r}") from None
-        if math.isnan(value) or value <= 0 or (math.isinf(value) and not allow_inf):
-            allowed = "> 0 (or inf)" if allow_inf else "finite and > 0"
+        low = value < 0 if allow_zero else value <= 0
+        if math.isnan(value) or low or (math.isinf(value) and not allow_inf):
+            allowed = ">= 0" if allow_zero else "> 0"
+            allowed = f"{allowed} (or inf)" if allow_inf else f"finite and {allowed}"
             raise argparse.ArgumentTypeError(f"must be {allowed}; got {text}")
         return value
 

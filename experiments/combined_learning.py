@@ -28,20 +28,17 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import time
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
-from experiments import _cli
+from experiments import _cli, _report
 from swarmjax.fl import (
     DatasetNotFoundError,
     iid_partition,
@@ -57,6 +54,7 @@ from swarmjax.fl.algorithms.fedavg import FedAvg
 from swarmjax.fl.algorithms.local_only import LocalOnly
 from swarmjax.fl.client.record_dp import DELTA
 from swarmjax.fl.client.training import LocalTraining
+from swarmjax.fl.protocol import RunSpec, Variants
 from swarmjax.fl.runtime import simulate
 
 SPLITS = ("uniform", "arbitrary")
@@ -155,11 +153,11 @@ def optimiser(
     return training, lr
 
 
-def _simulate(alg, clients, test, lr: float, rounds: int, seeds: list[int]):
-    variants = alg.variants(
-        clients, learning_rate=lr, **({"rounds": rounds} if isinstance(alg, FedAvg) else {})
-    )
-    return simulate(alg, clients, test, variants=variants, seeds=seeds, rounds=rounds, delta=DELTA)
+def _simulate(alg, clients, test, rounds: int, seeds: list[int], **grid):
+    """``alg`` for every seed; ``grid``: its hyper values and label axes for
+    :meth:`~swarmjax.fl.protocol.Variants.grid`."""
+    spec = RunSpec(rounds=rounds, delta=DELTA, seeds=tuple(seeds))
+    return simulate(alg, clients, test, Variants.grid(alg, clients, spec, **grid))
 
 
 def run_setting(
@@ -181,11 +179,12 @@ def run_setting(
     frames = []
     for method, combine in (("CL", CombinedAggregator(0.01)), ("FedAvg", weighted_average)):
         alg = FedAvg(model, training, combine=combine, eval_batch_size=1000)
-        res = _simulate(alg, clients, test, lr, profile.rounds, seeds)
+        res = _simulate(
+            alg, clients, test, profile.rounds, seeds, epsilon_target=[math.inf], learning_rate=[lr]
+        )
         frames.append(res.history[["seed", "round", "test_accuracy"]].assign(method=method))
-    alone = _simulate(
-        LocalOnly(model, training, eval_batch_size=1000), clients, test, lr, profile.rounds, seeds
-    )
+    alone = LocalOnly(model, training, eval_batch_size=1000)
+    alone = _simulate(alone, clients, test, profile.rounds, seeds, learning_rate=[lr])
     acc = alone.metrics["test_accuracy"]  # (seeds, rounds, clients)
     s_idx, t_idx, c_idx = np.meshgrid(
         np.asarray(seeds), np.arange(1, profile.rounds + 1), np.arange(k), indexing="ij"
@@ -212,9 +211,9 @@ def run_central(data: Any, dataset: str, model_name: str, profile: Profile) -> p
     training, lr = optimiser(dataset, model_name, 1, profile.batch_size)
     union = stack_clients(data.x_train, data.y_train, [np.arange(len(data.y_train))])
     alg = LocalOnly(model, training, keep_optimizer_state=True, eval_batch_size=1000)
-    res = _simulate(
-        alg, union, (data.x_test, data.y_test), lr, e * profile.rounds, list(range(profile.seeds))
-    )
+    seeds = list(range(profile.seeds))
+    test = (data.x_test, data.y_test)
+    res = _simulate(alg, union, test, e * profile.rounds, seeds, learning_rate=[lr])
     res = dataclasses.replace(res, history=res.history.rename(columns={"round": "epoch"}))
     hist = res.history[res.history["epoch"] % e == 0]
     return hist.assign(
@@ -251,15 +250,13 @@ def summarise(history: pd.DataFrame, central: pd.DataFrame) -> pd.DataFrame:
 def plot(
     history: pd.DataFrame, central: pd.DataFrame, dataset: str, model: str, path: Path
 ) -> None:
-    """Rows: splits; columns: K. CL, FedAvg, each client alone (grey), central (dashed)."""
+    """Rows: splits; columns: K. CL, FedAvg and central (dashed) as mean +- std over seeds,
+    each client alone (grey, mean over seeds)."""
     sub = history[(history.dataset == dataset) & (history.model == model)]
     splits = [s for s in SPLITS if s in set(sub.split)]
     ks = sorted(set(sub.K))
-    fig, axes = plt.subplots(
-        len(splits), len(ks), figsize=(4 * len(ks), 3.2 * len(splits)), squeeze=False
-    )
+    fig, axes = _report.grid(len(splits), len(ks), width=4, height=3.2)
     cen = central[(central.dataset == dataset) & (central.model == model)]
-    cen_curve = cen.groupby("round")["test_accuracy"].mean()
     for i, split in enumerate(splits):
         for j, k in enumerate(ks):
             ax = axes[i, j]
@@ -270,26 +267,16 @@ def plot(
                 continue
             for c, cg in g[g.method == "alone"].groupby("client"):
                 curve = cg.groupby("round")["test_accuracy"].mean()
-                ax.plot(
-                    curve.index,
-                    curve.values,
-                    color="0.7",
-                    lw=0.8,
-                    label="each client alone" if c == 0 else None,
-                )
+                label = "each client alone" if c == 0 else None
+                ax.plot(curve.index, curve.values, color="0.7", lw=0.8, label=label)
             for method, color in (("CL", "C0"), ("FedAvg", "C1")):
-                curve = g[g.method == method].groupby("round")["test_accuracy"].mean()
-                ax.plot(curve.index, curve.values, color=color, marker=".", label=method)
-            ax.plot(cen_curve.index, cen_curve.values, "g--", label="centralised")
-            ax.set_ylim(0, 1.02)
-            ax.set_title(f"{split}, K={k}")
-            ax.set_xlabel("combination round")
+                _report.band(ax, g[g.method == method], "test_accuracy", label=method,
+                             color=color, marker=".")  # fmt: skip
+            _report.band(ax, cen, "test_accuracy", label="centralised", color="g", ls="--")
+            ax.set(ylim=(0, 1.02), title=f"{split}, K={k}", xlabel="combination round")
             ax.set_ylabel("test accuracy")
     axes[0, 0].legend(fontsize=7, loc="lower right")
-    fig.suptitle(f"{dataset} {model}: CL vs FedAvg")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _report.save(fig, path, suptitle=f"{dataset} {model}: CL vs FedAvg", dpi=110)
 
 
 FILE_DATASETS = ("mnist", "cifar10")  # read from the data folder; breast_cancer ships with sklearn
@@ -476,7 +463,7 @@ def write(
     history.to_csv(out / "history.csv", index=False)
     central.to_csv(out / "central.csv", index=False)
     summary = summarise(history, central)
-    summary.to_csv(out / "summary.csv", index=False)
+    _report.write_table(summary, out / "summary")  # summary.csv and summary.md
     meta = {
         "profile": dataclasses.asdict(profile),
         "conv": 0.01,

@@ -44,7 +44,7 @@ import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
-from experiments import _cli
+from experiments import _cli, _report
 from swarmjax.fl.algorithms.client_level_dp_fedavg import (
     ClientLevelDPFedAvg,
     default_delta,
@@ -55,6 +55,7 @@ from swarmjax.fl.client.training import LocalTraining
 from swarmjax.fl.data import DatasetNotFoundError, load_dataset, subsample
 from swarmjax.fl.data.clients import stack_clients
 from swarmjax.fl.data.partition import dirichlet_partition, iid_partition
+from swarmjax.fl.protocol import RunSpec, Variants
 from swarmjax.fl.runtime import simulate
 from swarmjax.models import cross_entropy, mlp, param_count
 from swarmjax.privacy.audit import membership_inference_advantage
@@ -140,13 +141,13 @@ def mia_advantage(model, params, data, n: int, seed: int) -> float:
 
 def methods(profile: Profile, z: float) -> list[tuple[str, dict]]:
     """(name, settings) of the compared methods at multiplier z: ``clipping`` (static) and
-    the keyword arguments of ``ClientLevelDPFedAvg.variants``."""
+    the hyper values of :meth:`~swarmjax.fl.protocol.Variants.grid`."""
     out = [
         (
             "adaptive",
             dict(
                 clipping="adaptive",
-                clip=INITIAL_CLIP,
+                initial_clip=INITIAL_CLIP,
                 target_quantile=TARGET_QUANTILE,
                 clip_lr=CLIP_LR,
                 noise_multiplier=z,
@@ -154,7 +155,7 @@ def methods(profile: Profile, z: float) -> list[tuple[str, dict]]:
         )
     ]
     out += [
-        (f"fixed C={c:g}", dict(clipping="fixed", clip=c, noise_multiplier=z))
+        (f"fixed C={c:g}", dict(clipping="fixed", initial_clip=c, noise_multiplier=z))
         for c in profile.fixed_clips
     ]
     return out
@@ -167,22 +168,18 @@ def run_one(
     t0 = time.perf_counter()
     kwargs = dict(kwargs)
     alg = dataclasses.replace(config, clipping=kwargs.pop("clipping"))
-    variants = alg.variants(
+    spec = RunSpec(rounds=profile.rounds, delta=delta, seeds=profile.seeds)
+    kwargs["noise_multiplier"] = [float(kwargs["noise_multiplier"])]  # the one label
+    variants = Variants.grid(
+        alg,
         clients,
+        spec,
         sample_rate=profile.sample_rate,
         client_lr=CLIENT_LR,
         server_lr=SERVER_LR,
         **kwargs,
     )
-    res = simulate(
-        alg,
-        clients,
-        test,
-        variants=variants,
-        seeds=list(profile.seeds),
-        rounds=profile.rounds,
-        delta=delta,
-    )
+    res = simulate(alg, clients, test, variants)
     seconds = time.perf_counter() - t0
     h = res.history
     last = h[h["round"] == profile.rounds]
@@ -224,13 +221,10 @@ def run_one(
 
 
 def plot(summary: pd.DataFrame, history: pd.DataFrame, out: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    """Accuracy against epsilon per method (mean +- std over seeds) and the clip norm per
+    round at the largest finite epsilon (band over seeds), one panel per setting."""
     settings = summary[["dataset", "partition"]].drop_duplicates().values.tolist()
-    fig, axes = plt.subplots(1, len(settings), figsize=(4.5 * len(settings), 3.6), squeeze=False)
+    fig, axes = _report.grid(1, len(settings), width=4.5, height=3.6)
     for ax, (ds, part) in zip(axes[0], settings, strict=True):
         sub = summary[(summary.dataset == ds) & (summary.partition == part)]
         for method, g in sub[sub.method != "non-private"].groupby("method"):
@@ -239,32 +233,24 @@ def plot(summary: pd.DataFrame, history: pd.DataFrame, out: Path) -> None:
         top = sub[sub.method == "non-private"]
         if len(top):
             ax.axhline(top.accuracy.iloc[0], color="k", ls="--", label="non-private")
-        ax.set(
-            xscale="log",
-            xlabel="client-level epsilon",
-            ylabel="test accuracy",
-            title=f"{ds} {part}",
-        )
+        ax.set(xscale="log", xlabel="client-level epsilon", ylabel="test accuracy")
+        ax.set_title(_report.title(f"{ds} {part}"))
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out / "accuracy_vs_epsilon.png", dpi=120)
-    plt.close(fig)
-
+    _report.save(fig, out / "accuracy_vs_epsilon.png")
     history = history[np.isfinite(history.epsilon_target)]  # the non-private run has C = 1e6
     eps_show = history.epsilon_target.max()
-    fig, axes = plt.subplots(1, len(settings), figsize=(4.5 * len(settings), 3.6), squeeze=False)
-    for ax, (ds, part) in zip(axes[0], settings, strict=True):
-        sub = history[(history.dataset == ds) & (history.partition == part)]
-        sub = sub[(sub.epsilon_target == eps_show) & (sub.seed == sub.seed.min())]
-        for method, g in sub.groupby("method"):
-            ax.plot(g["round"], g["clip_norm"], label=f"{method} C_t")
-        ax.set(
-            yscale="log", xlabel="round", ylabel="clip norm", title=f"{ds} {part}, eps={eps_show:g}"
-        )
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out / "clip_norm.png", dpi=120)
-    plt.close(fig)
+    shown = history[history.epsilon_target == eps_show]
+    _report.per_round(
+        shown.assign(setting=shown.dataset + " " + shown.partition),
+        "clip_norm",
+        out / "clip_norm.png",
+        panel="setting",
+        line="method",
+        ylabel="clip norm",
+        label=lambda m: f"{m} C_t",
+        panel_title=lambda s: f"{s}, eps={eps_show:g}",
+        axes_set={"yscale": "log"},
+    )
 
 
 def _call_settings(meta: dict) -> dict:
@@ -374,7 +360,11 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
         for scheme in profile.partitions:
             clients = make_clients(data, scheme, profile.num_clients)
             plan = [
-                ("non-private", math.inf, dict(clipping="fixed", clip=1e6, noise_multiplier=0.0))
+                (
+                    "non-private",
+                    math.inf,
+                    dict(clipping="fixed", initial_clip=1e6, noise_multiplier=0.0),
+                )
             ]
             plan += [(name, e, kw) for e, z in zs.items() for name, kw in methods(profile, z)]
             for name, eps_target, kwargs in plan:
@@ -406,6 +396,12 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
         "mia_advantage",
         "bits_volume",
     ]
+    shown = summary.assign(
+        accuracy=np.vectorize(partial(_report.mean_std_text, digits=4), otypes=[str])(
+            summary.accuracy, summary.accuracy_std if len(profile.seeds) > 1 else np.nan
+        )  # one seed: no std
+    )
+    _report.write_table(shown, out / "summary_table", columns=cols[:5] + cols[6:], floatfmt=".4g")
     with pd.option_context("display.width", 200, "display.max_rows", 500):
         print(summary[cols].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     if store.reused:

@@ -30,37 +30,35 @@ import numpy as np
 import pandas as pd
 
 from experiments import _cli
-from experiments.fed_dp_pso import (
-    _CURRENT,
-    PAPER,
-    READINGS,
-    _model,
-    _paper,
-    _run,
-    _without_dp,
-    pso_config,
-    public_mask,
-    run_capacity,
-    scale_inputs,
-)
+from experiments.fed_dp_pso import PAPER, paper_accuracy
 from swarmjax.fl import flower_partition, load_dataset, stack_clients
+from swarmjax.fl.algorithms.fed_dp_pso import (
+    READINGS,
+    Reading,
+    fed_dp_pso,
+    paper_model,
+    reading_hyper,
+)
+from swarmjax.fl.client.record_dp import DELTA
+from swarmjax.fl.client.training import RecordDP
 from swarmjax.fl.data import Dataset
 from swarmjax.fl.data.partition import label_skew
+from swarmjax.fl.data.transforms import public_mask, scale_inputs
+from swarmjax.fl.protocol import RunSpec, Variants
+from swarmjax.fl.runtime import simulate
 
 # One design choice at a time on top of "current", then all of them ("authors"), then all
 # but the shared initialisation (the issue's first check found it hurts on Dirichlet 0.3).
-STUDY_READINGS = {
-    "current": {},
-    "authors": {k: READINGS["authors"][k] for k in _CURRENT},
-    "shared_init": dict(init="shared"),
-    "refine_always": dict(refine_update="always"),
-    "persistent_adam": dict(optimizer_state="persistent"),
-    "tensor_r_clamp": dict(tensor_coefficients="yes", velocity_clamp=0.1),
-    "pixel_l2": dict(input_scaling="pixel_public", weight_decay="coupled"),
-    "authors_indep_init": {
-        **{k: READINGS["authors"][k] for k in _CURRENT},
-        "init": "independent",
-    },
+_CURRENT = READINGS["current"]
+STUDY_READINGS: dict[str, Reading] = {
+    "current": _CURRENT,
+    "authors": READINGS["authors"],
+    "shared_init": replace(_CURRENT, init="shared"),
+    "refine_always": replace(_CURRENT, refine_update="always"),
+    "persistent_adam": replace(_CURRENT, optimizer_state="persistent"),
+    "tensor_r_clamp": replace(_CURRENT, tensor_coefficients=True, velocity_clamp=0.1),
+    "pixel_l2": replace(_CURRENT, input_scaling="pixel_public", weight_decay="coupled"),
+    "authors_indep_init": replace(READINGS["authors"], init="independent"),
 }
 PARTS = ("iid", "dir0.3", "dir1")
 # partition readings of Dirichlet 0.3 (run for "current" and "authors" only)
@@ -111,7 +109,7 @@ def _plan(args: argparse.Namespace) -> dict:
     return plan
 
 
-def _splits(name: str, plan: dict, data_dir) -> tuple[Dataset, np.ndarray]:
+def splits(name: str, plan: dict, data_dir) -> tuple[Dataset, np.ndarray]:
     """The training split cut into (pool + validation as its "test" split, public mask of
     the pool); the test split is dropped here and never read again."""
     full = load_dataset(name, data_dir)
@@ -129,11 +127,11 @@ def _splits(name: str, plan: dict, data_dir) -> tuple[Dataset, np.ndarray]:
     return ds, public_mask(len(ds.y_train), plan["public_rows"], seed=0)
 
 
-def _data_for(ds: Dataset, public: np.ndarray, reading: dict, plan: dict) -> Dataset:
+def _data_for(ds: Dataset, public: np.ndarray, reading: Reading, plan: dict) -> Dataset:
     """Scaled as the reading says; the public rows dropped in every case; ``n_train`` rows
     drawn with ``default_rng(0)`` (the same client rows for every reading)."""
-    scaled = scale_inputs(ds, reading["input_scaling"], plan["public_rows"], seed=0)
-    if reading["input_scaling"] != "pixel_public":
+    scaled = scale_inputs(ds, reading.input_scaling, plan["public_rows"], seed=0)
+    if reading.input_scaling != "pixel_public":
         scaled = replace(scaled, x_train=scaled.x_train[~public], y_train=scaled.y_train[~public])
     rows = np.sort(
         np.random.default_rng(0).choice(len(scaled.y_train), plan["n_train"], replace=False)
@@ -176,10 +174,13 @@ def _variability(acc: np.ndarray) -> dict:
     )
 
 
-def _call(alg, clients, ds, plan: dict, lr: float, eps: float) -> tuple[pd.DataFrame, None]:
+def _call(alg, reading: Reading, clients, ds, plan: dict, lr: float, eps: float):
+    """One simulator call of ``alg`` at target ``eps`` x every seed: (history, None)."""
     t0 = time.perf_counter()
-    run_alg = _without_dp(alg, [eps])
-    res = _run(run_alg, clients, run_alg.client_data(clients), ds, plan, lr, [eps])
+    spec = RunSpec(rounds=plan["rounds"], delta=DELTA, seeds=tuple(range(plan["seeds"])))
+    hyper = reading_hyper(reading)
+    variants = Variants.grid(alg, clients, spec, epsilon_target=[eps], learning_rate=lr, **hyper)
+    res = simulate(alg, clients, (ds.x_test, ds.y_test), variants, progress=True)
     h = res.history.rename(columns={"test_accuracy": "val_accuracy"})
     h = h.assign(epsilon_max=res.privacy.final_epsilon.max(), seconds=time.perf_counter() - t0)
     return h, None
@@ -255,7 +256,7 @@ def main(argv: list[str] | None = None) -> None:
     rounds: list[pd.DataFrame] = []
     for eps in plan["eps"]:  # epsilon = inf first: the largest gaps are there
         for name in plan["datasets"]:
-            ds, public = _splits(name, plan, args.data_dir)
+            ds, public = splits(name, plan, args.data_dir)
             for label in plan["readings"]:
                 extra = plan["partition_readings"] and label in ("current", "authors")
                 _study_reading(name, ds, public, label, eps, plan, extra, store, runs, rounds)
@@ -267,21 +268,24 @@ def main(argv: list[str] | None = None) -> None:
 
 def _study_reading(name, ds, public, label, eps, plan, extra, store, runs, rounds) -> None:
     """Every partition of one (dataset, reading, epsilon): one compiled program."""
-    reading = {**_CURRENT, **STUDY_READINGS[label]}
+    reading = STUDY_READINGS[label]
     data = _data_for(ds, public, reading, plan)
     parts = _partitions(data.y_train, plan, extra)
     sizes = [p.sizes for p in parts.values()]
     bs = min(plan["batch_size"], int(min(s.min() for s in sizes)))
     pad_to = int(max(s.max() for s in sizes))
-    cap = run_capacity(sizes, bs, plan["rounds"], [eps])
-    model, lr = _model(name, data, None)
-    settings = {**plan, **reading, "particles": 5, "refine_start": "pbest"}
-    settings["selection_metric"] = "loss"
-    alg = pso_config(model, settings, bs, cap)
+    dp = None  # epsilon = inf: plain Adam
+    if math.isfinite(eps):
+        dp = RecordDP.for_run(sizes, bs, rounds=plan["rounds"], epsilons=[eps], delta=DELTA)
+    model, lr = paper_model(name, data.num_classes, data.input_shape)
+    alg = fed_dp_pso(
+        model, reading, batch_size=bs, record_dp=dp, eval_batch_size=2000,
+        eval_subset=plan["eval_subset"],
+    )  # fmt: skip
     for part, p in parts.items():
         clients = stack_clients(data.x_train, data.y_train, p.indices, pad_to=pad_to)
         key = f"{name}_{label}_{part}_eps{eps:g}"
-        run = partial(_call, alg, clients, data, settings, lr, eps)
+        run = partial(_call, alg, reading, clients, data, plan, lr, eps)
         fetched = store.fetch_or_run(key, run)
         h, reused = fetched.table, fetched.reused
         paper_part = part if part in PAPER.get(name, {}) else "dir0.3"
@@ -292,7 +296,7 @@ def _study_reading(name, ds, public, label, eps, plan, extra, store, runs, round
             reading=label,
             coverage=100 * class_coverage(p, data.y_train, data.y_test, 0.005),
             label_skew=label_skew(p),
-            paper=_paper(name, paper_part, eps)[0],
+            paper=paper_accuracy(name, paper_part, eps)[0],
             epsilon_max=float(h["epsilon_max"].iloc[0]),
         )
         runs.extend({**meta, **r} for r in _summarise(h))

@@ -11,11 +11,16 @@ from __future__ import annotations
 
 import json
 
+import jax
 import numpy as np
 import pandas as pd
 import pytest
 
 from experiments import fed_dp_pso
+from swarmjax.fl.algorithms.fed_dp_pso import paper_model, reading_hyper
+from swarmjax.fl.protocol import Variants
+from swarmjax.fl.runtime.flower.task import load_task
+from swarmjax.models import mlp, param_bytes
 
 
 def test_quick_run_writes_its_results_and_states_its_plan(tmp_path, monkeypatch, capsys) -> None:
@@ -40,7 +45,8 @@ def _check_resume(out, options, monkeypatch, capsys) -> None:
     assert "resumed from disk" in capsys.readouterr().out
     second = pd.read_csv(out / "cells.csv")
     pd.testing.assert_frame_equal(second, first)
-    assert json.loads((out / "summary.json").read_text())["resumed_calls"] == ["digits_iid_eps5"]
+    resumed = json.loads((out / "summary.json").read_text())["resumed_calls"]
+    assert resumed == ["digits_iid_eps5", "comm_digits"]
     for changed in (["--lr", "0.01"], ["--restart"]):
         with pytest.raises(RuntimeError, match="ran again"):
             fed_dp_pso.main(["--quick", *options, *changed, "--out", str(out)])
@@ -81,8 +87,11 @@ def _check_plan(quick_run) -> None:
     assert "particles scored by error" in table
     row = next(line for line in table.splitlines() if line.startswith("| iid"))
     assert "(1 seed)" in row and "+-" not in row  # one seed: no std shown
-    comm = pd.read_csv(quick_run / "comm.csv").iloc[0]
-    assert comm.pso_up < comm.fedavg_up
+    comm = pd.read_csv(quick_run / "comm.csv").iloc[0]  # bytes the simulator counted
+    model = param_bytes(jax.eval_shape(mlp((32,), 10, (8, 8, 1)).init, jax.random.key(0)))
+    assert (comm.pso_up, comm.pso_down) == (5 * 4 + model, 5 * model)  # 5 scores + 1 model
+    assert (comm.fedavg_up, comm.fedavg_down) == (5 * (model + 4), 5 * model)  # + weights
+    assert comm.upload_saving == pytest.approx(1 - (20 + model) / (5 * (model + 4)))
 
 
 @pytest.mark.parametrize(
@@ -101,12 +110,41 @@ def test_bad_options_are_rejected_by_the_parser(bad, capsys) -> None:
 
 
 def test_partitions_select_column_groups_in_table_order() -> None:
-    def parts(*argv: str) -> list[str]:
-        return fed_dp_pso._plan(fed_dp_pso._parser().parse_args(list(argv)))["parts"]
+    def parts(*argv: str) -> tuple[str, ...]:
+        return fed_dp_pso.profile(fed_dp_pso.parse_args(list(argv))).partitions
 
-    assert parts("--full") == ["iid", "dir0.3", "dir1"]
-    assert parts("--full", "--partitions", "dir1", "iid", "dir1") == ["iid", "dir1"]
-    assert parts("--partitions", "dir0.3") == ["dir0.3"]
+    assert parts("--full") == ("iid", "dir0.3", "dir1")
+    assert parts("--full", "--partitions", "dir1", "iid", "dir1") == ("iid", "dir1")
+    assert parts("--partitions", "dir0.3") == ("dir0.3",)
+
+
+@pytest.mark.parametrize(
+    "flags", [["--reading", "current"], ["--reading", "paper", "--init", "shared"]]
+)
+def test_flower_deploys_the_algorithm_the_simulator_path_builds(flags) -> None:
+    """``--runtime flower``: the run config carries the reading (``reading`` and the
+    ``reading-<field>`` keys of the fields the flags changed) and the algorithm's settings,
+    so the task the deployment loads runs the experiment's algorithm and hyper values (on
+    the task's own clients)."""
+    argv = ["--runtime", "flower", "--quick", "--epsilons", "5", *flags]
+    args = fed_dp_pso.parse_args(argv)
+    config = fed_dp_pso.flower_config(args)
+    assert config["reading"] == args.reading
+    assert ("reading-init" in config) == ("--init" in flags)
+    task = load_task({"task": "swarmjax.fl.runtime.flower.tasks:digits", **config})
+    prof = fed_dp_pso.profile(args)
+    clients = task.stacked
+    bs = min(prof.batch_size, int(clients.sizes.min()))
+    model, lr = paper_model("digits", 10, clients.x.shape[2:])
+    alg = fed_dp_pso.algorithm(prof, model, [np.asarray(clients.sizes)], bs)
+    assert task.algorithm == alg
+    assert alg.init == ("shared" if "shared" in flags else "independent")
+    grid = Variants.grid(
+        alg, clients, task.variants.spec, epsilon_target=[5.0], learning_rate=lr,
+        **reading_hyper(prof.reading),
+    )  # fmt: skip
+    jax.tree.map(np.testing.assert_array_equal, task.variants.hyper, grid.hyper)
+    assert task.variants.labels == grid.labels
 
 
 def test_pathmnist_runs_lenet5_and_fig3_uses_it(tmp_path) -> None:

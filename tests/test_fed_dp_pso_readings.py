@@ -16,16 +16,15 @@ import pytest
 from experiments import fed_dp_pso as experiment
 from experiments import fed_dp_pso_study
 from swarmjax import swarm
-from swarmjax.fl.algorithms.fed_dp_pso import FedDPPSO
-from swarmjax.fl.client.record_dp import calibrate_sigmas, sampler_capacity
+from swarmjax.fl.algorithms.fed_dp_pso import READINGS, FedDPPSO, fed_dp_pso, reading_hyper
 from swarmjax.fl.client.training import LocalTraining, RecordDP, make_optimizer
 from swarmjax.fl.data import load_dataset
 from swarmjax.fl.data.clients import stack_clients
 from swarmjax.fl.data.partition import iid_partition
-from swarmjax.fl.protocol import coverage
+from swarmjax.fl.data.transforms import PIXEL_STD_FLOOR, scale_inputs
+from swarmjax.fl.protocol import RunSpec, Variants, coverage
 from swarmjax.fl.runtime import simulate
-from swarmjax.models import mlp
-from swarmjax.privacy.accounting import epsilon
+from swarmjax.models import mlp, param_bytes
 
 MODEL = mlp((8,), 10, (8, 8, 1))
 PLAIN = LocalTraining(batch_size=32, optimizer="adam")
@@ -46,7 +45,9 @@ def _one(tree, i=0):
 
 def _client(alg, clients, learning_rate=0.01, pso=None):
     """(data of client 0, hyper of variant 0, its initial state)."""
-    hyper = _one(alg.variants(clients, rounds=2, learning_rate=learning_rate, pso=pso).hyper)
+    extra = {} if pso is None else {"pso": pso}
+    spec = RunSpec(rounds=2, delta=1e-5)
+    hyper = _one(Variants.grid(alg, clients, spec, learning_rate=learning_rate, **extra).hyper)
     data = _one(alg.client_data(clients))
     state = alg.client_init(jax.random.key(1), data, hyper, jnp.int32(0))
     return data, hyper, state
@@ -178,58 +179,50 @@ def test_coupled_l2_adds_the_decay_to_the_gradient_before_adam():
 
 def test_pixel_public_scaling_uses_only_held_out_rows():
     ds = load_dataset("digits")
-    out = experiment.scale_inputs(ds, "pixel_public", 200, seed=3)
+    out = scale_inputs(ds, "pixel_public", 200, seed=3)
     n = len(ds.y_train)
     chex.assert_shape(out.x_train, (n - 200, *ds.input_shape))
     chex.assert_shape(out.x_test, ds.x_test.shape)
     public = np.zeros(n, bool)
     public[np.random.default_rng(3).choice(n, 200, replace=False)] = True
     mean = ds.x_train[public].mean(axis=0)
-    std = np.maximum(ds.x_train[public].std(axis=0), experiment.PIXEL_STD_FLOOR)
+    std = np.maximum(ds.x_train[public].std(axis=0), PIXEL_STD_FLOOR)
     np.testing.assert_allclose(out.x_train, (ds.x_train[~public] - mean) / std, atol=1e-5)
     np.testing.assert_array_equal(out.y_train, ds.y_train[~public])
     np.testing.assert_allclose(out.x_test, (ds.x_test - mean) / std, atol=1e-5)
-    assert experiment.scale_inputs(ds, "none", 200) is ds
+    assert scale_inputs(ds, "none", 200) is ds
     with pytest.raises(ValueError, match="public_rows"):
-        experiment.scale_inputs(ds, "pixel_public", n)
+        scale_inputs(ds, "pixel_public", n)
     with pytest.raises(ValueError, match="input_scaling"):
-        experiment.scale_inputs(ds, "pixel", 10)
+        scale_inputs(ds, "pixel", 10)
 
 
 def test_the_authors_reading_runs_with_the_same_accounting(setup):
     """Every option on, with DP-Adam: one compiled run; the epsilon covers the same DP-Adam
-    steps as before and nothing new is released."""
+    steps as before and nothing new is released; every round moves N scores and one model
+    up, the model to every client down."""
     clients, test = setup
-    dp = LocalTraining(
-        batch_size=32,
-        optimizer="adam",
-        weight_decay=1e-3,
-        record_dp=RecordDP.for_sizes(clients.sizes, 32),
-    )
-    alg = FedDPPSO(
-        MODEL,
-        dp,
-        particles=S,
-        init="shared",
-        refine_update="always",
-        optimizer_state="persistent",
-        tensor_coefficients=True,
-    )
-    pso = swarm.PSOHyperParams(velocity_clamp=0.1)
-    variants = alg.variants(clients, rounds=2, target_epsilon=8.0, learning_rate=0.01, pso=pso)
-    res = simulate(
-        alg, alg.client_data(clients), test, variants=variants, seeds=[0, 1], rounds=2, delta=1e-5
-    )
+    reading = dataclasses.replace(READINGS["authors"], decay=1e-3)
+    dp = RecordDP.for_sizes(clients.sizes, 32)
+    alg = fed_dp_pso(MODEL, reading, batch_size=32, record_dp=dp, particles=S)
+    spec = RunSpec(rounds=2, delta=1e-5, seeds=(0, 1))
+    hyper = reading_hyper(reading)
+    variants = Variants.grid(alg, clients, spec, epsilon_target=8.0, learning_rate=0.01, **hyper)
+    res = simulate(alg, clients, test, variants)
     assert len(res.history) == 4 and res.history.test_accuracy.notna().all()
     assert res.privacy.not_covered == ("train.score: unprotected: exact statistic of private data",)
     per_round = np.ceil(np.asarray(clients.sizes) / 32)
     np.testing.assert_array_equal(res.privacy.steps[:, -1], np.broadcast_to(2 * per_round, (2, 2)))
     assert float(res.privacy.final_epsilon.max()) <= 8.0
     chex.assert_tree_all_finite(res.server.gbest)
+    model = param_bytes(jax.eval_shape(MODEL.init, jax.random.key(0)))
+    n = clients.num_clients
+    assert (res.history.bytes_up == n * 4 + model).all()
+    assert (res.history.bytes_down == n * model).all()
 
 
 def test_bad_options_fail_naming_the_field(setup):
-    clients, _ = setup
+    clients, test = setup
     for field, value in (
         ("init", "random"),
         ("refine_update", "sometimes"),
@@ -237,7 +230,7 @@ def test_bad_options_fail_naming_the_field(setup):
         ("init_scale", 0.0),
     ):
         with pytest.raises(ValueError, match=field):
-            FedDPPSO(MODEL, PLAIN, **{field: value}).check(clients)
+            FedDPPSO(MODEL, PLAIN, **{field: value}).check(clients, test)
 
 
 @pytest.mark.parametrize(
@@ -260,13 +253,16 @@ def test_bad_reading_flags_are_rejected_in_one_line(bad, capsys):
 
 
 def test_a_flag_overrides_its_reading():
-    args = experiment._parser().parse_args(["--reading", "authors", "--init", "independent"])
-    plan = experiment.reading_plan(args)
-    assert plan["init"] == "independent" and plan["refine_update"] == "always"
-    assert plan["velocity_clamp"] == 0.1 and plan["input_scaling"] == "pixel_public"
-    default = experiment.reading_plan(experiment._parser().parse_args([]))
-    assert default["refine_update"] == "always" and default["weight_decay"] == "coupled"
-    assert default["init"] == "independent" and default["optimizer_state"] == "fresh"
+    args = experiment.parse_args(["--reading", "authors", "--init", "independent"])
+    reading = experiment.reading(args)
+    assert reading == dataclasses.replace(READINGS["authors"], init="independent")
+    assert reading.refine_update == "always" and reading.velocity_clamp == 0.1
+    args = experiment.parse_args(["--tensor-coefficients", "yes", "--decay", "0"])
+    assert experiment.reading(args) == dataclasses.replace(
+        READINGS["paper"], tensor_coefficients=True, decay=0.0
+    )
+    default = experiment.profile(experiment.parse_args([]))
+    assert default.reading == READINGS["paper"] and default.reading_name == "paper"
     alg = FedDPPSO(MODEL)  # the library's defaults are the same reading
     assert alg.refine_update == "always" and alg.training.optimizer == "adam"
 
@@ -282,22 +278,9 @@ def test_the_study_rejects_bad_flags_in_one_line(bad, capsys):
 def test_the_study_never_reads_the_test_split():
     """The study's evaluation split is cut from the training split."""
     plan = dict(fed_dp_pso_study.PRESETS["quick"])
-    ds, public = fed_dp_pso_study._splits("digits", plan, None)
+    ds, public = fed_dp_pso_study.splits("digits", plan, None)
     full = load_dataset("digits")
     assert len(ds.y_test) == plan["val_rows"] and public.sum() == plan["public_rows"]
     assert len(ds.y_train) + len(ds.y_test) == len(full.y_train)
     train_rows = {r.tobytes() for r in full.x_train}
     assert all(r.tobytes() in train_rows for r in ds.x_test)
-
-
-def test_the_experiments_poisson_buffer_lets_dp_reach_its_target():
-    """With the per-step 1e-9 buffer the overflow charge P (1 + e^eps) caps epsilon near 6
-    here; the run-level buffer reaches the target (within the bisection's tolerance)."""
-    sizes = np.array([200, 200, 200])
-    cap = experiment.run_capacity([sizes], 32, 3, [math.inf, 8.0])
-    training = LocalTraining(batch_size=32, record_dp=RecordDP(capacity=cap))
-    overflow = training.sampler_overflow(sizes, 200)
-    sigma = calibrate_sigmas(8.0, sizes, 32, rounds=3, delta=1e-5, overflow_prob=overflow)
-    eps = epsilon(32 / 200, float(sigma[0]), steps=21, delta=1e-5, overflow_prob=overflow[0])
-    assert 7.9 <= eps <= 8.0
-    assert experiment.run_capacity([sizes], 32, 3, [math.inf]) == sampler_capacity(sizes, 32)

@@ -10,7 +10,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from swarmjax.fl import comm
 from swarmjax.fl.algorithms.common import weighted_average
 from swarmjax.fl.algorithms.fedavg import FedAvg, FedAvgHyper
 from swarmjax.fl.algorithms.local_only import LocalOnly, centralised_clients
@@ -21,7 +20,7 @@ from swarmjax.fl.data.partition import iid_partition
 from swarmjax.fl.protocol import RunSpec, Variants
 from swarmjax.fl.runtime import simulate
 from swarmjax.fl.runtime import simulator as sim
-from swarmjax.models import from_haiku, mlp, paper_mlp
+from swarmjax.models import from_haiku, mlp, paper_mlp, param_bytes
 
 ROUNDS = 12
 MODEL = mlp((32,), 10, (8, 8, 1))
@@ -144,21 +143,21 @@ def test_weighted_average_is_exact():
     np.testing.assert_allclose(avg["b"], 3.0)
 
 
-def test_byte_counts_exact_for_the_paper_mlp():
+def test_the_history_counts_fedavgs_bytes_exactly(digits):
+    """Per round every client downloads the model and uploads its model and its weight (one
+    float32): the history's byte columns are these counts, exactly."""
     shapes = jax.eval_shape(paper_mlp().init, jax.random.key(0))
     size = 784 * 256 + 256 + 256 * 256 + 256 + 256 * 10 + 10  # 269,322 parameters
-    assert comm.model_bytes(shapes) == 4 * size == 1_077_288
-    avg = comm.fedavg_bytes(shapes, 5)
-    assert (avg.up, avg.down) == (5 * 1_077_288, 5 * 1_077_288)
-    pso = comm.pso_bytes(shapes, 5)
-    assert (pso.up, pso.down) == (5 * 4 + 1_077_288, 5 * 1_077_288)
-    assert comm.upload_saving(pso, avg) == pytest.approx(1 - (20 + 1_077_288) / 5_386_440)
-    assert comm.pso_bytes(shapes, 5, loss_dtype="float64").up == 5 * 8 + 1_077_288
-    assert avg.times(10).total == 20 * 5_386_440
-    table = comm.per_round_table(pso, 3)
-    np.testing.assert_array_equal(table["cum_bytes_up"], np.array([1, 2, 3]) * pso.up)
-    with pytest.raises(ValueError, match="num_clients"):
-        comm.fedavg_bytes(shapes, 0)
+    assert param_bytes(shapes) == 4 * size == 1_077_288
+    _, clients, test = digits
+    spec = RunSpec(rounds=2, delta=1e-5)
+    res = simulate(ALG, clients, test, Variants.grid(ALG, clients, spec, learning_rate=0.3))
+    model = param_bytes(jax.eval_shape(MODEL.init, jax.random.key(0)))
+    assert model == 4 * (64 * 32 + 32 + 32 * 10 + 10)
+    n, h = clients.num_clients, res.history
+    assert (h["bytes_down"] == n * model).all()
+    assert (h["bytes_up"] == n * (model + 4)).all()
+    np.testing.assert_array_equal(h["cum_bytes_up"], np.array([1, 2]) * n * (model + 4))
 
 
 def test_a_cohort_round_trains_and_sends_only_the_cohort(digits):

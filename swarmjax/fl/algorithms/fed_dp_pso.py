@@ -67,7 +67,7 @@ from swarmjax.fl.protocol import (
     everyone,
     noised,
 )
-from swarmjax.models import Model, cross_entropy
+from swarmjax.models import Model, cross_entropy, lenet5, mlp, paper_mlp
 
 __all__ = [
     "DEFAULT_READING",
@@ -81,6 +81,7 @@ __all__ = [
     "evaluation_subset",
     "fed_dp_pso",
     "fedpso",
+    "paper_model",
     "reading_hyper",
     "selection_releases",
     "server_select",
@@ -709,6 +710,19 @@ def fed_dp_pso(
         tensor_coefficients=reading.tensor_coefficients,
         **options,
     )
+
+
+def paper_model(
+    dataset: str, num_classes: int, input_shape: tuple[int, ...]
+) -> tuple[Model, float]:
+    """The paper's model and DP-Adam step ``eta`` for ``dataset`` (spec 2.5): the LeNet-5
+    variant at 0.001 for colour images (PathMNIST), the MLP 784-256-256-C at 0.005 for
+    grey-scale ones; a small MLP 64-32-C at 0.005 for scikit-learn's bundled ``digits``."""
+    if dataset == "digits":
+        return mlp((32,), num_classes, input_shape), 0.005
+    if input_shape[-1] == 3:
+        return lenet5(num_classes, input_shape), 0.001
+    return paper_mlp(num_classes, input_shape), 0.005
 
 
 def reading_hyper(reading: Reading) -> dict[str, swarm.PSOHyperParams]:

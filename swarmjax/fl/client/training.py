@@ -10,6 +10,8 @@ the number of accounted steps. The Poisson rate is defined once, :func:`sample_r
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -120,6 +122,40 @@ class RecordDP:
             for n in {int(n) for n in np.asarray(sizes).reshape(-1)}
         )
         return cls(clip_norm=float(clip_norm), capacity=capacity)
+
+    @classmethod
+    def for_run(
+        cls,
+        sizes: Sequence[ArrayLike],
+        batch_size: int,
+        *,
+        rounds: int,
+        epsilons: Sequence[float],
+        delta: float,
+        epochs: int = 1,
+        clip_norm: float = 1.0,
+    ) -> RecordDP:
+        """ONE capacity for every client set of ``sizes`` (e.g. several partitions of one
+        dataset, so that one compiled program serves them all) and every target of
+        ``epsilons``: :meth:`for_sizes` with each set's steps over ``rounds`` rounds of
+        ``epochs`` epochs at the largest finite target, the largest capacity of all; the
+        per-step 1e-9 buffer when no target is finite.
+
+        The per-step buffer is not enough for a finite target: the accountant charges the
+        overflow as ``P (1 + e^eps)`` out of delta, which caps the reachable epsilon (about
+        4-6 at tens of steps), so targets 8 and 10 would be silently met at ~5."""
+        finite = [float(e) for e in epsilons if math.isfinite(e)]
+        if not finite:
+            caps = [sampler_capacity(s, batch_size) for s in sizes]
+            return cls(clip_norm=float(clip_norm), capacity=max(caps))
+        caps = []
+        for s in sizes:
+            steps = rounds * epochs * math.ceil(int(np.max(s)) / batch_size)
+            dp = cls.for_sizes(
+                s, batch_size, clip_norm, steps=steps, delta=delta, epsilon=max(finite)
+            )
+            caps.append(int(dp.capacity))
+        return cls(clip_norm=float(clip_norm), capacity=max(caps))
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,10 @@ client-level DP-FedAvg with adaptive clipping; ``fed-dp-pso``: Fed-DP-PSO with D
 ``learning-rate`` (0.1), ``epochs`` (1), ``batch-size`` (32), ``delta`` (1e-5); for
 ``dp-fedavg`` also ``client-rate`` (Poisson rate of clients, 0.7), ``noise-multiplier``
 (1.0) and ``clip`` (initial clip norm, 0.1); for ``fed-dp-pso`` also ``particles`` (3),
-``target-epsilon`` (8.0), ``pso-learning-rate`` (0.005, the DP-Adam step), ``reading``
+``target-epsilon`` (8.0), ``pso-learning-rate`` (0.005, the DP-Adam step),
+``eval-batch-size`` (rows scored at a time; ``""``: all), ``eval-subset`` (rows per client
+the particles are scored on; ``""``: all), ``selection-metric`` (``loss``),
+``refine-start`` (``pbest``), ``reading``
 (``paper``; see :data:`~swarmjax.fl.algorithms.fed_dp_pso.READINGS`) and
 ``reading-<field>`` keys replacing one choice of the reading (e.g. ``reading-init =
 "shared"``; ``""``: the reading's own). Every
@@ -84,16 +87,25 @@ def digits(config: dict[str, Any]) -> Task:
         variants = Variants.grid(alg, clients, spec, epsilon_target=[math.inf], learning_rate=[lr])
     elif reading is not None:  # fed-dp-pso
         target = float(config.get("target-epsilon", 8.0))
-        steps = spec.rounds * training.epochs * -(-int(clients.sizes.max()) // training.batch_size)
-        dp = RecordDP.for_sizes(  # a buffer sized for the run, so the target is reachable
-            clients.sizes, training.batch_size, steps=steps, delta=spec.delta, epsilon=target
+        dp = RecordDP.for_run(  # a buffer sized for the run, so the target is reachable
+            [clients.sizes],
+            training.batch_size,
+            rounds=spec.rounds,
+            epsilons=[target],
+            delta=spec.delta,
+            epochs=training.epochs,
         )
+        eval_batch, eval_subset = config.get("eval-batch-size", ""), config.get("eval-subset", "")
         alg = fed_dp_pso(
             model,
             reading,
             batch_size=training.batch_size,
             record_dp=dp,
             particles=int(config.get("particles", 3)),
+            eval_batch_size=None if eval_batch == "" else int(eval_batch),
+            eval_subset=None if eval_subset == "" else int(eval_subset),
+            selection_metric=str(config.get("selection-metric", "loss")),
+            refine_start=str(config.get("refine-start", "pbest")),
         )
         variants = Variants.grid(
             alg,

@@ -1,0 +1,141 @@
+"""Shared reporting of the federated experiments (``fed_dp_pso``, ``dp_fedavg``,
+``combined_learning``): mean +- std over seeds as numbers and as markdown text, tables
+written as CSV + markdown, and figures of a metric per round with an error band over seeds
+(mean +- sample std, ``fill_between``), saved as PNG with titles that fit their axes.
+
+The std is the sample std (``ddof=1``) over seeds; with one seed there is none (NaN, shown
+as ``(1 seed)``), never a fake 0.
+"""
+
+from __future__ import annotations
+
+import math
+import textwrap
+from collections.abc import Iterable
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+from matplotlib.ticker import MaxNLocator
+
+__all__ = [
+    "band",
+    "grid",
+    "mean_std",
+    "mean_std_text",
+    "per_round",
+    "save",
+    "title",
+    "write_table",
+]
+
+TITLE_WIDTH = 40  # characters per title line of one panel (about 4 inches at 10 pt)
+
+
+def mean_std(values: Iterable[float], scale: float = 1.0) -> tuple[float, float]:
+    """Mean and sample std (``ddof=1``; NaN for one value) of ``values`` times ``scale``."""
+    v = np.asarray(list(values), np.float64) * scale
+    return float(v.mean()), float(v.std(ddof=1)) if len(v) > 1 else math.nan
+
+
+def mean_std_text(mean: float, std: float, digits: int = 2) -> str:
+    """``"m +- s"``; ``"m (1 seed)"`` where the std is NaN (one seed); ``"-"`` where there is
+    no number."""
+    if not np.isfinite(mean):
+        return "-"
+    if not np.isfinite(std):
+        return f"{mean:.{digits}f} (1 seed)"
+    return f"{mean:.{digits}f} +- {std:.{digits}f}"
+
+
+def write_table(
+    table: pd.DataFrame,
+    path: Path,
+    *,
+    columns: list[str] | None = None,
+    header: str = "",
+    floatfmt: str = ".3f",
+) -> str:
+    """``table`` to ``<path>.csv`` (every column) and ``<path>.md`` (``columns``, after
+    ``header``); returns the markdown."""
+    path = Path(path)
+    table.to_csv(path.with_suffix(".csv"), index=False)
+    shown = table if columns is None else table[columns]
+    md = shown.to_markdown(index=False, floatfmt=floatfmt)
+    path.with_suffix(".md").write_text(f"{header}\n\n{md}\n" if header else f"{md}\n")
+    return md
+
+
+def title(text: str, width: int = TITLE_WIDTH) -> str:
+    """``text`` wrapped to lines of at most ``width`` characters."""
+    return "\n".join(textwrap.wrap(text, width)) or text
+
+
+def grid(rows: int, cols: int, *, width: float = 4.5, height: float = 3.5):
+    """``(figure, axes[rows, cols])``: one panel per cell."""
+    return plt.subplots(rows, cols, figsize=(width * cols, height * rows), squeeze=False)
+
+
+def band(
+    ax,
+    frame: pd.DataFrame,
+    y: str,
+    *,
+    x: str = "round",
+    scale: float = 1.0,
+    label: str | None = None,
+    **style,
+) -> None:
+    """``y`` against ``x``: the mean over the rows of each ``x`` (seeds) as a line, mean +-
+    sample std as a band (none where there is one seed)."""
+    g = frame.groupby(x)[y]
+    mean = g.mean() * scale
+    std = g.std(ddof=1).fillna(0.0) * scale
+    (line,) = ax.plot(mean.index, mean.values, label=label, **style)
+    if x == "round":
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    if g.size().max() > 1:
+        ax.fill_between(mean.index, mean - std, mean + std, color=line.get_color(), alpha=0.2, lw=0)
+
+
+def save(fig, path: Path, *, suptitle: str | None = None, dpi: int = 120) -> None:
+    """Lay ``fig`` out, save it as PNG at ``path`` and close it."""
+    if suptitle:
+        fig.suptitle(title(suptitle, int(fig.get_figwidth() * 10)))
+    fig.tight_layout()
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+
+
+def per_round(
+    frame: pd.DataFrame,
+    y: str,
+    path: Path,
+    *,
+    panel: str,
+    line: str,
+    x: str = "round",
+    scale: float = 1.0,
+    ylabel: str | None = None,
+    suptitle: str | None = None,
+    label=str,
+    panel_title=str,
+    axes_set: dict | None = None,
+    **style,
+) -> None:
+    """One panel per value of ``panel``, in each one :func:`band` of ``y`` against ``x``
+    per value of ``line`` (legend ``label(value)``; ``axes_set``: more ``Axes.set`` settings,
+    e.g. ``yscale``), saved to ``path``."""
+    panels = list(dict.fromkeys(frame[panel]))
+    fig, axes = grid(1, len(panels), width=4)
+    for ax, p in zip(axes[0], panels, strict=True):
+        sub = frame[frame[panel] == p]
+        for v in dict.fromkeys(sub[line]):
+            band(ax, sub[sub[line] == v], y, x=x, scale=scale, label=label(v), **style)
+        ax.set(xlabel=x, ylabel=ylabel or y, title=title(panel_title(p)), **(axes_set or {}))
+        ax.legend(fontsize=7)
+    save(fig, path, suptitle=suptitle)
