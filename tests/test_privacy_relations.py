@@ -1,0 +1,106 @@
+"""Issue 30: every privacy record true under ONE stated neighbouring relation, and nothing
+released that voids it (relation per unit, released vs operator-only outputs, noise in
+float32, overflow for both neighbours, the mask rule on clipped private values, checks on
+the stored float32 values)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from swarmjax.fl.algorithms.client_level_dp_fedavg import ClientLevelDPFedAvg
+from swarmjax.fl.algorithms.fed_dp_pso import FedDPPSO
+from swarmjax.fl.client.training import LocalTraining, RecordDP
+from swarmjax.fl.data import load_dataset
+from swarmjax.fl.data.clients import stack_clients
+from swarmjax.fl.data.partition import iid_partition
+from swarmjax.fl.protocol import RunSpec, Variants
+from swarmjax.fl.runtime import simulate
+from swarmjax.fl.runtime.result import RELATIONS
+from swarmjax.models import mlp
+
+MODEL = mlp((8,), 10, (8, 8, 1))
+
+
+@pytest.fixture(scope="module")
+def digits():
+    data = load_dataset("digits")
+    x, y = data.x_train[:240], data.y_train[:240]
+    clients = stack_clients(x, y, iid_partition(y, 4, seed=0).indices)
+    return clients, (data.x_test[:200], data.y_test[:200])
+
+
+def _pso(**kw) -> FedDPPSO:
+    training = LocalTraining(batch_size=30, optimizer="adam", record_dp=RecordDP(capacity=60))
+    return FedDPPSO(MODEL, training, particles=2, private_selection=True, **kw)
+
+
+# ------------------------------------------------------------------ 1. one relation per unit
+
+
+def test_every_privacy_record_states_its_one_relation(digits):
+    clients, test = digits
+    spec = RunSpec(rounds=1, delta=1e-5)
+    pso = _pso(eval_subset=20)
+    res = simulate(pso, clients, test, Variants.grid(pso, clients, spec, epsilon_target=4.0))
+    assert res.privacy.relation == RELATIONS["record"]
+    assert res.privacy.relation.startswith("record-level, zero-out")
+    # the Laplace score is calibrated for zero-out: sensitivity bound / m, m the public
+    # size of the fixed scored subset (n unchanged under zero-out)
+    eps1 = pso.selection_epsilon / (2 + 1 * (2 + 1))  # S at setup + S + 1 per round
+    scale = np.asarray(res.clients.score_scale)[0]
+    np.testing.assert_allclose(scale, pso.loss_bound / (20 * eps1), rtol=1e-6)
+    dp = ClientLevelDPFedAvg(MODEL, LocalTraining(batch_size=30), clipping="fixed")
+    res = simulate(dp, clients, test, Variants.grid(dp, clients, spec, sample_rate=0.5))
+    assert res.privacy.relation == RELATIONS["client"]
+    assert res.privacy.relation.startswith("client-level, add/remove")
+
+
+# ------------------------------------------------------- 2. released versus operator-only
+
+
+def test_flower_releases_no_membership_and_no_timing(tmp_path):
+    pytest.importorskip("flwr", reason="the flower extra is not installed")
+    from swarmjax.fl.runtime.flower.client import make_client_app
+    from swarmjax.fl.runtime.flower.loopback import LoopbackGrid
+    from swarmjax.fl.runtime.flower.server import ServerSettings, drive, read_run
+    from swarmjax.fl.runtime.flower.task import load_task
+
+    cfg = {
+        "task": "swarmjax.fl.runtime.flower.tasks:digits",
+        "algorithm": "dp-fedavg",
+        "rounds": 2,
+        "train-size": 150,
+        "hidden": 8,
+    }
+    task = load_task(cfg)
+    grid = LoopbackGrid.with_partitions(make_client_app(), cfg, (0, 1, 2))
+    settings = ServerSettings(join_timeout=1.0, reply_timeout=1.0, out_dir=tmp_path)
+    run = drive(grid, task, settings)
+    released = sorted(p.name for p in (tmp_path / "released").iterdir())
+    assert released == ["history.csv", "privacy.json", "server.npz"]
+    operator = sorted(p.name for p in (tmp_path / "operator").iterdir())
+    assert operator == ["messages.csv", "rounds.csv", "server.log"]
+    record = json.loads((tmp_path / "released" / "privacy.json").read_text())
+    assert record["relation"] == RELATIONS["client"]
+    assert sorted(record["not_released"]) == [f"operator/{name}" for name in operator]
+    # the released history: the expected cohort q_c N, no wall time, no realised count
+    history = run.released.history
+    assert "seconds" not in history
+    expected = float(task.hyper.sample_rate) * task.num_clients
+    np.testing.assert_allclose(history["selected_train"], expected)
+    # the operator holds the realised cohort, named as the simulator's diagnostics
+    realised = run.operator.private_diagnostics["selected"]
+    assert realised.shape == (1, 2, 1)
+    messaged = run.operator.messages.query("not setup").groupby("round").size()
+    np.testing.assert_array_equal(realised[0, :, 0], messaged.reindex([1, 2], fill_value=0))
+    assert "seconds" in run.operator.rounds
+    again = read_run(tmp_path, task)
+    assert again.privacy.relation == RELATIONS["client"]
+    pd_equal = again.operator.rounds["selected_train"].to_numpy()
+    np.testing.assert_array_equal(pd_equal, realised[0, :, 0])
+    for name in operator:  # a released copy without operator/ still reads
+        (tmp_path / "operator" / name).unlink()
+    assert read_run(tmp_path, task).operator is None
