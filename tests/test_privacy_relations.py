@@ -5,8 +5,11 @@ the stored float32 values)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -16,7 +19,7 @@ from swarmjax.fl.client.training import LocalTraining, RecordDP
 from swarmjax.fl.data import load_dataset
 from swarmjax.fl.data.clients import stack_clients
 from swarmjax.fl.data.partition import iid_partition
-from swarmjax.fl.protocol import RunSpec, Variants
+from swarmjax.fl.protocol import RunSpec, Variants, run_keys, server_init_key
 from swarmjax.fl.runtime import simulate
 from swarmjax.fl.runtime.result import RELATIONS
 from swarmjax.models import mlp
@@ -104,3 +107,45 @@ def test_flower_releases_no_membership_and_no_timing(tmp_path):
     for name in operator:  # a released copy without operator/ still reads
         (tmp_path / "operator" / name).unlink()
     assert read_run(tmp_path, task).operator is None
+
+
+# --------------------------------------------------------------- 3. noise in float32
+
+
+def test_noise_on_a_bfloat16_value_is_a_float32_draw():
+    from swarmjax.privacy.mechanisms import gaussian_mechanism, laplace_mechanism
+
+    zeros = {"w": jnp.zeros((200_000,), jnp.bfloat16)}
+    g = gaussian_mechanism(jax.random.key(0), zeros, l2_sensitivity=1.0, noise_multiplier=1.0)
+    lap = laplace_mechanism(jax.random.key(1), zeros, l1_sensitivity=1.0, epsilon=1.0)
+    for out, beyond in ((g["w"], 4.0), (lap["w"], 8.0)):
+        assert out.dtype == jnp.bfloat16  # cast after the noise is added
+        values = np.abs(np.asarray(out, np.float32))
+        # a bfloat16 draw: ~128 values, the Gaussian cut off near 2.9 sigma
+        assert values.max() > beyond and len(np.unique(values)) > 1000
+
+
+def test_a_bfloat16_model_gets_float32_server_noise_through_simulate(digits):
+    clients, test = digits
+    base = mlp((128,), 10, (8, 8, 1))
+    model = dataclasses.replace(
+        base,
+        init=lambda key: jax.tree.map(lambda a: a.astype(jnp.bfloat16), base.init(key)),
+        name="mlp-bf16",
+    )
+    dp = ClientLevelDPFedAvg(model, LocalTraining(batch_size=60), clipping="fixed")
+    spec = RunSpec(rounds=1, delta=1e-5)
+    hyper = dict(sample_rate=1.0, noise_multiplier=10.0, initial_clip=1.0, client_lr=1e-9)
+    res = simulate(dp, clients, test, Variants.grid(dp, clients, spec, **hyper))
+    assert np.isfinite(res.privacy.final_epsilon).all()
+    start = model.init(server_init_key(run_keys([0], [{}], False)[0]))
+    moved = np.concatenate(
+        [
+            (np.asarray(a[0], np.float32) - np.asarray(b, np.float32)).ravel()
+            for a, b in zip(jax.tree.leaves(res.server.params), jax.tree.leaves(start), strict=True)
+        ]
+    )
+    std = 10.0 * 1.0 / clients.num_clients  # z C / (q N): the sum's noise, averaged
+    assert moved.size > 9000
+    assert abs(moved.std() / std - 1) < 0.05
+    assert np.abs(moved / std).max() > 3.3  # a bfloat16 draw stops near 2.9 sigma

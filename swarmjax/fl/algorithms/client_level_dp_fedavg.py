@@ -258,7 +258,7 @@ class ClientLevelDPFedAvg(Algorithm):
         adaptive = self.clipping == "adaptive"
         sum_noise = sum_noise_multiplier(hyper.noise_multiplier, hyper.count_noise)
         sum_noise = sum_noise if adaptive else hyper.noise_multiplier
-        total = jax.tree.map(lambda leaf: jnp.sum(leaf, axis=0), r.update)
+        total = jax.tree.map(lambda leaf: jnp.sum(_at_least_f32(leaf), axis=0), r.update)
         noisy = gaussian_mechanism(
             k_sum, total, l2_sensitivity=server.clip, noise_multiplier=sum_noise
         )
@@ -405,6 +405,12 @@ class ClientLevelDPFedAvg(Algorithm):
         return sigma_for_epsilon(
             target_epsilon, float(sample_rate), rounds, delta, overflow_prob=overflow
         )
+
+
+def _at_least_f32(leaf: Array) -> Array:
+    """``leaf`` in float32 (or wider): a low-precision model's clipped updates are summed
+    and noised in float32, so the sum's sensitivity is ``C_t`` and the noise a Gaussian."""
+    return leaf.astype(jnp.promote_types(leaf.dtype, jnp.float32))
 
 
 def _stored(value: ArrayLike) -> float:
