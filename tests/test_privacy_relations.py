@@ -149,3 +149,59 @@ def test_a_bfloat16_model_gets_float32_server_noise_through_simulate(digits):
     assert moved.size > 9000
     assert abs(moved.std() / std - 1) < 0.05
     assert np.abs(moved / std).max() > 3.3  # a bfloat16 draw stops near 2.9 sigma
+
+
+# ------------------------------------------------- 5. overflow charged for both neighbours
+
+
+def test_client_level_overflow_is_charged_for_the_add_one_neighbour():
+    from scipy import stats
+
+    from swarmjax.fl.algorithms.client_level_dp_fedavg import client_draw_overflow
+    from swarmjax.fl.protocol import Spend
+    from swarmjax.privacy.accounting import sigma_for_epsilon
+    from swarmjax.privacy.sampling import overflow_probability, poisson_capacity, run_capacity
+
+    n, q, cap = 100, 0.1, 22
+    worse, same = stats.binom.sf(cap, n + 1, q), stats.binom.sf(cap, n, q)
+    assert 1.08 < worse / same < 8
+    np.testing.assert_allclose(client_draw_overflow(cap, n, q), worse, rtol=1e-12)
+    np.testing.assert_allclose(overflow_probability(n, q, cap, add_one=True), worse, rtol=1e-12)
+    alg = ClientLevelDPFedAvg(MODEL, capacity=cap)
+    shape = (1, 3, n)
+    spend = Spend(
+        sample_rate=np.full(shape, q),
+        noise_multiplier=np.ones(shape),
+        steps=np.broadcast_to(np.arange(1, 4)[None, :, None], shape),
+        extra_epsilon=np.zeros(shape),
+    )
+    np.testing.assert_allclose(alg.sampling_overflow(spend, n), worse, rtol=1e-12)
+    # a buffer of exactly N clients still overflows on the N + 1 neighbour
+    assert client_draw_overflow(n, n, q) == pytest.approx(q ** (n + 1))
+    assert client_draw_overflow(n + 1, n, q) == 0.0 == client_draw_overflow(None, n, q)
+    # calibration charges the same value as the record
+    cap = 30
+    worse = stats.binom.sf(cap, n + 1, q)
+    assert worse > 1.08 * stats.binom.sf(cap, n, q)
+    z = ClientLevelDPFedAvg(MODEL, capacity=cap).noise_for_epsilon(4.0, n, q, 20, 1e-3)
+    assert z == sigma_for_epsilon(4.0, q, 20, 1e-3, overflow_prob=worse)
+    # the capacity helpers size for the add-one neighbour
+    k = poisson_capacity(n, q, 1e-9, add_one=True)
+    assert stats.binom.sf(k, n + 1, q) < 1e-9 <= stats.binom.sf(k - 1, n + 1, q)
+    big = run_capacity(n, q, steps=20, delta=1e-5, epsilon=4.0, add_one=True)
+    assert big >= run_capacity(n, q, steps=20, delta=1e-5, epsilon=4.0)
+
+
+def test_record_level_overflow_keeps_n_rows_under_zero_out():
+    """Pinned on purpose: under zero-out both neighbours hold ``|D_i|`` rows, so the
+    record-level buffer's charge is ``P(Bin(|D_i|, q_i) > capacity)``, not the ``+ 1``
+    value of add/remove (which would over-charge and is not the stated relation)."""
+    from scipy import stats
+
+    training = LocalTraining(batch_size=30, record_dp=RecordDP(capacity=40))
+    sizes = np.array([60, 90, 120])
+    over = training.sampler_overflow(sizes, 120)
+    want = [stats.binom.sf(40, n, 30 / n) for n in sizes]
+    np.testing.assert_allclose(over, want, rtol=1e-12)
+    plus_one = [stats.binom.sf(40, n + 1, 30 / n) for n in sizes]
+    assert np.all(np.asarray(plus_one) > over)

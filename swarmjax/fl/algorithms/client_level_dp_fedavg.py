@@ -164,8 +164,9 @@ class ClientLevelDPFedAvg(Algorithm):
         model: the ``(init, apply)`` pair.
         training: local training (no record-level DP here: the unit is the client).
         clipping: ``"fixed"`` (no count query) or ``"adaptive"``.
-        capacity: static bound on sampled clients (``None``: all ``N``); at least
-            :func:`~swarmjax.privacy.sampling.poisson_capacity` ``(N, q_c)``.
+        capacity: static bound on sampled clients (``None``: all of them, whatever ``N``);
+            at least :func:`~swarmjax.privacy.sampling.poisson_capacity`
+            ``(N, q_c, add_one=True)`` (sized for the add-one neighbour too).
         server_momentum: momentum of the server SGD (0: plain step).
         eval_batch_size: chunk size of the test evaluation.
     """
@@ -341,11 +342,11 @@ class ClientLevelDPFedAvg(Algorithm):
         n = clients.num_clients
         q = check_range("sample_rate", _stored(hyper.sample_rate), 0.0, 1.0, low_open=True)
         if self.capacity is not None:
-            needed = poisson_capacity(n, q)
+            needed = poisson_capacity(n, q, add_one=True)
             if self.capacity < needed:
                 raise ValueError(
-                    f"capacity must be >= {needed} (overflow below 1e-9 at q_c = {q}, "
-                    f"N = {n}) or None; got {self.capacity}"
+                    f"capacity must be >= {needed} (overflow below 1e-9 at q_c = {q} for "
+                    f"N = {n} and its add-one neighbour) or None; got {self.capacity}"
                 )
         z = _stored(hyper.noise_multiplier)
         if epsilon_target is not None and math.isfinite(epsilon_target):
@@ -380,10 +381,11 @@ class ClientLevelDPFedAvg(Algorithm):
 
     def sampling_overflow(self, spend, num_clients, sizes=None, padded=None):
         """``(runs, 1, N)`` per-round chance that the Poisson draw of clients (rate ``q_c``
-        from ``spend.sample_rate``) exceeds ``capacity`` and is redrawn; ``None`` when no
-        draw can overflow (no ``capacity``, or one that holds every client)."""
+        from ``spend.sample_rate``) exceeds ``capacity`` and is redrawn, on the worse of the
+        two add/remove neighbours (:func:`client_draw_overflow`); ``None`` when no draw can
+        overflow (no ``capacity``, or one that holds every client of both neighbours)."""
         del sizes, padded
-        if self.capacity is None or self.capacity >= num_clients:
+        if self.capacity is None or self.capacity > num_clients:
             return None
         q = np.asarray(spend.sample_rate, np.float64)[:, -1, :]
         probs = {
@@ -419,13 +421,16 @@ def _stored(value: ArrayLike) -> float:
 
 
 def client_draw_overflow(capacity: int | None, num_clients: int, sample_rate: float) -> float:
-    """Chance per round that a Poisson draw of ``num_clients`` clients at ``sample_rate``
-    exceeds ``capacity`` (and is redrawn): what client-level DP charges to delta, in the
-    record (:meth:`ClientLevelDPFedAvg.sampling_overflow`) and in calibration. ``0`` when
-    ``capacity`` is ``None`` or holds every client, or nobody is drawn."""
-    if capacity is None or capacity >= num_clients or sample_rate <= 0:
+    """Chance per round that a Poisson draw of clients at ``sample_rate`` exceeds
+    ``capacity`` (and is redrawn) on either add/remove neighbour: the federation with one
+    more client draws from ``num_clients + 1`` and overflows more often, so this is
+    ``P(Binomial(num_clients + 1, q) > capacity)``. What client-level DP charges to delta, in
+    the record (:meth:`ClientLevelDPFedAvg.sampling_overflow`) and in calibration. ``0``
+    when ``capacity`` is ``None`` (the draw holds every client of either federation) or
+    ``> num_clients``, or nobody is drawn."""
+    if capacity is None or capacity > num_clients or sample_rate <= 0:
         return 0.0
-    return overflow_probability(num_clients, sample_rate, capacity)
+    return overflow_probability(num_clients, sample_rate, capacity, add_one=True)
 
 
 def _expected_clients(hyper: DPFedAvgHyper, num_clients: int) -> Array:

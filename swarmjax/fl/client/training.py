@@ -163,7 +163,12 @@ class LocalTraining:
     def sampler_overflow(self, sizes: ArrayLike, padded: int) -> np.ndarray:
         """``(clients,)`` probability that one step's Poisson batch overflows the buffer
         (0 without record-level DP, or when the buffer holds the whole client), for clients
-        of ``sizes`` padded to ``padded`` rows: what the accountant adds to delta per step."""
+        of ``sizes`` padded to ``padded`` rows: what the accountant adds to delta per step.
+
+        ``P(Binomial(|D_i|, q_i) > capacity)`` with ``|D_i|`` itself, NOT ``|D_i| + 1``:
+        record-level DP's relation is zero-out (a record replaced by a null record), so both
+        neighbours have ``|D_i|`` rows and the same draw; the ``+ 1`` of add/remove belongs
+        to client-level DP (:func:`~swarmjax.privacy.sampling.overflow_probability`)."""
         sizes = np.asarray(sizes, np.int64).reshape(-1)
         if self.record_dp is None:
             return np.zeros(sizes.shape, np.float64)
