@@ -205,3 +205,43 @@ def test_record_level_overflow_keeps_n_rows_under_zero_out():
     np.testing.assert_allclose(over, want, rtol=1e-12)
     plus_one = [stats.binom.sf(40, n + 1, 30 / n) for n in sizes]
     assert np.all(np.asarray(plus_one) > over)
+
+
+# ------------------------------------------------------- 6. the mask rule on score clips
+
+
+@pytest.mark.parametrize("metric", ["loss", "error"])
+def test_a_hostile_record_counts_as_the_bound_in_a_noised_score(digits, metric):
+    """NaN, inf and 3e38 features (the last overflows the logits: its loss is NaN) count as
+    ``score_bound`` in the clipped mean, never as NaN; the noised score stays finite."""
+    from swarmjax.fl.data.clients import client
+    from swarmjax.models import cross_entropy
+
+    clients, _ = digits
+    data = client(clients, 0)
+    m = int(data.sizes)
+    hostile = np.asarray(data.x).copy()
+    hostile[0] = np.nan
+    hostile[1] = np.inf
+    hostile[2] = 3e38
+    data = data.replace(x=jnp.asarray(hostile))
+    alg = _pso(selection_metric=metric, loss_bound=5.0)
+    params = MODEL.init(jax.random.key(0))
+    positions = jax.tree.map(lambda a: a[None], params)
+    exact = alg.scores(positions, data, jax.random.key(1), jnp.float32(0.0))
+    noised = alg.scores(positions, data, jax.random.key(1), jnp.float32(0.1))
+    assert np.isfinite(np.asarray(exact)).all() and np.isfinite(np.asarray(noised)).all()
+    logits = MODEL.apply(params, data.x[3:m])
+    if metric == "loss":
+        clean = np.minimum(np.asarray(cross_entropy(logits, data.y[3:m])), 5.0)
+    else:
+        clean = np.asarray(jnp.argmax(logits, -1) != data.y[3:m], np.float32)
+    bound = alg.score_bound()
+    np.testing.assert_allclose(exact[0], (clean.sum() + 3 * bound) / m, rtol=1e-5)
+
+
+def test_bounded_maps_every_non_finite_value_to_the_bound():
+    from swarmjax.privacy.mechanisms import bounded
+
+    x = jnp.asarray([np.nan, np.inf, -np.inf, 3e38, -1.0, 0.5], jnp.float32)
+    np.testing.assert_array_equal(bounded(x, 0.0, 2.0), [2.0, 2.0, 2.0, 2.0, 0.0, 0.5])

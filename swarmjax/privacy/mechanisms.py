@@ -37,6 +37,7 @@ from swarmjax._validation import (
 )
 
 __all__ = [
+    "bounded",
     "dictatorship_from_counts",
     "dictatorship_pram_from_counts",
     "gaussian_mechanism",
@@ -57,6 +58,20 @@ __all__ = [
 # ----------------------------------------------------------------------------------------
 # Gaussian and Laplace
 # ----------------------------------------------------------------------------------------
+
+
+def bounded(value: ArrayLike, low: ArrayLike, high: ArrayLike) -> Array:
+    """``value`` clipped to ``[low, high]`` by the mask rule: a non-finite value (NaN,
+    ``inf``, ``-inf``) becomes ``high``, selected with ``jnp.where``.
+
+    Every clip of a private quantity before a noised release goes through this: a plain
+    ``jnp.minimum``/``jnp.clip`` lets NaN through (one record whose loss is NaN, e.g. a
+    ``3e38`` feature overflowing the logits, would make the release NaN every time, which no
+    noise bounds).  The replacement is a fixed value, so the sensitivity
+    ``high - low`` holds whatever a record holds.
+    """
+    x = jnp.asarray(value)
+    return jnp.where(jnp.isfinite(x), jnp.clip(x, low, high), jnp.asarray(high, x.dtype))
 
 
 def gaussian_sigma(epsilon: float, delta: float, l2_sensitivity: float = 1.0) -> float:

@@ -67,6 +67,7 @@ from swarmjax.fl.protocol import (
     noised,
 )
 from swarmjax.models import Model, cross_entropy
+from swarmjax.privacy.mechanisms import bounded
 
 __all__ = [
     "DEFAULT_READING",
@@ -298,8 +299,10 @@ class FedDPPSO(Algorithm):
     ) -> Float[Array, " S"]:
         """Score of each particle (leaves ``(S, ...)``) on one client's data: mean
         cross-entropy (nats) or error rate; with ``private_selection`` per-example values
-        clipped to ``[0, score_bound]`` plus ``Laplace(scale)`` (key ``fold_in(key, j)``)."""
-        bound = self.score_bound() if self.private_selection else jnp.inf
+        clipped to ``[0, score_bound]`` (a non-finite value counts as ``score_bound``:
+        :func:`~swarmjax.privacy.mechanisms.bounded`), summed in float32, plus
+        ``Laplace(scale)`` (key ``fold_in(key, j)``)."""
+        bound = self.score_bound()
         x = jnp.where(data.mask.reshape((-1,) + (1,) * (data.x.ndim - 1)), data.x, 0.0)
         n = jnp.maximum(jnp.sum(data.mask), 1)
 
@@ -309,7 +312,8 @@ class FedDPPSO(Algorithm):
                 per = (jnp.argmax(logits, axis=-1) != data.y).astype(logits.dtype)
             else:
                 per = cross_entropy(logits, data.y)
-            per = jnp.minimum(per, bound)
+            per = per.astype(jnp.float32)
+            per = bounded(per, 0.0, bound) if self.private_selection else per
             return jnp.sum(jnp.where(data.mask, per, 0.0)) / n
 
         values = jax.vmap(one)(positions)
