@@ -245,3 +245,51 @@ def test_bounded_maps_every_non_finite_value_to_the_bound():
 
     x = jnp.asarray([np.nan, np.inf, -np.inf, 3e38, -1.0, 0.5], jnp.float32)
     np.testing.assert_array_equal(bounded(x, 0.0, 2.0), [2.0, 2.0, 2.0, 2.0, 0.0, 0.5])
+
+
+# ------------------------------------------------------ 7. checks on the stored float32
+
+
+def test_privacy_parameters_are_checked_as_stored_in_float32(digits):
+    from swarmjax._validation import check_stored, stored
+
+    clients, test = digits
+    spec = RunSpec(rounds=1, delta=1e-5)
+    assert stored(0.50000001) == 0.5 and stored(1e-46) == 0.0 and stored(1e-40) == 0.0
+    with pytest.raises(ValueError, match=r"x \(as float32\)"):
+        check_stored("x", 1e-46, 0.0, 1.0, low_open=True)
+    # adaptive clipping needs 2 sigma_b > z on the device's values: 0.50000001 is 0.5
+    adaptive = ClientLevelDPFedAvg(MODEL, LocalTraining(batch_size=30))
+    with pytest.raises(ValueError, match="count_noise"):
+        Variants.grid(
+            adaptive, clients, spec, sample_rate=0.5, noise_multiplier=1.0, count_noise=0.50000001
+        )
+    # a score epsilon that is 0 on the device would release exact scores at epsilon 0
+    for tiny in (1e-46, 1e-40):
+        with pytest.raises(ValueError, match="selection_epsilon"):
+            pso = _pso(selection_epsilon=tiny)
+            Variants.grid(pso, clients, spec, epsilon_target=4.0)
+    training = LocalTraining(batch_size=30, record_dp=RecordDP(clip_norm=1e-46, capacity=60))
+    with pytest.raises(ValueError, match="clip_norm"):
+        FedDPPSO(MODEL, training).check(clients, test)
+
+
+def test_a_small_score_epsilon_gets_its_full_laplace_scale(digits):
+    """The scale is ``bound / (m eps_1)`` for every stored ``eps_1 > 0`` (a ``1e-30`` floor
+    under ``eps_1`` used to understate it, by 700x here)."""
+    clients, _ = digits
+    spec = RunSpec(rounds=1, delta=1e-5)
+    pso = _pso(selection_epsilon=7e-33)
+    v = Variants.grid(pso, clients, spec, epsilon_target=4.0)
+    eps1 = float(v.hyper.score_epsilon[0])
+    assert 0 < eps1 < 1e-30
+    states = jax.vmap(
+        lambda k, i: pso.client_init(
+            k,
+            jax.tree.map(lambda a: a[i], pso.client_data(clients)),
+            jax.tree.map(lambda a: a[0], v.hyper),
+            i,
+        )
+    )(jax.random.split(jax.random.key(0), 4), jnp.arange(4))
+    want = pso.loss_bound / (np.asarray(clients.sizes, np.float32) * np.float32(eps1))
+    np.testing.assert_allclose(np.asarray(states.score_scale), want, rtol=1e-5)

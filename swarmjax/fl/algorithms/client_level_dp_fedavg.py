@@ -38,7 +38,7 @@ import optax
 import pandas as pd
 from jaxtyping import Array, ArrayLike, Bool, Float, Int, PRNGKeyArray, PyTree
 
-from swarmjax._validation import check_choice, check_int, check_positive, check_range
+from swarmjax._validation import check_choice, check_int, check_positive, check_range, stored
 from swarmjax.fl.algorithms.common import (
     Trainer,
     check_model_inputs,
@@ -340,7 +340,7 @@ class ClientLevelDPFedAvg(Algorithm):
         :func:`default_count_noise`; fixed clipping makes no count (``sigma_b = 0``,
         ``eta_C = 0``)."""
         n = clients.num_clients
-        q = check_range("sample_rate", _stored(hyper.sample_rate), 0.0, 1.0, low_open=True)
+        q = check_range("sample_rate", stored(hyper.sample_rate), 0.0, 1.0, low_open=True)
         if self.capacity is not None:
             needed = poisson_capacity(n, q, add_one=True)
             if self.capacity < needed:
@@ -348,30 +348,30 @@ class ClientLevelDPFedAvg(Algorithm):
                     f"capacity must be >= {needed} (overflow below 1e-9 at q_c = {q} for "
                     f"N = {n} and its add-one neighbour) or None; got {self.capacity}"
                 )
-        z = _stored(hyper.noise_multiplier)
+        z = stored(hyper.noise_multiplier)
         if epsilon_target is not None and math.isfinite(epsilon_target):
             z = self.noise_for_epsilon(epsilon_target, n, q, spec.rounds, spec.delta)
         check_range("noise_multiplier", z, 0.0, math.inf, high_open=True)
-        b = _stored(hyper.count_noise)
+        b = stored(hyper.count_noise)
         b = default_count_noise(q * n, z) if math.isnan(b) else b
         check_range("count_noise", b, 0.0, math.inf, high_open=True)
         check_range(
-            "clip", _stored(hyper.initial_clip), 0.0, math.inf, low_open=True, high_open=True
+            "clip", stored(hyper.initial_clip), 0.0, math.inf, low_open=True, high_open=True
         )
         check_range(
             "target_quantile",
-            _stored(hyper.target_quantile),
+            stored(hyper.target_quantile),
             0.0,
             1.0,
             low_open=True,
             high_open=True,
         )
-        clip_lr = check_range("clip_lr", _stored(hyper.clip_lr), 0.0, math.inf, high_open=True)
-        check_positive("client_lr", _stored(hyper.client_lr))
-        check_positive("server_lr", _stored(hyper.server_lr))
+        clip_lr = check_range("clip_lr", stored(hyper.clip_lr), 0.0, math.inf, high_open=True)
+        check_positive("client_lr", stored(hyper.client_lr))
+        check_positive("server_lr", stored(hyper.server_lr))
         if self.clipping == "fixed":
             b, clip_lr = 0.0, 0.0
-        elif z > 0 and not 2.0 * _stored(b) > _stored(z):  # as the device will compute it
+        elif z > 0 and not 2.0 * stored(b) > stored(z):  # as the device will compute it
             raise ValueError(
                 "count_noise must be > noise_multiplier / 2 for adaptive clipping (as "
                 f"float32); got count_noise={b!r}, noise_multiplier={z!r}"
@@ -413,11 +413,6 @@ def _at_least_f32(leaf: Array) -> Array:
     """``leaf`` in float32 (or wider): a low-precision model's clipped updates are summed
     and noised in float32, so the sum's sensitivity is ``C_t`` and the noise a Gaussian."""
     return leaf.astype(jnp.promote_types(leaf.dtype, jnp.float32))
-
-
-def _stored(value: ArrayLike) -> float:
-    """``value`` as the device holds it (float32), for checks."""
-    return float(np.float32(value))
 
 
 def client_draw_overflow(capacity: int | None, num_clients: int, sample_rate: float) -> float:

@@ -10,6 +10,7 @@ the number of accounted steps. The Poisson rate is defined once, :func:`sample_r
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -19,7 +20,13 @@ import numpy as np
 import optax
 from jaxtyping import Array, ArrayLike, Bool, Float, Int, PRNGKeyArray, PyTree
 
-from swarmjax._validation import check_choice, check_int, check_nonnegative, check_positive
+from swarmjax._validation import (
+    check_choice,
+    check_int,
+    check_nonnegative,
+    check_positive,
+    check_stored,
+)
 from swarmjax.fl.client.local import LocalResult, local_train
 from swarmjax.fl.client.record_dp import dp_grad_fn, poisson_sampler, sampler_capacity
 from swarmjax.fl.data.clients import ClientData, poisson_rates
@@ -150,7 +157,7 @@ class LocalTraining:
         check_nonnegative("weight_decay", self.weight_decay)
         check_nonnegative("momentum", self.momentum)
         if self.record_dp is not None:
-            check_positive("clip_norm", self.record_dp.clip_norm)
+            check_stored("clip_norm", self.record_dp.clip_norm, 0.0, math.inf, low_open=True)
             poisson_rates(np.asarray(sizes), self.batch_size)
             needed = sampler_capacity(sizes, self.batch_size)
             capacity = self.record_dp.capacity
