@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> None:
             dep.run(config, timeout=1800)
             whole = time.perf_counter() - t1
         run = read_run(out, load_task(config))
-    secs = run.history["seconds"].to_numpy()
+    secs = run.operator.rounds["seconds"].to_numpy()
     later = float(np.median(secs[1:]))
     rows = [
         "| runtime | seconds per round | vs simulator |",
@@ -76,8 +76,10 @@ def main(argv: list[str] | None = None) -> None:
         f"| Flower, later rounds (median) | {later:.2f} | {later / sim:,.0f}x |",
     ]
     bytes_per_round = int(run.history["bytes_up"].iloc[0] + run.history["bytes_down"].iloc[0])
-    wire = int(run.messages["wire_up"].sum() + run.messages["wire_down"].sum())
-    payload = int(run.messages["bytes_up"].sum() + run.messages["bytes_down"].sum())
+    wire = int(run.operator.messages["wire_up"].sum() + run.operator.messages["wire_down"].sum())
+    payload = int(
+        run.operator.messages["bytes_up"].sum() + run.operator.messages["bytes_down"].sum()
+    )
     text = "\n".join(
         [
             "## flower_round",

@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from swarmjax.fl.runtime.flower.deployment import LocalDeployment
-from swarmjax.fl.runtime.flower.server import FlowerRun, read_run
+from swarmjax.fl.runtime.flower.server import RELEASED, FlowerRun, read_run
 from swarmjax.fl.runtime.flower.task import Task, load_task, simulate_task
 
 Runner = Callable[[dict, Task, Path], FlowerRun]
@@ -31,7 +31,7 @@ def deployed(config: dict, task: Task, out: Path) -> FlowerRun:
     run_dir = Path(config["out-dir"])
     with LocalDeployment(partitions=nodes, node_config={"jax-cache-dir": str(out / "jax")}) as d:
         output = d.run(config, timeout=3600)
-        if not (run_dir / "privacy.json").exists():
+        if not (run_dir / RELEASED / "privacy.json").exists():
             raise RuntimeError(f"the ServerApp wrote no results:\n{output[-3000:]}\n{d.logs()}")
     return read_run(run_dir, task)
 
@@ -70,14 +70,17 @@ def run_over_flower(config: dict, out: Path, runner: Runner = deployed) -> dict:
     print(f"epsilon per client after round {task.rounds} (delta {task.delta:g}): {eps}")
     print("covers: " + "; ".join(run.privacy.covers))
     print("not covered: " + ("; ".join(run.privacy.not_covered) or "nothing"))
-    left_out = run.messages[run.messages["status"] != "ok"]
+    messages = run.operator.messages  # operator-only: printed here, never in the summary
+    left_out = messages[messages["status"] != "ok"]
     if len(left_out):
         print("left out:\n" + pd.DataFrame(left_out).to_markdown(index=False))
     summary = {
         "config": config,
         "max_abs_model_difference": diff,
         "epsilon": eps.tolist(),
-        "round_seconds": run.history["seconds"].tolist(),
+        "relation": run.privacy.relation,
+        # wall seconds per round track the realised cohort: operator-only, not summarised
+        "operator_outputs": str(run_dir / "operator"),
     }
     (out / "flower_summary.json").write_text(json.dumps(summary, indent=1))
     return summary

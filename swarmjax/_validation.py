@@ -23,6 +23,8 @@ __all__ = [
     "check_positive",
     "check_probability",
     "check_range",
+    "check_stored",
+    "stored",
 ]
 
 
@@ -66,6 +68,40 @@ def check_range(
         left = "(" if low_open else "["
         right = ")" if high_open else "]"
         raise ValueError(f"{name} must be in {left}{low}, {high}{right}; got {_fmt(arr)}")
+    return value
+
+
+def stored(value: Any) -> Any:
+    """``value`` as the device holds it: rounded to float32, with float32 subnormals flushed
+    to 0 as XLA does; a float (or a float64 array). Privacy parameters are checked on this,
+    not on the float64 value given (0.50000001 is 0.5 on the device)."""
+    arr = np.asarray(value, np.float64).astype(np.float32).astype(np.float64)
+    arr = np.where(np.abs(arr) < np.finfo(np.float32).tiny, 0.0, arr)
+    return float(arr) if arr.ndim == 0 else arr
+
+
+def check_stored(
+    name: str,
+    value: Any,
+    low: float = -math.inf,
+    high: float = math.inf,
+    *,
+    low_open: bool = False,
+    high_open: bool = False,
+) -> Any:
+    """:func:`check_range` on :func:`stored` ``(value)`` (the error says "as float32");
+    returns ``value``. Use it for every privacy parameter the device holds in float32
+    (noise multipliers, clip norms, epsilons, rates)."""
+    if _as_float_array(name, value) is None:
+        return value
+    check_range(
+        f"{name} (as float32)",
+        stored(value),
+        low,
+        high,
+        low_open=low_open,
+        high_open=high_open,
+    )
     return value
 
 

@@ -68,7 +68,7 @@ def _assert_deployment_equals_simulator(deployment, cfg: dict, out: Path) -> Non
     run = read_run(out, load_task(cfg))
     sim = simulated(cfg)
     assert_same_run(run, sim)
-    assert len(run.messages) > 0 and (run.messages["status"] == "ok").all()
+    assert len(run.operator.messages) > 0 and (run.operator.messages["status"] == "ok").all()
     for col in ("bytes_up", "bytes_down"):
         np.testing.assert_allclose(run.history[col], sim.history[col], rtol=1e-12)
 
@@ -109,7 +109,7 @@ def test_deployment_gives_the_simulators_numbers_and_survives_a_killed_supernode
     for col in ("test_accuracy", "test_loss", "bytes_up", "bytes_down"):
         np.testing.assert_allclose(first[col], sim_first[col], rtol=0, atol=1e-6)
     np.testing.assert_allclose(run.privacy.epsilon[:, 0], sim.privacy.epsilon[:, 0])
-    messages = run.messages.set_index(["round", "client"])
+    messages = run.operator.messages.set_index(["round", "client"])
     assert (messages.loc[1, "status"] == "ok").all()
     assert (messages.loc[1, "wire_up"] > messages.loc[1, "bytes_up"]).all()
 

@@ -67,16 +67,18 @@ def test_same_numbers_as_the_simulator(algorithm):
     run = drive(_grid(cfg), load_task(cfg), FAST)
     sim = simulated(cfg)
     assert_same_run(run, sim)
-    assert (run.messages["status"] == "ok").all()
+    assert (run.operator.messages["status"] == "ok").all()
     # released bytes: what was carried (public selection) or, for DP-FedAvg's secret
     # Poisson sampling, the expected count x message size; both equal the simulator's
     np.testing.assert_allclose(run.history["bytes_up"], sim.history["bytes_up"], rtol=1e-12)
     np.testing.assert_allclose(run.history["bytes_down"], sim.history["bytes_down"], rtol=1e-12)
-    trained = run.messages[~run.messages["setup"]]  # the setup round is not in the history
+    trained = run.operator.messages[
+        ~run.operator.messages["setup"]
+    ]  # the setup round is not in the history
     carried = trained.groupby("round")["bytes_up"].sum()
     if algorithm == "dp-fedavg":  # the realised messages stay in the operator's log
         assert np.isfinite(run.privacy.epsilon).all()
-        per_client = run.messages["bytes_up"].max()
+        per_client = run.operator.messages["bytes_up"].max()
         assert (carried % per_client == 0).all()
     else:
         np.testing.assert_array_equal(carried, run.history["bytes_up"])
@@ -105,7 +107,7 @@ def test_the_experiment_over_flower(tmp_path, capsys):
 
     summary = run_over_flower(config("fed-dp-pso"), tmp_path, runner=in_process)
     assert summary["max_abs_model_difference"] <= 1e-6
-    assert (tmp_path / "flower" / "privacy.json").exists()
+    assert (tmp_path / "flower" / "released" / "privacy.json").exists()
     assert (tmp_path / "flower_summary.json").exists()
     printed = capsys.readouterr().out
     assert "largest |flower - simulator|" in printed and "covers: " in printed
@@ -123,12 +125,12 @@ def test_dropped_client_round_finishes_and_spend_stays_correct(caplog):
     grid.nodes[101].rewrite = dies_in_round_two
     with caplog.at_level(logging.WARNING, logger="swarmjax.fl.runtime.flower"):
         run = drive(grid, load_task(cfg), FAST)
-    status = run.messages.set_index(["round", "client"])["status"]
+    status = run.operator.messages.set_index(["round", "client"])["status"]
     assert status[(1, 1)] == "ok"
     assert status[(2, 1)].startswith("no reply")
     assert "client 1 left out" in caplog.text
     assert list(run.history["round"]) == [1, 2]  # the run did not hang
-    assert run.history["bytes_up"].iloc[1] == 2 * run.messages["bytes_up"].iloc[0]
+    assert run.history["bytes_up"].iloc[1] == 2 * run.operator.messages["bytes_up"].iloc[0]
     # the spend released by client 1 is that of round 1 (its round-2 model never left it);
     # the clients that answered counted round 2's steps
     steps = run.privacy.steps[0]
@@ -148,7 +150,7 @@ def test_garbage_reply_is_rejected_with_a_logged_reason(caplog):
     grid.nodes[102].rewrite = garbage
     with caplog.at_level(logging.WARNING, logger="swarmjax.fl.runtime.flower"):
         run = drive(grid, load_task(cfg), FAST)
-    row = run.messages.set_index(["round", "client"]).loc[(1, 2)]
+    row = run.operator.messages.set_index(["round", "client"]).loc[(1, 2)]
     assert row["status"].startswith("rejected: fields missing")
     assert "client 2 left out: rejected" in caplog.text
     # the round used clients 0 and 1: the same model as a run where client 2 is down
@@ -164,10 +166,10 @@ def test_late_node_joins_between_rounds():
     grid = _grid(cfg)
     grid.nodes[102].joins_after = 3  # visible once round 1's messages went out
     run = drive(grid, load_task(cfg), FAST)
-    ok = run.messages[run.messages["status"] == "ok"]
+    ok = run.operator.messages[run.operator.messages["status"] == "ok"]
     clients = ok.groupby("round")["client"].apply(sorted)
     assert clients[1] == [0, 1] and clients[2] == [0, 1, 2]
-    absent = run.messages.set_index(["round", "client"])["status"][(1, 2)]
+    absent = run.operator.messages.set_index(["round", "client"])["status"][(1, 2)]
     assert absent == "no node holds this partition"
 
 
@@ -179,7 +181,7 @@ def test_a_partition_claimed_twice_is_refused(caplog):
     with caplog.at_level(logging.WARNING, logger="swarmjax.fl.runtime.flower"):
         run = drive(grid, load_task(cfg), FAST)
     assert "partition 1 is out of range or taken" in caplog.text
-    ok = run.messages[run.messages["status"] == "ok"]
+    ok = run.operator.messages[run.operator.messages["status"] == "ok"]
     assert ok.groupby("round")["client"].apply(sorted).tolist() == [[0, 1], [0, 1]]
     assert set(ok["node"]) == {100, 101}
 

@@ -54,7 +54,7 @@ import pandas as pd
 from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 
 from swarmjax._validation import check_choice, check_int, check_positive, check_range
-from swarmjax.privacy.mechanisms import laplace_mechanism
+from swarmjax.privacy.mechanisms import bounded, laplace_mechanism
 
 __all__ = [
     "ALLOCATIONS",
@@ -505,7 +505,7 @@ def _noise(key: PRNGKeyArray, x: Array, shares: Array, sensitivity: Array, epsil
     # Clipping to the unit box is what makes Delta_i = 1 a valid record sensitivity for any
     # input, so it is part of the mechanism, not of the caller's preprocessing.
     return laplace_mechanism(
-        key, jnp.clip(x, 0.0, 1.0), l1_sensitivity=sensitivity, epsilon=epsilon * shares
+        key, bounded(x, 0.0, 1.0), l1_sensitivity=sensitivity, epsilon=epsilon * shares
     )
 
 

@@ -77,13 +77,17 @@ __all__ = [
 _MAX_DRAWS = 64
 
 
-def poisson_capacity(num_examples: int, q: float, overflow_prob: float = 1e-9) -> int:
+def poisson_capacity(
+    num_examples: int, q: float, overflow_prob: float = 1e-9, *, add_one: bool = False
+) -> int:
     """Smallest buffer size ``k`` with ``P(Binomial(num_examples, q) > k) < overflow_prob``.
 
     ``q`` may be an array (one rate per client): the largest rate sets the capacity.
+    ``add_one``: size it for both neighbours of add/remove adjacency, i.e. for
+    ``num_examples + 1`` candidates (:func:`overflow_probability`).
     Example: 60000 rows at ``q = 256/60000`` need 357 slots for overflow below ``1e-9``.
     """
-    n = check_int("num_examples", num_examples, minimum=1)
+    n = check_int("num_examples", num_examples, minimum=1) + bool(add_one)
     check_range("q", q, 0.0, 1.0, low_open=True)
     check_range("overflow_prob", overflow_prob, 0.0, 1.0, low_open=True, high_open=True)
     q_max = float(np.max(np.asarray(q, dtype=np.float64)))
@@ -97,9 +101,20 @@ def poisson_capacity(num_examples: int, q: float, overflow_prob: float = 1e-9) -
     return max(k, 1)
 
 
-def overflow_probability(num_examples: int, q: float, capacity: int) -> float:
-    """Exact ``P(Binomial(num_examples, q) > capacity)``: one step's chance to overflow."""
-    n = check_int("num_examples", num_examples, minimum=1)
+def overflow_probability(
+    num_examples: int, q: float, capacity: int, *, add_one: bool = False
+) -> float:
+    """Exact ``P(Binomial(num_examples, q) > capacity)``: one step's chance to overflow.
+
+    The sampler's delta must hold on BOTH neighbouring datasets.  Under add/remove adjacency
+    (client-level DP: one client added or removed) the add-one neighbour has
+    ``num_examples + 1`` candidates and overflows more often; the tail grows with the count,
+    so the max over the two neighbours is the ``num_examples + 1`` value: pass
+    ``add_one=True``.  Under zero-out (record-level DP in swarmjax: a record replaced by a
+    null record) the count is the same on both sides and ``add_one=False`` is exact; the
+    null record is still a candidate of the draw.
+    """
+    n = check_int("num_examples", num_examples, minimum=1) + bool(add_one)
     check_range("q", q, 0.0, 1.0, low_open=True)
     capacity = check_int("capacity", capacity, minimum=1)
     q_max = float(np.max(np.asarray(q, dtype=np.float64)))
@@ -125,20 +140,28 @@ def sampler_delta(overflow_prob: float, steps: int, epsilon: float) -> float:
 
 
 def run_capacity(
-    num_examples: int, q: float, *, steps: int, delta: float, epsilon: float, share: float = 1e-3
+    num_examples: int,
+    q: float,
+    *,
+    steps: int,
+    delta: float,
+    epsilon: float,
+    share: float = 1e-3,
+    add_one: bool = False,
 ) -> int:
     """Smallest buffer whose :func:`sampler_delta` over the whole run is ``<= share * delta``.
 
     ``epsilon`` is an upper bound on the run's epsilon (the target).  Then the run's reported
     ``(epsilon, delta)`` holds with delta ``delta * (1 + share)`` for the sampler used: state
     that (or account it exactly with ``PrivacyAccountant(...).step(..., overflow_prob=...)``).
+    ``add_one``: for add/remove adjacency (:func:`overflow_probability`).
     """
     steps = check_int("steps", steps, minimum=1)
     check_range("delta", delta, 0.0, 1.0, low_open=True, high_open=True)
     check_range("epsilon", epsilon, 0.0, 700.0)
     check_range("share", share, 0.0, 1.0, low_open=True)
     per_step = share * delta / (steps * (1.0 + math.exp(epsilon)))
-    return poisson_capacity(num_examples, q, overflow_prob=per_step)
+    return poisson_capacity(num_examples, q, overflow_prob=per_step, add_one=add_one)
 
 
 def row_uniforms(key: PRNGKeyArray, num_rows: int) -> Float[Array, " N"]:

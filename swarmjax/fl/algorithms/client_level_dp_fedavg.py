@@ -38,7 +38,7 @@ import optax
 import pandas as pd
 from jaxtyping import Array, ArrayLike, Bool, Float, Int, PRNGKeyArray, PyTree
 
-from swarmjax._validation import check_choice, check_int, check_positive, check_range
+from swarmjax._validation import check_choice, check_int, check_positive, check_range, stored
 from swarmjax.fl.algorithms.common import (
     Trainer,
     check_model_inputs,
@@ -164,8 +164,9 @@ class ClientLevelDPFedAvg(Algorithm):
         model: the ``(init, apply)`` pair.
         training: local training (no record-level DP here: the unit is the client).
         clipping: ``"fixed"`` (no count query) or ``"adaptive"``.
-        capacity: static bound on sampled clients (``None``: all ``N``); at least
-            :func:`~swarmjax.privacy.sampling.poisson_capacity` ``(N, q_c)``.
+        capacity: static bound on sampled clients (``None``: all of them, whatever ``N``);
+            at least :func:`~swarmjax.privacy.sampling.poisson_capacity`
+            ``(N, q_c, add_one=True)`` (sized for the add-one neighbour too).
         server_momentum: momentum of the server SGD (0: plain step).
         eval_batch_size: chunk size of the test evaluation.
     """
@@ -258,7 +259,7 @@ class ClientLevelDPFedAvg(Algorithm):
         adaptive = self.clipping == "adaptive"
         sum_noise = sum_noise_multiplier(hyper.noise_multiplier, hyper.count_noise)
         sum_noise = sum_noise if adaptive else hyper.noise_multiplier
-        total = jax.tree.map(lambda leaf: jnp.sum(leaf, axis=0), r.update)
+        total = jax.tree.map(lambda leaf: jnp.sum(_at_least_f32(leaf), axis=0), r.update)
         noisy = gaussian_mechanism(
             k_sum, total, l2_sensitivity=server.clip, noise_multiplier=sum_noise
         )
@@ -339,38 +340,38 @@ class ClientLevelDPFedAvg(Algorithm):
         :func:`default_count_noise`; fixed clipping makes no count (``sigma_b = 0``,
         ``eta_C = 0``)."""
         n = clients.num_clients
-        q = check_range("sample_rate", _stored(hyper.sample_rate), 0.0, 1.0, low_open=True)
+        q = check_range("sample_rate", stored(hyper.sample_rate), 0.0, 1.0, low_open=True)
         if self.capacity is not None:
-            needed = poisson_capacity(n, q)
+            needed = poisson_capacity(n, q, add_one=True)
             if self.capacity < needed:
                 raise ValueError(
-                    f"capacity must be >= {needed} (overflow below 1e-9 at q_c = {q}, "
-                    f"N = {n}) or None; got {self.capacity}"
+                    f"capacity must be >= {needed} (overflow below 1e-9 at q_c = {q} for "
+                    f"N = {n} and its add-one neighbour) or None; got {self.capacity}"
                 )
-        z = _stored(hyper.noise_multiplier)
+        z = stored(hyper.noise_multiplier)
         if epsilon_target is not None and math.isfinite(epsilon_target):
             z = self.noise_for_epsilon(epsilon_target, n, q, spec.rounds, spec.delta)
         check_range("noise_multiplier", z, 0.0, math.inf, high_open=True)
-        b = _stored(hyper.count_noise)
+        b = stored(hyper.count_noise)
         b = default_count_noise(q * n, z) if math.isnan(b) else b
         check_range("count_noise", b, 0.0, math.inf, high_open=True)
         check_range(
-            "clip", _stored(hyper.initial_clip), 0.0, math.inf, low_open=True, high_open=True
+            "clip", stored(hyper.initial_clip), 0.0, math.inf, low_open=True, high_open=True
         )
         check_range(
             "target_quantile",
-            _stored(hyper.target_quantile),
+            stored(hyper.target_quantile),
             0.0,
             1.0,
             low_open=True,
             high_open=True,
         )
-        clip_lr = check_range("clip_lr", _stored(hyper.clip_lr), 0.0, math.inf, high_open=True)
-        check_positive("client_lr", _stored(hyper.client_lr))
-        check_positive("server_lr", _stored(hyper.server_lr))
+        clip_lr = check_range("clip_lr", stored(hyper.clip_lr), 0.0, math.inf, high_open=True)
+        check_positive("client_lr", stored(hyper.client_lr))
+        check_positive("server_lr", stored(hyper.server_lr))
         if self.clipping == "fixed":
             b, clip_lr = 0.0, 0.0
-        elif z > 0 and not 2.0 * _stored(b) > _stored(z):  # as the device will compute it
+        elif z > 0 and not 2.0 * stored(b) > stored(z):  # as the device will compute it
             raise ValueError(
                 "count_noise must be > noise_multiplier / 2 for adaptive clipping (as "
                 f"float32); got count_noise={b!r}, noise_multiplier={z!r}"
@@ -380,10 +381,11 @@ class ClientLevelDPFedAvg(Algorithm):
 
     def sampling_overflow(self, spend, num_clients, sizes=None, padded=None):
         """``(runs, 1, N)`` per-round chance that the Poisson draw of clients (rate ``q_c``
-        from ``spend.sample_rate``) exceeds ``capacity`` and is redrawn; ``None`` when no
-        draw can overflow (no ``capacity``, or one that holds every client)."""
+        from ``spend.sample_rate``) exceeds ``capacity`` and is redrawn, on the worse of the
+        two add/remove neighbours (:func:`client_draw_overflow`); ``None`` when no draw can
+        overflow (no ``capacity``, or one that holds every client of both neighbours)."""
         del sizes, padded
-        if self.capacity is None or self.capacity >= num_clients:
+        if self.capacity is None or self.capacity > num_clients:
             return None
         q = np.asarray(spend.sample_rate, np.float64)[:, -1, :]
         probs = {
@@ -407,19 +409,23 @@ class ClientLevelDPFedAvg(Algorithm):
         )
 
 
-def _stored(value: ArrayLike) -> float:
-    """``value`` as the device holds it (float32), for checks."""
-    return float(np.float32(value))
+def _at_least_f32(leaf: Array) -> Array:
+    """``leaf`` in float32 (or wider): a low-precision model's clipped updates are summed
+    and noised in float32, so the sum's sensitivity is ``C_t`` and the noise a Gaussian."""
+    return leaf.astype(jnp.promote_types(leaf.dtype, jnp.float32))
 
 
 def client_draw_overflow(capacity: int | None, num_clients: int, sample_rate: float) -> float:
-    """Chance per round that a Poisson draw of ``num_clients`` clients at ``sample_rate``
-    exceeds ``capacity`` (and is redrawn): what client-level DP charges to delta, in the
-    record (:meth:`ClientLevelDPFedAvg.sampling_overflow`) and in calibration. ``0`` when
-    ``capacity`` is ``None`` or holds every client, or nobody is drawn."""
-    if capacity is None or capacity >= num_clients or sample_rate <= 0:
+    """Chance per round that a Poisson draw of clients at ``sample_rate`` exceeds
+    ``capacity`` (and is redrawn) on either add/remove neighbour: the federation with one
+    more client draws from ``num_clients + 1`` and overflows more often, so this is
+    ``P(Binomial(num_clients + 1, q) > capacity)``. What client-level DP charges to delta, in
+    the record (:meth:`ClientLevelDPFedAvg.sampling_overflow`) and in calibration. ``0``
+    when ``capacity`` is ``None`` (the draw holds every client of either federation) or
+    ``> num_clients``, or nobody is drawn."""
+    if capacity is None or capacity > num_clients or sample_rate <= 0:
         return 0.0
-    return overflow_probability(num_clients, sample_rate, capacity)
+    return overflow_probability(num_clients, sample_rate, capacity, add_one=True)
 
 
 def _expected_clients(hyper: DPFedAvgHyper, num_clients: int) -> Array:

@@ -44,7 +44,13 @@ import numpy as np
 from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray, PyTree
 
 from swarmjax import swarm
-from swarmjax._validation import check_choice, check_int, check_positive, check_range
+from swarmjax._validation import (
+    check_choice,
+    check_int,
+    check_positive,
+    check_range,
+    check_stored,
+)
 from swarmjax.fl.algorithms.common import (
     check_model_inputs,
     keep_if,
@@ -68,6 +74,7 @@ from swarmjax.fl.protocol import (
     noised,
 )
 from swarmjax.models import Model, cross_entropy, lenet5, mlp, paper_mlp
+from swarmjax.privacy.mechanisms import bounded
 
 __all__ = [
     "DEFAULT_READING",
@@ -300,8 +307,10 @@ class FedDPPSO(Algorithm):
     ) -> Float[Array, " S"]:
         """Score of each particle (leaves ``(S, ...)``) on one client's data: mean
         cross-entropy (nats) or error rate; with ``private_selection`` per-example values
-        clipped to ``[0, score_bound]`` plus ``Laplace(scale)`` (key ``fold_in(key, j)``)."""
-        bound = self.score_bound() if self.private_selection else jnp.inf
+        clipped to ``[0, score_bound]`` (a non-finite value counts as ``score_bound``:
+        :func:`~swarmjax.privacy.mechanisms.bounded`), summed in float32, plus
+        ``Laplace(scale)`` (key ``fold_in(key, j)``)."""
+        bound = self.score_bound()
         x = jnp.where(data.mask.reshape((-1,) + (1,) * (data.x.ndim - 1)), data.x, 0.0)
         n = jnp.maximum(jnp.sum(data.mask), 1)
 
@@ -311,7 +320,8 @@ class FedDPPSO(Algorithm):
                 per = (jnp.argmax(logits, axis=-1) != data.y).astype(logits.dtype)
             else:
                 per = cross_entropy(logits, data.y)
-            per = jnp.minimum(per, bound)
+            per = per.astype(jnp.float32)
+            per = bounded(per, 0.0, bound) if self.private_selection else per
             return jnp.sum(jnp.where(data.mask, per, 0.0)) / n
 
         values = jax.vmap(one)(positions)
@@ -336,9 +346,8 @@ class FedDPPSO(Algorithm):
     ) -> PSOClient:
         k_init, k_score, k_swarm = jax.random.split(key, 3)
         eps1 = hyper.score_epsilon
-        scale = jnp.where(
-            eps1 > 0, self.score_bound() / (data.score.sizes * jnp.maximum(eps1, 1e-30)), 0.0
-        )
+        safe = jnp.where(eps1 > 0, eps1, 1.0)  # no floor: the scale is bound / (m eps1)
+        scale = jnp.where(eps1 > 0, self.score_bound() / (data.score.sizes * safe), 0.0)
         inits = jax.vmap(lambda j: self.model.init(jax.random.fold_in(k_init, j)))
         positions = inits(jnp.arange(self.particles))
         if self.init == "shared":  # placeholders: the setup's "init" exchange starts the swarm
@@ -544,8 +553,8 @@ class FedDPPSO(Algorithm):
         """``ValueError`` naming the field unless the settings fit ``clients``."""
         check_int("particles", self.particles, 1)
         check_int("top_k", self.top_k, 1)
-        check_positive("loss_bound", self.loss_bound)
-        check_positive("selection_epsilon", self.selection_epsilon)
+        check_stored("loss_bound", self.loss_bound, 0.0, math.inf, low_open=True)
+        check_stored("selection_epsilon", self.selection_epsilon, 0.0, math.inf, low_open=True)
         check_choice("refine_start", self.refine_start, ("pbest", "position"))
         check_choice("selection_metric", self.selection_metric, ("loss", "error"))
         check_choice("init", self.init, ("independent", "shared"))
@@ -598,6 +607,8 @@ class FedDPPSO(Algorithm):
             if self.private_selection
             else 0.0
         )
+        if self.private_selection:  # one score's epsilon as the device holds it
+            check_stored("selection_epsilon / releases", eps1, 0.0, math.inf, low_open=True)
         sigma = record_level_noise(self.training, clients.sizes, spec, target)
         return hyper.replace(
             pso=jax.tree.map(lambda a: jnp.asarray(a, jnp.float32), pso),

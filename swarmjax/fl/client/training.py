@@ -21,7 +21,13 @@ import numpy as np
 import optax
 from jaxtyping import Array, ArrayLike, Bool, Float, Int, PRNGKeyArray, PyTree
 
-from swarmjax._validation import check_choice, check_int, check_nonnegative, check_positive
+from swarmjax._validation import (
+    check_choice,
+    check_int,
+    check_nonnegative,
+    check_positive,
+    check_stored,
+)
 from swarmjax.fl.client.local import LocalResult, local_train
 from swarmjax.fl.client.record_dp import dp_grad_fn, poisson_sampler, sampler_capacity
 from swarmjax.fl.data.clients import ClientData, poisson_rates
@@ -186,7 +192,7 @@ class LocalTraining:
         check_nonnegative("weight_decay", self.weight_decay)
         check_nonnegative("momentum", self.momentum)
         if self.record_dp is not None:
-            check_positive("clip_norm", self.record_dp.clip_norm)
+            check_stored("clip_norm", self.record_dp.clip_norm, 0.0, math.inf, low_open=True)
             poisson_rates(np.asarray(sizes), self.batch_size)
             needed = sampler_capacity(sizes, self.batch_size)
             capacity = self.record_dp.capacity
@@ -199,7 +205,12 @@ class LocalTraining:
     def sampler_overflow(self, sizes: ArrayLike, padded: int) -> np.ndarray:
         """``(clients,)`` probability that one step's Poisson batch overflows the buffer
         (0 without record-level DP, or when the buffer holds the whole client), for clients
-        of ``sizes`` padded to ``padded`` rows: what the accountant adds to delta per step."""
+        of ``sizes`` padded to ``padded`` rows: what the accountant adds to delta per step.
+
+        ``P(Binomial(|D_i|, q_i) > capacity)`` with ``|D_i|`` itself, NOT ``|D_i| + 1``:
+        record-level DP's relation is zero-out (a record replaced by a null record), so both
+        neighbours have ``|D_i|`` rows and the same draw; the ``+ 1`` of add/remove belongs
+        to client-level DP (:func:`~swarmjax.privacy.sampling.overflow_probability`)."""
         sizes = np.asarray(sizes, np.int64).reshape(-1)
         if self.record_dp is None:
             return np.zeros(sizes.shape, np.float64)

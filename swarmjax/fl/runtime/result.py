@@ -13,7 +13,23 @@ import pandas as pd
 from swarmjax.fl.protocol import Exchange, Spend, coverage
 from swarmjax.privacy.accounting import epsilon as accounted_epsilon
 
-__all__ = ["PrivacyRecord", "Result", "privacy_record"]
+__all__ = ["RELATIONS", "PrivacyRecord", "Result", "privacy_record", "relation"]
+
+RELATIONS: dict[str, str] = {
+    "record": "record-level, zero-out: neighbouring datasets differ in one record of one "
+    "client replaced by a null record that contributes nothing to any gradient or score "
+    "(every |D_i|, hence q_i = B / |D_i| and the scored subset, is public and unchanged)",
+    "client": "client-level, add/remove: neighbouring datasets differ in one whole client "
+    "(with all of its data) added or removed",
+}
+"""The ONE neighbouring relation of each privacy unit: every mechanism of a run is
+calibrated and accounted under it, and every privacy record states it (docs/privacy.md)."""
+
+
+def relation(unit: str | None) -> str | None:
+    """The neighbouring relation every epsilon of ``unit`` is stated under (:data:`RELATIONS`);
+    ``None`` without DP."""
+    return None if unit is None else RELATIONS[unit]
 
 
 @dataclass(frozen=True)
@@ -23,6 +39,8 @@ class PrivacyRecord:
     Attributes:
         unit: ``"record"`` (one example of a client), ``"client"`` (a whole client) or
             ``None`` (no DP: every epsilon is ``inf``).
+        relation: the neighbouring relation every epsilon holds under
+            (:data:`RELATIONS` of ``unit``: zero-out for records, add/remove for clients).
         delta: the delta every epsilon is stated at.
         epsilon: ``(runs, rounds, clients)`` cumulative epsilon of each client after each
             round (RDP accountant on the accounted steps + the noised releases' epsilons).
@@ -41,6 +59,7 @@ class PrivacyRecord:
     steps: np.ndarray
     covers: tuple[str, ...]
     not_covered: tuple[str, ...]
+    relation: str | None = None
 
     @property
     def final_epsilon(self) -> np.ndarray:
@@ -101,6 +120,7 @@ def privacy_record(
         steps=steps,
         covers=covered,
         not_covered=uncovered,
+        relation=relation(unit),
     )
 
 

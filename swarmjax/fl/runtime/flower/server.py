@@ -14,10 +14,22 @@ Privacy spend per client: record-level algorithms report their :class:`Spend` wi
 reply (a client that did not reply has released nothing new, so its last report stands);
 client-level algorithms are accounted by the server (``algorithm.spend(server, .)``).
 
-Outputs (``out-dir`` in the run configuration): ``server.npz`` (final server state),
-``history.csv`` (public metrics, bytes and wall seconds per round), ``messages.csv`` (one
-row per message: client, status, payload and wire bytes), ``privacy.json`` (epsilon per
-client after each round, what it covers and what it does not). :func:`read_run` loads them.
+Outputs (``out-dir`` in the run configuration), split by construction into what may be
+released and what only the operator may see:
+
+* ``released/`` (:class:`Released`): ``server.npz`` (final server state), ``history.csv``
+  (public metrics, the released client counts and bytes per round: the expected count where
+  the selection is a secret sample, as the simulator's history; no wall times),
+  ``privacy.json`` (epsilon per client after each round, the neighbouring relation, what it
+  covers, what it does not, and the operator files it does NOT cover);
+* ``operator/`` (:class:`Operator`, NOT released, NOT covered by any epsilon):
+  ``messages.csv`` (one row per message: who was messaged, status, payload and wire bytes),
+  ``rounds.csv`` (wall seconds of every round, which track the realised cohort, and the
+  realised number of clients of every exchange: the simulator's
+  ``Result.private_diagnostics["selected"]``) and ``server.log``.
+
+Publishing anything from ``operator/`` voids the amplification by sampling of a secret
+cohort (DP-FedAvg). :func:`read_run` loads both folders.
 """
 
 from __future__ import annotations
@@ -58,7 +70,26 @@ from swarmjax.fl.runtime.flower.records import (
 from swarmjax.fl.runtime.flower.task import Task, load_task
 from swarmjax.fl.runtime.result import PrivacyRecord, privacy_record
 
-__all__ = ["FlowerRun", "ServerSettings", "drive", "make_server_app", "read_run"]
+__all__ = [
+    "NOT_RELEASED",
+    "OPERATOR",
+    "RELEASED",
+    "FlowerRun",
+    "Operator",
+    "Released",
+    "ServerSettings",
+    "drive",
+    "make_server_app",
+    "read_run",
+]
+
+RELEASED, OPERATOR = "released", "operator"  # the two sub-folders of out-dir
+NOT_RELEASED = {
+    f"{OPERATOR}/messages.csv": "who was messaged in every exchange (realised membership)",
+    f"{OPERATOR}/rounds.csv": "wall seconds and realised number of clients per round",
+    f"{OPERATOR}/server.log": "the ServerApp's log (names clients left out)",
+}
+"""The operator-only outputs, named in ``privacy.json`` as not released and not covered."""
 
 log = logging.getLogger("swarmjax.fl.runtime.flower")
 
@@ -101,13 +132,51 @@ class ServerSettings:
 
 
 @dataclass
-class FlowerRun:
-    """What a deployment released: final server state, history, message log, privacy."""
+class Released:
+    """What a deployment releases: final server state, the history (no wall times; the
+    expected count where the cohort is secret) and the privacy record that covers both."""
 
     server: PyTree
     history: pd.DataFrame
-    messages: pd.DataFrame
     privacy: PrivacyRecord
+
+
+@dataclass
+class Operator:
+    """What only the operator sees (NOT released, NOT covered by any epsilon): ``messages``
+    (one row per message: who was messaged, status, bytes) and ``rounds`` (``round``,
+    ``seconds`` and ``selected_<exchange>``, the realised number of clients)."""
+
+    messages: pd.DataFrame
+    rounds: pd.DataFrame
+
+    @property
+    def private_diagnostics(self) -> dict[str, np.ndarray]:
+        """The realised selections as the simulator's ``Result.private_diagnostics``:
+        ``"selected"`` ``(1, rounds, exchanges)``."""
+        cols = [c for c in self.rounds.columns if c.startswith("selected_")]
+        return {"selected": self.rounds[cols].to_numpy(np.int32)[None]}
+
+
+@dataclass
+class FlowerRun:
+    """A deployment's outputs: ``released`` (what may be published) and ``operator`` (what
+    may not; ``None`` when only the released folder was read)."""
+
+    released: Released
+    operator: Operator | None
+
+    @property
+    def server(self) -> PyTree:
+        return self.released.server
+
+    @property
+    def history(self) -> pd.DataFrame:
+        return self.released.history
+
+    @property
+    def privacy(self) -> PrivacyRecord:
+        return self.released.privacy
 
 
 @dataclass
@@ -235,19 +304,18 @@ class _Coordinator:
     ) -> dict[str, float]:
         """What the history publishes about an exchange: the bytes carried, or, when the
         selection is secret (``expected_selected``: DP client sampling), the expected count
-        times the message sizes, as the simulator does (``messages.csv`` keeps the realised
-        messages, which only the operator sees)."""
+        times the message sizes, as the simulator does; ``realised``: the realised count,
+        operator-only (``operator/rounds.csv``, as ``messages.csv``)."""
+        realised = int(selected.sum())
         if ex.expected_selected is not None:
             count = float(ex.expected_selected(self.task.hyper, self.task.num_clients))
             down = count * payload_bytes(request)
-            return {"selected": count, "down": down, "up": count * payload_bytes(reply_like)}
+            up = count * payload_bytes(reply_like)
+            return {"selected": count, "down": down, "up": up, "realised": realised}
         rows = self.messages[start:]
         down = sum(r["bytes_down"] for r in rows)
-        return {
-            "selected": int(selected.sum()),
-            "down": down,
-            "up": sum(r["bytes_up"] for r in rows),
-        }
+        up = sum(r["bytes_up"] for r in rows)
+        return {"selected": realised, "down": down, "up": up, "realised": realised}
 
     def _accept(
         self, reply: Message | str, reply_like: PyTree, spend_like: PyTree | None, row: dict
@@ -324,7 +392,32 @@ def _spend_table(task: Task, server: PyTree, reported: dict[int, PyTree]) -> PyT
 
 
 def drive(grid: Grid, task: Task, settings: ServerSettings) -> FlowerRun:
-    """Run ``task`` over the nodes ``grid`` reaches and return what it released."""
+    """Run ``task`` over the nodes ``grid`` reaches; its outputs, released and operator-only
+    (written to ``settings.out_dir`` when set)."""
+    handler = _operator_log(settings.out_dir)
+    try:
+        run = _drive(grid, task, settings)
+    finally:
+        if handler is not None:
+            log.removeHandler(handler)
+            handler.close()
+    if settings.out_dir is not None:
+        _write(run, settings.out_dir)
+    return run
+
+
+def _operator_log(out: Path | None) -> logging.Handler | None:
+    """The ServerApp's log, also into ``out/operator/server.log`` (operator-only)."""
+    if out is None:
+        return None
+    (out / OPERATOR).mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(out / OPERATOR / "server.log")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    log.addHandler(handler)
+    return handler
+
+
+def _drive(grid: Grid, task: Task, settings: ServerSettings) -> FlowerRun:
     alg = task.algorithm
     co = _Coordinator(grid, task, settings)
     co.greet(time.monotonic() + settings.join_timeout)
@@ -336,22 +429,26 @@ def drive(grid: Grid, task: Task, settings: ServerSettings) -> FlowerRun:
     for e, ex in enumerate(alg.setup):
         server, spends, _ = co.exchange(server, ex, e, 0, setup=True)
         reported |= spends
-    rows, spend_rounds, metrics_rounds = [], [], []
+    rows, spend_rounds, metrics_rounds, operator_rows = [], [], [], []
     for r in range(1, task.rounds + 1):
         co.greet(time.monotonic())  # nodes that joined late take part from this round on
         t0, down, up = time.perf_counter(), 0, 0
         row: dict[str, Any] = {"round": r}
+        private: dict[str, Any] = {"round": r}
         for e, ex in enumerate(alg.exchanges):
             server, spends, release = co.exchange(server, ex, e, r, setup=False)
             reported |= spends
             row[f"selected_{ex.name}"] = release["selected"]
+            private[f"selected_{ex.name}"] = release["realised"]
             down, up = down + release["down"], up + release["up"]
         metrics = {k: np.asarray(v) for k, v in _jit(alg.evaluate)(server, task.test).items()}
         metrics_rounds.append(metrics)
         row |= {k: v.item() for k, v in metrics.items() if v.ndim == 0}
         row["bytes_down"], row["bytes_up"] = down, up
-        row["seconds"] = time.perf_counter() - t0  # wall time of the round at the server
+        # wall time of the round at the server: it tracks the realised cohort (operator-only)
+        private["seconds"] = time.perf_counter() - t0
         rows.append(row)
+        operator_rows.append(private)
         spend_rounds.append(_spend_table(task, server, reported))
     history = pd.DataFrame(rows)
     history["cum_bytes_down"] = history["bytes_down"].cumsum()
@@ -365,20 +462,23 @@ def drive(grid: Grid, task: Task, settings: ServerSettings) -> FlowerRun:
         overflow_prob=alg.sampling_overflow(spend, task.num_clients),
     )
     history["epsilon_max"] = privacy.epsilon[0].max(axis=1)  # as the simulator releases
-    run = FlowerRun(server, history, pd.DataFrame(co.messages), privacy)
-    if settings.out_dir is not None:
-        _write(run, settings.out_dir)
-    return run
+    operator = Operator(pd.DataFrame(co.messages), pd.DataFrame(operator_rows))
+    return FlowerRun(Released(server, history, privacy), operator)
 
 
 def _write(run: FlowerRun, out: Path) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    save_tree(out / "server.npz", run.server)
-    run.history.to_csv(out / "history.csv", index=False)
-    run.messages.to_csv(out / "messages.csv", index=False)
+    released, operator = out / RELEASED, out / OPERATOR
+    released.mkdir(parents=True, exist_ok=True)
+    operator.mkdir(parents=True, exist_ok=True)
+    save_tree(released / "server.npz", run.server)
+    run.history.to_csv(released / "history.csv", index=False)
+    if run.operator is not None:
+        run.operator.messages.to_csv(operator / "messages.csv", index=False)
+        run.operator.rounds.to_csv(operator / "rounds.csv", index=False)
     p = run.privacy
     record = {
         "unit": p.unit,
+        "relation": p.relation,
         "delta": p.delta,
         "epsilon": p.epsilon[0].tolist(),
         "steps": p.steps[0].tolist(),
@@ -386,16 +486,23 @@ def _write(run: FlowerRun, out: Path) -> None:
         "noise_multiplier": p.noise_multiplier[0].tolist(),
         "covers": list(p.covers),
         "not_covered": list(p.not_covered),
+        "released": [f"{RELEASED}/{name}" for name in RELEASED_FILES],
+        "not_released": NOT_RELEASED,
     }
-    (out / "privacy.json").write_text(json.dumps(record, indent=1))
+    (released / "privacy.json").write_text(json.dumps(record, indent=1))
+
+
+RELEASED_FILES = ("server.npz", "history.csv", "privacy.json")
 
 
 def read_run(out: str | Path, task: Task) -> FlowerRun:
-    """Load what :func:`drive` wrote into ``out`` (the server state checked against ``task``)."""
+    """Load what :func:`drive` wrote into ``out`` (the server state checked against ``task``);
+    ``operator`` is ``None`` when ``out/operator/`` is absent (a released copy)."""
     out = Path(out)
-    if not (out / "privacy.json").exists():
-        raise FileNotFoundError(f"no run results in {out}: did the ServerApp fail? (its log)")
-    record = json.loads((out / "privacy.json").read_text())
+    released, operator = out / RELEASED, out / OPERATOR
+    if not (released / "privacy.json").exists():
+        raise FileNotFoundError(f"no run results in {released}: did the ServerApp fail? (its log)")
+    record = json.loads((released / "privacy.json").read_text())
     steps = np.asarray(record["steps"], np.int64)[None]
     privacy = PrivacyRecord(
         unit=record["unit"],
@@ -406,12 +513,21 @@ def read_run(out: str | Path, task: Task) -> FlowerRun:
         steps=steps,
         covers=tuple(record["covers"]),
         not_covered=tuple(record["not_covered"]),
+        relation=record.get("relation"),
     )
+    kept = (operator / "messages.csv").exists() and (operator / "rounds.csv").exists()
     return FlowerRun(
-        server=load_tree(out / "server.npz", task.server_like),
-        history=pd.read_csv(out / "history.csv"),
-        messages=pd.read_csv(out / "messages.csv"),
-        privacy=privacy,
+        released=Released(
+            server=load_tree(released / "server.npz", task.server_like),
+            history=pd.read_csv(released / "history.csv"),
+            privacy=privacy,
+        ),
+        operator=Operator(
+            messages=pd.read_csv(operator / "messages.csv"),
+            rounds=pd.read_csv(operator / "rounds.csv"),
+        )
+        if kept
+        else None,
     )
 
 
