@@ -118,7 +118,7 @@ def test_dispatcher_and_plot(tmp_path):
         (lambda: dirichlet_partition(LABELS, 5, 0.0), "alpha"),
         (lambda: dirichlet_partition(LABELS, 5, -1.0), "alpha"),
         (lambda: dirichlet_partition(LABELS, 5, 1.0, min_partition_size=700), "min_partition_size"),
-        (lambda: partition(LABELS, 5, "shards"), "unknown scheme"),
+        (lambda: partition(LABELS, 5, "bogus"), "unknown scheme"),
         (lambda: partition(LABELS, 5, "dirichlet"), "alpha"),
         (lambda: pathological_partition(LABELS, 5, 3), "classes_per_client"),
         (lambda: pathological_partition(LABELS, 11), "num_clients"),

@@ -1,5 +1,6 @@
 """Client data: datasets (:mod:`.datasets`), partitions of a dataset into clients
-(:mod:`.partition`) and stacked, padded clients (:mod:`.clients`)."""
+(:mod:`.partition`), stacked, padded clients (:mod:`.clients`), and for cross-device
+federations a flat client store (:mod:`.store`) and cohort samplers (:mod:`.cohort`)."""
 
 from swarmjax.fl.data.clients import (
     ClientData,
@@ -8,6 +9,13 @@ from swarmjax.fl.data.clients import (
     client,
     poisson_rates,
     stack_clients,
+)
+from swarmjax.fl.data.cohort import (
+    check_cohort_capacity,
+    cohort_capacity,
+    cohort_overflow,
+    fixed_cohort,
+    poisson_cohort,
 )
 from swarmjax.fl.data.datasets import (
     DATASETS,
@@ -21,34 +29,50 @@ from swarmjax.fl.data.datasets import (
 from swarmjax.fl.data.partition import (
     SCHEMES,
     Partition,
+    consecutive_partition,
     dirichlet_partition,
     flower_partition,
     iid_partition,
     label_skew,
     partition,
     pathological_partition,
+    power_law_partition,
+    shards_partition,
 )
+from swarmjax.fl.data.store import ClientStore, choose_max_rows, gather, memory_estimate
 
 __all__ = [
     "DATASETS",
     "MEDMNIST_CLASSES",
     "SCHEMES",
     "ClientData",
+    "ClientStore",
     "Dataset",
     "DatasetNotFoundError",
     "Partition",
     "as_test_set",
+    "check_cohort_capacity",
     "check_federated_inputs",
+    "choose_max_rows",
     "client",
+    "cohort_capacity",
+    "cohort_overflow",
+    "consecutive_partition",
     "dirichlet_partition",
+    "fixed_cohort",
     "flower_partition",
+    "gather",
     "iid_partition",
     "label_skew",
     "load_dataset",
+    "memory_estimate",
     "partition",
     "pathological_partition",
+    "poisson_cohort",
     "poisson_rates",
+    "power_law_partition",
     "read_idx",
+    "shards_partition",
     "stack_clients",
     "subsample",
 ]

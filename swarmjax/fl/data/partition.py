@@ -20,6 +20,17 @@ DataFrame) that :meth:`Partition.plot` draws as a stacked-bar figure.
   the unshuffled rows.
 * ``pathological`` (alias ``arbitrary``): each client gets ALL examples of a disjoint set
   of classes (seed 004's "arbitrary" split, e.g. 2 digits each for 5 clients).
+
+Schemes for many clients (cross-device, :doc:`docs/cross_device.md`):
+
+* ``shards``: McMahan et al.'s pathological non-IID split: rows sorted by label (ties in a
+  seeded random order), cut into ``N * shards_per_client`` equal shards, each client gets
+  ``shards_per_client`` random shards (so mostly that many labels).
+* ``power_law``: a natural-style split: client sizes from a Pareto (power-law) tail,
+  ``P(size > s) ~ s^-exponent``, plus ``min_size`` each, scaled to use every row; labels
+  IID, or per client from ``Dir(alpha)`` proportions when ``alpha`` is given.
+* ``consecutive``: a seeded shuffle cut into consecutive chunks of ``size`` rows (default
+  ``n // N``; leftover rows unused): the vs-pfl split, 1,200 users of 50 MNIST rows.
 """
 
 from __future__ import annotations
@@ -40,15 +51,19 @@ if TYPE_CHECKING:  # matplotlib is imported when a plot is drawn (not in every C
 __all__ = [
     "SCHEMES",
     "Partition",
+    "consecutive_partition",
     "dirichlet_partition",
     "flower_partition",
     "iid_partition",
     "label_skew",
     "partition",
     "pathological_partition",
+    "power_law_partition",
+    "power_law_sizes",
+    "shards_partition",
 ]
 
-SCHEMES = ("iid", "dirichlet", "pathological", "arbitrary")
+SCHEMES = ("iid", "dirichlet", "pathological", "arbitrary", "shards", "power_law", "consecutive")
 
 
 @dataclass(frozen=True)
@@ -303,17 +318,135 @@ def pathological_partition(
     return _finish(parts, y, c, scheme)
 
 
+def shards_partition(
+    labels: ArrayLike,
+    num_clients: int,
+    shards_per_client: int = 2,
+    *,
+    seed: int = 0,
+    num_classes: int | None = None,
+) -> Partition:
+    """McMahan et al.'s pathological non-IID split: sort by label, cut ``N * s`` equal
+    shards of ``n // (N * s)`` rows (the last ``n mod (N * s)`` rows of the sorted order
+    are unused), give each client ``s = shards_per_client`` shards at random."""
+    y, c = _labels(labels, num_classes)
+    num_clients = check_int("num_clients", num_clients, 1)
+    s = check_int("shards_per_client", shards_per_client, 1)
+    shards = num_clients * s
+    if shards > y.size:
+        raise ValueError(
+            f"num_clients * shards_per_client = {shards} exceeds the {y.size} examples"
+        )
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(y.size)
+    order = order[np.argsort(y[order], kind="stable")]  # by label, ties in random order
+    width = y.size // shards
+    owner = rng.permutation(shards).reshape(num_clients, s)
+    parts = [np.concatenate([order[k * width : (k + 1) * width] for k in row]) for row in owner]
+    return _finish(parts, y, c, f"shards(s={s})")
+
+
+def power_law_sizes(
+    n: int, num_clients: int, *, exponent: float = 1.5, min_size: int = 10, seed: int = 0
+) -> np.ndarray:
+    """``(N,)`` client sizes summing to ``n``: ``min_size`` each plus the rest shared in
+    proportion to Pareto(``exponent``) draws (a power-law tail; smaller ``exponent``,
+    heavier tail)."""
+    num_clients = check_int("num_clients", num_clients, 1)
+    min_size = check_int("min_size", min_size, 1)
+    check_positive("exponent", exponent)
+    if num_clients * min_size > n:
+        raise ValueError(
+            f"min_size * num_clients = {min_size * num_clients} exceeds the {n} examples"
+        )
+    weights = np.random.default_rng(seed).pareto(exponent, num_clients) + 1.0
+    share = weights / weights.sum() * (n - num_clients * min_size)
+    extra = np.floor(share).astype(np.int64)
+    rest = n - num_clients * min_size - int(extra.sum())  # largest remainders get one more
+    extra[np.argsort(share - extra)[::-1][:rest]] += 1
+    return min_size + extra
+
+
+def power_law_partition(
+    labels: ArrayLike,
+    num_clients: int,
+    *,
+    exponent: float = 1.5,
+    min_size: int = 10,
+    alpha: float | None = None,
+    seed: int = 0,
+    num_classes: int | None = None,
+) -> Partition:
+    """Natural-style split: sizes from :func:`power_law_sizes` (every row used), labels
+    IID (``alpha=None``) or each client's from ``Dir(alpha)`` class proportions (drawn
+    without replacement; a class that runs out is replaced by the others in proportion)."""
+    y, c = _labels(labels, num_classes)
+    sizes = power_law_sizes(y.size, num_clients, exponent=exponent, min_size=min_size, seed=seed)
+    rng = np.random.default_rng([seed, 1])
+    if alpha is None:
+        cuts = np.cumsum(sizes)[:-1]
+        return _finish(np.split(rng.permutation(y.size), cuts), y, c, f"power_law(a={exponent:g})")
+    check_positive("alpha", alpha)
+    pools = [rng.permutation(np.flatnonzero(y == k)) for k in range(c)]
+    left = np.array([p.size for p in pools], dtype=np.int64)
+    parts = []
+    for size in sizes:
+        p = rng.dirichlet(np.full(c, float(alpha)))
+        take = np.zeros(c, dtype=np.int64)
+        need = int(size)
+        while need > 0:  # draw, capped by what each class has left, until the client is full
+            avail = left - take
+            w = np.where(avail > 0, p, 0.0)
+            w = w / w.sum() if w.sum() > 0 else (avail > 0) / (avail > 0).sum()
+            got = np.minimum(rng.multinomial(need, w), avail)
+            take += got
+            need -= int(got.sum())
+        parts.append(np.concatenate([pools[k][left[k] - take[k] : left[k]] for k in range(c)]))
+        left -= take
+    return _finish(parts, y, c, f"power_law(a={exponent:g}, alpha={float(alpha):g})")
+
+
+def consecutive_partition(
+    labels: ArrayLike,
+    num_clients: int,
+    size: int | None = None,
+    *,
+    seed: int = 0,
+    num_classes: int | None = None,
+) -> Partition:
+    """A seeded shuffle (``default_rng(seed).permutation(n)``) cut into ``N`` consecutive
+    chunks of ``size`` rows (default ``n // N``); rows past ``N * size`` are unused."""
+    y, c = _labels(labels, num_classes)
+    num_clients = _check_clients(num_clients, y.size)
+    size = y.size // num_clients if size is None else check_int("size", size, 1)
+    if num_clients * size > y.size:
+        raise ValueError(f"size * num_clients = {num_clients * size} exceeds the {y.size} examples")
+    order = np.random.default_rng(seed).permutation(y.size)[: num_clients * size]
+    return _finish(list(order.reshape(num_clients, size)), y, c, f"consecutive(size={size})")
+
+
+_MANY_CLIENTS = {
+    "shards": shards_partition,
+    "power_law": power_law_partition,
+    "consecutive": consecutive_partition,
+}
+
+
 def partition(
     labels: ArrayLike, num_clients: int, scheme: str = "iid", *, seed: int = 0, **kwargs
 ) -> Partition:
     """Dispatch on ``scheme`` in :data:`SCHEMES`; ``kwargs`` go to the partitioner
-    (``alpha=...`` for ``dirichlet``, ``classes_per_client=...`` for ``pathological``)."""
+    (``alpha=...`` for ``dirichlet``, ``classes_per_client=...`` for ``pathological``,
+    ``shards_per_client=...`` for ``shards``, ``exponent=``/``min_size=``/``alpha=`` for
+    ``power_law``, ``size=...`` for ``consecutive``)."""
     check_choice("scheme", scheme, SCHEMES)
     if scheme == "iid":
         return iid_partition(labels, num_clients, seed=seed, **kwargs)
     if scheme == "dirichlet":
         _require_alpha(kwargs)
         return dirichlet_partition(labels, num_clients, seed=seed, **kwargs)
+    if scheme in _MANY_CLIENTS:
+        return _MANY_CLIENTS[scheme](labels, num_clients, seed=seed, **kwargs)
     return pathological_partition(labels, num_clients, seed=seed, **kwargs)
 
 

@@ -1,0 +1,182 @@
+"""pfl 0.6 (PyTorch backend) side of ``python -m benchmarks.vs_pfl``; runs in pfl's own venv.
+
+Standalone on purpose: it imports pfl and torch only (never swarmjax), so it can run under
+another interpreter (``--pfl-python``). It reads the users and test set that the benchmark
+wrote (``data.npz``: ``x (rows, 28, 28, 1)``, ``y``, ``offsets``, ``sizes``, ``x_test``,
+``y_test``) and prints one JSON line with per-round times, accuracy and epsilon.
+
+Workload (issue #31, point 5): FedAvg of deltas, cohort 50 drawn uniformly by pfl's
+``"random"`` user sampler, 1 local epoch of SGD (lr 0.1, batch 10), central SGD lr 1.0,
+pfl's ``simple_cnn`` architecture; with ``--dp``: user-level clip 0.4 and pfl's Gaussian
+mechanism applied centrally (``CentrallyAppliedPrivacyMechanism``) with noise from its PLD
+accountant for (epsilon, delta) over the rounds at sampling rate cohort / users.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import numpy as np
+import torch
+from pfl.aggregate.simulate import SimulatedBackend
+from pfl.algorithm.base import NNAlgorithmParams
+from pfl.algorithm.federated_averaging import FederatedAveraging
+from pfl.callback.base import TrainingProcessCallback
+from pfl.data.dataset import Dataset
+from pfl.data.federated_dataset import FederatedDataset
+from pfl.data.sampling import get_user_sampler
+from pfl.hyperparam.base import NNEvalHyperParams, NNTrainHyperParams
+from pfl.metrics import Weighted
+from pfl.model.pytorch import PyTorchModel
+from pfl.privacy.gaussian_mechanism import GaussianMechanism
+from pfl.privacy.privacy_accountant import PLDPrivacyAccountant
+from pfl.privacy.privacy_mechanism import CentrallyAppliedPrivacyMechanism
+
+
+class SimpleCNN(torch.nn.Module):
+    """pfl-research's ``simple_cnn`` for 28x28x1 inputs: 1,199,882 parameters."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = torch.nn.Sequential(
+            torch.nn.Conv2d(1, 32, 3),
+            torch.nn.ReLU(),
+            torch.nn.Conv2d(32, 64, 3),
+            torch.nn.ReLU(),
+            torch.nn.MaxPool2d(2, 2),
+            torch.nn.Flatten(),
+            torch.nn.Linear(12 * 12 * 64, 128),
+            torch.nn.ReLU(),
+            torch.nn.Linear(128, 10),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x.permute(0, 3, 1, 2))  # NHWC (as stored) -> NCHW
+
+    def loss(self, x, y, eval=False):
+        self.eval() if eval else self.train()
+        return torch.nn.functional.cross_entropy(self(x), y.long())
+
+    @torch.no_grad()
+    def metrics(self, x, y, eval=True):
+        self.eval() if eval else self.train()
+        logits = self(x)
+        loss = torch.nn.functional.cross_entropy(logits, y.long(), reduction="sum").item()
+        correct = (logits.argmax(-1) == y.long()).sum().item()
+        return {"loss": Weighted(loss, len(x)), "accuracy": Weighted(correct, len(x))}
+
+
+class RoundTimer(TrainingProcessCallback):
+    """Wall time of every central iteration (pfl calls this after each one)."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+        self._last = time.perf_counter()
+
+    def after_central_iteration(self, aggregate_metrics, model, *, central_iteration):
+        now = time.perf_counter()
+        self.times.append(now - self._last)
+        self._last = now
+        return False, type(aggregate_metrics)()
+
+
+def accuracy(model: SimpleCNN, x: np.ndarray, y: np.ndarray) -> float:
+    model.eval()
+    correct = 0
+    with torch.no_grad():
+        for s in range(0, len(x), 1000):
+            logits = model(torch.from_numpy(x[s : s + 1000]))
+            correct += int((logits.argmax(-1).numpy() == y[s : s + 1000]).sum())
+    return correct / len(x)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--data", required=True)
+    p.add_argument("--rounds", type=int, default=100)
+    p.add_argument("--cohort", type=int, default=50)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dp", action="store_true")
+    p.add_argument("--clip", type=float, default=0.4)
+    p.add_argument("--epsilon", type=float, default=2.0)
+    p.add_argument("--delta", type=float, default=None)
+    p.add_argument("--accounting-rounds", type=int, default=None)
+    a = p.parse_args()
+    torch.set_num_threads(a.threads)
+    torch.manual_seed(a.seed)
+    np.random.seed(a.seed)  # noqa: NPY002 (pfl's "random" user sampler draws from it)
+    d = np.load(a.data)
+    x, y = d["x"].astype(np.float32), d["y"].astype(np.int64)
+    offsets, sizes = d["offsets"], d["sizes"]
+    users = list(range(len(sizes)))
+
+    def make_dataset(uid: int) -> Dataset:
+        rows = slice(int(offsets[uid]), int(offsets[uid] + sizes[uid]))
+        return Dataset(raw_data=[torch.from_numpy(x[rows]), torch.from_numpy(y[rows])])
+
+    train = FederatedDataset(make_dataset, get_user_sampler("random", users))
+    cnn = SimpleCNN()
+    model = PyTorchModel(
+        model=cnn,
+        local_optimizer_create=torch.optim.SGD,
+        central_optimizer=torch.optim.SGD(cnn.parameters(), lr=1.0),
+    )
+    postprocessors, epsilon, noise = [], None, None
+    if a.dp:
+        delta = a.delta if a.delta is not None else 1.0 / len(users)
+        accountant = PLDPrivacyAccountant(
+            num_compositions=a.accounting_rounds or a.rounds,
+            sampling_probability=a.cohort / len(users),
+            mechanism="gaussian",
+            epsilon=a.epsilon,
+            delta=delta,
+        )
+        mechanism = GaussianMechanism.from_privacy_accountant(accountant, a.clip)
+        postprocessors = [CentrallyAppliedPrivacyMechanism(mechanism)]
+        epsilon, noise = accountant.epsilon, accountant.cohort_noise_parameter
+    backend = SimulatedBackend(training_data=train, val_data=None, postprocessors=postprocessors)
+    timer = RoundTimer()
+    params = NNAlgorithmParams(
+        central_num_iterations=a.rounds,
+        evaluation_frequency=10**9,
+        train_cohort_size=a.cohort,
+        val_cohort_size=0,
+    )
+    train_params = NNTrainHyperParams(
+        local_batch_size=10, local_num_epochs=1, local_learning_rate=0.1
+    )
+    start = time.perf_counter()
+    FederatedAveraging().run(
+        algorithm_params=params,
+        backend=backend,
+        model=model,
+        model_train_params=train_params,
+        model_eval_params=NNEvalHyperParams(local_batch_size=1000),
+        callbacks=[timer],
+    )
+    total = time.perf_counter() - start
+    acc = accuracy(cnn, d["x_test"].astype(np.float32), d["y_test"].astype(np.int64))
+    print(
+        json.dumps(
+            {
+                "system": "pfl",
+                "dp": a.dp,
+                "rounds": a.rounds,
+                "round_times": timer.times,
+                "total_s": total,
+                "accuracy": acc,
+                "epsilon": epsilon,
+                "noise_multiplier": noise,
+                "params": sum(p.numel() for p in cnn.parameters()),
+                "torch": torch.__version__,
+                "threads": torch.get_num_threads(),
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()

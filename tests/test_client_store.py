@@ -1,0 +1,106 @@
+"""Flat client store: gather equals stack_clients, unused slots are masked, errors, helpers."""
+
+from __future__ import annotations
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from swarmjax.fl.data.clients import stack_clients
+from swarmjax.fl.data.store import ClientStore, choose_max_rows, gather, memory_estimate
+
+SIZES = (7, 12, 3, 1, 9)
+
+
+@pytest.fixture(scope="module")
+def toy():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(40, 3, 2)).astype(np.float32)
+    y = rng.integers(0, 5, size=40)
+    perm = rng.permutation(40)
+    starts = np.cumsum((0, *SIZES))
+    indices = [perm[a:b] for a, b in itertools.pairwise(starts)]
+    return x, y, indices
+
+
+def assert_same(a, b):
+    for name in ("x", "y", "mask", "sizes"):
+        np.testing.assert_array_equal(np.asarray(getattr(a, name)), np.asarray(getattr(b, name)))
+
+
+def test_store_is_flat_and_unpadded(toy):
+    x, y, indices = toy
+    store = ClientStore.build(x, y, indices)
+    assert store.x.shape == (sum(SIZES), 3, 2) and store.num_clients == len(SIZES)
+    np.testing.assert_array_equal(store.sizes, SIZES)
+    np.testing.assert_array_equal(store.offsets, np.cumsum((0, *SIZES[:-1])))
+    for i, rows in enumerate(indices):
+        o = int(store.offsets[i])
+        np.testing.assert_array_equal(store.x[o : o + len(rows)], x[rows])
+
+
+@pytest.mark.parametrize("ids", [[0, 1, 2, 3, 4], [4, 1, 1], [3]])
+def test_gather_equals_stack_clients(toy, ids):
+    x, y, indices = toy
+    store = ClientStore.build(x, y, indices)
+    max_rows = choose_max_rows(store)
+    got = jax.jit(gather, static_argnums=2)(store, jnp.asarray(ids), max_rows)
+    want = stack_clients(x, y, [indices[i] for i in ids], pad_to=max_rows)
+    assert_same(got, want)
+
+
+def test_unused_slots_are_all_masked(toy):
+    x, y, indices = toy
+    store = ClientStore.build(x, y, indices)
+    got = gather(
+        store, jnp.asarray([2, -1, 0, 1]), 12, valid=jnp.asarray([True, True, True, False])
+    )
+    np.testing.assert_array_equal(got.sizes, [3, 0, 7, 0])
+    assert not bool(got.mask[1].any()) and not bool(got.mask[3].any())
+    assert float(jnp.abs(got.x[1]).sum()) == 0.0 and int(got.y[3].sum()) == 0
+    assert_same(
+        jax.tree.map(lambda a: a[jnp.asarray([0, 2])], got),
+        stack_clients(x, y, [indices[2], indices[0]], pad_to=12),
+    )
+
+
+def test_gather_truncates_to_max_rows(toy):
+    x, y, indices = toy
+    store = ClientStore.build(x, y, indices)
+    got = gather(store, jnp.asarray([1]), 4)
+    assert int(got.sizes[0]) == 4 and bool(got.mask.all())
+    np.testing.assert_array_equal(got.x[0], x[indices[1][:4]])
+
+
+def test_max_rows_and_memory(toy):
+    x, y, indices = toy
+    store = ClientStore.build(x, y, indices)
+    assert choose_max_rows(store) == 12 and choose_max_rows(store, 20) == 20
+    assert choose_max_rows(store, 5, truncate=True) == 5
+    with pytest.raises(
+        ValueError, match=r"max_rows=5 is below the largest client \(12 rows, client 1\)"
+    ):
+        choose_max_rows(store, 5)
+    mem = memory_estimate(store, cohort=4, max_rows=12)
+    assert mem["store"] == sum(SIZES) * (6 * 4 + 4)
+    assert mem["cohort_buffer"] == 4 * 12 * (6 * 4 + 5) + 16
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (lambda x, y, i: (x, y, [*i, []]), "client 5 is empty"),
+        (lambda x, y, i: (x, y, []), "at least one client"),
+        (lambda x, y, i: (x[:-1], y, i), "same number of rows"),
+        (lambda x, y, i: (x, y.astype(np.float32), i), "integer labels"),
+        (lambda x, y, i: (np.where(np.arange(40)[:, None, None] == 3, np.nan, x), y, i), "finite"),
+        (lambda x, y, i: (x, y, [[0, 40]]), r"indices must be in \[0, 39\]"),
+    ],
+)
+def test_build_errors_are_one_line(toy, args, message):
+    with pytest.raises(ValueError, match=message) as err:
+        ClientStore.build(*args(*toy))
+    assert "\n" not in str(err.value)
