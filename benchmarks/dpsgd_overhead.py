@@ -162,6 +162,33 @@ def _row(model: str, batch: int, t: dict[str, float]) -> str:
     )
 
 
+HEADER = (
+    "| model | batch | JAX non-DP ms | JAX DP fast ms (x) | JAX DP naive vmap(grad) ms (x) "
+    "| torch non-DP ms | Opacus hooks ms (x) | Opacus ghost ms (x) |\n"
+    "|---|---|---|---|---|---|---|---|"
+)
+
+
+def measure(
+    batches: tuple[int, ...], repeats: int, *, opacus: bool = True, naive: bool = True
+) -> list[tuple[str, int, dict[str, float]]]:
+    """Seconds per step of every variant, for the MLP and LeNet-5 at each batch size:
+    ``(model, batch, {variant: seconds})``; Opacus's only when ``opacus`` and installed,
+    the naive ``vmap(grad)`` DP step only when ``naive``."""
+    rows = []
+    for name, model in (("mlp", models.paper_mlp()), ("lenet5", models.lenet5())):
+        for batch in batches:
+            steps = _jax_steps(model, batch)
+            if not naive:
+                del steps["jax_dp_naive"]
+            if opacus:
+                steps |= _torch_steps(name, batch)
+            times = _measure(steps, repeats)
+            rows.append((name, batch, times))
+            print(_row(name, batch, times), flush=True)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> str:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.dpsgd_overhead", description=__doc__.split("\n\n")[0]
@@ -173,20 +200,7 @@ def main(argv: list[str] | None = None) -> str:
     args = parser.parse_args(argv)
     batches = (64,) if args.quick else (64, 256)
     repeats = args.repeats or (3 if args.quick else 10)
-    rows = []
-    for name, model in (("mlp", models.paper_mlp()), ("lenet5", models.lenet5())):
-        for batch in batches:
-            steps = _jax_steps(model, batch)
-            if not args.no_opacus:
-                steps |= _torch_steps(name, batch)
-            times = _measure(steps, repeats)
-            rows.append(_row(name, batch, times))
-            print(rows[-1], flush=True)
-    header = (
-        "| model | batch | JAX non-DP ms | JAX DP fast ms (x) | JAX DP naive vmap(grad) ms (x) "
-        "| torch non-DP ms | Opacus hooks ms (x) | Opacus ghost ms (x) |\n"
-        "|---|---|---|---|---|---|---|---|"
-    )
+    rows = [_row(*r) for r in measure(batches, repeats, opacus=not args.no_opacus)]
     text = (
         "## DP-SGD overhead (`python -m benchmarks.dpsgd_overhead"
         + (" --quick" if args.quick else "")
@@ -195,7 +209,7 @@ def main(argv: list[str] | None = None) -> str:
         + f"One Adam step, float32, clip {CLIP}, noise multiplier {SIGMA}; best of {repeats}. "
         + "Ratios: JAX columns against the JAX non-DP step, Opacus columns against the "
         + "PyTorch non-DP step. 'n/a': PyTorch/Opacus not installed.\n\n"
-        + header
+        + HEADER
         + "\n"
         + "\n".join(rows)
         + "\n"

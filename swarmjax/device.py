@@ -224,8 +224,14 @@ def configure_cpu_flags(
     XLA devices, one per core; only when > 1).  ``optimization_level``:
     ``--xla_backend_optimization_level`` (LLVM's -O level).  An option already in
     ``XLA_FLAGS`` is kept as given.  Returns whether the backend is the CPU (nothing is
-    changed otherwise).
+    changed otherwise).  Without ``platform``, once JAX has started its backends it only
+    reports (XLA would no longer read the flags).
     """
+    if platform is None:
+        from jax._src import xla_bridge
+
+        if xla_bridge.backends_are_initialized():
+            return is_cpu()
     if (platform or planned_backend()) != "cpu":
         return False
     flags = os.environ.get("XLA_FLAGS", "")

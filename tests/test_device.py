@@ -103,8 +103,9 @@ def test_cpu_flags_only_when_the_backend_is_the_cpu(monkeypatch):
     monkeypatch.setenv("XLA_FLAGS", "--xla_backend_optimization_level=0")
     assert device.configure_cpu_flags(1, 2, platform="cpu")  # one device: no count flag
     assert os.environ["XLA_FLAGS"] == "--xla_backend_optimization_level=0"  # kept as given
-    # jax has started here, so the plan is the running backend
-    assert device.configure_cpu_flags(None, None)
+    # jax has started here: it reports the running backend and changes nothing
+    assert device.configure_cpu_flags(8, 3)
+    assert os.environ["XLA_FLAGS"] == "--xla_backend_optimization_level=0"
 
 
 # FL's mean over agents and f5's transcendentals: where XLA's CPU code rounds differently
