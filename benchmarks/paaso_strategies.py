@@ -37,8 +37,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def measure(runs: int, iterations: int, repeats: int) -> tuple[int, list[dict]]:
-    """Every strategy's agent-steps/s beside PSO's, interleaved, best of ``repeats``.
+def measure(
+    runs: int, iterations: int, repeats: int, voting: tuple[str, ...] | None = None
+) -> tuple[int, list[dict]]:
+    """Every strategy's agent-steps/s beside PSO's, interleaved, best of ``repeats``
+    (``voting``: the voting strategies to time, default all of ``paaso.VOTING``).
 
     Returns the runs timed (``runs`` rounded up to the device count) and one dict per
     variant: ``label``, ``rate`` (agent-steps/s), ``ratio`` (PSO's time / its time) and
@@ -56,7 +59,7 @@ def measure(runs: int, iterations: int, repeats: int) -> tuple[int, list[dict]]:
     seeds = jax.device_put(jnp.arange(runs, dtype=jnp.uint32), sharding)
     hyper = paaso.PAASOHyper(w=0.7, phi_p=1.4, phi_g=1.4, w_g=0.1, p_c=1.0, p_m=0.9)
     variants = [("pso", {"strategy": "pso"}), ("fl", {"strategy": "fl"})]
-    for s in paaso.VOTING:
+    for s in paaso.VOTING if voting is None else voting:
         variants += [
             (s, {"strategy": s, "draw_casts": False}),
             (f"{s}, casts drawn", {"strategy": s}),

@@ -123,12 +123,13 @@ def measure(
     *,
     block: int = BLOCK,
     peers: tuple[str, ...] = ("numpy", "pyswarms", "evosax"),
-    peer_swarms: int | None = 1000,
+    evosax_swarms: int | None = 1000,
     repeats: int = 3,
 ) -> list[dict]:
     """Agent-steps/s of swarmjax's PSO at each swarm count in ``counts`` (``iterations``
-    per swarm), with the ``peers`` measured in the same run: numpy and evosax on
-    ``min(swarms, peer_swarms)`` swarms (all of them when None), pyswarms on at most 3.
+    per swarm), with the ``peers`` measured in the same run: numpy on at most 1,000
+    swarms, evosax on ``min(swarms, evosax_swarms)`` (all of them when None), pyswarms on
+    at most 3.
     ``block``: swarms per device per vmapped block of the 'in blocks' variant (run when a
     device holds more).  One dict per count: ``swarms``, ``plain``, ``blocks`` (None when
     not run), ``rate`` (the faster), ``numpy``, ``pyswarms``, ``evosax`` (agent-steps/s,
@@ -153,7 +154,6 @@ def measure(
     # device's swarms in vmapped blocks of `block` under lax.map keeps it cache-sized.
     blocked = jax.jit(jax.vmap(lambda s: jax.lax.map(one, s, batch_size=block)))
     has_pyswarms = "pyswarms" in peers and importlib.util.find_spec("pyswarms") is not None
-    cap = (lambda n: n) if peer_swarms is None else (lambda n: min(n, peer_swarms))
     rows = []
     for n in counts:
         padded = -(-n // ndev) * ndev
@@ -175,14 +175,14 @@ def measure(
             block_rate = ndev * per_dev * AGENTS * iterations / t_block
         np_rate = ps_rate = ev_rate = None
         if "numpy" in peers:
-            np_swarms = cap(n)
+            np_swarms = min(n, 1000)
             t_np = _timed(lambda k=np_swarms: numpy_pso(k, iterations))
             np_rate = np_swarms * AGENTS * iterations / t_np
         if has_pyswarms:
             ps_swarms = min(n, 3)
             t_ps = _timed(lambda k=ps_swarms: pyswarms_pso(k, iterations))
             ps_rate = ps_swarms * AGENTS * iterations / t_ps
-        ev_swarms = cap(n)
+        ev_swarms = n if evosax_swarms is None else min(n, evosax_swarms)
         ev_run = evosax_pso(ev_swarms, iterations) if "evosax" in peers else None
         if ev_run is not None:
             ev_run()  # compile

@@ -148,13 +148,16 @@ def default_client_map(platform: str | None = None) -> str:
     process's backend): ``"sequential"`` (``lax.map``, one client after another) on the CPU,
     ``"vmap"`` on GPU/TPU.
 
-    On the CPU the clients' steps already fill the cores one at a time, and a vmap makes
-    every client run the largest client's step count and XLA's CPU convolutions slower
-    batched: the lead measured a vmap of 50 clients' CNN steps ~10x slower than mapping
-    them one by one on the project's 2-core CPU (docs/fed_dp_pso.md: the full Table 1's
-    DP call took 393-408 s sequential, 852 s vmapped).  On an accelerator a vmap turns the
-    clients into one wide kernel, which is what the device needs to be busy (both give the
-    same result; the simulator tests check it).
+    On the CPU the runs' steps already fill the cores, a vmap makes every client run the
+    largest client's step count, and XLA's CPU convolutions get slower batched: the full
+    Table 1's DP call of experiments.fed_dp_pso (skewed clients, MLP) took 408 s sequential
+    against 852 s vmapped (docs/fed_dp_pso.md); one FedAvg round of 50 digits clients with
+    a LeNet-5 (SAME padding, 8x8x1) took 0.34 s sequential, 0.41 s vmapped, and compiled in
+    15 s against 29 s (2-core CPU, loaded, 2026-11-25).  Small dense models can go the
+    other way (10 clients, MLP 64-32-10: 37 ms vmapped, 59 ms sequential;
+    ``python -m benchmarks.accelerator --sections fedround``), so pass ``client_map``
+    explicitly there.  On an accelerator a vmap turns the clients into one wide kernel,
+    which is what the device needs to be busy.  Both give the same result.
     """
     return "sequential" if is_cpu(platform) else "vmap"
 
