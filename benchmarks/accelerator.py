@@ -19,9 +19,10 @@ GPU/TPU):
 * ``fedround``: one FedAvg round (digits, an MLP, 10 clients) through
   ``swarmjax.fl.runtime.simulate``, clients under ``vmap`` and ``lax.map``.
 
-Writes the section ``accelerator-<backend>-<device kind>`` of benchmarks/RESULTS.md (one
-per kind of machine, so CPU and GPU figures stand side by side); every figure names its
-backend and device.  Peers that are not installed are reported as such, never an error.
+Writes the section ``accelerator-<backend>-<device kind>`` (``...-quick`` for ``--quick``)
+of benchmarks/RESULTS.md, one per kind of machine, so CPU and GPU figures stand side by
+side; every figure names its backend and device.  Peers that are not installed are
+reported as such, never an error.
 """
 
 from __future__ import annotations
@@ -224,6 +225,7 @@ def run(sections: Sequence[str], sizes: Sizes, *, paaso_argv: Sequence[str] = ()
             "memory_gib": device.device_memory_bytes() / 2**30,
         },
         "seconds": {},
+        "load": [os.getloadavg()[0]],
     }
     print(f"backend: {jax.default_backend()} ({jax.device_count()} device(s))", flush=True)
     for name in sections:
@@ -233,29 +235,35 @@ def run(sections: Sequence[str], sizes: Sizes, *, paaso_argv: Sequence[str] = ()
         else:
             results[name] = globals()[f"{name}_section"](sizes)
         results["seconds"][name] = time.perf_counter() - t0
+    results["load"].append(os.getloadavg()[0])
     return results
 
 
-def section_name(results: dict) -> str:
-    """``accelerator-<backend>-<device kind>`` (kind lower-cased, non-alphanumerics as -)."""
+def section_name(results: dict, quick: bool = False) -> str:
+    """``accelerator-<backend>-<device kind>`` (kind lower-cased, non-alphanumerics as -),
+    ``-quick`` appended for ``--quick`` runs."""
     dev = results["device"]
     kind = re.sub(r"[^a-z0-9]+", "-", dev["kind"].lower()).strip("-")
-    return f"accelerator-{dev['backend']}-{kind}"
+    return f"accelerator-{dev['backend']}-{kind}" + ("-quick" if quick else "")
 
 
 def _fmt(value: float | None, scale: float = 1e6, digits: int = 1) -> str:
     return "-" if value is None else f"{value / scale:.{digits}f}"
 
 
-def section_text(results: dict, sizes: Sizes, command: str, machine_line: str) -> str:
+def section_text(
+    results: dict, sizes: Sizes, command: str, machine_line: str, quick: bool = False
+) -> str:
     """The markdown of RESULTS.md's section for these ``results``."""
     dev = results["device"]
     where = f"{dev['backend']}, {dev['count']} x {dev['kind']}"
     out = [
-        f"## {section_name(results)} (`{command}`)",
+        f"## {section_name(results, quick)} (`{command}`)",
         "",
         f"Machine: {machine_line}; {dev['count']} XLA device(s), {dev['memory_gib']:.1f} GiB "
-        f"per device; load average after the run {os.getloadavg()[0]:.2f}.  Every figure "
+        f"per device; load average before the run {results['load'][0]:.2f}, after "
+        f"{results['load'][-1]:.2f} (on a shared machine absolute rates follow the load).  "
+        "Every figure "
         f"below: {where}, measured in this run (best of {sizes.repeats} after compilation).",
     ]
     if "pso" in results:
@@ -342,10 +350,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = "python -m benchmarks.accelerator" + (" --quick" if args.quick else "")
     if args.sections:
         command += f" --sections {','.join(args.sections)}"
-    text = section_text(results, sizes, command, machine())
+    text = section_text(results, sizes, command, machine(), args.quick)
     print(text)
     if not args.no_write:
-        write_section(section_name(results), text)
+        write_section(section_name(results, args.quick), text)
     return 0
 
 

@@ -50,6 +50,7 @@ def test_quick_path_at_tiny_sizes_gives_numbers_and_a_results_section(tmp_path, 
     text = accelerator.section_text(results, TINY, "python -m benchmarks.accelerator", "m")
     name = accelerator.section_name(results)
     assert name == "accelerator-cpu-cpu"
+    assert accelerator.section_name(results, quick=True) == "accelerator-cpu-cpu-quick"
     assert text.startswith(f"## {name} (`python -m benchmarks.accelerator`)")
     for heading in ("### PSO (cpu", "### PAASO strategies", "### DP-SGD", "### FedAvg round"):
         assert heading in text
