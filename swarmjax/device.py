@@ -182,18 +182,21 @@ def planned_backend(
     ``XLA_FLAGS`` once, when it starts the first one).
 
     In order: the running backend if JAX has already started one; the first entry of
-    ``JAX_PLATFORMS`` (``environ``, default ``os.environ``; ``cuda``/``rocm`` mean
-    ``"gpu"``); an installed accelerator plugin (``installed``: plugin module -> platform,
-    default: those importable here or registered under the ``jax_plugins`` entry point)
-    whose device file exists (``/dev/nvidia0``, ``/dev/kfd``, ``/dev/accel0``, ...);
-    otherwise ``"cpu"``.
+    ``JAX_PLATFORMS`` (``environ``, default ``os.environ``, then ``jax.config``'s
+    ``jax_platforms``; ``cuda``/``rocm`` mean ``"gpu"``); an installed accelerator plugin
+    (``installed``: plugin module -> platform, default: those importable here or
+    registered under the ``jax_plugins`` entry point) whose device file exists
+    (``/dev/nvidia0``, ``/dev/kfd``, ``/dev/accel0``, ...); otherwise ``"cpu"``.
     """
     from jax._src import xla_bridge
 
     if xla_bridge.backends_are_initialized():
         return jax.default_backend()
     env = os.environ if environ is None else environ
-    first = env.get("JAX_PLATFORMS", "").split(",")[0].strip().lower()
+    platforms = env.get("JAX_PLATFORMS", "")
+    if environ is None and not platforms:  # jax.config.update("jax_platforms", ...)
+        platforms = jax.config.jax_platforms or ""
+    first = platforms.split(",")[0].strip().lower()
     if first:
         return {"cuda": "gpu", "rocm": "gpu"}.get(first, first)
     if installed is None:
