@@ -133,7 +133,8 @@ def measure(
     ``block``: swarms per device per vmapped block of the 'in blocks' variant (run when a
     device holds more).  One dict per count: ``swarms``, ``plain``, ``blocks`` (None when
     not run), ``rate`` (the faster), ``numpy``, ``pyswarms``, ``evosax`` (agent-steps/s,
-    None when not installed or not asked) and ``compile_s``."""
+    None when not installed or not asked) and ``compile_s`` (the first call: compilation
+    plus one run)."""
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -203,7 +204,7 @@ def measure(
         print(
             f"{n:>6} swarms: swarmjax {plain / 1e6:8.1f} M agent-steps/s"
             + (f", in blocks {block_rate / 1e6:.1f}" if block_rate else "")
-            + f" (compile {compile_s:.1f} s)"
+            + f" (first call, compile + run, {compile_s:.1f} s)"
             + (f" | numpy {np_rate / 1e6:6.1f} M/s (x{rate / np_rate:.1f})" if np_rate else "")
             + (f" | pyswarms {ps_rate / 1e6:.2f} M/s" if ps_rate else "")
             + (f" | evosax {ev_rate / 1e6:.1f} M/s" if ev_rate else ""),
@@ -216,7 +217,8 @@ def table(rows: list[dict]) -> list[str]:
     """The markdown table of :func:`measure`'s rows."""
     lines = [
         "| swarms | swarmjax vmap M agent-steps/s | swarmjax in blocks M/s | numpy M/s "
-        "| swarmjax / numpy | pyswarms M/s | evosax M/s | swarmjax / evosax | compile s |",
+        "| swarmjax / numpy | pyswarms M/s | evosax M/s | swarmjax / evosax "
+        "| first call s (compile + run) |",
         "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
