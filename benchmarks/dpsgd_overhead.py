@@ -98,15 +98,27 @@ def _torch_models():
     return {"mlp": (mlp, (1, 28, 28), 10), "lenet5": (lenet, (3, 28, 28), 9)}
 
 
+def torch_device() -> str:
+    """Where the PyTorch/Opacus steps run: ``"cuda"`` when PyTorch sees a GPU, else
+    ``"cpu"`` (``"not installed"`` without PyTorch)."""
+    try:
+        import torch
+    except ImportError:
+        return "not installed"
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def _torch_steps(name: str, batch: int) -> dict[str, Callable[[], object]]:
     try:
         import torch
         from opacus import PrivacyEngine
     except ImportError:
         return {}
+    where = torch_device()
+    sync = torch.cuda.synchronize if where == "cuda" else lambda: None
     make, shape, classes = _torch_models()[name]
-    x = torch.randn(batch, *shape)
-    y = torch.arange(batch) % classes
+    x = torch.randn(batch, *shape, device=where)
+    y = torch.arange(batch, device=where) % classes
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=batch)
     steps: dict[str, Callable[[], object]] = {}
 
@@ -115,14 +127,15 @@ def _torch_steps(name: str, batch: int) -> dict[str, Callable[[], object]]:
             optimizer.zero_grad()
             criterion(model(x), y).backward()
             optimizer.step()
+            sync()
 
         return step
 
-    model = make()
+    model = make().to(where)
     opt = torch.optim.Adam(model.parameters(), lr=LR)
     steps["torch"] = plain_step(model, opt, torch.nn.CrossEntropyLoss())
     for mode, label in (("hooks", "opacus_hooks"), ("ghost", "opacus_ghost")):
-        model = make()
+        model = make().to(where)
         opt = torch.optim.Adam(model.parameters(), lr=LR)
         criterion = torch.nn.CrossEntropyLoss()
         out = PrivacyEngine().make_private(
@@ -162,6 +175,38 @@ def _row(model: str, batch: int, t: dict[str, float]) -> str:
     )
 
 
+HEADER = (
+    "| model | batch | JAX non-DP ms | JAX DP fast ms (x) | JAX DP naive vmap(grad) ms (x) "
+    "| torch non-DP ms | Opacus hooks ms (x) | Opacus ghost ms (x) |\n"
+    "|---|---|---|---|---|---|---|---|"
+)
+
+
+def benchmark_models() -> dict[str, models.Model]:
+    """The models timed: seed 000's MLP 784-256-256-10 and LeNet-5 (28x28x3 -> 9)."""
+    return {"mlp": models.paper_mlp(), "lenet5": models.lenet5()}
+
+
+def measure(
+    batches: tuple[int, ...], repeats: int, *, opacus: bool = True, naive: bool = True
+) -> list[tuple[str, int, dict[str, float]]]:
+    """Seconds per step of every variant, for each of :func:`benchmark_models` at each
+    batch size: ``(model, batch, {variant: seconds})``; Opacus's only when ``opacus`` and
+    installed, the naive ``vmap(grad)`` DP step only when ``naive``."""
+    rows = []
+    for name, model in benchmark_models().items():
+        for batch in batches:
+            steps = _jax_steps(model, batch)
+            if not naive:
+                del steps["jax_dp_naive"]
+            if opacus:
+                steps |= _torch_steps(name, batch)
+            times = _measure(steps, repeats)
+            rows.append((name, batch, times))
+            print(_row(name, batch, times), flush=True)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> str:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.dpsgd_overhead", description=__doc__.split("\n\n")[0]
@@ -173,20 +218,7 @@ def main(argv: list[str] | None = None) -> str:
     args = parser.parse_args(argv)
     batches = (64,) if args.quick else (64, 256)
     repeats = args.repeats or (3 if args.quick else 10)
-    rows = []
-    for name, model in (("mlp", models.paper_mlp()), ("lenet5", models.lenet5())):
-        for batch in batches:
-            steps = _jax_steps(model, batch)
-            if not args.no_opacus:
-                steps |= _torch_steps(name, batch)
-            times = _measure(steps, repeats)
-            rows.append(_row(name, batch, times))
-            print(rows[-1], flush=True)
-    header = (
-        "| model | batch | JAX non-DP ms | JAX DP fast ms (x) | JAX DP naive vmap(grad) ms (x) "
-        "| torch non-DP ms | Opacus hooks ms (x) | Opacus ghost ms (x) |\n"
-        "|---|---|---|---|---|---|---|---|"
-    )
+    rows = [_row(*r) for r in measure(batches, repeats, opacus=not args.no_opacus)]
     text = (
         "## DP-SGD overhead (`python -m benchmarks.dpsgd_overhead"
         + (" --quick" if args.quick else "")
@@ -195,7 +227,7 @@ def main(argv: list[str] | None = None) -> str:
         + f"One Adam step, float32, clip {CLIP}, noise multiplier {SIGMA}; best of {repeats}. "
         + "Ratios: JAX columns against the JAX non-DP step, Opacus columns against the "
         + "PyTorch non-DP step. 'n/a': PyTorch/Opacus not installed.\n\n"
-        + header
+        + HEADER
         + "\n"
         + "\n".join(rows)
         + "\n"

@@ -4,8 +4,8 @@
 
 Swarms of 50 agents x 1000 iterations on f4 (Rosenbrock, 2-D), w 0.7, c1 = c2 = 1.4,
 velocity clamp = domain width, positions clipped.  swarmjax runs every swarm as one
-jit-compiled, vmapped scan (``paaso.run`` with strategy "pso"), sharded over all CPU
-devices (``--cpu-devices``, default: every core).  Baselines: a vectorised numpy PSO written
+jit-compiled, vmapped scan (``paaso.run`` with strategy "pso"), sharded over all devices
+(on the CPU ``--cpu-devices``, default: every core).  Baselines: a vectorised numpy PSO written
 here (all swarms in one array, numpy's PCG64 for r1/r2), and pyswarms / evosax when
 installed (``pip install -e .[bench]``; evosax's PSO runs vmapped over swarms under jit, as
 its users run it).  Writes its section of benchmarks/RESULTS.md with the machine load, since
@@ -117,26 +117,31 @@ def evosax_pso(swarms: int, iterations: int):
     return lambda: fn(keys).block_until_ready()
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv)
-    if args.cpu_devices > 1 and "xla_force_host_platform_device_count" not in os.environ.get(
-        "XLA_FLAGS", ""
-    ):
-        os.environ["XLA_FLAGS"] = (
-            os.environ.get("XLA_FLAGS", "")
-            + f" --xla_force_host_platform_device_count={args.cpu_devices}"
-        )
+def measure(
+    counts,
+    iterations: int,
+    *,
+    block: int = BLOCK,
+    peers: tuple[str, ...] = ("numpy", "pyswarms", "evosax"),
+    evosax_swarms: int | None = 1000,
+    repeats: int = 3,
+) -> list[dict]:
+    """Agent-steps/s of swarmjax's PSO at each swarm count in ``counts`` (``iterations``
+    per swarm), with the ``peers`` measured in the same run: numpy on at most 1,000
+    swarms, evosax on ``min(swarms, evosax_swarms)`` (all of them when None), pyswarms on
+    at most 3.
+    ``block``: swarms per device per vmapped block of the 'in blocks' variant (run when a
+    device holds more).  One dict per count: ``swarms``, ``plain``, ``blocks`` (None when
+    not run), ``rate`` (the faster), ``numpy``, ``pyswarms``, ``evosax`` (agent-steps/s,
+    None when not installed or not asked) and ``compile_s`` (the first call: compilation
+    plus one run)."""
     import jax
     import jax.numpy as jnp
     import numpy as np
     from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-    from benchmarks._results import machine, write_section
     from swarmjax import paaso
 
-    print(f"backend: {jax.default_backend()} ({jax.device_count()} device(s))", flush=True)
-    iterations = 200 if args.quick else 1000
-    counts = args.swarms or ([1, 100, 1000] if args.quick else [1, 100, 1000, 10000])
     cfg = paaso.PAASOConfig(strategy="pso", function="f4", num_agents=AGENTS, iterations=iterations)
     hyper = paaso.PAASOHyper(w=W, phi_p=C, phi_g=C, vmax_factor=1.0)
     ndev = jax.device_count()
@@ -147,66 +152,103 @@ def main(argv=None) -> int:
 
     fn = jax.jit(jax.vmap(one))
     # Beyond ~1,000 swarms per device the working set leaves the CPU caches; running each
-    # device's swarms in vmapped blocks of BLOCK under lax.map keeps it cache-sized.
-    blocked = jax.jit(jax.vmap(lambda s: jax.lax.map(one, s, batch_size=BLOCK)))
-    has_pyswarms = importlib.util.find_spec("pyswarms") is not None
+    # device's swarms in vmapped blocks of `block` under lax.map keeps it cache-sized.
+    blocked = jax.jit(jax.vmap(lambda s: jax.lax.map(one, s, batch_size=block)))
+    has_pyswarms = "pyswarms" in peers and importlib.util.find_spec("pyswarms") is not None
     rows = []
-    load_before = os.getloadavg()[0]
     for n in counts:
         padded = -(-n // ndev) * ndev
         seeds = jax.device_put(jnp.arange(padded, dtype=jnp.uint32), sharding)
         t0 = time.perf_counter()
         fn(seeds).block_until_ready()
         compile_s = time.perf_counter() - t0
-        best = min(_timed(lambda s=seeds: fn(s).block_until_ready()) for _ in range(3))
+        best = min(_timed(lambda s=seeds: fn(s).block_until_ready()) for _ in range(repeats))
         steps = n * AGENTS * iterations
         block_rate = None
-        if n > ndev * BLOCK:
-            per_dev = -(-n // (ndev * BLOCK)) * BLOCK
+        if n > ndev * block:
+            per_dev = -(-n // (ndev * block)) * block
             grid = jnp.arange(ndev * per_dev, dtype=jnp.uint32).reshape(ndev, per_dev)
             grid = jax.device_put(grid, sharding)
             blocked(grid).block_until_ready()
-            t_block = min(_timed(lambda g=grid: blocked(g).block_until_ready()) for _ in range(3))
+            t_block = min(
+                _timed(lambda g=grid: blocked(g).block_until_ready()) for _ in range(repeats)
+            )
             block_rate = ndev * per_dev * AGENTS * iterations / t_block
-        np_swarms = min(n, 1000)
-        t_np = _timed(lambda k=np_swarms: numpy_pso(k, iterations))
-        np_rate = np_swarms * AGENTS * iterations / t_np
-        ps_swarms = min(n, 3)
-        ps_rate = None
+        np_rate = ps_rate = ev_rate = None
+        if "numpy" in peers:
+            np_swarms = min(n, 1000)
+            t_np = _timed(lambda k=np_swarms: numpy_pso(k, iterations))
+            np_rate = np_swarms * AGENTS * iterations / t_np
         if has_pyswarms:
+            ps_swarms = min(n, 3)
             t_ps = _timed(lambda k=ps_swarms: pyswarms_pso(k, iterations))
             ps_rate = ps_swarms * AGENTS * iterations / t_ps
-        ev_swarms = min(n, 1000)
-        ev_run = evosax_pso(ev_swarms, iterations)
-        ev_rate = None
+        ev_swarms = n if evosax_swarms is None else min(n, evosax_swarms)
+        ev_run = evosax_pso(ev_swarms, iterations) if "evosax" in peers else None
         if ev_run is not None:
             ev_run()  # compile
             ev_rate = ev_swarms * AGENTS * iterations / min(_timed(ev_run) for _ in range(2))
         plain = steps / best
         rate = max(plain, block_rate or 0.0)
-        rows.append((n, plain, block_rate, rate, np_rate, ps_rate, ev_rate, compile_s))
+        row = dict(
+            swarms=n,
+            plain=plain,
+            blocks=block_rate,
+            rate=rate,
+            numpy=np_rate,
+            pyswarms=ps_rate,
+            evosax=ev_rate,
+            compile_s=compile_s,
+        )
+        rows.append(row)
         print(
             f"{n:>6} swarms: swarmjax {plain / 1e6:8.1f} M agent-steps/s"
             + (f", in blocks {block_rate / 1e6:.1f}" if block_rate else "")
-            + f" (compile {compile_s:.1f} s) | numpy {np_rate / 1e6:6.1f} M/s "
-            f"(x{rate / np_rate:.1f})"
+            + f" (first call, compile + run, {compile_s:.1f} s)"
+            + (f" | numpy {np_rate / 1e6:6.1f} M/s (x{rate / np_rate:.1f})" if np_rate else "")
             + (f" | pyswarms {ps_rate / 1e6:.2f} M/s" if ps_rate else "")
             + (f" | evosax {ev_rate / 1e6:.1f} M/s" if ev_rate else ""),
             flush=True,
         )
-    table = [
+    return rows
+
+
+def table(rows: list[dict]) -> list[str]:
+    """The markdown table of :func:`measure`'s rows."""
+    lines = [
         "| swarms | swarmjax vmap M agent-steps/s | swarmjax in blocks M/s | numpy M/s "
-        "| swarmjax / numpy | pyswarms M/s | evosax M/s | swarmjax / evosax | compile s |",
+        "| swarmjax / numpy | pyswarms M/s | evosax M/s | swarmjax / evosax "
+        "| first call s (compile + run) |",
         "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for n, plain, block_rate, rate, np_rate, ps_rate, ev_rate, comp in rows:
-        block_txt = f"{block_rate / 1e6:.1f}" if block_rate else "-"
-        ps_txt = f"{ps_rate / 1e6:.2f}" if ps_rate else "not installed"
+    for r in rows:
+        rate, np_rate, ev_rate = r["rate"], r["numpy"], r["evosax"]
+        block_txt = f"{r['blocks'] / 1e6:.1f}" if r["blocks"] else "-"
+        np_txt = f"{np_rate / 1e6:.1f} | {rate / np_rate:.1f}" if np_rate else "- | -"
+        ps_txt = f"{r['pyswarms'] / 1e6:.2f}" if r["pyswarms"] else "not installed"
         ev_txt = f"{ev_rate / 1e6:.1f} | {rate / ev_rate:.1f}" if ev_rate else "not installed | -"
-        table.append(
-            f"| {n} | {plain / 1e6:.1f} | {block_txt} | {np_rate / 1e6:.1f} "
-            f"| {rate / np_rate:.1f} | {ps_txt} | {ev_txt} | {comp:.1f} |"
+        lines.append(
+            f"| {r['swarms']} | {r['plain'] / 1e6:.1f} | {block_txt} | {np_txt} "
+            f"| {ps_txt} | {ev_txt} | {r['compile_s']:.1f} |"
         )
+    return lines
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    from swarmjax.device import configure_cpu_flags
+
+    configure_cpu_flags(args.cpu_devices)
+    import jax
+
+    from benchmarks._results import machine, write_section
+
+    print(f"backend: {jax.default_backend()} ({jax.device_count()} device(s))", flush=True)
+    iterations = 200 if args.quick else 1000
+    counts = args.swarms or ([1, 100, 1000] if args.quick else [1, 100, 1000, 10000])
+    ndev = jax.device_count()
+    load_before = os.getloadavg()[0]
+    rows = measure(counts, iterations)
     text = (
         "## pso_throughput (`python -m benchmarks.pso_throughput"
         f"{' --quick' if args.quick else ''}`)\n\n"
@@ -217,7 +259,7 @@ def main(argv=None) -> int:
         "best of 3 (swarmjax) or 2 (evosax) after compilation. 'vmap': all swarms in one "
         f"jit(vmap) sharded over the devices; 'in blocks': each device's swarms in vmapped blocks "
         f"of {BLOCK} under lax.map (cache-sized), used when a device holds more than {BLOCK}; "
-        "ratios use the faster of the two.\n\n" + "\n".join(table)
+        "ratios use the faster of the two.\n\n" + "\n".join(table(rows))
     )
     if not args.no_write:
         write_section("pso_throughput", text)

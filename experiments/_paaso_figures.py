@@ -34,7 +34,8 @@ def _sweep(
         TASK,
         expand_phi(grid),
         out,
-        memory_budget=args.memory_gb * 2**30,
+        memory_budget=None if args.memory_gb is None else args.memory_gb * 2**30,
+        block=args.block,
         progress=not args.no_progress,
     )
     rows, traj = load_trajectories(out)

@@ -16,7 +16,9 @@ that table.  Rerunning with the same options resumes unfinished sweeps (``--rest
 recomputes them).  Options follow ``experiments/_cli.py``; ``--runs`` (not ``--seeds``)
 counts the independent runs per configuration.  Then it prints the time spent: wall,
 kernels, compilations (also ``timing.json``).  Sweeps resume under any ``--memory-gb`` /
-``--cpu-devices`` / process count.
+``--block`` / ``--cpu-devices`` / process count.  ``--block`` and ``--memory-gb`` default
+to the device's sizes (swarmjax.device); the CPU flags (``--cpu-devices``, LLVM -O1) are
+set only when the backend is the CPU.
 """
 
 from __future__ import annotations
@@ -119,14 +121,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--memory-gb",
         type=_cli.positive_float("--memory-gb"),
-        default=1.0,
-        help="device memory per chunk, GiB (default 1)",
+        default=None,
+        help="memory of the runs written per chunk, GiB (default: 1 on the CPU, a quarter of "
+        "the devices' memory on GPU/TPU; swarmjax.device.chunk_budget_bytes)",
+    )
+    p.add_argument(
+        "--block",
+        type=count("--block"),
+        default=None,
+        help="runs per device per compiled call (default: 128 on the CPU, from the device's "
+        "memory on GPU/TPU; swarmjax.device.block_size). Results are bit for bit the same "
+        "for a given backend and block",
     )
     p.add_argument(
         "--cpu-devices",
         type=count("--cpu-devices"),
         default=min(os.cpu_count() or 1, 8),
-        help="split the CPU into this many XLA devices to use every core (default: all)",
+        help="split the CPU into this many XLA devices to use every core (default: all; "
+        "ignored on GPU/TPU)",
     )
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
     dist = p.add_argument_group("several processes (jax.distributed), all three or none")
@@ -143,19 +155,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def _setup_devices(count: int) -> None:
-    """Expose ``count`` CPU devices to XLA and compile at LLVM's -O1 unless ``XLA_FLAGS``
-    says otherwise (must run before JAX starts).
+    """On the CPU backend only, expose ``count`` CPU devices to XLA and compile at LLVM's -O1
+    unless ``XLA_FLAGS`` says otherwise (must run before JAX starts;
+    :func:`swarmjax.device.configure_cpu_flags`).
 
     -O1 halves the compile time of a PAASO program (8 -> 4.5 s for a voting one) at about the
     same kernel speed (0-13 % slower, within the shared machine's noise): with ~10 programs
     against ~1 min of kernels, compilation is most of the default run (docs/paaso_speed.md).
     """
-    flags = os.environ.get("XLA_FLAGS", "")
-    if "xla_force_host_platform_device_count" not in flags and count > 1:
-        flags = f"{flags} --xla_force_host_platform_device_count={count}"
-    if "xla_backend_optimization_level" not in flags:
-        flags = f"{flags} --xla_backend_optimization_level=1"
-    os.environ["XLA_FLAGS"] = flags.strip()
+    from swarmjax.device import configure_cpu_flags
+
+    configure_cpu_flags(count, optimization_level=1)
 
 
 def _timing(wall: float) -> dict[str, float]:
@@ -170,6 +180,7 @@ def _timing(wall: float) -> dict[str, float]:
         "devices": jax.device_count(),
         "processes": jax.process_count(),
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
+        "device_kind": jax.devices()[0].device_kind,
         "wall_s": wall,
         "kernel_s": STATS.kernel_seconds,
         "compile_s": STATS.compile_seconds,

@@ -6,9 +6,11 @@ task may let several groups share one compiled *program*: ``task.program(static)
 group's static values into the program's and unbatched data the chunk passes to it (PAASO:
 the benchmark function and the voting strategy are data).  The runner expands the grid,
 groups it, cuts each group into chunks sized to a memory budget, runs each chunk as calls
-of one fixed-size *block* (:data:`BLOCK` runs per device, cache-sized; the last call
-padded), shards each block over the process's devices when there are several, and writes
-each finished chunk to disk at once (``parts/<chunk>.csv`` plus ``parts/<chunk>.npz`` with
+of one fixed-size *block* of runs per device (the last call padded; by default from the
+device, :func:`swarmjax.device.block_size`: the CPU's cache-sized :data:`BLOCK` = 128, on a
+GPU/TPU as many as a share of its memory holds; ``run_sweep(block=...)`` overrides),
+shards each block over the process's devices when there are several, and writes each
+finished chunk to disk at once (``parts/<chunk>.csv`` plus ``parts/<chunk>.npz`` with
 per-run arrays, written to a temporary name and renamed).  One block size means one
 compilation per program, whatever the chunk sizes.
 
@@ -23,10 +25,13 @@ contiguous slices of every group's runs (a function of the grid only), runs them
 own devices and writes into the same folder; the union is the one-process sweep.
 
 Every run's key is ``jax.random.key(seed)`` from its own ``seed`` grid value, and every
-run is computed in a block of the same shape, so a run's result does not depend on what
-else is in its chunk, on the chunking or on the device count (batch invariance, bit for
-bit: XLA's CPU code rounds some reductions and transcendentals differently at other batch
-widths, so a fixed block is what makes this exact); runs with the same seed in different
+run of a program is computed in a block of the same shape, so on a given backend and block
+size a run's result does not depend on what else is in its chunk, on the chunking or on the
+device count (batch invariance, bit for bit: XLA rounds some reductions and transcendentals
+differently at other batch widths, since it tiles and vectorises them by shape, so a fixed
+block is what makes this exact; another block size or backend may differ at float
+rounding).  The default block depends only on the task's per-run footprint and the device,
+never on the rest of the sweep; runs with the same seed in different
 configurations share random streams (common random numbers).
 """
 
@@ -48,10 +53,12 @@ import pandas as pd
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from tqdm.auto import tqdm
 
+from swarmjax import device
 from swarmjax._validation import check_int, check_positive
 from swarmjax.resume import write_atomic
 
 __all__ = [
+    "BLOCK",
     "STATS",
     "Chunk",
     "RunnerStats",
@@ -192,28 +199,48 @@ def plan(
     task: SweepTask,
     grid: Mapping[str, Any],
     *,
-    memory_budget: float = 2**30,
+    memory_budget: float | None = None,
     num_devices: int | None = None,
     done: Set[str] = frozenset(),
     process_index: int = 0,
     process_count: int = 1,
+    block: int | None = None,
 ) -> list[Chunk]:
     """Expand ``grid`` into the chunks still to run (validating every configuration first).
 
     ``grid`` maps each key to a value or a list; ``seed`` lists the run seeds.  Chunks hold
-    at most ``memory_budget`` bytes of runs (by ``task.bytes_per_run``), rounded to a
-    multiple of the device count (default: this process's devices).  Runs whose id is in
-    ``done`` are left out; with ``process_count > 1`` only this process's slice of every
-    group is planned.
+    at most ``memory_budget`` bytes of runs (by ``task.bytes_per_run``; default
+    :func:`swarmjax.device.chunk_budget_bytes`), rounded to a multiple of the device count
+    (default: this process's devices), and run in calls of ``block`` runs per device
+    (default :func:`swarmjax.device.block_size` of the group's ``bytes_per_run``).  Runs
+    whose id is in ``done`` are left out; with ``process_count > 1`` only this process's
+    slice of every group is planned.
     """
-    check_positive("memory_budget", memory_budget)
+    memory_budget, block = _sizes(memory_budget, block)
     check_int("process_count", process_count, minimum=1)
     check_int("process_index", process_index, minimum=0)
     if process_index >= process_count:
         raise ValueError(f"process_index must be < process_count; got {process_index}")
     return _chunks(
-        task, _expand(task, grid), memory_budget, num_devices, done, process_index, process_count
+        task,
+        _expand(task, grid),
+        memory_budget,
+        num_devices,
+        done,
+        process_index,
+        process_count,
+        block,
     )
+
+
+def _sizes(memory_budget: float | None, block: int | None) -> tuple[float, int | None]:
+    """Checked ``memory_budget`` (default: the device's) and ``block`` (None: per group)."""
+    if memory_budget is None:
+        memory_budget = device.chunk_budget_bytes()
+    check_positive("memory_budget", memory_budget)
+    if block is not None:
+        check_int("block", block, minimum=1)
+    return memory_budget, block
 
 
 def _chunks(
@@ -224,6 +251,7 @@ def _chunks(
     done: Set[str],
     process_index: int,
     process_count: int,
+    block: int | None = None,
 ) -> list[Chunk]:
     """:func:`plan` for groups already expanded (and validated) by :func:`_expand`."""
     ndev = num_devices or jax.local_device_count()
@@ -232,6 +260,7 @@ def _chunks(
         gid = _group_id(group.static)
         total = len(group.seeds)
         per_run = max(1, int(task.bytes_per_run(group.static)))
+        per_device = block if block is not None else device.block_size(per_run)
         size = max(1, min(total, int(memory_budget // per_run)))
         size = -(-size // ndev) * ndev
         lo = total * process_index // process_count
@@ -253,7 +282,7 @@ def _chunks(
                     static=group.static,
                     numeric=numeric,
                     seeds=np.asarray([group.seeds[j] for j in members], np.int64),
-                    block=BLOCK * ndev,
+                    block=per_device * ndev,
                     run_ids=run_ids,
                 )
             )
@@ -272,11 +301,12 @@ def _pad(values: np.ndarray, size: int) -> np.ndarray:
 # program's static values (task.program; the task is held to pin its id).
 _COMPILED: dict[tuple[int, str, int], tuple[SweepTask, Callable[..., Any]]] = {}
 
-BLOCK = 128
-"""Runs per device per call.  A PAASO voting program (50 agents, f4) runs as fast at 128
-runs per device as at 512 or 1,024, and 20 % slower at 64 (docs/paaso_speed.md).  One
-block for every chunk: one compiled executable per program, and the same numbers for a
-run whatever its chunk (see the module docstring)."""
+BLOCK = device.CPU_BLOCK
+"""Runs per device per call on the CPU (the default there; :data:`swarmjax.device.CPU_BLOCK`).
+A PAASO voting program (50 agents, f4) runs as fast at 128 runs per device as at 512 or
+1,024, and 20 % slower at 64 (docs/paaso_speed.md).  One block for every chunk of a
+program: one compiled executable per program, and the same numbers for a run whatever its
+chunk (see the module docstring)."""
 
 
 @dataclass
@@ -385,11 +415,20 @@ def run_sweep(
     grid: Mapping[str, Any],
     out_dir: str | os.PathLike[str],
     *,
-    memory_budget: float = 2**30,
+    memory_budget: float | None = None,
     max_chunks: int | None = None,
     progress: bool = True,
+    block: int | None = None,
 ) -> pd.DataFrame:
     """Run (or resume) a sweep, writing each chunk to ``out_dir/parts/`` as it finishes.
+
+    ``memory_budget``: bytes of runs per chunk (default
+    :func:`swarmjax.device.chunk_budget_bytes`: 1 GiB on the CPU, a share of the devices'
+    memory on GPU/TPU).  ``block``: runs per device per compiled call (default
+    :func:`swarmjax.device.block_size`: 128 on the CPU, from the device's memory on GPU/TPU);
+    a run's numbers are bit for bit the same alone or in any sweep for a given backend and
+    block, and may differ at float rounding under another block.  Resuming under another
+    budget, block or device count is fine: runs are identified by content.
 
     ``max_chunks`` stops after that many newly run chunks (a time box; rerun to continue).
     Under ``jax.distributed`` every process calls this with the same arguments and runs its
@@ -398,7 +437,7 @@ def run_sweep(
     """
     out = Path(out_dir)
     rank, processes = jax.process_index(), jax.process_count()
-    check_positive("memory_budget", memory_budget)
+    memory_budget, block = _sizes(memory_budget, block)
     groups = _expand(task, grid)  # validate before touching the folder
     parts = out / "parts"
     if rank == 0:
@@ -408,7 +447,7 @@ def run_sweep(
     if rank != 0:
         _check_manifest(out, task, grid, write=False)
     done = finished_run_ids(out)
-    chunks = _chunks(task, groups, memory_budget, None, done, rank, processes)
+    chunks = _chunks(task, groups, memory_budget, None, done, rank, processes, block)
     todo = chunks[:max_chunks] if max_chunks is not None else chunks
     compiled = _Compiled(task)
     bar = tqdm(
