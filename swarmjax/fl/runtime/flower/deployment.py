@@ -9,6 +9,7 @@ on an error or a failed test) terminates each process tree, then kills what is l
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -23,9 +24,9 @@ from typing import Any
 import psutil
 
 import swarmjax
-from swarmjax.fl.runtime.flower.relay import PID_FILE
+from swarmjax.fl.runtime.flower.relay import PID_FILE, start_worker
 
-__all__ = ["APP_DIR", "LocalDeployment", "flower_bin", "free_port"]
+__all__ = ["APP_DIR", "LocalDeployment", "flower_bin", "free_port", "run_simulation"]
 
 REPO = Path(swarmjax.__file__).resolve().parents[1]
 APP_DIR = REPO / "flower_app"
@@ -222,6 +223,9 @@ class LocalDeployment:
             f"node{partition}.log",
         )
         self.nodes[partition] = proc
+        # its worker starts now (JAX's and swarmjax's imports overlap the node's start and
+        # the run's submission) and exits with the node; if it dies, the ClientApp starts one
+        start_worker(self.worker_dir(partition), proc.pid)
         return proc
 
     def worker_dir(self, partition: int) -> Path:
@@ -290,18 +294,7 @@ class LocalDeployment:
     def finish(self, proc: psutil.Popen, timeout: float = 300.0) -> str:
         """Wait for a run started by :meth:`start_run`; its output. Raises ``RuntimeError``
         (with the output) if it fails or takes longer than ``timeout`` seconds."""
-        try:
-            out, _ = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            _kill_tree(proc, graceful=False)
-            out = proc.communicate()[0]
-            raise RuntimeError(
-                f"flwr run took more than {timeout} s:\n{out.decode()[-4000:]}"
-            ) from None
-        text = out.decode(errors="replace")
-        if proc.returncode != 0:
-            raise RuntimeError(f"flwr run failed ({proc.returncode}):\n{text[-4000:]}")
-        return text
+        return _finish(proc, timeout)
 
     def run(self, run_config: dict[str, Any], app: Path = APP_DIR, timeout: float = 300.0) -> str:
         """Run to the end (:meth:`start_run` then :meth:`finish`); the CLI's output."""
@@ -313,6 +306,59 @@ class LocalDeployment:
         for path in sorted(self.workdir.glob("*.log")):
             parts.append(f"== {path.name}\n{path.read_text(errors='replace')[-3000:]}")
         return "\n".join(parts)
+
+
+def _finish(proc: psutil.Popen, timeout: float) -> str:
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill_tree(proc, graceful=False)
+        out = proc.communicate()[0]
+        raise RuntimeError(
+            f"flwr run took more than {timeout} s:\n{out.decode()[-4000:]}"
+        ) from None
+    text = out.decode(errors="replace")
+    if proc.returncode != 0:
+        raise RuntimeError(f"flwr run failed ({proc.returncode}):\n{text[-4000:]}")
+    return text
+
+
+def run_simulation(
+    run_config: dict[str, Any],
+    num_supernodes: int,
+    app: Path = APP_DIR,
+    timeout: float = 1800.0,
+    pythonpath: tuple[str, ...] = (),
+) -> str:
+    """Run ``app`` on Flower's Simulation Runtime (``flwr run app local --federation-config
+    num-supernodes=N``; needs ``flwr[simulation]``, i.e. Ray): a SuperLink in simulation
+    mode that Flower's CLI starts on free ports with its own ``FLWR_HOME``, stopped after.
+    Node ``i`` gets ``partition-id = i``; the ClientApps live in Ray actors, which stay up
+    between messages, so the ClientApp answers in its own process (no worker). Returns
+    the CLI's output; ``pythonpath``: extra entries for the processes (e.g. where Ray is)."""
+    home = Path(tempfile.mkdtemp(prefix="swarmjax-flower-sim-"))
+    folder = flower_bin()
+    env = dict(os.environ)
+    env["FLWR_HOME"] = str(home)
+    env["PATH"] = os.pathsep.join([str(folder), env.get("PATH", "")]).rstrip(os.pathsep)
+    paths = [str(REPO), *pythonpath, env.get("PYTHONPATH", "")]
+    env["PYTHONPATH"] = os.pathsep.join(paths).rstrip(os.pathsep)
+    ports = {"FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": free_port()}
+    ports["FLWR_LOCAL_CONTROL_API_PORT"] = free_port()
+    env |= {k: str(v) for k, v in ports.items()}
+    cmd = [str(folder / "flwr"), "run", str(app), "local", "--stream"]
+    cmd += ["--federation-config", f"num-supernodes={num_supernodes}"]
+    cmd += ["--run-config", config_arg(run_config)]
+    proc = psutil.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=home)
+    try:
+        return _finish(proc, timeout)
+    finally:
+        # the CLI started the SuperLink detached: find it by its ports, stop its tree
+        for conn in psutil.net_connections(kind="tcp"):
+            if conn.status == "LISTEN" and conn.laddr.port in ports.values() and conn.pid:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    _kill_tree(psutil.Process(conn.pid), graceful=True)
+        shutil.rmtree(home, ignore_errors=True)
 
 
 def _kill_tree(proc: psutil.Process, graceful: bool) -> None:

@@ -51,13 +51,15 @@ __all__ = [
     "pack_message",
     "receive",
     "send",
+    "start_worker",
     "unpack",
     "unpack_message",
     "worker_dir",
 ]
 
 STATE_KEY = "swarmjax.state"  # = swarmjax.fl.runtime.flower.client.STATE_KEY
-SOCKET, PID_FILE, LOG_FILE, LOCK_FILE = "worker.sock", "worker.pid", "worker.log", "lock"
+SOCKET, PID_FILE, LOG_FILE = "worker.sock", "worker.pid", "worker.log"
+LOCK_FILE, ALIVE_FILE = "lock", "worker.lock"  # starters' lock; held by the live worker
 START_TIMEOUT = 300.0  # seconds for a fresh worker to listen (Python + imports, loaded CPU)
 _HEADER = struct.Struct("!Q")
 
@@ -170,9 +172,16 @@ def _connect(folder: Path) -> socket.socket | None:
     return sock
 
 
-def _start_worker(folder: Path, idle_timeout: float) -> subprocess.Popen:
+def start_worker(folder: Path, watch: int, idle_timeout: float = 1800.0) -> subprocess.Popen:
+    """Start a worker for the node whose folder is ``folder`` (detached, in its own
+    session), exiting when process ``watch`` is gone; one that finds another worker alive
+    in ``folder`` exits at once (status 0)."""
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(folder, 0o700)
+    if len(str(folder / SOCKET)) > 100:
+        raise WorkerError(f"worker-dir {folder} is too long for a Unix socket path")
     args = [sys.executable, "-m", "swarmjax.fl.runtime.flower.worker", str(folder)]
-    args += ["--watch", str(os.getppid()), "--idle-timeout", str(idle_timeout)]
+    args += ["--watch", str(watch), "--idle-timeout", str(idle_timeout)]
     with open(folder / LOG_FILE, "ab") as log:
         return subprocess.Popen(
             args,
@@ -190,18 +199,17 @@ def _worker(folder: Path, idle_timeout: float) -> socket.socket:
     if sock is not None:
         return sock
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-    os.chmod(folder, 0o700)
-    if len(str(folder / SOCKET)) > 100:
-        raise WorkerError(f"worker-dir {folder} is too long for a Unix socket path")
     with open(folder / LOCK_FILE, "w") as lock:  # one starter per node at a time
         fcntl.flock(lock, fcntl.LOCK_EX)
         sock = _connect(folder)
         if sock is not None:
             return sock
-        proc = _start_worker(folder, idle_timeout)
+        # the worker watches this ClientApp's parent: the node's SuperExec
+        proc = start_worker(folder, os.getppid(), idle_timeout)
         deadline = time.monotonic() + START_TIMEOUT
         while (sock := _connect(folder)) is None:
-            if proc.poll() is not None or time.monotonic() > deadline:
+            # status 0: another worker was alive in the folder (it is binding its socket)
+            if proc.poll() not in (None, 0) or time.monotonic() > deadline:
                 tail = (folder / LOG_FILE).read_text(errors="replace")[-3000:]
                 raise WorkerError(f"the swarmjax worker did not start ({folder}):\n{tail}")
             time.sleep(0.02)

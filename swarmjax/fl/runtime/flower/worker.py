@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fcntl
 import os
 import socket
 import time
@@ -23,6 +24,7 @@ import traceback
 from pathlib import Path
 
 from swarmjax.fl.runtime.flower.relay import (
+    ALIVE_FILE,
     PID_FILE,
     SOCKET,
     pack_message,
@@ -56,9 +58,10 @@ def _bind(folder: Path) -> socket.socket:
 
 
 def _handle(conn: socket.socket) -> None:
-    from swarmjax.fl.runtime.flower.client import answer  # JAX: after the socket listens
+    from swarmjax.fl.runtime.flower.client import answer
 
     header, content, stored = unpack_message(receive(conn))
+    t0 = time.perf_counter()
     try:
         out, state = answer(
             header["kind"], content, stored, header["run_config"], header["node_config"]
@@ -68,13 +71,21 @@ def _handle(conn: socket.socket) -> None:
         traceback.print_exc()
         frame = pack_message({"error": repr(err)}, {}, None)
     send(conn, frame)
+    print(f"{header['kind']}: {time.perf_counter() - t0:.3f} s", flush=True)
 
 
 def serve(folder: Path, watch: int | None, idle_timeout: float, tick: float = 0.5) -> None:
     """Answer requests on ``folder``'s socket until ``watch`` dies or ``idle_timeout``
-    seconds pass without one."""
+    seconds pass without one; at once if another worker is alive in ``folder``."""
+    alive = open(folder / ALIVE_FILE, "w")  # locked while this worker lives
+    try:
+        fcntl.flock(alive, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return
     server = _bind(folder)
     (folder / PID_FILE).write_text(str(os.getpid()))
+    import swarmjax.fl.runtime.flower.client  # noqa: F401  JAX, while requests queue
+
     server.settimeout(tick)
     last = time.monotonic()
     try:
