@@ -75,11 +75,13 @@ def worker_grid(tmp_path):
 def test_workers_give_the_simulators_numbers_and_survive_a_restart(worker_grid):
     cfg, grid, tmp = worker_grid
     seen = {"n": 0}
+    pid_file = tmp / "w1" / relay.PID_FILE
 
     def kill_worker_after_round_one(reply: Message) -> Message:
         seen["n"] += 1  # 1: hello, 2: round 1
         if seen["n"] == 2:
-            os.kill(int((tmp / "w1" / relay.PID_FILE).read_text()), signal.SIGKILL)
+            seen["pid"] = int(pid_file.read_text())
+            os.kill(seen["pid"], signal.SIGKILL)
         return reply
 
     grid.nodes[101].rewrite = kill_worker_after_round_one
@@ -87,6 +89,7 @@ def test_workers_give_the_simulators_numbers_and_survive_a_restart(worker_grid):
     assert (run.messages["status"] == "ok").all()
     assert_same_run(run, simulated(cfg))
     # node 1's worker was started again (its log holds both lives); the state came along
+    assert int(pid_file.read_text()) != seen["pid"]
     log = (tmp / "w1" / relay.LOG_FILE).read_text()
     assert log.count("hello:") == 1 and log.count("exchange:") == 2
     assert "exchange:" in (tmp / "w0" / relay.LOG_FILE).read_text()

@@ -23,9 +23,11 @@ leave JAX's configuration alone), so a restarted worker or a later run loads the
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -116,6 +118,20 @@ def _run_exchange(
     return out, to_record(state)
 
 
+@contextlib.contextmanager
+def _compiling(cache_dir: str | os.PathLike) -> Iterator[None]:
+    """One node at a time compiles into a cache folder: nodes that share a machine (and
+    its cache) compile the run's functions once, the others then load them (same programs:
+    every partition is padded to the same shapes)."""
+    if not str(cache_dir):
+        yield
+        return
+    Path(cache_dir).mkdir(parents=True, exist_ok=True)
+    with open(Path(cache_dir) / ".swarmjax-compile.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 def _warm_up(task: Task, pid: int) -> None:
     """Compile every client function of the run into the persistent cache (during the
     join phase, whose timeout is long, so that exchanges only load executables)."""
@@ -150,7 +166,8 @@ def answer(
     task = load_task(run_config)
     pid = partition_id(node_config, task.num_clients)
     if kind == "hello":
-        _warm_up(task, pid)
+        with _compiling(node_config.get("jax-cache-dir", DEFAULT_CACHE)):
+            _warm_up(task, pid)
         return RecordDict({"hello": ConfigRecord({"partition-id": pid})}), None
     if kind == "exchange":
         return _run_exchange(task, pid, stored, content)

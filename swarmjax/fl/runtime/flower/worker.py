@@ -70,8 +70,8 @@ def _handle(conn: socket.socket) -> None:
     except Exception as err:  # the relay raises it in the ClientApp: an error reply
         traceback.print_exc()
         frame = pack_message({"error": repr(err)}, {}, None)
-    send(conn, frame)
     print(f"{header['kind']}: {time.perf_counter() - t0:.3f} s", flush=True)
+    send(conn, frame)
 
 
 def serve(folder: Path, watch: int | None, idle_timeout: float, tick: float = 0.5) -> None:
