@@ -1,106 +1,196 @@
-"""Round time over Flower against the simulator, measured in one run.
+"""Seconds per message exchange over Flower: swarmjax's app against Flower's own floor
+(a trivial echo app) on the same deployment, and against the simulator.
 
-The same task (FedAvg on scikit-learn's digits, 3 clients, ``--rounds`` rounds) runs
+On one :class:`~swarmjax.fl.runtime.flower.deployment.LocalDeployment` (SuperLink + 3
+SuperNodes as processes on 127.0.0.1):
 
-* in the vectorised simulator (one process, clients under ``vmap``; the time of a second,
-  already compiled call divided by the rounds), and
-* on a real deployment: SuperLink + 3 SuperNodes as separate processes on 127.0.0.1
-  (:class:`~swarmjax.fl.runtime.flower.deployment.LocalDeployment`), the round time the ServerApp
-  measured (send, the nodes' ClientApp processes, replies, aggregate, evaluate). The nodes
-  compile while joining (before round 1); every round loads the executables from the
-  persistent cache.
+* the floor: ``benchmarks/flower_floor_app`` (numpy only, no JAX; the ClientApp echoes an
+  array of the model's size) makes the same exchanges as FedAvg, one per round;
+* FedAvg on digits (``flower_app``), ``--rounds`` rounds; seconds per round as the
+  ServerApp measured them (send, the nodes' ClientApps, replies, aggregate, evaluate);
+* the floor again (the machine is shared: the two floor runs bracket swarmjax's).
+
+Then, on a fresh deployment of 4 SuperNodes, Fed-DP-PSO (two exchanges a round) for 2
+rounds with a fresh JAX cache: the whole ``flwr run`` (ServerApp start, the nodes'
+compilation while joining, both rounds) and its seconds per exchange, beside the floor
+app making two exchanges a round. The simulator's figure is a second, compiled call
+divided by the rounds. The workers' own seconds per message come from their logs.
 
 ``python -m benchmarks.flower_round [--quick]`` writes the ``flower_round`` section of
-RESULTS.md.
+RESULTS.md (``--no-write``: print only).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import re
 import tempfile
 import time
 from pathlib import Path
 
+import jax
 import numpy as np
 
 from benchmarks._results import machine, write_section
 from swarmjax.fl.runtime.flower.deployment import LocalDeployment
+from swarmjax.fl.runtime.flower.records import payload_bytes
 from swarmjax.fl.runtime.flower.server import read_run
 from swarmjax.fl.runtime.flower.task import load_task, simulate_task
+
+FLOOR_APP = Path(__file__).resolve().parent / "flower_floor_app"
+TASK = "swarmjax.fl.runtime.flower.tasks:digits"
 
 
 def _simulator_round(config: dict) -> float:
     task = load_task(config)
-
-    def once() -> None:
-        simulate_task(task)
-
-    once()  # compile
+    simulate_task(task)  # compile
     t0 = time.perf_counter()
-    once()
+    simulate_task(task)
     return (time.perf_counter() - t0) / task.rounds
+
+
+def _model_size(config: dict) -> int:
+    """float32 values in the first exchange's Request (the model FedAvg sends)."""
+    task = load_task(config)
+    ex = (task.algorithm.setup + task.algorithm.exchanges)[0]
+    return payload_bytes(jax.eval_shape(ex.request, task.server_like)) // 4
+
+
+def floor(dep: LocalDeployment, out: Path, rounds: int, exchanges: int, size: int) -> np.ndarray:
+    """Seconds per exchange of each round of the trivial app over ``dep``'s nodes."""
+    config = {
+        "num-clients": len(dep.nodes),
+        "rounds": rounds,
+        "exchanges": exchanges,
+        "size": size,
+        "out-dir": str(out),
+    }
+    dep.run(config, app=FLOOR_APP, timeout=1800)
+    return np.asarray(json.loads((out / "floor.json").read_text())["seconds"]) / exchanges
+
+
+def swarmjax_run(dep: LocalDeployment, config: dict) -> tuple[np.ndarray, float]:
+    """Seconds per exchange of each round of ``config`` over ``dep``, and the whole
+    ``flwr run``'s seconds."""
+    t0 = time.perf_counter()
+    dep.run(config, timeout=1800)
+    whole = time.perf_counter() - t0
+    task = load_task(config)
+    run = read_run(config["out-dir"], task)
+    per_round = len(task.algorithm.exchanges)
+    return run.operator.rounds["seconds"].to_numpy() / per_round, whole
+
+
+def worker_seconds(dep: LocalDeployment) -> list[float]:
+    """Seconds the workers spent on each exchange (their logs)."""
+    out = []
+    for partition in dep.partitions_seen:
+        log = dep.worker_dir(partition) / "worker.log"
+        text = log.read_text() if log.exists() else ""
+        out += [float(s) for s in re.findall(r"^exchange: ([0-9.]+) s$", text, re.M)]
+    return out
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="2 rounds instead of 5")
+    parser.add_argument("--quick", action="store_true", help="3 FedAvg rounds instead of 6")
     parser.add_argument("--rounds", type=int, default=None)
+    parser.add_argument(
+        "--task-poll-interval",
+        type=float,
+        default=LocalDeployment.task_poll_interval,
+        help="FLWR_SUPEREXEC_TASK_POLL_INTERVAL of the nodes (Flower's default: 1)",
+    )
+    parser.add_argument("--no-pso", action="store_true", help="skip the Fed-DP-PSO run")
+    parser.add_argument("--no-write", action="store_true", help="print, do not write RESULTS.md")
     args = parser.parse_args(argv)
-    rounds = args.rounds or (2 if args.quick else 5)
+    rounds = args.rounds or (3 if args.quick else 6)
     if rounds < 2:
-        parser.error(f"--rounds must be >= 2 (round 1 compiles); got {rounds}")
+        parser.error(f"--rounds must be >= 2 (round 1 loads the executables); got {rounds}")
+    load = [os.getloadavg()[0]]
     with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "out"
-        config = {
-            "task": "swarmjax.fl.runtime.flower.tasks:digits",
-            "algorithm": "fedavg",
-            "rounds": rounds,
-            "out-dir": str(out),
-        }
+        tmp = Path(tmp)
+        config = {"task": TASK, "algorithm": "fedavg", "rounds": rounds, "out-dir": str(tmp / "a")}
         sim = _simulator_round(config)
+        size = _model_size(config)
+        node_config = {"jax-cache-dir": str(tmp / "cache")}
+        poll = args.task_poll_interval
         t0 = time.perf_counter()
-        with LocalDeployment(node_config={"jax-cache-dir": str(Path(tmp) / "cache")}) as dep:
+        with LocalDeployment(node_config=node_config, task_poll_interval=poll) as dep:
             started = time.perf_counter() - t0
-            t1 = time.perf_counter()
-            dep.run(config, timeout=1800)
-            whole = time.perf_counter() - t1
-        run = read_run(out, load_task(config))
-    secs = run.operator.rounds["seconds"].to_numpy()
-    later = float(np.median(secs[1:]))
+            floor_a = floor(dep, tmp / "f1", rounds, 1, size)
+            fedavg, fedavg_whole = swarmjax_run(dep, config)
+            floor_b = floor(dep, tmp / "f2", rounds, 1, size)
+            work = worker_seconds(dep)
+        load.append(os.getloadavg()[0])
+        pso = None
+        if not args.no_pso:
+            pso_config = {
+                "task": TASK,
+                "algorithm": "fed-dp-pso",
+                "num-clients": 4,
+                "rounds": 2,
+                "out-dir": str(tmp / "p"),
+            }
+            node_config = {"jax-cache-dir": str(tmp / "cache-pso")}  # cold: compiles
+            with LocalDeployment((0, 1, 2, 3), node_config, task_poll_interval=poll) as dep:
+                pso_floor = floor(dep, tmp / "f3", 2, 2, size)
+                pso_exchange, pso_whole = swarmjax_run(dep, pso_config)
+                work_pso = worker_seconds(dep)
+            pso = (pso_floor, pso_exchange, pso_whole, work_pso)
+            load.append(os.getloadavg()[0])
+
+    later = float(np.median(fedavg[1:]))
+    floor_all = np.concatenate([floor_a[1:], floor_b[1:]])
+    floor_med = float(np.median(floor_all))
     rows = [
-        "| runtime | seconds per round | vs simulator |",
-        "|---|---|---|",
-        f"| simulator (vmap over 3 clients, compiled) | {sim:.4f} | 1x |",
-        f"| Flower, round 1 | {secs[0]:.2f} | {secs[0] / sim:,.0f}x |",
-        f"| Flower, later rounds (median) | {later:.2f} | {later / sim:,.0f}x |",
+        "| runtime | seconds per exchange | vs Flower's floor | vs simulator |",
+        "|---|---|---|---|",
+        f"| simulator (vmap over 3 clients, compiled; one round) | {sim:.4f} | | 1x |",
+        f"| Flower's floor: trivial echo app (median; runs before and after swarmjax's) "
+        f"| {floor_med:.2f} | 1x | {floor_med / sim:,.0f}x |",
+        f"| swarmjax FedAvg, round 1 | {fedavg[0]:.2f} | {fedavg[0] / floor_med:.2f}x "
+        f"| {fedavg[0] / sim:,.0f}x |",
+        f"| swarmjax FedAvg, later rounds (median) | {later:.2f} | {later / floor_med:.2f}x "
+        f"| {later / sim:,.0f}x |",
     ]
-    bytes_per_round = int(run.history["bytes_up"].iloc[0] + run.history["bytes_down"].iloc[0])
-    wire = int(run.operator.messages["wire_up"].sum() + run.operator.messages["wire_down"].sum())
-    payload = int(
-        run.operator.messages["bytes_up"].sum() + run.operator.messages["bytes_down"].sum()
-    )
-    text = "\n".join(
-        [
-            "## flower_round",
+    lines = [
+        "## flower_round",
+        "",
+        f"`python -m benchmarks.flower_round{' --quick' if args.quick else ''}` on "
+        f"{machine()}. SuperLink + 3 SuperNodes as processes on 127.0.0.1 (started in "
+        f"{started:.1f} s), `FLWR_SUPEREXEC_TASK_POLL_INTERVAL={poll:g}`; FedAvg on digits, "
+        f"{rounds} rounds (`flwr run` {fedavg_whole:.1f} s in all); the floor app made the "
+        f"same {rounds} exchanges with a {size:,}-value float32 array, once before and once "
+        f"after. Load average {', '.join(f'{x:.1f}' for x in load)} (start, after FedAvg, "
+        "after Fed-DP-PSO; the 2 cores were shared).",
+        "",
+        *rows,
+        "",
+        f"Floor per exchange, each run: {np.round(floor_a, 2).tolist()} and "
+        f"{np.round(floor_b, 2).tolist()}; swarmjax FedAvg: {np.round(fedavg, 2).tolist()}. "
+        f"The workers spent {np.median(work):.3f} s (median; max {max(work):.3f} s) on an "
+        "exchange: the rest of swarmjax's seconds is Flower's (SuperNode poll, SuperExec "
+        "poll, the `flwr-clientapp` process) plus the ServerApp's aggregate and evaluate.",
+    ]
+    if pso is not None:
+        pso_floor, pso_exchange, pso_whole, work_pso = pso
+        pf, pe = float(np.median(pso_floor)), float(np.median(pso_exchange))
+        lines += [
             "",
-            f"`python -m benchmarks.flower_round{' --quick' if args.quick else ''}` on "
-            f"{machine()}. FedAvg, digits, 3 SuperNodes + SuperLink as processes on "
-            f"127.0.0.1, {rounds} rounds; SuperLink and nodes started in {started:.1f} s, "
-            f"`flwr run` took {whole:.1f} s in all. Load average at the end "
-            f"{os.getloadavg()[0]:.1f} (the machine was shared).",
-            "",
-            *rows,
-            "",
-            f"Bytes per round (arrays, = the simulator's accounting): {bytes_per_round:,}; "
-            f"on the wire with np.save headers and field names: +{wire / payload - 1:.1%}. "
-            "A Flower round is dominated by the one-process-per-message ClientApp of flwr "
-            "1.41 (Python + JAX start-up and the task's data each message), not by the "
-            "algorithm; the simulator's figure is what the same arithmetic costs.",
+            f"Fed-DP-PSO, 4 SuperNodes, 2 rounds (2 exchanges a round), fresh JAX cache: "
+            f"`flwr run` took {pso_whole:.1f} s in all (ServerApp start, the nodes' "
+            f"compilation while joining, both rounds); {pe:.2f} s per exchange (rounds: "
+            f"{np.round(pso_exchange, 2).tolist()}) against the floor app's {pf:.2f} s on the "
+            f"same 4 nodes ({pe / pf:.2f}x); the workers spent {np.median(work_pso):.3f} s "
+            "(median) per exchange.",
         ]
-    )
+    text = "\n".join(lines)
     print(text)
-    write_section("flower_round", text)
+    if not args.no_write:
+        write_section("flower_round", text)
 
 
 if __name__ == "__main__":

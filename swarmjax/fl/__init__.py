@@ -15,10 +15,7 @@ See ``docs/federated.md``. Every name below is imported on first access, so
 
 import importlib
 
-from swarmjax.fl import data
-
 _LAZY = {
-    **dict.fromkeys(data.__all__, "data"),
     "LocalTraining": "client.training",
     "RecordDP": "client.training",
     "Algorithm": "protocol",
@@ -42,16 +39,23 @@ _LAZY = {
 }
 
 
+def _data_names() -> list[str]:
+    return list(importlib.import_module("swarmjax.fl.data").__all__)
+
+
 def __getattr__(name: str):
-    if name in _LAZY:
-        value = getattr(importlib.import_module(f"swarmjax.fl.{_LAZY[name]}"), name)
+    # swarmjax.fl.data's names too, imported only when one is asked for (it imports JAX)
+    if name == "__all__":
+        return sorted({*_LAZY, *_data_names()})
+    module = _LAZY.get(name)
+    if module is None and not name.startswith("_") and name in _data_names():
+        module = "data"
+    if module is not None:
+        value = getattr(importlib.import_module(f"swarmjax.fl.{module}"), name)
         globals()[name] = value
         return value
     raise AttributeError(f"module 'swarmjax.fl' has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
-
-
-__all__ = sorted(_LAZY)
+    return sorted(set(globals()) | set(_LAZY) | set(_data_names()))

@@ -1,7 +1,18 @@
 """Runtimes that execute any protocol algorithm: the in-process simulator (the Flower
-runtime, ``swarmjax.fl.runtime.flower``, sits beside it)."""
+runtime, ``swarmjax.fl.runtime.flower``, sits beside it). Names are imported on first
+access, so a light submodule (the Flower relay ClientApp) does not pull in JAX."""
 
-from swarmjax.fl.runtime.result import PrivacyRecord, Result
-from swarmjax.fl.runtime.simulator import simulate
+import importlib
 
-__all__ = ["PrivacyRecord", "Result", "simulate"]
+_LAZY = {"PrivacyRecord": "result", "Result": "result", "simulate": "simulator"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        value = getattr(importlib.import_module(f"swarmjax.fl.runtime.{_LAZY[name]}"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'swarmjax.fl.runtime' has no attribute {name!r}")
+
+
+__all__ = sorted(_LAZY)

@@ -12,31 +12,36 @@ Messages it answers (the ServerApp sends them, :mod:`swarmjax.fl.runtime.flower.
   ``spend`` (the client's :class:`~swarmjax.fl.protocol.Spend`: counts and rates, public).
 
 The client's state (its swarm, optimiser state, accountant) is stored as an ``ArrayRecord``
-in ``context.state`` and never leaves the node. Flower 1.41 starts one ClientApp process
-per message, so the compiled functions are kept in JAX's persistent compilation cache
-(``jax-cache-dir`` in the node configuration, default ``~/.cache/swarmjax/jax``): the
-first message of a node compiles, later ones (and later runs) load the executable.
+in ``context.state`` and never leaves the node. :func:`answer` executes one message; this
+module's ClientApp calls it in its own process (the loopback grid, Flower's simulation
+runtime), a deployment's ClientApp (:mod:`swarmjax.fl.runtime.flower.relay`) hands the
+message to the node's long-lived worker (:mod:`swarmjax.fl.runtime.flower.worker`), which
+calls it there. Compiled functions are also kept in JAX's persistent compilation cache
+(``jax-cache-dir`` in the node configuration, default ``~/.cache/swarmjax/jax``; ``""``:
+leave JAX's configuration alone), so a restarted worker or a later run loads them.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import jax
-from flwr.app import ConfigRecord, Context, Message, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, RecordDict
 from flwr.clientapp import ClientApp
 
 from swarmjax.fl.protocol import client_init_key, client_key
 from swarmjax.fl.runtime.flower.records import from_record, to_record
+from swarmjax.fl.runtime.flower.relay import STATE_KEY, make_relay_app
 from swarmjax.fl.runtime.flower.task import Task, load_task
 
-__all__ = ["STATE_KEY", "client_spend", "make_client_app", "partition_id"]
+__all__ = ["STATE_KEY", "answer", "client_spend", "make_client_app", "partition_id"]
 
-STATE_KEY = "swarmjax.state"
 DEFAULT_CACHE = Path.home() / ".cache" / "swarmjax" / "jax"
 
 
@@ -51,9 +56,10 @@ def use_compilation_cache(path: str | os.PathLike) -> None:
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
-def partition_id(context: Context, num_clients: int) -> int:
-    """This node's partition, ``node_config["partition-id"]`` in ``[0, num_clients)``."""
-    raw = context.node_config.get("partition-id")
+def partition_id(node: Context | Mapping[str, Any], num_clients: int) -> int:
+    """This node's partition, ``node_config["partition-id"]`` in ``[0, num_clients)``
+    (``node``: the node's context or its ``node_config``)."""
+    raw = getattr(node, "node_config", node).get("partition-id")
     if raw is None:
         raise ValueError("node config 'partition-id' is missing (flower-supernode --node-config)")
     pid = int(raw)
@@ -85,33 +91,45 @@ def client_spend(task: Task, state: Any) -> Any:
     return task.algorithm.spend(zero_server, state)
 
 
-def _state(task: Task, context: Context, pid: int, data: Any) -> Any:
-    if STATE_KEY in context.state:
-        return from_record(context.state[STATE_KEY], task.state_like)
+def _state(task: Task, stored: ArrayRecord | None, pid: int, data: Any) -> Any:
+    if stored is not None:
+        return from_record(stored, task.state_like)
     key = client_init_key(task.run_key, pid)
     return _jitted_init(task)(key, data, task.hyper, jax.numpy.int32(pid))
 
 
-def _exchange(msg: Message, context: Context) -> Message:
-    use_compilation_cache(context.node_config.get("jax-cache-dir", DEFAULT_CACHE))
-    task = load_task(context.run_config)
-    pid = partition_id(context, task.num_clients)
-    meta = msg.content["meta"]
+def _run_exchange(
+    task: Task, pid: int, stored: ArrayRecord | None, content: RecordDict
+) -> tuple[RecordDict, ArrayRecord]:
+    meta = content["meta"]
     setup, index, round_index = bool(meta["setup"]), int(meta["exchange"]), int(meta["round"])
     exchanges = task.algorithm.setup if setup else task.algorithm.exchanges
     if not 0 <= index < len(exchanges):
         raise ValueError(f"exchange index must be in [0, {len(exchanges)}); got {index}")
     data = _client_data(task, pid)
-    state = _state(task, context, pid, data)
+    state = _state(task, stored, pid, data)
     request_like = jax.eval_shape(exchanges[index].request, task.server_like)
-    request = from_record(msg.content["request"], request_like)
+    request = from_record(content["request"], request_like)
     key = client_key(task.run_key, round_index, index, pid)
     state, reply = _jitted(task, setup, index)(state, data, request, key, task.hyper)
-    context.state[STATE_KEY] = to_record(state)
-    content = RecordDict({"reply": to_record(reply)})
+    out = RecordDict({"reply": to_record(reply)})
     if task.algorithm.privacy_unit != "client":
-        content["spend"] = to_record(client_spend(task, state))
-    return Message(content, reply_to=msg)
+        out["spend"] = to_record(client_spend(task, state))
+    return out, to_record(state)
+
+
+@contextlib.contextmanager
+def _compiling(cache_dir: str | os.PathLike) -> Iterator[None]:
+    """One node at a time compiles into a cache folder: nodes that share a machine (and
+    its cache) compile the run's functions once, the others then load them (same programs:
+    every partition is padded to the same shapes)."""
+    if not str(cache_dir):
+        yield
+        return
+    Path(cache_dir).mkdir(parents=True, exist_ok=True)
+    with open(Path(cache_dir) / ".swarmjax-compile.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 def _warm_up(task: Task, pid: int) -> None:
@@ -129,17 +147,34 @@ def _warm_up(task: Task, pid: int) -> None:
     ).compile()
 
 
-def _hello(msg: Message, context: Context) -> Message:
-    use_compilation_cache(context.node_config.get("jax-cache-dir", DEFAULT_CACHE))
-    task = load_task(context.run_config)
-    pid = partition_id(context, task.num_clients)
-    _warm_up(task, pid)
-    return Message(RecordDict({"hello": ConfigRecord({"partition-id": pid})}), reply_to=msg)
+def answer(
+    kind: str,
+    content: RecordDict,
+    stored: ArrayRecord | None,
+    run_config: Mapping[str, Any],
+    node_config: Mapping[str, Any],
+) -> tuple[RecordDict, ArrayRecord | None]:
+    """Answer one message of the ServerApp for the node ``node_config`` describes: ``kind``
+    is ``"hello"`` or ``"exchange"``, ``content`` the message's content, ``stored`` the
+    client's state as the node keeps it (``None`` before its first exchange). Returns the
+    reply's content and the client's new state (``None`` for a hello).
+
+    The one place a message is executed: the in-process ClientApp (:func:`make_client_app`,
+    loopback tests, Flower's simulation runtime) and the node's worker
+    (:mod:`swarmjax.fl.runtime.flower.worker`) both call it."""
+    use_compilation_cache(node_config.get("jax-cache-dir", DEFAULT_CACHE))
+    task = load_task(run_config)
+    pid = partition_id(node_config, task.num_clients)
+    if kind == "hello":
+        with _compiling(node_config.get("jax-cache-dir", DEFAULT_CACHE)):
+            _warm_up(task, pid)
+        return RecordDict({"hello": ConfigRecord({"partition-id": pid})}), None
+    if kind == "exchange":
+        return _run_exchange(task, pid, stored, content)
+    raise ValueError(f"unknown message kind {kind!r}")
 
 
 def make_client_app() -> ClientApp:
-    """A ClientApp that runs any :class:`~swarmjax.fl.runtime.flower.task.Task`'s algorithm."""
-    app = ClientApp()
-    app.query("hello")(_hello)
-    app.train("exchange")(_exchange)
-    return app
+    """A ClientApp that runs any :class:`~swarmjax.fl.runtime.flower.task.Task`'s algorithm
+    in its own process (:func:`answer` per message; no worker)."""
+    return make_relay_app(in_process=True)

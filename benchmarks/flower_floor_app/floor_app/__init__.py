@@ -1,0 +1,1 @@
+"""A trivial Flower app: Flower's own seconds per message exchange."""
