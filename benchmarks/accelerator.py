@@ -172,10 +172,9 @@ def fedround_section(sizes: Sizes) -> dict:
     compiling call, with clients under ``vmap`` and under ``lax.map`` ("sequential")."""
     from swarmjax import device
     from swarmjax.fl.algorithms.fedavg import FedAvg
-    from swarmjax.fl.client_training import LocalTraining
-    from swarmjax.fl.clients import stack_clients
-    from swarmjax.fl.data import load_dataset
-    from swarmjax.fl.partition import iid_partition
+    from swarmjax.fl.client.training import LocalTraining
+    from swarmjax.fl.data import iid_partition, load_dataset, stack_clients
+    from swarmjax.fl.protocol import RunSpec, Variants
     from swarmjax.fl.runtime import simulate
     from swarmjax.models import mlp
 
@@ -183,15 +182,13 @@ def fedround_section(sizes: Sizes) -> dict:
     part = iid_partition(data.y_train, sizes.clients, seed=0)
     clients = stack_clients(data.x_train, data.y_train, part.indices)
     alg = FedAvg(mlp((32,), 10, data.input_shape), LocalTraining(epochs=1, batch_size=32))
-    variants = alg.variants(clients, rounds=1, learning_rate=0.3)
+    variants = Variants.grid(alg, clients, RunSpec(1, 1e-5), learning_rate=0.3)
     test = (data.x_test, data.y_test)
     seconds = {}
     for client_map in ("vmap", "sequential"):
 
         def once(cm=client_map):
-            return simulate(
-                alg, clients, test, variants=variants, seeds=0, rounds=1, delta=1e-5, client_map=cm
-            )
+            return simulate(alg, clients, test, variants, client_map=cm)
 
         once()  # compile
         best = float("inf")

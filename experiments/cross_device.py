@@ -223,6 +223,7 @@ def run_one(name: str, prof: Profile, clients, test, full_test, out: Path) -> di
         test,
         variants,
         rounds_per_call=1,
+        client_map=None,  # the device's choice: convolutions run one client at a time on a CPU
         progress=True,
         checkpoint_dir=out / "checkpoints" / name,
     )

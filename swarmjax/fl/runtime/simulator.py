@@ -28,6 +28,7 @@ from jaxtyping import Array, Int, PRNGKeyArray, PyTree
 from tqdm.auto import tqdm
 
 from swarmjax._validation import check_choice, check_int
+from swarmjax.device import default_client_map
 from swarmjax.fl.data.clients import ClientData, as_test_set
 from swarmjax.fl.protocol import (
     Algorithm,
@@ -219,7 +220,7 @@ def simulate(
     variants: Variants,
     *,
     common_random_numbers: bool = False,
-    client_map: ClientMap = "vmap",
+    client_map: ClientMap | None = "vmap",
     rounds_per_call: int | None = None,
     progress: bool = False,
     diagnostics: bool = False,
@@ -238,8 +239,11 @@ def simulate(
             (variant, seed) pairs, variant-major.
         common_random_numbers: give every variant the same keys (see
             :func:`~swarmjax.fl.protocol.run_keys`).
-        client_map: ``"vmap"`` or ``"sequential"`` (``lax.map`` over clients: same result,
-            each client runs its own trip counts).
+        client_map: ``"vmap"`` or ``"sequential"`` (``lax.map`` over clients: the same
+            result up to float rounding, each client runs its own trip counts); ``None``:
+            the device's choice, :func:`swarmjax.device.default_client_map` (sequential on
+            a CPU, vmap on an accelerator: right for convolutional clients; small dense
+            models are faster vmapped on a CPU too, hence the explicit default).
         rounds_per_call: scan this many rounds per compiled call (same result).
         progress: show a progress bar.
         diagnostics: also collect ``alg.private_diagnostics`` and the realised selections
@@ -254,6 +258,8 @@ def simulate(
     test = as_test_set(test)
     alg.check(clients, test)
     data = alg.client_data(clients)
+    if client_map is None:
+        client_map = default_client_map()
     check_choice("client_map", client_map, ("vmap", "sequential"))
     n_var = variants.size
     for name, values in variants.labels.items():
