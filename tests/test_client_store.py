@@ -104,3 +104,38 @@ def test_build_errors_are_one_line(toy, args, message):
     with pytest.raises(ValueError, match=message) as err:
         ClientStore.build(*args(*toy))
     assert "\n" not in str(err.value)
+
+
+def test_the_simulator_runs_a_store_as_it_runs_stacked_clients():
+    """A flat ClientStore in simulate(): cohort rounds gather only the cohort and give the
+    numbers of the same clients stacked and padded."""
+    import math
+
+    import jax
+
+    from swarmjax.fl.algorithms.fedavg import FedAvg
+    from swarmjax.fl.client.training import LocalTraining
+    from swarmjax.fl.data import load_dataset, partition, stack_clients
+    from swarmjax.fl.data.store import ClientStore
+    from swarmjax.fl.protocol import RunSpec, Variants
+    from swarmjax.fl.runtime import simulate
+    from swarmjax.models import mlp
+
+    data = load_dataset("digits")
+    part = partition(data.y_train, 30, "dirichlet", alpha=1.0, seed=0)
+    stacked = stack_clients(data.x_train, data.y_train, part.indices)
+    store = ClientStore.build(data.x_train, data.y_train, part.indices)
+    assert store.max_rows == stacked.max_size
+    alg = FedAvg(mlp((16,), 10, data.input_shape), LocalTraining(batch_size=16), cohort=6)
+    test = (data.x_test, data.y_test)
+    runs = []
+    for clients in (stacked, store):
+        grid = Variants.grid(
+            alg, clients, RunSpec(3, 1e-5), epsilon_target=[math.inf], learning_rate=[0.2]
+        )
+        runs.append(simulate(alg, clients, test, grid, client_map="sequential"))
+    np.testing.assert_allclose(
+        runs[0].history["test_loss"], runs[1].history["test_loss"], rtol=1e-6
+    )
+    for a, b in zip(jax.tree.leaves(runs[0].server), jax.tree.leaves(runs[1].server), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)

@@ -18,6 +18,7 @@ from swarmjax._validation import check_positive
 from swarmjax.fl.client.record_dp import calibrate_sigmas
 from swarmjax.fl.client.training import LocalTraining
 from swarmjax.fl.data.clients import ClientData, as_test_set, check_federated_inputs
+from swarmjax.fl.data.store import ClientStore
 from swarmjax.fl.protocol import RunSpec, Spend, where_selected
 from swarmjax.models import Model, evaluate
 
@@ -144,7 +145,7 @@ def record_sampling_overflow(
 
 
 def check_model_inputs(model: Model, clients: Any, test: tuple[Array, Array] | None) -> None:
-    """Model, stacked client data and test set (``None``: not checked) against each other
-    (shapes, classes, labels) when ``clients`` is :class:`~swarmjax.fl.data.clients.ClientData`."""
-    if isinstance(clients, ClientData):
+    """Model, client data (stacked ``ClientData`` or a flat ``ClientStore``) and test set
+    (``None``: not checked) against each other: shapes, classes, labels."""
+    if isinstance(clients, ClientData | ClientStore):
         check_federated_inputs(model, clients, None if test is None else as_test_set(test))

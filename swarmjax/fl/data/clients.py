@@ -11,6 +11,7 @@ them out (see :func:`swarmjax.models.loss`).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import flax.struct
 import jax.numpy as jnp
@@ -134,7 +135,7 @@ def as_test_set(test: tuple[ArrayLike, ArrayLike]) -> tuple[Array, Array]:
 
 def check_federated_inputs(
     model: Model,
-    clients: ClientData,
+    clients: ClientData | Any,
     test: tuple[Array, Array] | None,
     num_classes: int | None = None,
 ) -> None:
@@ -144,13 +145,14 @@ def check_federated_inputs(
     ``model.input_shape``, the model's output size against ``num_classes`` (when given),
     and every label against the model's output size.
     """
-    example_shape = tuple(clients.x.shape[2:])
+    flat = not isinstance(clients, ClientData)  # a ClientStore: rows back to back
+    example_shape = tuple(clients.x.shape[1:] if flat else clients.x.shape[2:])
     if test is not None and tuple(test[0].shape[1:]) != example_shape:
         raise ValueError(
             f"test examples have shape {tuple(test[0].shape[1:])}, clients {example_shape}"
         )
     check_model(model, model.num_classes if num_classes is None else num_classes, example_shape)
-    labels = [np.asarray(clients.y)[np.asarray(clients.mask)]]
+    labels = [np.asarray(clients.y) if flat else np.asarray(clients.y)[np.asarray(clients.mask)]]
     if test is not None:
         labels.append(np.asarray(test[1]))
     labels = np.concatenate(labels)

@@ -43,12 +43,25 @@ class ClientStore:
         y: ``(rows,)`` int32 labels.
         offsets: ``(clients,)`` int32, first row of each client.
         sizes: ``(clients,)`` int32, rows of each client (all >= 1).
+        max_rows: rows per client of a gathered buffer (static; :meth:`build` sets the
+            largest client's size, :meth:`with_max_rows` another).
     """
 
     x: Float[Array, "rows ..."]
     y: Int[Array, " rows"]
     offsets: Int[Array, " clients"]
     sizes: Int[Array, " clients"]
+    max_rows: int = flax.struct.field(pytree_node=False, default=0)
+
+    def take(self, client_ids: Int[ArrayLike, " cohort"]) -> ClientData:
+        """:func:`gather` of ``client_ids`` at :attr:`max_rows` rows per client: what the
+        simulator calls to hand a round its cohort's data."""
+        return gather(self, client_ids, self.max_rows)
+
+    def with_max_rows(self, cap: int, *, truncate: bool = False) -> ClientStore:
+        """This store with gathered buffers of ``cap`` rows per client
+        (:func:`choose_max_rows`)."""
+        return self.replace(max_rows=choose_max_rows(self, cap, truncate=truncate))
 
     @property
     def num_clients(self) -> int:
@@ -107,6 +120,7 @@ class ClientStore:
             y=jnp.asarray(y[rows].astype(np.int32)),
             offsets=jnp.asarray(offsets.astype(np.int32)),
             sizes=jnp.asarray(sizes.astype(np.int32)),
+            max_rows=int(sizes.max()),
         )
 
 

@@ -60,8 +60,21 @@ ClientMap = Literal["vmap", "sequential"]
 
 
 def num_clients(clients: PyTree) -> int:
-    """Client slots of stacked client data (the leading axis of its leaves)."""
-    return int(jax.tree.leaves(clients)[0].shape[0])
+    """Client slots of the client data: its ``num_clients`` (``ClientData``, a flat
+    ``ClientStore``), else the leading axis of its leaves."""
+    n = getattr(clients, "num_clients", None)
+    return n if isinstance(n, int) else int(jax.tree.leaves(clients)[0].shape[0])
+
+
+def _gathers(clients: PyTree) -> bool:
+    """Whether the client data gathers clients (a flat store) rather than being stacked."""
+    return callable(getattr(clients, "take", None))
+
+
+def _one_client(clients: PyTree, i: Int[Array, ""] | int) -> PyTree:
+    if _gathers(clients):
+        return jax.tree.map(lambda a: a[0], clients.take(jnp.asarray(i, jnp.int32)[None]))
+    return jax.tree.map(lambda a: a[i], clients)
 
 
 def take_clients(clients: PyTree, ids: Int[Array, " S"]) -> PyTree:
@@ -104,7 +117,8 @@ def run_exchange(
         return new, reply
 
     if ex.max_selected is None or ex.max_selected >= n:
-        new, replies = _map_clients(one, (states, clients, ids), client_map)
+        every = take_clients(clients, ids) if _gathers(clients) else clients
+        new, replies = _map_clients(one, (states, every, ids), client_map)
         states = states if all(kept) else where_selected(mask, new, states)
         slots = Slots.everyone(mask)
     else:  # only the cohort's slots: a round costs the cohort, not the federation
@@ -138,7 +152,11 @@ def _init_one(alg: Algorithm, run_key, hyper, clients: PyTree, cmap: ClientMap):
     def one(data: PyTree, cid: Int[Array, ""]) -> PyTree:
         return alg.client_init(client_init_key(run_key, cid), data, hyper, cid)
 
-    states = _map_clients(one, (clients, ids), cmap)
+    if _gathers(clients):  # one client's rows at a time: never the whole federation padded
+        batch = min(int(ids.shape[0]), 256)
+        states = jax.lax.map(lambda i: one(_one_client(clients, i), i), ids, batch_size=batch)
+    else:
+        states = _map_clients(one, (clients, ids), cmap)
     zero = jnp.zeros((), jnp.int32)
     server, states, _ = _exchanges(
         alg, alg.setup, zero, run_key, server, states, clients, hyper, cmap
@@ -188,7 +206,7 @@ def _message_bytes(alg: Algorithm, carry, keys, hypers, clients: PyTree) -> list
     first = jax.tree.map(lambda a: a[0], (carry[0], carry[1], keys, hypers))
     server, states, key, hyper = first
     one_state = jax.tree.map(lambda a: a[0], states)
-    one_data = jax.tree.map(lambda a: a[0], clients)
+    one_data = _one_client(clients, 0)
     out = []
     for ex in alg.exchanges:
         req = jax.eval_shape(ex.request, server)
@@ -315,6 +333,7 @@ def simulate(
     selected = np.where(np.isnan(expected), out["selected"], expected)
     history = _history(labels, out["metrics"], selected, sizes, runs, rounds)
     stacked = isinstance(clients, ClientData)
+    sizes_known = stacked or _gathers(clients)
     record = privacy_record(
         out["spend"],
         alg.setup + alg.exchanges,
@@ -323,8 +342,8 @@ def simulate(
         overflow_prob=alg.sampling_overflow(
             out["spend"],
             n_clients,
-            sizes=np.asarray(clients.sizes) if stacked else None,
-            padded=clients.max_size if stacked else None,
+            sizes=np.asarray(clients.sizes) if sizes_known else None,
+            padded=(clients.max_size if stacked else clients.max_rows) if sizes_known else None,
         ),
     )
     history["epsilon_max"] = record.epsilon.max(axis=2).reshape(-1)
