@@ -64,7 +64,7 @@ def _algorithms(clients):
             {"learning_rate": 0.3},
         ),
         "client_level_dp_fedavg": (
-            ClientLevelDPFedAvg(MODEL, LocalTraining(batch_size=32), capacity=N),
+            ClientLevelDPFedAvg(MODEL, LocalTraining(batch_size=32), capacity=None),
             {"sample_rate": 0.7, "noise_multiplier": 0.8, "initial_clip": 0.5},
         ),
         "fed_dp_pso": (
@@ -251,7 +251,7 @@ def test_client_level_sampling_overflow_is_charged_to_delta(setup):
     spend = _uniform_spend(runs=2, rounds=3, clients=n, sample_rate=q, noise_multiplier=1.0)
     over = alg.sampling_overflow(spend, n)
     chex.assert_shape(over, (2, 1, n))
-    p = overflow_probability(n, q, 90)
+    p = overflow_probability(n, q, 90, add_one=True)  # the add-one neighbour: N + 1
     assert 0 < p < 1e-6
     np.testing.assert_allclose(over, p)
     record = privacy_record(spend, (), unit="client", delta=1e-6, overflow_prob=over)
@@ -259,7 +259,10 @@ def test_client_level_sampling_overflow_is_charged_to_delta(setup):
     np.testing.assert_allclose(record.final_epsilon, want)
     assert want > accounted(q, 1.0, 3, 1e-6)
     assert ClientLevelDPFedAvg(MODEL).sampling_overflow(spend, n) is None
-    assert ClientLevelDPFedAvg(MODEL, capacity=n).sampling_overflow(spend, n) is None
+    assert ClientLevelDPFedAvg(MODEL, capacity=n + 1).sampling_overflow(spend, n) is None
+    # a capacity of exactly N overflows on the add-one neighbour (N + 1 clients): charged
+    exactly_n = ClientLevelDPFedAvg(MODEL, capacity=n).sampling_overflow(spend, n)
+    np.testing.assert_allclose(exactly_n, q ** (n + 1), rtol=1e-6)
 
 
 def test_client_level_noise_for_epsilon_meets_the_target_of_the_charged_record():
