@@ -3,7 +3,9 @@
 ``python -m experiments.cross_device [--quick | --full]`` trains pfl-research's
 ``simple_cnn`` (conv 32, conv 64, max-pool, dense 128, dense 10) on offline MNIST or
 Fashion-MNIST split into many small clients (``--clients``; IID: a seeded shuffle cut into
-equal consecutive chunks, as pfl's benchmark; or Dirichlet label skew), ``--cohort``
+equal consecutive chunks, as pfl's benchmark; Dirichlet label skew; McMahan's shards; or
+a power law of client sizes), kept as one flat store of rows (memory: the dataset, not
+clients x the largest client), ``--cohort``
 clients per round, 1 local epoch of SGD at batch 10, and compares FedAvg, FedProx,
 FedAdam, FedYogi and user-level DP-FedAvg (fixed or adaptive clipping; a secret Poisson
 cohort of expected size ``--cohort`` calibrated to ``--epsilon`` at ``--delta``).
@@ -36,14 +38,15 @@ from swarmjax.fl.algorithms.client_level_dp_fedavg import ClientLevelDPFedAvg
 from swarmjax.fl.algorithms.fedavg import FedAvg
 from swarmjax.fl.algorithms.fedprox import FedProx
 from swarmjax.fl.client.training import LocalTraining
-from swarmjax.fl.data import load_dataset, partition, stack_clients, subsample
+from swarmjax.fl.data import load_dataset, partition
+from swarmjax.fl.data.store import ClientStore
 from swarmjax.fl.protocol import RunSpec, Variants
 from swarmjax.fl.runtime import simulate
 from swarmjax.models import evaluate, simple_cnn
 from swarmjax.privacy.sampling import run_capacity
 
 ALGORITHMS = ("fedavg", "fedprox", "fedadam", "fedyogi", "dp-fedavg", "dp-fedavg-adaptive")
-PARTITIONS = ("iid", "dirichlet")
+PARTITIONS = ("consecutive", "dirichlet", "shards", "power_law")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,7 +55,7 @@ class Profile:
 
     dataset: str
     clients: int
-    rows_per_client: int | None  # None: all training rows over the clients
+    rows_per_client: int | None  # consecutive: rows per client (None: all rows split)
     cohort: int
     rounds: int
     algorithms: tuple[str, ...]
@@ -70,23 +73,35 @@ class Profile:
 
 PROFILES = {
     "quick": Profile(
-        "mnist", 100, 50, 10, 3, ("fedavg", "dp-fedavg"), 8.0, None, (0,), "iid", 1000
+        dataset="mnist",
+        clients=100,
+        rows_per_client=50,
+        cohort=10,
+        rounds=3,
+        algorithms=("fedavg", "dp-fedavg"),
+        epsilon=8.0,
+        delta=None,
+        seeds=(0,),
+        partition="consecutive",
+        test_size=1000,
     ),
     "default": Profile(
-        "mnist",
-        1200,
-        50,
-        50,
-        30,
-        ("fedavg", "fedadam", "dp-fedavg"),
-        2.0,
-        None,
-        (0,),
-        "iid",
-        2000,
+        dataset="mnist",
+        clients=1200,
+        rows_per_client=50,
+        cohort=50,
+        rounds=30,
+        algorithms=("fedavg", "fedadam", "dp-fedavg"),
+        epsilon=2.0,
+        delta=None,
+        seeds=(0,),
+        partition="consecutive",
+        test_size=2000,
     ),
-    "full": Profile("mnist", 1200, 50, 50, 100, ALGORITHMS, 2.0, None, (0, 1), "iid", 10000),
 }
+PROFILES["full"] = dataclasses.replace(
+    PROFILES["default"], rounds=100, algorithms=ALGORITHMS, seeds=(0, 1), test_size=10000
+)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -107,7 +122,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--rows-per-client",
         type=_cli.count("--rows-per-client"),
-        help="rows each client holds (default 50; the training set must have clients x rows)",
+        help="rows each client holds under --partition consecutive (default 50; the "
+        "training set must have clients x rows)",
     )
     p.add_argument("--cohort", type=_cli.count("--cohort"), help="clients per round (50)")
     p.add_argument("--rounds", type=_cli.count("--rounds"), help="rounds (default 30)")
@@ -122,7 +138,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--delta", type=_probability, help="delta of every epsilon (default 0.1 / clients)"
     )
-    p.add_argument("--partition", choices=PARTITIONS, help="iid (default) or dirichlet (0.5)")
+    p.add_argument(
+        "--partition",
+        choices=PARTITIONS,
+        help="consecutive (default: seeded shuffle, equal chunks), dirichlet (alpha 0.5), "
+        "shards (2 label-sorted shards per client), power_law (sizes ~ Pareto 1.5, >= 10)",
+    )
     p.add_argument("--test-size", type=_cli.count("--test-size"), help="public test rows per round")
     return p
 
@@ -161,27 +182,34 @@ def profile(args: argparse.Namespace) -> Profile:
 
 
 def clients_and_test(prof: Profile, data_dir: Path | None):
-    """Stacked clients (``prof.clients`` of ``prof.rows_per_client`` rows) and the public
+    """The clients as one flat :class:`~swarmjax.fl.data.store.ClientStore` and the public
     test set (the first ``test_size`` rows for the per-round curve, all for the end)."""
     data = load_dataset(prof.dataset, data_dir)
-    need = prof.clients * (prof.rows_per_client or 1)
-    if need > len(data.y_train):
+    n = len(data.y_train)
+    rows = prof.rows_per_client if prof.partition == "consecutive" else None
+    if prof.clients * (rows or 1) > n:
         raise _cli.UserError(
-            f"--clients x --rows-per-client = {need} exceeds the {len(data.y_train)} "
+            f"--clients x --rows-per-client = {prof.clients * (rows or 1)} exceeds the {n} "
             f"training rows of {prof.dataset}"
         )
-    if prof.rows_per_client is not None:
-        data = subsample(data, need, seed=0)
-    kw = {"alpha": 0.5} if prof.partition == "dirichlet" else {}
-    part = partition(data.y_train, prof.clients, prof.partition, seed=0, **kw)
-    clients = stack_clients(data.x_train, data.y_train, part.indices)
+    kw = {
+        "consecutive": {"size": rows},
+        "dirichlet": {"alpha": 0.5},
+        "shards": {"shards_per_client": 2},
+        "power_law": {"exponent": 1.5, "min_size": 10},
+    }[prof.partition]
+    try:
+        part = partition(data.y_train, prof.clients, prof.partition, seed=0, **kw)
+    except ValueError as err:
+        raise _cli.UserError(f"--partition {prof.partition}: {err}") from None
+    store = ClientStore.build(data.x_train, data.y_train, part.indices)
     test = (data.x_test[: prof.test_size], data.y_test[: prof.test_size])
-    return clients, test, (data.x_test, data.y_test)
+    return store, test, (data.x_test, data.y_test)
 
 
 def algorithm(name: str, prof: Profile, clients) -> tuple:
     """``(algorithm, grid values)`` of ``name`` under ``prof``."""
-    model = simple_cnn(10, clients.x.shape[2:])
+    model = simple_cnn(10, clients.example_shape)
     local = LocalTraining(epochs=1, batch_size=10, optimizer="sgd")
     lr = {"learning_rate": prof.client_lr}
     if name in ("fedavg", "fedadam", "fedyogi"):
