@@ -147,7 +147,7 @@ def test_flower_deploys_the_algorithm_the_simulator_path_builds(flags) -> None:
     assert task.variants.labels == grid.labels
 
 
-def test_pathmnist_runs_lenet5_and_fig3_uses_it(tmp_path) -> None:
+def test_pathmnist_runs_lenet5_and_fig3_uses_it(tmp_path, monkeypatch) -> None:
     """A PathMNIST-format .npz (random 28x28x3 images, 9 classes) gets the paper's LeNet-5 at
     eta = 0.001, and Fig. 3 runs on it instead of a stand-in. Epsilon = inf keeps the compile
     short; DP on a CNN is checked in test_dpsgd, the DP path of the experiment above."""
@@ -157,6 +157,7 @@ def test_pathmnist_runs_lenet5_and_fig3_uses_it(tmp_path) -> None:
         arrays[f"{split}_images"] = rng.integers(0, 256, (n, 28, 28, 3), dtype=np.uint8)
         arrays[f"{split}_labels"] = rng.integers(0, 9, (n, 1), dtype=np.uint8)
     np.savez(tmp_path / "pathmnist.npz", **arrays)
+    monkeypatch.setenv("SWARMJAX_DATA", str(tmp_path))  # the run exports --data-dir: undone
     out = tmp_path / "out"
     options = [
         "--rounds",
