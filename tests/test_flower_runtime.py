@@ -92,7 +92,19 @@ def test_the_experiment_over_flower(tmp_path, capsys):
     from experiments._flower import run_over_flower
 
     args = fed_dp_pso._parser().parse_args(["--runtime", "flower", "--quick", "--epsilons", "5"])
-    expected = {"algorithm": "fed-dp-pso", "rounds": 2, "particles": 2, "target-epsilon": 5.0}
+    expected = {
+        "algorithm": "fed-dp-pso",
+        "rounds": 2,
+        "particles": 5,
+        "target-epsilon": 5.0,
+        "batch-size": 64,
+        "eval-batch-size": 2000,
+        "eval-subset": "",
+        "selection-metric": "loss",
+        "refine-start": "pbest",
+        "pso-learning-rate": 0.005,
+        "reading": "paper",
+    }
     assert fed_dp_pso.flower_config(args) == expected
     for argv, error in (
         (["--epsilons", "inf"], "give a finite --epsilons"),
