@@ -97,12 +97,21 @@ def public_metrics(
 def record_level_noise(
     training: LocalTraining, sizes: ArrayLike, spec: RunSpec, epsilon_target: float | None
 ) -> np.ndarray:
-    """Record-level calibration: ``(clients,)`` float32 noise multipliers so that client
-    ``i`` spends ``epsilon_target`` at ``spec.delta`` after ``spec.rounds`` rounds of
-    ``E ceil(|D_i| / B)`` steps at ``q_i = B / |D_i|``, the Poisson buffer's overflow
-    charged to delta as the privacy record does. Rounded UP to float32 (the device value
-    never has less noise than the calibrated one). Zeros for ``None`` or ``inf`` (no noise:
-    epsilon inf); a finite target needs ``training.record_dp``."""
+    """Record-level calibration, the one function for every record-level algorithm.
+
+    Args:
+        training: the clients' local training (batch size ``B``, epochs ``E``, buffer).
+        sizes: ``(clients,)`` rows per client ``|D_i|``.
+        spec: the run's rounds and delta.
+        epsilon_target: the epsilon each client may spend (``None`` or ``inf``: no noise);
+            a finite target needs ``training.record_dp``.
+
+    Returns:
+        ``(clients,)`` float32 noise multipliers: client ``i`` spends ``epsilon_target``
+        at ``spec.delta`` after ``spec.rounds`` rounds of ``E ceil(|D_i| / B)`` steps at
+        ``q_i = B / |D_i|``, the Poisson buffer's overflow charged to delta as the
+        privacy record does; rounded UP to float32 (never less noise than calibrated).
+    """
     sizes = np.asarray(sizes)
     if epsilon_target is None or math.isinf(epsilon_target):
         return np.zeros(len(sizes), np.float32)

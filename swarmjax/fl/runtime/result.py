@@ -80,12 +80,22 @@ def privacy_record(
     delta: float,
     overflow_prob: np.ndarray | None = None,
 ) -> PrivacyRecord:
-    """Epsilon per (run, round, client) from the per-round spend (a :class:`Spend` with
-    ``(runs, rounds, clients)`` leaves) and the coverage of ``exchanges``' declarations.
-    ``overflow_prob``: per-step chance (``(clients,)`` or broadcastable to the spend's
-    shape) that a static-size Poisson draw overflowed (a client's batch buffer, or the draw
-    of clients); the accountant charges it to ``delta`` (the stated delta covers the
-    sampler). Equal ``(q, sigma, steps, overflow)`` are accounted once."""
+    """The privacy record of a run: epsilon per (run, round, client) by the RDP accountant.
+
+    Args:
+        spend: what the clients' accountants counted after each round (a :class:`Spend`
+            with ``(runs, rounds, clients)`` leaves).
+        exchanges: the algorithm's exchanges; their declarations say what epsilon covers.
+        unit: ``"record"``, ``"client"`` or ``None`` (no DP: every epsilon is inf).
+        delta: the delta every epsilon is stated at.
+        overflow_prob: per-step chance (``(clients,)`` or broadcastable to the spend's
+            shape) that a static-size Poisson draw overflowed (a client's batch buffer, or
+            the draw of clients), charged to ``delta`` so the stated delta covers the
+            sampler.
+
+    Returns:
+        A :class:`PrivacyRecord`; equal ``(q, sigma, steps, overflow)`` are accounted once.
+    """
     q = np.asarray(spend.sample_rate, np.float64)
     sigma = np.asarray(spend.noise_multiplier, np.float64)
     steps = np.asarray(spend.steps, np.int64)
