@@ -162,6 +162,13 @@ def worker_dir(node_config: dict[str, Any], node_id: int) -> Path:
     return Path(tempfile.gettempdir()) / f"swarmjax-flower-{os.getuid()}" / f"node-{node_id}"
 
 
+def _check_owner(folder: Path) -> None:
+    """The folder (and so the socket the state goes to) must be this user's, and private."""
+    info = folder.stat()
+    if info.st_uid != os.getuid() or info.st_mode & 0o077:
+        raise WorkerError(f"worker-dir {folder} must belong to this user with mode 0700")
+
+
 def _connect(folder: Path) -> socket.socket | None:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
@@ -177,7 +184,7 @@ def start_worker(folder: Path, watch: int, idle_timeout: float = 1800.0) -> subp
     session), exiting when process ``watch`` is gone; one that finds another worker alive
     in ``folder`` exits at once (status 0)."""
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-    os.chmod(folder, 0o700)
+    _check_owner(folder)
     if len(str(folder / SOCKET)) > 100:
         raise WorkerError(f"worker-dir {folder} is too long for a Unix socket path")
     args = [sys.executable, "-m", "swarmjax.fl.runtime.flower.worker", str(folder)]
@@ -195,10 +202,11 @@ def start_worker(folder: Path, watch: int, idle_timeout: float = 1800.0) -> subp
 
 def _worker(folder: Path, idle_timeout: float) -> socket.socket:
     """A connection to the node's worker, starting one if none listens."""
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    _check_owner(folder)
     sock = _connect(folder)
     if sock is not None:
         return sock
-    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     with open(folder / LOCK_FILE, "w") as lock:  # one starter per node at a time
         fcntl.flock(lock, fcntl.LOCK_EX)
         sock = _connect(folder)
