@@ -73,12 +73,15 @@ class RoundTimer(TrainingProcessCallback):
 
     def __init__(self) -> None:
         self.times: list[float] = []
+        self.cpu: list[float] = []
         self._last = time.perf_counter()
+        self._cpu = time.process_time()
 
     def after_central_iteration(self, aggregate_metrics, model, *, central_iteration):
-        now = time.perf_counter()
+        now, cpu = time.perf_counter(), time.process_time()
         self.times.append(now - self._last)
-        self._last = now
+        self.cpu.append(cpu - self._cpu)
+        self._last, self._cpu = now, cpu
         return False, type(aggregate_metrics)()
 
 
@@ -166,6 +169,7 @@ def main() -> None:
                 "dp": a.dp,
                 "rounds": a.rounds,
                 "round_times": timer.times,
+                "round_cpu_times": timer.cpu,
                 "total_s": total,
                 "accuracy": acc,
                 "epsilon": epsilon,

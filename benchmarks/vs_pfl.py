@@ -99,11 +99,12 @@ def run_swarmjax(
     round_fn = make_round(model, cfg)
     params = model.init(jax.random.key(seed))
     keys = jax.random.split(jax.random.key(seed + 1), rounds)
-    times = []
+    times, cpu = [], []
     for r in range(rounds):
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         params = jax.block_until_ready(round_fn(params, store, keys[r]))
         times.append(time.perf_counter() - t)
+        cpu.append(time.process_time() - c)
     _, acc = evaluate(model.apply, params, *test, batch_size=1000)
     return {
         "system": "swarmjax",
@@ -111,6 +112,7 @@ def run_swarmjax(
         "dp": dp is not None,
         "rounds": rounds,
         "round_times": times,
+        "round_cpu_times": cpu,
         "accuracy": float(acc),
         "epsilon": None if dp is None else dp["epsilon"],
         "noise_multiplier": None if dp is None else dp["noise"],
@@ -142,9 +144,9 @@ def run_pfl(python: str, store: ClientStore, ds, rounds: int, dp: bool, workdir:
     return result
 
 
-def per_round(result: dict) -> float:
+def per_round(result: dict, key: str = "round_times") -> float:
     """Median seconds per round, the first (compiling / warm-up) round excluded."""
-    times = result["round_times"]
+    times = result[key]
     return float(np.median(times[1:] if len(times) > 1 else times))
 
 
@@ -156,6 +158,9 @@ def main() -> None:
     p.add_argument("--formulations", default="xla:1,xla:5,xla:50,matmul:1,matmul:5,matmul:50")
     p.add_argument("--pfl-python", default=DEFAULT_PFL_PYTHON, help="'' to skip pfl")
     p.add_argument("--no-dp", action="store_true", help="skip the user-level DP runs")
+    p.add_argument(
+        "--no-pfl-full", action="store_true", help="time pfl only (no full --rounds runs)"
+    )
     p.add_argument("--out", default="results/vs_pfl.json")
     a = p.parse_args()
 
@@ -186,12 +191,13 @@ def main() -> None:
                 cfg = dp_config(a.rounds) if dp else None
                 results.append(run_swarmjax(store, test, conv, int(chunk), a.rounds, cfg))
                 print(_line(results[-1], floor), flush=True)
-                if a.pfl_python:
+                if a.pfl_python and not a.no_pfl_full:
                     results.append(run_pfl(a.pfl_python, store, ds, a.rounds, dp, Path(tmp)))
                     print(_line(results[-1], floor), flush=True)
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     summary = {"matmul_gflops": gflops, "round_gflop": flops / 1e9, "floor_s": floor}
     Path(a.out).write_text(json.dumps({"summary": summary, "runs": results}, indent=1))
+    print(f"wrote {a.out}")
 
 
 def _line(r: dict, floor: float) -> str:
@@ -199,7 +205,8 @@ def _line(r: dict, floor: float) -> str:
     eps = "" if r["epsilon"] is None else f" eps={r['epsilon']:.3f}"
     return (
         f"{r['system']:8s} {r.get('formulation', 'torch'):10s} dp={r['dp']!s:5s} "
-        f"rounds={r['rounds']:3d} {s:6.2f} s/round ({floor / s:5.1%} of floor) "
+        f"rounds={r['rounds']:3d} {s:6.2f} s/round ({floor / s:5.1%} of floor, "
+        f"{per_round(r, 'round_cpu_times'):6.2f} CPU s) "
         f"acc={r['accuracy']:.4f}{eps} load={r['load']:.1f}"
     )
 
