@@ -198,11 +198,12 @@ def call_store(
     experiment: ModuleType | str,
     *,
     restart: bool,
+    parts: Sequence[ModuleType] = (),
 ) -> CallStore:
     """The saved-calls store ``<out>/calls/``, keyed by ``settings`` and the source of the
-    package and of ``experiment`` (a module or its name)."""
+    package, of ``experiment`` (a module or its name) and of its helper modules ``parts``."""
     module = sys.modules[experiment] if isinstance(experiment, str) else experiment
-    return CallStore(out / "calls", settings, restart=restart, code=(module,))
+    return CallStore(out / "calls", settings, restart=restart, code=(module, *parts))
 
 
 def entry_point(main: Callable[..., T]) -> Callable[..., T]:

@@ -19,17 +19,25 @@ import json
 import math
 import os
 import time
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, replace
 from functools import partial
 from pathlib import Path
-from typing import Any, Literal, NamedTuple, get_args, get_origin, get_type_hints
 
 import numpy as np
 import pandas as pd
 
 from experiments import _cli, _report
+from experiments import _fed_dp_pso_parts as _parts
+from experiments._fed_dp_pso_parts import (  # also re-exported (fed_dp_pso_study: PAPER)
+    EPS_COLS,
+    FIG3,
+    PAPER,  # noqa: F401
+    PARTITIONS,
+    READING_FIELDS,
+    paper_accuracy,
+    without_dp,
+)
 from swarmjax.fl import (
-    DATASETS,
     DatasetNotFoundError,
     flower_partition,
     load_dataset,
@@ -45,33 +53,16 @@ from swarmjax.fl.algorithms.fed_dp_pso import (
     paper_model,
     reading_hyper,
 )
-from swarmjax.fl.algorithms.fedavg import FedAvg
 from swarmjax.fl.client.record_dp import DELTA
-from swarmjax.fl.client.training import LocalTraining, RecordDP
+from swarmjax.fl.client.training import RecordDP
 from swarmjax.fl.data.transforms import SCALING_PRIVACY, scale_inputs
 from swarmjax.fl.protocol import RunSpec, Variants, coverage
 from swarmjax.fl.runtime import simulate
 from swarmjax.models import paper_mlp
 
-PAPER = {  # spec 2.5: (mean, std) per (dataset, partition, epsilon)
-    "mnist": {
-        "dir0.3": [(72.31, 5.78), (74.61, 5.12), (76.24, 3.97), (88.69, 3.53)],
-        "dir1": [(85.08, 1.12), (86.54, 1.62), (87.89, 1.09), (94.85, 0.91)],
-        "iid": [(88.12, 0.78), (89.21, 0.33), (89.59, 0.58), (96.41, 0.23)],
-    },
-    "fashion_mnist": {
-        "dir0.3": [(58.92, 6.60), (61.18, 7.58), (62.06, 6.73), (69.82, 7.53)],
-        "dir1": [(76.12, 1.19), (76.93, 1.22), (77.20, 1.24), (81.86, 1.70)],
-        "iid": [(81.34, 0.41), (81.83, 0.35), (82.06, 0.43), (85.66, 0.99)],
-    },
-}
-EPS_COLS = (5.0, 8.0, 10.0, math.inf)
-PARTITIONS = ("iid", "dir0.3", "dir1")  # Tables 1-2's column groups
-FIG3 = "pathmnist"  # the paper's Fig. 3 dataset (LeNet-5); --full adds it when found
 EVAL_BATCH = 2000  # particles are scored 2,000 rows at a time
 NUM_CLIENTS = 5
 _BUILT_IN = ("digits", "breast_cancer")  # shipped with scikit-learn: no data folder needed
-READING_FIELDS = tuple(f.name for f in fields(Reading) if f.name != "about")
 
 
 @dataclass(frozen=True)
@@ -116,74 +107,8 @@ PROFILES = {
 }
 
 
-_READING_FLOATS = {  # how each float choice is parsed
-    "init_scale": _cli.positive_float("--init-scale"),
-    "velocity_clamp": _cli.positive_float("--velocity-clamp", allow_inf=True),
-    "decay": _cli.positive_float("--decay", allow_zero=True),
-}
-
-
-def _reading_flag(name: str) -> dict:
-    """argparse keywords of ``--<name>``: a :class:`Reading` field (choices from its type)."""
-    kind = get_type_hints(Reading)[name]
-    if get_origin(kind) is Literal:
-        how = {"choices": get_args(kind)}
-    else:
-        how = {bool: {"choices": ("no", "yes")}, int: {"type": _cli.count(f"--{name}")}}.get(
-            kind, {"type": _READING_FLOATS.get(name)}
-        )
-    return dict(how, help=f"replace the reading's {name} (docs/fed_dp_pso.md)")
-
-
-_OPTIONS = {  # the other flags: argparse keywords
-    "--datasets": dict(nargs="+", choices=DATASETS, help="e.g. mnist (Table 1 only); pathmnist "
-                       "(colour: LeNet-5) when its .npz is found"),
-    "--epsilons": dict(nargs="+", type=_cli.positive_float("--epsilons", allow_inf=True),
-                       help="target epsilons, 'inf' for no DP (--full: 5 8 10 inf; else 5 inf)"),
-    "--partitions": dict(nargs="+", choices=PARTITIONS, help="column groups (quick: iid; "
-                         "default: iid dir1; full: all); they share one padded shape"),
-    "--rounds": dict(type=_cli.count("--rounds"), help="R (default 10; quick 2)"),
-    "--particles": dict(type=_cli.count("--particles"), default=5, help="S, particles per client"),
-    "--batch-size": dict(type=_cli.count("--batch-size"), help="B, expected Poisson batch (full "
-                         "256, else 64)"),
-    "--runtime": dict(choices=("simulator", "flower"), default="simulator", help="flower: "
-                      "digits over a SuperLink + 3 SuperNodes on 127.0.0.1 beside the "
-                      "simulator, with this reading and these flags"),
-    "--lr": dict(type=_cli.positive_float("--lr"), help="eta of (DP-)Adam (default: 0.005 for "
-                 "the MLPs, 0.001 for the CNN)"),
-    "--refine-start": dict(choices=("pbest", "position"), default="pbest", help="DP-Adam "
-                           "refines the best pbest (default) or best moved position"),
-    "--selection-metric": dict(choices=("loss", "error"), default="loss", help="particles "
-                               "scored by cross-entropy (the paper) or error rate"),
-    "--client-map": dict(choices=("vmap", "sequential"), help="clients as a vmap axis or one "
-                         "after another (full: sequential, else vmap)"),
-    "--n-train": dict(type=_cli.count("--n-train", 0), help="train subset (0: all rows)"),
-    "--eval-subset": dict(type=_cli.count("--eval-subset", 0), help="rows/client (0: all)"),
-    "--no-fig3": dict(action="store_true", help="skip the FedAvg + DP baseline"),
-}  # fmt: skip
-
-
 def _parser() -> argparse.ArgumentParser:
-    p = _cli.parser(
-        "fed_dp_pso",
-        __doc__.split("\n\n")[0],
-        quick="CI: digits, 2 rounds, 1 seed",
-        full="Tables 1-2: full grid, 5 seeds",
-        data="mnist/, fashion_mnist/ (IDX), medmnist/pathmnist.npz",
-        seeds="quick 1, default 2, full 5",
-    )
-    for flag, kw in _OPTIONS.items():
-        p.add_argument(flag, **kw)
-    about = "; ".join(f"{k}: {v.about}" for k, v in READINGS.items())
-    p.add_argument(
-        "--reading",
-        choices=tuple(READINGS),
-        default=DEFAULT_READING,
-        help=f"a named set of the design choices below (each flag overrides it): {about}",
-    )
-    for name in READING_FIELDS:
-        p.add_argument(f"--{name.replace('_', '-')}", **_reading_flag(name))
-    return p
+    return _parts.parser(__doc__.split("\n\n")[0])
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -241,30 +166,8 @@ def algorithm(prof: Profile, model, sizes: list, batch_size: int) -> FedDPPSO:
                       selection_metric=prof.selection_metric)  # fmt: skip
 
 
-def without_dp(alg, eps: float):
-    """``alg`` with plain local training for the ``inf`` target (no clipping, no noise)."""
-    if math.isfinite(eps):
-        return alg
-    return replace(alg, training=replace(alg.training, record_dp=None))
-
-
-def _eps_of(res, eps: float) -> tuple[float, float]:
-    """(largest client epsilon at the end, largest sigma) of the runs at target ``eps``."""
-    rows = res.runs["epsilon_target"].to_numpy() == eps
-    return (
-        float(np.max(res.privacy.final_epsilon[rows])),
-        float(np.max(res.privacy.noise_multiplier[rows])),
-    )
-
-
 def _load() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
-
-
-def paper_accuracy(name: str, part: str, eps: float) -> tuple[float, float]:
-    """The paper's (mean, std) accuracy in % of a table cell; NaNs where it has none."""
-    table = PAPER.get(name, {}).get(part)
-    return table[EPS_COLS.index(eps)] if table and eps in EPS_COLS else (math.nan, math.nan)
 
 
 def _dp_pso_call(name, part, group, alg, clients, ds, prof: Profile, lr: float):
@@ -285,7 +188,7 @@ def _dp_pso_call(name, part, group, alg, clients, ds, prof: Profile, lr: float):
     for eps, g in h[h["round"] == prof.rounds].groupby("epsilon_target"):
         mean, std = _report.mean_std(g["test_accuracy"], 100)
         pm, ps = paper_accuracy(name, part, eps)
-        eps_max, sigma_max = _eps_of(res, eps)
+        eps_max, sigma_max = _parts.eps_of(res, eps)
         meets = bool(mean >= pm - ps) if pm == pm else None
         rows.append(dict(dataset=name, partition=part, epsilon=eps, acc_mean=mean, acc_std=std,
                          seeds=len(g), paper_mean=pm, paper_std=ps, meets_paper=meets,
@@ -295,20 +198,8 @@ def _dp_pso_call(name, part, group, alg, clients, ds, prof: Profile, lr: float):
     return h, rows
 
 
-class _Dataset(NamedTuple):
-    """What Fig. 3 and the communication table need of one dataset's run: the iid (else the
-    first) partition's clients."""
-
-    ds: Any
-    clients: Any
-    model: Any
-    batch_size: int
-    lr: float
-    iid: bool
-
-
 def _run_dataset(name, prof: Profile, data_dir, out, store, cells, rounds_rows):
-    """All partitions x epsilons x seeds of one dataset; returns (wall seconds, _Dataset)."""
+    """All partitions x epsilons x seeds of one dataset; returns (wall seconds, Dataset)."""
     start = time.perf_counter()
     finite = [e for e in prof.epsilons if not math.isinf(e)]
     groups = [g for g in (finite, [e for e in prof.epsilons if math.isinf(e)]) if g]
@@ -340,7 +231,7 @@ def _run_dataset(name, prof: Profile, data_dir, out, store, cells, rounds_rows):
             how = "resumed from disk" if reused else f"{rows[0]['call_seconds']:.0f} s"
             print(f"{name} {part} eps={group}: {how} (load {_load()})", flush=True)
         if kept is None or part == "iid":
-            kept = _Dataset(ds, clients, model, bs, lr, part == "iid")
+            kept = _parts.Dataset(ds, clients, model, bs, lr, part == "iid")
     return time.perf_counter() - start, kept
 
 
@@ -348,52 +239,6 @@ def _partition(ds, part: str, seed: int = 42):
     """The paper's partitioners: Flower's FederatedDataset pipeline with its default seed."""
     scheme, kw = ("iid", {}) if part == "iid" else ("dirichlet", {"alpha": float(part[3:])})
     return flower_partition(ds.y_train, NUM_CLIENTS, scheme, seed=seed, **kw)
-
-
-def _fedavg(d: _Dataset, eps: float, rounds: int, seeds: int):
-    """FedAvg + DP-Adam (plain Adam at ``inf``) on ``d``'s clients: (history, privacy)."""
-    sizes = [np.asarray(d.clients.sizes)]
-    dp = RecordDP.for_run(sizes, d.batch_size, rounds=rounds, epsilons=[eps], delta=DELTA)
-    training = LocalTraining(batch_size=d.batch_size, optimizer="adam", record_dp=dp)
-    alg = without_dp(FedAvg(d.model, training), eps)
-    spec = RunSpec(rounds=rounds, delta=DELTA, seeds=tuple(range(seeds)))
-    variants = Variants.grid(alg, d.clients, spec, epsilon_target=[eps], learning_rate=[d.lr])
-    res = simulate(alg, d.clients, (d.ds.x_test, d.ds.y_test), variants, progress=True)
-    return res.history, {"epsilon_max": _eps_of(res, eps)[0]}
-
-
-def _fig3(name: str, d: _Dataset, prof: Profile, cells: list, store, out: Path):
-    """Fed-DP-PSO against FedAvg + DP-Adam at every epsilon: (table rows, FedAvg history)."""
-    rows, histories = [], []
-    for eps in prof.epsilons:
-        run = partial(_fedavg, d, eps, prof.rounds, prof.seeds)
-        history, privacy, _ = store.fetch_or_run(f"fig3_{name}_eps{eps:g}", run)
-        histories.append(history.assign(dataset=name, method="fedavg"))
-        last = history[history["round"] == prof.rounds]
-        b_mean, b_std = _report.mean_std(last.test_accuracy, 100)
-        key = (name, "iid", eps)
-        ours = next(c for c in cells if (c["dataset"], c["partition"], c["epsilon"]) == key)
-        rows.append(dict(dataset=name, epsilon=eps, fed_dp_pso=ours["acc_mean"],
-                         fed_dp_pso_std=ours["acc_std"], fedavg_dp=b_mean, fedavg_dp_std=b_std,
-                         fedavg_epsilon_max=privacy["epsilon_max"]))  # fmt: skip
-        pd.DataFrame(rows).to_csv(out / "fig3.csv", index=False)
-    return rows, pd.concat(histories)
-
-
-def _comm(name: str, d: _Dataset, pso: pd.DataFrame, fedavg: pd.DataFrame | None, store):
-    """Bytes per round the simulator counted for Fed-DP-PSO (``pso``: its history on
-    ``d``'s clients) and FedAvg (``fedavg``: Fig. 3's history on the same clients, else one
-    round of FedAvg without DP)."""
-    if fedavg is None:
-        fedavg, _, _ = store.fetch_or_run(f"comm_{name}", partial(_fedavg, d, math.inf, 1, 1))
-    row = {"dataset": name}
-    for method, h in (("pso", pso), ("fedavg", fedavg)):
-        for way in ("up", "down"):
-            per_round = h[f"bytes_{way}"].unique()  # every round moves the same bytes
-            if len(per_round) != 1:
-                raise RuntimeError(f"{method} moved different bytes per round: {per_round}")
-            row[f"{method}_{way}"] = int(per_round[0])
-    return {**row, "upload_saving": 1.0 - row["pso_up"] / row["fedavg_up"]}
 
 
 def _header(prof: Profile) -> str:
@@ -431,24 +276,6 @@ def _tables(cells: list, prof: Profile, out: Path) -> None:
         cols = ["partition", "epsilon", "ours", "paper", "meets", "epsilon_max", "eps_ok"]
         md = _report.write_table(sub, out / f"table_{name}", columns=cols, header=_header(prof))
         print(f"\n{name}: {_header(prof)}\n{md}")
-
-
-def _figures(rounds: pd.DataFrame, fig3: pd.DataFrame | None, out: Path) -> None:
-    """Fig. 2 (accuracy per round, a panel per partition, a band per epsilon) of every
-    dataset; Fig. 3 (a panel per epsilon: Fed-DP-PSO against FedAvg + DP-Adam)."""
-    acc = dict(scale=100, ylabel="test accuracy (%)", marker="o")
-    for name, sub in rounds.groupby("dataset"):
-        path = out / f"fig2_accuracy_per_round_{name}.png"
-        _report.per_round(sub, "test_accuracy", path, panel="partition", line="epsilon_target",
-                          label=lambda e: f"eps={e:g}", panel_title=lambda p, n=name: f"{n} {p}",
-                          **acc)  # fmt: skip
-    if fig3 is not None:
-        name = fig3.dataset.iloc[0]
-        title = f"Fig. 3: {name}" + ("" if name == FIG3 else " (stand-in for PathMNIST)")
-        names = {"fed_dp_pso": "Fed-DP-PSO", "fedavg": "FedAvg + DP-Adam"}
-        _report.per_round(fig3, "test_accuracy", out / "fig3_vs_fedavg_dp.png", suptitle=title,
-                          panel="epsilon_target", line="method", label=names.get,
-                          panel_title=lambda e: f"eps={e:g}", **acc)  # fmt: skip
 
 
 def flower_config(args: argparse.Namespace) -> dict:
@@ -498,7 +325,9 @@ def main(argv: list[str] | None = None) -> None:
         args.data_dir = _cli.data_dir(args.data_dir)
     out = _cli.out_dir(args)
     print(f"Privacy: {_covers()}.\n{_header(prof)}\nload at start: {_load()}", flush=True)
-    store = _cli.call_store(out, prof.call_settings(), __name__, restart=args.restart)
+    store = _cli.call_store(
+        out, prof.call_settings(), __name__, restart=args.restart, parts=[_parts]
+    )
     stores, cells, rounds_rows, walls, kept = [store], [], [], {}, {}
     load_start = _load()
     for name in prof.datasets:
@@ -509,7 +338,9 @@ def main(argv: list[str] | None = None) -> None:
     t0 = time.perf_counter()
     if prof.fig3 and FIG3 not in kept and args.full:
         iid = replace(prof, partitions=("iid",))  # own settings: partitions fix the padding
-        iid_store = _cli.call_store(out, iid.call_settings(), __name__, restart=args.restart)
+        iid_store = _cli.call_store(
+            out, iid.call_settings(), __name__, restart=args.restart, parts=[_parts]
+        )
         try:  # the paper's Fig. 3 dataset, IID only, when its files are found
             _, kept[FIG3] = _run_dataset(
                 FIG3, iid, args.data_dir, out, iid_store, cells, rounds_rows
@@ -523,23 +354,13 @@ def main(argv: list[str] | None = None) -> None:
     fig3_name = next((n for n in (FIG3, *kept) if n in kept and kept[n].iid), None)
     fig3, fig3_rounds, fedavg = [], None, {}
     if prof.fig3 and fig3_name is not None:
-        fig3, fedavg[fig3_name] = _fig3(fig3_name, kept[fig3_name], prof, cells, stores[-1], out)
-        ours = rounds[(rounds.dataset == fig3_name) & (rounds.partition == "iid")]
-        fig3_rounds = pd.concat([ours, fedavg[fig3_name]])
-        what = "on PathMNIST" if fig3_name == FIG3 else "stand-in for PathMNIST"
-        print(f"\nFig. 3 {what}: {fig3_name} ({kept[fig3_name].model.name})")
-        shown = pd.DataFrame(fig3)
-        shown = shown.astype(object).where(shown.notna(), None)  # no std from one seed: "-"
-        print(shown.to_markdown(index=False, floatfmt=".2f", missingval="-"))
+        d = kept[fig3_name]
+        fig3, fedavg[fig3_name], fig3_rounds = _parts.fig3(
+            fig3_name, d, prof, cells, rounds, stores[-1], out
+        )
     walls["fig3"] = time.perf_counter() - t0
-    comm = []
-    for name, d in kept.items():
-        part = "iid" if d.iid else rounds[rounds.dataset == name].partition.iloc[0]
-        pso = rounds[(rounds.dataset == name) & (rounds.partition == part)]
-        comm.append(_comm(name, d, pso, fedavg.get(name), store))
-    pd.DataFrame(comm).to_csv(out / "comm.csv", index=False)
-    print("\nCommunication per round (bytes):\n" + pd.DataFrame(comm).to_markdown(index=False))
-    _figures(rounds, fig3_rounds, out)
+    comm = _parts.comm_table(kept, rounds, fedavg, store, out)
+    _parts.figures(rounds, fig3_rounds, out)
     summary = dict(
         plan=asdict(prof),
         header=_header(prof),
