@@ -193,3 +193,16 @@ def test_server_optimisers_step_along_the_pseudo_gradient(digits, fed):
         out = simulate(alg, clients, test, Variants.grid(alg, clients, spec, server_lr=0.01))
         assert out.history["test_accuracy"].iloc[-1] > 0.5, name
         assert jax.tree.leaves(out.server.opt_state)  # the optimiser's moments are kept
+
+
+def test_clients_in_blocks_give_the_vmapped_numbers(digits, fed):
+    """``client_map=k`` (lax.map over blocks of k vmapped clients) computes what the vmap
+    does, to float rounding; a block count below 1 is refused."""
+    _, clients, test = digits
+    blocks = _fedavg(clients, test, rounds=2, seeds=(1,), client_map=2)
+    batched = fed.history[(fed.history["seed"] == 1) & (fed.history["round"] <= 2)]
+    np.testing.assert_allclose(
+        blocks.history["test_loss"].to_numpy(), batched["test_loss"].to_numpy(), rtol=1e-5
+    )
+    with pytest.raises(ValueError, match="client_map"):
+        _fedavg(clients, test, rounds=1, client_map=0)

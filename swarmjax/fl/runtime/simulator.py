@@ -56,7 +56,7 @@ __all__ = [
     "simulate",
 ]
 
-ClientMap = Literal["vmap", "sequential"]
+ClientMap = Literal["vmap", "sequential"] | int  # an int: clients per vmapped block
 
 
 def num_clients(clients: PyTree) -> int:
@@ -87,6 +87,8 @@ def take_clients(clients: PyTree, ids: Int[Array, " S"]) -> PyTree:
 def _map_clients(fn: Any, args: tuple, client_map: ClientMap) -> Any:
     if client_map == "sequential":
         return jax.lax.map(lambda a: fn(*a), args)
+    if isinstance(client_map, int):  # blocks of client_map clients, vmapped within a block
+        return jax.lax.map(lambda a: fn(*a), args, batch_size=client_map)
     return jax.vmap(fn)(*args)
 
 
@@ -257,11 +259,13 @@ def simulate(
             (variant, seed) pairs, variant-major.
         common_random_numbers: give every variant the same keys (see
             :func:`~swarmjax.fl.protocol.run_keys`).
-        client_map: ``"vmap"`` or ``"sequential"`` (``lax.map`` over clients: the same
-            result up to float rounding, each client runs its own trip counts); ``None``:
-            the device's choice, :func:`swarmjax.device.default_client_map` (sequential on
-            a CPU, vmap on an accelerator: right for convolutional clients; small dense
-            models are faster vmapped on a CPU too, hence the explicit default).
+        client_map: how clients share a vectorised block: ``"vmap"`` (all of them),
+            ``"sequential"`` (one at a time, ``lax.map``: each client runs its own trip
+            counts) or an int ``k`` (blocks of ``k`` clients); the same result up to float
+            rounding. ``None``: :func:`swarmjax.device.default_client_map` (one at a time
+            on a CPU, vmap on an accelerator: right for convolutional clients; small dense
+            models are faster vmapped on a CPU too, hence the explicit default). On the
+            2-core CPU a CNN cohort ran best in blocks of 2 (docs/cross_device.md).
         rounds_per_call: scan this many rounds per compiled call (same result).
         progress: show a progress bar.
         diagnostics: also collect ``alg.private_diagnostics`` and the realised selections
@@ -278,7 +282,12 @@ def simulate(
     data = alg.client_data(clients)
     if client_map is None:
         client_map = default_client_map()
-    check_choice("client_map", client_map, ("vmap", "sequential"))
+    if isinstance(client_map, bool) or not isinstance(client_map, int):
+        check_choice("client_map", client_map, ("vmap", "sequential"))
+    elif client_map < 1:
+        raise ValueError(
+            f"client_map must be 'vmap', 'sequential' or an int >= 1; got {client_map}"
+        )
     n_var = variants.size
     for name, values in variants.labels.items():
         if len(values) != n_var:
