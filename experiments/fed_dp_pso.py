@@ -198,7 +198,7 @@ def _dp_pso_call(name, part, group, alg, clients, ds, prof: Profile, lr: float):
     return h, rows
 
 
-def _run_dataset(name, prof: Profile, data_dir, out, store, cells, rounds_rows):
+def run_dataset(name, prof: Profile, data_dir, out, store, cells, rounds_rows):
     """All partitions x epsilons x seeds of one dataset; returns (wall seconds, Dataset)."""
     start = time.perf_counter()
     finite = [e for e in prof.epsilons if not math.isinf(e)]
@@ -331,7 +331,7 @@ def main(argv: list[str] | None = None) -> None:
     stores, cells, rounds_rows, walls, kept = [store], [], [], {}, {}
     load_start = _load()
     for name in prof.datasets:
-        walls[name], kept[name] = _run_dataset(
+        walls[name], kept[name] = run_dataset(
             name, prof, args.data_dir, out, store, cells, rounds_rows
         )
         print(f"{name}: whole table {walls[name]:.0f} s (load {_load()})", flush=True)
@@ -342,7 +342,7 @@ def main(argv: list[str] | None = None) -> None:
             out, iid.call_settings(), __name__, restart=args.restart, parts=[_parts]
         )
         try:  # the paper's Fig. 3 dataset, IID only, when its files are found
-            _, kept[FIG3] = _run_dataset(
+            _, kept[FIG3] = run_dataset(
                 FIG3, iid, args.data_dir, out, iid_store, cells, rounds_rows
             )
             stores.append(iid_store)

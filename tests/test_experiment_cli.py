@@ -23,7 +23,7 @@ def _forbid_work(monkeypatch):
     monkeypatch.setattr(dp_fedavg, "load_dataset", _no_work)
     monkeypatch.setattr(combined_learning, "load_dataset", _no_work)
     monkeypatch.setattr(apdim, "load_split", _no_work)
-    monkeypatch.setattr(fed_dp_pso, "_run_dataset", _no_work)
+    monkeypatch.setattr(fed_dp_pso, "run_dataset", _no_work)
     monkeypatch.setattr(paaso, "_setup_devices", _no_work)
 
 
@@ -77,8 +77,7 @@ def test_data_dir_never_falls_back(tmp_path, monkeypatch):
 def test_results_default_to_the_repository_results_folder():
     for module in (dp_fedavg, combined_learning, apdim, fed_dp_pso, paaso):
         name = module.__name__.split(".")[-1]
-        parse = getattr(module, "parse_args", None)
-        args = parse([]) if parse else fed_dp_pso._parser().parse_args([])
+        args = module.parse_args([])
         assert args.out == _cli.RESULTS / name
 
 

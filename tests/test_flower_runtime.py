@@ -91,7 +91,7 @@ def test_the_experiment_over_flower(tmp_path, capsys):
     from experiments import fed_dp_pso
     from experiments._flower import run_over_flower
 
-    args = fed_dp_pso._parser().parse_args(["--runtime", "flower", "--quick", "--epsilons", "5"])
+    args = fed_dp_pso.parse_args(["--runtime", "flower", "--quick", "--epsilons", "5"])
     expected = {
         "algorithm": "fed-dp-pso",
         "rounds": 2,
