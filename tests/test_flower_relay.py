@@ -86,7 +86,7 @@ def test_workers_give_the_simulators_numbers_and_survive_a_restart(worker_grid):
 
     grid.nodes[101].rewrite = kill_worker_after_round_one
     run = drive(grid, load_task(cfg), FAST)
-    assert (run.messages["status"] == "ok").all()
+    assert (run.operator.messages["status"] == "ok").all()
     assert_same_run(run, simulated(cfg))
     # node 1's worker was started again (its log holds both lives); the state came along
     assert int(pid_file.read_text()) != seen["pid"]
