@@ -94,3 +94,16 @@ def test_workers_give_the_simulators_numbers_and_survive_a_restart(worker_grid):
     assert log.count("hello:") == 1 and log.count("exchange:") == 2
     assert "exchange:" in (tmp / "w0" / relay.LOG_FILE).read_text()
     assert all(relay.STATE_KEY in n.context.state for n in grid.nodes.values())
+
+
+def test_flower_executables_are_found_without_an_activated_environment(monkeypatch, tmp_path):
+    from swarmjax.fl.runtime.flower import deployment
+
+    monkeypatch.setenv("PATH", "/nonexistent")  # as `venv/bin/python -m pytest` leaves it
+    assert (deployment.flower_bin() / "flower-superexec").exists()
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "python"))
+    with pytest.raises(FileNotFoundError, match="flwr"):
+        deployment.flower_bin()
+    (tmp_path / "flwr").touch()
+    with pytest.raises(FileNotFoundError, match="flower-superexec"):
+        deployment.flower_bin()

@@ -346,6 +346,8 @@ def run_simulation(
     ports = {"FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": free_port()}
     ports["FLWR_LOCAL_CONTROL_API_PORT"] = free_port()
     env |= {k: str(v) for k, v in ports.items()}
+    # the environment already holds swarmjax (as --disable-runtime-dependency-installation)
+    env["FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION"] = "1"
     cmd = [str(folder / "flwr"), "run", str(app), "local", "--stream"]
     cmd += ["--federation-config", f"num-supernodes={num_supernodes}"]
     cmd += ["--run-config", config_arg(run_config)]
