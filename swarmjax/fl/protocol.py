@@ -50,6 +50,8 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Bool, Float, Int, PRNGKeyArray, PyTree
 
+from swarmjax.fl.data.cohort import fixed_cohort
+
 __all__ = [
     "ACCOUNTED",
     "PUBLIC",
@@ -259,8 +261,9 @@ def everyone(server: ServerState, key: PRNGKeyArray, num_clients: int) -> Bool[A
 
 @dataclass(frozen=True)
 class UniformCohort:
-    """``select`` that draws ``min(size, N)`` clients uniformly without replacement (public:
-    the server's key only). Use it with ``max_selected=size``: a round then runs and
+    """``select`` that draws ``min(size, N)`` clients uniformly without replacement
+    (public: the server's key only; :func:`~swarmjax.fl.data.cohort.fixed_cohort`, whose
+    cost is O(size), not O(N)). Use it with ``max_selected=size``: a round then runs and
     aggregates only the cohort."""
 
     size: int
@@ -271,8 +274,7 @@ class UniformCohort:
 
     def __call__(self, server: ServerState, key: PRNGKeyArray, num_clients: int) -> Array:
         del server
-        k = min(self.size, num_clients)
-        ids = jax.random.choice(key, num_clients, (k,), replace=False)
+        ids = fixed_cohort(key, num_clients, min(self.size, num_clients))
         return jnp.zeros((num_clients,), bool).at[ids].set(True)
 
 
