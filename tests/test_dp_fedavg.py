@@ -299,3 +299,15 @@ def test_bad_settings_raise_before_compiling(digits):
     bad_test = (test[0][:, :4], test[1])
     with pytest.raises(ValueError, match="test examples have shape"):
         simulate(ADAPTIVE, clients, bad_test, variants)
+
+
+def test_a_bfloat16_update_is_clipped_in_float32_and_stays_within_the_bound():
+    """Scaling a bfloat16 update and rounding it back to bfloat16 can leave its norm above
+    C; the clipped update is float32, within C to float32 rounding."""
+    rng = np.random.default_rng(3)
+    update = {"w": jnp.asarray(rng.normal(size=(64, 33)) * 7.0, jnp.bfloat16)}
+    clipped, norm, finite = clip_update(update, 0.37)
+    assert finite and float(norm) > 0.37
+    assert clipped["w"].dtype == jnp.float32
+    total = float(jnp.sqrt(jnp.sum(jnp.square(clipped["w"]))))
+    assert total <= 0.37 * (1 + 1e-6)
