@@ -552,6 +552,14 @@ def run_keys(
     """One key per (variant, seed), variant-major: the root of every random number a run
     draws (:func:`server_key`, :func:`client_key`, ...).
 
+    Args:
+        seeds: the seeds (each ``>= 0``).
+        labels: one mapping per variant (its history labels).
+        common_random_numbers: give every variant ``key(seed)`` (shared draws).
+
+    Returns:
+        ``(variants * seeds,)`` typed PRNG keys, variant-major.
+
     Independent by default: run ``(v, s)`` uses ``fold_in(key(s), crc32(labels of v))``, so
     variants draw independent noise and a run's numbers do not depend on what else is in
     the batch. Two variants with equal labels would share every draw (two releases with

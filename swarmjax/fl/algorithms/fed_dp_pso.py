@@ -698,11 +698,21 @@ def fed_dp_pso(
     particles: int = 5,
     **options: object,
 ) -> FedDPPSO:
-    """Fed-DP-PSO under ``reading`` with DP-Adam (``record_dp``; ``None``: plain Adam,
-    epsilon inf) at batch size ``batch_size``; ``options`` are other :class:`FedDPPSO`
-    fields (e.g. ``eval_subset``, ``selection_metric``). The experiments and the Flower
-    tasks build the algorithm here, so a deployment runs the reading an experiment asked
-    for. The velocity clamp is a hyper value: :func:`reading_hyper`."""
+    """Fed-DP-PSO under a named reading: the one factory the experiments and the Flower
+    tasks share, so a deployment runs the reading an experiment asked for.
+
+    Args:
+        model: the ``(init, apply)`` pair.
+        reading: the design choices (:data:`READINGS`, or one with fields replaced).
+        batch_size: ``B`` of the (DP-)Adam refinement.
+        record_dp: DP-Adam's clipping and buffer; ``None``: plain Adam, epsilon inf.
+        particles: ``S`` per client.
+        **options: other :class:`FedDPPSO` fields (e.g. ``eval_subset``).
+
+    Returns:
+        The :class:`FedDPPSO`; the reading's velocity clamp is a hyper value,
+        :func:`reading_hyper`.
+    """
     reading.check()
     training = LocalTraining(
         batch_size=batch_size,

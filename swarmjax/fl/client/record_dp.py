@@ -124,10 +124,22 @@ def calibrate_sigmas(
     delta: float = DELTA,
     overflow_prob: ArrayLike | None = None,
 ) -> np.ndarray:
-    """Per-client noise multiplier so client ``i`` spends ``<= target_epsilon`` at ``delta``
-    after ``rounds * E * ceil(|D_i| / B)`` steps at ``q_i = B / |D_i|``; zeros for ``inf``.
-    ``overflow_prob``: ``(clients,)`` per-step overflow chance of each client's Poisson buffer
-    (:meth:`~swarmjax.fl.client.training.LocalTraining.sampler_overflow`), charged to delta."""
+    """Per-client noise multipliers for record-level DP-SGD / DP-Adam.
+
+    Args:
+        target_epsilon: the epsilon each client may spend (``inf``: zeros, no noise).
+        sizes: ``(clients,)`` rows per client ``|D_i|``.
+        batch_size: ``B``, the expected Poisson batch (``q_i = B / |D_i|``).
+        rounds, epochs: the run's rounds and local epochs ``E`` per round.
+        delta: the delta of the target.
+        overflow_prob: ``(clients,)`` per-step overflow chance of each client's Poisson
+            buffer (:meth:`~swarmjax.fl.client.training.LocalTraining.sampler_overflow`),
+            charged to delta.
+
+    Returns:
+        ``(clients,)`` float64 ``sigma_i``: client ``i`` spends ``<= target_epsilon`` after
+        ``rounds * E * ceil(|D_i| / B)`` steps (equal clients share one bisection).
+    """
     check_positive("target_epsilon", target_epsilon)
     check_range("delta", delta, 0.0, 1.0, low_open=True, high_open=True)
     rounds = check_int("rounds", rounds, 1)

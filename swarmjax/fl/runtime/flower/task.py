@@ -136,8 +136,19 @@ def load_task(run_config: Mapping[str, Any]) -> Task:
 def stacked_task(
     algorithm: Algorithm, variants: Variants, clients: PyTree, test: tuple[Array, Array]
 ) -> Task:
-    """A :class:`Task` over stacked clients (the simulator's input, usually ``ClientData``):
-    client ``i`` holds slice ``i`` of ``algorithm.client_data(clients)``."""
+    """A deployment's task from the simulator's inputs.
+
+    Args:
+        algorithm: the protocol algorithm.
+        variants: ONE variant with ONE seed (its spec gives rounds, delta and seed).
+        clients: stacked client data (usually ``ClientData``, a leading client axis).
+        test: the public ``(x, y)`` test set.
+
+    Returns:
+        A :class:`Task` in which client ``i`` holds slice ``i`` of
+        ``algorithm.client_data(clients)`` (and ``stacked`` keeps ``clients`` for
+        :func:`simulate_task`).
+    """
     data = algorithm.client_data(clients)
 
     def one(pid: int) -> PyTree:
