@@ -39,11 +39,11 @@ from swarmjax.fl.algorithms.fedavg import FedAvg
 from swarmjax.fl.algorithms.fedprox import FedProx
 from swarmjax.fl.client.training import LocalTraining
 from swarmjax.fl.data import load_dataset, partition
+from swarmjax.fl.data.cohort import cohort_capacity
 from swarmjax.fl.data.store import ClientStore
 from swarmjax.fl.protocol import RunSpec, Variants
 from swarmjax.fl.runtime import simulate
 from swarmjax.models import evaluate, simple_cnn
-from swarmjax.privacy.sampling import run_capacity
 
 ALGORITHMS = ("fedavg", "fedprox", "fedadam", "fedyogi", "dp-fedavg", "dp-fedavg-adaptive")
 PARTITIONS = ("consecutive", "dirichlet", "shards", "power_law")
@@ -220,11 +220,12 @@ def algorithm(name: str, prof: Profile, clients) -> tuple:
     if name == "fedprox":
         return FedProx(model, local, cohort=prof.cohort), {**lr, "mu": prof.mu}
     q = prof.cohort / prof.clients
-    capacity = run_capacity(
-        prof.clients, q, steps=prof.rounds, delta=_delta(prof), epsilon=prof.epsilon
-    )
+    capacity = cohort_capacity(prof.clients, q, prof.rounds, _delta(prof), prof.epsilon)
     clipping = "adaptive" if name.endswith("adaptive") else "fixed"
-    alg = ClientLevelDPFedAvg(model, local, clipping=clipping, capacity=min(capacity, prof.clients))
+    # a buffer past N holds every client of both neighbours: no capacity, nothing to charge
+    alg = ClientLevelDPFedAvg(
+        model, local, clipping=clipping, capacity=capacity if capacity <= prof.clients else None
+    )
     grid = {
         "sample_rate": q,
         "initial_clip": prof.clip,

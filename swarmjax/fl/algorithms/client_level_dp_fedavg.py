@@ -48,11 +48,12 @@ from swarmjax.fl.algorithms.common import (
 )
 from swarmjax.fl.client.training import LocalTraining, clip_update
 from swarmjax.fl.data.clients import ClientData
+from swarmjax.fl.data.cohort import cohort_overflow
 from swarmjax.fl.protocol import Algorithm, Exchange, Protection, RunSpec, Slots, Spend
 from swarmjax.models import Model
 from swarmjax.privacy.accounting import sigma_for_epsilon
 from swarmjax.privacy.mechanisms import gaussian_mechanism
-from swarmjax.privacy.sampling import overflow_probability, poisson_capacity, poisson_sample
+from swarmjax.privacy.sampling import poisson_capacity, poisson_sample
 
 __all__ = [
     "ClientLevelDPFedAvg",
@@ -425,7 +426,7 @@ def client_draw_overflow(capacity: int | None, num_clients: int, sample_rate: fl
     ``> num_clients``, or nobody is drawn."""
     if capacity is None or capacity > num_clients or sample_rate <= 0:
         return 0.0
-    return overflow_probability(num_clients, sample_rate, capacity, add_one=True)
+    return cohort_overflow(num_clients, sample_rate, capacity)
 
 
 def _expected_clients(hyper: DPFedAvgHyper, num_clients: int) -> Array:

@@ -97,7 +97,7 @@ def cohort_overflow(num_clients: int, rate: float, capacity: int) -> float:
     (the add/remove neighbour with one more client)."""
     num_clients = check_int("num_clients", num_clients, 1)
     check_range("rate", rate, 0.0, 1.0, low_open=True)
-    return overflow_probability(num_clients + 1, rate, check_int("capacity", capacity, 1))
+    return overflow_probability(num_clients, rate, check_int("capacity", capacity, 1), add_one=True)
 
 
 def cohort_capacity(
@@ -119,7 +119,7 @@ def cohort_capacity(
     check_range("rate", rate, 0.0, 1.0, low_open=True)
     rounds = check_int("rounds", rounds, 1)
     return run_capacity(
-        num_clients + 1, rate, steps=rounds, delta=delta, epsilon=epsilon, share=share
+        num_clients, rate, steps=rounds, delta=delta, epsilon=epsilon, share=share, add_one=True
     )
 
 
