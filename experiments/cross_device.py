@@ -33,7 +33,7 @@ import jax
 import numpy as np
 import pandas as pd
 
-from experiments import _cli
+from experiments import _cli, _report
 from swarmjax.fl.algorithms.client_level_dp_fedavg import ClientLevelDPFedAvg
 from swarmjax.fl.algorithms.fedavg import FedAvg
 from swarmjax.fl.algorithms.fedprox import FedProx
@@ -285,38 +285,28 @@ def run_one(name: str, prof: Profile, clients, test, full_test, out: Path) -> di
 
 def figures(history: pd.DataFrame, out: Path) -> None:
     """Accuracy per round (mean, one-std band over seeds) and against epsilon."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for name, g in history.groupby("algorithm"):
-        stats = g.groupby("round")["test_accuracy"].agg(["mean", "std"]).fillna(0.0)
-        ax.plot(stats.index, stats["mean"], label=name)
-        ax.fill_between(
-            stats.index, stats["mean"] - stats["std"], stats["mean"] + stats["std"], alpha=0.2
-        )
-    ax.set(xlabel="round", ylabel="test accuracy", title="Cross-device: accuracy per round")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out / "accuracy_per_round.png", dpi=120)
-    plt.close(fig)
+    _report.per_round(
+        history.assign(federation="cross-device"),
+        "test_accuracy",
+        out / "accuracy_per_round.png",
+        panel="federation",
+        line="algorithm",
+        ylabel="test accuracy",
+        panel_title=lambda _: "Cross-device: accuracy per round",
+    )
     dp = history[np.isfinite(history["epsilon_max"])]
     if len(dp):
-        fig, ax = plt.subplots(figsize=(6, 4))
+        fig, axes = _report.grid(1, 1, width=6, height=4)
+        ax = axes[0, 0]
         for name, g in dp.groupby("algorithm"):
-            stats = g.groupby("round")[["epsilon_max", "test_accuracy"]].mean()
-            ax.plot(stats["epsilon_max"], stats["test_accuracy"], marker=".", label=name)
+            _report.band(ax, g, "test_accuracy", x="epsilon_max", label=name, marker=".")
         ax.set(
             xlabel="epsilon spent (user-level)",
             ylabel="test accuracy",
-            title="Cross-device: accuracy vs epsilon",
+            title=_report.title("Cross-device: accuracy vs epsilon"),
         )
         ax.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(out / "accuracy_vs_epsilon.png", dpi=120)
-        plt.close(fig)
+        _report.save(fig, out / "accuracy_vs_epsilon.png")
 
 
 @_cli.entry_point
