@@ -584,3 +584,36 @@ def test_a_capped_exchange_runs_and_aggregates_only_the_cohorts_slots(setup):
     res = simulate(alg, clients, test, grid)
     assert seen and all(s == (capacity, many) for s in seen)
     assert np.isfinite(res.history["test_loss"]).all()
+
+
+@pytest.mark.parametrize("client_map", ["sequential", 2, 3])
+def test_clients_in_turn_skip_unused_slots_and_give_the_vmapped_numbers(setup, client_map):
+    """Clients run one at a time or in blocks: a block with no sampled client (the Poisson
+    buffer's unused tail) does not train (blocks counted by a host callback), and the numbers are
+    those of the plain vmap over every slot. (3 does not divide the capacity: a tail block.)"""
+    from swarmjax.privacy.sampling import poisson_capacity
+
+    _, test = setup
+    data = load_dataset("digits")
+    many = 40
+    part = iid_partition(data.y_train[:800], many, seed=0)
+    clients = stack_clients(data.x_train, data.y_train, part.indices)
+    capacity = poisson_capacity(many, 0.1)
+    trained = []
+
+    @dataclasses.dataclass(frozen=True)
+    class Counted(ClientLevelDPFedAvg):
+        def client(self, state, data, request, key, hyper):
+            jax.debug.callback(lambda: trained.append(1))
+            return super().client(state, data, request, key, hyper)
+
+    alg = Counted(MODEL, LocalTraining(batch_size=10), capacity=capacity)
+    grid = Variants.grid(alg, clients, RunSpec(3, 1e-3), sample_rate=0.1)
+    turns = simulate(alg, clients, test, grid, client_map=client_map, diagnostics=True)
+    selected = np.asarray(turns.private_diagnostics["selected"]).reshape(-1)
+    k = 1 if client_map == "sequential" else client_map
+    blocks = -(-selected // k)  # the used slots come first: ceil(selected / k) blocks run
+    # (a callback in a vmapped block runs once for the block)
+    assert selected.max() < capacity and len(trained) == int(np.sum(blocks))
+    everyone = simulate(alg, clients, test, grid, client_map="vmap")
+    np.testing.assert_allclose(turns.history["test_loss"], everyone.history["test_loss"], rtol=1e-5)

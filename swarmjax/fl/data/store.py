@@ -11,6 +11,11 @@ jit-able; its shapes depend only on the cohort's length and ``max_rows``, so eve
 runs the same compiled program. For the same clients it returns exactly the rows of
 :func:`~swarmjax.fl.data.clients.stack_clients` (tested).
 
+Images stored as ``k / 255`` (what :func:`~swarmjax.fl.data.load_dataset` returns) are kept
+as uint8 codes, a quarter of float32's bytes, and decoded in :func:`gather` through a
+256-entry table to the same float32 values bit for bit (``build(compress=True)``, the
+default, checks that this is lossless and keeps float32 otherwise).
+
 Pass the store to a jitted function as an ARGUMENT (it is a pytree), never close over it:
 a closed-over array is baked into the program as a constant.
 
@@ -31,7 +36,7 @@ from jaxtyping import Array, ArrayLike, Bool, Float, Int
 from swarmjax._validation import check_int
 from swarmjax.fl.data.clients import ClientData
 
-__all__ = ["ClientStore", "choose_max_rows", "gather", "memory_estimate"]
+__all__ = ["ClientStore", "choose_max_rows", "decode", "gather", "memory_estimate"]
 
 
 @flax.struct.dataclass
@@ -39,12 +44,14 @@ class ClientStore:
     """All clients' rows, flat (a pytree; build with :meth:`build`).
 
     Attributes:
-        x: ``(rows, *example_shape)`` float32, clients back to back, no padding.
+        x: ``(rows, *example_shape)``, clients back to back, no padding: float32, or uint8
+            codes into ``x_table``.
         y: ``(rows,)`` int32 labels.
         offsets: ``(clients,)`` int32, first row of each client.
         sizes: ``(clients,)`` int32, rows of each client (all >= 1).
         max_rows: rows per client of a gathered buffer (static; :meth:`build` sets the
             largest client's size, :meth:`with_max_rows` another).
+        x_table: ``(256,)`` float32 value of each uint8 code, or None (``x`` is float32).
     """
 
     x: Float[Array, "rows ..."]
@@ -52,6 +59,7 @@ class ClientStore:
     offsets: Int[Array, " clients"]
     sizes: Int[Array, " clients"]
     max_rows: int = flax.struct.field(pytree_node=False, default=0)
+    x_table: Float[Array, "256"] | None = None
 
     def take(self, client_ids: Int[ArrayLike, " cohort"]) -> ClientData:
         """:func:`gather` of ``client_ids`` at :attr:`max_rows` rows per client: what the
@@ -76,12 +84,20 @@ class ClientStore:
         return tuple(self.x.shape[1:])
 
     @classmethod
-    def build(cls, x: ArrayLike, y: ArrayLike, indices: Sequence[ArrayLike]) -> ClientStore:
+    def build(
+        cls, x: ArrayLike, y: ArrayLike, indices: Sequence[ArrayLike], *, compress: bool = True
+    ) -> ClientStore:
         """Store clients ``indices`` (one index array per client, e.g. ``Partition.indices``)
         of ``x (n, ...)``, ``y (n,)``, each client's rows in the order given.
 
+        ``compress=True`` stores ``x`` as uint8 when every value is exactly ``k / 255``
+        (``k`` an integer in ``[0, 255]``; images as :func:`~swarmjax.fl.data.load_dataset`
+        returns them), else float32; :func:`gather` returns the same float32 either way.
+        Only the stored rows are copied (never a float32 copy of a tiled federation).
+
         Raises a one-line ``ValueError`` on mismatched lengths, a non-integer or non-1-D
-        ``y``, non-finite ``x``, no clients, an empty client (named) or indices out of range.
+        ``y``, non-finite ``x`` in a stored row, no clients, an empty client (named) or
+        indices out of range.
         """
         x = np.asarray(x)
         y = np.asarray(y)
@@ -111,17 +127,43 @@ class ClientStore:
             raise ValueError(f"ClientStore: indices must be in [0, {x.shape[0] - 1}]")
         if rows.size >= 2**31:
             raise ValueError(f"ClientStore: at most 2**31 - 1 rows; got {rows.size}")
-        xs = x[rows].astype(np.float32, copy=False)
-        if not np.isfinite(xs).all():
+        source = x.astype(np.float32, copy=False)  # the source rows, before any tiling
+        finite = np.isfinite(source.reshape(len(source), -1)).all(axis=1)
+        if not finite[rows].all():
             raise ValueError("ClientStore: x must be finite (no NaN or inf)")
+        table = None
+        if compress and (codes := _uint8_codes(source)) is not None:
+            source, table = codes, jnp.asarray(_LEVELS)
         offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
         return cls(
-            x=jnp.asarray(xs),
+            x=jnp.asarray(source[rows]),
             y=jnp.asarray(y[rows].astype(np.int32)),
             offsets=jnp.asarray(offsets.astype(np.int32)),
             sizes=jnp.asarray(sizes.astype(np.int32)),
             max_rows=int(sizes.max()),
+            x_table=table,
         )
+
+
+_LEVELS = np.arange(256, dtype=np.float32) / np.float32(255)  # code k -> float32(k / 255)
+
+
+def _uint8_codes(x: np.ndarray) -> np.ndarray | None:
+    """The codes ``k`` with ``_LEVELS[k] == x`` everywhere (uint8), or None if any value is
+    not one of the 256 levels."""
+    codes = np.rint(x * np.float32(255))
+    if not (codes.min(initial=0.0) >= 0 and codes.max(initial=0.0) <= 255):
+        return None
+    codes = codes.astype(np.uint8)
+    return codes if np.array_equal(_LEVELS[codes], x) else None
+
+
+def decode(store: ClientStore, x: Array) -> Float[Array, "..."]:
+    """Stored rows ``x`` (any shape, the store's dtype) as the float32 examples they hold:
+    a table lookup for uint8 codes (exact, unlike a division XLA may rewrite)."""
+    if store.x_table is None:
+        return x.astype(jnp.float32)
+    return jnp.take(store.x_table, x.astype(jnp.int32), axis=0)
 
 
 def gather(
@@ -159,6 +201,7 @@ def gather(
     mask = j[None, :] < sizes[:, None]
     rows = jnp.where(mask, store.offsets[safe][:, None] + j[None, :], 0)
     x = jnp.take(store.x, rows.reshape(-1), axis=0).reshape(*rows.shape, *store.x.shape[1:])
+    x = decode(store, x)
     x = jnp.where(mask.reshape(*mask.shape, *([1] * (x.ndim - 2))), x, jnp.zeros((), x.dtype))
     y = jnp.where(mask, jnp.take(store.y, rows, axis=0), 0)
     return ClientData(x=x, y=y, mask=mask, sizes=sizes)
@@ -194,6 +237,6 @@ def memory_estimate(store: ClientStore, cohort: int, max_rows: int) -> dict[str,
     max_rows = check_int("max_rows", max_rows, 1)
     store_bytes = sum(int(a.size) * a.dtype.itemsize for a in (store.x, store.y))
     index_bytes = sum(int(a.size) * a.dtype.itemsize for a in (store.offsets, store.sizes))
-    example = int(np.prod(store.example_shape, dtype=np.int64)) * store.x.dtype.itemsize
+    example = int(np.prod(store.example_shape, dtype=np.int64)) * 4  # gathered as float32
     buffer = cohort * max_rows * (example + 4 + 1) + cohort * 4
     return {"store": store_bytes, "index": index_bytes, "cohort_buffer": buffer}

@@ -84,12 +84,37 @@ def take_clients(clients: PyTree, ids: Int[Array, " S"]) -> PyTree:
     return take(ids) if callable(take) else jax.tree.map(lambda a: a[ids], clients)
 
 
-def _map_clients(fn: Any, args: tuple, client_map: ClientMap) -> Any:
-    if client_map == "sequential":
-        return jax.lax.map(lambda a: fn(*a), args)
-    if isinstance(client_map, int):  # blocks of client_map clients, vmapped within a block
-        return jax.lax.map(lambda a: fn(*a), args, batch_size=client_map)
-    return jax.vmap(fn)(*args)
+def _map_clients(fn: Any, args: tuple, client_map: ClientMap, used: Array | None = None) -> Any:
+    """``fn`` over the leading (client) axis of ``args`` as ``client_map`` says.
+
+    ``used`` (``(S,)`` bool): slots whose reply counts. Where clients run one at a time or
+    in blocks, a block with no used slot is skipped (``lax.cond``) and returns zeros: a
+    Poisson cohort's unused capacity, or unselected clients, cost nothing. (Under a batched
+    predicate, e.g. several runs vmapped, the cond computes both branches: same numbers.)
+    """
+    if client_map == "vmap":
+        return jax.vmap(fn)(*args)
+    k = 1 if client_map == "sequential" else int(client_map)
+    if used is None:
+        return jax.lax.map(lambda a: fn(*a), args, batch_size=None if k == 1 else k)
+    one = (lambda a: fn(*a)) if k == 1 else (lambda a: jax.vmap(fn)(*a))
+
+    def block(a_u: tuple) -> Any:
+        a, u = a_u
+        like = jax.eval_shape(one, a)
+        skip = partial(jax.tree.map, lambda s: jnp.zeros(s.shape, s.dtype), like)
+        return jax.lax.cond(jnp.any(u), one, lambda _: skip(), a)
+
+    n = int(used.shape[0])
+    if k == 1:
+        return jax.lax.map(block, (args, used))
+    full = n // k * k
+    blocks = jax.tree.map(lambda a: a[:full].reshape(n // k, k, *a.shape[1:]), (args, used))
+    out = jax.tree.map(lambda a: a.reshape(full, *a.shape[2:]), jax.lax.map(block, blocks))
+    if full == n:
+        return out
+    tail = block(jax.tree.map(lambda a: a[full:], (args, used)))
+    return jax.tree.map(lambda a, b: jnp.concatenate([a, b]), out, tail)
 
 
 def run_exchange(
@@ -120,7 +145,7 @@ def run_exchange(
 
     if ex.max_selected is None or ex.max_selected >= n:
         every = take_clients(clients, ids) if _gathers(clients) else clients
-        new, replies = _map_clients(one, (states, every, ids), client_map)
+        new, replies = _map_clients(one, (states, every, ids), client_map, mask)
         states = states if all(kept) else where_selected(mask, new, states)
         slots = Slots.everyone(mask)
     else:  # only the cohort's slots: a round costs the cohort, not the federation
@@ -128,7 +153,7 @@ def run_exchange(
         safe = jnp.minimum(chosen, n - 1)
         take = partial(jax.tree.map, lambda a: a[safe])
         new, replies = _map_clients(
-            one, (take(states), take_clients(clients, safe), safe), client_map
+            one, (take(states), take_clients(clients, safe), safe), client_map, chosen < n
         )
         slots = Slots(mask=chosen < n, ids=chosen, num_clients=n)
         if not all(kept):
@@ -200,6 +225,9 @@ def run_rounds(alg, carry, keys, hypers, clients, test, rounds, cmap, diagnostic
     def one(c, k, h):
         return _rounds_one(alg, c, k, h, clients, test, rounds, cmap, diagnostics)
 
+    if keys.shape[0] == 1:  # one run: unbatched, so a cond can skip unused client blocks
+        single = jax.tree.map(lambda a: a[0], (carry, keys, hypers))
+        return jax.tree.map(lambda a: a[None], one(*single))
     return jax.vmap(one)(carry, keys, hypers)
 
 
