@@ -8,18 +8,20 @@ epsilon 2, delta 1/1200, each system's own accountant: pfl's PLD accountant at s
 rate 50/1200; swarmjax's RDP accountant for a Poisson cohort of rate 50/1200 in a buffer
 sized by :func:`swarmjax.fl.data.cohort.cohort_capacity`, its overflow charged to delta).
 
-pfl runs in a subprocess under ``--pfl-python`` (its own venv, see the ``vs-pfl`` extra in
-pyproject.toml) on the same rows (``benchmarks/pfl_run.py``). swarmjax runs the prototype
-round of :mod:`benchmarks.cohort_round` (store + cohort + gather + ``local_train``) in each
-formulation of ``--formulations`` (``CONV:CHUNK``: ``xla`` or ``matmul`` convolutions,
-``CHUNK`` clients per vmapped block; ``CHUNK = 50`` is a vmap over the cohort, ``1`` a
-sequential ``lax.map``). The FLOP floor is measured in the same run: a 2048 x 2048 float32
-matmul in JAX (best of 5) and the workload's FLOPs per round (2,500 examples x forward and
-backward of the CNN, counted from its layers).
+swarmjax runs through :func:`swarmjax.fl.runtime.simulate`, as a user would: ``FedAvg``
+(``cohort=50``) and ``ClientLevelDPFedAvg`` (fixed clipping, Poisson cohort), the clients in
+a flat :class:`~swarmjax.fl.data.store.ClientStore`, clients in blocks of ``--block``
+(``simulate(client_map=k)``; unused buffer slots are skipped). Each round evaluates on the
+first ``--round-test`` test rows (pfl evaluates only at the end); final accuracy is on the
+whole test set for both. pfl runs in a subprocess under ``--pfl-python`` (its own venv,
+see the ``vs-pfl`` extra in pyproject.toml) on the same rows (``benchmarks/pfl_run.py``).
+The FLOP floor is measured in the same run: a 2048 x 2048 float32 matmul in JAX (best of
+5) and the workload's FLOPs per round (2,500 examples x forward and backward of the CNN).
 
-``python -m benchmarks.vs_pfl [--rounds 100] [--timing-rounds 3] [--pfl-python PATH]``
-writes ``results/vs_pfl.json`` and prints a table; seconds per round are medians over the
-timing rounds (after the first, compiling, round), with the load average beside them.
+``python -m benchmarks.vs_pfl [--rounds 100] [--timing-rounds 4] [--pfl-python PATH]``
+writes ``results/vs_pfl.json`` and prints a table. Timing runs: seconds per round of a
+second, compiled ``simulate`` call (swarmjax) and the median over rounds after the first
+(pfl); full runs: wall seconds over the rounds, compilation included.
 """
 
 from __future__ import annotations
@@ -36,11 +38,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks.cohort_round import RoundConfig, make_round, simple_cnn
-from swarmjax.fl.data import ClientStore, cohort_capacity, cohort_overflow, load_dataset, partition
-from swarmjax.models import evaluate, param_count
-from swarmjax.privacy.accounting import epsilon as dp_epsilon
-from swarmjax.privacy.accounting import sigma_for_epsilon
+from swarmjax.fl.algorithms.client_level_dp_fedavg import ClientLevelDPFedAvg
+from swarmjax.fl.algorithms.fedavg import FedAvg
+from swarmjax.fl.client.training import LocalTraining
+from swarmjax.fl.data import ClientStore, cohort_capacity, load_dataset, partition
+from swarmjax.fl.protocol import RunSpec, Variants
+from swarmjax.fl.runtime import simulate
+from swarmjax.models import evaluate, param_count, simple_cnn
 
 USERS, ROWS, COHORT = 1200, 50, 50
 CLIP, EPSILON = 0.4, 2.0
@@ -70,67 +74,90 @@ def _timed(fn) -> float:
     return time.perf_counter() - t
 
 
-def load_work(data_dir: str) -> tuple[ClientStore, tuple, object]:
+def load_work(data_dir: str) -> tuple[ClientStore, list[np.ndarray], object]:
+    """The users as a store, their row indices into MNIST train, and the dataset."""
     ds = load_dataset("mnist", data_dir)
     part = partition(ds.y_train, USERS, "consecutive", size=ROWS, seed=0)
     store = ClientStore.build(ds.x_train, ds.y_train, part.indices)
-    return store, (jnp.asarray(ds.x_test), jnp.asarray(ds.y_test)), ds
+    return store, part.indices, ds
 
 
 def dp_config(rounds: int) -> dict:
-    """Poisson cohort rate, capacity, overflow and the noise multiplier for epsilon 2."""
-    rate, delta = COHORT / USERS, 1.0 / USERS
-    capacity = cohort_capacity(USERS, rate, rounds, delta, EPSILON)
-    overflow = cohort_overflow(USERS, rate, capacity)
-    noise = sigma_for_epsilon(EPSILON, rate, rounds, delta, overflow_prob=overflow)
-    eps = dp_epsilon(rate, noise, rounds, delta, overflow_prob=overflow)
-    return {"rate": rate, "capacity": capacity, "noise": noise, "epsilon": eps, "delta": delta}
+    """The Poisson cohort's rate and buffer (its overflow is charged by the run's record)."""
+    rate = COHORT / USERS
+    return {"rate": rate, "capacity": cohort_capacity(USERS, rate, rounds, 1.0 / USERS, EPSILON)}
+
+
+def algorithm(dp: dict | None, block_eval: int = 250):
+    """``(algorithm, grid values)``: FedAvg with a cohort of 50, or fixed-clip DP-FedAvg."""
+    model = simple_cnn(10, (28, 28, 1))
+    local = LocalTraining(epochs=1, batch_size=10, optimizer="sgd")
+    if dp is None:
+        alg = FedAvg(model, local, cohort=COHORT, eval_batch_size=block_eval)
+        return alg, {"learning_rate": 0.1, "server_lr": 1.0}
+    alg = ClientLevelDPFedAvg(
+        model, local, clipping="fixed", capacity=dp["capacity"], eval_batch_size=block_eval
+    )
+    grid = {
+        "sample_rate": dp["rate"],
+        "initial_clip": CLIP,
+        "client_lr": 0.1,
+        "server_lr": 1.0,
+        "epsilon_target": [EPSILON],
+    }
+    return alg, grid
 
 
 def run_swarmjax(
-    store: ClientStore, test, conv: str, chunk: int, rounds: int, dp: dict | None, seed: int = 0
+    store: ClientStore, tests: tuple, rounds: int, dp: dict | None, block: int, timing: bool
 ) -> dict:
-    """Time (and, for many rounds, evaluate) one formulation of the prototype round."""
-    model = simple_cnn(conv)
-    extra = {}
-    if dp is not None:
-        extra = {"rate": dp["rate"], "capacity": dp["capacity"], "noise": dp["noise"], "clip": CLIP}
-    cfg = RoundConfig(USERS, cohort=COHORT, max_rows=ROWS, chunk=chunk, **extra)
-    round_fn = make_round(model, cfg)
-    params = model.init(jax.random.key(seed))
-    keys = jax.random.split(jax.random.key(seed + 1), rounds)
-    times, cpu = [], []
-    for r in range(rounds):
-        t, c = time.perf_counter(), time.process_time()
-        params = jax.block_until_ready(round_fn(params, store, keys[r]))
-        times.append(time.perf_counter() - t)
-        cpu.append(time.process_time() - c)
-    _, acc = evaluate(model.apply, params, *test, batch_size=1000)
+    """One ``simulate`` run; ``timing``: call twice and time the second (compiled) call."""
+    round_test, full_test = tests
+    alg, grid = algorithm(dp)
+    variants = Variants.grid(alg, store, RunSpec(rounds, 1.0 / USERS, (0,)), **grid)
+    t0, c0 = time.perf_counter(), time.process_time()
+    res = simulate(alg, store, round_test, variants, client_map=block, progress=not timing)
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    first = wall
+    if timing:
+        t0, c0 = time.perf_counter(), time.process_time()
+        res = simulate(alg, store, round_test, variants, client_map=block)
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    params = jax.tree.map(lambda a: a[0], res.server.params)
+    _, acc = evaluate(alg.model.apply, params, *full_test, batch_size=1000)
     return {
         "system": "swarmjax",
-        "formulation": f"{conv}:{chunk}",
+        "formulation": f"simulate:block {block}",
         "dp": dp is not None,
         "rounds": rounds,
-        "round_times": times,
-        "round_cpu_times": cpu,
+        "timing": timing,
+        "seconds_per_round": wall / rounds,
+        "cpu_seconds_per_round": cpu / rounds,
+        "first_call_s": first,
         "accuracy": float(acc),
-        "epsilon": None if dp is None else dp["epsilon"],
-        "noise_multiplier": None if dp is None else dp["noise"],
+        "epsilon": None if dp is None else float(res.privacy.final_epsilon.max()),
+        "noise_multiplier": None
+        if dp is None
+        else float(np.asarray(res.server.noise_multiplier).reshape(-1)[0]),
         "params": param_count(params),
         "load": os.getloadavg()[0],
     }
 
 
-def run_pfl(python: str, store: ClientStore, ds, rounds: int, dp: bool, workdir: Path) -> dict:
+def run_pfl(
+    python: str, indices: list[np.ndarray], ds, rounds: int, dp: bool, workdir: Path
+) -> dict:
     """pfl on the same users, in a subprocess under ``python``."""
     data = workdir / "data.npz"
     if not data.exists():
+        rows = np.concatenate(indices)
+        sizes = np.array([len(i) for i in indices])
         np.savez(
             data,
-            x=np.asarray(store.x),
-            y=np.asarray(store.y),
-            offsets=np.asarray(store.offsets),
-            sizes=np.asarray(store.sizes),
+            x=ds.x_train[rows],
+            y=ds.y_train[rows],
+            offsets=np.concatenate([[0], np.cumsum(sizes)[:-1]]),
+            sizes=sizes,
             x_test=ds.x_test,
             y_test=ds.y_test,
         )
@@ -140,31 +167,36 @@ def run_pfl(python: str, store: ClientStore, ds, rounds: int, dp: bool, workdir:
         cmd += ["--dp", "--clip", str(CLIP), "--epsilon", str(EPSILON)]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True)
     result = json.loads(out.stdout.strip().splitlines()[-1])
-    result["load"] = os.getloadavg()[0]
+    times, cpu = result["round_times"], result["round_cpu_times"]
+    timing = rounds < 10
+    result.update(
+        timing=timing,
+        seconds_per_round=float(np.median(times[1:]) if timing else result["total_s"] / rounds),
+        cpu_seconds_per_round=float(np.median(cpu[1:]) if timing else np.sum(cpu) / rounds),
+        load=os.getloadavg()[0],
+    )
     return result
-
-
-def per_round(result: dict, key: str = "round_times") -> float:
-    """Median seconds per round, the first (compiling / warm-up) round excluded."""
-    times = result[key]
-    return float(np.median(times[1:] if len(times) > 1 else times))
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--data-dir", default=os.environ.get("SWARMJAX_DATA", "/work/shared/data"))
-    p.add_argument("--timing-rounds", type=int, default=4, help="rounds per timing run")
+    p.add_argument("--data-dir", default=os.environ.get("SWARMJAX_DATA", "../shared/data"))
+    p.add_argument("--timing-rounds", type=int, default=4, help="rounds per timing run (4)")
     p.add_argument("--rounds", type=int, default=0, help="full runs for accuracy (0: none)")
-    p.add_argument("--formulations", default="xla:1,xla:5,xla:50,matmul:1,matmul:5,matmul:50")
+    p.add_argument("--block", type=int, default=2, help="clients per vmapped block (2)")
+    p.add_argument("--round-test", type=int, default=100, help="test rows per round (100)")
     p.add_argument("--pfl-python", default=DEFAULT_PFL_PYTHON, help="'' to skip pfl")
     p.add_argument("--no-dp", action="store_true", help="skip the user-level DP runs")
-    p.add_argument(
-        "--no-pfl-full", action="store_true", help="time pfl only (no full --rounds runs)"
-    )
+    p.add_argument("--only", choices=("both", "swarmjax", "pfl"), default="both")
     p.add_argument("--out", default="results/vs_pfl.json")
     a = p.parse_args()
+    if a.timing_rounds < 2 or a.rounds < 0 or a.block < 1 or a.round_test < 1:
+        p.error("--timing-rounds >= 2, --rounds >= 0, --block >= 1, --round-test >= 1")
+    if a.pfl_python and a.only != "swarmjax" and not Path(a.pfl_python).exists():
+        p.error(f"--pfl-python {a.pfl_python} does not exist (pass '' to skip pfl)")
 
-    store, test, ds = load_work(a.data_dir)
+    store, indices, ds = load_work(a.data_dir)
+    tests = ((ds.x_test[: a.round_test], ds.y_test[: a.round_test]), (ds.x_test, ds.y_test))
     flops = cnn_flops_per_example() * COHORT * ROWS
     gflops = matmul_gflops()
     floor = flops / 1e9 / gflops
@@ -172,41 +204,40 @@ def main() -> None:
         f"FLOP floor: 2048 matmul {gflops:.1f} GFLOP/s; "
         f"round {flops / 1e9:.0f} GFLOP -> {floor:.2f} s"
     )
+    ours, theirs = a.only != "pfl", a.only != "swarmjax" and bool(a.pfl_python)
     results: list[dict] = []
     modes = [False] if a.no_dp else [False, True]
+    plan = [(a.timing_rounds, True)] + ([(a.rounds, False)] if a.rounds else [])
     with tempfile.TemporaryDirectory() as tmp:
-        for dp in modes:
-            if a.pfl_python:
-                results.append(run_pfl(a.pfl_python, store, ds, a.timing_rounds, dp, Path(tmp)))
-                print(_line(results[-1], floor), flush=True)
-            for form in a.formulations.split(","):
-                conv, chunk = form.split(":")
-                cfg = dp_config(a.timing_rounds) if dp else None
-                results.append(run_swarmjax(store, test, conv, int(chunk), a.timing_rounds, cfg))
-                print(_line(results[-1], floor), flush=True)
-        if a.rounds:
-            best = min((r for r in results if r["system"] == "swarmjax"), key=per_round)
-            conv, chunk = best["formulation"].split(":")
+        for rounds, timing in plan:
             for dp in modes:
-                cfg = dp_config(a.rounds) if dp else None
-                results.append(run_swarmjax(store, test, conv, int(chunk), a.rounds, cfg))
-                print(_line(results[-1], floor), flush=True)
-                if a.pfl_python and not a.no_pfl_full:
-                    results.append(run_pfl(a.pfl_python, store, ds, a.rounds, dp, Path(tmp)))
+                if theirs:
+                    results.append(run_pfl(a.pfl_python, indices, ds, rounds, dp, Path(tmp)))
+                    print(_line(results[-1], floor), flush=True)
+                if ours:
+                    cfg = dp_config(rounds) if dp else None
+                    results.append(run_swarmjax(store, tests, rounds, cfg, a.block, timing))
                     print(_line(results[-1], floor), flush=True)
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     summary = {"matmul_gflops": gflops, "round_gflop": flops / 1e9, "floor_s": floor}
     Path(a.out).write_text(json.dumps({"summary": summary, "runs": results}, indent=1))
+    for timing in (True, False):
+        for dp in modes:
+            pair = {r["system"]: r for r in results if r["timing"] == timing and r["dp"] == dp}
+            if len(pair) == 2:
+                ratio = pair["pfl"]["seconds_per_round"] / pair["swarmjax"]["seconds_per_round"]
+                kind = "timing" if timing else "full"
+                print(f"{kind} dp={dp}: swarmjax {ratio:.2f}x pfl's rounds per second")
     print(f"wrote {a.out}")
 
 
 def _line(r: dict, floor: float) -> str:
-    s = per_round(r)
+    s = r["seconds_per_round"]
     eps = "" if r["epsilon"] is None else f" eps={r['epsilon']:.3f}"
     return (
-        f"{r['system']:8s} {r.get('formulation', 'torch'):10s} dp={r['dp']!s:5s} "
+        f"{r['system']:8s} {r.get('formulation', 'torch'):18s} dp={r['dp']!s:5s} "
         f"rounds={r['rounds']:3d} {s:6.2f} s/round ({floor / s:5.1%} of floor, "
-        f"{per_round(r, 'round_cpu_times'):6.2f} CPU s) "
+        f"{r['cpu_seconds_per_round']:6.2f} CPU s) "
         f"acc={r['accuracy']:.4f}{eps} load={r['load']:.1f}"
     )
 

@@ -18,6 +18,7 @@ from swarmjax.fl.data.cohort import (
     fixed_cohort,
     poisson_cohort,
 )
+from swarmjax.privacy.sampling import poisson_capacity
 
 DRAWS = 6000
 
@@ -86,6 +87,11 @@ def test_cohort_capacity_charges_the_larger_neighbour():
     check_cohort_capacity(n, q, cap, rounds, delta, eps)
     with pytest.raises(ValueError, match=rf"capacity={cap - 1} is too small .*capacity >= {cap}"):
         check_cohort_capacity(n, q, cap - 1, rounds, delta, eps)
+    # a short run: never below the per-round floor DP-FedAvg's resolve requires
+    short = cohort_capacity(n, q, 2, delta, eps)
+    assert short == poisson_capacity(n, q, add_one=True) == cap  # 97 > the 2-round rule's 91
+    with pytest.raises(ValueError, match=r"capacity=91 is too small"):
+        check_cohort_capacity(n, q, 91, 2, delta, eps)
 
 
 @pytest.mark.parametrize(

@@ -28,6 +28,7 @@ from jaxtyping import Array, ArrayLike, Bool, Int, PRNGKeyArray
 from swarmjax._validation import check_int, check_range
 from swarmjax.privacy.sampling import (
     overflow_probability,
+    poisson_capacity,
     poisson_sample,
     run_capacity,
     sampler_delta,
@@ -111,16 +112,19 @@ def cohort_capacity(
 ) -> int:
     """Smallest Poisson cohort buffer whose overflow over ``rounds`` rounds adds at most
     ``share * delta`` to an ``(epsilon, delta)`` guarantee (``epsilon``: an upper bound on
-    the run's epsilon): :func:`swarmjax.privacy.sampling.run_capacity` for ``N + 1`` clients.
+    the run's epsilon): :func:`swarmjax.privacy.sampling.run_capacity` for ``N + 1`` clients,
+    and never below the per-round floor (overflow under 1e-9,
+    :func:`~swarmjax.privacy.sampling.poisson_capacity`) that user-level DP-FedAvg requires.
 
     Example: 1,200 clients at rate 50/1200, 100 rounds, delta 1/1200, epsilon 2 -> 97.
     """
     num_clients = check_int("num_clients", num_clients, 1)
     check_range("rate", rate, 0.0, 1.0, low_open=True)
     rounds = check_int("rounds", rounds, 1)
-    return run_capacity(
+    run = run_capacity(
         num_clients, rate, steps=rounds, delta=delta, epsilon=epsilon, share=share, add_one=True
     )
+    return max(run, poisson_capacity(num_clients, rate, add_one=True))
 
 
 def check_cohort_capacity(
@@ -133,12 +137,13 @@ def check_cohort_capacity(
     *,
     share: float = 1e-3,
 ) -> None:
-    """One-line ``ValueError`` naming ``capacity`` if its overflow over the run would add
-    more than ``share * delta`` (call before any work)."""
+    """One-line ``ValueError`` naming ``capacity`` if it is below :func:`cohort_capacity`:
+    its overflow over the run would add more than ``share * delta``, or a round's exceeds
+    1e-9 (call before any work)."""
     capacity = check_int("capacity", capacity, 1)
     added = sampler_delta(cohort_overflow(num_clients, rate, capacity), rounds, epsilon)
-    if added > share * delta:
-        need = cohort_capacity(num_clients, rate, rounds, delta, epsilon, share=share)
+    need = cohort_capacity(num_clients, rate, rounds, delta, epsilon, share=share)
+    if capacity < need:
         raise ValueError(
             f"capacity={capacity} is too small for rate={rate:g} over rounds={rounds}: "
             f"overflow adds {added:.3g} to delta (allowed {share:g} * delta = "
