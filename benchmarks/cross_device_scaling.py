@@ -5,7 +5,8 @@ Each configuration runs in its own process (its peak RSS is its own): FedAvg wit
 ``cohort=`` clients per round, pfl's ``simple_cnn``, one local epoch of SGD at batch 10 on
 clients of ``--rows`` MNIST rows kept in one flat ``ClientStore`` (the training rows are
 tiled when ``clients x rows`` exceeds them: the cost of a round does not depend on which
-rows a client holds), clients in blocks of ``--block`` (``simulate(client_map=k)``). The
+rows a client holds), clients mapped as the device chooses (one at a time on a CPU) or in
+blocks of ``--block`` (``simulate(client_map=k)``). The
 time per round is that of a second, already compiled call of ``--rounds`` rounds.
 
 ``python -m benchmarks.cross_device_scaling [--quick]`` writes the ``cross_device_scaling``
@@ -27,7 +28,9 @@ import numpy as np
 from benchmarks._results import machine, write_section
 
 
-def one(clients: int, cohort: int, rows: int, rounds: int, block: int, data_dir: str) -> dict:
+def one(
+    clients: int, cohort: int, rows: int, rounds: int, block: int | None, data_dir: str
+) -> dict:
     """Measure one configuration in this process."""
     from swarmjax.fl.algorithms.fedavg import FedAvg
     from swarmjax.fl.client.training import LocalTraining
@@ -74,7 +77,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--quick", action="store_true", help="2 rounds, 100/1000 clients only")
     p.add_argument("--rounds", type=int, default=None, help="rounds per timed call (3)")
     p.add_argument("--rows", type=int, default=50, help="rows per client (50)")
-    p.add_argument("--block", type=int, default=2, help="clients per vmapped block (2)")
+    p.add_argument(
+        "--block", type=int, default=None, help="clients per vmapped block (device's choice)"
+    )
     p.add_argument("--data-dir", default=os.environ.get("SWARMJAX_DATA", "../shared/data"))
     p.add_argument("--one", help=argparse.SUPPRESS)  # internal: one configuration, as JSON
     args = p.parse_args(argv)
@@ -131,8 +136,9 @@ def main(argv: list[str] | None = None) -> None:
             "",
             f"`python -m benchmarks.cross_device_scaling{' --quick' if args.quick else ''}` "
             f"on {machine()}: FedAvg through `simulate`, simple_cnn, {args.rows} rows per "
-            f"client in a flat ClientStore (rows tiled past MNIST's 60,000), blocks of "
-            f"{args.block} clients, {rounds} timed rounds after a compiling call.",
+            f"client in a flat ClientStore (rows tiled past MNIST's 60,000), clients "
+            f"{'as the device chooses' if args.block is None else f'in blocks of {args.block}'}"
+            f", {rounds} timed rounds after a compiling call.",
             "",
             *table,
             "",

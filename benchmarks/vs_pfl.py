@@ -10,8 +10,9 @@ sized by :func:`swarmjax.fl.data.cohort.cohort_capacity`, its overflow charged t
 
 swarmjax runs through :func:`swarmjax.fl.runtime.simulate`, as a user would: ``FedAvg``
 (``cohort=50``) and ``ClientLevelDPFedAvg`` (fixed clipping, Poisson cohort), the clients in
-a flat :class:`~swarmjax.fl.data.store.ClientStore`, clients in blocks of ``--block``
-(``simulate(client_map=k)``; unused buffer slots are skipped). Each round evaluates on the
+a flat :class:`~swarmjax.fl.data.store.ClientStore`, clients mapped as the device chooses
+(one at a time on a CPU, vmapped on an accelerator) or in blocks of ``--block`` (unused
+buffer slots are skipped). Each round evaluates on the
 first ``--round-test`` test rows (pfl evaluates only at the end); final accuracy is on the
 whole test set for both. pfl runs in a subprocess under ``--pfl-python`` (its own venv,
 see the ``vs-pfl`` extra in pyproject.toml) on the same rows (``benchmarks/pfl_run.py``).
@@ -109,7 +110,7 @@ def algorithm(dp: dict | None, block_eval: int = 250):
 
 
 def run_swarmjax(
-    store: ClientStore, tests: tuple, rounds: int, dp: dict | None, block: int, timing: bool
+    store: ClientStore, tests: tuple, rounds: int, dp: dict | None, block: int | None, timing: bool
 ) -> dict:
     """One ``simulate`` run; ``timing``: call twice and time the second (compiled) call."""
     round_test, full_test = tests
@@ -127,7 +128,7 @@ def run_swarmjax(
     _, acc = evaluate(alg.model.apply, params, *full_test, batch_size=1000)
     return {
         "system": "swarmjax",
-        "formulation": f"simulate:block {block}",
+        "formulation": f"simulate:{'device' if block is None else f'block {block}'}",
         "dp": dp is not None,
         "rounds": rounds,
         "timing": timing,
@@ -183,14 +184,16 @@ def main() -> None:
     p.add_argument("--data-dir", default=os.environ.get("SWARMJAX_DATA", "../shared/data"))
     p.add_argument("--timing-rounds", type=int, default=4, help="rounds per timing run (4)")
     p.add_argument("--rounds", type=int, default=0, help="full runs for accuracy (0: none)")
-    p.add_argument("--block", type=int, default=2, help="clients per vmapped block (2)")
+    p.add_argument(
+        "--block", type=int, default=None, help="clients per vmapped block (device's choice)"
+    )
     p.add_argument("--round-test", type=int, default=100, help="test rows per round (100)")
     p.add_argument("--pfl-python", default=DEFAULT_PFL_PYTHON, help="'' to skip pfl")
     p.add_argument("--no-dp", action="store_true", help="skip the user-level DP runs")
     p.add_argument("--only", choices=("both", "swarmjax", "pfl"), default="both")
     p.add_argument("--out", default="results/vs_pfl.json")
     a = p.parse_args()
-    if a.timing_rounds < 2 or a.rounds < 0 or a.block < 1 or a.round_test < 1:
+    if a.timing_rounds < 2 or a.rounds < 0 or (a.block or 1) < 1 or a.round_test < 1:
         p.error("--timing-rounds >= 2, --rounds >= 0, --block >= 1, --round-test >= 1")
     if a.pfl_python and a.only != "swarmjax" and not Path(a.pfl_python).exists():
         p.error(f"--pfl-python {a.pfl_python} does not exist (pass '' to skip pfl)")
