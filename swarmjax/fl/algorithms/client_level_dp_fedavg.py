@@ -43,8 +43,8 @@ from swarmjax.fl.algorithms.common import (
     Trainer,
     check_model_inputs,
     keep_if,
-    masked,
     public_metrics,
+    slot_sum,
 )
 from swarmjax.fl.client.training import LocalTraining, clip_update
 from swarmjax.fl.data.clients import ClientData
@@ -256,11 +256,10 @@ class ClientLevelDPFedAvg(Algorithm):
     ) -> DPFedAvgServer:
         n = slots.num_clients
         k_sum, k_count = jax.random.split(key)
-        r = masked(replies, slots.mask)
         adaptive = self.clipping == "adaptive"
         sum_noise = sum_noise_multiplier(hyper.noise_multiplier, hyper.count_noise)
         sum_noise = sum_noise if adaptive else hyper.noise_multiplier
-        total = jax.tree.map(lambda leaf: jnp.sum(_at_least_f32(leaf), axis=0), r.update)
+        total = slot_sum(replies.update, slots.mask)
         noisy = gaussian_mechanism(
             k_sum, total, l2_sensitivity=server.clip, noise_multiplier=sum_noise
         )
@@ -271,7 +270,7 @@ class ClientLevelDPFedAvg(Algorithm):
         params = optax.apply_updates(server.params, updates)
         clip, below = server.clip, server.noisy_unclipped_fraction
         if adaptive:
-            centred = jnp.sum(jnp.where(slots.mask, r.unclipped - 0.5, 0.0))
+            centred = jnp.sum(jnp.where(slots.mask, replies.unclipped - 0.5, 0.0))
             noisy_count = centred + hyper.count_noise * jax.random.normal(k_count, ())
             below = noisy_count / expected + 0.5
             clip = clip * jnp.exp(-hyper.clip_lr * (below - hyper.target_quantile))
@@ -408,12 +407,6 @@ class ClientLevelDPFedAvg(Algorithm):
         return sigma_for_epsilon(
             target_epsilon, float(sample_rate), rounds, delta, overflow_prob=overflow
         )
-
-
-def _at_least_f32(leaf: Array) -> Array:
-    """``leaf`` in float32 (or wider): a low-precision model's clipped updates are summed
-    and noised in float32, so the sum's sensitivity is ``C_t`` and the noise a Gaussian."""
-    return leaf.astype(jnp.promote_types(leaf.dtype, jnp.float32))
 
 
 def client_draw_overflow(capacity: int | None, num_clients: int, sample_rate: float) -> float:

@@ -33,6 +33,7 @@ __all__ = [
     "public_metrics",
     "record_level_noise",
     "record_sampling_overflow",
+    "slot_sum",
     "weighted_average",
 ]
 
@@ -76,6 +77,21 @@ def masked(tree: PyTree, mask: Bool[Array, " N"]) -> PyTree:
     slot holds (NaN, inf) never reaches an arithmetic operation."""
 
     return where_selected(mask, tree, jax.tree.map(jnp.zeros_like, tree))
+
+
+def slot_sum(tree: PyTree, mask: Bool[Array, " S"]) -> PyTree:
+    """Sum over the leading slot axis of the selected slots only (``mask``), leaf by leaf,
+    in float32 or wider. Unselected slots are zeroed with ``jnp.where`` first (NaN or inf
+    there never reaches arithmetic); the sum is a product with a ones vector: XLA's CPU
+    reduction over a leading axis is ~70x slower (0.6 s vs 0.009 s for 97 slots of a
+    1.2 M-parameter model, measured; docs/cross_device.md)."""
+
+    def one(leaf: Array) -> Array:
+        wide = leaf.astype(jnp.promote_types(leaf.dtype, jnp.float32))
+        ones = jnp.ones((leaf.shape[0],), wide.dtype)
+        return jnp.tensordot(ones, wide, axes=1)
+
+    return jax.tree.map(one, masked(tree, mask))
 
 
 def weighted_average(client_params: PyTree, weights: Float[Array, " clients"]) -> PyTree:

@@ -54,10 +54,10 @@ from swarmjax._validation import (
 from swarmjax.fl.algorithms.common import (
     check_model_inputs,
     keep_if,
-    masked,
     public_metrics,
     record_level_noise,
     record_sampling_overflow,
+    slot_sum,
 )
 from swarmjax.fl.client.training import LocalTraining, RecordDP, sample_rate
 from swarmjax.fl.data.clients import ClientData
@@ -522,7 +522,9 @@ class FedDPPSO(Algorithm):
         hyper: FedDPPSOHyper,
     ) -> PSOServer:
         del key, hyper
-        gbest = jax.tree.map(lambda leaf: jnp.sum(leaf, axis=0), masked(models, slots.mask))
+        gbest = jax.tree.map(
+            lambda g, m: g.astype(m.dtype), slot_sum(models, slots.mask), server.gbest
+        )
         uploaded = jnp.any(slots.mask)
         return server.replace(
             gbest=keep_if(uploaded, gbest, server.gbest),
