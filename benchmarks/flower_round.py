@@ -13,7 +13,9 @@ SuperNodes as processes on 127.0.0.1):
 Then, on a fresh deployment of 4 SuperNodes, Fed-DP-PSO (two exchanges a round) for 2
 rounds with a fresh JAX cache: the whole ``flwr run`` (ServerApp start, the nodes'
 compilation while joining, both rounds) and its seconds per exchange, beside the floor
-app making two exchanges a round. The simulator's figure is a second, compiled call
+app making two exchanges a round (and that app's whole ``flwr run``). Where Ray is
+installed (``pip install -e ".[simulation]"``), both runs again on Flower's Simulation
+Runtime (the ClientApps in Ray actors). The simulator's figure is a second, compiled call
 divided by the rounds. The workers' own seconds per message come from their logs.
 
 ``python -m benchmarks.flower_round [--quick]`` writes the ``flower_round`` section of
@@ -23,6 +25,8 @@ RESULTS.md (``--no-write``: print only).
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
+import importlib.util
 import json
 import os
 import re
@@ -34,7 +38,7 @@ import jax
 import numpy as np
 
 from benchmarks._results import machine, write_section
-from swarmjax.fl.runtime.flower.deployment import LocalDeployment
+from swarmjax.fl.runtime.flower.deployment import LocalDeployment, run_simulation
 from swarmjax.fl.runtime.flower.records import payload_bytes
 from swarmjax.fl.runtime.flower.server import read_run
 from swarmjax.fl.runtime.flower.task import load_task, simulate_task
@@ -58,8 +62,11 @@ def _model_size(config: dict) -> int:
     return payload_bytes(jax.eval_shape(ex.request, task.server_like)) // 4
 
 
-def floor(dep: LocalDeployment, out: Path, rounds: int, exchanges: int, size: int) -> np.ndarray:
-    """Seconds per exchange of each round of the trivial app over ``dep``'s nodes."""
+def floor(
+    dep: LocalDeployment, out: Path, rounds: int, exchanges: int, size: int
+) -> tuple[np.ndarray, float]:
+    """Seconds per exchange of each round of the trivial app over ``dep``'s nodes, and the
+    whole ``flwr run``'s seconds."""
     config = {
         "num-clients": len(dep.nodes),
         "rounds": rounds,
@@ -67,8 +74,11 @@ def floor(dep: LocalDeployment, out: Path, rounds: int, exchanges: int, size: in
         "size": size,
         "out-dir": str(out),
     }
+    t0 = time.perf_counter()
     dep.run(config, app=FLOOR_APP, timeout=1800)
-    return np.asarray(json.loads((out / "floor.json").read_text())["seconds"]) / exchanges
+    whole = time.perf_counter() - t0
+    seconds = np.asarray(json.loads((out / "floor.json").read_text())["seconds"])
+    return seconds / exchanges, whole
 
 
 def swarmjax_run(dep: LocalDeployment, config: dict) -> tuple[np.ndarray, float]:
@@ -83,6 +93,16 @@ def swarmjax_run(dep: LocalDeployment, config: dict) -> tuple[np.ndarray, float]
     return run.operator.rounds["seconds"].to_numpy() / per_round, whole
 
 
+def simulation_run(config: dict, nodes: int) -> tuple[np.ndarray, float]:
+    """Seconds of each round of ``config`` on Flower's Simulation Runtime (``nodes`` Ray
+    actors), and the whole ``flwr run``'s seconds."""
+    t0 = time.perf_counter()
+    run_simulation(config, num_supernodes=nodes, timeout=1800)
+    whole = time.perf_counter() - t0
+    run = read_run(config["out-dir"], load_task(config))
+    return run.operator.rounds["seconds"].to_numpy(), whole
+
+
 def worker_seconds(dep: LocalDeployment) -> list[float]:
     """Seconds the workers spent on each exchange (their logs)."""
     out = []
@@ -91,6 +111,10 @@ def worker_seconds(dep: LocalDeployment) -> list[float]:
         text = log.read_text() if log.exists() else ""
         out += [float(s) for s in re.findall(r"^exchange: ([0-9.]+) s$", text, re.M)]
     return out
+
+
+def _version(package: str) -> str:
+    return importlib.metadata.version(package)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -104,6 +128,9 @@ def main(argv: list[str] | None = None) -> None:
         help="FLWR_SUPEREXEC_TASK_POLL_INTERVAL of the nodes (Flower's default: 1)",
     )
     parser.add_argument("--no-pso", action="store_true", help="skip the Fed-DP-PSO run")
+    parser.add_argument(
+        "--no-simulation", action="store_true", help="skip Flower's Simulation Runtime"
+    )
     parser.add_argument("--no-write", action="store_true", help="print, do not write RESULTS.md")
     args = parser.parse_args(argv)
     rounds = args.rounds or (3 if args.quick else 6)
@@ -120,9 +147,9 @@ def main(argv: list[str] | None = None) -> None:
         t0 = time.perf_counter()
         with LocalDeployment(node_config=node_config, task_poll_interval=poll) as dep:
             started = time.perf_counter() - t0
-            floor_a = floor(dep, tmp / "f1", rounds, 1, size)
+            floor_a, _ = floor(dep, tmp / "f1", rounds, 1, size)
             fedavg, fedavg_whole = swarmjax_run(dep, config)
-            floor_b = floor(dep, tmp / "f2", rounds, 1, size)
+            floor_b, _ = floor(dep, tmp / "f2", rounds, 1, size)
             work = worker_seconds(dep)
         load.append(os.getloadavg()[0])
         pso = None
@@ -136,15 +163,23 @@ def main(argv: list[str] | None = None) -> None:
             }
             node_config = {"jax-cache-dir": str(tmp / "cache-pso")}  # cold: compiles
             with LocalDeployment((0, 1, 2, 3), node_config, task_poll_interval=poll) as dep:
-                pso_floor = floor(dep, tmp / "f3", 2, 2, size)
+                pso_floor, pso_floor_whole = floor(dep, tmp / "f3", 2, 2, size)
                 pso_exchange, pso_whole = swarmjax_run(dep, pso_config)
                 # again: the executables are in the nodes' cache (a later run, or a run
                 # after a restart, on these machines)
                 warm = {**pso_config, "out-dir": str(tmp / "p2")}
                 pso_exchange_warm, pso_whole_warm = swarmjax_run(dep, warm)
                 work_pso = worker_seconds(dep)
-            pso = (pso_floor, pso_exchange, pso_whole, work_pso, pso_exchange_warm, pso_whole_warm)
+            pso = (pso_floor, pso_floor_whole, pso_exchange, pso_whole, work_pso)
+            pso += (pso_exchange_warm, pso_whole_warm)
             load.append(os.getloadavg()[0])
+        simulation = None
+        if not args.no_simulation and importlib.util.find_spec("ray") is not None:
+            sim_fedavg = simulation_run({**config, "out-dir": str(tmp / "s1")}, 3)
+            sim_pso = None
+            if not args.no_pso:
+                sim_pso = simulation_run({**pso_config, "out-dir": str(tmp / "s2")}, 4)
+            simulation = (sim_fedavg, sim_pso)
 
     later = float(np.median(fedavg[1:]))
     floor_all = np.concatenate([floor_a[1:], floor_b[1:]])
@@ -180,9 +215,12 @@ def main(argv: list[str] | None = None) -> None:
         "poll, the `flwr-clientapp` process) plus the ServerApp's aggregate and evaluate.",
     ]
     if pso is not None:
-        pso_floor, pso_exchange, pso_whole, work_pso, pso_exchange_warm, pso_whole_warm = pso
+        pso_floor, pso_floor_whole, pso_exchange, pso_whole, work_pso = pso[:5]
+        pso_exchange_warm, pso_whole_warm = pso[5:]
         pf, pe = float(np.median(pso_floor)), float(np.median(pso_exchange))
         pw = float(np.median(pso_exchange_warm))
+        verdict = "met" if pso_whole_warm < 45 else "not met"
+        vs_floor = pso_whole_warm / pso_floor_whole
         lines += [
             "",
             f"Fed-DP-PSO, 4 SuperNodes, 2 rounds (2 exchanges a round): with a fresh JAX "
@@ -192,8 +230,28 @@ def main(argv: list[str] | None = None) -> None:
             f"again on the same nodes (executables in the cache) {pso_whole_warm:.1f} s, "
             f"{pw:.2f} s per exchange. The floor app on the same 4 nodes: {pf:.2f} s per "
             f"exchange (swarmjax {pe / pf:.2f}x and {pw / pf:.2f}x); the workers spent "
-            f"{np.median(work_pso):.3f} s (median) per exchange.",
+            f"{np.median(work_pso):.3f} s (median) per exchange. The floor app's whole "
+            f"`flwr run` (its hello and the same 4 exchanges; no setup exchange, no JAX) took "
+            f"{pso_floor_whole:.1f} s: swarmjax's warm run is {vs_floor:.2f}x "
+            f"of it. Target (a run with the executables cached under 45 s): {verdict}.",
         ]
+    if simulation is not None:
+        (fed_rounds, fed_whole), sim_pso = simulation
+        lines += [
+            "",
+            f"Flower's Simulation Runtime (`run_simulation`, ray {_version('ray')}; the "
+            f"ClientApps in Ray actors that stay up between messages): FedAvg, 3 nodes, "
+            f"{rounds} rounds, `flwr run` {fed_whole:.1f} s, seconds per round "
+            f"{np.round(fed_rounds, 2).tolist()}"
+            + (
+                f"; Fed-DP-PSO, 4 nodes, 2 rounds, `flwr run` {sim_pso[1]:.1f} s, rounds "
+                f"{np.round(sim_pso[0], 2).tolist()}."
+                if sim_pso is not None
+                else "."
+            ),
+        ]
+    elif not args.no_simulation:
+        lines += ["", "Flower's Simulation Runtime: skipped (Ray is not installed)."]
     text = "\n".join(lines)
     print(text)
     if not args.no_write:

@@ -33,6 +33,7 @@ import json
 import math
 import os
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -42,6 +43,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from benchmarks._results import machine, write_section
 from swarmjax.fl.algorithms.client_level_dp_fedavg import ClientLevelDPFedAvg
 from swarmjax.fl.algorithms.fedavg import FedAvg
 from swarmjax.fl.client.training import LocalTraining
@@ -199,7 +201,7 @@ def run_pfl(
     return result
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--data-dir", default=os.environ.get("SWARMJAX_DATA", "../shared/data"))
     p.add_argument("--timing-rounds", type=int, default=4, help="rounds per timing run (4)")
@@ -212,7 +214,8 @@ def main() -> None:
     p.add_argument("--no-dp", action="store_true", help="skip the user-level DP runs")
     p.add_argument("--only", choices=("both", "swarmjax", "pfl"), default="both")
     p.add_argument("--out", default="results/vs_pfl.json")
-    a = p.parse_args()
+    p.add_argument("--no-write", action="store_true", help="do not write RESULTS.md")
+    a = p.parse_args(argv)
     if a.timing_rounds < 2 or a.rounds < 0 or (a.block or 1) < 1 or a.round_test < 1:
         p.error("--timing-rounds >= 2, --rounds >= 0, --block >= 1, --round-test >= 1")
     if a.pfl_python and a.only != "swarmjax" and not Path(a.pfl_python).exists():
@@ -252,6 +255,59 @@ def main() -> None:
                 kind = "timing" if timing else "full"
                 print(f"{kind} dp={dp}: swarmjax {ratio:.2f}x pfl's rounds per second")
     print(f"wrote {a.out}")
+    if not a.no_write and ours and theirs:
+        write_section("vs_pfl", report(results, summary, argv))
+
+
+def report(results: list[dict], summary: dict, argv: list[str] | None) -> str:
+    """The RESULTS.md section: every run, and swarmjax's ratio to pfl for each pair."""
+    command = " ".join(["python -m benchmarks.vs_pfl", *(argv or sys.argv[1:])])
+    floor = summary["floor_s"]
+    pfl = next((r for r in results if r["system"] == "pfl"), {})
+    rows = [
+        "| system | DP | run | rounds | s / round | of FLOP floor | CPU s / round "
+        "| test accuracy | epsilon | load |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in results:
+        run = "marginal round" if r["timing"] and r["system"] == "swarmjax" else "median round"
+        run = run if r["timing"] else "whole run / rounds"
+        eps = "-" if r["epsilon"] is None else f"{r['epsilon']:.3f}"
+        rows.append(
+            f"| {r['system']} | {'user-level' if r['dp'] else 'no'} | {run} | {r['rounds']} "
+            f"| {r['seconds_per_round']:.2f} | {floor / r['seconds_per_round']:.0%} "
+            f"| {r['cpu_seconds_per_round']:.2f} | {r['accuracy']:.2%} | {eps} "
+            f"| {r['load']:.1f} |"
+        )
+    ratios = []
+    for timing in (True, False):
+        for dp in (False, True):
+            pair = {r["system"]: r for r in results if r["timing"] == timing and r["dp"] == dp}
+            if len(pair) == 2:
+                ratio = pair["pfl"]["seconds_per_round"] / pair["swarmjax"]["seconds_per_round"]
+                gap = 100 * (pair["swarmjax"]["accuracy"] - pair["pfl"]["accuracy"])
+                what = "timing" if timing else f"{pair['pfl']['rounds']} rounds"
+                privacy = "user-level DP" if dp else "no DP"
+                ratios.append(
+                    f"{what}, {privacy}: swarmjax {ratio:.2f}x pfl's rounds per second, "
+                    f"accuracy {gap:+.2f} points"
+                )
+    return "\n".join(
+        [
+            "## vs_pfl",
+            "",
+            f"`{command}` on {machine()}; pfl 0.6 with PyTorch {pfl.get('torch', '?')} "
+            f"({pfl.get('threads', '?')} threads) in its own venv. {USERS:,} users of {ROWS} "
+            f"MNIST rows, cohort {COHORT}, 1 local epoch of batch 10, simple_cnn; DP: clip "
+            f"{CLIP}, epsilon {EPSILON}, delta 1/{USERS}. FLOP floor measured in the run: a "
+            f"2048 matmul at {summary['matmul_gflops']:.0f} GFLOP/s, "
+            f"{summary['round_gflop']:.0f} GFLOP a round, {floor:.2f} s.",
+            "",
+            *rows,
+            "",
+            "; ".join(ratios) + ".",
+        ]
+    )
 
 
 def _line(r: dict, floor: float) -> str:

@@ -24,9 +24,10 @@ from swarmjax.fl.runtime.flower.task import load_task
 from tests.test_flower_runtime import FAST, assert_same_run, config, simulated
 
 
-def test_the_relay_imports_no_jax():
+@pytest.mark.parametrize("module", ["relay", "server_app"])
+def test_the_apps_entry_modules_import_no_jax(module):
     code = (
-        "import sys; import swarmjax.fl.runtime.flower.relay; "
+        f"import sys; import swarmjax.fl.runtime.flower.{module}; "
         "sys.exit(int(any(m == 'jax' or m.startswith('swarmjax.fl.algorithms') "
         "for m in sys.modules)))"
     )

@@ -84,6 +84,34 @@ def test_same_numbers_as_the_simulator(algorithm):
         np.testing.assert_array_equal(carried, run.history["bytes_up"])
 
 
+def test_the_server_app_greets_while_it_loads_and_compiles_nothing_after_warm_up(monkeypatch):
+    """The deployment's ServerApp path: the hello goes out before the server imports JAX
+    (answered in a thread), ``serve`` compiles every server function in ``warm_up`` (so
+    a round only runs them) and the run has the simulator's numbers."""
+    from swarmjax.fl.runtime.flower import server
+    from swarmjax.fl.runtime.flower.server_app import Hello
+
+    waits = {"join-timeout": 5.0, "reply-timeout": 5.0, "jax-cache-dir": ""}  # not the Task
+    cfg = config("fed-dp-pso")
+    grid = _grid(cfg)
+    hello = Hello(grid, timeout=5.0, poll=0.01)
+    assert sorted(hello.nodes) == [100, 101, 102]
+    compiled = {}
+    drive = server.drive
+
+    def drive_and_count(*args):
+        before = {key: fn._cache_size() for key, fn in server._JITS.items()}
+        run = drive(*args)
+        compiled.update(before=before, after={k: f._cache_size() for k, f in server._JITS.items()})
+        return run
+
+    monkeypatch.setattr(server, "drive", drive_and_count)
+    run = server.serve(grid, {**cfg, **waits}, hello)
+    assert compiled["after"] == compiled["before"]
+    assert_same_run(run, simulated(cfg))
+    assert (run.operator.messages["status"] == "ok").all()
+
+
 def test_the_experiment_over_flower(tmp_path, capsys):
     """``python -m experiments.fed_dp_pso --runtime flower``: its settings, its one-line
     errors, and the function it calls run end to end over an in-process grid (the

@@ -1,5 +1,6 @@
-"""``server``: the ServerApp that ``flwr run`` loads (it imports JAX and swarmjax)."""
+"""``server``: the ServerApp that ``flwr run`` loads (it greets the nodes, then imports
+JAX and swarmjax while they answer)."""
 
-from swarmjax.fl.runtime.flower.server import make_server_app
+from swarmjax.fl.runtime.flower.server_app import make_server_app
 
 server = make_server_app()

@@ -38,22 +38,14 @@ from flwr.clientapp import ClientApp
 from swarmjax.fl.protocol import client_init_key, client_key
 from swarmjax.fl.runtime.flower.records import from_record, to_record
 from swarmjax.fl.runtime.flower.relay import STATE_KEY, make_relay_app
-from swarmjax.fl.runtime.flower.task import Task, load_task
+from swarmjax.fl.runtime.flower.task import (
+    DEFAULT_CACHE,
+    Task,
+    load_task,
+    use_compilation_cache,
+)
 
 __all__ = ["STATE_KEY", "answer", "client_spend", "make_client_app", "partition_id"]
-
-DEFAULT_CACHE = Path.home() / ".cache" / "swarmjax" / "jax"
-
-
-def use_compilation_cache(path: str | os.PathLike) -> None:
-    """Keep every compiled function in ``path`` (JAX's persistent cache) from now on;
-    ``""`` leaves the process's JAX configuration alone (an in-process loopback node)."""
-    if not str(path):
-        return
-    Path(path).mkdir(parents=True, exist_ok=True)
-    jax.config.update("jax_compilation_cache_dir", str(path))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
 def partition_id(node: Context | Mapping[str, Any], num_clients: int) -> int:
@@ -126,8 +118,9 @@ def _compiling(cache_dir: str | os.PathLike) -> Iterator[None]:
     if not str(cache_dir):
         yield
         return
-    Path(cache_dir).mkdir(parents=True, exist_ok=True)
-    with open(Path(cache_dir) / ".swarmjax-compile.lock", "w") as lock:
+    folder = Path(cache_dir).expanduser()
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / ".swarmjax-compile.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         yield
 

@@ -270,7 +270,10 @@ class LocalDeployment:
 
     def start_run(self, run_config: dict[str, Any], app: Path = APP_DIR) -> psutil.Popen:
         """Submit a run (``flwr run app local --stream``) and return the CLI process, which
-        streams the run's logs and exits when the run ends (see :meth:`finish`)."""
+        streams the run's logs and exits when the run ends (see :meth:`finish`). swarmjax's
+        ServerApp shares the nodes' ``jax-cache-dir`` unless ``run_config`` names its own."""
+        if app == APP_DIR and "jax-cache-dir" in self.node_config:
+            run_config = {"jax-cache-dir": self.node_config["jax-cache-dir"], **run_config}
         cmd = [
             str(self._bin / "flwr"),
             "run",

@@ -47,8 +47,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pandas as pd
-from flwr.app import ConfigRecord, Context, Message, RecordDict
-from flwr.serverapp import Grid, ServerApp
+from flwr.app import ConfigRecord, Message, RecordDict
+from flwr.serverapp import Grid
 from jaxtyping import PyTree
 
 from swarmjax.fl.protocol import (
@@ -67,7 +67,13 @@ from swarmjax.fl.runtime.flower.records import (
     save_tree,
     to_record,
 )
-from swarmjax.fl.runtime.flower.task import Task, load_task
+from swarmjax.fl.runtime.flower.server_app import HELLO, Hello, send_all
+from swarmjax.fl.runtime.flower.task import (
+    DEFAULT_CACHE,
+    Task,
+    load_task,
+    use_compilation_cache,
+)
 from swarmjax.fl.runtime.result import PrivacyRecord, privacy_record
 
 __all__ = [
@@ -79,8 +85,9 @@ __all__ = [
     "Released",
     "ServerSettings",
     "drive",
-    "make_server_app",
     "read_run",
+    "serve",
+    "warm_up",
 ]
 
 RELEASED, OPERATOR = "released", "operator"  # the two sub-folders of out-dir
@@ -193,37 +200,24 @@ class _Coordinator:
     def _send(
         self, contents: dict[int, RecordDict], kind: str, group: str, timeout: float
     ) -> dict[int, Message | str]:
-        """Send ``contents[node]`` to each node; ``node -> reply`` or the reason there is none."""
-        msgs = [
-            Message(content, dst_node_id=node, message_type=kind, group_id=group)
-            for node, content in contents.items()
-        ]
-        ids = list(self.grid.push_messages(msgs))
-        pending = dict(zip(ids, contents, strict=True))
-        out: dict[int, Message | str] = {}
-        deadline = time.monotonic() + timeout
-        while pending and time.monotonic() < deadline:
-            for reply in self.grid.pull_messages(list(pending)):
-                node = pending.pop(reply.metadata.reply_to_message_id, None)
-                if node is not None:
-                    out[node] = reply
-            if pending:
-                time.sleep(self.settings.poll)
-        for node in pending.values():
-            out[node] = f"no reply within {timeout:g} s"
-        return out
+        return send_all(self.grid, contents, kind, group, timeout, self.settings.poll)
 
-    def greet(self, deadline: float) -> None:
-        """Learn the partition of every new node; wait until all ``N`` are known or until
-        ``deadline`` (``time.monotonic()``)."""
+    def greet(self, deadline: float, hello: Hello | None = None) -> None:
+        """Learn the partition of every new node (``hello``: the replies of a greeting
+        already sent); wait until all ``N`` are known or until ``deadline``
+        (``time.monotonic()``)."""
         n = self.task.num_clients
-        while True:
+        if hello is not None:
+            self.seen.update(hello.nodes)
+            for node, reply in hello.replies().items():
+                self._register(node, reply)
+        while len(self.nodes) < n:
             new = [node for node in self.grid.get_node_ids() if node not in self.seen]
             if new:
                 self.seen.update(new)
-                hello = {node: RecordDict() for node in new}
+                contents = {node: RecordDict() for node in new}
                 timeout = max(self.settings.reply_timeout, deadline - time.monotonic())
-                for node, reply in self._send(hello, "query.hello", "hello", timeout).items():
+                for node, reply in self._send(contents, HELLO, "hello", timeout).items():
                     self._register(node, reply)
             if len(self.nodes) == n or time.monotonic() >= deadline:
                 return
@@ -391,12 +385,15 @@ def _spend_table(task: Task, server: PyTree, reported: dict[int, PyTree]) -> PyT
 # --------------------------------------------------------------------------------- driver
 
 
-def drive(grid: Grid, task: Task, settings: ServerSettings) -> FlowerRun:
+def drive(
+    grid: Grid, task: Task, settings: ServerSettings, hello: Hello | None = None
+) -> FlowerRun:
     """Run ``task`` over the nodes ``grid`` reaches; its outputs, released and operator-only
-    (written to ``settings.out_dir`` when set)."""
+    (written to ``settings.out_dir`` when set). ``hello``: a greeting already sent
+    (:class:`~swarmjax.fl.runtime.flower.server_app.Hello`), whose replies count."""
     handler = _operator_log(settings.out_dir)
     try:
-        run = _drive(grid, task, settings)
+        run = _drive(grid, task, settings, hello)
     finally:
         if handler is not None:
             log.removeHandler(handler)
@@ -417,10 +414,10 @@ def _operator_log(out: Path | None) -> logging.Handler | None:
     return handler
 
 
-def _drive(grid: Grid, task: Task, settings: ServerSettings) -> FlowerRun:
+def _drive(grid: Grid, task: Task, settings: ServerSettings, hello: Hello | None) -> FlowerRun:
     alg = task.algorithm
     co = _Coordinator(grid, task, settings)
-    co.greet(time.monotonic() + settings.join_timeout)
+    co.greet(time.monotonic() + settings.join_timeout, hello)
     if not co.nodes:
         raise RuntimeError(f"no SuperNode said its partition within {settings.join_timeout} s")
     log.info("starting with partitions %s of %d", sorted(co.nodes), task.num_clients)
@@ -531,14 +528,28 @@ def read_run(out: str | Path, task: Task) -> FlowerRun:
     )
 
 
-def _main(grid: Grid, context: Context) -> None:
-    config = dict(context.run_config)
-    drive(grid, load_task(config), ServerSettings.from_run_config(config))
+def warm_up(task: Task) -> None:
+    """Compile (or load from JAX's persistent cache) every server function of ``task``, as
+    :func:`drive` calls them (same shapes, dtypes and placement: one compilation each)."""
+    alg, n = task.algorithm, task.num_clients
+    server = _jit(alg.server_init)(server_init_key(task.run_key), task.hyper)
+    for ex in alg.setup + alg.exchanges:
+        _select(ex, n)(server, server_key(task.run_key, 0, 0))
+        request = _jit(ex.request)(server)
+        reply_like, _ = _reply_like(task, ex, request)
+        slots = jax.tree.map(lambda s: np.zeros((n, *s.shape), s.dtype), _plain(reply_like))
+        mask = Slots.everyone(jnp.asarray(np.zeros(n, bool)))
+        agg_key = aggregate_key(task.run_key, 0, 0)
+        _jit(ex.aggregate)(server, slots, mask, agg_key, task.hyper)
+    jax.block_until_ready(_jit(alg.evaluate)(server, task.test))
 
 
-def make_server_app() -> ServerApp:
-    """A ServerApp that runs the run configuration's
-    :class:`~swarmjax.fl.runtime.flower.task.Task`."""
-    app = ServerApp()
-    app.main()(_main)
-    return app
+def serve(grid: Grid, run_config: dict[str, Any], hello: Hello | None = None) -> FlowerRun:
+    """The ServerApp's work: the run configuration's task, its server functions compiled
+    (into ``jax-cache-dir``, default ``~/.cache/swarmjax/jax``; ``""``: JAX's configuration
+    left alone) while ``hello`` is answered, then :func:`drive`."""
+    settings = ServerSettings.from_run_config(run_config)
+    use_compilation_cache(run_config.get("jax-cache-dir", DEFAULT_CACHE))
+    task = load_task(run_config)
+    warm_up(task)
+    return drive(grid, task, settings, hello)

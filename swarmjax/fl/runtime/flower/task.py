@@ -13,8 +13,10 @@ from __future__ import annotations
 import functools
 import importlib
 import json
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -23,7 +25,15 @@ from jaxtyping import Array, PRNGKeyArray, PyTree
 from swarmjax.fl.protocol import Algorithm, Variants, client_init_key, run_keys, server_init_key
 from swarmjax.fl.runtime.simulator import num_clients, simulate
 
-__all__ = ["SERVER_KEYS", "Task", "load_task", "simulate_task", "stacked_task"]
+__all__ = [
+    "DEFAULT_CACHE",
+    "SERVER_KEYS",
+    "Task",
+    "load_task",
+    "simulate_task",
+    "stacked_task",
+    "use_compilation_cache",
+]
 
 
 @dataclass(frozen=True, eq=False)  # identity hash: a process builds its task once
@@ -102,6 +112,21 @@ class Task:
         )
 
 
+DEFAULT_CACHE = Path.home() / ".cache" / "swarmjax" / "jax"
+"""Where a deployment's processes keep compiled functions unless configured otherwise."""
+
+
+def use_compilation_cache(path: str | os.PathLike) -> None:
+    """Keep every compiled function in ``path`` (JAX's persistent cache) from now on;
+    ``""`` leaves the process's JAX configuration alone (an in-process loopback node)."""
+    if not str(path):
+        return
+    Path(path).expanduser().mkdir(parents=True, exist_ok=True)
+    jax.config.update("jax_compilation_cache_dir", str(Path(path).expanduser()))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
 def _freeze(config: Mapping[str, Any]) -> str:
     return json.dumps(dict(config), sort_keys=True, default=str)
 
@@ -124,7 +149,7 @@ def _load(frozen: str) -> Task:
 
 # run configuration keys that say how the ServerApp waits and writes, not what runs: runs
 # that differ only in these share one Task (and its compiled functions)
-SERVER_KEYS = ("join-timeout", "reply-timeout", "reject-nonfinite", "out-dir")
+SERVER_KEYS = ("join-timeout", "reply-timeout", "reject-nonfinite", "out-dir", "jax-cache-dir")
 
 
 def load_task(run_config: Mapping[str, Any]) -> Task:
