@@ -87,11 +87,12 @@ class RoundTimer(TrainingProcessCallback):
 
 def accuracy(model: SimpleCNN, x: np.ndarray, y: np.ndarray) -> float:
     model.eval()
+    device = next(model.parameters()).device  # pfl puts the model on its default device
     correct = 0
     with torch.no_grad():
         for s in range(0, len(x), 1000):
-            logits = model(torch.from_numpy(x[s : s + 1000]))
-            correct += int((logits.argmax(-1).numpy() == y[s : s + 1000]).sum())
+            logits = model(torch.from_numpy(x[s : s + 1000]).to(device))
+            correct += int((logits.argmax(-1).cpu().numpy() == y[s : s + 1000]).sum())
     return correct / len(x)
 
 
@@ -177,6 +178,7 @@ def main() -> None:
                 "params": sum(p.numel() for p in cnn.parameters()),
                 "torch": torch.__version__,
                 "threads": torch.get_num_threads(),
+                "device": str(next(cnn.parameters()).device),
             }
         )
     )

@@ -559,17 +559,22 @@ def test_slots_scatter_and_update_place_replies_by_client_id_and_drop_unused_slo
     np.testing.assert_array_equal(got, want)
 
 
+def forty_clients():
+    """40 IID digits clients of 20 rows, and the Poisson buffer of rate 0.1 for them:
+    ``(clients, 40, capacity)``."""
+    from swarmjax.privacy.sampling import poisson_capacity
+
+    data = load_dataset("digits")
+    part = iid_partition(data.y_train[:800], 40, seed=0)
+    clients = stack_clients(data.x_train, data.y_train, part.indices)
+    return clients, 40, poisson_capacity(40, 0.1)
+
+
 def test_a_capped_exchange_runs_and_aggregates_only_the_cohorts_slots(setup):
     """With ``max_selected`` the simulator calls ``client`` and hands ``aggregate`` that many
     slots (not N): a round's cost follows the cohort."""
-    from swarmjax.privacy.sampling import poisson_capacity
-
     _, test = setup
-    data = load_dataset("digits")
-    many = 40
-    part = iid_partition(data.y_train[:800], many, seed=0)
-    clients = stack_clients(data.x_train, data.y_train, part.indices)
-    capacity = poisson_capacity(many, 0.1)
+    clients, many, capacity = forty_clients()
     assert capacity < many
     seen = []
 
@@ -591,14 +596,8 @@ def test_clients_in_turn_skip_unused_slots_and_give_the_vmapped_numbers(setup, c
     """Clients run one at a time or in blocks: a block with no sampled client (the Poisson
     buffer's unused tail) does not train (blocks counted by a host callback), and the numbers are
     those of the plain vmap over every slot. (3 does not divide the capacity: a tail block.)"""
-    from swarmjax.privacy.sampling import poisson_capacity
-
     _, test = setup
-    data = load_dataset("digits")
-    many = 40
-    part = iid_partition(data.y_train[:800], many, seed=0)
-    clients = stack_clients(data.x_train, data.y_train, part.indices)
-    capacity = poisson_capacity(many, 0.1)
+    clients, _, capacity = forty_clients()
     trained = []
 
     @dataclasses.dataclass(frozen=True)

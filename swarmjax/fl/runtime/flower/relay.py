@@ -253,11 +253,18 @@ def ask_worker(
     return out, state
 
 
+def _in_ray() -> bool:
+    """Whether this process is connected to Ray (Flower's simulation runs ClientApps in Ray
+    actors, which live on between messages); merely importing Ray does not count."""
+    ray = sys.modules.get("ray")
+    return ray is not None and bool(ray.is_initialized())
+
+
 def _relay(kind: str, in_process: bool) -> Callable[[Message, Context], Message]:
     def handle(msg: Message, context: Context) -> Message:
         node_config, run_config = dict(context.node_config), dict(context.run_config)
         stored = context.state[STATE_KEY] if STATE_KEY in context.state else None
-        if in_process or not node_config.get("worker", True) or "ray" in sys.modules:
+        if in_process or not node_config.get("worker", True) or _in_ray():
             # in this process: asked for, or a Flower simulation (its Ray actors live on)
             from swarmjax.fl.runtime.flower.client import answer
 
