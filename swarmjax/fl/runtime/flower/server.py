@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -67,7 +66,7 @@ from swarmjax.fl.runtime.flower.records import (
     save_tree,
     to_record,
 )
-from swarmjax.fl.runtime.flower.server_app import HELLO, Hello, send_all
+from swarmjax.fl.runtime.flower.server_app import HELLO, Hello, ServerSettings, send_all
 from swarmjax.fl.runtime.flower.task import (
     DEFAULT_CACHE,
     Task,
@@ -99,43 +98,6 @@ NOT_RELEASED = {
 """The operator-only outputs, named in ``privacy.json`` as not released and not covered."""
 
 log = logging.getLogger("swarmjax.fl.runtime.flower")
-
-
-@dataclass(frozen=True)
-class ServerSettings:
-    """How the ServerApp waits for nodes (run configuration keys in brackets).
-
-    Attributes:
-        join_timeout: seconds to wait for all ``N`` partitions before round 1 [join-timeout];
-            the run starts with the nodes present then (at least one); nodes that join
-            later are added between rounds.
-        reply_timeout: seconds one exchange waits for replies [reply-timeout].
-        poll: seconds between two pulls of replies.
-        reject_nonfinite: leave out replies holding NaN or inf [reject-nonfinite].
-        out_dir: where the results are written [out-dir] (``None``: not written).
-    """
-
-    join_timeout: float = 120.0
-    reply_timeout: float = 120.0
-    poll: float = 0.05
-    reject_nonfinite: bool = True
-    out_dir: Path | None = None
-
-    def __post_init__(self) -> None:
-        for name in ("join_timeout", "reply_timeout", "poll"):
-            value = getattr(self, name)
-            if not (isinstance(value, int | float) and value > 0 and math.isfinite(value)):
-                raise ValueError(f"{name} must be a finite number > 0; got {value!r}")
-
-    @classmethod
-    def from_run_config(cls, config: dict[str, Any]) -> ServerSettings:
-        out = config.get("out-dir") or None
-        return cls(
-            join_timeout=float(config.get("join-timeout", cls.join_timeout)),
-            reply_timeout=float(config.get("reply-timeout", cls.reply_timeout)),
-            reject_nonfinite=bool(config.get("reject-nonfinite", cls.reject_nonfinite)),
-            out_dir=Path(out) if out else None,
-        )
 
 
 @dataclass

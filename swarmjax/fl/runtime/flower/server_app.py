@@ -15,15 +15,56 @@ every ``poll`` seconds until all are in or ``timeout`` passes.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 from flwr.app import Context, Message, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
-__all__ = ["HELLO", "Hello", "make_server_app", "send_all"]
+__all__ = ["HELLO", "Hello", "ServerSettings", "make_server_app", "send_all"]
 
 HELLO = "query.hello"  # the message kind of the greeting (content: empty)
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """How the ServerApp waits for nodes (run configuration keys in brackets).
+
+    Attributes:
+        join_timeout: seconds to wait for all ``N`` partitions before round 1 [join-timeout];
+            the run starts with the nodes present then (at least one); nodes that join
+            later are added between rounds.
+        reply_timeout: seconds one exchange waits for replies [reply-timeout].
+        poll: seconds between two pulls of replies.
+        reject_nonfinite: leave out replies holding NaN or inf [reject-nonfinite].
+        out_dir: where the results are written [out-dir] (``None``: not written).
+    """
+
+    join_timeout: float = 120.0
+    reply_timeout: float = 120.0
+    poll: float = 0.05
+    reject_nonfinite: bool = True
+    out_dir: Path | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("join_timeout", "reply_timeout", "poll"):
+            value = getattr(self, name)
+            if not (isinstance(value, int | float) and value > 0 and math.isfinite(value)):
+                raise ValueError(f"{name} must be a finite number > 0; got {value!r}")
+
+    @classmethod
+    def from_run_config(cls, config: dict[str, Any]) -> ServerSettings:
+        out = config.get("out-dir") or None
+        return cls(
+            join_timeout=float(config.get("join-timeout", cls.join_timeout)),
+            reply_timeout=float(config.get("reply-timeout", cls.reply_timeout)),
+            reject_nonfinite=bool(config.get("reject-nonfinite", cls.reject_nonfinite)),
+            out_dir=Path(out) if out else None,
+        )
 
 
 def send_all(
@@ -88,8 +129,9 @@ class Hello:
 
 def _main(grid: Grid, context: Context) -> None:
     config = dict(context.run_config)
-    timeout = float(config.get("reply-timeout", 120.0))
-    hello = Hello(grid, max(timeout, float(config.get("join-timeout", 120.0))), poll=0.05)
+    settings = ServerSettings.from_run_config(config)
+    timeout = max(settings.reply_timeout, settings.join_timeout)  # as the later greetings
+    hello = Hello(grid, timeout, settings.poll)
     from swarmjax.fl.runtime.flower.server import serve  # JAX: while the nodes answer
 
     serve(grid, config, hello)

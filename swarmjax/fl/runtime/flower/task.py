@@ -121,8 +121,9 @@ def use_compilation_cache(path: str | os.PathLike) -> None:
     ``""`` leaves the process's JAX configuration alone (an in-process loopback node)."""
     if not str(path):
         return
-    Path(path).expanduser().mkdir(parents=True, exist_ok=True)
-    jax.config.update("jax_compilation_cache_dir", str(Path(path).expanduser()))
+    folder = Path(path).expanduser()
+    folder.mkdir(parents=True, exist_ok=True)
+    jax.config.update("jax_compilation_cache_dir", str(folder))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
