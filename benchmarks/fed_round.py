@@ -35,7 +35,7 @@ from swarmjax.fl.algorithms.fed_dp_pso import FedDPPSO
 from swarmjax.fl.client.record_dp import poisson_sampler
 from swarmjax.fl.client.training import LocalTraining, RecordDP
 from swarmjax.fl.data.clients import client
-from swarmjax.fl.protocol import RunSpec, Variants, run_keys
+from swarmjax.fl.protocol import RunSpec, Variants, release_identity, run_keys
 from swarmjax.fl.runtime import simulator
 from swarmjax.models import cross_entropy, evaluate, loss, mlp
 from swarmjax.privacy.dpsgd import dp_step
@@ -282,7 +282,7 @@ def main(argv: list[str] | None = None) -> None:
     alg, hypers, hyper, clients, test = _setup(args.rounds)
     key = jax.random.key(0)
     data = alg.client_data(clients)
-    keys = run_keys([0], [{}], common_random_numbers=False)
+    keys = run_keys([0], [release_identity(alg, hyper, {})], common_random_numbers=False)
     carry = simulator.init_runs(alg, keys, hypers, data, "vmap")
 
     def vround():

@@ -47,7 +47,7 @@ from benchmarks._results import machine, write_section
 from swarmjax.fl.algorithms.client_level_dp_fedavg import ClientLevelDPFedAvg
 from swarmjax.fl.algorithms.fedavg import FedAvg
 from swarmjax.fl.client.training import LocalTraining
-from swarmjax.fl.data import ClientStore, cohort_capacity, load_dataset, partition
+from swarmjax.fl.data import ClientStore, load_dataset, partition
 from swarmjax.fl.protocol import RunSpec, Variants
 from swarmjax.fl.runtime import simulate
 from swarmjax.models import evaluate, param_count, simple_cnn
@@ -88,21 +88,30 @@ def load_work(data_dir: str) -> tuple[ClientStore, list[np.ndarray], object]:
     return store, part.indices, ds
 
 
-def dp_config(rounds: int) -> dict:
-    """The Poisson cohort's rate and buffer (its overflow is charged by the run's record)."""
-    rate = COHORT / USERS
-    return {"rate": rate, "capacity": cohort_capacity(USERS, rate, rounds, 1.0 / USERS, EPSILON)}
+def dp_config(rounds: int, accountant: str = "pld") -> dict:
+    """The Poisson cohort's rate, the run's spec and the accountant (the algorithm's privacy
+    plan sizes the buffer and charges its overflow)."""
+    spec = RunSpec(rounds, 1.0 / USERS, (0,), accountant=accountant)
+    return {"rate": COHORT / USERS, "spec": spec, "accountant": accountant}
 
 
 def algorithm(dp: dict | None, block_eval: int = 250):
-    """``(algorithm, grid values)``: FedAvg with a cohort of 50, or fixed-clip DP-FedAvg."""
+    """``(algorithm, grid values)``: FedAvg with a cohort of 50, or fixed-clip DP-FedAvg
+    with the Poisson buffer its plan sizes for the run."""
     model = simple_cnn(10, (28, 28, 1))
     local = LocalTraining(epochs=1, batch_size=10, optimizer="sgd")
     if dp is None:
         alg = FedAvg(model, local, cohort=COHORT, eval_batch_size=block_eval)
         return alg, {"learning_rate": 0.1, "server_lr": 1.0}
-    alg = ClientLevelDPFedAvg(
-        model, local, clipping="fixed", capacity=dp["capacity"], eval_batch_size=block_eval
+    alg = ClientLevelDPFedAvg.for_run(
+        model,
+        USERS,
+        dp["rate"],
+        dp["spec"],
+        EPSILON,
+        training=local,
+        clipping="fixed",
+        eval_batch_size=block_eval,
     )
     grid = {
         "sample_rate": dp["rate"],
@@ -125,7 +134,9 @@ def run_swarmjax(
     alg, grid = algorithm(dp)
 
     def run(n: int, progress: bool = False) -> tuple[float, float, Any]:
-        variants = Variants.grid(alg, store, RunSpec(n, 1.0 / USERS, (0,)), **grid)
+        accountant = "pld" if dp is None else dp["accountant"]
+        spec = RunSpec(n, 1.0 / USERS, (0,), accountant=accountant)
+        variants = Variants.grid(alg, store, spec, **grid)
         t0, c0 = time.perf_counter(), time.process_time()
         res = simulate(
             alg,
@@ -159,6 +170,7 @@ def run_swarmjax(
         "first_call_s": first,
         "accuracy": float(acc),
         "epsilon": None if dp is None else float(res.privacy.final_epsilon.max()),
+        "accountant": None if dp is None else res.privacy.accountant,
         "noise_multiplier": None
         if dp is None
         else float(np.asarray(res.server.noise_multiplier).reshape(-1)[0]),
@@ -212,6 +224,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--round-test", type=int, default=100, help="test rows per round (100)")
     p.add_argument("--pfl-python", default=DEFAULT_PFL_PYTHON, help="'' to skip pfl")
     p.add_argument("--no-dp", action="store_true", help="skip the user-level DP runs")
+    p.add_argument("--dp-only", action="store_true", help="only the user-level DP runs")
+    p.add_argument(
+        "--accountants",
+        nargs="+",
+        choices=("pld", "rdp"),
+        default=["pld"],
+        help="accountants that calibrate swarmjax's DP runs (default pld; pfl uses PLD)",
+    )
     p.add_argument("--only", choices=("both", "swarmjax", "pfl"), default="both")
     p.add_argument("--out", default="results/vs_pfl.json")
     p.add_argument("--no-write", action="store_true", help="do not write RESULTS.md")
@@ -232,7 +252,9 @@ def main(argv: list[str] | None = None) -> None:
     )
     ours, theirs = a.only != "pfl", a.only != "swarmjax" and bool(a.pfl_python)
     results: list[dict] = []
-    modes = [False] if a.no_dp else [False, True]
+    if a.no_dp and a.dp_only:
+        p.error("--no-dp and --dp-only exclude each other")
+    modes = [False] if a.no_dp else [True] if a.dp_only else [False, True]
     plan = [(a.timing_rounds, True)] + ([(a.rounds, False)] if a.rounds else [])
     with tempfile.TemporaryDirectory() as tmp:
         for rounds, timing in plan:
@@ -241,9 +263,10 @@ def main(argv: list[str] | None = None) -> None:
                     results.append(run_pfl(a.pfl_python, indices, ds, rounds, dp, Path(tmp)))
                     print(_line(results[-1], floor), flush=True)
                 if ours:
-                    cfg = dp_config(rounds) if dp else None
-                    results.append(run_swarmjax(store, tests, rounds, cfg, a.block, timing))
-                    print(_line(results[-1], floor), flush=True)
+                    for accountant in a.accountants if dp else [None]:
+                        cfg = dp_config(rounds, accountant) if dp else None
+                        results.append(run_swarmjax(store, tests, rounds, cfg, a.block, timing))
+                        print(_line(results[-1], floor), flush=True)
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     summary = {"matmul_gflops": gflops, "round_gflop": flops / 1e9, "floor_s": floor}
     Path(a.out).write_text(json.dumps({"summary": summary, "runs": results}, indent=1))
@@ -251,7 +274,9 @@ def main(argv: list[str] | None = None) -> None:
         print(line)
     print(f"wrote {a.out}")
     if not a.no_write and ours and theirs:
-        write_section("vs_pfl", report(results, summary, argv))
+        # the DP-only comparison of accountants is its own section beside the full one
+        name = "vs_pfl_dp" if a.dp_only else "vs_pfl"
+        write_section(name, report(results, summary, argv, name))
 
 
 def ratio_lines(results: list[dict]) -> list[str]:
@@ -260,28 +285,31 @@ def ratio_lines(results: list[dict]) -> list[str]:
     lines = []
     for timing in (True, False):
         for dp in (False, True):
-            pair = {r["system"]: r for r in results if r["timing"] == timing and r["dp"] == dp}
-            if len(pair) == 2:
-                ratio = pair["pfl"]["seconds_per_round"] / pair["swarmjax"]["seconds_per_round"]
-                what = "timing" if timing else f"{pair['pfl']['rounds']} rounds"
-                privacy = "user-level DP" if dp else "no DP"
+            runs = [r for r in results if r["timing"] == timing and r["dp"] == dp]
+            pfl = next((r for r in runs if r["system"] == "pfl"), None)
+            for ours in (r for r in runs if r["system"] == "swarmjax"):
+                if pfl is None:
+                    continue
+                ratio = pfl["seconds_per_round"] / ours["seconds_per_round"]
+                what = "timing" if timing else f"{pfl['rounds']} rounds"
+                privacy = f"user-level DP ({ours.get('accountant')})" if dp else "no DP"
                 line = f"{what}, {privacy}: swarmjax {ratio:.2f}x pfl's rounds per second"
                 if not timing:
-                    gap = 100 * (pair["swarmjax"]["accuracy"] - pair["pfl"]["accuracy"])
+                    gap = 100 * (ours["accuracy"] - pfl["accuracy"])
                     line += f", test accuracy {gap:+.2f} points"
                 lines.append(line)
     return lines
 
 
-def report(results: list[dict], summary: dict, argv: list[str] | None) -> str:
+def report(results: list[dict], summary: dict, argv: list[str] | None, name: str = "vs_pfl") -> str:
     """The RESULTS.md section: every run, and swarmjax's ratio to pfl for each pair."""
     command = " ".join(["python -m benchmarks.vs_pfl", *(argv or sys.argv[1:])])
     floor = summary["floor_s"]
     pfl = next((r for r in results if r["system"] == "pfl"), {})
     rows = [
         "| system | DP | run | rounds | s / round | of FLOP floor | CPU s / round "
-        "| test accuracy | epsilon | load |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| test accuracy | epsilon | accountant | noise multiplier | load |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|",
     ]
     for r in results:
         if not r["timing"]:
@@ -293,11 +321,11 @@ def report(results: list[dict], summary: dict, argv: list[str] | None) -> str:
             f"| {r['system']} | {'user-level' if r['dp'] else 'no'} | {run} | {r['rounds']} "
             f"| {r['seconds_per_round']:.2f} | {floor / r['seconds_per_round']:.0%} "
             f"| {r['cpu_seconds_per_round']:.2f} | {r['accuracy']:.2%} | {eps} "
-            f"| {r['load']:.1f} |"
+            f"| {r.get('accountant') or '-'} | {_z(r)} | {r['load']:.1f} |"
         )
     return "\n".join(
         [
-            "## vs_pfl",
+            f"## {name}",
             "",
             f"`{command}` on {machine()}; pfl 0.6 with PyTorch {pfl.get('torch', '?')} "
             f"({pfl.get('threads', '?')} threads, on {pfl.get('device', 'cpu')}) in its own "
@@ -315,9 +343,15 @@ def report(results: list[dict], summary: dict, argv: list[str] | None) -> str:
     )
 
 
+def _z(r: dict) -> str:
+    z = r.get("noise_multiplier")
+    return "-" if z is None else f"{z:.4f}"
+
+
 def _line(r: dict, floor: float) -> str:
     s = r["seconds_per_round"]
-    eps = "" if r["epsilon"] is None else f" eps={r['epsilon']:.3f}"
+    eps = "" if r["epsilon"] is None else f" eps={r['epsilon']:.3f} ({r.get('accountant')})"
+    eps += "" if r.get("noise_multiplier") is None else f" z={r['noise_multiplier']:.4f}"
     return (
         f"{r['system']:8s} {r.get('formulation', 'torch'):18s} dp={r['dp']!s:5s} "
         f"rounds={r['rounds']:3d} {s:6.2f} s/round ({floor / s:5.1%} of floor, "

@@ -14,6 +14,10 @@ Every script builds its parser with :func:`parser` and wraps ``main`` in :func:`
   ``<out>/calls/<settings id>/`` (:class:`swarmjax.resume.CallStore`); the settings id
   includes a fingerprint of the package's and the experiment's source, so changed code
   never reuses a stale result.  ``--restart`` recomputes them.
+* DP experiments (``privacy=True``) take ``--accountant pld|rdp`` (default ``pld``: it
+  calibrates the noise and composes the records) and ``--delta`` (default: the one default
+  of :func:`swarmjax.privacy.plan.default_delta`, ``0.1 / units``), and write a privacy
+  ledger (:mod:`swarmjax.privacy.ledger`) beside their results.
 * Every argument is checked before any work starts.  A user error prints one line
   ``<prog>: error: <what>`` on stderr and exits with status 2 (no traceback).  Options that
   select nothing to run (no dataset found, no model for the chosen datasets) are user
@@ -41,10 +45,12 @@ __all__ = [
     "call_store",
     "count",
     "data_dir",
+    "delta",
     "entry_point",
     "out_dir",
     "parser",
     "positive_float",
+    "probability",
     "profile_name",
     "seeds",
 ]
@@ -73,10 +79,12 @@ def parser(
     full: str,
     data: str | None = None,
     seeds: str | None = None,
+    privacy: str | None = None,
 ) -> argparse.ArgumentParser:
     """A parser with the shared options: ``--quick``/``--full``, ``--out``, ``--restart``,
-    and ``--data-dir`` (when ``data`` describes what the folder must hold) and ``--seeds``
-    (when ``seeds`` gives the profiles' defaults)."""
+    and ``--data-dir`` (when ``data`` describes what the folder must hold), ``--seeds``
+    (when ``seeds`` gives the profiles' defaults) and ``--accountant``/``--delta`` (when
+    ``privacy`` names the privacy units the default delta counts, e.g. "clients")."""
     p = _Parser(
         prog=f"python -m experiments.{experiment}",
         description=description,
@@ -108,7 +116,44 @@ def parser(
             type=count("--seeds"),
             help=f"number of seeds; runs use seeds 0..N-1 ({seeds})",
         )
+    if privacy is not None:
+        p.add_argument(
+            "--accountant",
+            choices=("pld", "rdp"),
+            default="pld",
+            help="privacy accountant that calibrates the noise and composes every record "
+            "and the ledger: pld (default; privacy-loss distributions, tighter) or rdp",
+        )
+        p.add_argument(
+            "--delta",
+            type=probability("--delta"),
+            help=f"delta of every epsilon (default 0.1 / {privacy}, swarmjax's one default)",
+        )
     return p
+
+
+def probability(name: str) -> Callable[[str], float]:
+    """argparse ``type``: a number in ``(0, 1)``."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be a number; got {text!r}") from None
+        if not 0 < value < 1:
+            raise argparse.ArgumentTypeError(f"must be in (0, 1); got {text}")
+        return value
+
+    parse.__name__ = name
+    return parse
+
+
+def delta(args: argparse.Namespace, units: int) -> float:
+    """``--delta``, else :func:`swarmjax.privacy.plan.default_delta` of ``units``."""
+    from swarmjax.privacy.plan import default_delta
+
+    given = getattr(args, "delta", None)
+    return default_delta(units) if given is None else float(given)
 
 
 def count(name: str, minimum: int = 1) -> Callable[[str], int]:
@@ -184,11 +229,21 @@ def data_dir(given: str | os.PathLike[str] | None, needs: Iterable[str] = ()) ->
 
 
 def out_dir(args: argparse.Namespace) -> Path:
-    """``--out`` (default ``results/<experiment>/`` in the repository), created."""
+    """``--out`` (default ``results/<experiment>/`` in the repository), created and checked
+    writable (results and the privacy ledger go there); else a :class:`UserError`."""
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {str(out)!r} exists and is not a folder")
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".write-probe"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as err:
+        raise UserError(
+            f"--out {str(out)!r} is not a writable folder (results and the privacy ledger go "
+            f"there): {err.strerror or err}"
+        ) from None
     return out
 
 

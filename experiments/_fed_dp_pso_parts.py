@@ -1,7 +1,8 @@
 """Parts of ``experiments.fed_dp_pso`` around its runs: the paper's reference numbers
 (Tables 1-2), the command-line flags, the Fig. 3 baseline (FedAvg + DP-Adam), the
-communication table and the figures. ``experiments.fed_dp_pso`` re-exports the public
-names; its saved calls are keyed by this module's source too.
+communication table, the figures and the runs as privacy-ledger releases
+(:func:`ledger_releases`). ``experiments.fed_dp_pso`` re-exports the public names; its
+saved calls are keyed by this module's source too.
 """
 
 from __future__ import annotations
@@ -20,10 +21,11 @@ from experiments import _cli, _report
 from swarmjax.fl import DATASETS
 from swarmjax.fl.algorithms.fed_dp_pso import DEFAULT_READING, READINGS, Reading
 from swarmjax.fl.algorithms.fedavg import FedAvg
-from swarmjax.fl.client.record_dp import DELTA
 from swarmjax.fl.client.training import LocalTraining, RecordDP
 from swarmjax.fl.protocol import RunSpec, Variants
 from swarmjax.fl.runtime import simulate
+from swarmjax.privacy.ledger import Ledger, Release, releases_from_result
+from swarmjax.privacy.plan import default_delta
 
 if TYPE_CHECKING:
     from experiments.fed_dp_pso import Profile
@@ -108,6 +110,7 @@ def parser(description: str) -> argparse.ArgumentParser:
         full="Tables 1-2: full grid, 5 seeds",
         data="mnist/, fashion_mnist/ (IDX), medmnist/pathmnist.npz",
         seeds="quick 1, default 2, full 5",
+        privacy="records",
     )
     for flag, kw in _OPTIONS.items():
         p.add_argument(flag, **kw)
@@ -128,6 +131,27 @@ def without_dp(alg, eps: float):
     if math.isfinite(eps):
         return alg
     return replace(alg, training=replace(alg.training, record_dp=None))
+
+
+def record_delta(delta: float | None, sizes: Any) -> float:
+    """``delta`` (``--delta``) when given, else swarmjax's one default ``0.1 / records`` of
+    the clients' record counts ``sizes``."""
+    return default_delta(int(np.sum(sizes))) if delta is None else float(delta)
+
+
+def ledger_releases(res, *, algorithm: str, path: Any) -> list[dict]:
+    """Every run of ``res`` as a privacy-ledger release (:meth:`Release.to_dict`, so a call
+    saved with its payload adds the same releases when it is reused). A run whose privacy
+    record is not end to end (Fed-DP-PSO's paper mode, where each round's model upload is
+    chosen by exact scores of private data) is listed as NOT private by
+    :meth:`Release.from_result`, with what its epsilon does cover as labels."""
+    return [r.to_dict() for r in releases_from_result(res, algorithm=algorithm, path=path)]
+
+
+def add_releases(ledger: Ledger, payload: dict) -> None:
+    """Add the releases a (possibly reused) call saved in its payload to ``ledger``."""
+    for release in payload["releases"]:
+        ledger.add(Release.from_dict(release))
 
 
 def eps_of(res, eps: float) -> tuple[float, float]:
@@ -151,25 +175,39 @@ class Dataset(NamedTuple):
     iid: bool
 
 
-def _fedavg(d: Dataset, eps: float, rounds: int, seeds: int):
-    """FedAvg + DP-Adam (plain Adam at ``inf``) on ``d``'s clients: (history, privacy)."""
+def _fedavg(d: Dataset, eps: float, rounds: int, seeds: int, prof: Profile, path: str):
+    """FedAvg + DP-Adam (plain Adam at ``inf``) on ``d``'s clients: (history, ``{"epsilon_max",
+    "releases": its runs as ledger releases written at path}``)."""
     sizes = [np.asarray(d.clients.sizes)]
-    dp = RecordDP.for_run(sizes, d.batch_size, rounds=rounds, epsilons=[eps], delta=DELTA)
+    delta = record_delta(prof.delta, sizes[0])
+    dp = RecordDP.for_run(sizes, d.batch_size, rounds=rounds, epsilons=[eps], delta=delta)
     training = LocalTraining(batch_size=d.batch_size, optimizer="adam", record_dp=dp)
     alg = without_dp(FedAvg(d.model, training), eps)
-    spec = RunSpec(rounds=rounds, delta=DELTA, seeds=tuple(range(seeds)))
+    spec = RunSpec(rounds, delta, tuple(range(seeds)), accountant=prof.accountant)
     variants = Variants.grid(alg, d.clients, spec, epsilon_target=[eps], learning_rate=[d.lr])
     res = simulate(alg, d.clients, (d.ds.x_test, d.ds.y_test), variants, progress=True)
-    return res.history, {"epsilon_max": eps_of(res, eps)[0]}
+    releases = ledger_releases(res, algorithm="fedavg_dp_adam", path=path)
+    return res.history, {"epsilon_max": eps_of(res, eps)[0], "releases": releases}
 
 
-def fig3(name: str, d: Dataset, prof: Profile, cells: list, rounds: pd.DataFrame, store, out):
+def fig3(
+    name: str,
+    d: Dataset,
+    prof: Profile,
+    cells: list,
+    rounds: pd.DataFrame,
+    store,
+    out,
+    ledger: Ledger,
+):
     """Fed-DP-PSO against FedAvg + DP-Adam at every epsilon on ``name``'s iid clients,
-    printed and written to ``fig3.csv``: (table rows, FedAvg history, both histories)."""
+    printed and written to ``fig3.csv`` (its runs go into ``ledger``): (table rows, FedAvg
+    history, both histories)."""
     rows, histories = [], []
     for eps in prof.epsilons:
-        run = partial(_fedavg, d, eps, prof.rounds, prof.seeds)
+        run = partial(_fedavg, d, eps, prof.rounds, prof.seeds, prof, str(out / "fig3.csv"))
         history, privacy, _ = store.fetch_or_run(f"fig3_{name}_eps{eps:g}", run)
+        add_releases(ledger, privacy)
         histories.append(history.assign(dataset=name, method="fedavg"))
         last = history[history["round"] == prof.rounds]
         b_mean, b_std = _report.mean_std(last.test_accuracy, 100)
@@ -189,12 +227,23 @@ def fig3(name: str, d: Dataset, prof: Profile, cells: list, rounds: pd.DataFrame
     return rows, fedavg, pd.concat([ours, fedavg])
 
 
-def _comm(name: str, d: Dataset, pso: pd.DataFrame, fedavg: pd.DataFrame | None, store):
+def _comm(
+    name: str,
+    d: Dataset,
+    pso: pd.DataFrame,
+    fedavg: pd.DataFrame | None,
+    store,
+    ledger: Ledger,
+    prof: Profile,
+    path: str,
+):
     """Bytes per round the simulator counted for Fed-DP-PSO (``pso``: its history on
     ``d``'s clients) and FedAvg (``fedavg``: Fig. 3's history on the same clients, else one
-    round of FedAvg without DP)."""
+    round of FedAvg without DP, which goes into ``ledger`` as written at ``path``)."""
     if fedavg is None:
-        fedavg, _, _ = store.fetch_or_run(f"comm_{name}", partial(_fedavg, d, math.inf, 1, 1))
+        run = partial(_fedavg, d, math.inf, 1, 1, prof, path)
+        fedavg, payload, _ = store.fetch_or_run(f"comm_{name}", run)
+        add_releases(ledger, payload)
     row = {"dataset": name}
     for method, h in (("pso", pso), ("fedavg", fedavg)):
         for way in ("up", "down"):
@@ -205,14 +254,18 @@ def _comm(name: str, d: Dataset, pso: pd.DataFrame, fedavg: pd.DataFrame | None,
     return {**row, "upload_saving": 1.0 - row["pso_up"] / row["fedavg_up"]}
 
 
-def comm_table(kept: dict, rounds: pd.DataFrame, fedavg: dict, store, out: Path) -> list:
+def comm_table(
+    kept: dict, rounds: pd.DataFrame, fedavg: dict, store, out: Path, ledger: Ledger, prof: Profile
+) -> list:
     """The communication table (``kept``: each dataset's :class:`Dataset`; ``fedavg``: the
-    Fig. 3 histories by dataset), printed and written to ``comm.csv``: its rows."""
+    Fig. 3 histories by dataset), printed and written to ``comm.csv``: its rows.  A dataset
+    without a Fig. 3 history runs one round of FedAvg without DP, listed in ``ledger``."""
     comm = []
     for name, d in kept.items():
         part = "iid" if d.iid else rounds[rounds.dataset == name].partition.iloc[0]
         pso = rounds[(rounds.dataset == name) & (rounds.partition == part)]
-        comm.append(_comm(name, d, pso, fedavg.get(name), store))
+        path = str(out / "comm.csv")
+        comm.append(_comm(name, d, pso, fedavg.get(name), store, ledger, prof, path))
     pd.DataFrame(comm).to_csv(out / "comm.csv", index=False)
     print("\nCommunication per round (bytes):\n" + pd.DataFrame(comm).to_markdown(index=False))
     return comm

@@ -30,6 +30,7 @@ __all__ = [
     "per_round",
     "save",
     "title",
+    "write_ledger",
     "write_table",
 ]
 
@@ -139,3 +140,16 @@ def per_round(
         ax.set(xlabel=x, ylabel=ylabel or y, title=title(panel_title(p)), **(axes_set or {}))
         ax.legend(fontsize=7)
     save(fig, path, suptitle=suptitle)
+
+
+def write_ledger(ledger) -> Path:
+    """Write the experiment's privacy ledger (:class:`swarmjax.privacy.ledger.Ledger`) and
+    print where it went and, per privacy unit, the statement a paper's privacy section can
+    quote (the epsilon of publishing every DP release of the experiment together)."""
+    path = ledger.write()
+    for comp in ledger.composed().values():
+        print(comp.statement(ledger.experiment, str(path)))
+    if ledger.non_private:
+        print(f"{len(ledger.non_private)} run(s) without DP are listed there as not private")
+    print(f"privacy ledger: {path}")
+    return path

@@ -9,12 +9,21 @@ paper mode (published formula, sensitivity range / n), at equal total epsilon:
 F1 of five scikit-learn classifiers trained on noised data and tested on clean data, the
 attribute-inference attack accuracy, the processing time per batch of rows, and the F1 over
 (theta, alpha).  Writes CSV/JSON/PNG under ``results/apdim/`` and prints a summary table.
+
+Privacy ledger (``privacy_ledger.json/.md``, :func:`table_releases`): each noised table of
+the correct mode is a record-level DP release (:data:`RELATION`; per-feature Laplace
+events); the paper mode's tables (range / n sensitivity: about n times the claimed
+epsilon), the clean baseline, the attack scores (read the clean sensitive attribute), the
+fitted plans and the timing are listed as not private.  Every (table, mode, mechanism,
+epsilon, seed) draws its own noise (:func:`release_seed`), so releases never share it.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
+import math
 import time
 import warnings
 from collections.abc import Callable
@@ -22,6 +31,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import dp_accounting
 import jax
 import numpy as np
 import pandas as pd
@@ -34,13 +44,30 @@ from sklearn.neighbors import KNeighborsClassifier
 from sklearn.neural_network import MLPClassifier
 from tqdm import tqdm
 
-from experiments import _cli
+from experiments import _cli, _report
 from swarmjax.privacy import apdim
+from swarmjax.privacy.ledger import Ledger, Release
 
 EPSILONS = (0.01, 0.05, 0.1, 0.5, 1.0, 5.0)
 # mode -> (allocation, sensitivity)
 MODES = {"correct": ("corrected", "record"), "paper": ("paper", "paper")}
 MECHANISMS = ("apdim", "uniform")
+PLANS = tuple((mode, mechanism) for mode in MODES for mechanism in MECHANISMS)
+PARAMS_STREAM = 2**31 - 1  # root key of the (theta, alpha) grid's releases: no table's seed
+
+RELATION = (
+    "record-level, replace-one row (local DP): neighbouring tables differ in the feature "
+    "values of one training row, replaced by any values in the unit box [0, 1]^d the "
+    "encoder's ranges map to; every row gets independent per-feature Laplace noise whose "
+    "budgets sum to epsilon. Public by assumption and covered by no epsilon: the label "
+    "column (released unnoised, as in the paper), the encoder's ranges and the plan (MI, "
+    "groups, shares: plans.json) fit on the raw rows, and the 30% test split. Each table is "
+    "its own dataset (no person is in two): a row's ledger client id is its table's index "
+    "in experiments.apdim.DATASETS (adult 0, mgm 1, cmc 2, heart 3), so tables compose in "
+    "parallel"
+)
+"""The neighbouring relation of every DP release of this experiment, as
+:mod:`swarmjax.privacy.apdim` accounts it (its module docstring and docs/apdim.md)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -200,11 +227,22 @@ def make_plans(split: Split, *, theta: float = 0.7, alpha: float = 0.8) -> dict:
     return plans
 
 
+def release_seed(name: str, mode: str, mechanism: str, seed: int) -> int:
+    """The seed :func:`swarmjax.privacy.apdim.privatize_sweep` draws the noise of ``seed``
+    from for table ``name`` under (``mode``, ``mechanism``): distinct for every table, plan
+    and seed, so no two releases share noise (the same key under two plans would give the
+    same standard Laplace draws at two scales, from which the clean row is solved exactly).
+    """
+    table = list(DATASETS).index(name)
+    return seed * len(DATASETS) * len(PLANS) + table * len(PLANS) + PLANS.index((mode, mechanism))
+
+
 def run_utility(
     split: Split, plans: dict, name: str, profile: Profile, bar: tqdm
 ) -> tuple[pd.DataFrame, list[dict]]:
     """F1 per (mode, mechanism, epsilon, seed, classifier), and the attack accuracy rows;
-    ``plans`` is ``make_plans(split)``."""
+    ``plans`` is ``make_plans(split)``; the noise of ``seed`` comes from
+    :func:`release_seed`."""
     majority = float(np.bincount(split.sensitive).max() / len(split.sensitive))
 
     def labels(mode: str, mechanism: str, epsilon: float, seed: int) -> dict:
@@ -230,8 +268,9 @@ def run_utility(
     ]
     seeds = list(range(profile.seeds))
     for (mode, mechanism), plan in plans.items():
+        draws = [release_seed(name, mode, mechanism, s) for s in seeds]
         released = np.asarray(
-            apdim.privatize_sweep(split.X_train, plan, profile.epsilons, seeds), np.float32
+            apdim.privatize_sweep(split.X_train, plan, profile.epsilons, draws), np.float32
         )
         for e, epsilon in enumerate(profile.epsilons):
             for s in seeds:
@@ -250,22 +289,25 @@ def run_utility(
     return pd.DataFrame(rows), attacks
 
 
-def run_params(split: Split, profile: Profile, epsilon: float = 1.0) -> pd.DataFrame:
-    """Fig. 3: random-forest F1 over (theta, alpha) on one dataset at one epsilon, seed 0."""
-    rows = []
+def run_params(split: Split, profile: Profile, epsilon: float = 1.0) -> tuple[pd.DataFrame, dict]:
+    """Fig. 3: random-forest F1 over (theta, alpha) on one dataset at one epsilon, and
+    ``{"noise": per run, its labels and the Laplace scales it drew with}`` (for the ledger,
+    saved with the call: refitting the plans on a rerun would cost the MI estimates again).
+    Each run draws from its own key (``PARAMS_STREAM`` folded with the run's index)."""
+    rows, noise = [], []
     for theta in profile.thetas:
         for alpha in profile.alphas:
             plans = make_plans(split, theta=theta, alpha=alpha)
             for mode in MODES:
-                noisy = apdim.privatize(
-                    jax.random.key(0), split.X_train, plans[(mode, "apdim")], epsilon
-                )
+                plan = plans[(mode, "apdim")]
+                key = jax.random.fold_in(jax.random.key(PARAMS_STREAM), len(rows))
+                noisy = apdim.privatize(key, split.X_train, plan, epsilon)
                 model = classifiers(profile, 0)["RF"]()
                 score = f1(model, np.asarray(noisy), split.y_train, split.X_test, split.y_test)
-                rows.append(
-                    {"mode": mode, "theta": theta, "alpha": alpha, "epsilon": epsilon, "f1": score}
-                )
-    return pd.DataFrame(rows)
+                labels = {"mode": mode, "theta": theta, "alpha": alpha, "epsilon": epsilon}
+                rows.append(labels | {"f1": score})
+                noise.append(labels | {"scales": noise_scales(plan, epsilon)})
+    return pd.DataFrame(rows), {"noise": noise}
 
 
 def _timed(fn: Callable[[], Any]) -> float:
@@ -310,6 +352,136 @@ def run_timing(data_dir: Path, profile: Profile) -> pd.DataFrame:
                     }
                 )
     return pd.DataFrame(rows)
+
+
+# ----------------------------------------------------------------------------------------
+# the privacy ledger
+# ----------------------------------------------------------------------------------------
+
+
+def noise_scales(plan: apdim.APDIMPlan, epsilon: float) -> list[float]:
+    """Laplace scale of every feature at total ``epsilon``, in normalised units, as the
+    device computes it (float32 ``sensitivity / (epsilon * share)``)."""
+    eps = np.float32(epsilon) * plan.shares.astype(np.float32)
+    return (plan.sensitivity.astype(np.float32) / eps).astype(np.float64).tolist()
+
+
+def laplace_event(scales: list[float]) -> dp_accounting.DpEvent:
+    """One row's release: a Laplace mechanism per feature, each of sensitivity 1 (a feature
+    moves by at most 1 in the unit box) and noise multiplier its scale, composed (features
+    with equal scales as one self-composition).  The worst pair of neighbouring rows moves
+    every feature at once, and the row's privacy loss is the sum of the features' losses:
+    exactly the composition of these mechanisms."""
+    counts = collections.Counter(scales)
+    parts = [
+        dp_accounting.LaplaceDpEvent(b)
+        if n == 1
+        else dp_accounting.SelfComposedDpEvent(dp_accounting.LaplaceDpEvent(b), n)
+        for b, n in counts.items()
+    ]
+    return parts[0] if len(parts) == 1 else dp_accounting.ComposedDpEvent(parts)
+
+
+def table_release(
+    name: str,
+    labels: dict,
+    scales: list[float],
+    seed: int | None,
+    *,
+    private: bool,
+    path: Path,
+    delta: float,
+    accountant: str,
+) -> Release:
+    """The release of one noised copy of table ``name`` (``labels``: mode, mechanism,
+    epsilon, ...) drawn with ``scales``.
+
+    ``private`` (the record sensitivity): a DP release under :data:`RELATION` whose event is
+    :func:`laplace_event`, for the table's client id; its own epsilon is the pure epsilon
+    ``sum_i 1 / scale_i`` (= the total epsilon), valid at any delta, so it is stated at the
+    experiment's ``delta``.  Otherwise (the paper's range / n sensitivity) it is listed as
+    NOT private with that per-record epsilon as a label: about n times the claimed one, no
+    meaningful guarantee (the attack recovers the sensitive attribute), and beyond what an
+    accountant represents (e^epsilon overflows).
+    """
+    record_eps = float(np.sum(1.0 / np.asarray(scales)))
+    algorithm = "uniform_laplace" if labels.get("mechanism") == "uniform" else "apdim"
+    if not private:
+        labels = labels | {"claimed_epsilon": labels.get("epsilon"), "record_epsilon": record_eps}
+        labels["sensitivity"] = "range / n (a column mean's): the claimed epsilon does not hold"
+        return Release(algorithm, labels, seed, None, None, delta, math.inf, accountant, str(path))
+    table = list(DATASETS).index(name)
+    return Release(
+        algorithm=algorithm,
+        variant=labels,
+        seed=seed,
+        unit="record",
+        relation=RELATION,
+        delta=delta,
+        epsilon=record_eps,
+        accountant=accountant,
+        path=str(path),
+        groups=(((table,), laplace_event(scales), 0.0),),
+    )
+
+
+def _not_private(what: str, labels: dict, path: Path, delta: float, accountant: str) -> Release:
+    """A release of ``what`` computed from the raw rows without noise."""
+    return Release(what, labels, None, None, None, delta, math.inf, accountant, str(path))
+
+
+def table_releases(
+    name: str,
+    plans: dict,
+    profile: Profile,
+    out: Path,
+    *,
+    delta: float,
+    accountant: str,
+) -> list[Release]:
+    """Every release of table ``name``'s utility and attack step (:func:`run_utility`): the
+    clean baseline, one per (mode, mechanism, epsilon, seed), the attack scores and the
+    fitted plans.  They follow from the plans and settings alone (not from the noise
+    drawn), so a reused call lists the same releases."""
+    f1_csv, on = out / "f1.csv", {"dataset": name}
+    releases = [_not_private("no noise (clean baseline)", on, f1_csv, delta, accountant)]
+    for (mode, mechanism), plan in plans.items():
+        private = plan.sensitivity_mode == "record"
+        for epsilon in profile.epsilons:
+            scales = noise_scales(plan, epsilon)
+            labels = on | {"mode": mode, "mechanism": mechanism, "epsilon": epsilon}
+            for seed in range(profile.seeds):
+                release = table_release(
+                    name, labels, scales, seed, private=private, path=f1_csv, delta=delta,
+                    accountant=accountant,
+                )  # fmt: skip
+                releases.append(release)
+    attack = on | {"score": "attribute inference, against the clean sensitive attribute"}
+    releases.append(_not_private("attack", attack, out / "attack.csv", delta, accountant))
+    fit = on | {"what": "MI, correlation groups, shares of every plan"}
+    releases.append(_not_private("apdim_plan", fit, out / "plans.json", delta, accountant))
+    return releases
+
+
+def params_releases(
+    name: str, noise: list[dict], out: Path, *, delta: float, accountant: str
+) -> list[Release]:
+    """The releases of the (theta, alpha) grid on table ``name`` (``noise``: the payload of
+    :func:`run_params`)."""
+    return [
+        table_release(
+            name,
+            {"dataset": name, "mechanism": "apdim"}
+            | {k: v for k, v in run.items() if k != "scales"},
+            run["scales"],
+            None,
+            private=run["mode"] == "correct",
+            path=out / "params.csv",
+            delta=delta,
+            accountant=accountant,
+        )
+        for run in noise
+    ]
 
 
 # ----------------------------------------------------------------------------------------
@@ -452,6 +624,7 @@ def parse_args(argv: list[str] | None = None):
         full="all rows, 5 seeds, larger models",
         data="tabular/*.csv (adults, cmc, heart, mgm)",
         seeds="quick 1, default 2, full 5; vmapped",
+        privacy="records",
     )
     parser.add_argument(
         "--datasets",
@@ -482,12 +655,17 @@ def main(argv: list[str] | None = None) -> None:
         print(f"skipping {ds}: {data_dir / DATASETS[ds].file} not found")
     args.datasets = [ds for ds in requested if ds not in missing]
     out = _cli.out_dir(args)
+    # every noised table is a release of its rows (docs/ledger.md); checked writable now
+    ledger = Ledger(out, "apdim", accountant=args.accountant)
     settings = dataclasses.asdict(profile)
     store = _cli.call_store(out, settings, __name__, restart=args.restart)
     warnings.filterwarnings("ignore", category=ConvergenceWarning)
     started = time.perf_counter()
 
     splits = {ds: load_split(data_dir, ds, profile) for ds in args.datasets}
+    # pure DP holds at any delta: state every release at 0.1 / (training rows of all tables)
+    delta = _cli.delta(args, sum(len(split.y_train) for split in splits.values()))
+    on_ledger = {"delta": delta, "accountant": args.accountant}
     n_fits = len(args.datasets) * len(MODES) * len(MECHANISMS) * len(profile.epsilons)
     n_fits *= profile.seeds * 5
     plans_json, f1_frames, attack_frames = {}, [], []
@@ -499,6 +677,8 @@ def main(argv: list[str] | None = None) -> None:
             f1_ds, attacks, reused = store.fetch_or_run(f"utility_{ds}", run)
             if reused:
                 bar.update(n_fits // len(splits))
+            for release in table_releases(ds, plans, profile, out, **on_ledger):
+                ledger.add(release)
             f1_frames.append(f1_ds)
             attack_frames.append(pd.DataFrame(attacks))
             pd.concat(f1_frames).to_csv(out / "f1.csv", index=False)
@@ -521,9 +701,11 @@ def main(argv: list[str] | None = None) -> None:
     plot_attack(attack, out / "fig8_attack.png")
 
     params_ds = "adult" if "adult" in splits else next(iter(splits))
-    params = store.fetch_or_run_table(
+    params, noise, _ = store.fetch_or_run(
         f"params_{params_ds}", partial(run_params, splits[params_ds], profile)
     )
+    for release in params_releases(params_ds, noise["noise"], out, **on_ledger):
+        ledger.add(release)
     params.to_csv(out / "params.csv", index=False)
     plot_params(params, out / "fig3_params.png")
     timing = None
@@ -531,6 +713,8 @@ def main(argv: list[str] | None = None) -> None:
         timing = store.fetch_or_run_table("timing", partial(run_timing, data_dir, profile))
         timing.to_csv(out / "timing.csv", index=False)
         plot_timing(timing, out / "fig2_timing.png")
+        what = {"dataset": "adult", "what": "seconds per batch of resampled rows"}
+        ledger.add(_not_private("timing", what, out / "timing.csv", **on_ledger))
 
     table = summarise(f1_frame, attack)
     table.to_csv(out / "summary.csv", index=False)
@@ -555,6 +739,7 @@ def main(argv: list[str] | None = None) -> None:
             print("\nmedian seconds per batch:\n", med.round(4).to_string())
     if store.reused:
         print(f"\nreused from {store.folder} (--restart runs them again): {store.reused}")
+    _report.write_ledger(ledger)
     print(f"\nwrote {out} in {summary['seconds']} s")
 
 

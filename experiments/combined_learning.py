@@ -21,6 +21,10 @@ one PNG per dataset and model) as each setting finishes; each finished setting i
 under ``calls/``, so rerunning the same command resumes where it stopped (``--restart`` runs
 everything again). CIFAR-10 runs only when its files
 are found (``--data-dir`` or ``$SWARMJAX_DATA``); otherwise it is reported as skipped.
+
+Privacy: no run has DP.  ``privacy_ledger.json/.md`` lists every run (CL, FedAvg, each
+client alone, the centralised model; reused settings too) as a release that is NOT private:
+a paper must not state any of these numbers as private.
 """
 
 from __future__ import annotations
@@ -52,10 +56,11 @@ from swarmjax.fl.algorithms.combined_models import thesis_model
 from swarmjax.fl.algorithms.common import weighted_average
 from swarmjax.fl.algorithms.fedavg import FedAvg
 from swarmjax.fl.algorithms.local_only import LocalOnly
-from swarmjax.fl.client.record_dp import DELTA
 from swarmjax.fl.client.training import LocalTraining
 from swarmjax.fl.protocol import RunSpec, Variants
 from swarmjax.fl.runtime import simulate
+from swarmjax.privacy.ledger import Ledger, Release, releases_from_result
+from swarmjax.privacy.plan import default_delta
 
 SPLITS = ("uniform", "arbitrary")
 
@@ -156,14 +161,33 @@ def optimiser(
 def _simulate(alg, clients, test, rounds: int, seeds: list[int], **grid):
     """``alg`` for every seed; ``grid``: its hyper values and label axes for
     :meth:`~swarmjax.fl.protocol.Variants.grid`."""
-    spec = RunSpec(rounds=rounds, delta=DELTA, seeds=tuple(seeds))
+    spec = RunSpec(
+        rounds=rounds, delta=default_delta(int(np.sum(clients.sizes))), seeds=tuple(seeds)
+    )
     return simulate(alg, clients, test, Variants.grid(alg, clients, spec, **grid))
 
 
+def _releases(res, algorithm: str, path: str, **labels) -> list[dict]:
+    """Every run of ``res`` as a privacy-ledger release (:meth:`Release.to_dict`, saved with
+    the call so that a reused setting adds them too), with ``labels`` (dataset, model,
+    split, K) beside the run's own, so the ledger tells the settings apart."""
+    return [
+        dataclasses.replace(r, variant={**labels, **r.variant}).to_dict()
+        for r in releases_from_result(res, algorithm=algorithm, path=path)
+    ]
+
+
 def run_setting(
-    data: Any, dataset: str, model_name: str, split: str, k: int, profile: Profile
-) -> pd.DataFrame:
-    """History rows (method, round, client, test_accuracy) of CL, FedAvg and clients alone."""
+    data: Any,
+    dataset: str,
+    model_name: str,
+    split: str,
+    k: int,
+    profile: Profile,
+    path: str = "history.csv",
+) -> tuple[pd.DataFrame, dict]:
+    """History rows (method, round, client, test_accuracy) of CL, FedAvg and clients alone,
+    and ``{"releases": their runs as privacy-ledger releases written at path}``."""
     model = thesis_model(dataset, model_name)
     training, lr = optimiser(dataset, model_name, profile.local_epochs[dataset], profile.batch_size)
     parts = split_indices(data.y_train, k, split, seed=0)
@@ -176,15 +200,18 @@ def run_setting(
     clients = stack_clients(data.x_train, data.y_train, parts, pad_to=pad)
     test = (data.x_test, data.y_test)
     seeds = list(range(profile.seeds))
-    frames = []
+    labels = {"dataset": dataset, "model": model_name, "split": split, "K": k}
+    frames, releases = [], []
     for method, combine in (("CL", CombinedAggregator(0.01)), ("FedAvg", weighted_average)):
         alg = FedAvg(model, training, combine=combine, eval_batch_size=1000)
         res = _simulate(
             alg, clients, test, profile.rounds, seeds, epsilon_target=[math.inf], learning_rate=[lr]
         )
         frames.append(res.history[["seed", "round", "test_accuracy"]].assign(method=method))
+        releases += _releases(res, method, path, **labels)
     alone = LocalOnly(model, training, eval_batch_size=1000)
     alone = _simulate(alone, clients, test, profile.rounds, seeds, learning_rate=[lr])
+    releases += _releases(alone, "alone", path, **labels)
     acc = alone.metrics["test_accuracy"]  # (seeds, rounds, clients)
     s_idx, t_idx, c_idx = np.meshgrid(
         np.asarray(seeds), np.arange(1, profile.rounds + 1), np.arange(k), indexing="ij"
@@ -199,13 +226,17 @@ def run_setting(
             }
         ).assign(method="alone")
     )
-    return pd.concat(frames, ignore_index=True).assign(
+    history = pd.concat(frames, ignore_index=True).assign(
         dataset=dataset, model=model_name, split=split, K=k
     )
+    return history, {"releases": releases}
 
 
-def run_central(data: Any, dataset: str, model_name: str, profile: Profile) -> pd.DataFrame:
-    """Centralised accuracy after E*t epochs, one row per round t."""
+def run_central(
+    data: Any, dataset: str, model_name: str, profile: Profile, path: str = "central.csv"
+) -> tuple[pd.DataFrame, dict]:
+    """Centralised accuracy after E*t epochs, one row per round t, and ``{"releases": its
+    runs as privacy-ledger releases written at path}``."""
     model = thesis_model(dataset, model_name)
     e = profile.local_epochs[dataset]
     training, lr = optimiser(dataset, model_name, 1, profile.batch_size)
@@ -216,9 +247,10 @@ def run_central(data: Any, dataset: str, model_name: str, profile: Profile) -> p
     res = _simulate(alg, union, test, e * profile.rounds, seeds, learning_rate=[lr])
     res = dataclasses.replace(res, history=res.history.rename(columns={"round": "epoch"}))
     hist = res.history[res.history["epoch"] % e == 0]
-    return hist.assign(
+    hist = hist.assign(
         round=hist["epoch"] // e, method="central", dataset=dataset, model=model_name
     )[["seed", "round", "test_accuracy", "method", "dataset", "model"]]
+    return hist, {"releases": _releases(res, "central", path, dataset=dataset, model=model_name)}
 
 
 def summarise(history: pd.DataFrame, central: pd.DataFrame) -> pd.DataFrame:
@@ -394,8 +426,10 @@ def main(argv: list[str] | None = None) -> None:
             f"--models {' '.join(args.models or [])} run on none of the selected datasets "
             f"{' '.join(args.datasets or [])}; see PROFILES in experiments/combined_learning.py"
         )
-    loaded, skipped = load_all(args, profile)
     out = _cli.out_dir(args)
+    # every run is listed (not private: no DP) beside the results; checked writable now
+    ledger = Ledger(out, "combined_learning")
+    loaded, skipped = load_all(args, profile)
     histories, centrals, reused = [], [], []
     timings: dict[str, float] = {}
     start = time.perf_counter()
@@ -416,13 +450,14 @@ def main(argv: list[str] | None = None) -> None:
             store = _cli.call_store(
                 out, _call_settings(dataset, model, mprof), __name__, restart=args.restart
             )
-            central = partial(run_central, data, dataset, model, mprof)
-            centrals.append(store.fetch_or_run_table("central", central))
+            central = partial(run_central, data, dataset, model, mprof, str(out / "central.csv"))
+            centrals.append(_fetch(store, "central", central, ledger))
             for m, split, k in tqdm(
                 [t for t in todo if t[0] == model], desc=f"{dataset} {model}", unit="setting"
             ):
-                run = partial(run_setting, data, dataset, m, split, k, mprof)
-                histories.append(store.fetch_or_run_table(f"{split}_K{k}", run))
+                path = str(out / "history.csv")
+                run = partial(run_setting, data, dataset, m, split, k, mprof, path)
+                histories.append(_fetch(store, f"{split}_K{k}", run, ledger))
                 write(
                     out, histories, centrals, profile, skipped, time.perf_counter() - start, timings
                 )
@@ -444,7 +479,17 @@ def main(argv: list[str] | None = None) -> None:
         print("skipped:", note)
     if reused:
         print(f"reused from {out / 'calls'} (--restart runs them again): {', '.join(reused)}")
+    _report.write_ledger(ledger)
     print(f"results in {out} ({time.perf_counter() - start:.0f} s)")
+
+
+def _fetch(store, key: str, run, ledger: Ledger) -> pd.DataFrame:
+    """The table of ``store.fetch_or_run(key, run)``; the releases of its payload (computed
+    now or saved by an earlier run) go into ``ledger``."""
+    table, payload, _ = store.fetch_or_run(key, run)
+    for release in payload["releases"]:
+        ledger.add(Release.from_dict(release))
+    return table
 
 
 def write(

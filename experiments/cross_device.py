@@ -8,15 +8,19 @@ a power law of client sizes), kept as one flat store of rows (memory: the datase
 clients x the largest client), ``--cohort``
 clients per round, 1 local epoch of SGD at batch 10, and compares FedAvg, FedProx,
 FedAdam, FedYogi and user-level DP-FedAvg (fixed or adaptive clipping; a secret Poisson
-cohort of expected size ``--cohort`` calibrated to ``--epsilon`` at ``--delta``).
+cohort of expected size ``--cohort`` calibrated to ``--epsilon`` at ``--delta`` by
+``--accountant``, its buffer sized by the algorithm's privacy plan).
 
 Results go to ``results/cross_device/``: ``history.csv`` (per seed and round: test accuracy
 on ``--test-size`` public test rows, bytes, epsilon), ``summary.csv`` / ``summary.json``
 (final accuracy on the whole test set, seconds per round, epsilon and what it covers),
-``privacy.json``, and the figures ``accuracy_per_round.png`` (mean and a band of one std
-over seeds) and ``accuracy_vs_epsilon.png``. Every algorithm checkpoints its run after each
-round (``checkpoints/``, orbax): rerunning the same command resumes a killed run from its
-last round and ends with the same numbers; ``--restart`` starts over.
+``privacy.json``, the experiment's privacy ledger ``privacy_ledger.json`` / ``.md`` (every
+run as a release and the epsilon of publishing the DP ones together), and the figures
+``accuracy_per_round.png`` (mean and a band of one std over seeds) and
+``accuracy_vs_epsilon.png``. Every algorithm checkpoints its run after each round
+(``checkpoints/``, orbax): rerunning the same command resumes a killed run from its
+last round and ends with the same numbers (``checkpoints/`` holds private state: it is
+marked not released); ``--restart`` starts over.
 """
 
 from __future__ import annotations
@@ -39,11 +43,13 @@ from swarmjax.fl.algorithms.fedavg import FedAvg
 from swarmjax.fl.algorithms.fedprox import FedProx
 from swarmjax.fl.client.training import LocalTraining
 from swarmjax.fl.data import load_dataset, partition
-from swarmjax.fl.data.cohort import cohort_capacity
 from swarmjax.fl.data.store import ClientStore
 from swarmjax.fl.protocol import RunSpec, Variants
 from swarmjax.fl.runtime import simulate
+from swarmjax.fl.runtime.simulator import CHECKPOINT_NOT_RELEASED
 from swarmjax.models import evaluate, simple_cnn
+from swarmjax.privacy.ledger import Ledger
+from swarmjax.privacy.plan import default_delta
 
 ALGORITHMS = ("fedavg", "fedprox", "fedadam", "fedyogi", "dp-fedavg", "dp-fedavg-adaptive")
 PARTITIONS = ("consecutive", "dirichlet", "shards", "power_law")
@@ -62,10 +68,11 @@ class Profile:
     rounds: int
     algorithms: tuple[str, ...]
     epsilon: float
-    delta: float | None  # None: 0.1 / clients
+    delta: float | None  # None: default_delta(clients) = 0.1 / clients
     seeds: tuple[int, ...]
     partition: str
     test_size: int
+    accountant: str = "pld"
     client_lr: float = 0.1
     server_lr: float = 1.0
     clip: float = 0.4
@@ -114,6 +121,7 @@ def _parser() -> argparse.ArgumentParser:
         full="every algorithm, 1,200 clients of 50 rows, cohort 50, 100 rounds, 2 seeds",
         data="mnist/ or fashion_mnist/ (IDX files)",
         seeds="quick 1, default 1, full 2",
+        privacy="clients",
     )
     p.add_argument(
         "--dataset",
@@ -138,9 +146,6 @@ def _parser() -> argparse.ArgumentParser:
         help="user-level target epsilon of the DP algorithms (default 2)",
     )
     p.add_argument(
-        "--delta", type=_probability, help="delta of every epsilon (default 0.1 / clients)"
-    )
-    p.add_argument(
         "--partition",
         choices=PARTITIONS,
         help="consecutive (default: seeded shuffle, equal chunks), dirichlet (alpha 0.5), "
@@ -148,16 +153,6 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--test-size", type=_cli.count("--test-size"), help="public test rows per round")
     return p
-
-
-def _probability(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--delta must be a number; got {text!r}") from None
-    if not 0 < value < 1:
-        raise argparse.ArgumentTypeError(f"--delta must be in (0, 1); got {text}")
-    return value
 
 
 def profile(args: argparse.Namespace) -> Profile:
@@ -173,6 +168,7 @@ def profile(args: argparse.Namespace) -> Profile:
         "algorithms": tuple(args.algorithm) if args.algorithm else None,
         "epsilon": args.epsilon,
         "delta": args.delta,
+        "accountant": args.accountant,
         "partition": args.partition,
         "test_size": args.test_size,
         "seeds": tuple(range(args.seeds)) if args.seeds else None,
@@ -223,15 +219,10 @@ def algorithm(name: str, prof: Profile, clients) -> tuple:
     if name == "fedprox":
         return FedProx(model, local, cohort=prof.cohort, **ev), {**lr, "mu": prof.mu}
     q = prof.cohort / prof.clients
-    capacity = cohort_capacity(prof.clients, q, prof.rounds, _delta(prof), prof.epsilon)
     clipping = "adaptive" if name.endswith("adaptive") else "fixed"
-    # a buffer past N holds every client of both neighbours: no capacity, nothing to charge
-    alg = ClientLevelDPFedAvg(
-        model,
-        local,
-        clipping=clipping,
-        capacity=capacity if capacity <= prof.clients else None,
-        **ev,
+    # the algorithm's privacy plan sizes the Poisson buffer for this run
+    alg = ClientLevelDPFedAvg.for_run(
+        model, prof.clients, q, spec(prof), prof.epsilon, training=local, clipping=clipping, **ev
     )
     grid = {
         "sample_rate": q,
@@ -244,14 +235,21 @@ def algorithm(name: str, prof: Profile, clients) -> tuple:
 
 
 def _delta(prof: Profile) -> float:
-    return 0.1 / prof.clients if prof.delta is None else prof.delta
+    return default_delta(prof.clients) if prof.delta is None else prof.delta
 
 
-def run_one(name: str, prof: Profile, clients, test, full_test, out: Path) -> dict:
-    """One algorithm's run (checkpointed per round): its history and summary row."""
+def spec(prof: Profile) -> RunSpec:
+    """Rounds, delta, seeds and accountant of every run of ``prof``."""
+    return RunSpec(prof.rounds, _delta(prof), prof.seeds, accountant=prof.accountant)
+
+
+def run_one(
+    name: str, prof: Profile, clients, test, full_test, out: Path, ledger: Ledger | None = None
+) -> dict:
+    """One algorithm's run (checkpointed per round): its history and summary row; its runs
+    go into ``ledger`` as releases written to ``history.csv``."""
     alg, grid = algorithm(name, prof, clients)
-    spec = RunSpec(prof.rounds, _delta(prof), prof.seeds)
-    variants = Variants.grid(alg, clients, spec, **grid)
+    variants = Variants.grid(alg, clients, spec(prof), **grid)
     t0 = time.perf_counter()
     res = simulate(
         alg,
@@ -263,6 +261,9 @@ def run_one(name: str, prof: Profile, clients, test, full_test, out: Path) -> di
         progress=True,
         checkpoint_dir=out / "checkpoints" / name,
     )
+    if ledger is not None:  # under the experiment's name for the algorithm
+        ledger.add_result(res, algorithm=name, path=str(out / "history.csv"))
+        ledger.mark_not_released(out / "checkpoints" / name, CHECKPOINT_NOT_RELEASED)
     wall = time.perf_counter() - t0
     params = res.server.params
     finals = [
@@ -280,7 +281,9 @@ def run_one(name: str, prof: Profile, clients, test, full_test, out: Path) -> di
         "final_accuracy": float(np.mean(finals)),
         "final_accuracy_std": float(np.std(finals, ddof=1)) if len(finals) > 1 else math.nan,
         "epsilon": float(np.max(eps)),
-        "delta": spec.delta,
+        "delta": variants.spec.delta,
+        "accountant": res.privacy.accountant,
+        "floating_point": res.privacy.floating_point,
         "relation": getattr(res.privacy, "relation", res.privacy.unit),
         "seconds_per_round": wall / prof.rounds,
         "wall_seconds": wall,
@@ -324,6 +327,7 @@ def main(argv: list[str] | None = None) -> None:
     out = _cli.out_dir(args)
     if args.restart:
         shutil.rmtree(out / "checkpoints", ignore_errors=True)
+    ledger = Ledger(out, "cross_device", accountant=prof.accountant)
     clients, test, full_test = clients_and_test(prof, data_dir)
     print(
         f"{prof.clients} clients of {int(clients.sizes.min())}-{int(clients.sizes.max())} rows "
@@ -332,7 +336,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     histories, rows = [], []
     for name in prof.algorithms:
-        got = run_one(name, prof, clients, test, full_test, out)
+        got = run_one(name, prof, clients, test, full_test, out, ledger)
         histories.append(got["history"])
         rows.append(got["row"])
         print(
@@ -347,13 +351,26 @@ def main(argv: list[str] | None = None) -> None:
     summary = {"profile": dataclasses.asdict(prof), "delta": _delta(prof), "runs": rows}
     (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
     privacy = {
-        r["algorithm"]: {k: r[k] for k in ("epsilon", "delta", "relation", "covers", "not_covered")}
+        r["algorithm"]: {
+            k: r[k]
+            for k in (
+                "epsilon",
+                "delta",
+                "accountant",
+                "relation",
+                "covers",
+                "not_covered",
+                "floating_point",
+            )
+        }
         for r in rows
     }
     (out / "privacy.json").write_text(json.dumps(privacy, indent=1, default=str))
     figures(history, out)
     cols = ["algorithm", "final_accuracy", "epsilon", "seconds_per_round"]
     print(table[cols].to_markdown(index=False, floatfmt=".4g"))
+    _report.write_ledger(ledger)
+    print(f"results in {out}")
 
 
 if __name__ == "__main__":

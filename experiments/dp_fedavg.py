@@ -7,8 +7,9 @@
     python -m experiments.dp_fedavg --full     # more rounds, epsilons and seeds
 
 For every dataset x partition x epsilon, the noise multiplier z is the smallest one whose
-client-level epsilon after T rounds (Poisson client sampling at rate q_c, RDP accountant,
-delta = N^-1.1) is <= the target; fixed clipping (several C) and adaptive clipping (target
+client-level epsilon after T rounds (Poisson client sampling at rate q_c, the PLD accountant
+or ``--accountant rdp``, delta = 0.1 / N, swarmjax's one default; the paper's N^-1.1 with
+``--delta``) is <= the target; fixed clipping (several C) and adaptive clipping (target
 quantile 0.5, start C_0 = 0.1) run with the SAME z, hence the same epsilon (the adaptive run
 folds its clipped-count query into z and pays with a larger noise on the sum). A
 non-private FedAvg-style run (z = 0, no clipping) is the ceiling.
@@ -47,7 +48,6 @@ from tqdm import tqdm
 from experiments import _cli, _report
 from swarmjax.fl.algorithms.client_level_dp_fedavg import (
     ClientLevelDPFedAvg,
-    default_delta,
     rounds_to_target,
     sum_noise_multiplier,
 )
@@ -59,7 +59,7 @@ from swarmjax.fl.protocol import RunSpec, Variants
 from swarmjax.fl.runtime import simulate
 from swarmjax.models import cross_entropy, mlp, param_count
 from swarmjax.privacy.audit import membership_inference_advantage
-from swarmjax.privacy.sampling import poisson_capacity
+from swarmjax.privacy.ledger import Ledger, Release, releases_from_result
 
 
 @dataclasses.dataclass(frozen=True)
@@ -162,13 +162,23 @@ def methods(profile: Profile, z: float) -> list[tuple[str, dict]]:
 
 
 def run_one(
-    config, clients, test, data, profile, method: str, kwargs: dict, eps_target: float, delta: float
+    config,
+    clients,
+    test,
+    data,
+    profile,
+    method: str,
+    kwargs: dict,
+    eps_target: float,
+    spec: RunSpec,
+    release_path: str = "history.csv",
 ):
-    """One method at one epsilon, all seeds in one call: (per-round history, summary row)."""
+    """One method at one epsilon, all seeds in one call: (per-round history, ``{"row":
+    summary row, "releases": its runs as privacy-ledger releases written at
+    release_path}``)."""
     t0 = time.perf_counter()
     kwargs = dict(kwargs)
     alg = dataclasses.replace(config, clipping=kwargs.pop("clipping"))
-    spec = RunSpec(rounds=profile.rounds, delta=delta, seeds=profile.seeds)
     kwargs["noise_multiplier"] = [float(kwargs["noise_multiplier"])]  # the one label
     variants = Variants.grid(
         alg,
@@ -181,6 +191,7 @@ def run_one(
     )
     res = simulate(alg, clients, test, variants)
     seconds = time.perf_counter() - t0
+    releases = [r.to_dict() for r in releases_from_result(res, algorithm=method, path=release_path)]
     h = res.history
     last = h[h["round"] == profile.rounds]
     reach = rounds_to_target(h, profile.target_accuracy)
@@ -217,7 +228,7 @@ def run_one(
         "mia_advantage_std": float(np.std(mias)),
         "seconds": seconds,
     }
-    return h.assign(method=method, epsilon_target=eps_target), row
+    return h.assign(method=method, epsilon_target=eps_target), {"row": row, "releases": releases}
 
 
 def plot(summary: pd.DataFrame, history: pd.DataFrame, out: Path) -> None:
@@ -269,6 +280,7 @@ def parse_args(argv: list[str] | None = None):
         full="300 rounds, epsilons 0.5-8, fixed C 0.03-10, 3 seeds (hours)",
         data="mnist/ and fashion_mnist/ (IDX files)",
         seeds="quick 1, else 3",
+        privacy="clients",
     )
     parser.add_argument("--rounds", type=_cli.count("--rounds"), help="override the rounds T")
     parser.add_argument(
@@ -305,28 +317,31 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
             profile = dataclasses.replace(profile, **{field: tuple(getattr(args, field))})
     profile = dataclasses.replace(profile, seeds=tuple(_cli.seeds(args, len(profile.seeds))))
     data_dir = _cli.data_dir(args.data_dir)
+    out = _cli.out_dir(args)  # results and the privacy ledger: checked before any work
+    ledger = Ledger(out, "dp_fedavg", accountant=args.accountant)
     loaded = {}
     for ds in profile.datasets:  # every dataset before any work: a missing one fails now
         try:
             loaded[ds] = load_dataset(ds, data_dir, download=False)
         except DatasetNotFoundError:
             raise _cli.UserError(f"dataset {ds!r} not found under {str(data_dir)!r}") from None
-    out = _cli.out_dir(args)
     model = mlp(MODEL_HIDDEN, 10, (28, 28, 1))
-    config = ClientLevelDPFedAvg(
+    delta = _cli.delta(args, profile.num_clients)
+    spec = RunSpec(profile.rounds, delta, profile.seeds, accountant=args.accountant)
+    # the algorithm's privacy plan sizes the Poisson buffer (for the largest target) and
+    # calibrates z for every target: nothing here does DP arithmetic itself
+    config = ClientLevelDPFedAvg.for_run(
         model,
-        LOCAL,
-        capacity=poisson_capacity(profile.num_clients, profile.sample_rate),
+        profile.num_clients,
+        profile.sample_rate,
+        spec,
+        max(profile.epsilons),
+        training=LOCAL,
         server_momentum=SERVER_MOMENTUM,
         eval_batch_size=2500,
     )
-    delta = default_delta(profile.num_clients)  # the paper's N^-1.1; warns once if too large
-    zs = {
-        e: config.noise_for_epsilon(
-            e, profile.num_clients, profile.sample_rate, profile.rounds, delta
-        )
-        for e in profile.epsilons
-    }
+    privacy_plan = config.plan(profile.num_clients, profile.sample_rate, spec)
+    zs = {e: privacy_plan.calibrate(e).noise_multiplier for e in profile.epsilons}
     n_runs = (
         len(profile.datasets)
         * len(profile.partitions)
@@ -348,8 +363,10 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
             "clip_lr": CLIP_LR,
         },
         "delta": delta,
+        "accountant": spec.accountant,
+        "capacity": config.capacity,
         "noise_multipliers": zs,
-        "epsilon_covers": "client-level: add/remove one client with all of its data (RDP)",
+        "epsilon_covers": privacy_plan.relation,
     }
     (out / "config.json").write_text(json.dumps(meta, indent=2, default=str))
     store = _cli.call_store(out, _call_settings(meta), __name__, restart=args.restart)
@@ -371,9 +388,22 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
                 bar.set_postfix_str(f"{ds} {scheme} {name} eps={eps_target:g}")
                 key = re.sub(r"[^A-Za-z0-9_.=+-]", "-", f"{ds}_{scheme}_{name}_eps{eps_target:g}")
                 run = partial(
-                    run_one, config, clients, test, data, profile, name, kwargs, eps_target, delta
+                    run_one,
+                    config,
+                    clients,
+                    test,
+                    data,
+                    profile,
+                    name,
+                    kwargs,
+                    eps_target,
+                    spec,
+                    str(out / "history.csv"),
                 )
-                hist, row, _ = store.fetch_or_run(key, run)
+                hist, payload, _ = store.fetch_or_run(key, run)
+                row = payload["row"]
+                for release in payload["releases"]:
+                    ledger.add(Release.from_dict(release))
                 rows.append({"dataset": ds, "partition": scheme, **row})
                 histories.append(hist.assign(dataset=ds, partition=scheme))
                 summary = pd.DataFrame(rows)
@@ -404,6 +434,7 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     _report.write_table(shown, out / "summary_table", columns=cols[:5] + cols[6:], floatfmt=".4g")
     with pd.option_context("display.width", 200, "display.max_rows", 500):
         print(summary[cols].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    _report.write_ledger(ledger)
     if store.reused:
         print(f"{len(store.reused)} run(s) reused from {store.folder} (--restart runs them again)")
     print(f"results in {out}")

@@ -8,8 +8,9 @@ choices (``--reading`` and one flag per choice), Flower's partitions, Fig. 3's d
 what the epsilon covers are in ``docs/fed_dp_pso.md``; every table header states the plan
 it ran. Results go to ``results/fed_dp_pso/`` (``cells.csv``, ``rounds.csv``,
 ``table_<dataset>.csv/.md``, ``fig3.csv``, ``comm.csv``: the bytes per round the simulator
-counted, ``summary.json``, PNG figures); finished calls are kept under ``calls/``, so the
-same command resumes (``--restart`` runs everything again).
+counted, ``summary.json``, PNG figures, ``privacy_ledger.json/.md``: every run as a release,
+see :func:`experiments._fed_dp_pso_parts.ledger_releases`); finished calls are kept under
+``calls/``, so the same command resumes (``--restart`` runs everything again).
 """
 
 from __future__ import annotations
@@ -34,7 +35,10 @@ from experiments._fed_dp_pso_parts import (  # also re-exported (fed_dp_pso_stud
     PAPER,  # noqa: F401
     PARTITIONS,
     READING_FIELDS,
+    add_releases,
+    ledger_releases,
     paper_accuracy,
+    record_delta,
     without_dp,
 )
 from swarmjax.fl import (
@@ -53,12 +57,12 @@ from swarmjax.fl.algorithms.fed_dp_pso import (
     paper_model,
     reading_hyper,
 )
-from swarmjax.fl.client.record_dp import DELTA
 from swarmjax.fl.client.training import RecordDP
 from swarmjax.fl.data.transforms import SCALING_PRIVACY, scale_inputs
 from swarmjax.fl.protocol import RunSpec, Variants, coverage
 from swarmjax.fl.runtime import simulate
 from swarmjax.models import paper_mlp
+from swarmjax.privacy.ledger import Ledger, Release
 
 EVAL_BATCH = 2000  # particles are scored 2,000 rows at a time
 NUM_CLIENTS = 5
@@ -86,6 +90,8 @@ class Profile:
     fig3: bool = True
     reading_name: str = DEFAULT_READING
     reading: Reading = field(default_factory=lambda: READINGS[DEFAULT_READING])
+    accountant: str = "pld"  # calibrates DP-Adam's noise and composes every record
+    delta: float | None = None  # None: 0.1 / records of the clients (default_delta)
 
     def call_settings(self) -> dict:
         """What a saved call depends on besides its key (dataset, partition, epsilons);
@@ -151,6 +157,8 @@ def profile(args: argparse.Namespace) -> Profile:
         fig3=not args.no_fig3,
         reading_name=args.reading,
         reading=reading(args),
+        accountant=args.accountant,
+        delta=args.delta,
     )
     return replace(out, n_train=out.n_train or None, eval_subset=out.eval_subset or None)
 
@@ -159,7 +167,7 @@ def algorithm(prof: Profile, model, sizes: list, batch_size: int) -> FedDPPSO:
     """Fed-DP-PSO of ``prof`` with DP-Adam whose Poisson buffer serves every client set of
     ``sizes`` at every target (the simulator's and the Flower task's algorithm)."""
     dp = RecordDP.for_run(sizes, batch_size, rounds=prof.rounds, epsilons=prof.epsilons,
-                          delta=DELTA)  # fmt: skip
+                          delta=record_delta(prof.delta, sizes[0]))  # fmt: skip
     return fed_dp_pso(model, prof.reading, batch_size=batch_size, record_dp=dp,
                       particles=prof.particles, eval_batch_size=EVAL_BATCH,
                       eval_subset=prof.eval_subset, refine_start=prof.refine_start,
@@ -170,12 +178,14 @@ def _load() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
-def _dp_pso_call(name, part, group, alg, clients, ds, prof: Profile, lr: float):
+def _dp_pso_call(name, part, group, alg, clients, ds, prof: Profile, lr: float, path: str):
     """One compiled Fed-DP-PSO call (every epsilon of ``group`` x every seed): the per-round
-    history and one results-table row per epsilon."""
+    history and ``{"rows": one results-table row per epsilon, "releases": its runs as
+    privacy-ledger releases written at path}``."""
     t0 = time.perf_counter()
     alg = without_dp(alg, group[0])
-    spec = RunSpec(rounds=prof.rounds, delta=DELTA, seeds=tuple(range(prof.seeds)))
+    delta = record_delta(prof.delta, clients.sizes)
+    spec = RunSpec(prof.rounds, delta, tuple(range(prof.seeds)), accountant=prof.accountant)
     hyper = reading_hyper(prof.reading)
     variants = Variants.grid(alg, clients, spec, epsilon_target=group, learning_rate=lr, **hyper)
     test = (ds.x_test, ds.y_test)
@@ -195,11 +205,12 @@ def _dp_pso_call(name, part, group, alg, clients, ds, prof: Profile, lr: float):
                          epsilon_max=eps_max, epsilon_ok=bool(eps_max <= eps),
                          sigma_max=sigma_max, client_sizes=sizes, model=alg.model.name, lr=lr,
                          call_seconds=took))  # fmt: skip
-    return h, rows
+    return h, {"rows": rows, "releases": ledger_releases(res, algorithm="fed_dp_pso", path=path)}
 
 
-def run_dataset(name, prof: Profile, data_dir, out, store, cells, rounds_rows):
-    """All partitions x epsilons x seeds of one dataset; returns (wall seconds, Dataset)."""
+def run_dataset(name, prof: Profile, data_dir, out, store, cells, rounds_rows, ledger: Ledger):
+    """All partitions x epsilons x seeds of one dataset, every run added to ``ledger`` (reused
+    calls too); returns (wall seconds, Dataset)."""
     start = time.perf_counter()
     finite = [e for e in prof.epsilons if not math.isinf(e)]
     groups = [g for g in (finite, [e for e in prof.epsilons if math.isinf(e)]) if g]
@@ -222,8 +233,11 @@ def run_dataset(name, prof: Profile, data_dir, out, store, cells, rounds_rows):
         alg = shared if sequential else algorithm(prof, model, [p.sizes], bs)
         for group in groups:
             key = f"{name}_{part}_eps" + "-".join(f"{e:g}" for e in group)
-            run = partial(_dp_pso_call, name, part, group, alg, clients, ds, prof, lr)
-            h, rows, reused = store.fetch_or_run(key, run)
+            path = str(out / "rounds.csv")
+            run = partial(_dp_pso_call, name, part, group, alg, clients, ds, prof, lr, path)
+            h, payload, reused = store.fetch_or_run(key, run)
+            rows = payload["rows"]
+            add_releases(ledger, payload)
             rounds_rows.append(h)
             cells.extend(rows)
             pd.DataFrame(cells).to_csv(out / "cells.csv", index=False)
@@ -286,6 +300,8 @@ def flower_config(args: argparse.Namespace) -> dict:
     for the same flags (on the task's own 3 clients of 600 rows)."""
     if args.datasets not in (None, ["digits"]):
         raise _cli.UserError("--runtime flower runs the digits task: drop --datasets")
+    if args.accountant != "pld":
+        raise _cli.UserError("--runtime flower accounts with PLD only: drop --accountant")
     prof = profile(args)
     eps = prof.epsilons[0]
     if not math.isfinite(eps):
@@ -308,8 +324,53 @@ def flower_config(args: argparse.Namespace) -> dict:
         "refine-start": prof.refine_start,
         "pso-learning-rate": prof.lr or paper_model("digits", 10, (8, 8, 1))[1],
         "reading": prof.reading_name,
+        **({} if prof.delta is None else {"delta": prof.delta}),
         **changed,
     }
+
+
+FLOWER_OPERATOR = (
+    "operator-only outputs of the Flower deployment (realised cohorts, per-round wall "
+    "seconds): statistics of the run that no epsilon covers"
+)
+
+
+def _flower_ledger(ledger: Ledger, config: dict, summary: dict, out: Path) -> None:
+    """The Flower path's two runs (the deployment and its simulator twin) in ``ledger``.
+
+    Both run Fed-DP-PSO as the simulator path builds it, whose model uploads are chosen by
+    exact scores (``_covers``): like :func:`ledger_releases` for a record that is not end to
+    end, they are listed as not private, with the epsilon of the covered DP-Adam steps and
+    what is not covered as labels.
+    """
+    from swarmjax.fl.runtime.flower.server import RELEASED  # the flower extra
+
+    covered, uncovered = coverage(FedDPPSO(paper_mlp()).exchanges)
+    if not uncovered:
+        raise RuntimeError("Fed-DP-PSO is end to end here: list its Flower runs with events")
+    labels = {
+        "target_epsilon": config["target-epsilon"],
+        "reading": config["reading"],
+        "epsilon_of_covered_steps": float(np.max(summary["epsilon"])),
+        "covers": "; ".join(covered),
+        "not_covered": "; ".join(uncovered),
+    }
+    record = json.loads((out / "flower" / RELEASED / "privacy.json").read_text())
+    for runtime, path in (("flower", out / "flower"), ("simulator", out / "flower_summary.json")):
+        ledger.add(
+            Release(
+                algorithm=f"fed_dp_pso ({runtime})",
+                variant={"runtime": runtime, **labels},
+                seed=None,
+                unit=None,
+                relation=None,
+                delta=float(record["delta"]),
+                epsilon=math.inf,
+                accountant="pld",
+                path=str(path),
+            )
+        )
+    ledger.mark_not_released(out / "flower" / "operator", FLOWER_OPERATOR)
 
 
 @_cli.entry_point
@@ -318,12 +379,18 @@ def main(argv: list[str] | None = None) -> None:
     if args.runtime == "flower":  # needs the flower extra
         from experiments._flower import run_over_flower
 
-        run_over_flower(flower_config(args), _cli.out_dir(args))
+        config = flower_config(args)
+        out = _cli.out_dir(args)
+        ledger = Ledger(out, "fed_dp_pso")
+        _flower_ledger(ledger, config, run_over_flower(config, out), out)
+        _report.write_ledger(ledger)
         return
     prof = profile(args)
     if any(d not in _BUILT_IN for d in prof.datasets) or args.full or args.data_dir is not None:
         args.data_dir = _cli.data_dir(args.data_dir)
     out = _cli.out_dir(args)
+    # every run is a release of the clients' data (docs/ledger.md); checked writable now
+    ledger = Ledger(out, "fed_dp_pso", delta=prof.delta, accountant=prof.accountant)
     print(f"Privacy: {_covers()}.\n{_header(prof)}\nload at start: {_load()}", flush=True)
     store = _cli.call_store(
         out, prof.call_settings(), __name__, restart=args.restart, parts=[_parts]
@@ -332,7 +399,7 @@ def main(argv: list[str] | None = None) -> None:
     load_start = _load()
     for name in prof.datasets:
         walls[name], kept[name] = run_dataset(
-            name, prof, args.data_dir, out, store, cells, rounds_rows
+            name, prof, args.data_dir, out, store, cells, rounds_rows, ledger
         )
         print(f"{name}: whole table {walls[name]:.0f} s (load {_load()})", flush=True)
     t0 = time.perf_counter()
@@ -343,7 +410,7 @@ def main(argv: list[str] | None = None) -> None:
         )
         try:  # the paper's Fig. 3 dataset, IID only, when its files are found
             _, kept[FIG3] = run_dataset(
-                FIG3, iid, args.data_dir, out, iid_store, cells, rounds_rows
+                FIG3, iid, args.data_dir, out, iid_store, cells, rounds_rows, ledger
             )
             stores.append(iid_store)
         except DatasetNotFoundError as err:
@@ -356,10 +423,10 @@ def main(argv: list[str] | None = None) -> None:
     if prof.fig3 and fig3_name is not None:
         d = kept[fig3_name]
         fig3, fedavg[fig3_name], fig3_rounds = _parts.fig3(
-            fig3_name, d, prof, cells, rounds, stores[-1], out
+            fig3_name, d, prof, cells, rounds, stores[-1], out, ledger
         )
     walls["fig3"] = time.perf_counter() - t0
-    comm = _parts.comm_table(kept, rounds, fedavg, store, out)
+    comm = _parts.comm_table(kept, rounds, fedavg, store, out, ledger, prof)
     _parts.figures(rounds, fig3_rounds, out)
     summary = dict(
         plan=asdict(prof),
@@ -384,6 +451,7 @@ def main(argv: list[str] | None = None) -> None:
             f"{len(summary['resumed_calls'])} call(s) reused from {out / 'calls'} "
             "(--restart runs them again)"
         )
+    _report.write_ledger(ledger)
 
 
 if __name__ == "__main__":

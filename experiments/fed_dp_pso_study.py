@@ -12,8 +12,11 @@ is scored on the validation split after every round: the table gives the final r
 (mean absolute change between consecutive rounds, and the range over rounds 2..R).
 
 Results go to ``results/fed_dp_pso_study/``: ``runs.csv`` (one row per run and seed),
-``rounds.csv`` (per round), ``table.csv`` and ``table.md`` (grow as calls finish); calls are
-saved under ``calls/`` and reused on a rerun (``--restart`` recomputes).
+``rounds.csv`` (per round), ``table.csv`` and ``table.md`` (grow as calls finish) and the
+privacy ledger ``privacy_ledger.json/.md`` (every run as a release; the readings compared
+per cell are recorded as selections by a public score: the validation split is held out of
+the client pool, so no client's data is read); calls are saved under ``calls/`` and reused
+on a rerun (``--restart`` recomputes).
 """
 
 from __future__ import annotations
@@ -29,7 +32,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from experiments import _cli
+from experiments import _cli, _report
+from experiments._fed_dp_pso_parts import add_releases, ledger_releases, record_delta
 from experiments.fed_dp_pso import PAPER, paper_accuracy
 from swarmjax.fl import flower_partition, load_dataset, stack_clients
 from swarmjax.fl.algorithms.fed_dp_pso import (
@@ -39,13 +43,13 @@ from swarmjax.fl.algorithms.fed_dp_pso import (
     paper_model,
     reading_hyper,
 )
-from swarmjax.fl.client.record_dp import DELTA
 from swarmjax.fl.client.training import RecordDP
 from swarmjax.fl.data import Dataset
 from swarmjax.fl.data.partition import label_skew
 from swarmjax.fl.data.transforms import public_mask, scale_inputs
 from swarmjax.fl.protocol import RunSpec, Variants
 from swarmjax.fl.runtime import simulate
+from swarmjax.privacy.ledger import Ledger
 
 # One design choice at a time on top of "current", then all of them ("authors"), then all
 # but the shared initialisation (the issue's first check found it hurts on Dirichlet 0.3).
@@ -85,6 +89,7 @@ def _parser() -> argparse.ArgumentParser:
         full="same as the default (the study is reduced by design)",
         data="mnist/, fashion_mnist/ (IDX)",
         seeds="quick 1, default 2",
+        privacy="records",
     )
     p.add_argument("--datasets", nargs="+", choices=("digits", "mnist", "fashion_mnist"))
     p.add_argument("--readings", nargs="+", choices=tuple(STUDY_READINGS))
@@ -106,6 +111,8 @@ def _plan(args: argparse.Namespace) -> dict:
     if args.epsilons is not None:
         plan["eps"] = sorted(set(args.epsilons), key=lambda e: (not math.isinf(e), e))
     plan["partition_readings"] = not args.no_partition_readings
+    plan["accountant"] = args.accountant
+    plan["delta"] = args.delta  # None: 0.1 / client records (default_delta)
     return plan
 
 
@@ -174,16 +181,18 @@ def _variability(acc: np.ndarray) -> dict:
     )
 
 
-def _call(alg, reading: Reading, clients, ds, plan: dict, lr: float, eps: float):
-    """One simulator call of ``alg`` at target ``eps`` x every seed: (history, None)."""
+def _call(alg, reading: Reading, clients, ds, plan: dict, lr: float, eps: float, path: str):
+    """One simulator call of ``alg`` at target ``eps`` x every seed: (history,
+    ``{"releases": its runs as privacy-ledger releases written at path}``)."""
     t0 = time.perf_counter()
-    spec = RunSpec(rounds=plan["rounds"], delta=DELTA, seeds=tuple(range(plan["seeds"])))
+    delta = record_delta(plan["delta"], clients.sizes)
+    spec = RunSpec(plan["rounds"], delta, tuple(range(plan["seeds"])), plan["accountant"])
     hyper = reading_hyper(reading)
     variants = Variants.grid(alg, clients, spec, epsilon_target=[eps], learning_rate=lr, **hyper)
     res = simulate(alg, clients, (ds.x_test, ds.y_test), variants, progress=True)
     h = res.history.rename(columns={"test_accuracy": "val_accuracy"})
     h = h.assign(epsilon_max=res.privacy.final_epsilon.max(), seconds=time.perf_counter() - t0)
-    return h, None
+    return h, {"releases": ledger_releases(res, algorithm="fed_dp_pso", path=path)}
 
 
 def _summarise(h: pd.DataFrame) -> list[dict]:
@@ -235,7 +244,8 @@ def _header(plan: dict) -> str:
         f"R={plan['rounds']}, E=1, B={plan['batch_size']}, eta=0.005, {plan['seeds']} seeds, "
         f"{plan['n_train']} client rows, {plan['val_rows']} validation rows, "
         f"{plan['eval_subset'] or 'all'} scoring rows per client, DP target epsilon as "
-        "listed (calibrated for these R rounds), delta 1e-5. Accuracies in % of the "
+        f"listed (calibrated for these R rounds by the {plan['accountant'].upper()} "
+        f"accountant), delta {plan['delta'] or '0.1 / client rows'}. Accuracies in % of the "
         "validation split: final round (mean, std over seeds), mean of the last 3 rounds, "
         "best round, mean |change| between rounds, range over rounds 2..R; coverage = the "
         "largest validation share one client covers with >= 0.5% of the rows per class; "
@@ -250,24 +260,45 @@ def main(argv: list[str] | None = None) -> None:
     if any(d != "digits" for d in plan["datasets"]) or args.data_dir is not None:
         args.data_dir = _cli.data_dir(args.data_dir)
     out = _cli.out_dir(args)
+    # every run is a release of the clients' data (docs/ledger.md); checked writable now
+    ledger = Ledger(out, "fed_dp_pso_study", delta=plan["delta"], accountant=plan["accountant"])
     store = _cli.call_store(out, plan, __name__, restart=args.restart)
     print(_header(plan), flush=True)
     runs: list[dict] = []
     rounds: list[pd.DataFrame] = []
+    cells: dict[tuple, list[int]] = {}  # (dataset, partition, epsilon) -> its releases
     for eps in plan["eps"]:  # epsilon = inf first: the largest gaps are there
         for name in plan["datasets"]:
             ds, public = splits(name, plan, args.data_dir)
             for label in plan["readings"]:
                 extra = plan["partition_readings"] and label in ("current", "authors")
-                _study_reading(name, ds, public, label, eps, plan, extra, store, runs, rounds)
+                todo = (name, ds, public, label, eps, plan, extra, store, runs, rounds)
+                _study_reading(*todo, ledger=ledger, cells=cells, out=out)
                 pd.DataFrame(runs).to_csv(out / "runs.csv", index=False)
                 pd.concat(rounds).to_csv(out / "rounds.csv", index=False)
                 _table(pd.DataFrame(runs), out, _header(plan))
+    _select_readings(ledger, cells)
     print((out / "table.md").read_text())
+    _report.write_ledger(ledger)
 
 
-def _study_reading(name, ds, public, label, eps, plan, extra, store, runs, rounds) -> None:
-    """Every partition of one (dataset, reading, epsilon): one compiled program."""
+def _select_readings(ledger: Ledger, cells: dict[tuple, list[int]]) -> None:
+    """Record the comparison the study's table exists for: per (dataset, partition,
+    epsilon), the readings ranked by final validation accuracy.  The validation split is
+    cut from the training split before the client pool is drawn and no client holds it, so
+    the score reads released models and data outside the protected dataset: a public score
+    (no charge).  Cells with one candidate select nothing and are not recorded."""
+    for (name, part, eps), candidates in cells.items():
+        if len(candidates) > 1:
+            what = f"reading by validation accuracy: {name} {part} eps={eps:g}"
+            ledger.select(what, candidates, score="public")
+
+
+def _study_reading(
+    name, ds, public, label, eps, plan, extra, store, runs, rounds, *, ledger, cells, out
+) -> None:
+    """Every partition of one (dataset, reading, epsilon): one compiled program; its runs
+    go into ``ledger`` and their indices into ``cells[(dataset, partition, epsilon)]``."""
     reading = STUDY_READINGS[label]
     data = _data_for(ds, public, reading, plan)
     parts = _partitions(data.y_train, plan, extra)
@@ -276,7 +307,8 @@ def _study_reading(name, ds, public, label, eps, plan, extra, store, runs, round
     pad_to = int(max(s.max() for s in sizes))
     dp = None  # epsilon = inf: plain Adam
     if math.isfinite(eps):
-        dp = RecordDP.for_run(sizes, bs, rounds=plan["rounds"], epsilons=[eps], delta=DELTA)
+        delta = record_delta(plan["delta"], sizes[0])
+        dp = RecordDP.for_run(sizes, bs, rounds=plan["rounds"], epsilons=[eps], delta=delta)
     model, lr = paper_model(name, data.num_classes, data.input_shape)
     alg = fed_dp_pso(
         model, reading, batch_size=bs, record_dp=dp, eval_batch_size=2000,
@@ -285,9 +317,12 @@ def _study_reading(name, ds, public, label, eps, plan, extra, store, runs, round
     for part, p in parts.items():
         clients = stack_clients(data.x_train, data.y_train, p.indices, pad_to=pad_to)
         key = f"{name}_{label}_{part}_eps{eps:g}"
-        run = partial(_call, alg, reading, clients, data, plan, lr, eps)
+        run = partial(_call, alg, reading, clients, data, plan, lr, eps, str(out / "rounds.csv"))
         fetched = store.fetch_or_run(key, run)
         h, reused = fetched.table, fetched.reused
+        first = len(ledger.releases)
+        add_releases(ledger, fetched.payload)
+        cells.setdefault((name, part, eps), []).extend(range(first, len(ledger.releases)))
         paper_part = part if part in PAPER.get(name, {}) else "dir0.3"
         meta = dict(
             dataset=name,

@@ -15,7 +15,12 @@ of the best configuration per strategy and function, with the epsilon spent) and
 that table.  Rerunning with the same options resumes unfinished sweeps (``--restart``
 recomputes them).  Options follow ``experiments/_cli.py``; ``--runs`` (not ``--seeds``)
 counts the independent runs per configuration.  Then it prints the time spent: wall,
-kernels, compilations (also ``timing.json``).  Sweeps resume under any ``--memory-gb`` /
+kernels, compilations (also ``timing.json``).  ``privacy_ledger.json/.md`` lists every
+configuration as a release (:mod:`swarmjax.paaso_sweep`: the voting strategies are
+agent-level DP, PSO and FL are not private; the shared seeds give them no joint epsilon),
+records the best-configuration choices of ``summary.csv`` as selections by a public score
+(the benchmark function at the released centre) and lists the sweep folders, whose raw rows
+hold unnoised voter counts, as not released.  Sweeps resume under any ``--memory-gb`` /
 ``--block`` / ``--cpu-devices`` / process count.  ``--block`` and ``--memory-gb`` default
 to the device's sizes (swarmjax.device); the CPU flags (``--cpu-devices``, LLVM -O1) are
 set only when the backend is the CPU.
@@ -45,6 +50,7 @@ FIG2_INERTIA = {"typo": 0.4, "literal": 4.0}
 # --reading: the inertia of Figs. 1-3 and swarmjax.paaso.READINGS (clamp, voted step).
 READING_INERTIA = {"stable": "typo", "spec": "literal"}
 FIG4 = {"w": 0.005, "phi": 2.0, "w_g": 0.01, "p_c": 1.0, "p_m": 0.9}  # paper Figs. 4-5
+FIG5_AGENTS = [50, 100, 200]  # bDRD's swarm sizes in Fig. 5 (and the readings' agents study)
 
 PROFILES = {
     "quick": {
@@ -89,6 +95,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         __doc__,
         quick="tiny CI run (f4 only, 5 runs, 100 iterations, a 2x2x2 search grid)",
         full="the paper's full grid (GPU advised)",
+        privacy="agents (of the largest swarm)",
     )
     count = _cli.count
     p.add_argument("--runs", type=count("--runs"), help="independent runs per configuration")
@@ -193,6 +200,48 @@ def _timing(wall: float) -> dict[str, float]:
     }
 
 
+def study_releases(
+    frame, labels: list[str], path, *, seeds: int, iterations: int, delta: float, accountant: str
+) -> list:
+    """The releases of a readings-study table (one row per configuration, ``labels`` its
+    configuration columns; every configuration ran seeds ``0 .. seeds-1``), for the ledger.
+    Strategy, agents and k_alpha default to the study's (``strategy`` bDRD for the agents
+    study, which has no strategy column; 50 agents; k_alpha 8)."""
+    from swarmjax.paaso_sweep import run_release
+
+    out = []
+    for row in frame[labels].to_dict(orient="records"):
+        config = {"strategy": "bdrd", "num_agents": 50, "k_alpha": 8, **row}
+        config["iterations"] = iterations
+        config = {k: v for k, v in config.items() if v == v}  # NaN: not applicable
+        out.append(run_release(config, range(seeds), str(path), delta=delta, accountant=accountant))
+    return out
+
+
+def _readings_study(args: argparse.Namespace, settings: dict) -> None:
+    """``--readings-study``: the three tables, each run added to the ledger."""
+    from experiments._paaso_readings import run_agents_study, run_fl_step_study, run_readings
+
+    runs, iterations = settings["runs"], settings["iterations"]
+    on = {"iterations": iterations, "delta": args.ledger.delta}
+    on["accountant"] = args.ledger.accountant
+    studies = [
+        ("readings.csv", run_readings, runs, ["strategy", "inertia", "w", "vmax_factor",
+                                              "clip_positions", "fl_rule", "speed"]),
+        ("readings_agents.csv", run_agents_study, 2 * runs, ["vmax_factor", "speed",
+                                                             "num_agents"]),
+        ("readings_fl_step.csv", run_fl_step_study, runs, ["setting", "w", "w_g", "speed"]),
+    ]  # fmt: skip
+    for name, study, seeds, labels in studies:
+        frame = study(seeds, iterations)
+        frame.to_csv(args.out / name, index=False)
+        if name == "readings_fl_step.csv":
+            frame = frame.assign(strategy="fl")
+            labels = ["strategy", *labels]
+        for release in study_releases(frame, labels, args.out / name, seeds=seeds, **on):
+            args.ledger.add(release)
+
+
 @_cli.entry_point
 def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
@@ -206,11 +255,15 @@ def main(argv: list[str] | None = None) -> int:
             num_processes=args.num_processes,
             process_id=args.process_id,
         )
-    from experiments import _paaso_claims, _paaso_figures
+    from experiments import _paaso_claims, _paaso_figures, _report
     from experiments._paaso_claims import run_claims
     from experiments._paaso_figures import run_all
+    from swarmjax.privacy.ledger import Ledger
 
     args.out = _cli.out_dir(args)
+    # every configuration is listed as a release of the agents' votes; checked writable now
+    delta = _cli.delta(args, max(args.agents, *FIG5_AGENTS))  # 0.1 / the largest swarm
+    args.ledger = Ledger(args.out, "paaso", delta=delta, accountant=args.accountant)
     module = sys.modules[__name__]
     args.sweeps = args.out / "calls" / code_fingerprint(module, _paaso_figures, _paaso_claims)
     if args.restart and jax.process_index() == 0:
@@ -235,21 +288,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"process {jax.process_index()}: {line}")
         return 0
     if args.readings_study:
-        from experiments._paaso_readings import (
-            run_agents_study,
-            run_fl_step_study,
-            run_readings,
-        )
-
-        run_readings(settings["runs"], settings["iterations"]).to_csv(
-            args.out / "readings.csv", index=False
-        )
-        run_agents_study(2 * settings["runs"], settings["iterations"]).to_csv(
-            args.out / "readings_agents.csv", index=False
-        )
-        run_fl_step_study(settings["runs"], settings["iterations"]).to_csv(
-            args.out / "readings_fl_step.csv", index=False
-        )
+        _readings_study(args, settings)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "timing.json").write_text(json.dumps(timing, indent=1))
     (args.out / "settings.json").write_text(
@@ -270,6 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(claims[["finding", "setting", "holds"]].to_string(index=False))
     print(f"\n{line}")
+    _report.write_ledger(args.ledger)
     print(f"results in {args.out}/")
     return 0
 

@@ -8,23 +8,139 @@ every ``k_alpha`` up to 64); numeric ``w``, ``phi_p``, ``phi_g``, ``w_g``, ``p_c
 Numerics a strategy ignores (``w_g`` for PSO, ``p_m`` unless PbDRD, ...) are reset to their
 defaults, and ``k_alpha`` to 8 for non-voting strategies, so the grid has no duplicate runs.
 The static ``draw_casts`` is derived: off when ``p_c = 1`` (no casting randomness needed).
+
+Privacy ledger (``run_sweep(..., ledger=...)``, :meth:`PAASOTask.releases`): each
+configuration of a voting strategy is one agent-level release (:data:`AGENT_RELATION`,
+the ledger's ``"client"`` unit) covering its runs; PSO and FL share positions or
+directions in the clear and are listed as not private.  Every run's key is
+``jax.random.key(seed)``, shared by all configurations with that seed (common random
+numbers, :data:`COMMON_RANDOMNESS`), so the ledger states no finite joint epsilon for two
+or more voting configurations.  The sweep folder itself holds unnoised counts of the
+agents' state (:data:`NOT_RELEASED`) and is listed as not released.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import functools
+import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, ClassVar
 
+import dp_accounting
 import jax
 import numpy as np
 import pandas as pd
 
 from swarmjax import paaso
-from swarmjax._validation import check_choice
+from swarmjax._validation import check_choice, check_int
 from swarmjax.objectives import get_objective
+from swarmjax.privacy.accounting import PureDpEvent, event_epsilon
+from swarmjax.privacy.ledger import Release
+from swarmjax.privacy.mechanisms import random_dictatorship_epsilon, randomized_response_epsilon
 
-__all__ = ["PAASOTask", "expand_phi"]
+__all__ = [
+    "AGENT_RELATION",
+    "COMMON_RANDOMNESS",
+    "NOT_RELEASED",
+    "PAASOTask",
+    "expand_phi",
+    "run_release",
+]
+
+AGENT_RELATION = (
+    "agent-level (the ledger's client unit), add/remove: neighbouring swarms differ in one "
+    "agent added or removed with all of its votes over the run; each iteration's DP random "
+    "dictatorship is ln(2n/(n+1))-DP at the largest pool n = agents + k_alpha dummies (the "
+    "realised pool depends on private data, so only this bound composes), composed over "
+    "the run's iterations. Public: the benchmark function, the centre pG and f(pG) (the "
+    "outputs), the nominal number of agents, k_alpha and every hyper-parameter. Each run "
+    "(seed) is its own swarm, so a configuration's runs compose in parallel. PbDRD's PRAM "
+    "adds a local guarantee per vote (replace-one vote: pram_epsilon_per_vote), not "
+    "composed here"
+)
+"""The neighbouring relation of a voting strategy's release (:func:`run_release`)."""
+
+COMMON_RANDOMNESS = (
+    "crn:paaso: every run's key is jax.random.key(seed), shared by every configuration "
+    "with that seed"
+)
+"""The randomness tag of every PAASO release: runs with one seed share their random
+streams across configurations (:mod:`swarmjax.sweep`), so two or more voting
+configurations have no finite joint epsilon."""
+
+NOT_RELEASED = (
+    "raw sweep rows: per-run mean_voters, drd_eps_mean and nonfinite are unnoised counts of "
+    "the agents' private state (who voted, whose state diverged), covered by no epsilon"
+)
+"""Why a PAASO sweep folder is private intermediate state (publish the figures' CSVs)."""
+
+
+@functools.lru_cache(maxsize=256)
+def _drd_event(agents: int, k_alpha: int, iterations: int) -> dp_accounting.DpEvent:
+    """One agent's whole run: the DRD bound at pool ``agents + k_alpha``, every iteration."""
+    bound = float(random_dictatorship_epsilon(np.asarray(agents + k_alpha)))
+    return dp_accounting.SelfComposedDpEvent(PureDpEvent(bound), iterations)
+
+
+@functools.lru_cache(maxsize=256)
+def _drd_epsilon(agents: int, k_alpha: int, iterations: int, delta: float, accountant: str):
+    return event_epsilon(_drd_event(agents, k_alpha, iterations), delta, accountant=accountant)
+
+
+def _seeds_text(seeds: Sequence[int]) -> str:
+    """``"0..19"`` for a contiguous range, else the seeds joined by commas."""
+    ordered = sorted(int(s) for s in seeds)
+    if ordered == list(range(ordered[0], ordered[-1] + 1)) and len(ordered) > 2:
+        return f"{ordered[0]}..{ordered[-1]}"
+    return ",".join(map(str, ordered))
+
+
+def run_release(
+    config: Mapping[str, Any],
+    seeds: Sequence[int],
+    path: str,
+    *,
+    delta: float,
+    accountant: str,
+) -> Release:
+    """The release of one PAASO configuration run for every seed of ``seeds``.
+
+    ``config`` holds ``strategy``, ``num_agents``, ``k_alpha`` and ``iterations`` (and any
+    other labels, e.g. the function and the numerics; ``p_m`` gives PbDRD's per-vote PRAM
+    epsilon).  A voting strategy is an agent-level DP release (:data:`AGENT_RELATION`; its
+    event is the DRD bound self-composed over the iterations, its epsilon that event's at
+    ``delta`` by ``accountant``); PSO and FL are not private.  Every release carries the
+    common-random-numbers tag :data:`COMMON_RANDOMNESS`.
+    """
+    if not seeds:
+        raise ValueError("seeds must name at least one run of the configuration")
+    strategy = check_choice("strategy", config.get("strategy"), paaso.STRATEGIES)
+    labels = {k: v for k, v in config.items() if k != "strategy"}
+    labels |= {"runs": len(seeds), "seeds": _seeds_text(seeds)}
+    if strategy not in paaso.VOTING:
+        return Release(f"paaso_{strategy}", labels, None, None, None, delta, math.inf,
+                       accountant, path, randomness=COMMON_RANDOMNESS)  # fmt: skip
+    agents = check_int("num_agents", int(config["num_agents"]), minimum=1)
+    k_alpha = check_int("k_alpha", int(config["k_alpha"]), minimum=2)
+    iterations = check_int("iterations", int(config["iterations"]), minimum=1)
+    if strategy == "pbdrd" and "p_m" in config:
+        pram = randomized_response_epsilon(float(config["p_m"]), k_alpha)
+        labels["pram_epsilon_per_vote"] = float(pram)
+    return Release(
+        algorithm=f"paaso_{strategy}",
+        variant=labels,
+        seed=None,
+        unit="client",
+        relation=AGENT_RELATION,
+        delta=delta,
+        epsilon=_drd_epsilon(agents, k_alpha, iterations, float(delta), accountant),
+        accountant=accountant,
+        path=path,
+        groups=((None, _drd_event(agents, k_alpha, iterations), 0.0),),
+        randomness=COMMON_RANDOMNESS,
+    )
+
 
 _NUMERIC = {f.name: f.default for f in fields(paaso.PAASOHyper)}
 _RELEVANT = {
@@ -68,6 +184,7 @@ class PAASOTask:
     static_keys: tuple[str, ...] = (*_STATIC_DEFAULTS, "tie_phi", "draw_casts")
     numeric_defaults: Mapping[str, float] = None  # type: ignore[assignment]
     trajectory_every: int = 1
+    not_released: ClassVar[str] = NOT_RELEASED
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "numeric_defaults", dict(_NUMERIC))
@@ -151,3 +268,25 @@ class PAASOTask:
 
     def arrays(self, outputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         return {"objective": outputs["objective"].astype(np.float32)}
+
+    def releases(
+        self, rows: pd.DataFrame, path: str, *, delta: float, accountant: str
+    ) -> list[Release]:
+        """One :func:`run_release` per configuration of ``rows`` (a sweep's results: its
+        static and numeric columns name the configuration, ``seed`` its runs), in order of
+        first appearance."""
+        if rows.empty:
+            return []
+        config = [*_STATIC_DEFAULTS, *self.numeric_defaults]
+        releases = []
+        for key, group in rows.groupby(config, sort=False, dropna=False):
+            labels = {
+                k: v.item() if isinstance(v, np.generic) else v
+                for k, v in zip(config, key, strict=True)
+            }
+            releases.append(
+                run_release(
+                    labels, group["seed"].tolist(), path, delta=delta, accountant=accountant
+                )
+            )
+        return releases

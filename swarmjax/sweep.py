@@ -33,6 +33,12 @@ block is what makes this exact; another block size or backend may differ at floa
 rounding).  The default block depends only on the task's per-run footprint and the device,
 never on the rest of the sweep; runs with the same seed in different
 configurations share random streams (common random numbers).
+
+Privacy ledger: ``run_sweep(..., ledger=...)`` adds the sweep's runs to an experiment's
+:class:`swarmjax.privacy.ledger.Ledger` through the task's optional
+``releases(rows, path, *, delta, accountant)`` (PAASO: one release per configuration), and
+lists the sweep folder as not released when the task's ``not_released`` says why its raw
+rows are private state.
 """
 
 from __future__ import annotations
@@ -55,6 +61,7 @@ from tqdm.auto import tqdm
 
 from swarmjax import device
 from swarmjax._validation import check_int, check_positive
+from swarmjax.privacy.ledger import Ledger
 from swarmjax.resume import write_atomic
 
 __all__ = [
@@ -419,6 +426,8 @@ def run_sweep(
     max_chunks: int | None = None,
     progress: bool = True,
     block: int | None = None,
+    ledger: Ledger | None = None,
+    release_path: str | os.PathLike[str] | None = None,
 ) -> pd.DataFrame:
     """Run (or resume) a sweep, writing each chunk to ``out_dir/parts/`` as it finishes.
 
@@ -433,11 +442,19 @@ def run_sweep(
     ``max_chunks`` stops after that many newly run chunks (a time box; rerun to continue).
     Under ``jax.distributed`` every process calls this with the same arguments and runs its
     share (see the module docstring); all return once every process is done.
+
+    ``ledger``: an experiment's :class:`~swarmjax.privacy.ledger.Ledger` (with a ``delta``:
+    every release is stated at it).  Once the sweep is done, every finished run (earlier
+    calls' too) goes into it through ``task.releases(rows, path, delta=, accountant=)``,
+    written at ``release_path`` (default ``out_dir``: where the sweep's outputs are
+    published), and ``out_dir`` is listed as not released with the task's
+    ``not_released`` reason when it has one.  Checked before any work.
     Returns every row finished so far (this call's and earlier calls').
     """
     out = Path(out_dir)
     rank, processes = jax.process_index(), jax.process_count()
     memory_budget, block = _sizes(memory_budget, block)
+    _check_ledger(task, ledger)
     groups = _expand(task, grid)  # validate before touching the folder
     parts = out / "parts"
     if rank == 0:
@@ -474,7 +491,34 @@ def run_sweep(
         )
     bar.close()
     _barrier(f"sweep-end:{out}")
-    return load_results(out)
+    rows = load_results(out)
+    if ledger is not None:
+        path = str(out if release_path is None else release_path)
+        releases = task.releases(rows, path, delta=ledger.delta, accountant=ledger.accountant)
+        for release in releases:
+            ledger.add(release)
+        why = getattr(task, "not_released", None)
+        if why:
+            ledger.mark_not_released(out, why)
+    return rows
+
+
+def _check_ledger(task: SweepTask, ledger: Ledger | None) -> None:
+    """Refuse a ``ledger`` the sweep cannot fill, in one line (``None``: no ledger)."""
+    if ledger is None:
+        return
+    if not isinstance(ledger, Ledger):
+        raise ValueError(f"ledger must be a swarmjax.privacy.ledger.Ledger; got {ledger!r}")
+    if not callable(getattr(task, "releases", None)):
+        raise ValueError(
+            f"ledger: task {task.name!r} has no releases(rows, path, *, delta, accountant) "
+            "to list its runs"
+        )
+    if ledger.delta is None:
+        raise ValueError(
+            "ledger: a sweep states every release at the ledger's delta; create it with "
+            "Ledger(..., delta=...)"
+        )
 
 
 def _save_npz(path: Path, arrays: Outputs) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import dp_accounting
+import numpy as np
 import pytest
 from dp_accounting.rdp import rdp_privacy_accountant
 from hypothesis import given, settings
@@ -20,20 +21,22 @@ TF_ORDERS = [1 + x / 10.0 for x in range(1, 100)] + list(range(12, 64))
 def test_opacus_published_value():
     # Opacus tests/accountants_test.py: sigma 1.5, q 0.04, 2250 steps, delta 1e-5 -> 7.32911.
     # dp-accounting's fractional-order series is 3e-5 (relative) more conservative.
-    eps = acc.epsilon(0.04, 1.5, 2250, 1e-5, orders=OPACUS_ORDERS)
+    eps = acc.epsilon(0.04, 1.5, 2250, 1e-5, accountant="rdp", orders=OPACUS_ORDERS)
     assert eps == pytest.approx(7.32911117143, abs=1e-3)
     assert eps >= 7.32911117143 - 1e-9
-    assert acc.epsilon(0.04, 1.5, 2250, 1e-5) == pytest.approx(eps, rel=1e-9)
+    assert acc.epsilon(0.04, 1.5, 2250, 1e-5, accountant="rdp") == pytest.approx(eps, rel=1e-9)
 
 
 def test_tf_privacy_published_value():
     # TF-Privacy: n 60000, batch 150, sigma 1.3, 15 epochs, delta 1e-5 -> 0.7242234.
     q, steps = 150 / 60000, 15 * 60000 // 150
-    assert acc.epsilon(q, 1.3, steps, 1e-5, orders=TF_ORDERS) == pytest.approx(0.72422340, 1e-6)
+    assert acc.epsilon(q, 1.3, steps, 1e-5, accountant="rdp", orders=TF_ORDERS) == pytest.approx(
+        0.72422340, 1e-6
+    )
 
 
 def test_pld_is_tighter_but_close():
-    rdp = acc.epsilon(0.04, 1.5, 2250, 1e-5)
+    rdp = acc.epsilon(0.04, 1.5, 2250, 1e-5, accountant="rdp")
     pld = acc.epsilon(0.04, 1.5, 2250, 1e-5, accountant="pld")
     assert 0.85 * rdp < pld < rdp
 
@@ -67,7 +70,7 @@ def test_epsilon_monotone(q, sigma, steps, factor):
 
 
 def test_accountant_heterogeneous_steps_match_dp_accounting():
-    ours = acc.PrivacyAccountant()
+    ours = acc.PrivacyAccountant(accountant="rdp")
     for _ in range(30):
         ours.step(0.02, 1.1)
     ours.step(0.05, 2.0, count=70)
@@ -157,8 +160,8 @@ def test_convergence_warnings_dropped_and_only_those(caplog) -> None:
     )
     caplog.clear()
     with caplog.at_level("WARNING", logger="absl"):
-        acc._rdp_per_step.cache_clear()
-        eps = acc.epsilon(q, sigma, 10, 1e-5)
+        acc._rdp_leaf.cache_clear()
+        eps = acc.epsilon(q, sigma, 10, 1e-5, accountant="rdp")
         logging.getLogger("absl").warning("another warning")
     messages = [r.getMessage() for r in caplog.records]
     assert not [m for m in messages if "failed to converge" in m]
@@ -180,3 +183,93 @@ def test_accountant_delta_covers_sampler_overflow():
     assert acc.epsilon(q, sigma, steps, delta, overflow_prob=1e-12) == eps
     # an overflow term as large as delta leaves nothing: no finite epsilon
     assert acc.epsilon(q, sigma, steps, delta, overflow_prob=1e-8) == math.inf
+
+
+# --------------------------------------------------------------------- events and PLD
+
+
+def _reference_pld(event, delta, interval=acc.PLD_INTERVAL):
+    from dp_accounting.pld import pld_privacy_accountant
+
+    ref = pld_privacy_accountant.PLDAccountant(value_discretization_interval=interval)
+    ref.compose(event)
+    return ref.get_epsilon(delta)
+
+
+def test_default_accountant_is_pld_and_agrees_with_dp_accounting():
+    q, sigma, steps, delta = 50 / 1200, 1.0, 100, 1 / 1200
+    ours = acc.epsilon(q, sigma, steps, delta)
+    event = acc.poisson_gaussian_event(q, sigma, steps)
+    assert ours == pytest.approx(_reference_pld(event, delta), rel=1e-9)
+    # pessimistic discretisation: the coarser interval never reports less than the finer
+    assert ours >= _reference_pld(event, delta, interval=1e-4) - 1e-12
+    assert ours < acc.epsilon(q, sigma, steps, delta, accountant="rdp")
+
+
+def test_composed_events_match_dp_accounting_both_accountants():
+    event = dp_accounting.ComposedDpEvent(
+        [
+            acc.poisson_gaussian_event(0.02, 1.1, 30),
+            acc.poisson_gaussian_event(0.05, 2.0, 70),
+            dp_accounting.LaplaceDpEvent(4.0),
+        ]
+    )
+    assert acc.event_epsilon(event, 1e-5) == pytest.approx(_reference_pld(event, 1e-5), 1e-9)
+    ref = rdp_privacy_accountant.RdpAccountant()
+    ref.compose(event)
+    assert acc.event_epsilon(event, 1e-5, accountant="rdp") == pytest.approx(
+        ref.get_epsilon(1e-5), rel=1e-9
+    )
+
+
+def test_pure_event_bounds():
+    # pure epsilon-DP: at delta > 0 never above epsilon, and RDP min(eps, a eps^2 / 2) >= PLD
+    for eps in (0.1, 1.0, 3.0):
+        pld = acc.event_epsilon(acc.PureDpEvent(eps), 1e-6)
+        rdp = acc.event_epsilon(acc.PureDpEvent(eps), 1e-6, accountant="rdp")
+        assert pld <= eps + 1e-9
+        assert pld <= rdp + 1e-9
+        assert pld > 0.9 * eps
+
+
+def test_event_dict_round_trip_and_unknown_kind():
+    event = dp_accounting.ComposedDpEvent(
+        [acc.poisson_gaussian_event(0.1, 1.0, 10), acc.PureDpEvent(0.5)]
+    )
+    again = acc.event_from_dict(acc.event_to_dict(event))
+    assert again == event
+    with pytest.raises(ValueError, match="event kind"):
+        acc.event_from_dict({"kind": "zcdp", "rho": 1.0})
+    with pytest.raises(ValueError, match="not one swarmjax accounts"):
+        acc.event_to_dict(dp_accounting.ZCDpEvent(1.0))
+
+
+@pytest.mark.parametrize("accountant", ["pld", "rdp"])
+def test_epsilon_curve_is_the_composition_after_each_round(accountant):
+    rounds = [acc.poisson_gaussian_event(0.05, 1.2, k) for k in (3, 0, 5, 2)]
+    curve = acc.epsilon_curve(rounds, 1e-5, accountant=accountant, overflow=[1e-12] * 4)
+    for t in range(4):
+        steps = sum((3, 0, 5, 2)[: t + 1])
+        expect = acc.epsilon(
+            0.05, 1.2, steps, 1e-5, accountant=accountant, overflow_prob=1e-12 * (t + 1) / steps
+        )
+        assert curve[t] == pytest.approx(expect, rel=1e-7)
+    assert np.all(np.diff(curve) >= -1e-12)
+    assert acc.epsilon_curve([dp_accounting.NonPrivateDpEvent()], 1e-5)[0] == math.inf
+
+
+@settings(max_examples=5, deadline=None)
+@given(
+    q=st.floats(0.005, 0.3),
+    sigma=st.floats(0.7, 3.0),
+    rounds=st.integers(1, 40),
+    per_round=st.integers(1, 5),
+)
+def test_record_curve_never_below_an_independent_pld(q, sigma, rounds, per_round):
+    """Numbers stay honest: the record's per-round curve (chained per-round PLDs at the
+    coarse pessimistic interval) is never below dp-accounting's own PLD at its finer default
+    interval for the same events."""
+    curve = acc.epsilon_curve([acc.poisson_gaussian_event(q, sigma, per_round)] * rounds, 1e-5)
+    for t in (0, rounds - 1):
+        event = acc.poisson_gaussian_event(q, sigma, per_round * (t + 1))
+        assert curve[t] >= _reference_pld(event, 1e-5, interval=1e-4) - 1e-9

@@ -12,9 +12,6 @@ import pytest
 from scipy import stats
 
 from swarmjax.fl.data.cohort import (
-    check_cohort_capacity,
-    cohort_capacity,
-    cohort_overflow,
     fixed_cohort,
     poisson_cohort,
 )
@@ -77,21 +74,23 @@ def test_poisson_cohort_ids_sorted_distinct_and_fit():
     assert 20 < real.size < 90
 
 
-def test_cohort_capacity_charges_the_larger_neighbour():
+def test_plan_sizes_the_cohort_buffer_for_the_larger_neighbour():
+    from swarmjax.privacy.plan import PrivacyPlan
+
     n, q, rounds, delta, eps = 1200, 50 / 1200, 100, 1 / 1200, 2.0
-    cap = cohort_capacity(n, q, rounds, delta, eps)
+    plan = PrivacyPlan("client", n, q, rounds, delta).sized(eps)
+    cap = plan.capacity
     per_round = lambda c: stats.binom.sf(c, n + 1, q)
     assert rounds * per_round(cap) * (1 + math.exp(eps)) <= 1e-3 * delta
     assert rounds * per_round(cap - 1) * (1 + math.exp(eps)) > 1e-3 * delta
-    assert cohort_overflow(n, q, cap) == pytest.approx(per_round(cap), rel=1e-12)
-    check_cohort_capacity(n, q, cap, rounds, delta, eps)
-    with pytest.raises(ValueError, match=rf"capacity={cap - 1} is too small .*capacity >= {cap}"):
-        check_cohort_capacity(n, q, cap - 1, rounds, delta, eps)
+    assert plan.overflow_prob == pytest.approx(per_round(cap), rel=1e-12)
+    assert cap == 97
+    plan.check_capacity()
     # a short run: never below the per-round floor DP-FedAvg's resolve requires
-    short = cohort_capacity(n, q, 2, delta, eps)
-    assert short == poisson_capacity(n, q, add_one=True) == cap  # 97 > the 2-round rule's 91
-    with pytest.raises(ValueError, match=r"capacity=91 is too small"):
-        check_cohort_capacity(n, q, 91, 2, delta, eps)
+    short = PrivacyPlan("client", n, q, 2, delta).sized(eps)
+    assert short.capacity == poisson_capacity(n, q, add_one=True) == cap  # > the 2-round 91
+    with pytest.raises(ValueError, match=r"capacity must be >= 97 .* got 91"):
+        PrivacyPlan("client", n, q, 2, delta, capacity=91).check_capacity()
 
 
 @pytest.mark.parametrize(
@@ -104,7 +103,6 @@ def test_cohort_capacity_charges_the_larger_neighbour():
         (lambda: fixed_cohort(jax.random.key(0), 10, 0), "cohort_size"),
         (lambda: poisson_cohort(jax.random.key(0), 10, 0.0, 5), r"rate must be in \(0"),
         (lambda: poisson_cohort(jax.random.key(0), 10, 1.5, 5), r"rate must be in \(0"),
-        (lambda: cohort_capacity(10, 0.1, 0, 1e-3, 1.0), "rounds"),
     ],
 )
 def test_errors_name_the_option(call, message):

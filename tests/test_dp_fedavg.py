@@ -64,9 +64,10 @@ def _full_participation(**kw):
 
 def _initial_params(alg, clients, test):
     """The runs' initial global models (leading run axis): the algorithm's own init."""
-    from swarmjax.fl.protocol import run_keys, server_init_key
+    from swarmjax.fl.protocol import release_identity, run_keys, server_init_key
 
-    keys = run_keys(SEEDS, [{}], True)
+    # common random numbers: every variant's run key is key(seed), whatever its identity
+    keys = run_keys(SEEDS, [release_identity(alg, None, {})], True)
     return jax.vmap(lambda k: alg.model.init(server_init_key(k)))(keys)
 
 

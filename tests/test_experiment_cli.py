@@ -34,18 +34,24 @@ BAD = [
     (dp_fedavg, ["--seeds", "2", "5"], "unrecognized"),  # a count, not a list
     (dp_fedavg, ["--epsilons", "nan"], "--epsilons"),
     (dp_fedavg, ["--data-dir", MISSING], "--data-dir"),
+    (dp_fedavg, ["--accountant", "gdp"], "--accountant"),
+    (dp_fedavg, ["--delta", "1.5"], "--delta"),
+    (dp_fedavg, ["--delta", "0"], "--delta"),
     (combined_learning, ["--rounds", "0"], "--rounds"),
     (combined_learning, ["--seeds", "0"], "--seeds"),
     (combined_learning, ["--datasets", "mnist", "--data-dir", MISSING], "--data-dir"),
     (combined_learning, ["--datasets", "breast_cancer", "--models", "conv"], "--models"),
     (apdim, ["--seeds", "-3"], "--seeds"),
     (apdim, ["--data-dir", MISSING], "--data-dir"),
+    (apdim, ["--accountant", "gdp"], "--accountant"),
     (fed_dp_pso, ["--datasets", "mnist", "foo"], "--datasets"),
     (fed_dp_pso, ["--rounds", "0"], "--rounds"),
     (fed_dp_pso, ["--datasets", "mnist", "--data-dir", MISSING], "--data-dir"),
     (fed_dp_pso, ["--lr", "-1"], "--lr"),
+    (fed_dp_pso, ["--delta", "1.5"], "--delta"),
     (paaso, ["--runs", "0"], "--runs"),
     (paaso, ["--quick", "--full"], "--full"),
+    (paaso, ["--delta", "0"], "--delta"),
 ]
 
 
@@ -90,3 +96,16 @@ def test_changed_code_never_reuses_a_saved_call(tmp_path):
     assert CallStore(tmp_path / "calls", {"lr": 0.1}, code=[script]).folder != first.folder
     with pytest.raises(ValueError, match="code"):
         CallStore(tmp_path / "calls", {"code": "mine"})
+
+
+def test_an_unwritable_out_folder_is_one_line_before_any_work(tmp_path, capsys, monkeypatch):
+    """Results and the privacy ledger go to --out: a folder that cannot be written (here: its
+    parent is a file, which fails even for root) is refused before the data is touched."""
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    monkeypatch.setenv("SWARMJAX_DATA", str(tmp_path))
+    with pytest.raises(SystemExit) as exit_info:
+        dp_fedavg.main(["--quick", "--out", str(blocker / "out")])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "--out" in err and "writable" in err

@@ -37,6 +37,16 @@ def test_runs_writes_its_results_and_resumes(tmp_path):
     assert (out / "accuracy_per_round.png").stat().st_size > 0
     assert (out / "accuracy_vs_epsilon.png").stat().st_size > 0
     assert (out / "checkpoints" / "fedavg" / "outputs_2.npz").exists()
+    ledger = json.loads((out / "privacy_ledger.json").read_text())
+    assert [r["algorithm"] for r in ledger["releases"]] == ["fedavg", "dp-fedavg"]
+    assert ledger["non_private_releases"]["releases"] == [0]
+    client = ledger["composed"]["client"]
+    assert client["releases"] == [1] and client["accountant"] == "pld"
+    assert client["epsilon"] == pytest.approx(runs["dp-fedavg"]["epsilon"], rel=1e-6)
+    assert {n["folder"] for n in ledger["not_released"]} == {
+        str(out / "checkpoints" / a) for a in ("fedavg", "dp-fedavg")
+    }
+    assert (out / "checkpoints" / "fedavg" / "NOT_RELEASED.txt").exists()
     cross_device.main([*ARGS, "--out", str(out)])  # resumes: both runs are finished
     again = pd.read_csv(out / "history.csv")
     pd.testing.assert_frame_equal(history, again)
@@ -47,7 +57,8 @@ def test_runs_writes_its_results_and_resumes(tmp_path):
     [
         (["--cohort", "50"], "--cohort 50 must be <= --clients 40"),
         (["--clients", "1000"], "exceeds the"),
-        (["--delta", "1.5"], "--delta must be in"),
+        (["--delta", "1.5"], "--delta: must be in (0, 1)"),
+        (["--accountant", "gdp"], "--accountant: invalid choice"),
         (["--epsilon", "0"], "--epsilon"),
     ],
 )

@@ -92,8 +92,11 @@ def test_deployment_gives_the_simulators_numbers_and_survives_a_killed_supernode
     deployment, tmp_path
 ):
     seconds = [
-        *_assert_deployment_equals_simulator(
-            deployment, config("dp-fedavg", rounds=1), tmp_path / "dp-fedavg"
+        *_assert_deployment_equals_simulator(  # seed 1: its round-1 Poisson draw selects
+            # two of the three clients (seed 0's selects none under the release-identity keys)
+            deployment,
+            config("dp-fedavg", rounds=1, seed=1),
+            tmp_path / "dp-fedavg",
         ),
         *_assert_deployment_equals_simulator(
             deployment, config("fed-dp-pso"), tmp_path / "fed-dp-pso"

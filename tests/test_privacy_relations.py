@@ -19,7 +19,13 @@ from swarmjax.fl.client.training import LocalTraining, RecordDP
 from swarmjax.fl.data import load_dataset
 from swarmjax.fl.data.clients import stack_clients
 from swarmjax.fl.data.partition import iid_partition
-from swarmjax.fl.protocol import RunSpec, Variants, run_keys, server_init_key
+from swarmjax.fl.protocol import (
+    RunSpec,
+    Variants,
+    run_keys,
+    server_init_key,
+    variant_identities,
+)
 from swarmjax.fl.runtime import simulate
 from swarmjax.fl.runtime.result import RELATIONS
 from swarmjax.models import mlp
@@ -136,9 +142,10 @@ def test_a_bfloat16_model_gets_float32_server_noise_through_simulate(digits):
     dp = ClientLevelDPFedAvg(model, LocalTraining(batch_size=60), clipping="fixed")
     spec = RunSpec(rounds=1, delta=1e-5)
     hyper = dict(sample_rate=1.0, noise_multiplier=10.0, initial_clip=1.0, client_lr=1e-9)
-    res = simulate(dp, clients, test, Variants.grid(dp, clients, spec, **hyper))
+    variants = Variants.grid(dp, clients, spec, **hyper)
+    res = simulate(dp, clients, test, variants)
     assert np.isfinite(res.privacy.final_epsilon).all()
-    start = model.init(server_init_key(run_keys([0], [{}], False)[0]))
+    start = model.init(server_init_key(run_keys([0], variant_identities(dp, variants), False)[0]))
     moved = np.concatenate(
         [
             (np.asarray(a[0], np.float32) - np.asarray(b, np.float32)).ravel()
@@ -157,10 +164,13 @@ def test_a_bfloat16_model_gets_float32_server_noise_through_simulate(digits):
 def test_client_level_overflow_is_charged_for_the_add_one_neighbour():
     from scipy import stats
 
-    from swarmjax.fl.algorithms.client_level_dp_fedavg import client_draw_overflow
-    from swarmjax.fl.protocol import Spend
+    from swarmjax.fl.protocol import RunSpec, Spend
     from swarmjax.privacy.accounting import sigma_for_epsilon
-    from swarmjax.privacy.sampling import overflow_probability, poisson_capacity, run_capacity
+    from swarmjax.privacy.plan import PrivacyPlan
+    from swarmjax.privacy.sampling import overflow_probability, poisson_capacity
+
+    def client_draw_overflow(capacity, num_clients, rate):
+        return PrivacyPlan("client", num_clients, rate, 1, 0.5, capacity=capacity).overflow_prob
 
     n, q, cap = 100, 0.1, 22
     worse, same = stats.binom.sf(cap, n + 1, q), stats.binom.sf(cap, n, q)
@@ -183,13 +193,14 @@ def test_client_level_overflow_is_charged_for_the_add_one_neighbour():
     cap = 30
     worse = stats.binom.sf(cap, n + 1, q)
     assert worse > 1.08 * stats.binom.sf(cap, n, q)
-    z = ClientLevelDPFedAvg(MODEL, capacity=cap).noise_for_epsilon(4.0, n, q, 20, 1e-3)
+    plan = ClientLevelDPFedAvg(MODEL, capacity=cap).plan(n, q, RunSpec(20, 1e-3))
+    z = plan.calibrate(4.0).noise_multiplier
     assert z == sigma_for_epsilon(4.0, q, 20, 1e-3, overflow_prob=worse)
     # the capacity helpers size for the add-one neighbour
     k = poisson_capacity(n, q, 1e-9, add_one=True)
     assert stats.binom.sf(k, n + 1, q) < 1e-9 <= stats.binom.sf(k - 1, n + 1, q)
-    big = run_capacity(n, q, steps=20, delta=1e-5, epsilon=4.0, add_one=True)
-    assert big >= run_capacity(n, q, steps=20, delta=1e-5, epsilon=4.0)
+    big = PrivacyPlan("client", n, q, 20, 1e-5).sized(4.0).capacity
+    assert big >= PrivacyPlan("record", n, q, 20, 1e-5).sized(4.0).capacity
 
 
 def test_record_level_overflow_keeps_n_rows_under_zero_out():

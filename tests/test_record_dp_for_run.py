@@ -7,8 +7,10 @@ import math
 
 import numpy as np
 
-from swarmjax.fl.client.record_dp import calibrate_sigmas, sampler_capacity
+from swarmjax.fl.algorithms.common import record_level_noise
+from swarmjax.fl.client.record_dp import sampler_capacity
 from swarmjax.fl.client.training import LocalTraining, RecordDP
+from swarmjax.fl.protocol import RunSpec
 from swarmjax.privacy.accounting import epsilon
 
 
@@ -19,7 +21,7 @@ def test_the_run_buffer_lets_dp_reach_its_target():
     dp = RecordDP.for_run([sizes], 32, rounds=3, epsilons=[math.inf, 8.0], delta=1e-5)
     training = LocalTraining(batch_size=32, record_dp=dp)
     overflow = training.sampler_overflow(sizes, 200)
-    sigma = calibrate_sigmas(8.0, sizes, 32, rounds=3, delta=1e-5, overflow_prob=overflow)
+    sigma = record_level_noise(training, sizes, RunSpec(3, 1e-5), 8.0)
     eps = epsilon(32 / 200, float(sigma[0]), steps=21, delta=1e-5, overflow_prob=overflow[0])
     assert 7.9 <= eps <= 8.0
     assert dp.capacity > sampler_capacity(sizes, 32)

@@ -208,7 +208,9 @@ def test_sampler_delta_over_a_run_and_the_capacity_that_bounds_it():
     # a per-step overflow of 1e-9 is NOT negligible over 2350 steps at epsilon 8
     per_step = sampling.overflow_probability(n, q, sampling.poisson_capacity(n, q))
     assert 0 < per_step < 1e-9 and sampling.sampler_delta(per_step, steps, eps) > delta
-    cap = sampling.run_capacity(n, q, steps=steps, delta=delta, epsilon=eps)
+    from swarmjax.privacy.plan import PrivacyPlan
+
+    cap = PrivacyPlan("record", n, q, steps, delta).sized(eps).capacity
     assert sampling.sampler_delta(sampling.overflow_probability(n, q, cap), steps, eps) <= (
         1e-3 * delta
     )

@@ -21,11 +21,24 @@ protected (:class:`Protection`). The run's privacy record is derived from those
 declarations and the clients' :class:`Spend` (what their accountant counted), never written
 by hand per algorithm (:func:`coverage`).
 
-Keys: every random number of a run comes from ``run_key = jax.random.key(seed)`` through
-:func:`server_key` and :func:`client_key` (``fold_in`` only, never a split across clients),
-so a simulator and a deployment where each client derives its own keys from the run seed,
-its id and the round/exchange index the server sends draw identical numbers. Round ``0``
-is the setup; rounds ``1..T`` are the training rounds.
+Keys: every random number of a run comes from its run key through :func:`server_key`,
+:func:`aggregate_key` and :func:`client_key` (``fold_in`` only, never a split across
+clients), so a simulator and a deployment where each client derives its own keys from the
+run key, its id and the round/exchange index the server sends draw identical numbers. Round
+``0`` is the setup; rounds ``1..T`` are the training rounds. Each purpose has its own
+domain tag folded into the run key first (server init, client init, select, client,
+aggregate), so no key of one purpose is a ``fold_in``/``split`` descendant of another's: in
+particular the aggregate's noise keys are never among the redraw keys
+``fold_in(select_key, attempt)`` of a Poisson selection (in this JAX,
+``split(k)[i] == fold_in(k, i)``, so that holds for split children too).
+
+A run key is derived from the run's seed AND its release identity
+(:func:`release_identity`: the algorithm's type and static settings, every hyper-parameter
+value of the variant and its labels; :func:`run_keys`), so two releases that differ in
+anything but the seed never share noise or cohorts, whether they come from one call or
+from two (two algorithms of one experiment run with equal seeds and labels included),
+while the same configuration and seed always gets the same key (reproducible runs, exact
+resumes, a deployment that matches the simulator).
 
 The contract, in one place: a runtime calls only the members of :class:`Algorithm` (every
 host-side one has a default here), builds the variant axis with :meth:`Variants.grid` and
@@ -37,9 +50,13 @@ vmapped) and the Flower runtime (:mod:`swarmjax.fl.runtime.flower`).
 from __future__ import annotations
 
 import dataclasses
+import functools
+import hashlib
 import itertools
+import json
 import math
-import zlib
+import re
+import types
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
@@ -68,11 +85,14 @@ __all__ = [
     "client_init_key",
     "client_key",
     "coverage",
+    "describe",
     "everyone",
     "noised",
+    "release_identity",
     "run_keys",
     "server_init_key",
     "server_key",
+    "variant_identities",
     "where_selected",
 ]
 
@@ -82,8 +102,9 @@ Request = PyTree
 Reply = PyTree
 Hyper = PyTree
 
-# Domain tags: server and client keys of the same round never coincide.
-_SERVER_INIT, _CLIENT_INIT, _SERVER, _CLIENT = 0, 1, 2, 3
+# Domain tags, one per purpose, folded into the run key first: keys of different purposes
+# (e.g. a select key's redraws and the aggregate's noise) are never descendants of each other.
+_SERVER_INIT, _CLIENT_INIT, _SERVER, _CLIENT, _AGGREGATE = 0, 1, 2, 3, 4
 
 
 # ----------------------------------------------------------------------------------- keys
@@ -111,8 +132,15 @@ def server_key(
 def aggregate_key(
     run_key: PRNGKeyArray, round_index: Int[Array, ""] | int, exchange_index: int
 ) -> PRNGKeyArray:
-    """Key of the server's ``aggregate`` (e.g. its Gaussian noise) in that exchange."""
-    return jax.random.fold_in(server_key(run_key, round_index, exchange_index), 1)
+    """Key of the server's ``aggregate`` (e.g. its Gaussian noise) in that exchange.
+
+    Its own domain (``_AGGREGATE``), not a child of :func:`server_key`: a Poisson ``select``
+    redraws with ``fold_in(select_key, attempt)``, ``attempt = 1, 2, ...``, so a child of the
+    select key would be a redraw key and the noise would correlate with the selection on
+    rounds whose first draw overflows.
+    """
+    k = jax.random.fold_in(jax.random.fold_in(run_key, _AGGREGATE), round_index)
+    return jax.random.fold_in(k, exchange_index)
 
 
 def client_key(
@@ -372,6 +400,19 @@ class Algorithm:
         del client_state
         return {}
 
+    def floating_point(self) -> str | None:
+        """What the exact released float values reveal beyond epsilon (the privacy record
+        states it; docs/floating_point.md). Default: ``None`` without DP; with DP, plain
+        float32 noise (whose low bits can reveal the secret, Mironov 2012) unless the
+        algorithm releases its noised values snapped to a grid."""
+        if self.privacy_unit is None:
+            return None
+        return (
+            "float: noise is added in float32 (inside the clients' DP steps or by the server); "
+            "the exact low bits of a released value can reveal the secret beyond epsilon "
+            "(Mironov 2012; docs/floating_point.md)"
+        )
+
     # -------------------------------------------------------------------- host side
 
     def client_data(self, clients: Any) -> PyTree:
@@ -425,12 +466,14 @@ class Algorithm:
 @dataclass(frozen=True)
 class RunSpec:
     """What every run of one call shares, stated once: ``rounds`` (training rounds
-    ``T >= 1``), ``delta`` (of every epsilon the call reports) and ``seeds`` (runs are
-    (variant, seed) pairs)."""
+    ``T >= 1``), ``delta`` (of every epsilon the call reports), ``seeds`` (runs are
+    (variant, seed) pairs) and ``accountant`` (``"pld"``, the default, or ``"rdp"``: what
+    calibrates the noise and what the privacy record composes with)."""
 
     rounds: int
     delta: float
     seeds: tuple[int, ...] = (0,)
+    accountant: str = "pld"
 
     def __post_init__(self) -> None:
         if isinstance(self.rounds, bool) or not isinstance(self.rounds, int | np.integer):
@@ -443,6 +486,8 @@ class RunSpec:
         seeds = tuple(int(s) for s in seeds)
         if not seeds or min(seeds) < 0:
             raise ValueError(f"seeds must be one or more integers >= 0; got {self.seeds!r}")
+        if self.accountant not in ("pld", "rdp"):
+            raise ValueError(f"unknown accountant {self.accountant!r}; choose one of 'pld', 'rdp'")
         object.__setattr__(self, "rounds", int(self.rounds))
         object.__setattr__(self, "delta", float(self.delta))
         object.__setattr__(self, "seeds", seeds)
@@ -455,7 +500,9 @@ class Variants:
     Attributes:
         hyper: the algorithm's hyper pytree with a leading variant axis ``V`` on every leaf.
         labels: history columns naming each variant (``V`` values each), e.g.
-            ``{"epsilon_target": [1.0, 8.0]}``; rows with equal labels must be equal rows.
+            ``{"epsilon_target": [1.0, 8.0]}``; with the algorithm and the row's hyper
+            values they make each run's :func:`release_identity` (two identical rows are
+            an error of :func:`run_keys`).
         spec: rounds, delta and seeds of the call.
     """
 
@@ -542,40 +589,208 @@ def _axis(name: str, values: float | Iterable[Any]) -> list[Any]:
     return out
 
 
-def _label_tag(labels: Mapping[str, Any]) -> int:
-    return zlib.crc32(repr(sorted((k, repr(v)) for k, v in labels.items())).encode())
+# ---------------------------------------------------------------------------- identity
+
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+_IDENTITY_VERSION = b"swarmjax.release_identity/1"
+_IDENTITY_WORDS = 4  # 32-bit words of the digest folded into a run key (128 bits)
+
+
+def describe(value: Any) -> Any:
+    """A deterministic, JSON-able description of a static setting (an algorithm, its
+    model, its training options, ...): the same in every process that builds the same
+    objects, so a digest of it names the setting.
+
+    Dataclasses give their type name and every field; ``functools.partial`` its function,
+    arguments and keywords; plain functions their module-qualified name with the values
+    they close over and their defaults; other callables their qualified name; arrays their
+    shape, dtype and a sha256 of their bytes; tuples, lists, sets (sorted) and mappings
+    their items; anything else its ``repr`` with memory addresses (``at 0x...``) removed,
+    which differ between processes. A reference cycle (a function closing over itself) is
+    ``"<cycle>"``.
+    """
+    return _describe(value, frozenset())
+
+
+def _describe(value: Any, path: frozenset[int]) -> Any:
+    """:func:`describe`; ``path``: ids of the objects being described (cycle guard)."""
+    if id(value) in path:
+        return "<cycle>"
+    sub = functools.partial(_describe, path=path | {id(value)})
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        fields = {f.name: sub(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        return {"type": type(value).__qualname__, **fields}
+    if isinstance(value, functools.partial):
+        return {
+            "partial": sub(value.func),
+            "args": [sub(a) for a in value.args],
+            "keywords": {str(k): sub(v) for k, v in value.keywords.items()},
+        }
+    if isinstance(value, np.ndarray | np.generic | jax.Array):
+        a = _host_array(value)
+        digest = hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest()
+        return {"array": [list(a.shape), a.dtype.name, a.dtype.str], "sha256": digest}
+    if isinstance(value, types.FunctionType):
+        out: dict[str, Any] = {"function": f"{value.__module__}.{value.__qualname__}"}
+        cells = value.__closure__ or ()
+        if cells:
+            out["closure"] = [sub(_cell(c)) for c in cells]
+        if value.__defaults__:
+            out["defaults"] = [sub(d) for d in value.__defaults__]
+        if value.__kwdefaults__:
+            out["kwdefaults"] = {k: sub(v) for k, v in value.__kwdefaults__.items()}
+        return out
+    if callable(value):
+        return getattr(value, "__qualname__", type(value).__qualname__)
+    if isinstance(value, tuple | list):
+        return [sub(v) for v in value]
+    if isinstance(value, set | frozenset):  # iteration order varies with the hash seed
+        return {"set": sorted((sub(v) for v in value), key=lambda d: json.dumps(d, sort_keys=True))}
+    if isinstance(value, Mapping):
+        return {str(k): sub(v) for k, v in value.items()}
+    return _ADDRESS.sub("", repr(value))
+
+
+def _cell(cell: types.CellType) -> Any:
+    try:
+        return cell.cell_contents
+    except ValueError:  # a closure variable not bound yet
+        return "<empty cell>"
+
+
+def _host_array(value: Any) -> np.ndarray:
+    """``value`` as a host NumPy array (typed PRNG keys as their ``uint32`` key data)."""
+    if isinstance(value, jax.Array) and jax.dtypes.issubdtype(value.dtype, jax.dtypes.prng_key):
+        value = jax.random.key_data(value)
+    return np.asarray(value)
+
+
+def _plain_label(value: Any) -> Any:
+    """A label value with NumPy scalars and arrays as Python numbers and lists."""
+    if isinstance(value, np.generic | np.ndarray):
+        return value.tolist()
+    return value
+
+
+def _static_text(alg: Algorithm) -> bytes:
+    """The algorithm's class (module-qualified) and :func:`describe` of its settings."""
+    cls = type(alg)
+    text = json.dumps(describe(alg), sort_keys=True)
+    return f"{cls.__module__}.{cls.__qualname__}\n{text}".encode()
+
+
+def _identity(static: bytes, hyper_row: Hyper, labels: Mapping[str, Any]) -> bytes:
+    """sha256 of the version tag, ``static`` (:func:`_static_text`), every leaf of
+    ``hyper_row`` (path, shape, dtype, bytes) and the labels, each part length-prefixed."""
+    h = hashlib.sha256()
+
+    def part(data: bytes) -> None:  # length-prefixed: no two sequences of parts collide
+        h.update(len(data).to_bytes(8, "little"))
+        h.update(data)
+
+    part(_IDENTITY_VERSION)
+    part(static)
+    leaves = jax.tree_util.tree_flatten_with_path(hyper_row)[0]
+    part(f"{type(hyper_row).__qualname__}:{len(leaves)}".encode())
+    for path, leaf in leaves:
+        a = _host_array(leaf)
+        part(f"{jax.tree_util.keystr(path)}|{a.shape}|{a.dtype.name}|{a.dtype.str}".encode())
+        part(np.ascontiguousarray(a).tobytes())
+    text = {str(k): describe(_plain_label(v)) for k, v in labels.items()}
+    part(json.dumps(text, sort_keys=True).encode())
+    return h.digest()
+
+
+def release_identity(alg: Algorithm, hyper_row: Hyper, labels: Mapping[str, Any]) -> bytes:
+    """What one variant releases, as a 32-byte sha256 digest (the seed aside).
+
+    Args:
+        alg: the algorithm: its module-qualified class and every static setting
+            (:func:`describe`: fields, model, training options, functions by name).
+        hyper_row: ONE variant's hyper pytree (no variant axis): every leaf's path, shape,
+            dtype and bytes, so two rows differing in one value (to the last bit) differ.
+        labels: the variant's history labels (name -> value).
+
+    Returns:
+        ``sha256`` digest (32 bytes). Equal for equal configurations in any process that
+        builds the same objects (same code and library versions, hence bit-equal resolved
+        hyper values); :func:`run_keys` folds it into the seed's key. The client data and
+        the :class:`RunSpec` are not part of it: a deployment's server never holds the data,
+        and rounds/delta reach the numbers only through the hyper values (calibrated
+        noise), which are part of it.
+    """
+    return _identity(_static_text(alg), hyper_row, labels)
+
+
+def variant_identities(alg: Algorithm, variants: Variants) -> tuple[bytes, ...]:
+    """:func:`release_identity` of every variant of ``variants`` (``V`` digests, in
+    variant order): what a runtime passes to :func:`run_keys`."""
+    static = _static_text(alg)
+    host = jax.tree.map(_host_array, variants.hyper)
+    return tuple(
+        _identity(static, jax.tree.map(lambda a, v=v: a[v], host), labels)
+        for v, labels in enumerate(variants.row_labels())
+    )
 
 
 def run_keys(
-    seeds: Sequence[int], labels: Sequence[Mapping[str, Any]], common_random_numbers: bool
+    seeds: Sequence[int], identities: Sequence[bytes], common_random_numbers: bool
 ) -> PRNGKeyArray:
     """One key per (variant, seed), variant-major: the root of every random number a run
     draws (:func:`server_key`, :func:`client_key`, ...).
 
     Args:
         seeds: the seeds (each ``>= 0``).
-        labels: one mapping per variant (its history labels).
+        identities: one :func:`release_identity` per variant (:func:`variant_identities`),
+            bytes of at least 16.
         common_random_numbers: give every variant ``key(seed)`` (shared draws).
 
     Returns:
         ``(variants * seeds,)`` typed PRNG keys, variant-major.
 
-    Independent by default: run ``(v, s)`` uses ``fold_in(key(s), crc32(labels of v))``, so
-    variants draw independent noise and a run's numbers do not depend on what else is in
-    the batch. Two variants with equal labels would share every draw (two releases with
-    the same noise), so labels must tell the variants apart (``ValueError`` otherwise).
-    ``common_random_numbers=True`` gives every variant ``key(s)``: the variants then share
-    every draw on purpose (paired comparisons; not independent samples).
+    Independent by default: run ``(v, s)`` uses ``key(s)`` folded in turn with the first
+    four little-endian 32-bit words of identity ``v`` (``fold_in`` takes 32 bits; four
+    folds carry 128 bits, so two different configurations share a key only by a hash
+    collision, chance about ``2^-64`` per pair given the key's 64-bit state). Different
+    algorithms, settings, hyper values or labels thus draw independent noise and cohorts,
+    in one call or across calls, and a run's numbers do not depend on what else is in the
+    batch. Two variants with equal identity (the same run twice) would release the same
+    noise twice: ``ValueError``. ``common_random_numbers=True`` gives every variant
+    ``key(s)``: the variants then share every draw on purpose (paired comparisons; not
+    independent samples, and not independent of any other call with that seed).
     """
-    tags = [_label_tag(lab) for lab in labels]
-    if not common_random_numbers and len(set(tags)) != len(tags):
-        raise ValueError(
-            "variants must have labels that tell every row apart (rows with equal labels "
-            f"would draw the same noise); got labels {list(labels)}"
-        )
-    keys = []
-    for tag in tags:
-        for s in seeds:
-            k = jax.random.key(np.uint32(s))
-            keys.append(k if common_random_numbers else jax.random.fold_in(k, tag))
-    return jnp.stack(keys)
+    ids = list(identities)
+    if not ids:
+        raise ValueError("run_keys needs at least one identity (one per variant)")
+    for ident in ids:
+        if not isinstance(ident, bytes) or len(ident) < 4 * _IDENTITY_WORDS:
+            raise TypeError(
+                "run_keys takes release identities (bytes from release_identity or "
+                f"variant_identities), not {type(ident).__name__}"
+            )
+    if not common_random_numbers and len(set(ids)) != len(ids):
+        first = {}
+        for v, ident in enumerate(ids):
+            if ident in first:
+                raise ValueError(
+                    f"variants {first[ident]} and {v} are the same run (equal algorithm, "
+                    "hyper-parameter values and labels) and would draw the same noise; drop "
+                    "one, or pass common_random_numbers=True"
+                )
+            first[ident] = v
+    seed_list = [int(s) for s in seeds]
+    if not seed_list or min(seed_list) < 0:
+        raise ValueError(f"seeds must be one or more integers >= 0; got {list(seeds)!r}")
+    runs_seeds = np.tile(np.asarray(seed_list, np.uint32), len(ids))
+    base = jax.vmap(jax.random.key)(jnp.asarray(runs_seeds))
+    if common_random_numbers:
+        return base
+    words = np.stack([np.frombuffer(i[: 4 * _IDENTITY_WORDS], "<u4") for i in ids])
+    words = np.repeat(words, len(seed_list), axis=0)
+
+    def fold(key: PRNGKeyArray, w: Array) -> PRNGKeyArray:
+        for j in range(_IDENTITY_WORDS):
+            key = jax.random.fold_in(key, w[j])
+        return key
+
+    return jax.vmap(fold)(base, jnp.asarray(words))

@@ -1,9 +1,11 @@
-"""Privacy machinery: mechanisms, DP-SGD, accounting, audits and APDIM."""
+"""Privacy machinery: mechanisms, DP-SGD, privacy plans, accounting, the experiment ledger,
+audits and APDIM."""
 
-from swarmjax.privacy import accounting, audit, dpsgd, sampling
+from swarmjax.privacy import accounting, audit, dpsgd, ledger, plan, sampling
 from swarmjax.privacy.accounting import PrivacyAccountant, epsilon, sigma_for_epsilon
 from swarmjax.privacy.audit import empirical_epsilon_lower_bound, membership_inference_advantage
 from swarmjax.privacy.dpsgd import clipped_grad_sum, dp_grad, dp_step, noise_key
+from swarmjax.privacy.ledger import Ledger
 from swarmjax.privacy.mechanisms import (
     gaussian_mechanism,
     gaussian_sigma,
@@ -17,13 +19,17 @@ from swarmjax.privacy.mechanisms import (
     randomized_response_from_uniform,
     vote_counts,
 )
+from swarmjax.privacy.plan import PrivacyPlan, default_delta
 from swarmjax.privacy.sampling import poisson_capacity, poisson_sample, shuffled_batches
 
 __all__ = [
+    "Ledger",
     "PrivacyAccountant",
+    "PrivacyPlan",
     "accounting",
     "audit",
     "clipped_grad_sum",
+    "default_delta",
     "dp_grad",
     "dp_step",
     "dpsgd",
@@ -32,8 +38,10 @@ __all__ = [
     "gaussian_mechanism",
     "gaussian_sigma",
     "laplace_mechanism",
+    "ledger",
     "membership_inference_advantage",
     "noise_key",
+    "plan",
     "poisson_capacity",
     "poisson_sample",
     "random_dictatorship",

@@ -19,8 +19,9 @@ probability ``q``.  The buffer never truncates a batch:
   ``(epsilon, delta + T p (1 + e^epsilon))`` for the sampler actually used
   (:func:`sampler_delta`).  Report that total: pass ``overflow_prob`` (from
   :func:`overflow_probability`) to :class:`swarmjax.privacy.accounting.PrivacyAccountant`,
-  which then returns the epsilon whose delta includes it, or size the buffer with
-  :func:`run_capacity` so that the term is at most a stated share of delta.  The number of
+  which then returns the epsilon whose delta includes it; a run's
+  :class:`~swarmjax.privacy.plan.PrivacyPlan` sizes the buffer so that the term is at most a
+  stated share of delta (:meth:`~swarmjax.privacy.plan.PrivacyPlan.sized`).  The number of
   draws is returned for inspection.
 
 How a draw is made: a Bernoulli(``q``) coin per valid row is the same process as
@@ -68,7 +69,6 @@ __all__ = [
     "poisson_capacity",
     "poisson_sample",
     "row_uniforms",
-    "run_capacity",
     "sampler_delta",
     "shuffled_batches",
     "slot_exponentials",
@@ -137,31 +137,6 @@ def sampler_delta(overflow_prob: float, steps: int, epsilon: float) -> float:
     if epsilon > 700.0:
         return 1.0
     return min(1.0, steps * overflow_prob * (1.0 + math.exp(epsilon)))
-
-
-def run_capacity(
-    num_examples: int,
-    q: float,
-    *,
-    steps: int,
-    delta: float,
-    epsilon: float,
-    share: float = 1e-3,
-    add_one: bool = False,
-) -> int:
-    """Smallest buffer whose :func:`sampler_delta` over the whole run is ``<= share * delta``.
-
-    ``epsilon`` is an upper bound on the run's epsilon (the target).  Then the run's reported
-    ``(epsilon, delta)`` holds with delta ``delta * (1 + share)`` for the sampler used: state
-    that (or account it exactly with ``PrivacyAccountant(...).step(..., overflow_prob=...)``).
-    ``add_one``: for add/remove adjacency (:func:`overflow_probability`).
-    """
-    steps = check_int("steps", steps, minimum=1)
-    check_range("delta", delta, 0.0, 1.0, low_open=True, high_open=True)
-    check_range("epsilon", epsilon, 0.0, 700.0)
-    check_range("share", share, 0.0, 1.0, low_open=True)
-    per_step = share * delta / (steps * (1.0 + math.exp(epsilon)))
-    return poisson_capacity(num_examples, q, overflow_prob=per_step, add_one=add_one)
 
 
 def row_uniforms(key: PRNGKeyArray, num_rows: int) -> Float[Array, " N"]:

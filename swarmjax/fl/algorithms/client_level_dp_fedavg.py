@@ -25,7 +25,6 @@ released byte counts use the expected ``q_c N`` clients.
 from __future__ import annotations
 
 import math
-import warnings
 from dataclasses import dataclass, field
 from functools import partial
 from typing import ClassVar, Literal
@@ -48,31 +47,40 @@ from swarmjax.fl.algorithms.common import (
 )
 from swarmjax.fl.client.training import LocalTraining, clip_update
 from swarmjax.fl.data.clients import ClientData
-from swarmjax.fl.data.cohort import cohort_overflow
 from swarmjax.fl.protocol import Algorithm, Exchange, Protection, RunSpec, Slots, Spend
 from swarmjax.models import Model
-from swarmjax.privacy.accounting import sigma_for_epsilon
 from swarmjax.privacy.mechanisms import gaussian_mechanism
-from swarmjax.privacy.sampling import poisson_capacity, poisson_sample
+from swarmjax.privacy.plan import PrivacyPlan
+from swarmjax.privacy.sampling import poisson_sample
+from swarmjax.privacy.snapping import snapped_gaussian_mechanism
 
 __all__ = [
     "ClientLevelDPFedAvg",
     "ClientUpdate",
     "DPFedAvgHyper",
     "DPFedAvgServer",
-    "client_draw_overflow",
     "default_count_noise",
-    "default_delta",
     "effective_noise_multiplier",
     "rounds_to_target",
     "sum_noise_multiplier",
 ]
 
 Clipping = Literal["fixed", "adaptive"]
+NoiseRelease = Literal["snapped", "float"]
+SNAPPED_RELEASE = (
+    "snapped: the noised sum and count are clamped and snapped to a power-of-two grid "
+    "(std/16..std/8), so the set of possible outputs does not depend on the secret; the "
+    "epsilon is the ideal Gaussian mechanism's, and the float32 sampler's certified extra "
+    "charge grows with the coordinates released (docs/floating_point.md)"
+)
+FLOAT_RELEASE = (
+    "float: plain float32 noise; the exact low bits of a released value can reveal the "
+    "secret beyond epsilon (Mironov 2012's attack; docs/floating_point.md)"
+)
 CLIPPED = Protection(
     "accounted",
     "client",
-    "clipped to C_t by the client, summed with Gaussian noise by the server (z, RDP)",
+    "clipped to C_t by the client, summed with Gaussian noise by the server (z)",
 )
 
 
@@ -99,20 +107,6 @@ def default_count_noise(expected_clients: float, noise_multiplier: float = 0.0) 
     check_positive("expected_clients", expected_clients)
     check_range("noise_multiplier", noise_multiplier, 0.0, math.inf, high_open=True)
     return max(0.05 * float(expected_clients), float(noise_multiplier))
-
-
-def default_delta(num_clients: int) -> float:
-    """``N^-1.1``; warns that it is not well below ``1/N`` when ``N delta > 0.1`` (the
-    guarantee then lets about ``N delta`` clients' data out): pass ``delta`` explicitly."""
-    n = check_int("num_clients", num_clients, 1)
-    delta = n**-1.1
-    if n * delta > 0.1:
-        warnings.warn(
-            f"default delta = N^-1.1 = {delta:.3g} is not well below 1/N = {1 / n:.3g} for "
-            f"N = {n} clients; pass delta explicitly (e.g. {0.01 / n:.2g})",
-            stacklevel=3,
-        )
-    return delta
 
 
 @flax.struct.dataclass
@@ -166,10 +160,14 @@ class ClientLevelDPFedAvg(Algorithm):
         training: local training (no record-level DP here: the unit is the client).
         clipping: ``"fixed"`` (no count query) or ``"adaptive"``.
         capacity: static bound on sampled clients (``None``: all of them, whatever ``N``);
-            at least :func:`~swarmjax.privacy.sampling.poisson_capacity`
-            ``(N, q_c, add_one=True)`` (sized for the add-one neighbour too).
+            at least the plan's floor (:meth:`~swarmjax.privacy.plan.PrivacyPlan.check_capacity`);
+            :meth:`for_run` sizes it for a run through the plan.
         server_momentum: momentum of the server SGD (0: plain step).
         eval_batch_size: chunk size of the test evaluation.
+        noise_release: how the server's noised sum and count are released: ``"snapped"``
+            (default: clamped and snapped to a power-of-two grid, so the set of possible
+            outputs does not depend on the secret; docs/floating_point.md) or ``"float"``
+            (plain float32 noise, whose low bits can reveal the secret: Mironov 2012).
     """
 
     model: Model
@@ -178,6 +176,7 @@ class ClientLevelDPFedAvg(Algorithm):
     capacity: int | None = None
     server_momentum: float = 0.0
     eval_batch_size: int | None = None
+    noise_release: NoiseRelease = "snapped"
 
     privacy_unit: ClassVar[str] = "client"
 
@@ -260,9 +259,8 @@ class ClientLevelDPFedAvg(Algorithm):
         sum_noise = sum_noise_multiplier(hyper.noise_multiplier, hyper.count_noise)
         sum_noise = sum_noise if adaptive else hyper.noise_multiplier
         total = slot_sum(replies.update, slots.mask)
-        noisy = gaussian_mechanism(
-            k_sum, total, l2_sensitivity=server.clip, noise_multiplier=sum_noise
-        )
+        # every coordinate of the clipped sum lies within S * C_t (S reply slots)
+        noisy = self._release(k_sum, total, server.clip, sum_noise, slots.mask.shape[0])
         expected = hyper.sample_rate * n
         neg_mean = jax.tree.map(lambda leaf: -leaf / expected, noisy)
         opt = self._server_optimizer(hyper.server_lr)
@@ -271,7 +269,10 @@ class ClientLevelDPFedAvg(Algorithm):
         clip, below = server.clip, server.noisy_unclipped_fraction
         if adaptive:
             centred = jnp.sum(jnp.where(slots.mask, replies.unclipped - 0.5, 0.0))
-            noisy_count = centred + hyper.count_noise * jax.random.normal(k_count, ())
+            # sensitivity 1/2 per client, noise std sigma_b; |centred| <= S / 2
+            noisy_count = self._release(
+                k_count, centred, jnp.float32(1.0), hyper.count_noise, slots.mask.shape[0] / 2
+            )
             below = noisy_count / expected + 0.5
             clip = clip * jnp.exp(-hyper.clip_lr * (below - hyper.target_quantile))
         return server.replace(
@@ -281,6 +282,32 @@ class ClientLevelDPFedAvg(Algorithm):
             noisy_unclipped_fraction=below,
             rounds=server.rounds + 1,
         )
+
+    def _release(
+        self, key: PRNGKeyArray, value: PyTree, scale: Array, multiplier: Array, reach: float
+    ) -> PyTree:
+        """``value`` plus Gaussian noise of std ``multiplier * scale``, released as
+        ``noise_release`` says: ``"snapped"`` clamps every coordinate to ``reach * scale +
+        12 std`` (``reach * scale`` bounds the secret) and snaps the noised value to a
+        power-of-two grid whose set does not depend on the secret
+        (:func:`~swarmjax.privacy.snapping.snapped_gaussian_mechanism`); ``"float"`` adds
+        float32 noise. A zero multiplier (no DP) adds nothing and never snaps."""
+        if self.noise_release == "float":
+            return gaussian_mechanism(key, value, l2_sensitivity=scale, noise_multiplier=multiplier)
+        bound = scale * (reach + 12.0 * multiplier)
+
+        def snapped(v: PyTree) -> PyTree:
+            return snapped_gaussian_mechanism(
+                key, v, l2_sensitivity=scale, noise_multiplier=multiplier, bound=bound
+            )
+
+        return jax.lax.cond(multiplier > 0, snapped, lambda v: v, value)
+
+    def floating_point(self) -> str:
+        """What the exact released values reveal beyond epsilon (docs/floating_point.md)."""
+        if self.noise_release == "float":
+            return FLOAT_RELEASE
+        return SNAPPED_RELEASE
 
     def evaluate(self, server: DPFedAvgServer, test: tuple[Array, Array]) -> dict[str, Array]:
         out = public_metrics(self.model, server.params, test, self.eval_batch_size)
@@ -305,6 +332,7 @@ class ClientLevelDPFedAvg(Algorithm):
 
     def check(self, clients: ClientData, test: tuple[Array, Array] | None = None) -> None:
         check_choice("clipping", self.clipping, ("fixed", "adaptive"))
+        check_choice("noise_release", self.noise_release, ("snapped", "float"))
         check_range("server_momentum", self.server_momentum, 0.0, 1.0, high_open=True)
         self.training.check(clients.sizes)
         if self.training.record_dp is not None:
@@ -341,16 +369,11 @@ class ClientLevelDPFedAvg(Algorithm):
         ``eta_C = 0``)."""
         n = clients.num_clients
         q = check_range("sample_rate", stored(hyper.sample_rate), 0.0, 1.0, low_open=True)
-        if self.capacity is not None:
-            needed = poisson_capacity(n, q, add_one=True)
-            if self.capacity < needed:
-                raise ValueError(
-                    f"capacity must be >= {needed} (overflow below 1e-9 at q_c = {q} for "
-                    f"N = {n} and its add-one neighbour) or None; got {self.capacity}"
-                )
+        plan = self.plan(n, q, spec)
+        plan.check_capacity()
         z = stored(hyper.noise_multiplier)
         if epsilon_target is not None and math.isfinite(epsilon_target):
-            z = self.noise_for_epsilon(epsilon_target, n, q, spec.rounds, spec.delta)
+            z = plan.calibrate(epsilon_target).noise_multiplier
         check_range("noise_multiplier", z, 0.0, math.inf, high_open=True)
         b = stored(hyper.count_noise)
         b = default_count_noise(q * n, z) if math.isnan(b) else b
@@ -382,44 +405,54 @@ class ClientLevelDPFedAvg(Algorithm):
     def sampling_overflow(self, spend, num_clients, sizes=None, padded=None):
         """``(runs, 1, N)`` per-round chance that the Poisson draw of clients (rate ``q_c``
         from ``spend.sample_rate``) exceeds ``capacity`` and is redrawn, on the worse of the
-        two add/remove neighbours (:func:`client_draw_overflow`); ``None`` when no draw can
-        overflow (no ``capacity``, or one that holds every client of both neighbours)."""
+        two add/remove neighbours (:attr:`~swarmjax.privacy.plan.PrivacyPlan.overflow_prob`
+        of :meth:`plan`); ``None`` when no draw can overflow."""
         del sizes, padded
         if self.capacity is None or self.capacity > num_clients:
             return None
         q = np.asarray(spend.sample_rate, np.float64)[:, -1, :]
         probs = {
-            v: client_draw_overflow(self.capacity, num_clients, v) for v in set(q.ravel().tolist())
+            v: self.plan(num_clients, v, RunSpec(rounds=1, delta=0.5)).overflow_prob
+            for v in set(q.ravel().tolist())
+            if v > 0
         }
+        probs[0.0] = 0.0
         return np.vectorize(probs.__getitem__, otypes=[np.float64])(q)[:, None, :]
 
-    def noise_for_epsilon(
-        self, target_epsilon: float, num_clients: int, sample_rate: float, rounds: int, delta: float
-    ) -> float:
-        """Client-level calibration: the smallest noise multiplier ``z`` whose epsilon after
-        ``rounds`` rounds at client rate ``sample_rate`` is ``<= target_epsilon``, charging
-        this ``capacity``'s per-round overflow chance to ``delta`` exactly as the run's
-        privacy record does (at epsilon 8 a 1e-9 chance per round over 50 rounds already
-        moves epsilon by ~0.3)."""
-        n = check_int("num_clients", num_clients, 1)
-        check_range("sample_rate", sample_rate, 0.0, 1.0, low_open=True)
-        overflow = client_draw_overflow(self.capacity, n, float(sample_rate))
-        return sigma_for_epsilon(
-            target_epsilon, float(sample_rate), rounds, delta, overflow_prob=overflow
+    def plan(self, num_clients: int, sample_rate: float, spec: RunSpec) -> PrivacyPlan:
+        """The client-level :class:`~swarmjax.privacy.plan.PrivacyPlan` of a run: ``N``
+        candidate clients drawn at rate ``sample_rate`` into this ``capacity`` every round,
+        ``spec.rounds`` steps at ``spec.delta`` by ``spec.accountant``."""
+        return PrivacyPlan(
+            unit="client",
+            population=check_int("num_clients", num_clients, 1),
+            rate=float(sample_rate),
+            steps=spec.rounds,
+            delta=spec.delta,
+            accountant=spec.accountant,
+            capacity=self.capacity,
         )
 
-
-def client_draw_overflow(capacity: int | None, num_clients: int, sample_rate: float) -> float:
-    """Chance per round that a Poisson draw of clients at ``sample_rate`` exceeds
-    ``capacity`` (and is redrawn) on either add/remove neighbour: the federation with one
-    more client draws from ``num_clients + 1`` and overflows more often, so this is
-    ``P(Binomial(num_clients + 1, q) > capacity)``. What client-level DP charges to delta, in
-    the record (:meth:`ClientLevelDPFedAvg.sampling_overflow`) and in calibration. ``0``
-    when ``capacity`` is ``None`` (the draw holds every client of either federation) or
-    ``> num_clients``, or nobody is drawn."""
-    if capacity is None or capacity > num_clients or sample_rate <= 0:
-        return 0.0
-    return cohort_overflow(num_clients, sample_rate, capacity)
+    @classmethod
+    def for_run(
+        cls,
+        model: Model,
+        num_clients: int,
+        sample_rate: float,
+        spec: RunSpec,
+        epsilon_target: float | None,
+        **settings,
+    ) -> ClientLevelDPFedAvg:
+        """This algorithm with the Poisson buffer its plan sizes for the run: overflow over
+        ``spec.rounds`` rounds adds at most ``1e-3 delta`` to an ``(epsilon_target, delta)``
+        guarantee (:meth:`~swarmjax.privacy.plan.PrivacyPlan.sized`; example: 1,200
+        clients at rate 50/1200, 100 rounds, delta 1/1200, epsilon 2 -> 97 slots). No buffer
+        (``capacity=None``) when it would hold every client anyway. ``settings``: the other
+        fields (``training``, ``clipping``, ...)."""
+        probe = cls(model=model, capacity=None, **settings)
+        bound = math.inf if epsilon_target is None else float(epsilon_target)
+        capacity = probe.plan(num_clients, sample_rate, spec).sized(bound).capacity
+        return cls(model=model, capacity=None if capacity >= num_clients else capacity, **settings)
 
 
 def _expected_clients(hyper: DPFedAvgHyper, num_clients: int) -> Array:

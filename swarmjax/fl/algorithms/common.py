@@ -5,6 +5,7 @@ buffer-overflow charge."""
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -15,7 +16,6 @@ import numpy as np
 from jaxtyping import Array, ArrayLike, Bool, Float, PyTree
 
 from swarmjax._validation import check_positive
-from swarmjax.fl.client.record_dp import calibrate_sigmas
 from swarmjax.fl.client.training import LocalTraining
 from swarmjax.fl.data.clients import ClientData, as_test_set, check_federated_inputs
 from swarmjax.fl.data.store import ClientStore
@@ -113,20 +113,22 @@ def public_metrics(
 def record_level_noise(
     training: LocalTraining, sizes: ArrayLike, spec: RunSpec, epsilon_target: float | None
 ) -> np.ndarray:
-    """Record-level calibration, the one function for every record-level algorithm.
+    """Record-level noise multipliers of a run: each client's plan
+    (:meth:`~swarmjax.fl.client.training.LocalTraining.plans`) calibrated to the target.
 
     Args:
         training: the clients' local training (batch size ``B``, epochs ``E``, buffer).
         sizes: ``(clients,)`` rows per client ``|D_i|``.
-        spec: the run's rounds and delta.
+        spec: the run's rounds, delta and accountant.
         epsilon_target: the epsilon each client may spend (``None`` or ``inf``: no noise);
             a finite target needs ``training.record_dp``.
 
     Returns:
         ``(clients,)`` float32 noise multipliers: client ``i`` spends ``epsilon_target``
         at ``spec.delta`` after ``spec.rounds`` rounds of ``E ceil(|D_i| / B)`` steps at
-        ``q_i = B / |D_i|``, the Poisson buffer's overflow charged to delta as the
-        privacy record does; rounded UP to float32 (never less noise than calibrated).
+        ``q_i = B / |D_i|`` by ``spec.accountant``, the Poisson buffer's overflow charged
+        to delta as the privacy record does; rounded UP to float32 (never less noise than
+        calibrated). Equal client sizes share one calibration.
     """
     sizes = np.asarray(sizes)
     if epsilon_target is None or math.isinf(epsilon_target):
@@ -136,15 +138,22 @@ def record_level_noise(
         raise ValueError(
             f"epsilon_target must be inf without training.record_dp; got {epsilon_target}"
         )
-    s = calibrate_sigmas(
-        epsilon_target,
-        sizes,
-        training.batch_size,
-        rounds=spec.rounds,
-        epochs=training.epochs,
-        delta=spec.delta,
-        overflow_prob=training.sampler_overflow(sizes, int(np.max(sizes))),
+    plans = training.plans(
+        sizes, int(np.max(sizes)), rounds=spec.rounds, delta=spec.delta, accountant=spec.accountant
     )
+    sigma = {}
+    for n, plan in plans.items():
+        tuned = plan.calibrate(epsilon_target)
+        sigma[n] = tuned.noise_multiplier
+        if plan.overflow_prob > 0 and tuned.epsilon() < 0.9 * epsilon_target:
+            warnings.warn(
+                f"target_epsilon={epsilon_target} is out of reach for a client of {n} rows: "
+                f"the Poisson buffer's overflow ({plan.overflow_prob:.1e} per step, charged "
+                "with its e^epsilon factor) caps epsilon lower, so the noise is larger than "
+                "needed; size the buffer for the run with RecordDP.for_run",
+                stacklevel=2,
+            )
+    s = np.asarray([sigma[int(n)] for n in sizes], np.float64)
     s32 = s.astype(np.float32)
     return np.where(s32 < s, np.nextafter(s32, np.float32(np.inf)), s32).astype(np.float32)
 

@@ -7,38 +7,36 @@ These plug into :func:`swarmjax.fl.client.local.local_train` (and so into FedAvg
   ``ceil(|D_i| / B)`` active steps (the accountant counts exactly those).
 * :func:`dp_grad_fn` — per-example clipping to ``C``, Gaussian noise ``sigma C``, divided by
   the expected batch size ``q_i |D_i| = B`` (:func:`swarmjax.privacy.dpsgd.dp_grad`).
-* :func:`calibrate_sigmas` — per-client noise multiplier that hits the target epsilon after
-  the whole run (the Poisson buffer's overflow included). The epsilon actually spent is the
-  simulator's privacy record (:mod:`swarmjax.fl.runtime.result`).
+* :func:`record_plan` — one client's :class:`~swarmjax.privacy.plan.PrivacyPlan` (its
+  Poisson rate, steps over the run, buffer and overflow charge); calibration and accounting
+  go through it. The epsilon actually spent is the simulator's privacy record
+  (:mod:`swarmjax.fl.runtime.result`).
 """
 
 from __future__ import annotations
 
 import math
-import warnings
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Bool, Float, Int, PRNGKeyArray, PyTree
 
-from swarmjax._validation import check_int, check_positive, check_range
+from swarmjax._validation import check_int
 from swarmjax.fl.client.local import Batches, GradFn, Sampler
 from swarmjax.models import ApplyFn, cross_entropy, loss
-from swarmjax.privacy.accounting import epsilon, sigma_for_epsilon
+from swarmjax.privacy.accounting import DEFAULT_ACCOUNTANT
 from swarmjax.privacy.dpsgd import dp_grad
-from swarmjax.privacy.sampling import poisson_capacity, poisson_sample
+from swarmjax.privacy.plan import PrivacyPlan
+from swarmjax.privacy.sampling import poisson_sample
 
 __all__ = [
-    "DELTA",
-    "calibrate_sigmas",
     "dp_grad_fn",
     "poisson_sampler",
+    "record_plan",
     "sampler_capacity",
     "steps_per_round",
 ]
-
-DELTA = 1e-5
 
 
 def steps_per_round(sizes: ArrayLike, batch_size: int, epochs: int = 1) -> np.ndarray:
@@ -47,11 +45,39 @@ def steps_per_round(sizes: ArrayLike, batch_size: int, epochs: int = 1) -> np.nd
     return epochs * -(-sizes // check_int("batch_size", batch_size, 1))
 
 
-def sampler_capacity(sizes: ArrayLike, batch_size: int, overflow_prob: float = 1e-9) -> int:
-    """Buffer size so that no client's Poisson batch overflows with prob. >= ``overflow_prob``."""
+def record_plan(
+    size: int,
+    batch_size: int,
+    *,
+    rounds: int,
+    epochs: int = 1,
+    delta: float,
+    accountant: str = DEFAULT_ACCOUNTANT,
+    capacity: int | None = None,
+) -> PrivacyPlan:
+    """The record-level :class:`~swarmjax.privacy.plan.PrivacyPlan` of a client of ``size``
+    rows: Poisson rate ``q = min(1, B / size)``, ``rounds * E * ceil(size / B)`` steps, its
+    batch buffer of ``capacity`` rows (``None``: the whole client, which never overflows)."""
+    size = check_int("size", size, 1)
+    steps = int(steps_per_round([size], batch_size, epochs)[0]) * check_int("rounds", rounds, 0)
+    return PrivacyPlan(
+        unit="record",
+        population=size,
+        rate=min(1.0, batch_size / size),
+        steps=steps,
+        delta=delta,
+        accountant=accountant,
+        capacity=capacity,
+    )
+
+
+def sampler_capacity(sizes: ArrayLike, batch_size: int) -> int:
+    """The smallest buffer whose per-step overflow is below the plan's floor (1e-9) for every
+    client of ``sizes`` (:meth:`~swarmjax.privacy.plan.PrivacyPlan.floor_capacity`)."""
     sizes = np.asarray(sizes, np.int64).reshape(-1)
     return max(
-        poisson_capacity(int(n), min(1.0, batch_size / int(n)), overflow_prob) for n in sizes
+        record_plan(int(n), batch_size, rounds=0, delta=0.5).floor_capacity()
+        for n in {int(n) for n in sizes}
     )
 
 
@@ -112,54 +138,3 @@ def dp_grad_fn(
         return loss(apply_fn, params, xb, yb, mask_b), grads
 
     return grad_fn
-
-
-def calibrate_sigmas(
-    target_epsilon: float,
-    sizes: ArrayLike,
-    batch_size: int,
-    *,
-    rounds: int,
-    epochs: int = 1,
-    delta: float = DELTA,
-    overflow_prob: ArrayLike | None = None,
-) -> np.ndarray:
-    """Per-client noise multipliers for record-level DP-SGD / DP-Adam.
-
-    Args:
-        target_epsilon: the epsilon each client may spend (``inf``: zeros, no noise).
-        sizes: ``(clients,)`` rows per client ``|D_i|``.
-        batch_size: ``B``, the expected Poisson batch (``q_i = B / |D_i|``).
-        rounds, epochs: the run's rounds and local epochs ``E`` per round.
-        delta: the delta of the target.
-        overflow_prob: ``(clients,)`` per-step overflow chance of each client's Poisson
-            buffer (:meth:`~swarmjax.fl.client.training.LocalTraining.sampler_overflow`),
-            charged to delta.
-
-    Returns:
-        ``(clients,)`` float64 ``sigma_i``: client ``i`` spends ``<= target_epsilon`` after
-        ``rounds * E * ceil(|D_i| / B)`` steps (equal clients share one bisection).
-    """
-    check_positive("target_epsilon", target_epsilon)
-    check_range("delta", delta, 0.0, 1.0, low_open=True, high_open=True)
-    rounds = check_int("rounds", rounds, 1)
-    sizes = np.asarray(sizes, np.int64).reshape(-1)
-    steps = steps_per_round(sizes, batch_size, epochs) * rounds
-    over = np.zeros(len(sizes)) if overflow_prob is None else np.asarray(overflow_prob, float)
-    rows = [(int(n), int(t), float(p)) for n, t, p in zip(sizes, steps, over, strict=True)]
-    cache: dict[tuple[int, int, float], float] = {}  # equal clients share one bisection
-    for n, t, p in rows:
-        if (n, t, p) not in cache:
-            q = min(1.0, batch_size / n)
-            cache[n, t, p] = sigma_for_epsilon(target_epsilon, q, t, delta, overflow_prob=p)
-            reached = epsilon(q, cache[n, t, p], t, delta, overflow_prob=p)
-            if p > 0 and reached < 0.9 * target_epsilon:
-                warnings.warn(
-                    f"target_epsilon={target_epsilon} is out of reach for a client of {n} rows: "
-                    f"the Poisson buffer's overflow ({p:.1e} per step, charged with its "
-                    f"e^epsilon factor) caps epsilon near {reached:.2f}, so the noise is "
-                    "larger than needed; size the buffer for the run with "
-                    "RecordDP.for_sizes(sizes, B, steps=..., delta=..., epsilon=...)",
-                    stacklevel=2,
-                )
-    return np.array([cache[r] for r in rows])

@@ -29,10 +29,11 @@ from swarmjax._validation import (
     check_stored,
 )
 from swarmjax.fl.client.local import LocalResult, local_train
-from swarmjax.fl.client.record_dp import dp_grad_fn, poisson_sampler, sampler_capacity
+from swarmjax.fl.client.record_dp import dp_grad_fn, poisson_sampler, record_plan, sampler_capacity
 from swarmjax.fl.data.clients import ClientData, poisson_rates
 from swarmjax.models import Model
-from swarmjax.privacy.sampling import overflow_probability, run_capacity
+from swarmjax.privacy.accounting import DEFAULT_ACCOUNTANT
+from swarmjax.privacy.plan import PrivacyPlan
 
 __all__ = [
     "OPTIMIZERS",
@@ -119,7 +120,7 @@ class RecordDP:
         """The smallest capacity for clients of ``sizes``: per-step overflow below 1e-9, or,
         given the run's ``steps`` (per client), ``delta`` and an upper bound ``epsilon`` on
         its epsilon, the one whose overflow over the whole run adds at most ``1e-3 delta``
-        (:func:`swarmjax.privacy.sampling.run_capacity`). Either way the privacy record
+        (:meth:`~swarmjax.privacy.plan.PrivacyPlan.sized`). Either way the privacy record
         accounts the overflow exactly (:meth:`LocalTraining.sampler_overflow`)."""
         check_positive("clip_norm", clip_norm)
         if steps is None:
@@ -127,7 +128,9 @@ class RecordDP:
         if delta is None or epsilon is None:
             raise ValueError("RecordDP.for_sizes: steps needs delta and epsilon too")
         capacity = max(
-            run_capacity(n, min(1.0, batch_size / n), steps=steps, delta=delta, epsilon=epsilon)
+            PrivacyPlan("record", n, min(1.0, batch_size / n), int(steps), delta)
+            .sized(epsilon)
+            .capacity
             for n in {int(n) for n in np.asarray(sizes).reshape(-1)}
         )
         return cls(clip_norm=float(clip_norm), capacity=capacity)
@@ -205,24 +208,46 @@ class LocalTraining:
                     f"these clients); got {self.record_dp.capacity}: use RecordDP.for_sizes"
                 )
 
+    def plans(
+        self,
+        sizes: ArrayLike,
+        padded: int,
+        *,
+        rounds: int,
+        delta: float,
+        accountant: str = DEFAULT_ACCOUNTANT,
+    ) -> dict[int, PrivacyPlan]:
+        """Client size -> its record-level :class:`~swarmjax.privacy.plan.PrivacyPlan` over
+        ``rounds`` rounds (clients padded to ``padded`` rows: the buffer when
+        ``record_dp.capacity`` is ``None``); requires ``record_dp``."""
+        if self.record_dp is None:
+            raise ValueError("record-level plans need training.record_dp")
+        capacity = self.record_dp.capacity or int(padded)
+        return {
+            n: record_plan(
+                n,
+                self.batch_size,
+                rounds=rounds,
+                epochs=self.epochs,
+                delta=delta,
+                accountant=accountant,
+                capacity=capacity,
+            )
+            for n in sorted({int(n) for n in np.asarray(sizes, np.int64).reshape(-1)})
+        }
+
     def sampler_overflow(self, sizes: ArrayLike, padded: int) -> np.ndarray:
         """``(clients,)`` probability that one step's Poisson batch overflows the buffer
         (0 without record-level DP, or when the buffer holds the whole client), for clients
-        of ``sizes`` padded to ``padded`` rows: what the accountant adds to delta per step.
-
-        ``P(Binomial(|D_i|, q_i) > capacity)`` with ``|D_i|`` itself, NOT ``|D_i| + 1``:
-        record-level DP's relation is zero-out (a record replaced by a null record), so both
-        neighbours have ``|D_i|`` rows and the same draw; the ``+ 1`` of add/remove belongs
-        to client-level DP (:func:`~swarmjax.privacy.sampling.overflow_probability`)."""
+        of ``sizes`` padded to ``padded`` rows: the plans'
+        :attr:`~swarmjax.privacy.plan.PrivacyPlan.overflow_prob`, what the accountant adds
+        to delta per step. Record-level DP's relation is zero-out (a record replaced by a
+        null record), so both neighbours have ``|D_i|`` rows: no add-one candidate."""
         sizes = np.asarray(sizes, np.int64).reshape(-1)
         if self.record_dp is None:
             return np.zeros(sizes.shape, np.float64)
-        capacity = self.record_dp.capacity or int(padded)
-        probs = {
-            n: overflow_probability(n, min(1.0, self.batch_size / n), capacity)
-            for n in {int(n) for n in sizes}
-        }
-        return np.asarray([probs[int(n)] for n in sizes], np.float64)
+        plans = self.plans(sizes, padded, rounds=1, delta=0.5)
+        return np.asarray([plans[int(n)].overflow_prob for n in sizes], np.float64)
 
     def optimizer_for(self, learning_rate: ArrayLike) -> optax.GradientTransformation:
         """This training's optimiser at ``learning_rate``."""

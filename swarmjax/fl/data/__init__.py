@@ -10,13 +10,7 @@ from swarmjax.fl.data.clients import (
     poisson_rates,
     stack_clients,
 )
-from swarmjax.fl.data.cohort import (
-    check_cohort_capacity,
-    cohort_capacity,
-    cohort_overflow,
-    fixed_cohort,
-    poisson_cohort,
-)
+from swarmjax.fl.data.cohort import fixed_cohort, poisson_cohort
 from swarmjax.fl.data.datasets import (
     DATASETS,
     MEDMNIST_CLASSES,
@@ -51,12 +45,9 @@ __all__ = [
     "DatasetNotFoundError",
     "Partition",
     "as_test_set",
-    "check_cohort_capacity",
     "check_federated_inputs",
     "choose_max_rows",
     "client",
-    "cohort_capacity",
-    "cohort_overflow",
     "consecutive_partition",
     "dirichlet_partition",
     "fixed_cohort",

@@ -9,10 +9,9 @@
   sampling that user-level DP accounting assumes), into a static buffer of ``capacity``
   slots. It is :func:`swarmjax.privacy.sampling.poisson_sample` over the clients: geometric
   gaps, ``O(capacity)`` random numbers, and the whole draw repeated on overflow, never
-  truncated. Conditioning on "fits" is charged to delta: :func:`cohort_capacity` sizes the
-  buffer so the charge over the run is at most ``share * delta``, and
-  :func:`cohort_overflow` is the per-round probability to report. The charge is for the
-  add/remove neighbour with one more client, ``P(Binomial(N + 1, rate) > capacity)``.
+  truncated. Conditioning on "fits" is charged to delta by the run's privacy plan
+  (:class:`swarmjax.privacy.plan.PrivacyPlan`: it sizes the buffer and states the charge,
+  for the add/remove neighbour with one more client).
 
 Both samplers are pure and jit-able (``num_clients``, ``size`` and ``capacity`` static) and
 return client ids for :func:`swarmjax.fl.data.store.gather`; an unused Poisson slot holds
@@ -26,21 +25,9 @@ import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Bool, Int, PRNGKeyArray
 
 from swarmjax._validation import check_int, check_range
-from swarmjax.privacy.sampling import (
-    overflow_probability,
-    poisson_capacity,
-    poisson_sample,
-    run_capacity,
-    sampler_delta,
-)
+from swarmjax.privacy.sampling import poisson_sample
 
-__all__ = [
-    "check_cohort_capacity",
-    "cohort_capacity",
-    "cohort_overflow",
-    "fixed_cohort",
-    "poisson_cohort",
-]
+__all__ = ["fixed_cohort", "poisson_cohort"]
 
 
 def fixed_cohort(key: PRNGKeyArray, num_clients: int, size: int) -> Int[Array, " size"]:
@@ -91,61 +78,3 @@ def poisson_cohort(
     check_range("rate", rate, 0.0, 1.0, low_open=True)
     ids, mask, _ = poisson_sample(key, rate, jnp.ones(num_clients, bool), capacity)
     return jnp.where(mask, ids, -1), mask
-
-
-def cohort_overflow(num_clients: int, rate: float, capacity: int) -> float:
-    """One round's overflow probability to charge: ``P(Binomial(N + 1, rate) > capacity)``
-    (the add/remove neighbour with one more client)."""
-    num_clients = check_int("num_clients", num_clients, 1)
-    check_range("rate", rate, 0.0, 1.0, low_open=True)
-    return overflow_probability(num_clients, rate, check_int("capacity", capacity, 1), add_one=True)
-
-
-def cohort_capacity(
-    num_clients: int,
-    rate: float,
-    rounds: int,
-    delta: float,
-    epsilon: float,
-    *,
-    share: float = 1e-3,
-) -> int:
-    """Smallest Poisson cohort buffer whose overflow over ``rounds`` rounds adds at most
-    ``share * delta`` to an ``(epsilon, delta)`` guarantee (``epsilon``: an upper bound on
-    the run's epsilon): :func:`swarmjax.privacy.sampling.run_capacity` for ``N + 1`` clients,
-    and never below the per-round floor (overflow under 1e-9,
-    :func:`~swarmjax.privacy.sampling.poisson_capacity`) that user-level DP-FedAvg requires.
-
-    Example: 1,200 clients at rate 50/1200, 100 rounds, delta 1/1200, epsilon 2 -> 97.
-    """
-    num_clients = check_int("num_clients", num_clients, 1)
-    check_range("rate", rate, 0.0, 1.0, low_open=True)
-    rounds = check_int("rounds", rounds, 1)
-    run = run_capacity(
-        num_clients, rate, steps=rounds, delta=delta, epsilon=epsilon, share=share, add_one=True
-    )
-    return max(run, poisson_capacity(num_clients, rate, add_one=True))
-
-
-def check_cohort_capacity(
-    num_clients: int,
-    rate: float,
-    capacity: int,
-    rounds: int,
-    delta: float,
-    epsilon: float,
-    *,
-    share: float = 1e-3,
-) -> None:
-    """One-line ``ValueError`` naming ``capacity`` if it is below :func:`cohort_capacity`:
-    its overflow over the run would add more than ``share * delta``, or a round's exceeds
-    1e-9 (call before any work)."""
-    capacity = check_int("capacity", capacity, 1)
-    added = sampler_delta(cohort_overflow(num_clients, rate, capacity), rounds, epsilon)
-    need = cohort_capacity(num_clients, rate, rounds, delta, epsilon, share=share)
-    if capacity < need:
-        raise ValueError(
-            f"capacity={capacity} is too small for rate={rate:g} over rounds={rounds}: "
-            f"overflow adds {added:.3g} to delta (allowed {share:g} * delta = "
-            f"{share * delta:.3g}); use capacity >= {need} (cohort_capacity)"
-        )

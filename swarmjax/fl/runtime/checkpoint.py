@@ -4,47 +4,82 @@ round and ends with the numbers of an uninterrupted one.
 A checkpoint folder holds one run of :func:`~swarmjax.fl.runtime.simulator.simulate`: the
 carry (server and client states, rounds done) after each compiled call, saved with orbax,
 and the per-round outputs so far (``outputs_<round>.npz``, written atomically). A
-``fingerprint.json`` names the settings (algorithm, variants, spec, data) the folder
-belongs to; resuming with other settings is an error, never a silent mix.
+``fingerprint.json`` names the settings (algorithm, variants, spec, data, run keys and the
+named run options) the folder belongs to; resuming with other settings is an error, never a
+silent mix.
+
+A checkpoint folder is NOT a release: it holds the realised cohorts, every client's state
+and per-client privacy spend, statistics of private data that no epsilon covers. Each
+folder gets a :data:`NOT_RELEASED` marker file when it is created; :func:`not_released`
+tells a ledger (or a publishing script) which folders must never be published.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
-from jaxtyping import PyTree
+from jaxtyping import PRNGKeyArray, PyTree
 
-__all__ = ["Checkpoints", "fingerprint"]
+from swarmjax.fl.protocol import describe
+
+__all__ = ["NOT_RELEASED", "Checkpoints", "fingerprint", "not_released"]
+
+NOT_RELEASED = "NOT_RELEASED.txt"
+"""Name of the marker file in every checkpoint folder (see :func:`not_released`)."""
+
+_NOT_RELEASED_TEXT = """\
+NOT RELEASED - do not publish this folder or anything copied from it.
+
+This is a swarmjax checkpoint folder (swarmjax.fl.runtime.checkpoint): it holds a
+simulation's saved carry and per-round outputs, including the realised cohorts (which
+clients were selected in each round), every client's state and its per-client privacy
+spend. These are statistics of private data and are not covered by any epsilon the run
+reports; only the run's released results (history, privacy record) may be published.
+Keep it private and delete it when the run is finished.
+"""
 
 
-def _describe(value: Any) -> Any:
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        fields = {f.name: _describe(getattr(value, f.name)) for f in dataclasses.fields(value)}
-        return {"type": type(value).__qualname__, **fields}
-    if callable(value):
-        return getattr(value, "__qualname__", type(value).__qualname__)
-    if isinstance(value, tuple | list):
-        return [_describe(v) for v in value]
-    if isinstance(value, dict):
-        return {str(k): _describe(v) for k, v in value.items()}
-    return repr(value)
+def not_released(folder: str | os.PathLike) -> bool:
+    """Whether ``folder`` is marked as not a release (a checkpoint folder): it holds the
+    :data:`NOT_RELEASED` marker file."""
+    return (Path(folder) / NOT_RELEASED).is_file()
 
 
-def fingerprint(alg: Any, variants: Any, data: PyTree) -> str:
-    """A digest of what a run computes: the algorithm's settings (callables by name), the
-    variants' hyper values, labels and spec, and the client data (shapes and bytes)."""
+def _mark_not_released(folder: Path) -> None:
+    """Write the :data:`NOT_RELEASED` marker into ``folder`` unless it is there."""
+    marker = folder / NOT_RELEASED
+    if not marker.is_file():
+        tmp = folder / f".{NOT_RELEASED}.tmp"
+        tmp.write_text(_NOT_RELEASED_TEXT)
+        os.replace(tmp, marker)
+
+
+def fingerprint(alg: Any, variants: Any, data: PyTree, keys: PRNGKeyArray) -> str:
+    """A digest of what a run computes (sha256 hex): the algorithm's settings
+    (:func:`~swarmjax.fl.protocol.describe`), the variants' hyper values, labels and spec,
+    the client data (shapes, dtypes and bytes) and the run keys (``(runs,)`` typed PRNG
+    keys, their key data), which carry the seeds, each run's release identity and
+    ``common_random_numbers``.
+
+    Not covered, on purpose: ``client_map`` and ``rounds_per_call`` (and the device). They
+    change how clients are batched and how rounds are split into compiled calls, not the
+    keys or the mechanism, so a run resumed under another one is the same run up to float
+    rounding (``client_map``) or exactly (``rounds_per_call``); refusing them would forbid
+    resuming a CPU-started run on an accelerator, whose default ``client_map`` differs.
+    """
     h = hashlib.sha256()
-    h.update(json.dumps(_describe(alg), sort_keys=True).encode())
-    h.update(repr((dict(variants.labels), variants.spec)).encode())
-    for leaf in jax.tree.leaves((variants.hyper, data)):
+    h.update(json.dumps(describe(alg), sort_keys=True).encode())
+    h.update(json.dumps(describe((dict(variants.labels), variants.spec)), sort_keys=True).encode())
+    key_data = np.asarray(jax.random.key_data(keys))
+    for leaf in [*jax.tree.leaves((variants.hyper, data)), key_data]:
         a = np.asarray(leaf)
         h.update(repr((a.shape, a.dtype.str)).encode())
         h.update(np.ascontiguousarray(a).tobytes())
@@ -52,27 +87,48 @@ def fingerprint(alg: Any, variants: Any, data: PyTree) -> str:
 
 
 class Checkpoints:
-    """The checkpoints of one simulation in ``folder`` (created if missing).
+    """The checkpoints of one simulation in ``folder`` (created if missing, and marked
+    :data:`NOT_RELEASED`).
 
     Args:
         folder: where the checkpoints live (one run per folder).
         digest: :func:`fingerprint` of the run; a folder holding another run raises
             ``ValueError`` naming the folder.
+        options: run options a resume must keep, by name, JSON values (the simulator
+            passes ``common_random_numbers``, which changes every key, and
+            ``diagnostics``, which changes what is saved). They are saved beside the
+            digest; a folder saved with another value of one raises a one-line
+            ``ValueError`` naming that option.
     """
 
-    def __init__(self, folder: str | os.PathLike, digest: str) -> None:
+    def __init__(
+        self,
+        folder: str | os.PathLike,
+        digest: str,
+        options: Mapping[str, Any] | None = None,
+    ) -> None:
         self.folder = Path(folder).resolve()
         self.folder.mkdir(parents=True, exist_ok=True)
+        _mark_not_released(self.folder)
+        options = dict(options or {})
         stamp = self.folder / "fingerprint.json"
         if stamp.exists():
-            saved = json.loads(stamp.read_text())["fingerprint"]
-            if saved != digest:
+            saved = json.loads(stamp.read_text())
+            saved_options = saved.get("options", {})
+            for name, value in options.items():
+                if name in saved_options and saved_options[name] != value:
+                    raise ValueError(
+                        f"checkpoint_dir {self.folder} holds a run with {name}="
+                        f"{saved_options[name]!r}, this call has {name}={value!r}: pass "
+                        f"the same {name} to resume it, or give another folder"
+                    )
+            if saved["fingerprint"] != digest or saved_options != options:
                 raise ValueError(
                     f"checkpoint_dir {self.folder} holds a run with other settings; give "
                     "another folder (or delete it to start over)"
                 )
         else:
-            stamp.write_text(json.dumps({"fingerprint": digest}))
+            stamp.write_text(json.dumps({"fingerprint": digest, "options": options}))
         self._manager = ocp.CheckpointManager(
             self.folder / "carry", options=ocp.CheckpointManagerOptions(max_to_keep=2)
         )

@@ -7,23 +7,24 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+import dp_accounting
 import numpy as np
 import pandas as pd
 
 from swarmjax.fl.protocol import Exchange, Spend, coverage
-from swarmjax.privacy.accounting import epsilon as accounted_epsilon
+from swarmjax.privacy.accounting import PureDpEvent, epsilon_curve, poisson_gaussian_event
+from swarmjax.privacy.plan import RELATIONS
 
 __all__ = ["RELATIONS", "PrivacyRecord", "Result", "privacy_record", "relation"]
 
-RELATIONS: dict[str, str] = {
-    "record": "record-level, zero-out: neighbouring datasets differ in one record of one "
-    "client replaced by a null record that contributes nothing to any gradient or score "
-    "(every |D_i|, hence q_i = B / |D_i| and the scored subset, is public and unchanged)",
-    "client": "client-level, add/remove: neighbouring datasets differ in one whole client "
-    "(with all of its data) added or removed",
-}
-"""The ONE neighbouring relation of each privacy unit: every mechanism of a run is
-calibrated and accounted under it, and every privacy record states it (docs/privacy.md)."""
+ClientGroup = tuple[tuple[int, ...] | None, dp_accounting.DpEvent, float]
+"""Clients with identical accounting in one run: (their ids, ``None`` for every client; the
+whole run's dp-accounting event; the summed overflow chance ``P`` charged to delta)."""
+
+SHARED_RANDOMNESS = (
+    "these runs share their random numbers (common_random_numbers=True): each epsilon holds "
+    "for its run alone; publishing two or more of them together has no finite epsilon"
+)
 
 
 def relation(unit: str | None) -> str | None:
@@ -43,12 +44,19 @@ class PrivacyRecord:
             (:data:`RELATIONS` of ``unit``: zero-out for records, add/remove for clients).
         delta: the delta every epsilon is stated at.
         epsilon: ``(runs, rounds, clients)`` cumulative epsilon of each client after each
-            round (RDP accountant on the accounted steps + the noised releases' epsilons).
+            round: the accountant's composition of its accounted steps (their DpEvents,
+            sampler overflow charged to delta) plus the noised releases' epsilons.
         sample_rate, noise_multiplier: ``(runs, clients)`` of the accounted steps.
         steps: ``(runs, rounds, clients)`` accounted steps so far.
         covers: one line per protected message field (what epsilon covers).
         not_covered: one line per ``unprotected`` field (exact private statistics that the
             server saw and that no epsilon covers); empty when the guarantee is end-to-end.
+        accountant: ``"pld"`` or ``"rdp"``: what composed the events.
+        shares_randomness: the runs of this call share random numbers (common random
+            numbers): never publish two of them together (:data:`SHARED_RANDOMNESS`).
+        groups: per run, the :data:`ClientGroup` s of its clients (:meth:`run_events`).
+        floating_point: what the exact released float values reveal beyond epsilon
+            (:meth:`~swarmjax.fl.protocol.Algorithm.floating_point`); ``None`` without DP.
     """
 
     unit: str | None
@@ -60,6 +68,10 @@ class PrivacyRecord:
     covers: tuple[str, ...]
     not_covered: tuple[str, ...]
     relation: str | None = None
+    accountant: str = "pld"
+    shares_randomness: bool = False
+    groups: tuple[tuple[ClientGroup, ...], ...] = ()
+    floating_point: str | None = None
 
     @property
     def final_epsilon(self) -> np.ndarray:
@@ -71,6 +83,31 @@ class PrivacyRecord:
         """True when no message field is ``unprotected``."""
         return not self.not_covered
 
+    def run_events(self, run: int) -> list[ClientGroup]:
+        """Run ``run``'s clients grouped by identical accounting: ``(client ids or None for
+        every client, the whole run's DpEvent, summed overflow)``; the noised releases'
+        epsilon is a :class:`~swarmjax.privacy.accounting.PureDpEvent` inside the event."""
+        return list(self.groups[run])
+
+
+def _column_event(q, sigma, dsteps, extra: float) -> dp_accounting.DpEvent:
+    """One client's whole-run event from its per-round ``(q, sigma, new steps)``: runs of
+    equal ``(q, sigma)`` merged into one self-composition."""
+    parts: list[tuple[float, float, int]] = []
+    for qi, si, ti in zip(q, sigma, dsteps, strict=True):
+        if ti == 0:
+            continue
+        if parts and parts[-1][:2] == (qi, si):
+            parts[-1] = (qi, si, parts[-1][2] + int(ti))
+        else:
+            parts.append((float(qi), float(si), int(ti)))
+    events = [poisson_gaussian_event(max(qi, 1e-12), si, ti) for qi, si, ti in parts]
+    if extra > 0:
+        events.append(PureDpEvent(float(extra)))
+    if not events:
+        return dp_accounting.NoOpDpEvent()
+    return events[0] if len(events) == 1 else dp_accounting.ComposedDpEvent(events)
+
 
 def privacy_record(
     spend: Spend,
@@ -79,8 +116,11 @@ def privacy_record(
     unit: str | None,
     delta: float,
     overflow_prob: np.ndarray | None = None,
+    accountant: str = "pld",
+    shares_randomness: bool = False,
+    floating_point: str | None = None,
 ) -> PrivacyRecord:
-    """The privacy record of a run: epsilon per (run, round, client) by the RDP accountant.
+    """The privacy record of a run: epsilon per (run, round, client) by ``accountant``.
 
     Args:
         spend: what the clients' accountants counted after each round (a :class:`Spend`
@@ -92,34 +132,60 @@ def privacy_record(
             shape) that a static-size Poisson draw overflowed (a client's batch buffer, or
             the draw of clients), charged to ``delta`` so the stated delta covers the
             sampler.
+        accountant: ``"pld"`` or ``"rdp"`` (:mod:`swarmjax.privacy.accounting`).
+        shares_randomness: the runs used common random numbers (stated in the record).
+        floating_point: what the exact released values reveal (stated in the record).
 
     Returns:
-        A :class:`PrivacyRecord`; equal ``(q, sigma, steps, overflow)`` are accounted once.
+        A :class:`PrivacyRecord`; clients with equal per-round ``(q, sigma, steps,
+        overflow)`` are accounted once (a 10,000-client federation under client-level DP is
+        one composition).
     """
     q = np.asarray(spend.sample_rate, np.float64)
     sigma = np.asarray(spend.noise_multiplier, np.float64)
     steps = np.asarray(spend.steps, np.int64)
     extra = np.asarray(spend.extra_epsilon, np.float64)
+    runs, rounds, clients = steps.shape
     over = np.broadcast_to(
-        np.zeros(steps.shape[-1]) if overflow_prob is None else np.asarray(overflow_prob),
-        steps.shape,
+        np.zeros(clients) if overflow_prob is None else np.asarray(overflow_prob), steps.shape
     )
-    cache: dict[tuple[float, float, int, float], float] = {}
-
-    def eps(qi: float, si: float, ti: int, pi: float) -> float:
-        if ti == 0:
-            return 0.0
-        if si <= 0.0 or unit is None:
-            return math.inf
-        if (qi, si, ti, pi) not in cache:
-            cache[qi, si, ti, pi] = accounted_epsilon(qi, si, ti, delta, overflow_prob=pi)
-        return cache[qi, si, ti, pi]
-
-    values = zip(q.ravel(), sigma.ravel(), steps.ravel(), over.ravel(), strict=True)
-    flat = [eps(*v) for v in values]
-    epsilon = np.asarray(flat, np.float64).reshape(steps.shape) + extra
+    dsteps = np.diff(steps, axis=1, prepend=0)
+    # one row per (run, client): its per-round (q, sigma, new steps, overflow)
+    table = np.stack([q, sigma, dsteps.astype(np.float64), over], axis=-1)  # (R, T, N, 4)
+    rows = table.transpose(0, 2, 1, 3).reshape(runs * clients, rounds * 4)
+    unique, inverse = np.unique(rows, axis=0, return_inverse=True)
+    inverse = inverse.reshape(runs, clients)
+    curves = np.zeros((len(unique), rounds))
+    overflows = np.zeros(len(unique))
+    for g, row in enumerate(unique):
+        gq, gs, gt, gp = row.reshape(rounds, 4).T
+        gt = gt.astype(np.int64)
+        if unit is None:
+            curves[g] = np.where(np.cumsum(gt) > 0, math.inf, 0.0)
+        else:
+            rounds_events = [
+                poisson_gaussian_event(max(a, 1e-12), b, int(c))
+                for a, b, c in zip(gq, gs, gt, strict=True)
+            ]
+            curves[g] = epsilon_curve(rounds_events, delta, accountant=accountant, overflow=gt * gp)
+        overflows[g] = float(np.sum(gt * gp))
+    epsilon = curves[inverse].transpose(0, 2, 1) + extra  # (R, T, N)
     if unit is None:
         epsilon = np.full(steps.shape, math.inf)
+    groups = []
+    for r in range(runs):
+        found = []
+        for g in np.unique(inverse[r]):
+            members = np.flatnonzero(inverse[r] == g)
+            ids = None if len(members) == clients else tuple(int(i) for i in members)
+            gq, gs, gt, _ = unique[g].reshape(rounds, 4).T
+            event = (
+                dp_accounting.NonPrivateDpEvent()
+                if unit is None
+                else _column_event(gq, gs, gt.astype(np.int64), float(extra[r, -1, members[0]]))
+            )
+            found.append((ids, event, float(overflows[g])))
+        groups.append(tuple(found))
     covered, uncovered = coverage(exchanges)
     return PrivacyRecord(
         unit=unit,
@@ -131,6 +197,10 @@ def privacy_record(
         covers=covered,
         not_covered=uncovered,
         relation=relation(unit),
+        accountant=accountant,
+        shares_randomness=bool(shares_randomness),
+        groups=tuple(groups),
+        floating_point=floating_point if unit is not None else None,
     )
 
 

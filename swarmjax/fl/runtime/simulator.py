@@ -41,13 +41,16 @@ from swarmjax.fl.protocol import (
     run_keys,
     server_init_key,
     server_key,
+    variant_identities,
     where_selected,
 )
 from swarmjax.fl.runtime.checkpoint import Checkpoints, fingerprint
 from swarmjax.fl.runtime.result import Result, privacy_record
 from swarmjax.models import param_bytes
+from swarmjax.privacy.ledger import Ledger
 
 __all__ = [
+    "CHECKPOINT_NOT_RELEASED",
     "ClientMap",
     "init_runs",
     "num_clients",
@@ -57,6 +60,11 @@ __all__ = [
 ]
 
 ClientMap = Literal["vmap", "sequential"] | int  # an int: clients per vmapped block
+
+CHECKPOINT_NOT_RELEASED = (
+    "checkpoints: the run's carry (client states, per-client spend) and per-round outputs with "
+    "the realised cohorts, statistics of private data covered by no epsilon"
+)
 
 
 def num_clients(clients: PyTree) -> int:
@@ -273,6 +281,8 @@ def simulate(
     progress: bool = False,
     diagnostics: bool = False,
     checkpoint_dir: str | os.PathLike | None = None,
+    ledger: Ledger | None = None,
+    release_path: str | os.PathLike | None = None,
 ) -> Result:
     """Run ``alg`` for every (variant, seed) at once and return the one :class:`Result`.
 
@@ -303,6 +313,11 @@ def simulate(
             rounds) into this folder with orbax and resume from its last checkpoint: a
             killed run ends with the numbers of an uninterrupted one
             (:mod:`~swarmjax.fl.runtime.checkpoint`).
+        ledger: the experiment's :class:`~swarmjax.privacy.ledger.Ledger`: every run of
+            this call is added to it as a release (written at ``release_path``), and
+            ``checkpoint_dir`` is listed as not released.
+        release_path: where the caller writes this call's released outputs (for the
+            ledger; default ``"(not written)"``).
     """
     spec = variants.spec
     test = as_test_set(test)
@@ -323,7 +338,7 @@ def simulate(
                 f"variants.labels[{name!r}] must have {n_var} values; got {len(values)}"
             )
     rounds, seed_list = spec.rounds, list(spec.seeds)
-    keys = run_keys(seed_list, variants.row_labels(), common_random_numbers)
+    keys = run_keys(seed_list, variant_identities(alg, variants), common_random_numbers)
     hyper = jax.tree.map(
         lambda a: jnp.repeat(jnp.asarray(a), len(seed_list), axis=0), variants.hyper
     )
@@ -340,7 +355,14 @@ def simulate(
     saved = (
         None
         if checkpoint_dir is None
-        else Checkpoints(checkpoint_dir, fingerprint(alg, variants, data))
+        else Checkpoints(
+            checkpoint_dir,
+            fingerprint(alg, variants, data, keys),
+            {
+                "common_random_numbers": bool(common_random_numbers),
+                "diagnostics": bool(diagnostics),
+            },
+        )
     )
     if saved is not None and saved.latest() is not None:
         done = saved.latest()
@@ -376,6 +398,9 @@ def simulate(
         alg.setup + alg.exchanges,
         unit=alg.privacy_unit,
         delta=spec.delta,
+        accountant=spec.accountant,
+        shares_randomness=common_random_numbers and n_var > 1,
+        floating_point=alg.floating_point(),
         overflow_prob=alg.sampling_overflow(
             out["spend"],
             n_clients,
@@ -388,7 +413,7 @@ def simulate(
     if diagnostics:
         diag = dict(out["diagnostics"])
         diag["selected"] = out["selected"]
-    return Result(
+    result = Result(
         server=carry[0],
         clients=carry[1],
         history=history,
@@ -397,6 +422,12 @@ def simulate(
         runs=pd.DataFrame(dict(labels)),
         private_diagnostics=diag,
     )
+    if ledger is not None:
+        where = "(not written)" if release_path is None else str(release_path)
+        ledger.add_result(result, algorithm=type(alg).__name__, path=where)
+        if checkpoint_dir is not None:
+            ledger.mark_not_released(checkpoint_dir, CHECKPOINT_NOT_RELEASED)
+    return result
 
 
 def _expected_selected(

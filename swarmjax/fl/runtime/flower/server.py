@@ -418,6 +418,8 @@ def _drive(grid: Grid, task: Task, settings: ServerSettings, hello: Hello | None
         alg.setup + alg.exchanges,
         unit=alg.privacy_unit,
         delta=task.delta,
+        accountant=task.variants.spec.accountant,
+        floating_point=alg.floating_point(),
         overflow_prob=alg.sampling_overflow(spend, task.num_clients),
     )
     history["epsilon_max"] = privacy.epsilon[0].max(axis=1)  # as the simulator releases
@@ -439,6 +441,8 @@ def _write(run: FlowerRun, out: Path) -> None:
         "unit": p.unit,
         "relation": p.relation,
         "delta": p.delta,
+        "accountant": p.accountant,
+        "floating_point": p.floating_point,
         "epsilon": p.epsilon[0].tolist(),
         "steps": p.steps[0].tolist(),
         "sample_rate": p.sample_rate[0].tolist(),

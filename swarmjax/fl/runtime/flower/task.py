@@ -22,7 +22,14 @@ from typing import Any
 import jax
 from jaxtyping import Array, PRNGKeyArray, PyTree
 
-from swarmjax.fl.protocol import Algorithm, Variants, client_init_key, run_keys, server_init_key
+from swarmjax.fl.protocol import (
+    Algorithm,
+    Variants,
+    client_init_key,
+    run_keys,
+    server_init_key,
+    variant_identities,
+)
 from swarmjax.fl.runtime.simulator import num_clients, simulate
 
 __all__ = [
@@ -43,8 +50,10 @@ class Task:
     Attributes:
         algorithm: the protocol algorithm (the same object the simulator runs).
         variants: ONE variant (``variants.size == 1``) and ONE seed: the hyper pytree with a
-            leading axis of 1, its labels (they enter the run key exactly as in the
-            simulator) and the run's :class:`~swarmjax.fl.protocol.RunSpec`.
+            leading axis of 1, its labels and the run's
+            :class:`~swarmjax.fl.protocol.RunSpec`; the algorithm, hyper values and labels
+            make the run's release identity, which enters the run key exactly as in the
+            simulator.
         num_clients: ``N``, the number of partitions (client slots).
         client_data: ``partition_id ->`` that one client's data (no client axis; a slice of
             ``algorithm.client_data(...)``); called only on the SuperNode that holds it.
@@ -92,8 +101,10 @@ class Task:
 
     @functools.cached_property
     def run_key(self) -> PRNGKeyArray:
-        """The simulator's key of this (variant, seed) run."""
-        return run_keys([self.seed], self.variants.row_labels(), common_random_numbers=False)[0]
+        """The simulator's key of this (variant, seed) run (from the seed and the variant's
+        :func:`~swarmjax.fl.protocol.release_identity`)."""
+        identities = variant_identities(self.algorithm, self.variants)
+        return run_keys([self.seed], identities, common_random_numbers=False)[0]
 
     @functools.cached_property
     def server_like(self) -> PyTree:

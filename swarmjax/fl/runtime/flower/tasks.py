@@ -5,7 +5,8 @@ Run configuration keys (all optional): ``algorithm`` (``fedavg``; ``dp-fedavg``:
 client-level DP-FedAvg with adaptive clipping; ``fed-dp-pso``: Fed-DP-PSO with DP-Adam at
 ``target-epsilon``), ``num-clients`` (3), ``rounds`` (2),
 ``seed`` (0), ``partition-seed`` (0), ``train-size`` (examples used, 600), ``hidden`` (32),
-``learning-rate`` (0.1), ``epochs`` (1), ``batch-size`` (32), ``delta`` (1e-5); for
+``learning-rate`` (0.1), ``epochs`` (1), ``batch-size`` (32), ``delta`` (``""``: swarmjax's one
+default, ``0.1 / records``), ``accountant`` (``pld``); for
 ``dp-fedavg`` also ``client-rate`` (Poisson rate of clients, 0.7), ``noise-multiplier``
 (1.0) and ``clip`` (initial clip norm, 0.1); for ``fed-dp-pso`` also ``particles`` (3),
 ``target-epsilon`` (8.0), ``pso-learning-rate`` (0.005, the DP-Adam step),
@@ -44,6 +45,7 @@ from swarmjax.fl.data.transforms import scale_inputs
 from swarmjax.fl.protocol import RunSpec, Variants
 from swarmjax.fl.runtime.flower.task import Task, stacked_task
 from swarmjax.models import mlp
+from swarmjax.privacy.plan import default_delta
 
 __all__ = ["ALGORITHMS", "digits", "digits_clients", "fed_dp_pso_reading"]
 
@@ -72,9 +74,11 @@ def digits(config: dict[str, Any]) -> Task:
     name = check_choice("algorithm", str(config.get("algorithm", "fedavg")), ALGORITHMS)
     reading = fed_dp_pso_reading(config) if name == "fed-dp-pso" else None
     clients, test = digits_clients(config, reading)
+    records = int(jnp.sum(clients.sizes))
     spec = RunSpec(
         rounds=check_int("rounds", int(config.get("rounds", 2)), 1),
-        delta=float(config.get("delta", 1e-5)),
+        delta=float(given) if (given := config.get("delta", "")) != "" else default_delta(records),
+        accountant=str(config.get("accountant", "pld")),
         seeds=(int(config.get("seed", 0)),),
     )
     model = mlp((int(config.get("hidden", 32)),), 10, clients.x.shape[2:])

@@ -1,0 +1,908 @@
+"""A privacy ledger per experiment: every DP release computed from one private dataset, and
+the epsilon of publishing all of them together.
+
+A privacy record (``Result.privacy``) states each run's epsilon for that run alone.  A paper
+publishes an *experiment*: several algorithms, budgets and seeds trained on the same private
+data.  :class:`Ledger` lists every such run as a :class:`Release` (its algorithm, labels,
+seed, epsilon, delta, relation, accountant, where its outputs were written and its
+dp-accounting events) and states, per privacy unit, the epsilon of publishing every release
+together: for each client, the composition of the events of every release that touched it
+(plus the samplers' summed overflow chance), maximised over clients.
+
+Selections (picking a best configuration by a metric) are recorded with :meth:`Ledger.select`:
+a score of public data is post-processing; a score of private data is charged by plain
+composition of its own DP event, and is refused without one.  Runs that used common random
+numbers share noise, so their events do not compose: the ledger states no finite epsilon
+for them.  docs/ledger.md explains the file and how a paper's privacy section reads it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import json
+import math
+import os
+import tempfile
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import dp_accounting
+import numpy as np
+
+from swarmjax._validation import check_choice, check_range
+from swarmjax.privacy.accounting import (
+    DEFAULT_ACCOUNTANT,
+    check_accountant,
+    event_epsilon,
+    event_from_dict,
+    event_to_dict,
+)
+
+__all__ = [
+    "FORMAT",
+    "JSON_NAME",
+    "MARKDOWN_NAME",
+    "SCORES",
+    "UNITS",
+    "Composition",
+    "Ledger",
+    "Release",
+    "Selection",
+    "releases_from_result",
+]
+
+FORMAT = "swarmjax.privacy_ledger/1"
+JSON_NAME = "privacy_ledger.json"
+MARKDOWN_NAME = "privacy_ledger.md"
+UNITS: tuple[str, ...] = ("record", "client")
+"""Privacy units a release can protect (``None``: a run without DP)."""
+SCORES: tuple[str, ...] = ("public", "private")
+"""Where a selection's metric comes from (:meth:`Ledger.select`)."""
+
+Group = tuple[tuple[int, ...] | None, dp_accounting.DpEvent, float]
+"""``(client ids or None for every client, whole-run event, summed overflow chance P)``."""
+
+NOT_PRIVATE = (
+    "trained without DP (no privacy unit, or no noise): its outputs are not private "
+    "releases, no epsilon covers them, and a paper must not state them as private"
+)
+
+
+# ------------------------------------------------------------------------------ helpers
+
+
+def _check_text(name: str, value: Any) -> str:
+    """``value`` if it is a non-empty string, else a one-line ``ValueError``."""
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"{name} must be a non-empty string; got {value!r}")
+    return value
+
+
+def _plain(value: Any) -> Any:
+    """A label as a JSON-able Python value: numpy scalars unwrapped, NaN as ``None``."""
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    return str(value)
+
+
+def _check_clients(clients: Any) -> tuple[int, ...] | None:
+    """Client ids of a group as a sorted tuple of distinct ints ``>= 0`` (``None``: all)."""
+    if clients is None:
+        return None
+    ids = np.asarray(list(clients))
+    if ids.size == 0 or ids.ndim != 1 or not np.issubdtype(ids.dtype, np.integer):
+        raise ValueError(
+            f"group clients must be None (every client) or a non-empty list of ints; "
+            f"got {clients!r}"
+        )
+    if ids.min() < 0 or np.unique(ids).size != ids.size:
+        raise ValueError("group clients must be distinct client ids >= 0")
+    return tuple(int(c) for c in np.sort(ids))
+
+
+def _check_group(group: Any) -> Group:
+    """One ``(clients, event, overflow)`` group, validated and normalised."""
+    if not isinstance(group, tuple | list) or len(group) != 3:
+        raise ValueError(f"a group must be (clients, event, overflow); got {group!r}")
+    clients, event, overflow = group
+    if not isinstance(event, dp_accounting.DpEvent):
+        raise ValueError(f"a group's event must be a dp_accounting.DpEvent; got {event!r}")
+    event_to_dict(event)  # refuses kinds the accountant cannot compose or write
+    check_range("group overflow", overflow, 0.0, math.inf)
+    return _check_clients(clients), event, float(overflow)
+
+
+def _group_dict(group: Group) -> dict[str, Any]:
+    """JSON-able ``{"clients", "event", "overflow"}`` of one group."""
+    clients, event, overflow = group
+    return {
+        "clients": None if clients is None else list(clients),
+        "event": event_to_dict(event),
+        "overflow": overflow,
+    }
+
+
+def _finite_or_text(value: Any) -> Any:
+    """``value`` with every float ``inf`` written as the string ``"inf"`` (strict JSON)."""
+    if isinstance(value, dict):
+        return {str(k): _finite_or_text(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite_or_text(v) for v in value]
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        if math.isnan(value):
+            raise ValueError("the ledger holds a NaN; every number it writes must be a number")
+        return "inf" if value > 0 else "-inf"
+    return value
+
+
+def _json_text(value: Any, level: int = 0) -> str:
+    """Strict JSON of ``value`` indented by two spaces, with lists of scalars (client ids)
+    kept on one line so a group of 10,000 clients is one line, not 10,000."""
+    pad, end = "  " * (level + 1), "  " * level
+    if isinstance(value, dict) and value:
+        items = [f"{pad}{json.dumps(k)}: {_json_text(v, level + 1)}" for k, v in value.items()]
+        return "{\n" + ",\n".join(items) + f"\n{end}}}"
+    if isinstance(value, list) and any(isinstance(v, dict | list) for v in value):
+        items = [pad + _json_text(v, level + 1) for v in value]
+        return "[\n" + ",\n".join(items) + f"\n{end}]"
+    return json.dumps(value, allow_nan=False)
+
+
+def _text_to_inf(value: Any) -> Any:
+    """Inverse of :func:`_finite_or_text` for numbers (events, labels)."""
+    if isinstance(value, dict):
+        return {k: _text_to_inf(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_text_to_inf(v) for v in value]
+    if value in ("inf", "-inf"):
+        return float(value)
+    return value
+
+
+def _round_up(value: float, digits: int = 3) -> str:
+    """``value`` rounded UP to ``digits`` decimals (a stated epsilon never understates)."""
+    if not math.isfinite(value):
+        return "inf"
+    scale = 10.0**digits
+    return f"{math.ceil(value * scale) / scale:.{digits}f}"
+
+
+def _refuse(path: Path, why: str) -> ValueError:
+    return ValueError(
+        f"ledger folder {str(path)!r} cannot be created and written ({why}); "
+        "choose a writable directory"
+    )
+
+
+def _missing_parents(folder: Path) -> list[Path]:
+    """``folder`` and its ancestors that do not exist yet, outermost first."""
+    missing = []
+    for path in (folder, *folder.parents):
+        if path.exists():
+            break
+        missing.append(path)
+    return missing[::-1]
+
+
+def _check_writable_folder(folder: Any) -> Path:
+    """``folder`` as an absolute ``Path`` once a probe file was written to it and deleted.
+
+    Folders created for the probe are removed again if it fails, so a refused folder leaves
+    nothing behind.  Raises one ``ValueError`` naming ``ledger folder`` otherwise.
+    """
+    if not isinstance(folder, str | os.PathLike) or not str(folder):
+        raise ValueError(f"ledger folder must be a path; got {folder!r}")
+    path = Path(folder).expanduser().absolute()
+    if path.exists() and not path.is_dir():
+        raise _refuse(path, "it is a file")
+    created = _missing_parents(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".ledger-probe-") as probe:
+            probe.write(b"probe")
+            probe.flush()
+    except OSError as err:
+        for made in reversed(created):
+            with contextlib.suppress(OSError):
+                made.rmdir()
+        raise _refuse(path, err.strerror or type(err).__name__) from None
+    return path
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file and ``os.replace``."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def _strict_constant(name: str) -> float:
+    raise ValueError(f"the ledger file holds the non-JSON constant {name}")
+
+
+# ------------------------------------------------------------------------------ release
+
+
+@dataclass(frozen=True)
+class Release:
+    """One run whose outputs are published: what it is, its privacy and its events.
+
+    Attributes:
+        algorithm: the algorithm's name (e.g. ``"dp_fedavg"``).
+        variant: the run's labels other than ``seed`` (e.g. ``{"epsilon_target": 2.0}``).
+        seed: the run's seed (``None`` when it has none).
+        unit: ``"record"``, ``"client"`` or ``None`` (no DP: not a private release).
+        relation: the neighbouring relation its epsilon holds under (``None`` without DP).
+        delta: the delta its own epsilon is stated at.
+        epsilon: its own reported epsilon: the max over clients (``inf`` without DP).
+        accountant: the accountant its own epsilon came from.
+        path: where its outputs were written.
+        groups: ``((clients or None, event, overflow), ...)``: clients with identical
+            accounting (``None``: every client), their whole-run dp-accounting event and
+            their summed per-step overflow chance ``P``; empty without DP.
+        randomness: a tag shared by releases that share random numbers (common random
+            numbers of one call); ``None``: its noise is independent of every other run's.
+    """
+
+    algorithm: str
+    variant: dict[str, Any]
+    seed: int | None
+    unit: str | None
+    relation: str | None
+    delta: float
+    epsilon: float
+    accountant: str
+    path: str
+    groups: tuple[Group, ...] = ()
+    randomness: str | None = None
+
+    def __post_init__(self) -> None:
+        _check_text("release algorithm", self.algorithm)
+        _check_text("release path", self.path)
+        if self.unit is None:
+            object.__setattr__(self, "epsilon", math.inf)
+            object.__setattr__(self, "relation", None)
+        else:
+            check_choice("release unit", self.unit, UNITS)
+            _check_text("release relation", self.relation)
+            check_range("release delta", self.delta, 0.0, 1.0, low_open=True, high_open=True)
+        check_range("release epsilon", self.epsilon, 0.0, math.inf)
+        check_accountant(self.accountant)
+        if self.randomness is not None:
+            _check_text("release randomness", self.randomness)
+        if self.seed is not None and (
+            isinstance(self.seed, bool) or not isinstance(self.seed, int)
+        ):
+            raise ValueError(f"release seed must be an int or None; got {self.seed!r}")
+        if not isinstance(self.variant, dict):
+            raise ValueError(f"release variant must be a dict of labels; got {self.variant!r}")
+        groups = tuple(_check_group(g) for g in self.groups)
+        object.__setattr__(self, "groups", groups if self.unit is not None else ())
+        object.__setattr__(self, "variant", {str(k): _plain(v) for k, v in self.variant.items()})
+        object.__setattr__(self, "delta", float(self.delta))
+        object.__setattr__(self, "epsilon", float(self.epsilon))
+
+    @property
+    def private(self) -> bool:
+        """True when the run is a DP release: it has a privacy unit and a finite epsilon (a
+        DP algorithm run without noise, e.g. a non-private baseline, is not one)."""
+        return self.unit is not None and math.isfinite(self.epsilon)
+
+    @classmethod
+    def from_result(cls, result: Any, run: int, *, algorithm: str, path: Any) -> Release:
+        """Release of run ``run`` of a ``Result`` (its ``.privacy`` record and ``.runs``).
+
+        Args:
+            result: a :class:`swarmjax.fl.runtime.result.Result` (or any object with a
+                ``privacy`` record and a ``runs`` DataFrame, one row of labels per run).
+            run: index of the run, in ``[0, runs)``.
+            algorithm: the algorithm's name.
+            path: where the run's outputs were written.
+
+        Returns:
+            Its :class:`Release`; runs of one call with common random numbers share the
+            randomness tag ``"crn:<algorithm>@<path>"``. A run whose record is not end to
+            end (``not_covered``: an exact private statistic reached the server, e.g.
+            Fed-DP-PSO's paper reading) is listed as NOT private, its covered epsilon and
+            the uncovered fields kept as labels.
+        """
+        record, labels = result.privacy, result.runs
+        runs = int(np.asarray(record.final_epsilon).shape[0])
+        if isinstance(run, bool) or not isinstance(run, int | np.integer) or not 0 <= run < runs:
+            raise ValueError(f"run must be an int in [0, {runs}); got {run!r}")
+        row = {str(k): _plain(v) for k, v in labels.iloc[int(run)].items()}
+        seed = row.pop("seed", None)
+        private = record.unit is not None
+        uncovered = tuple(getattr(record, "not_covered", ()) or ())
+        if private and uncovered:
+            # not end to end: an exact private statistic decided what was released, so no
+            # epsilon covers the outputs; keep what the record's epsilon does cover as labels
+            row["epsilon_of_covered_steps"] = float(np.max(record.final_epsilon[int(run)]))
+            row["not_covered"] = "; ".join(uncovered)
+            private = False
+        shared = bool(record.shares_randomness) and runs > 1
+        return cls(
+            algorithm=algorithm,
+            variant=row,
+            seed=None if seed is None else int(seed),
+            unit=record.unit if private else None,
+            relation=record.relation if private else None,
+            delta=float(record.delta),
+            epsilon=float(np.max(record.final_epsilon[int(run)])) if private else math.inf,
+            accountant=record.accountant,
+            path=str(path),
+            groups=tuple(record.run_events(int(run))) if private else (),
+            randomness=f"crn:{algorithm}@{path}" if shared else None,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able description (floats ``inf`` stay floats: the writer encodes them)."""
+        return {
+            "algorithm": self.algorithm,
+            "variant": dict(self.variant),
+            "seed": self.seed,
+            "unit": self.unit,
+            "private": self.private,
+            "relation": self.relation,
+            "epsilon": self.epsilon,
+            "delta": self.delta,
+            "accountant": self.accountant,
+            "path": self.path,
+            "randomness": self.randomness,
+            "groups": [_group_dict(g) for g in self.groups],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Release:
+        """The release :meth:`to_dict` described (after strict-JSON decoding)."""
+        groups = tuple(
+            (g["clients"], event_from_dict(_text_to_inf(g["event"])), float(g["overflow"]))
+            for g in data["groups"]
+        )
+        return cls(
+            algorithm=data["algorithm"],
+            variant=_text_to_inf(data["variant"]),
+            seed=data["seed"],
+            unit=data["unit"],
+            relation=data["relation"],
+            delta=float(data["delta"]),
+            epsilon=float(data["epsilon"]),
+            accountant=data["accountant"],
+            path=data["path"],
+            groups=groups,
+            randomness=data["randomness"],
+        )
+
+
+def releases_from_result(result: Any, *, algorithm: str, path: Any) -> list[Release]:
+    """A :class:`Release` for every run of ``result`` (variants x seeds), in run order."""
+    runs = int(np.asarray(result.privacy.final_epsilon).shape[0])
+    return [Release.from_result(result, r, algorithm=algorithm, path=path) for r in range(runs)]
+
+
+# ---------------------------------------------------------------------------- selection
+
+
+@dataclass(frozen=True)
+class Selection:
+    """A choice among releases by a metric (:meth:`Ledger.select`).
+
+    Attributes:
+        name: what was selected (e.g. ``"best sigma"``).
+        candidates: indices of the releases chosen among (all stay in the composition).
+        score: ``"public"`` (post-processing of released outputs and public data: no
+            charge) or ``"private"`` (a noised score of private data: ``event`` charged).
+        unit: the privacy unit ``event`` is charged to (``None`` for a public score).
+        event: the noised score's own dp-accounting event (``None`` for a public score).
+        clients: clients the score touched (``None``: every client).
+    """
+
+    name: str
+    candidates: tuple[int, ...]
+    score: str
+    unit: str | None = None
+    event: dp_accounting.DpEvent | None = None
+    clients: tuple[int, ...] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able description."""
+        return {
+            "name": self.name,
+            "candidates": list(self.candidates),
+            "score": self.score,
+            "unit": self.unit,
+            "event": None if self.event is None else event_to_dict(self.event),
+            "clients": None if self.clients is None else list(self.clients),
+        }
+
+
+# -------------------------------------------------------------------------- composition
+
+
+@dataclass(frozen=True)
+class Composition:
+    """The privacy of publishing every DP release of one unit together.
+
+    Attributes:
+        unit: ``"record"`` or ``"client"``.
+        relation: the neighbouring relation of every release of the unit.
+        delta: the delta ``epsilon`` is stated at.
+        accountant: the accountant that composed the events.
+        epsilon: max over clients of the composed epsilon (``inf`` with ``reason``).
+        releases: indices of the releases composed.
+        selections: names of the private selections charged.
+        reason: why ``epsilon`` is ``inf`` (``None`` when finite).
+    """
+
+    unit: str
+    relation: str
+    delta: float
+    accountant: str
+    epsilon: float
+    releases: tuple[int, ...]
+    selections: tuple[str, ...]
+    reason: str | None = None
+
+    def statement(self, experiment: str, file: str) -> str:
+        """The sentence a paper's privacy section can quote (epsilon rounded up)."""
+        n = len(self.releases)
+        extra = f" and {len(self.selections)} private selection(s)" if self.selections else ""
+        if self.reason is not None:
+            return (
+                f"The {n} {self.unit}-level releases of experiment {experiment!r} have no "
+                f"finite joint epsilon: {self.reason} (ledger file {file})."
+            )
+        return (
+            f"All {n} {self.unit}-level DP releases{extra} of experiment {experiment!r} "
+            f"together satisfy ({_round_up(self.epsilon)}, {self.delta!r})-DP under "
+            f"{self.relation}, by {self.accountant.upper()} composition of their dp-accounting "
+            f"events (ledger file {file})."
+        )
+
+    def to_dict(self, experiment: str, file: str) -> dict[str, Any]:
+        """JSON-able description with the statement."""
+        return {
+            "unit": self.unit,
+            "relation": self.relation,
+            "epsilon": self.epsilon,
+            "delta": self.delta,
+            "accountant": self.accountant,
+            "releases": list(self.releases),
+            "selections": list(self.selections),
+            "reason": self.reason,
+            "statement": self.statement(experiment, file),
+        }
+
+
+def _client_classes(groups: Sequence[Group]) -> list[np.ndarray]:
+    """Indices of the groups covering each class of clients with identical coverage.
+
+    Clients named by some group are classed by which groups cover them (``np.unique`` over
+    a ``(named clients, groups)`` boolean matrix); one more class holds the clients named
+    by no group, covered by the every-client groups only.  Cost ``O(named x groups)``.
+    """
+    everyone = [k for k, g in enumerate(groups) if g[0] is None]
+    named = [np.asarray(g[0]) for g in groups if g[0] is not None]
+    classes = [np.asarray(everyone, np.int64)]
+    if named:
+        ids = np.unique(np.concatenate(named))
+        cover = np.zeros((ids.size, len(groups)), bool)
+        cover[:, everyone] = True
+        for k, (clients, _, _) in enumerate(groups):
+            if clients is not None:
+                cover[np.searchsorted(ids, clients), k] = True
+        classes += [np.flatnonzero(row) for row in np.unique(cover, axis=0)]
+    return classes
+
+
+def _composed_event(events: Sequence[dp_accounting.DpEvent]) -> dp_accounting.DpEvent:
+    """One event for ``events`` (a no-op for none, the event itself for one)."""
+    if not events:
+        return dp_accounting.NoOpDpEvent()
+    return events[0] if len(events) == 1 else dp_accounting.ComposedDpEvent(list(events))
+
+
+def _worst_client_epsilon(
+    groups: Sequence[Group], delta: float, accountant: str
+) -> tuple[float, float]:
+    """``(max over clients of the composed epsilon, that client's summed overflow)``.
+
+    Compositions are cached by their (sorted) multiset of events and overflow, so clients
+    with identical accounting cost one accountant call.
+    """
+    cache: dict[tuple[tuple[str, ...], float], float] = {}
+    worst, worst_overflow = 0.0, 0.0
+    for cls in _client_classes(groups):
+        parts = sorted((groups[k] for k in cls), key=lambda g: repr(g[1]))
+        overflow = float(sum(g[2] for g in parts))
+        key = (tuple(repr(g[1]) for g in parts), overflow)
+        if key not in cache:
+            event = _composed_event([g[1] for g in parts])
+            cache[key] = event_epsilon(event, delta, accountant=accountant, overflow=overflow)
+        if cache[key] >= worst:
+            worst, worst_overflow = cache[key], overflow
+    return worst, worst_overflow
+
+
+# ------------------------------------------------------------------------------- ledger
+
+
+class Ledger:
+    """Every DP release of one experiment and the epsilon of publishing them together.
+
+    >>> ledger = Ledger("results/exp1", "exp1")
+    >>> ledger.add_result(result, algorithm="dp_fedavg", path="results/exp1/dp_fedavg")
+    >>> ledger.write()  # results/exp1/privacy_ledger.json (+ privacy_ledger.md)
+
+    Args:
+        folder: where ``privacy_ledger.json`` and ``privacy_ledger.md`` are written; created
+            if missing; checked writable up front (a probe file is written and deleted).
+        experiment: the experiment's name.
+        delta: the one delta every composed epsilon is stated at; ``None``: per unit, the
+            delta the unit's releases share (a release with another delta is refused).
+        accountant: ``"pld"`` (default) or ``"rdp"``: the accountant that composes.
+    """
+
+    def __init__(
+        self,
+        folder: Any,
+        experiment: str,
+        *,
+        delta: float | None = None,
+        accountant: str = DEFAULT_ACCOUNTANT,
+    ):
+        _check_text("ledger experiment", experiment)
+        check_accountant(accountant)
+        if delta is not None:
+            check_range("ledger delta", delta, 0.0, 1.0, low_open=True, high_open=True)
+        self.folder = _check_writable_folder(folder)
+        self._shown = Path(folder) / JSON_NAME
+        self._setup(experiment, delta, accountant)
+
+    def _setup(self, experiment: str, delta: float | None, accountant: str) -> None:
+        self.experiment = experiment
+        self.delta = None if delta is None else float(delta)
+        self.accountant = accountant
+        self._releases: list[Release] = []
+        self._selections: list[Selection] = []
+        self._not_released: list[dict[str, str]] = []
+
+    # ----------------------------------------------------------------------- contents
+
+    @property
+    def releases(self) -> tuple[Release, ...]:
+        """Every release, in the order added (its index is its id)."""
+        return tuple(self._releases)
+
+    @property
+    def selections(self) -> tuple[Selection, ...]:
+        """Every recorded selection."""
+        return tuple(self._selections)
+
+    @property
+    def not_released(self) -> tuple[dict[str, str], ...]:
+        """Folders of private intermediate state that are not published (``folder``, ``why``)."""
+        return tuple(dict(n) for n in self._not_released)
+
+    @property
+    def non_private(self) -> tuple[int, ...]:
+        """Indices of the releases without DP (not private releases)."""
+        return tuple(i for i, r in enumerate(self._releases) if not r.private)
+
+    def _unit_releases(self, unit: str) -> list[int]:
+        return [i for i, r in enumerate(self._releases) if r.unit == unit and r.private]
+
+    def _check_fits(self, release: Release) -> None:
+        """Refuse a release whose relation or delta disagrees with its unit's releases."""
+        for i in self._unit_releases(release.unit):
+            other = self._releases[i]
+            if other.relation != release.relation:
+                raise ValueError(
+                    f"release relation {release.relation!r} differs from release {i}'s "
+                    f"{other.relation!r}; every {release.unit}-level release must share one"
+                )
+            if self.delta is None and other.delta != release.delta:
+                raise ValueError(
+                    f"ledger delta is None but release delta {release.delta} differs from "
+                    f"release {i}'s {other.delta}; pass Ledger(..., delta=...) to state "
+                    "their composition at one delta"
+                )
+
+    def add(self, release: Release) -> int:
+        """Add ``release``; returns its index (its id in selections and the file)."""
+        if not isinstance(release, Release):
+            raise ValueError(f"release must be a Release; got {type(release).__name__}")
+        if release.private:
+            self._check_fits(release)
+        self._releases.append(release)
+        return len(self._releases) - 1
+
+    def add_result(self, result: Any, *, algorithm: str, path: Any) -> list[int]:
+        """Add every run of ``result`` (:func:`releases_from_result`); returns their indices."""
+        new = releases_from_result(result, algorithm=algorithm, path=path)
+        saved = list(self._releases)
+        try:
+            return [self.add(r) for r in new]
+        except ValueError:
+            self._releases = saved  # all runs of the call or none
+            raise
+
+    def mark_not_released(self, folder: Any, why: str) -> None:
+        """List ``folder`` (e.g. checkpoints: private intermediate state) as not released."""
+        if not isinstance(folder, str | os.PathLike) or not str(folder):
+            raise ValueError(f"not-released folder must be a path; got {folder!r}")
+        self._not_released.append({"folder": str(folder), "why": _check_text("why", why)})
+
+    def _check_candidates(self, candidates: Iterable[int]) -> tuple[int, ...]:
+        idx = tuple(candidates)
+        n = len(self._releases)
+        if not idx or any(
+            isinstance(i, bool) or not isinstance(i, int | np.integer) or not 0 <= i < n
+            for i in idx
+        ):
+            raise ValueError(
+                f"selection candidates must be a non-empty list of release indices in "
+                f"[0, {n}); got {idx!r}"
+            )
+        if len(set(idx)) != len(idx):
+            raise ValueError(f"selection candidates must be distinct; got {idx!r}")
+        return tuple(int(i) for i in idx)
+
+    def _selection_unit(self, candidates: tuple[int, ...]) -> str:
+        units = {self._releases[i].unit for i in candidates}
+        if None in units or len(units) != 1:
+            raise ValueError(
+                "a private selection's candidates must be DP releases of one unit; got units "
+                f"{sorted(map(str, units))}"
+            )
+        return units.pop()
+
+    def select(
+        self,
+        name: str,
+        candidates: Iterable[int],
+        *,
+        score: str,
+        event: dp_accounting.DpEvent | None = None,
+        clients: Iterable[int] | None = None,
+    ) -> Selection:
+        """Record a choice among ``candidates`` by a metric; charge it if the metric is private.
+
+        Every candidate stays in the composition whichever is published: publishing only the
+        winner is post-processing of publishing all of them (plain composition;
+        docs/ledger.md says why not dp-accounting's repeat-and-select events).
+
+        Args:
+            name: what was selected; unique in the ledger.
+            candidates: indices of the releases chosen among.
+            score: ``"public"`` (computed from released outputs and public data, e.g. test
+                accuracy on a public test set: post-processing, no charge) or
+                ``"private"`` (computed from private data: needs ``event``).
+            event: the noised score's own dp-accounting event (``score="private"`` only),
+                charged by composition to the candidates' unit.
+            clients: clients whose data the score read (``None``: every client).
+
+        Returns:
+            The recorded :class:`Selection`.
+        """
+        _check_text("selection name", name)
+        if any(s.name == name for s in self._selections):
+            raise ValueError(f"selection name {name!r} is already in the ledger")
+        check_choice("selection score", score, SCORES)
+        idx = self._check_candidates(candidates)
+        if score == "public":
+            if event is not None or clients is not None:
+                raise ValueError("selection event and clients apply to score='private' only")
+            chosen = Selection(name, idx, score)
+        else:
+            if not isinstance(event, dp_accounting.DpEvent):
+                raise ValueError(
+                    "selection score='private' needs event=<the noised score's DpEvent>: a "
+                    "selection by an unnoised score of private data has no DP guarantee "
+                    "(noise the score, or select on public data with score='public')"
+                )
+            unit = self._selection_unit(idx)
+            chosen = Selection(name, idx, score, unit, event, _check_clients(clients))
+        self._selections.append(chosen)
+        return chosen
+
+    # -------------------------------------------------------------------- composition
+
+    def _unit_delta(self, releases: Sequence[int]) -> float:
+        """The ledger's delta, else the one delta the releases share (:meth:`add` checks)."""
+        return self.delta if self.delta is not None else self._releases[releases[0]].delta
+
+    def _shared_randomness(self, releases: Sequence[int]) -> str | None:
+        """Why ``releases`` have no finite joint epsilon (shared noise), or ``None``."""
+        tags: dict[str, list[int]] = {}
+        for i in releases:
+            tag = self._releases[i].randomness
+            if tag is not None:
+                tags.setdefault(tag, []).append(i)
+        shared = {t: ids for t, ids in tags.items() if len(ids) > 1}
+        if not shared:
+            return None
+        which = "; ".join(f"releases {ids} share {t!r}" for t, ids in shared.items())
+        return (
+            f"{which}: runs with common random numbers share their noise, and composing their "
+            "events assumes independent noise, so no accountant bounds their joint release "
+            "(publish one run per tag, or rerun without common random numbers)"
+        )
+
+    def _inf_reason(self, groups: Sequence[Group], delta: float, overflow: float) -> str:
+        """Why a composition without shared randomness came out ``inf``."""
+        events = _composed_event([g[1] for g in groups])
+        if math.isinf(event_epsilon(events, delta, accountant=self.accountant)):
+            return "an event has a non-private part (e.g. noise multiplier 0)"
+        return f"the samplers' summed overflow chance P = {overflow:.3g} leaves no delta"
+
+    def _compose_unit(self, unit: str) -> Composition:
+        releases = self._unit_releases(unit)
+        charged = [s for s in self._selections if s.unit == unit]
+        delta = self._unit_delta(releases)
+        common = dict(
+            unit=unit,
+            relation=self._releases[releases[0]].relation,
+            delta=delta,
+            accountant=self.accountant,
+            releases=tuple(releases),
+            selections=tuple(s.name for s in charged),
+        )
+        reason = self._shared_randomness(releases)
+        if reason is not None:
+            return Composition(epsilon=math.inf, reason=reason, **common)
+        groups = [g for i in releases for g in self._releases[i].groups]
+        groups += [(s.clients, s.event, 0.0) for s in charged]
+        eps, overflow = _worst_client_epsilon(groups, delta, self.accountant)
+        if math.isinf(eps):
+            reason = self._inf_reason(groups, delta, overflow)
+        return Composition(epsilon=eps, reason=reason, **common)
+
+    def composed(self) -> dict[str, Composition]:
+        """Per privacy unit with DP releases: the epsilon of publishing all of them together.
+
+        For each client, the events of every group covering it (across the unit's releases
+        and charged private selections) are composed with the summed overflow ``P`` at the
+        ledger's delta by its accountant; the max over clients is reported.  Record- and
+        client-level releases are composed separately (different neighbouring relations).
+        Runs without DP are not composed (see :attr:`non_private`).
+        """
+        return {u: self._compose_unit(u) for u in UNITS if self._unit_releases(u)}
+
+    # ------------------------------------------------------------------------ writing
+
+    @property
+    def path(self) -> Path:
+        """Where :meth:`write` puts ``privacy_ledger.json``."""
+        return self.folder / JSON_NAME
+
+    def to_dict(self) -> dict[str, Any]:
+        """Everything the ledger file holds (floats ``inf`` still floats)."""
+        file = str(self._shown)
+        return {
+            "format": FORMAT,
+            "experiment": self.experiment,
+            "written": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            "accountant": self.accountant,
+            "delta": self.delta,
+            "releases": [r.to_dict() for r in self._releases],
+            "non_private_releases": {"releases": list(self.non_private), "note": NOT_PRIVATE},
+            "selections": [s.to_dict() for s in self._selections],
+            "not_released": [dict(n) for n in self._not_released],
+            "composed": {u: c.to_dict(self.experiment, file) for u, c in self.composed().items()},
+        }
+
+    def write(self) -> Path:
+        """Write ``privacy_ledger.json`` (strict JSON, ``inf`` as ``"inf"``) and
+        ``privacy_ledger.md`` atomically into the folder; returns the JSON's path."""
+        data = self.to_dict()
+        text = _json_text(_finite_or_text(data)) + "\n"
+        _write_atomic(self.path, text)
+        _write_atomic(self.folder / MARKDOWN_NAME, _markdown(data))
+        return self.path
+
+    @classmethod
+    def load(cls, path: Any) -> Ledger:
+        """The ledger a :meth:`write` left at ``path`` (its JSON file, or the folder).
+
+        The composition is not read back: :meth:`composed` recomputes it from the stored
+        events, so a reader can check the file's statement from the file alone.
+        """
+        file = Path(path)
+        file = file / JSON_NAME if file.is_dir() else file
+        try:
+            data = json.loads(file.read_text(encoding="utf-8"), parse_constant=_strict_constant)
+        except OSError as err:
+            raise ValueError(f"ledger path {str(file)!r} cannot be read ({err.strerror})") from None
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            raise ValueError(f"ledger path {str(file)!r} is not a {FORMAT} file")
+        ledger = cls.__new__(cls)
+        ledger.folder = file.parent.absolute()
+        ledger._shown = file
+        experiment = _check_text("ledger experiment", data["experiment"])
+        ledger._setup(experiment, data["delta"], check_accountant(data["accountant"]))
+        for r in data["releases"]:
+            ledger.add(Release.from_dict(r))
+        for s in data["selections"]:
+            event = None if s["event"] is None else event_from_dict(_text_to_inf(s["event"]))
+            ledger.select(
+                s["name"], s["candidates"], score=s["score"], event=event, clients=s["clients"]
+            )
+        for n in data["not_released"]:
+            ledger.mark_not_released(n["folder"], n["why"])
+        return ledger
+
+    def __repr__(self) -> str:
+        return (
+            f"Ledger({str(self.folder)!r}, {self.experiment!r}, releases={len(self._releases)}, "
+            f"accountant={self.accountant!r})"
+        )
+
+
+# ----------------------------------------------------------------------------- markdown
+
+
+def _cell(value: Any) -> str:
+    """A markdown table cell: ``-`` for None, ``inf`` for infinity, pipes escaped."""
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return "inf" if math.isinf(value) else f"{value:.6g}"
+    if isinstance(value, dict):
+        value = ", ".join(f"{k}={_cell(v)}" for k, v in value.items()) or "-"
+    return str(value).replace("|", "\\|")
+
+
+def _release_table(releases: Sequence[dict[str, Any]]) -> list[str]:
+    cols = "algorithm variant seed unit epsilon delta accountant randomness path".split()
+    lines = ["| # | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
+    for i, r in enumerate(releases):
+        lines.append(f"| {i} | " + " | ".join(_cell(r[c]) for c in cols) + " |")
+    return lines
+
+
+def _markdown(data: dict[str, Any]) -> str:
+    """The human-readable ``privacy_ledger.md`` of a ledger's :meth:`Ledger.to_dict`."""
+    lines = [
+        f"# Privacy ledger: {data['experiment']}",
+        "",
+        f"Written {data['written']}; composed by the {data['accountant'].upper()} accountant.",
+        "",
+        "## Composed statement",
+        "",
+    ]
+    composed = data["composed"]
+    for c in composed.values():
+        lines.append(f"* **{c['unit']}-level**: epsilon = {_cell(c['epsilon'])}. {c['statement']}")
+    if not composed:
+        lines.append("No DP releases.")
+    non_private = data["non_private_releases"]["releases"]
+    if non_private:
+        lines += ["", f"Releases {non_private}: {NOT_PRIVATE}."]
+    lines += ["", "## Releases", "", *_release_table(data["releases"])]
+    if data["selections"]:
+        lines += ["", "## Selections", ""]
+        for s in data["selections"]:
+            charge = "charged by composition" if s["score"] == "private" else "no charge"
+            lines.append(f"* {s['name']}: among {s['candidates']}, {s['score']} score ({charge})")
+    if data["not_released"]:
+        lines += ["", "## Not released", ""]
+        lines += [f"* `{n['folder']}`: {n['why']}" for n in data["not_released"]]
+    return "\n".join(lines) + "\n"

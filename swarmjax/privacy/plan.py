@@ -1,0 +1,262 @@
+"""Privacy plans: ONE object per privacy unit of a run owns its DP arithmetic.
+
+A :class:`PrivacyPlan` states, for one privacy unit (a record of a client under
+record-level DP-SGD / DP-Adam; a whole client under client-level server aggregation):
+
+* the **participation scheme** (:data:`PARTICIPATIONS`): each step draws every candidate
+  unit independently with probability ``rate`` (Poisson; ``rate = 1``: every unit takes
+  part in every step), or a fixed-size cohort charged without amplification
+  (:meth:`PrivacyPlan.fixed_cohort`); the candidates of one draw are ``population`` units
+  (a client's records, or the federation's clients);
+* the **buffer** the draw lands in (``capacity`` static slots) and its **overflow charge**
+  (:attr:`PrivacyPlan.overflow_prob`: the chance per step that a draw exceeds the buffer
+  and is redrawn, on the worse of the two neighbouring datasets, charged to delta);
+* the **neighbouring relation** (:data:`RELATIONS`, one per unit);
+* **calibration** (:meth:`PrivacyPlan.calibrate`: target epsilon -> noise multiplier) and
+  **accounting** (:attr:`PrivacyPlan.event`, a dp-accounting ``DpEvent``, composed by the
+  accountant the plan names: ``"pld"`` by default, or ``"rdp"``).
+
+Algorithms build their plans and delegate to them; experiments and benchmarks never size
+buffers or calibrate noise themselves. The one default delta is :func:`default_delta`.
+
+Entry points, one each: buffer overflow :attr:`PrivacyPlan.overflow_prob`; buffer sizing
+:meth:`PrivacyPlan.sized`; calibration :meth:`PrivacyPlan.calibrate`; default delta
+:func:`default_delta`. (:mod:`swarmjax.privacy.sampling` and
+:mod:`swarmjax.privacy.accounting` hold the mathematics they call.)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import dp_accounting
+
+from swarmjax._validation import check_choice, check_int, check_range
+from swarmjax.privacy.accounting import (
+    DEFAULT_ACCOUNTANT,
+    check_accountant,
+    event_epsilon,
+    poisson_gaussian_event,
+    sigma_for_epsilon,
+)
+from swarmjax.privacy.sampling import overflow_probability, poisson_capacity
+
+__all__ = [
+    "FLOOR_OVERFLOW",
+    "OVERFLOW_SHARE",
+    "PARTICIPATIONS",
+    "RELATIONS",
+    "PrivacyPlan",
+    "Unit",
+    "check_delta",
+    "default_delta",
+]
+
+Unit = Literal["record", "client"]
+
+RELATIONS: dict[str, str] = {
+    "record": "record-level, zero-out: neighbouring datasets differ in one record of one "
+    "client replaced by a null record that contributes nothing to any gradient or score "
+    "(every |D_i|, hence q_i = B / |D_i| and the scored subset, is public and unchanged)",
+    "client": "client-level, add/remove: neighbouring datasets differ in one whole client "
+    "(with all of its data) added or removed; the nominal federation size N is public (the "
+    "server divides by the expected cohort q N and byte counts use it, as McMahan et al. "
+    "2018's fixed-denominator estimator does), the realised cohorts are not",
+}
+"""The ONE neighbouring relation of each privacy unit: every mechanism of a run is
+calibrated and accounted under it, and every privacy record states it (docs/privacy.md)."""
+
+PARTICIPATIONS: tuple[str, ...] = ("poisson", "fixed")
+"""Participation schemes a plan states: ``"poisson"`` (every unit independently at rate
+``q`` per step: amplification by subsampling) and ``"fixed"`` (a fixed-size cohort, no
+amplification claimed: :meth:`PrivacyPlan.fixed_cohort`). DP-FTRL's min-separation
+participation is the next scheme this field is meant to take."""
+
+FLOOR_OVERFLOW = 1e-9
+"""Largest per-step overflow chance any buffer may have, whatever the run."""
+
+OVERFLOW_SHARE = 1e-3
+"""Share of delta a buffer sized for a run (:meth:`PrivacyPlan.sized`) may use."""
+
+
+def default_delta(units: int) -> float:
+    """The one default delta: ``0.1 / units``, for a dataset of ``units`` privacy units
+    (records for record-level DP, clients for client-level DP).
+
+    Well below ``1 / units`` (a delta near ``1 / n`` allows a mechanism that publishes one
+    unit's data outright), so the expected number of units whose guarantee fails is 0.1.
+    Papers choose otherwise (Fed-DP-PSO 1e-5, DP-FedAvg ``N^-1.1``): pass ``delta``
+    explicitly to reproduce them.
+    """
+    n = check_int("units", units, 1)
+    return 0.1 / n
+
+
+def check_delta(delta: float, name: str = "delta") -> float:
+    """``delta`` as a float in ``(0, 1)``, else a one-line ``ValueError`` naming ``name``."""
+    if isinstance(delta, bool) or not isinstance(delta, int | float) or math.isnan(delta):
+        raise ValueError(f"{name} must be a number in (0, 1); got {delta!r}")
+    return float(check_range(name, delta, 0.0, 1.0, low_open=True, high_open=True))
+
+
+@dataclass(frozen=True)
+class PrivacyPlan:
+    """The DP arithmetic of one privacy unit over one run (immutable; hashable).
+
+    Attributes:
+        unit: ``"record"`` or ``"client"`` (its relation: :data:`RELATIONS`).
+        population: candidates of one draw: the client's records (record-level) or the
+            federation's clients (client-level); ``>= 1``.
+        rate: Poisson inclusion probability ``q`` per step in ``(0, 1]`` (``1``: every unit
+            in every step).
+        steps: accounted steps of one unit over the run (``>= 0``).
+        delta: the delta every epsilon of the plan is stated at, in ``(0, 1)``.
+        accountant: ``"pld"`` (default) or ``"rdp"``.
+        capacity: static buffer slots of one draw; ``None``: a buffer that holds every
+            candidate of either neighbour (it never overflows).
+        noise_multiplier: ``sigma`` (noise std / sensitivity) of each step; ``0``: none.
+        participation: ``"poisson"`` (default) or ``"fixed"`` (:data:`PARTICIPATIONS`).
+    """
+
+    unit: Unit
+    population: int
+    rate: float
+    steps: int
+    delta: float
+    accountant: str = DEFAULT_ACCOUNTANT
+    capacity: int | None = None
+    noise_multiplier: float = 0.0
+    participation: str = "poisson"
+
+    def __post_init__(self) -> None:
+        check_choice("unit", self.unit, ("record", "client"))
+        check_int("population", self.population, 1)
+        check_range("sample_rate", self.rate, 0.0, 1.0, low_open=True)
+        check_int("steps", self.steps, 0)
+        check_delta(self.delta)
+        check_accountant(self.accountant)
+        if self.capacity is not None:
+            check_int("capacity", self.capacity, 1)
+        check_range("noise_multiplier", self.noise_multiplier, 0.0, math.inf, high_open=True)
+        check_choice("participation", self.participation, PARTICIPATIONS)
+        if self.participation == "fixed" and self.rate != 1.0:
+            raise ValueError(
+                f"sample_rate must be 1 for a fixed cohort (no amplification); got {self.rate}"
+            )
+        object.__setattr__(self, "rate", float(self.rate))
+        object.__setattr__(self, "delta", float(self.delta))
+        object.__setattr__(self, "noise_multiplier", float(self.noise_multiplier))
+
+    @classmethod
+    def fixed_cohort(
+        cls,
+        unit: Unit,
+        population: int,
+        cohort: int,
+        steps: int,
+        delta: float,
+        accountant: str = DEFAULT_ACCOUNTANT,
+    ) -> PrivacyPlan:
+        """A fixed-size cohort: ``cohort`` of ``population`` units drawn uniformly without
+        replacement each step. No amplification is claimed (a unit is charged every step,
+        as if always drawn: the add/remove analysis of sampling without replacement would
+        need the cohort size to stay fixed on both neighbours), so the event is ``steps``
+        unsampled Gaussian steps; the buffer is the cohort and never overflows."""
+        cohort = check_int("cohort", cohort, 1)
+        if cohort > check_int("population", population, 1):
+            raise ValueError(f"cohort must be <= population ({population}); got {cohort}")
+        return cls(unit, population, 1.0, steps, delta, accountant, cohort, participation="fixed")
+
+    # ------------------------------------------------------------------ participation
+
+    @property
+    def relation(self) -> str:
+        """The neighbouring relation every epsilon of this plan holds under."""
+        return RELATIONS[self.unit]
+
+    @property
+    def add_one(self) -> bool:
+        """Whether a neighbour has one more candidate: add/remove (client level) does,
+        zero-out (record level) keeps the count."""
+        return self.unit == "client"
+
+    @property
+    def overflow_prob(self) -> float:
+        """Chance per step that the Poisson draw exceeds ``capacity`` (and is redrawn) on
+        the worse neighbour: ``P(Binomial(population (+1 under add/remove), rate) >
+        capacity)``; ``0`` when the buffer holds every candidate."""
+        if self.capacity is None or self.rate >= 1.0 or self.participation == "fixed":
+            return 0.0
+        if self.capacity >= self.population + int(self.add_one):
+            return 0.0
+        return overflow_probability(self.population, self.rate, self.capacity, add_one=self.add_one)
+
+    @property
+    def overflow(self) -> float:
+        """The run's summed overflow ``P = steps * overflow_prob`` charged to delta."""
+        return self.steps * self.overflow_prob
+
+    def floor_capacity(self) -> int:
+        """The smallest buffer whose per-step overflow is below :data:`FLOOR_OVERFLOW`."""
+        return poisson_capacity(self.population, self.rate, FLOOR_OVERFLOW, add_one=self.add_one)
+
+    def sized(self, epsilon_bound: float, *, share: float = OVERFLOW_SHARE) -> PrivacyPlan:
+        """This plan with the smallest buffer whose overflow over the run adds at most
+        ``share * delta`` to an ``(epsilon_bound, delta)`` guarantee (``epsilon_bound``: an
+        upper bound on the run's epsilon, e.g. the target), never below
+        :meth:`floor_capacity`. A run without noise or steps gets the floor buffer.
+
+        Example: 1,200 clients at rate 50/1200, 100 rounds, delta 1/1200, epsilon 2 -> 97.
+        """
+        check_range("share", share, 0.0, 1.0, low_open=True)
+        floor = self.floor_capacity()
+        if not math.isfinite(epsilon_bound) or self.steps == 0:
+            return dataclasses.replace(self, capacity=floor)
+        check_range("epsilon", epsilon_bound, 0.0, 700.0, low_open=True)
+        per_step = share * self.delta / (self.steps * (1.0 + math.exp(epsilon_bound)))
+        run = poisson_capacity(self.population, self.rate, per_step, add_one=self.add_one)
+        return dataclasses.replace(self, capacity=max(run, floor))
+
+    def check_capacity(self) -> None:
+        """One-line ``ValueError`` naming ``capacity`` when the buffer's per-step overflow
+        exceeds :data:`FLOOR_OVERFLOW`."""
+        if self.capacity is not None and self.capacity < self.floor_capacity():
+            raise ValueError(
+                f"capacity must be >= {self.floor_capacity()} (overflow below "
+                f"{FLOOR_OVERFLOW:g} per step at q = {self.rate:g} for {self.population} "
+                f"candidates{' and the add-one neighbour' if self.add_one else ''}) or "
+                f"None; got {self.capacity}"
+            )
+
+    # ------------------------------------------------------------------ accounting
+
+    @property
+    def event(self) -> dp_accounting.DpEvent:
+        """The run's dp-accounting event: ``steps`` Poisson-subsampled Gaussian steps."""
+        return poisson_gaussian_event(self.rate, self.noise_multiplier, self.steps)
+
+    def epsilon(self) -> float:
+        """Epsilon of the run at ``delta`` by the plan's accountant, the overflow charged."""
+        return event_epsilon(
+            self.event, self.delta, accountant=self.accountant, overflow=self.overflow
+        )
+
+    def calibrate(self, target_epsilon: float, *, rtol: float = 1e-3) -> PrivacyPlan:
+        """This plan with the smallest noise multiplier (to ``rtol``) whose epsilon, by the
+        plan's accountant with its overflow charged, is ``<= target_epsilon``; ``inf``
+        gives ``0`` (no noise). The one calibration entry point of swarmjax."""
+        if target_epsilon is None or math.isinf(target_epsilon):
+            return dataclasses.replace(self, noise_multiplier=0.0)
+        sigma = sigma_for_epsilon(
+            float(target_epsilon),
+            self.rate,
+            self.steps,
+            self.delta,
+            accountant=self.accountant,
+            rtol=rtol,
+            overflow_prob=self.overflow_prob,
+        )
+        return dataclasses.replace(self, noise_multiplier=sigma)

@@ -1,0 +1,157 @@
+"""Privacy plans: the one entry point for overflow, buffer sizing, calibration and delta."""
+
+from __future__ import annotations
+
+import math
+
+import dp_accounting
+import pytest
+from scipy import stats
+
+from swarmjax.privacy import accounting
+from swarmjax.privacy.plan import RELATIONS, PrivacyPlan, check_delta, default_delta
+
+
+def test_default_delta_is_one_tenth_over_the_units():
+    assert default_delta(1200) == pytest.approx(0.1 / 1200)
+    assert default_delta(60000) == pytest.approx(0.1 / 60000)
+    with pytest.raises(ValueError, match="units"):
+        default_delta(0)
+
+
+@pytest.mark.parametrize("bad", [0.0, 1.0, -1e-3, 1.5, math.nan, "x", True])
+def test_delta_outside_the_open_interval_is_one_line(bad):
+    with pytest.raises(ValueError, match="delta") as err:
+        check_delta(bad)
+    assert "\n" not in str(err.value)
+    with pytest.raises(ValueError, match="delta"):
+        PrivacyPlan("client", 100, 0.1, 10, bad)
+
+
+def test_overflow_is_charged_on_the_worse_neighbour():
+    client = PrivacyPlan("client", 100, 0.1, 20, 1e-5, capacity=22)
+    record = PrivacyPlan("record", 100, 0.1, 20, 1e-5, capacity=22)
+    assert client.overflow_prob == pytest.approx(stats.binom.sf(22, 101, 0.1), rel=1e-12)
+    assert record.overflow_prob == pytest.approx(stats.binom.sf(22, 100, 0.1), rel=1e-12)
+    assert client.overflow == pytest.approx(20 * client.overflow_prob)
+    assert client.relation == RELATIONS["client"] and "N is public" in client.relation
+    # a buffer that holds every candidate of both neighbours cannot overflow
+    assert PrivacyPlan("client", 100, 0.1, 20, 1e-5, capacity=101).overflow_prob == 0.0
+    assert PrivacyPlan("client", 100, 0.1, 20, 1e-5, capacity=100).overflow_prob > 0.0
+    assert PrivacyPlan("record", 100, 0.1, 20, 1e-5, capacity=100).overflow_prob == 0.0
+    assert PrivacyPlan("client", 100, 0.1, 20, 1e-5).overflow_prob == 0.0
+
+
+def test_sized_buffer_bounds_the_charge_and_never_goes_below_the_floor():
+    plan = PrivacyPlan("client", 1200, 50 / 1200, 100, 1 / 1200).sized(2.0)
+    assert plan.capacity == 97
+    assert plan.steps * plan.overflow_prob * (1 + math.exp(2.0)) <= 1e-3 * plan.delta
+    smaller = PrivacyPlan("client", 1200, 50 / 1200, 100, 1 / 1200, capacity=96)
+    assert smaller.steps * smaller.overflow_prob * (1 + math.exp(2.0)) > 1e-3 * plan.delta
+    assert PrivacyPlan("client", 1200, 50 / 1200, 0, 1 / 1200).sized(2.0).capacity == (
+        plan.floor_capacity()
+    )
+    with pytest.raises(ValueError, match="capacity must be >= 97"):
+        PrivacyPlan("client", 1200, 50 / 1200, 2, 1 / 1200, capacity=91).check_capacity()
+
+
+@pytest.mark.parametrize("accountant", ["pld", "rdp"])
+def test_calibration_meets_the_target_by_its_own_accountant(accountant):
+    plan = PrivacyPlan("client", 1200, 50 / 1200, 100, 1 / 1200, accountant=accountant)
+    tuned = plan.sized(2.0).calibrate(2.0)
+    eps = tuned.epsilon()
+    assert 0.99 * 2.0 <= eps <= 2.0
+    # the event is what dp-accounting composes: the same epsilon without the overflow term
+    direct = accounting.event_epsilon(tuned.event, tuned.delta, accountant=accountant)
+    assert direct <= eps
+    assert isinstance(tuned.event, dp_accounting.SelfComposedDpEvent)
+    assert plan.calibrate(math.inf).noise_multiplier == 0.0
+
+
+def test_pld_calibrates_less_noise_than_rdp_at_the_same_target():
+    pld = PrivacyPlan("client", 1200, 50 / 1200, 100, 1 / 1200).calibrate(2.0)
+    rdp = PrivacyPlan("client", 1200, 50 / 1200, 100, 1 / 1200, accountant="rdp").calibrate(2.0)
+    assert pld.noise_multiplier < 0.95 * rdp.noise_multiplier
+    # and RDP overstates the epsilon of the PLD-calibrated noise
+    assert (
+        rdp.__class__(**{**rdp.__dict__, "noise_multiplier": pld.noise_multiplier}).epsilon() > 2.0
+    )
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "name"),
+    [
+        ({"unit": "user"}, "unit"),
+        ({"population": 0}, "population"),
+        ({"rate": 0.0}, "sample_rate"),
+        ({"steps": -1}, "steps"),
+        ({"accountant": "gdp"}, "accountant"),
+        ({"capacity": 0}, "capacity"),
+        ({"noise_multiplier": -1.0}, "noise_multiplier"),
+    ],
+)
+def test_bad_plans_name_the_setting(kwargs, name):
+    base = {"unit": "client", "population": 100, "rate": 0.1, "steps": 5, "delta": 1e-3}
+    with pytest.raises(ValueError, match=name) as err:
+        PrivacyPlan(**{**base, **kwargs})
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("accountant", ["pld", "rdp"])
+def test_record_epsilon_agrees_with_dp_accounting_directly(accountant):
+    """The privacy record of a run composes its per-round events with the accountant it
+    names; the final epsilon equals dp-accounting's own accountant on the same events (PLD
+    at the record's interval), and is never below PLD at dp-accounting's finer default."""
+    import numpy as np
+    from dp_accounting.pld import pld_privacy_accountant
+    from dp_accounting.rdp import rdp_privacy_accountant
+
+    from swarmjax.fl.protocol import Spend
+    from swarmjax.fl.runtime.result import privacy_record
+
+    runs, rounds, clients, q, z, delta = 1, 30, 4, 0.05, 1.1, 1e-5
+    shape = (runs, rounds, clients)
+    spend = Spend(
+        sample_rate=np.full(shape, q),
+        noise_multiplier=np.full(shape, z),
+        steps=np.broadcast_to(np.arange(1, rounds + 1)[None, :, None], shape),
+        extra_epsilon=np.zeros(shape),
+    )
+    record = privacy_record(spend, (), unit="client", delta=delta, accountant=accountant)
+    assert record.accountant == accountant
+    event = dp_accounting.SelfComposedDpEvent(
+        dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(z)), rounds
+    )
+    if accountant == "pld":
+        ref = pld_privacy_accountant.PLDAccountant(
+            value_discretization_interval=accounting.PLD_INTERVAL
+        )
+        fine = pld_privacy_accountant.PLDAccountant()
+        fine.compose(event)
+        assert record.final_epsilon.max() >= fine.get_epsilon(delta) - 1e-12
+    else:
+        ref = rdp_privacy_accountant.RdpAccountant()
+    ref.compose(event)
+    np.testing.assert_allclose(record.final_epsilon, ref.get_epsilon(delta), rtol=1e-7)
+    ((ids, run_event, overflow),) = record.run_events(0)
+    assert ids is None and overflow == 0.0
+    assert accounting.event_epsilon(run_event, delta, accountant=accountant) == pytest.approx(
+        ref.get_epsilon(delta), rel=1e-7
+    )
+
+
+def test_fixed_cohort_is_charged_every_step_without_amplification():
+    fixed = PrivacyPlan.fixed_cohort("client", 1200, 50, 100, 1 / 1200).calibrate(2.0)
+    assert fixed.participation == "fixed" and fixed.rate == 1.0 and fixed.capacity == 50
+    assert fixed.overflow_prob == 0.0
+    assert fixed.event == dp_accounting.SelfComposedDpEvent(
+        dp_accounting.GaussianDpEvent(fixed.noise_multiplier), 100
+    )
+    poisson = PrivacyPlan("client", 1200, 50 / 1200, 100, 1 / 1200).calibrate(2.0)
+    assert fixed.noise_multiplier > 5 * poisson.noise_multiplier  # no amplification claimed
+    with pytest.raises(ValueError, match="cohort must be <= population"):
+        PrivacyPlan.fixed_cohort("client", 10, 11, 5, 1e-3)
+    with pytest.raises(ValueError, match="sample_rate must be 1 for a fixed cohort"):
+        PrivacyPlan("client", 10, 0.5, 5, 1e-3, participation="fixed")
+    with pytest.raises(ValueError, match="participation"):
+        PrivacyPlan("client", 10, 0.5, 5, 1e-3, participation="min-separation")
