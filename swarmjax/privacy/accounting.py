@@ -322,6 +322,38 @@ _PURE_LIMIT = 700.0  # a pure epsilon at or above this is reported as inf (exp o
 # ----------------------------------------------------------------------------- epsilon
 
 
+def _pld_with_overflow(pld: _Pld, delta: float, overflow: float) -> float:
+    """:func:`_with_overflow` for a PLD, by bisection on ``eps`` over the PLD's (cheap)
+    ``get_delta_for_epsilon``: the smallest ``eps`` (to ``1e-9`` relative) with
+    ``delta_mech(eps) + P (1 + e^eps) <= delta``, which is ``eps >= eps_mech(delta - P (1 +
+    e^eps))``; the returned value is checked against the latter, so it is the same
+    guarantee the fixed-point iteration gives, in a handful of scalar calls."""
+    base = float(pld.get_epsilon_for_delta(delta))
+    if overflow == 0.0 or not math.isfinite(base):
+        return base
+
+    def valid(e: float) -> bool:
+        return (
+            e <= 700.0
+            and float(pld.get_delta_for_epsilon(e)) + overflow * (1.0 + math.exp(e)) <= delta
+        )
+
+    step, lo, hi = max(1e-6, 1e-3 * base), base, base
+    while not valid(hi):
+        lo, hi, step = hi, base + 2.0 * step, 2.0 * step
+        if hi > 700.0:
+            return math.inf
+    while hi - lo > 1e-9 * max(hi, 1e-9):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (lo, mid) if valid(mid) else (mid, hi)
+    for _ in range(8):  # the epsilon side of the same statement holds too
+        rest = delta - overflow * (1.0 + math.exp(hi))
+        if rest > 0.0 and float(pld.get_epsilon_for_delta(rest)) <= hi:
+            return hi
+        hi = hi * (1.0 + 1e-9) + 1e-12
+    return _pld_with_overflow(pld, delta, overflow)
+
+
 def _with_overflow(mechanism_epsilon: Callable[[float], float], delta: float, overflow: float):
     """Smallest ``eps`` with ``eps >= mechanism_epsilon(delta - overflow (1 + e^eps))``."""
     if overflow == 0.0:
@@ -377,7 +409,7 @@ def event_epsilon(
     pld = _pld(event)
     if pld is None:
         return 0.0
-    return _with_overflow(lambda d: float(pld.get_epsilon_for_delta(d)), delta, overflow)
+    return _pld_with_overflow(pld, delta, overflow)
 
 
 def epsilon_curve(
@@ -429,10 +461,7 @@ def epsilon_curve(
         pld = part if pld is None else pld if part is None else pld.compose(part)
         if pld is None:
             continue
-        p = pld
-        out[t] = _with_overflow(
-            lambda d, p=p: float(p.get_epsilon_for_delta(d)), delta, cum_over[t]
-        )
+        out[t] = _pld_with_overflow(pld, delta, cum_over[t])
     return out
 
 
