@@ -53,6 +53,8 @@ __all__ = [
     "Unit",
     "check_delta",
     "default_delta",
+    "draw_floor",
+    "draw_overflow",
 ]
 
 Unit = Literal["record", "client"]
@@ -80,6 +82,24 @@ FLOOR_OVERFLOW = 1e-9
 
 OVERFLOW_SHARE = 1e-3
 """Share of delta a buffer sized for a run (:meth:`PrivacyPlan.sized`) may use."""
+
+
+def draw_overflow(unit: Unit, population: int, rate: float, capacity: int | None) -> float:
+    """Chance per step that a Poisson draw of ``population`` candidates at ``rate`` exceeds
+    ``capacity`` slots (and is redrawn) on the worse neighbour: add/remove (client level)
+    has one more candidate, zero-out (record level) the same count; ``0`` when the buffer
+    holds every candidate of either neighbour. What :attr:`PrivacyPlan.overflow_prob`
+    charges; it depends on the draw only, not on the run's steps or delta."""
+    add_one = unit == "client"
+    if capacity is None or rate >= 1.0 or capacity >= population + int(add_one):
+        return 0.0
+    return overflow_probability(population, rate, capacity, add_one=add_one)
+
+
+def draw_floor(unit: Unit, population: int, rate: float) -> int:
+    """The smallest buffer whose per-step overflow (:func:`draw_overflow`) is below
+    :data:`FLOOR_OVERFLOW`: :meth:`PrivacyPlan.floor_capacity`."""
+    return poisson_capacity(population, rate, FLOOR_OVERFLOW, add_one=unit == "client")
 
 
 def default_delta(units: int) -> float:
@@ -188,11 +208,9 @@ class PrivacyPlan:
         """Chance per step that the Poisson draw exceeds ``capacity`` (and is redrawn) on
         the worse neighbour: ``P(Binomial(population (+1 under add/remove), rate) >
         capacity)``; ``0`` when the buffer holds every candidate."""
-        if self.capacity is None or self.rate >= 1.0 or self.participation == "fixed":
+        if self.participation == "fixed":
             return 0.0
-        if self.capacity >= self.population + int(self.add_one):
-            return 0.0
-        return overflow_probability(self.population, self.rate, self.capacity, add_one=self.add_one)
+        return draw_overflow(self.unit, self.population, self.rate, self.capacity)
 
     @property
     def overflow(self) -> float:
@@ -201,7 +219,7 @@ class PrivacyPlan:
 
     def floor_capacity(self) -> int:
         """The smallest buffer whose per-step overflow is below :data:`FLOOR_OVERFLOW`."""
-        return poisson_capacity(self.population, self.rate, FLOOR_OVERFLOW, add_one=self.add_one)
+        return draw_floor(self.unit, self.population, self.rate)
 
     def sized(self, epsilon_bound: float, *, share: float = OVERFLOW_SHARE) -> PrivacyPlan:
         """This plan with the smallest buffer whose overflow over the run adds at most

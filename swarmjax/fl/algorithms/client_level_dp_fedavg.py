@@ -50,7 +50,7 @@ from swarmjax.fl.data.clients import ClientData
 from swarmjax.fl.protocol import Algorithm, Exchange, Protection, RunSpec, Slots, Spend
 from swarmjax.models import Model
 from swarmjax.privacy.mechanisms import gaussian_mechanism
-from swarmjax.privacy.plan import PrivacyPlan
+from swarmjax.privacy.plan import PrivacyPlan, draw_overflow
 from swarmjax.privacy.sampling import poisson_sample
 from swarmjax.privacy.snapping import snapped_gaussian_mechanism
 
@@ -405,18 +405,16 @@ class ClientLevelDPFedAvg(Algorithm):
     def sampling_overflow(self, spend, num_clients, sizes=None, padded=None):
         """``(runs, 1, N)`` per-round chance that the Poisson draw of clients (rate ``q_c``
         from ``spend.sample_rate``) exceeds ``capacity`` and is redrawn, on the worse of the
-        two add/remove neighbours (:attr:`~swarmjax.privacy.plan.PrivacyPlan.overflow_prob`
-        of :meth:`plan`); ``None`` when no draw can overflow."""
+        two add/remove neighbours (:func:`~swarmjax.privacy.plan.draw_overflow`, what
+        :meth:`plan` charges); ``None`` when no draw can overflow."""
         del sizes, padded
         if self.capacity is None or self.capacity > num_clients:
             return None
         q = np.asarray(spend.sample_rate, np.float64)[:, -1, :]
         probs = {
-            v: self.plan(num_clients, v, RunSpec(rounds=1, delta=0.5)).overflow_prob
+            v: draw_overflow("client", num_clients, v, self.capacity) if v > 0 else 0.0
             for v in set(q.ravel().tolist())
-            if v > 0
         }
-        probs[0.0] = 0.0
         return np.vectorize(probs.__getitem__, otypes=[np.float64])(q)[:, None, :]
 
     def plan(self, num_clients: int, sample_rate: float, spec: RunSpec) -> PrivacyPlan:

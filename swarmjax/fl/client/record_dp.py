@@ -27,7 +27,7 @@ from swarmjax.fl.client.local import Batches, GradFn, Sampler
 from swarmjax.models import ApplyFn, cross_entropy, loss
 from swarmjax.privacy.accounting import DEFAULT_ACCOUNTANT
 from swarmjax.privacy.dpsgd import dp_grad
-from swarmjax.privacy.plan import PrivacyPlan
+from swarmjax.privacy.plan import PrivacyPlan, draw_floor
 from swarmjax.privacy.sampling import poisson_sample
 
 __all__ = [
@@ -73,12 +73,10 @@ def record_plan(
 
 def sampler_capacity(sizes: ArrayLike, batch_size: int) -> int:
     """The smallest buffer whose per-step overflow is below the plan's floor (1e-9) for every
-    client of ``sizes`` (:meth:`~swarmjax.privacy.plan.PrivacyPlan.floor_capacity`)."""
+    client of ``sizes`` (:func:`~swarmjax.privacy.plan.draw_floor`, the record-level plan's
+    :meth:`~swarmjax.privacy.plan.PrivacyPlan.floor_capacity`)."""
     sizes = np.asarray(sizes, np.int64).reshape(-1)
-    return max(
-        record_plan(int(n), batch_size, rounds=0, delta=0.5).floor_capacity()
-        for n in {int(n) for n in sizes}
-    )
+    return max(draw_floor("record", n, min(1.0, batch_size / n)) for n in {int(n) for n in sizes})
 
 
 def poisson_sampler(batch_size: int, capacity: int) -> Sampler:

@@ -33,7 +33,7 @@ from swarmjax.fl.client.record_dp import dp_grad_fn, poisson_sampler, record_pla
 from swarmjax.fl.data.clients import ClientData, poisson_rates
 from swarmjax.models import Model
 from swarmjax.privacy.accounting import DEFAULT_ACCOUNTANT
-from swarmjax.privacy.plan import PrivacyPlan
+from swarmjax.privacy.plan import PrivacyPlan, draw_overflow
 
 __all__ = [
     "OPTIMIZERS",
@@ -239,15 +239,19 @@ class LocalTraining:
     def sampler_overflow(self, sizes: ArrayLike, padded: int) -> np.ndarray:
         """``(clients,)`` probability that one step's Poisson batch overflows the buffer
         (0 without record-level DP, or when the buffer holds the whole client), for clients
-        of ``sizes`` padded to ``padded`` rows: the plans'
-        :attr:`~swarmjax.privacy.plan.PrivacyPlan.overflow_prob`, what the accountant adds
+        of ``sizes`` padded to ``padded`` rows: :func:`~swarmjax.privacy.plan.draw_overflow`
+        (what the record-level plans charge), what the accountant adds
         to delta per step. Record-level DP's relation is zero-out (a record replaced by a
         null record), so both neighbours have ``|D_i|`` rows: no add-one candidate."""
         sizes = np.asarray(sizes, np.int64).reshape(-1)
         if self.record_dp is None:
             return np.zeros(sizes.shape, np.float64)
-        plans = self.plans(sizes, padded, rounds=1, delta=0.5)
-        return np.asarray([plans[int(n)].overflow_prob for n in sizes], np.float64)
+        capacity = self.record_dp.capacity or int(padded)
+        probs = {
+            n: draw_overflow("record", n, min(1.0, self.batch_size / n), capacity)
+            for n in {int(n) for n in sizes}
+        }
+        return np.asarray([probs[int(n)] for n in sizes], np.float64)
 
     def optimizer_for(self, learning_rate: ArrayLike) -> optax.GradientTransformation:
         """This training's optimiser at ``learning_rate``."""
