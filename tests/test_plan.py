@@ -155,3 +155,30 @@ def test_fixed_cohort_is_charged_every_step_without_amplification():
         PrivacyPlan("client", 10, 0.5, 5, 1e-3, participation="fixed")
     with pytest.raises(ValueError, match="participation"):
         PrivacyPlan("client", 10, 0.5, 5, 1e-3, participation="min-separation")
+
+
+def test_record_groups_clients_by_their_whole_run_event_extra_epsilon_included():
+    """Clients with equal steps but different noised-release epsilons (e.g. Fed-DP-PSO's
+    Laplace scores) have different whole-run events: the ledger must not give one client's
+    event to the other."""
+    import numpy as np
+
+    from swarmjax.fl.protocol import Spend
+    from swarmjax.fl.runtime.result import privacy_record
+
+    shape = (1, 2, 3)
+    extra = np.zeros(shape)
+    extra[0, :, 2] = [0.5, 1.0]
+    spend = Spend(
+        sample_rate=np.full(shape, 0.1),
+        noise_multiplier=np.ones(shape),
+        steps=np.broadcast_to(np.arange(1, 3)[None, :, None], shape),
+        extra_epsilon=extra,
+    )
+    record = privacy_record(spend, (), unit="record", delta=1e-5)
+    groups = {ids: event for ids, event, _ in record.run_events(0)}
+    assert set(groups) == {(0, 1), (2,)}
+    assert accounting.PureDpEvent(1.0) in groups[(2,)].events
+    assert accounting.event_epsilon(groups[(2,)], 1e-5) > accounting.event_epsilon(
+        groups[(0, 1)], 1e-5
+    )

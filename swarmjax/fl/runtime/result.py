@@ -153,21 +153,27 @@ def privacy_record(
     # one row per (run, client): its per-round (q, sigma, new steps, overflow)
     table = np.stack([q, sigma, dsteps.astype(np.float64), over], axis=-1)  # (R, T, N, 4)
     rows = table.transpose(0, 2, 1, 3).reshape(runs * clients, rounds * 4)
+    # one row per (run, client): its per-round accounting and its final extra epsilon (the
+    # noised releases'), so a group shares its whole-run event
+    rows = np.concatenate([rows, extra[:, -1, :].reshape(-1, 1)], axis=1)
     unique, inverse = np.unique(rows, axis=0, return_inverse=True)
     inverse = inverse.reshape(runs, clients)
     curves = np.zeros((len(unique), rounds))
     overflows = np.zeros(len(unique))
+    events: list[dp_accounting.DpEvent] = []
     for g, row in enumerate(unique):
-        gq, gs, gt, gp = row.reshape(rounds, 4).T
+        gq, gs, gt, gp = row[:-1].reshape(rounds, 4).T
         gt = gt.astype(np.int64)
         if unit is None:
             curves[g] = np.where(np.cumsum(gt) > 0, math.inf, 0.0)
+            events.append(dp_accounting.NonPrivateDpEvent())
         else:
             rounds_events = [
                 poisson_gaussian_event(max(a, 1e-12), b, int(c))
                 for a, b, c in zip(gq, gs, gt, strict=True)
             ]
             curves[g] = epsilon_curve(rounds_events, delta, accountant=accountant, overflow=gt * gp)
+            events.append(_column_event(gq, gs, gt, float(row[-1])))
         overflows[g] = float(np.sum(gt * gp))
     epsilon = curves[inverse].transpose(0, 2, 1) + extra  # (R, T, N)
     if unit is None:
@@ -178,13 +184,7 @@ def privacy_record(
         for g in np.unique(inverse[r]):
             members = np.flatnonzero(inverse[r] == g)
             ids = None if len(members) == clients else tuple(int(i) for i in members)
-            gq, gs, gt, _ = unique[g].reshape(rounds, 4).T
-            event = (
-                dp_accounting.NonPrivateDpEvent()
-                if unit is None
-                else _column_event(gq, gs, gt.astype(np.int64), float(extra[r, -1, members[0]]))
-            )
-            found.append((ids, event, float(overflows[g])))
+            found.append((ids, events[g], float(overflows[g])))
         groups.append(tuple(found))
     covered, uncovered = coverage(exchanges)
     return PrivacyRecord(
