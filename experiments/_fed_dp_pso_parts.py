@@ -1,8 +1,8 @@
 """Parts of ``experiments.fed_dp_pso`` around its runs: the paper's reference numbers
 (Tables 1-2), the command-line flags, the Fig. 3 baseline (FedAvg + DP-Adam), the
 communication table, the figures and the runs as privacy-ledger releases
-(:func:`ledger_releases`). ``experiments.fed_dp_pso`` re-exports the public names; its
-saved calls are keyed by this module's source too.
+(:func:`swarmjax.privacy.ledger.saved_releases`). ``experiments.fed_dp_pso`` re-exports
+the public names; its saved calls are keyed by this module's source too.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from swarmjax.fl.algorithms.fedavg import FedAvg
 from swarmjax.fl.client.training import LocalTraining, RecordDP
 from swarmjax.fl.protocol import RunSpec, Variants
 from swarmjax.fl.runtime import simulate
-from swarmjax.privacy.ledger import Ledger, Release, releases_from_result
+from swarmjax.privacy.ledger import Ledger, saved_releases
 from swarmjax.privacy.plan import default_delta
 
 if TYPE_CHECKING:
@@ -139,21 +139,6 @@ def record_delta(delta: float | None, sizes: Any) -> float:
     return default_delta(int(np.sum(sizes))) if delta is None else float(delta)
 
 
-def ledger_releases(res, *, algorithm: str, path: Any) -> list[dict]:
-    """Every run of ``res`` as a privacy-ledger release (:meth:`Release.to_dict`, so a call
-    saved with its payload adds the same releases when it is reused). A run whose privacy
-    record is not end to end (Fed-DP-PSO's paper mode, where each round's model upload is
-    chosen by exact scores of private data) is listed as NOT private by
-    :meth:`Release.from_result`, with what its epsilon does cover as labels."""
-    return [r.to_dict() for r in releases_from_result(res, algorithm=algorithm, path=path)]
-
-
-def add_releases(ledger: Ledger, payload: dict) -> None:
-    """Add the releases a (possibly reused) call saved in its payload to ``ledger``."""
-    for release in payload["releases"]:
-        ledger.add(Release.from_dict(release))
-
-
 def eps_of(res, eps: float) -> tuple[float, float]:
     """(largest client epsilon at the end, largest sigma) of the runs at target ``eps``."""
     rows = res.runs["epsilon_target"].to_numpy() == eps
@@ -186,7 +171,7 @@ def _fedavg(d: Dataset, eps: float, rounds: int, seeds: int, prof: Profile, path
     spec = RunSpec(rounds, delta, tuple(range(seeds)), accountant=prof.accountant)
     variants = Variants.grid(alg, d.clients, spec, epsilon_target=[eps], learning_rate=[d.lr])
     res = simulate(alg, d.clients, (d.ds.x_test, d.ds.y_test), variants, progress=True)
-    releases = ledger_releases(res, algorithm="fedavg_dp_adam", path=path)
+    releases = saved_releases(res, algorithm="fedavg_dp_adam", path=path)
     return res.history, {"epsilon_max": eps_of(res, eps)[0], "releases": releases}
 
 
@@ -207,7 +192,7 @@ def fig3(
     for eps in prof.epsilons:
         run = partial(_fedavg, d, eps, prof.rounds, prof.seeds, prof, str(out / "fig3.csv"))
         history, privacy, _ = store.fetch_or_run(f"fig3_{name}_eps{eps:g}", run)
-        add_releases(ledger, privacy)
+        ledger.add_saved(privacy["releases"])
         histories.append(history.assign(dataset=name, method="fedavg"))
         last = history[history["round"] == prof.rounds]
         b_mean, b_std = _report.mean_std(last.test_accuracy, 100)
@@ -243,7 +228,7 @@ def _comm(
     if fedavg is None:
         run = partial(_fedavg, d, math.inf, 1, 1, prof, path)
         fedavg, payload, _ = store.fetch_or_run(f"comm_{name}", run)
-        add_releases(ledger, payload)
+        ledger.add_saved(payload["releases"])
     row = {"dataset": name}
     for method, h in (("pso", pso), ("fedavg", fedavg)):
         for way in ("up", "down"):

@@ -59,7 +59,7 @@ from swarmjax.fl.algorithms.local_only import LocalOnly
 from swarmjax.fl.client.training import LocalTraining
 from swarmjax.fl.protocol import RunSpec, Variants
 from swarmjax.fl.runtime import simulate
-from swarmjax.privacy.ledger import Ledger, Release, releases_from_result
+from swarmjax.privacy.ledger import Ledger, saved_releases
 from swarmjax.privacy.plan import default_delta
 
 SPLITS = ("uniform", "arbitrary")
@@ -167,16 +167,6 @@ def _simulate(alg, clients, test, rounds: int, seeds: list[int], **grid):
     return simulate(alg, clients, test, Variants.grid(alg, clients, spec, **grid))
 
 
-def _releases(res, algorithm: str, path: str, **labels) -> list[dict]:
-    """Every run of ``res`` as a privacy-ledger release (:meth:`Release.to_dict`, saved with
-    the call so that a reused setting adds them too), with ``labels`` (dataset, model,
-    split, K) beside the run's own, so the ledger tells the settings apart."""
-    return [
-        dataclasses.replace(r, variant={**labels, **r.variant}).to_dict()
-        for r in releases_from_result(res, algorithm=algorithm, path=path)
-    ]
-
-
 def run_setting(
     data: Any,
     dataset: str,
@@ -208,10 +198,10 @@ def run_setting(
             alg, clients, test, profile.rounds, seeds, epsilon_target=[math.inf], learning_rate=[lr]
         )
         frames.append(res.history[["seed", "round", "test_accuracy"]].assign(method=method))
-        releases += _releases(res, method, path, **labels)
+        releases += saved_releases(res, algorithm=method, path=path, **labels)
     alone = LocalOnly(model, training, eval_batch_size=1000)
     alone = _simulate(alone, clients, test, profile.rounds, seeds, learning_rate=[lr])
-    releases += _releases(alone, "alone", path, **labels)
+    releases += saved_releases(alone, algorithm="alone", path=path, **labels)
     acc = alone.metrics["test_accuracy"]  # (seeds, rounds, clients)
     s_idx, t_idx, c_idx = np.meshgrid(
         np.asarray(seeds), np.arange(1, profile.rounds + 1), np.arange(k), indexing="ij"
@@ -250,7 +240,10 @@ def run_central(
     hist = hist.assign(
         round=hist["epoch"] // e, method="central", dataset=dataset, model=model_name
     )[["seed", "round", "test_accuracy", "method", "dataset", "model"]]
-    return hist, {"releases": _releases(res, "central", path, dataset=dataset, model=model_name)}
+    releases = saved_releases(
+        res, algorithm="central", path=path, dataset=dataset, model=model_name
+    )
+    return hist, {"releases": releases}
 
 
 def summarise(history: pd.DataFrame, central: pd.DataFrame) -> pd.DataFrame:
@@ -487,8 +480,7 @@ def _fetch(store, key: str, run, ledger: Ledger) -> pd.DataFrame:
     """The table of ``store.fetch_or_run(key, run)``; the releases of its payload (computed
     now or saved by an earlier run) go into ``ledger``."""
     table, payload, _ = store.fetch_or_run(key, run)
-    for release in payload["releases"]:
-        ledger.add(Release.from_dict(release))
+    ledger.add_saved(payload["releases"])
     return table
 
 

@@ -59,7 +59,7 @@ from swarmjax.fl.protocol import RunSpec, Variants
 from swarmjax.fl.runtime import simulate
 from swarmjax.models import cross_entropy, mlp, param_count
 from swarmjax.privacy.audit import membership_inference_advantage
-from swarmjax.privacy.ledger import Ledger, Release, releases_from_result
+from swarmjax.privacy.ledger import Ledger, saved_releases
 
 
 @dataclasses.dataclass(frozen=True)
@@ -191,7 +191,7 @@ def run_one(
     )
     res = simulate(alg, clients, test, variants)
     seconds = time.perf_counter() - t0
-    releases = [r.to_dict() for r in releases_from_result(res, algorithm=method, path=release_path)]
+    releases = saved_releases(res, algorithm=method, path=release_path)
     h = res.history
     last = h[h["round"] == profile.rounds]
     reach = rounds_to_target(h, profile.target_accuracy)
@@ -402,8 +402,7 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
                 )
                 hist, payload, _ = store.fetch_or_run(key, run)
                 row = payload["row"]
-                for release in payload["releases"]:
-                    ledger.add(Release.from_dict(release))
+                ledger.add_saved(payload["releases"])
                 rows.append({"dataset": ds, "partition": scheme, **row})
                 histories.append(hist.assign(dataset=ds, partition=scheme))
                 summary = pd.DataFrame(rows)

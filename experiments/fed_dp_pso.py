@@ -9,7 +9,7 @@ what the epsilon covers are in ``docs/fed_dp_pso.md``; every table header states
 it ran. Results go to ``results/fed_dp_pso/`` (``cells.csv``, ``rounds.csv``,
 ``table_<dataset>.csv/.md``, ``fig3.csv``, ``comm.csv``: the bytes per round the simulator
 counted, ``summary.json``, PNG figures, ``privacy_ledger.json/.md``: every run as a release,
-see :func:`experiments._fed_dp_pso_parts.ledger_releases`); finished calls are kept under
+see :func:`swarmjax.privacy.ledger.saved_releases`); finished calls are kept under
 ``calls/``, so the same command resumes (``--restart`` runs everything again).
 """
 
@@ -35,8 +35,6 @@ from experiments._fed_dp_pso_parts import (  # also re-exported (fed_dp_pso_stud
     PAPER,  # noqa: F401
     PARTITIONS,
     READING_FIELDS,
-    add_releases,
-    ledger_releases,
     paper_accuracy,
     record_delta,
     without_dp,
@@ -62,7 +60,7 @@ from swarmjax.fl.data.transforms import SCALING_PRIVACY, scale_inputs
 from swarmjax.fl.protocol import RunSpec, Variants, coverage
 from swarmjax.fl.runtime import simulate
 from swarmjax.models import paper_mlp
-from swarmjax.privacy.ledger import Ledger, Release
+from swarmjax.privacy.ledger import Ledger, Release, saved_releases
 
 EVAL_BATCH = 2000  # particles are scored 2,000 rows at a time
 NUM_CLIENTS = 5
@@ -205,7 +203,7 @@ def _dp_pso_call(name, part, group, alg, clients, ds, prof: Profile, lr: float, 
                          epsilon_max=eps_max, epsilon_ok=bool(eps_max <= eps),
                          sigma_max=sigma_max, client_sizes=sizes, model=alg.model.name, lr=lr,
                          call_seconds=took))  # fmt: skip
-    return h, {"rows": rows, "releases": ledger_releases(res, algorithm="fed_dp_pso", path=path)}
+    return h, {"rows": rows, "releases": saved_releases(res, algorithm="fed_dp_pso", path=path)}
 
 
 def run_dataset(name, prof: Profile, data_dir, out, store, cells, rounds_rows, ledger: Ledger):
@@ -237,7 +235,7 @@ def run_dataset(name, prof: Profile, data_dir, out, store, cells, rounds_rows, l
             run = partial(_dp_pso_call, name, part, group, alg, clients, ds, prof, lr, path)
             h, payload, reused = store.fetch_or_run(key, run)
             rows = payload["rows"]
-            add_releases(ledger, payload)
+            ledger.add_saved(payload["releases"])
             rounds_rows.append(h)
             cells.extend(rows)
             pd.DataFrame(cells).to_csv(out / "cells.csv", index=False)
@@ -339,9 +337,9 @@ def _flower_ledger(ledger: Ledger, config: dict, summary: dict, out: Path) -> No
     """The Flower path's two runs (the deployment and its simulator twin) in ``ledger``.
 
     Both run Fed-DP-PSO as the simulator path builds it, whose model uploads are chosen by
-    exact scores (``_covers``): like :func:`ledger_releases` for a record that is not end to
-    end, they are listed as not private, with the epsilon of the covered DP-Adam steps and
-    what is not covered as labels.
+    exact scores (``_covers``): like :func:`~swarmjax.privacy.ledger.saved_releases` for a
+    record that is not end to end, they are listed as not private, with the epsilon of the
+    covered DP-Adam steps and what is not covered as labels.
     """
     from swarmjax.fl.runtime.flower.server import RELEASED  # the flower extra
 

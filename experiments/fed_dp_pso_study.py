@@ -33,7 +33,7 @@ import numpy as np
 import pandas as pd
 
 from experiments import _cli, _report
-from experiments._fed_dp_pso_parts import add_releases, ledger_releases, record_delta
+from experiments._fed_dp_pso_parts import record_delta
 from experiments.fed_dp_pso import PAPER, paper_accuracy
 from swarmjax.fl import flower_partition, load_dataset, stack_clients
 from swarmjax.fl.algorithms.fed_dp_pso import (
@@ -49,7 +49,7 @@ from swarmjax.fl.data.partition import label_skew
 from swarmjax.fl.data.transforms import public_mask, scale_inputs
 from swarmjax.fl.protocol import RunSpec, Variants
 from swarmjax.fl.runtime import simulate
-from swarmjax.privacy.ledger import Ledger
+from swarmjax.privacy.ledger import Ledger, saved_releases
 
 # One design choice at a time on top of "current", then all of them ("authors"), then all
 # but the shared initialisation (the first check found it hurts on Dirichlet 0.3).
@@ -192,7 +192,7 @@ def _call(alg, reading: Reading, clients, ds, plan: dict, lr: float, eps: float,
     res = simulate(alg, clients, (ds.x_test, ds.y_test), variants, progress=True)
     h = res.history.rename(columns={"test_accuracy": "val_accuracy"})
     h = h.assign(epsilon_max=res.privacy.final_epsilon.max(), seconds=time.perf_counter() - t0)
-    return h, {"releases": ledger_releases(res, algorithm="fed_dp_pso", path=path)}
+    return h, {"releases": saved_releases(res, algorithm="fed_dp_pso", path=path)}
 
 
 def _summarise(h: pd.DataFrame) -> list[dict]:
@@ -321,7 +321,7 @@ def _study_reading(
         fetched = store.fetch_or_run(key, run)
         h, reused = fetched.table, fetched.reused
         first = len(ledger.releases)
-        add_releases(ledger, fetched.payload)
+        ledger.add_saved(fetched.payload["releases"])
         cells.setdefault((name, part, eps), []).extend(range(first, len(ledger.releases)))
         paper_part = part if part in PAPER.get(name, {}) else "dir0.3"
         meta = dict(

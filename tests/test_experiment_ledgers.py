@@ -36,7 +36,7 @@ from swarmjax.paaso_sweep import (
     run_release,
 )
 from swarmjax.privacy.accounting import PureDpEvent, event_epsilon
-from swarmjax.privacy.ledger import JSON_NAME, MARKDOWN_NAME, Ledger
+from swarmjax.privacy.ledger import JSON_NAME, MARKDOWN_NAME, Ledger, saved_releases
 from swarmjax.privacy.mechanisms import random_dictatorship_epsilon
 
 
@@ -131,8 +131,8 @@ def test_fed_dp_pso_study_ledger(tmp_path, monkeypatch):
 
 
 def test_fed_dp_pso_lists_runs_that_are_not_end_to_end_as_not_private():
-    """The rule behind Fed-DP-PSO's listing, on a run with a record that covers everything
-    and on the same run whose record names an exact statistic."""
+    """The rule behind Fed-DP-PSO's listing (saved_releases), on a run with a record that
+    covers everything and on the same run whose record names an exact statistic."""
 
     class Record:
         unit, relation, delta, accountant, shares_randomness = "record", "zero-out", 1e-5, "pld", 0
@@ -147,10 +147,10 @@ def test_fed_dp_pso_lists_runs_that_are_not_end_to_end_as_not_private():
         privacy = Record()
         runs = pd.DataFrame({"epsilon_target": [1.0], "seed": [3]})
 
-    (whole,) = _fed_dp_pso_parts.ledger_releases(Result(), algorithm="x", path="h.csv")
+    (whole,) = saved_releases(Result(), algorithm="x", path="h.csv")
     assert whole["private"] and whole["epsilon"] == 0.7 and whole["seed"] == 3
     Record.not_covered = ("train.score: unprotected",)
-    (partial,) = _fed_dp_pso_parts.ledger_releases(Result(), algorithm="x", path="h.csv")
+    (partial,) = saved_releases(Result(), algorithm="x", path="h.csv")
     assert not partial["private"] and partial["groups"] == [] and partial["epsilon"] == math.inf
     assert partial["variant"]["epsilon_of_covered_steps"] == 0.7
     assert partial["variant"]["not_covered"] == "train.score: unprotected"

@@ -19,6 +19,7 @@ for them.  docs/ledger.md explains the file and how a paper's privacy section re
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime
 import json
 import math
@@ -52,6 +53,7 @@ __all__ = [
     "Release",
     "Selection",
     "releases_from_result",
+    "saved_releases",
 ]
 
 FORMAT = "swarmjax.privacy_ledger/1"
@@ -397,6 +399,16 @@ def releases_from_result(result: Any, *, algorithm: str, path: Any) -> list[Rele
     return [Release.from_result(result, r, algorithm=algorithm, path=path) for r in range(runs)]
 
 
+def saved_releases(result: Any, *, algorithm: str, path: Any, **labels: Any) -> list[dict]:
+    """:func:`releases_from_result` as JSON-able dicts (:meth:`Release.to_dict`), with
+    ``labels`` beside each run's own: what a cached experiment call saves with its payload,
+    so that reusing the call adds the same releases (:meth:`Ledger.add_saved`)."""
+    return [
+        dataclasses.replace(r, variant={**labels, **r.variant}).to_dict()
+        for r in releases_from_result(result, algorithm=algorithm, path=path)
+    ]
+
+
 # ---------------------------------------------------------------------------- selection
 
 
@@ -633,6 +645,10 @@ class Ledger:
             self._check_fits(release)
         self._releases.append(release)
         return len(self._releases) - 1
+
+    def add_saved(self, releases: Iterable[dict[str, Any]]) -> list[int]:
+        """Add releases saved by :func:`saved_releases` (e.g. a reused call's payload)."""
+        return [self.add(Release.from_dict(r)) for r in releases]
 
     def add_result(self, result: Any, *, algorithm: str, path: Any) -> list[int]:
         """Add every run of ``result`` (:func:`releases_from_result`); returns their indices."""
