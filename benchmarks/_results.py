@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime as _dt
 import os
 import platform
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -35,6 +36,15 @@ def machine() -> str:
         f"{cpu}, {os.cpu_count()} cores; JAX {jax.__version__} on {jax.default_backend()} "
         f"({devices}); {_dt.date.today().isoformat()}"
     )
+
+
+def device_slug() -> str:
+    """``<backend>-<device kind>`` of JAX's default device, lower-cased with non-alphanumerics
+    as ``-`` (``cpu-cpu``, ``gpu-nvidia-h100-80gb-hbm3``): what a RESULTS.md section adds to
+    its name so that each kind of machine keeps its own figures."""
+    dev = jax.devices()[0]
+    kind = re.sub(r"[^a-z0-9]+", "-", dev.device_kind.lower()).strip("-")
+    return f"{dev.platform}-{kind}"
 
 
 def best_time(fn: Callable[[], object], *, repeats: int = 3, min_time: float = 0.0) -> float:

@@ -350,7 +350,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     text = section_text(results, sizes, command, machine(), args.quick)
     print(text)
     if not args.no_write:
-        write_section(section_name(results, args.quick), text)
+        # a run of some sections only keeps its own section beside the full run's
+        name = section_name(results, args.quick)
+        if args.sections and set(args.sections) != set(default_sections("accelerator", False)):
+            name += "-" + "-".join(args.sections)
+        write_section(name, text)
     return 0
 
 

@@ -43,7 +43,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks._results import machine, write_section
+from benchmarks._results import device_slug, machine, write_section
 from swarmjax.fl.algorithms.client_level_dp_fedavg import ClientLevelDPFedAvg
 from swarmjax.fl.algorithms.fedavg import FedAvg
 from swarmjax.fl.client.training import LocalTraining
@@ -275,7 +275,10 @@ def main(argv: list[str] | None = None) -> None:
     print(f"wrote {a.out}")
     if not a.no_write and ours and theirs:
         # the DP-only comparison of accountants is its own section beside the full one
+        # and each kind of machine keeps its own (CPU: the plain name, as before)
         name = "vs_pfl_dp" if a.dp_only else "vs_pfl"
+        if jax.default_backend() != "cpu":
+            name += f"-{device_slug()}"
         write_section(name, report(results, summary, argv, name))
 
 

@@ -51,6 +51,9 @@ def test_quick_path_at_tiny_sizes_gives_numbers_and_a_results_section(tmp_path, 
     name = accelerator.section_name(results)
     if dev["backend"] == "cpu":
         assert name == "accelerator-cpu-cpu"
+    from benchmarks._results import device_slug  # what vs_pfl names its non-CPU sections by
+
+    assert name == f"accelerator-{device_slug()}"
     assert accelerator.section_name(results, quick=True) == f"{name}-quick"
     assert text.startswith(f"## {name} (`python -m benchmarks.accelerator`)")
     for heading in ("### PSO (", "### PAASO strategies", "### DP-SGD", "### FedAvg round"):
