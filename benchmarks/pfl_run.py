@@ -30,6 +30,7 @@ from pfl.data.sampling import get_user_sampler
 from pfl.hyperparam.base import NNEvalHyperParams, NNTrainHyperParams
 from pfl.metrics import Weighted
 from pfl.model.pytorch import PyTorchModel
+from pfl.privacy.ftrl_mechanism import BandedMatrixFactorizationMechanism
 from pfl.privacy.gaussian_mechanism import GaussianMechanism
 from pfl.privacy.privacy_accountant import PLDPrivacyAccountant
 from pfl.privacy.privacy_mechanism import CentrallyAppliedPrivacyMechanism
@@ -108,6 +109,13 @@ def main() -> None:
     p.add_argument("--epsilon", type=float, default=2.0)
     p.add_argument("--delta", type=float, default=None)
     p.add_argument("--accounting-rounds", type=int, default=None)
+    p.add_argument(
+        "--mechanism",
+        choices=("gaussian", "banded_mf"),
+        default="gaussian",
+        help="gaussian: DP-FedAvg, Poisson-amplified PLD; banded_mf: pfl's DP-FTRL with banded "
+        "matrix-factorization noise, users in a fixed cycle (pfl's 'minimize_reuse' sampler)",
+    )
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)
@@ -121,15 +129,43 @@ def main() -> None:
         rows = slice(int(offsets[uid]), int(offsets[uid] + sizes[uid]))
         return Dataset(raw_data=[torch.from_numpy(x[rows]), torch.from_numpy(y[rows])])
 
-    train = FederatedDataset(make_dataset, get_user_sampler("random", users))
+    banded = a.dp and a.mechanism == "banded_mf"
+    # DP-FTRL's guarantee rests on the schedule, not on sampling: users come in a fixed cycle,
+    # so each one participates every len(users) / cohort rounds (pfl's min_separation)
+    sampler = get_user_sampler("minimize_reuse" if banded else "random", users)
+    train = FederatedDataset(make_dataset, sampler)
     cnn = SimpleCNN()
     model = PyTorchModel(
         model=cnn,
         local_optimizer_create=torch.optim.SGD,
         central_optimizer=torch.optim.SGD(cnn.parameters(), lr=1.0),
     )
-    postprocessors, epsilon, noise = [], None, None
-    if a.dp:
+    postprocessors, epsilon, noise, schedule = [], None, None, {}
+    if banded:
+        delta = a.delta if a.delta is not None else 1.0 / len(users)
+        separation = len(users) // a.cohort
+        made: list[PLDPrivacyAccountant] = []
+
+        def make_accountant(participations: int) -> PLDPrivacyAccountant:
+            # no amplification: each of a user's participations is one Gaussian release
+            made.append(
+                PLDPrivacyAccountant(
+                    num_compositions=participations,
+                    sampling_probability=1.0,
+                    mechanism="gaussian",
+                    epsilon=a.epsilon,
+                    delta=delta,
+                )
+            )
+            return made[-1]
+
+        mechanism = BandedMatrixFactorizationMechanism(
+            a.clip, a.rounds, separation, make_accountant
+        )
+        postprocessors = [CentrallyAppliedPrivacyMechanism(mechanism)]
+        epsilon, noise = made[-1].epsilon, made[-1].cohort_noise_parameter
+        schedule = {"min_separation": separation, "participations": made[-1].num_compositions}
+    elif a.dp:
         delta = a.delta if a.delta is not None else 1.0 / len(users)
         accountant = PLDPrivacyAccountant(
             num_compositions=a.accounting_rounds or a.rounds,
@@ -168,6 +204,8 @@ def main() -> None:
             {
                 "system": "pfl",
                 "dp": a.dp,
+                "mechanism": a.mechanism if a.dp else None,
+                **schedule,
                 "rounds": a.rounds,
                 "round_times": timer.times,
                 "round_cpu_times": timer.cpu,

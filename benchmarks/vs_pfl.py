@@ -180,9 +180,19 @@ def run_swarmjax(
 
 
 def run_pfl(
-    python: str, indices: list[np.ndarray], ds, rounds: int, dp: bool, workdir: Path
+    python: str,
+    indices: list[np.ndarray],
+    ds,
+    rounds: int,
+    dp: bool,
+    workdir: Path,
+    *,
+    epsilon: float = EPSILON,
+    mechanism: str = "gaussian",
 ) -> dict:
-    """pfl on the same users, in a subprocess under ``python``."""
+    """pfl on the same users, in a subprocess under ``python``; with ``dp``, ``mechanism``
+    is ``"gaussian"`` (DP-FedAvg, random cohorts) or ``"banded_mf"`` (pfl's DP-FTRL, users
+    in a fixed cycle) at user-level ``epsilon``."""
     data = workdir / "data.npz"
     if not data.exists():
         rows = np.concatenate(indices)
@@ -199,7 +209,7 @@ def run_pfl(
     cmd = [python, str(Path(__file__).with_name("pfl_run.py")), "--data", str(data)]
     cmd += ["--rounds", str(rounds), "--cohort", str(COHORT), "--threads", str(os.cpu_count())]
     if dp:
-        cmd += ["--dp", "--clip", str(CLIP), "--epsilon", str(EPSILON)]
+        cmd += ["--dp", "--clip", str(CLIP), "--epsilon", str(epsilon), "--mechanism", mechanism]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True)
     result = json.loads(out.stdout.strip().splitlines()[-1])
     times, cpu = result["round_times"], result["round_cpu_times"]
