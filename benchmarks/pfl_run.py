@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 import time
 
 import numpy as np
@@ -97,8 +99,16 @@ def accuracy(model: SimpleCNN, x: np.ndarray, y: np.ndarray) -> float:
     return correct / len(x)
 
 
+class _Parser(argparse.ArgumentParser):
+    """One-line errors (exit 2), as every script of the repository (this one runs under
+    pfl's own interpreter, which cannot import ``experiments._cli``)."""
+
+    def error(self, message: str) -> None:
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
 def main() -> None:
-    p = argparse.ArgumentParser()
+    p = _Parser(prog="benchmarks/pfl_run.py")
     p.add_argument("--data", required=True)
     p.add_argument("--rounds", type=int, default=100)
     p.add_argument("--cohort", type=int, default=50)
@@ -117,6 +127,20 @@ def main() -> None:
         "matrix-factorization noise, users in a fixed cycle (pfl's 'minimize_reuse' sampler)",
     )
     a = p.parse_args()
+    for name in ("rounds", "cohort", "threads"):
+        if getattr(a, name) < 1:
+            p.error(f"--{name} must be >= 1; got {getattr(a, name)}")
+    if a.accounting_rounds is not None and a.accounting_rounds < a.rounds:
+        p.error(f"--accounting-rounds must be >= the rounds {a.rounds}; got {a.accounting_rounds}")
+    if not (a.clip > 0 and a.epsilon > 0 and (a.delta is None or 0 < a.delta < 1)):
+        p.error("--clip and --epsilon must be > 0, --delta in (0, 1)")
+    if not a.dp:
+        for name in ("clip", "epsilon", "delta", "accounting_rounds", "mechanism"):
+            flag = f"--{name.replace('_', '-')}"
+            if any(arg.split("=")[0] == flag for arg in sys.argv[1:]):
+                p.error(f"--{name.replace('_', '-')} does not apply without --dp")
+    if not os.path.isfile(a.data):
+        p.error(f"--data {a.data!r} is not a file")
     torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)
     np.random.seed(a.seed)  # noqa: NPY002 (pfl's "random" user sampler draws from it)
@@ -198,6 +222,11 @@ def main() -> None:
         callbacks=[timer],
     )
     total = time.perf_counter() - start
+    if banded:  # what the mechanism holds between rounds: C and the last noises it solved
+        held = mechanism._C_inv_noise._previous_solved
+        schedule["noise_state_bytes"] = int(mechanism.query_matrix.nbytes) + (
+            0 if held is None else int(held.numel() * held.element_size())
+        )
     acc = accuracy(cnn, d["x_test"].astype(np.float32), d["y_test"].astype(np.int64))
     print(
         json.dumps(

@@ -608,12 +608,17 @@ def dp_grad(
     expected_batch_size: ArrayLike,
     microbatch_size: int | None = None,
     method: str = "auto",
+    canary_sum: PyTree | None = None,
 ) -> PyTree:
     """Private gradient: clipped sum + ``N(0, (noise_multiplier clip_norm)^2)``, / expected size.
 
     ``expected_batch_size`` is ``q * n`` (Poisson rate times real examples), ``> 0``.
     ``noise_multiplier`` (``>= 0``), ``clip_norm`` and ``expected_batch_size`` may be arrays
-    or tracers (vmappable sweeps).  Other arguments as :func:`clipped_grad_sum`.
+    or tracers (vmappable sweeps).  ``canary_sum``: the step's drawn gradient canaries (a
+    pytree like ``params``, each canary of norm ``clip_norm``:
+    :meth:`swarmjax.privacy.canaries.GradientCanaries.gradient_sum`), added to the clipped
+    sum before the noise, as records of the batch would be; ``None``: no audit.  Other
+    arguments as :func:`clipped_grad_sum`.
     """
     _check_hyper(clip_norm, noise_multiplier)
     check_range("expected_batch_size", expected_batch_size, 0.0, float("inf"), low_open=True)
@@ -628,6 +633,8 @@ def dp_grad(
         microbatch_size=microbatch_size,
         method=method,
     )
+    if canary_sum is not None:
+        summed = jax.tree_util.tree_map(lambda s, c: s + c.astype(s.dtype), summed, canary_sum)
     noisy = gaussian_mechanism(
         key, summed, l2_sensitivity=clip_norm, noise_multiplier=noise_multiplier
     )

@@ -43,6 +43,7 @@ from swarmjax.privacy.accounting import (
 )
 
 __all__ = [
+    "AUDIT_FIELDS",
     "FORMAT",
     "JSON_NAME",
     "MARKDOWN_NAME",
@@ -92,6 +93,22 @@ def _plain(value: Any) -> Any:
     if value is None or isinstance(value, bool | int | float | str):
         return value
     return str(value)
+
+
+AUDIT_FIELDS: tuple[str, ...] = ("epsilon_lower", "confidence", "canaries", "method")
+"""Fields every release's ``audit`` holds (:meth:`swarmjax.privacy.canaries.CanaryReport.to_dict`
+has more: ``epsilon``, ``delta``, ``tpr_at_fpr``, ...)."""
+
+
+def _check_audit(audit: Any) -> dict[str, Any]:
+    """A release's audit as a dict of plain values, with :data:`AUDIT_FIELDS` checked."""
+    if not isinstance(audit, dict) or any(k not in audit for k in AUDIT_FIELDS):
+        raise ValueError(
+            f"release audit must be None or a dict with {', '.join(AUDIT_FIELDS)}; got {audit!r}"
+        )
+    check_range("release audit epsilon_lower", audit["epsilon_lower"], 0.0, math.inf)
+    check_range("release audit confidence", audit["confidence"], 0.0, 1.0, low_open=True)
+    return {str(k): _plain(v) for k, v in audit.items()}
 
 
 def _check_clients(clients: Any) -> tuple[int, ...] | None:
@@ -261,6 +278,10 @@ class Release:
             their summed per-step overflow chance ``P``; empty without DP.
         randomness: a tag shared by releases that share random numbers (common random
             numbers of one call); ``None``: its noise is independent of every other run's.
+        audit: its empirical privacy audit, if it had one: the fields of a
+            :class:`~swarmjax.privacy.canaries.CanaryReport` (``epsilon_lower`` with its
+            ``confidence``, beside the accounted ``epsilon``; docs/audits.md). A measured
+            lower bound, never composed: the composition uses the events only.
     """
 
     algorithm: str
@@ -274,6 +295,7 @@ class Release:
     path: str
     groups: tuple[Group, ...] = ()
     randomness: str | None = None
+    audit: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         _check_text("release algorithm", self.algorithm)
@@ -300,6 +322,8 @@ class Release:
         object.__setattr__(self, "variant", {str(k): _plain(v) for k, v in self.variant.items()})
         object.__setattr__(self, "delta", float(self.delta))
         object.__setattr__(self, "epsilon", float(self.epsilon))
+        if self.audit is not None:
+            object.__setattr__(self, "audit", _check_audit(self.audit))
 
     @property
     def private(self) -> bool:
@@ -340,6 +364,7 @@ class Release:
             row["not_covered"] = "; ".join(uncovered)
             private = False
         shared = bool(record.shares_randomness) and runs > 1
+        audits = tuple(getattr(record, "audit", ()) or ())
         return cls(
             algorithm=algorithm,
             variant=row,
@@ -352,6 +377,7 @@ class Release:
             path=str(path),
             groups=tuple(record.run_events(int(run))) if private else (),
             randomness=f"crn:{algorithm}@{path}" if shared else None,
+            audit=dict(audits[int(run)]) if audits else None,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -369,6 +395,7 @@ class Release:
             "path": self.path,
             "randomness": self.randomness,
             "groups": [_group_dict(g) for g in self.groups],
+            "audit": None if self.audit is None else dict(self.audit),
         }
 
     @classmethod
@@ -390,6 +417,7 @@ class Release:
             path=data["path"],
             groups=groups,
             randomness=data["randomness"],
+            audit=data.get("audit"),  # absent from ledgers written before audits
         )
 
 
@@ -913,6 +941,15 @@ def _markdown(data: dict[str, Any]) -> str:
     if non_private:
         lines += ["", f"Releases {non_private}: {NOT_PRIVATE}."]
     lines += ["", "## Releases", "", *_release_table(data["releases"])]
+    audited = [(i, r["audit"]) for i, r in enumerate(data["releases"]) if r.get("audit")]
+    if audited:
+        lines += ["", "## Empirical audits (lower bounds, not guarantees)", ""]
+        lines += [
+            f"* release {i}: empirical epsilon >= {_cell(a['epsilon_lower'])} at "
+            f"{_cell(a['confidence'])} confidence ({a['canaries']} canaries; {a['method']}) "
+            f"vs accounted {_cell(data['releases'][i]['epsilon'])}"
+            for i, a in audited
+        ]
     if data["selections"]:
         lines += ["", "## Selections", ""]
         for s in data["selections"]:

@@ -6,8 +6,10 @@ record-level DP-SGD / DP-Adam; a whole client under client-level server aggregat
 * the **participation scheme** (:data:`PARTICIPATIONS`): each step draws every candidate
   unit independently with probability ``rate`` (Poisson; ``rate = 1``: every unit takes
   part in every step), or a fixed-size cohort charged without amplification
-  (:meth:`PrivacyPlan.fixed_cohort`); the candidates of one draw are ``population`` units
-  (a client's records, or the federation's clients);
+  (:meth:`PrivacyPlan.fixed_cohort`), or fixed-size cohorts in which each unit takes part
+  at most ``k`` times at least ``b`` steps apart, released through a matrix factorization
+  (DP-FTRL: :meth:`PrivacyPlan.min_separation_cohorts`); the candidates of one draw are
+  ``population`` units (a client's records, or the federation's clients);
 * the **buffer** the draw lands in (``capacity`` static slots) and its **overflow charge**
   (:attr:`PrivacyPlan.overflow_prob`: the chance per step that a draw exceeds the buffer
   and is redrawn, on the worse of the two neighbouring datasets, charged to delta);
@@ -66,16 +68,19 @@ RELATIONS: dict[str, str] = {
     "client": "client-level, add/remove: neighbouring datasets differ in one whole client "
     "(with all of its data) added or removed; the nominal federation size N is public (the "
     "server divides by the expected cohort q N and byte counts use it, as McMahan et al. "
-    "2018's fixed-denominator estimator does), the realised cohorts are not",
+    "2018's fixed-denominator estimator does); Poisson-drawn cohorts are secret, a "
+    "min-separation schedule (DP-FTRL) is public and fixed before training",
 }
 """The ONE neighbouring relation of each privacy unit: every mechanism of a run is
 calibrated and accounted under it, and every privacy record states it (docs/privacy.md)."""
 
-PARTICIPATIONS: tuple[str, ...] = ("poisson", "fixed")
+PARTICIPATIONS: tuple[str, ...] = ("poisson", "fixed", "min-separation")
 """Participation schemes a plan states: ``"poisson"`` (every unit independently at rate
-``q`` per step: amplification by subsampling) and ``"fixed"`` (a fixed-size cohort, no
-amplification claimed: :meth:`PrivacyPlan.fixed_cohort`). DP-FTRL's min-separation
-participation is the next scheme this field is meant to take."""
+``q`` per step: amplification by subsampling), ``"fixed"`` (a fixed-size cohort, no
+amplification claimed: :meth:`PrivacyPlan.fixed_cohort`) and ``"min-separation"``
+(fixed-size cohorts, each unit at most ``k`` times at least ``b`` steps apart, the whole
+run one Gaussian mechanism through a matrix factorization: DP-FTRL,
+:meth:`PrivacyPlan.min_separation_cohorts`)."""
 
 FLOOR_OVERFLOW = 1e-9
 """Largest per-step overflow chance any buffer may have, whatever the run."""
@@ -138,7 +143,12 @@ class PrivacyPlan:
         capacity: static buffer slots of one draw; ``None``: a buffer that holds every
             candidate of either neighbour (it never overflows).
         noise_multiplier: ``sigma`` (noise std / sensitivity) of each step; ``0``: none.
-        participation: ``"poisson"`` (default) or ``"fixed"`` (:data:`PARTICIPATIONS`).
+        participation: ``"poisson"`` (default), ``"fixed"`` or ``"min-separation"``
+            (:data:`PARTICIPATIONS`).
+        min_separation: ``b``, the fewest steps between two participations of a unit
+            (``"min-separation"`` only; ``1``: consecutive steps allowed).
+        max_participations: ``k`` cap (``"min-separation"`` only; ``None``: as many as
+            fit, ``ceil(steps / b)``).
     """
 
     unit: Unit
@@ -150,6 +160,8 @@ class PrivacyPlan:
     capacity: int | None = None
     noise_multiplier: float = 0.0
     participation: str = "poisson"
+    min_separation: int | None = None
+    max_participations: int | None = None
 
     def __post_init__(self) -> None:
         check_choice("unit", self.unit, ("record", "client"))
@@ -162,9 +174,19 @@ class PrivacyPlan:
             check_int("capacity", self.capacity, 1)
         check_range("noise_multiplier", self.noise_multiplier, 0.0, math.inf, high_open=True)
         check_choice("participation", self.participation, PARTICIPATIONS)
-        if self.participation == "fixed" and self.rate != 1.0:
+        if self.participation in ("fixed", "min-separation") and self.rate != 1.0:
             raise ValueError(
-                f"sample_rate must be 1 for a fixed cohort (no amplification); got {self.rate}"
+                f"sample_rate must be 1 for a fixed cohort (participation "
+                f"{self.participation!r}: no amplification); got {self.rate}"
+            )
+        if self.participation == "min-separation":
+            if self.min_separation is None:
+                raise ValueError("min_separation must be set for min-separation participation")
+            self.scheme  # noqa: B018 (validates rounds, b and k in one place)
+        elif self.min_separation is not None or self.max_participations is not None:
+            raise ValueError(
+                "min_separation and max_participations apply to participation="
+                f"'min-separation' only; got participation={self.participation!r}"
             )
         object.__setattr__(self, "rate", float(self.rate))
         object.__setattr__(self, "delta", float(self.delta))
@@ -190,7 +212,64 @@ class PrivacyPlan:
             raise ValueError(f"cohort must be <= population ({population}); got {cohort}")
         return cls(unit, population, 1.0, steps, delta, accountant, cohort, participation="fixed")
 
+    @classmethod
+    def min_separation_cohorts(
+        cls,
+        unit: Unit,
+        population: int,
+        cohort: int,
+        steps: int,
+        min_separation: int,
+        max_participations: int | None,
+        delta: float,
+        accountant: str = DEFAULT_ACCOUNTANT,
+    ) -> PrivacyPlan:
+        """Fixed-size cohorts of ``cohort`` of ``population`` units over ``steps`` steps,
+        each unit at most ``max_participations`` times (``None``: as many as fit) and at
+        least ``min_separation`` steps apart, released through a matrix factorization
+        (DP-FTRL, :mod:`swarmjax.privacy.ftrl`). No amplification is claimed: the whole run
+        is ONE Gaussian mechanism on ``C x`` whose noise std is ``noise_multiplier`` times
+        the clip norm times ``C``'s ``(k, b)``-min-separation sensitivity, so its event is
+        ``GaussianDpEvent(noise_multiplier)`` whatever ``C`` is (the factorization sets
+        the sensitivity, not the accounting). The cohorts are the buffer; nothing
+        overflows. Example: 1,200 clients, cohorts of 50, 96 rounds, ``b = 24`` -> ``k = 4``.
+        """
+        cohort = check_int("cohort", cohort, 1)
+        if cohort > check_int("population", population, 1):
+            raise ValueError(f"cohort must be <= population ({population}); got {cohort}")
+        return cls(
+            unit,
+            population,
+            1.0,
+            steps,
+            delta,
+            accountant,
+            cohort,
+            participation="min-separation",
+            min_separation=min_separation,
+            max_participations=max_participations,
+        )
+
     # ------------------------------------------------------------------ participation
+
+    @property
+    def scheme(self):  # -> swarmjax.privacy.ftrl.Participation (imported lazily: jax-privacy)
+        """The ``(k, b)``-min-separation scheme over ``steps`` rounds
+        (:class:`~swarmjax.privacy.ftrl.Participation`); ``ValueError`` for another
+        participation."""
+        if self.participation != "min-separation":
+            raise ValueError(f"participation {self.participation!r} has no min-separation scheme")
+        from swarmjax.privacy.ftrl import Participation
+
+        return Participation(self.steps, self.min_separation, self.max_participations)
+
+    @property
+    def participations(self) -> int:
+        """Most steps one unit takes part in: ``k`` under min-separation (as many as fit
+        when uncapped), ``steps`` otherwise (every step charged)."""
+        if self.participation == "min-separation":
+            return self.scheme.participations
+        return self.steps
 
     @property
     def relation(self) -> str:
@@ -252,9 +331,18 @@ class PrivacyPlan:
     # ------------------------------------------------------------------ accounting
 
     @property
+    def _gaussian_steps(self) -> int:
+        """Gaussian steps of the event: ``steps``; one for min-separation (the whole run
+        is one Gaussian mechanism), none for a run without steps."""
+        if self.participation == "min-separation":
+            return min(self.steps, 1)
+        return self.steps
+
+    @property
     def event(self) -> dp_accounting.DpEvent:
-        """The run's dp-accounting event: ``steps`` Poisson-subsampled Gaussian steps."""
-        return poisson_gaussian_event(self.rate, self.noise_multiplier, self.steps)
+        """The run's dp-accounting event: ``steps`` Poisson-subsampled Gaussian steps, or,
+        under min-separation, ONE ``GaussianDpEvent(noise_multiplier)`` for the run."""
+        return poisson_gaussian_event(self.rate, self.noise_multiplier, self._gaussian_steps)
 
     def epsilon(self) -> float:
         """Epsilon of the run at ``delta`` by the plan's accountant, the overflow charged."""
@@ -271,7 +359,7 @@ class PrivacyPlan:
         sigma = sigma_for_epsilon(
             float(target_epsilon),
             self.rate,
-            self.steps,
+            self._gaussian_steps,
             self.delta,
             accountant=self.accountant,
             rtol=rtol,

@@ -49,6 +49,7 @@ from swarmjax.fl.client.training import LocalTraining, clip_update
 from swarmjax.fl.data.clients import ClientData
 from swarmjax.fl.protocol import Algorithm, Exchange, Protection, RunSpec, Slots, Spend
 from swarmjax.models import Model
+from swarmjax.privacy.canaries import CanaryHook
 from swarmjax.privacy.mechanisms import gaussian_mechanism
 from swarmjax.privacy.plan import PrivacyPlan, draw_overflow
 from swarmjax.privacy.sampling import poisson_sample
@@ -59,6 +60,10 @@ __all__ = [
     "ClientUpdate",
     "DPFedAvgHyper",
     "DPFedAvgServer",
+    "adapted_clip",
+    "advance_server",
+    "check_client_level",
+    "check_clipping_hyper",
     "default_count_noise",
     "effective_noise_multiplier",
     "rounds_to_target",
@@ -151,6 +156,65 @@ class ClientUpdate:
     unclipped: Float[Array, ""] | None = None
 
 
+def adapted_clip(
+    clip: Float[Array, ""],
+    unclipped_fraction: Float[Array, ""],
+    target_quantile: Float[Array, ""],
+    clip_lr: Float[Array, ""],
+) -> Float[Array, ""]:
+    """Andrew et al.'s geometric update ``C_t exp(-clip_lr (b_t - gamma))`` from the noised
+    unclipped fraction ``b_t``; ``C_t`` is kept when the result is not finite."""
+    new = clip * jnp.exp(-clip_lr * (unclipped_fraction - target_quantile))
+    return keep_if(jnp.isfinite(new), new, clip)
+
+
+def advance_server(
+    server: PyTree,
+    opt: optax.GradientTransformation,
+    neg_mean: PyTree,
+    clip: Float[Array, ""],
+    unclipped_fraction: Float[Array, ""],
+) -> PyTree:
+    """A client-level DP server after its round: ``opt`` stepped on ``neg_mean`` (minus the
+    noised mean update), the new clip norm and noised unclipped fraction, one more round
+    (DP-FedAvg, DP-FTRL)."""
+    updates, opt_state = opt.update(neg_mean, server.opt_state, server.params)
+    return server.replace(
+        params=optax.apply_updates(server.params, updates),
+        opt_state=opt_state,
+        clip=clip,
+        noisy_unclipped_fraction=unclipped_fraction,
+        rounds=server.rounds + 1,
+    )
+
+
+def check_client_level(alg: Algorithm, clients: ClientData, test) -> None:
+    """What a client-level DP algorithm's settings (``clipping``, ``server_momentum``,
+    ``training`` without record-level DP, ``model``) must satisfy for ``clients``."""
+    check_choice("clipping", alg.clipping, ("fixed", "adaptive"))
+    check_range("server_momentum", alg.server_momentum, 0.0, 1.0, high_open=True)
+    alg.training.check(clients.sizes)
+    if alg.training.record_dp is not None:
+        raise ValueError(
+            f"training.record_dp must be None: {type(alg).__name__}'s unit is the client"
+        )
+    check_model_inputs(alg.model, clients, test)
+
+
+def check_clipping_hyper(hyper: PyTree) -> float:
+    """Checks, as float32, the clip and learning-rate values every client-level DP
+    algorithm has (``initial_clip``, ``target_quantile``, ``clip_lr``, ``client_lr``,
+    ``server_lr``); returns ``clip_lr``."""
+    check_range("clip", stored(hyper.initial_clip), 0.0, math.inf, low_open=True, high_open=True)
+    check_range(
+        "target_quantile", stored(hyper.target_quantile), 0.0, 1.0, low_open=True, high_open=True
+    )
+    clip_lr = check_range("clip_lr", stored(hyper.clip_lr), 0.0, math.inf, high_open=True)
+    check_positive("client_lr", stored(hyper.client_lr))
+    check_positive("server_lr", stored(hyper.server_lr))
+    return clip_lr
+
+
 @dataclass(frozen=True)
 class ClientLevelDPFedAvg(Algorithm):
     """Client-level DP-FedAvg (static settings; hashable).
@@ -241,9 +305,32 @@ class ClientLevelDPFedAvg(Algorithm):
         zero = jnp.zeros((), jnp.float32)
         res = self.training.train(self.model, params, data, key, hyper.client_lr, zero)
         delta = jax.tree.map(jnp.subtract, res.params, params)
+        return state.replace(loss=res.loss), self._clipped_reply(delta, clip)
+
+    def _clipped_reply(self, delta: PyTree, clip: Float[Array, ""]) -> ClientUpdate:
+        """A client's reply for raw update ``delta``: clipped to ``clip``, with its bit."""
         clipped, norm, _ = clip_update(delta, clip)
         bit = (norm <= clip).astype(jnp.float32) if self.clipping == "adaptive" else None
-        return state.replace(loss=res.loss), ClientUpdate(update=clipped, unclipped=bit)
+        return ClientUpdate(update=clipped, unclipped=bit)
+
+    def canary_hook(self) -> CanaryHook:
+        """Client-level canaries (:mod:`swarmjax.privacy.canaries`) by this run's rule: each
+        in canary joins each round at the accounted Poisson rate ``q_c`` (a buffer of every
+        canary: never redrawn) and replies as a client whose raw update is its direction
+        times ``C_t`` (clipped, with its bit, like any client); scored on the global model."""
+
+        def participate(server, key, round_index, included):
+            del round_index
+            m = included.shape[0]
+            ids, mask, _ = poisson_sample(key, server.sample_rate, included, m)
+            return jnp.zeros(m, bool).at[ids].max(mask)
+
+        def reply(request, direction, hyper):
+            del hyper
+            _, clip = request
+            return self._clipped_reply(jax.tree.map(lambda d: d * clip, direction), clip)
+
+        return CanaryHook(0, participate, reply, lambda server: server.params)
 
     def aggregate(
         self,
@@ -263,9 +350,6 @@ class ClientLevelDPFedAvg(Algorithm):
         noisy = self._release(k_sum, total, server.clip, sum_noise, slots.mask.shape[0])
         expected = hyper.sample_rate * n
         neg_mean = jax.tree.map(lambda leaf: -leaf / expected, noisy)
-        opt = self._server_optimizer(hyper.server_lr)
-        updates, opt_state = opt.update(neg_mean, server.opt_state, server.params)
-        params = optax.apply_updates(server.params, updates)
         clip, below = server.clip, server.noisy_unclipped_fraction
         if adaptive:
             centred = jnp.sum(jnp.where(slots.mask, replies.unclipped - 0.5, 0.0))
@@ -274,14 +358,9 @@ class ClientLevelDPFedAvg(Algorithm):
                 k_count, centred, jnp.float32(1.0), hyper.count_noise, slots.mask.shape[0] / 2
             )
             below = noisy_count / expected + 0.5
-            clip = clip * jnp.exp(-hyper.clip_lr * (below - hyper.target_quantile))
-        return server.replace(
-            params=params,
-            opt_state=opt_state,
-            clip=keep_if(jnp.isfinite(clip), clip, server.clip),
-            noisy_unclipped_fraction=below,
-            rounds=server.rounds + 1,
-        )
+            clip = adapted_clip(clip, below, hyper.target_quantile, hyper.clip_lr)
+        opt = self._server_optimizer(hyper.server_lr)
+        return advance_server(server, opt, neg_mean, clip, below)
 
     def _release(
         self, key: PRNGKeyArray, value: PyTree, scale: Array, multiplier: Array, reach: float
@@ -330,14 +409,13 @@ class ClientLevelDPFedAvg(Algorithm):
 
     # ------------------------------------------------------------------------ host side
 
+    def client_data(self, clients: ClientData) -> ClientData:
+        """The clients under ``training.max_examples`` (a flat store gathers the cap)."""
+        return self.training.client_data(clients)
+
     def check(self, clients: ClientData, test: tuple[Array, Array] | None = None) -> None:
-        check_choice("clipping", self.clipping, ("fixed", "adaptive"))
         check_choice("noise_release", self.noise_release, ("snapped", "float"))
-        check_range("server_momentum", self.server_momentum, 0.0, 1.0, high_open=True)
-        self.training.check(clients.sizes)
-        if self.training.record_dp is not None:
-            raise ValueError("training.record_dp must be None: DP-FedAvg's unit is the client")
-        check_model_inputs(self.model, clients, test)
+        check_client_level(self, clients, test)
 
     def default_hyper(self, clients: ClientData, spec: RunSpec) -> DPFedAvgHyper:
         """Client lr 0.1, server lr 1.0, ``q_c = 0.1``, ``z = 1``, ``C_0 = 0.1``,
@@ -378,20 +456,7 @@ class ClientLevelDPFedAvg(Algorithm):
         b = stored(hyper.count_noise)
         b = default_count_noise(q * n, z) if math.isnan(b) else b
         check_range("count_noise", b, 0.0, math.inf, high_open=True)
-        check_range(
-            "clip", stored(hyper.initial_clip), 0.0, math.inf, low_open=True, high_open=True
-        )
-        check_range(
-            "target_quantile",
-            stored(hyper.target_quantile),
-            0.0,
-            1.0,
-            low_open=True,
-            high_open=True,
-        )
-        clip_lr = check_range("clip_lr", stored(hyper.clip_lr), 0.0, math.inf, high_open=True)
-        check_positive("client_lr", stored(hyper.client_lr))
-        check_positive("server_lr", stored(hyper.server_lr))
+        clip_lr = check_clipping_hyper(hyper)
         if self.clipping == "fixed":
             b, clip_lr = 0.0, 0.0
         elif z > 0 and not 2.0 * stored(b) > stored(z):  # as the device will compute it

@@ -1,0 +1,434 @@
+"""Empirical privacy audits inside the run: canaries beside the accounted epsilon.
+
+An accountant proves what the code was meant to do; an audit measures what it does.  This
+module inserts *canaries* into one private run and turns how visible they are in its
+released outputs into a **lower bound** on the run's epsilon, with a confidence level
+(docs/audits.md):
+
+* **client level** (DP-FedAvg; DP-FTRL by its cohort schedule): ``M`` canary clients whose
+  update is a fixed random direction ``u_i`` (unit L2 norm over the whole model) times
+  ``norm * C_t`` (``norm >= 1``: at least the clip, so the clip leaves a canary of norm
+  exactly ``C_t``).  Each canary is *in* with probability 1/2 (a secret coin); an in canary
+  takes part in each round by the run's own participation rule (the algorithm's
+  :class:`CanaryHook`: Poisson rate ``q`` for DP-FedAvg), an out canary never does.  Score:
+  ``cos(w_T - w_0, u_i)``, the cosine of the final model's change with the canary's
+  direction (Andrew et al. 2024, arXiv 2302.03098).  ``simulate(..., audit=CanaryAudit(N))``.
+* **record level** (DP-SGD / DP-Adam): ``M`` gradient canaries, records whose clipped
+  gradient is ``C u_i`` whatever the model (Steinke, Nasr & Jagielski 2023's "Dirac"
+  canaries), each in with probability 1/2 and, when in, drawn into each step's Poisson batch
+  at rate ``q`` like any record.  Score ``"gradient"``: ``sum_t <g~_t, u_i>`` over the
+  released noised gradients (white box: every noised gradient is released), or
+  ``"cosine"``: ``cos(theta_0 - theta_T, u_i)`` (black box, the final model only).
+  :class:`GradientCanaries`, with :func:`swarmjax.privacy.dpsgd.dp_grad`'s ``canary_sum``.
+
+The scores of in against out canaries go to jax-privacy's
+``jax_privacy.auditing.CanaryScoreAuditor``: ``epsilon_one_run`` (Steinke, Nasr & Jagielski
+2023: the one-run bound, valid because the canaries' coins are independent fair coins and
+the mechanism is (epsilon, delta)-DP with respect to each canary), with the true positive
+rate at a false positive rate and the attack's AUROC.  :func:`audit_scores` returns a
+:class:`CanaryReport`; a bound above the accounted epsilon means the mechanism is broken,
+with the stated confidence.
+
+Canaries are never counted in released metrics (selected counts, bytes) nor in the real
+clients' or records' accounting; they do move the model (that is how they are seen).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax_privacy.auditing import CanaryScoreAuditor
+from jaxtyping import Array, ArrayLike, Bool, Float, Int, PRNGKeyArray, PyTree
+
+from swarmjax._validation import check_choice, check_int, check_range
+
+__all__ = [
+    "CLIENT_SCORES",
+    "METHOD",
+    "RECORD_SCORES",
+    "SCORES",
+    "CanaryAudit",
+    "CanaryHook",
+    "CanaryReport",
+    "GradientCanaries",
+    "audit_scores",
+    "canary_directions",
+    "canary_dots",
+    "canary_key",
+    "cosine_scores",
+    "inclusion",
+    "participation_key",
+]
+
+SCORES: tuple[str, ...] = ("cosine", "gradient")
+"""Canary scores: ``"cosine"`` (the final model's change against each canary direction;
+client and record level) and ``"gradient"`` (record level only: the sum over steps of each
+released noised gradient's component along the canary direction)."""
+CLIENT_SCORES: tuple[str, ...] = ("cosine",)
+"""Scores a client-level audit (``simulate(..., audit=...)``) can compute."""
+RECORD_SCORES: tuple[str, ...] = ("cosine", "gradient")
+"""Scores a record-level audit (:class:`GradientCanaries`) can compute."""
+METHOD = (
+    "one-run audit (Steinke, Nasr & Jagielski 2023) of canary scores by jax-privacy's "
+    "CanaryScoreAuditor.epsilon_one_run (Bonferroni over thresholds)"
+)
+"""How every :class:`CanaryReport`'s bound is computed."""
+
+_CANARY_DOMAIN = 0x43414E59  # "CANY": canary keys never coincide with the protocol's domains
+_INCLUSION, _PARTICIPATION, _DIRECTION = 0, 1, 2
+
+
+# ------------------------------------------------------------------------------ settings
+
+
+@dataclass(frozen=True)
+class CanaryAudit:
+    """What to audit a private run with (immutable; hashable: a static jit argument).
+
+    Attributes:
+        canaries: ``M >= 2`` canaries (clients at client level, gradient records at record
+            level); each is in with probability 1/2.  At most the model's parameter count
+            (that many directions can be linearly independent): checked by the run.
+        score: ``"cosine"`` or ``"gradient"`` (:data:`SCORES`; record level only).
+        confidence: the bound holds with at least this probability, in ``(0.5, 1)``.
+        norm: a canary's update (client level) as a multiple of the clip, ``>= 1``: the
+            clip then leaves every canary at exactly the clip norm (record-level gradient
+            canaries are always exactly ``C``).
+        fpr: false positive rate at which :attr:`CanaryReport.tpr_at_fpr` is read, in
+            ``(0, 1)``.
+        seed: seed of the client-level canary directions, shared by every run of a call
+            (public: the bound needs only the in/out coins secret, and those come from each
+            run's own key).
+    """
+
+    canaries: int
+    score: str = "cosine"
+    confidence: float = 0.95
+    norm: float = 1.0
+    fpr: float = 0.05
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        check_int("audit canaries", self.canaries, 2)
+        check_choice("audit score", self.score, SCORES)
+        check_range("audit confidence", self.confidence, 0.5, 1.0, low_open=True, high_open=True)
+        check_range("audit norm", self.norm, 1.0, math.inf, high_open=True)
+        check_range("audit fpr", self.fpr, 0.0, 1.0, low_open=True, high_open=True)
+        check_int("audit seed", self.seed, 0)
+        object.__setattr__(self, "confidence", float(self.confidence))
+        object.__setattr__(self, "norm", float(self.norm))
+        object.__setattr__(self, "fpr", float(self.fpr))
+
+    def check_for(self, unit: str, parameters: int) -> None:
+        """One-line ``ValueError`` naming the option when this audit cannot run on a
+        ``unit``-level (``"client"`` or ``"record"``) run of a model of ``parameters``."""
+        scores = CLIENT_SCORES if unit == "client" else RECORD_SCORES
+        if self.score not in scores:
+            raise ValueError(
+                f"audit score {self.score!r} is not available for {unit}-level canaries; "
+                f"choose one of {', '.join(map(repr, scores))}"
+            )
+        if self.canaries > parameters:
+            raise ValueError(
+                f"audit canaries must be <= {parameters} (the model's parameters: no more "
+                f"canary directions can be independent); got {self.canaries}"
+            )
+
+
+@dataclass(frozen=True)
+class CanaryHook:
+    """How an algorithm takes client-level canaries (its ``canary_hook()`` returns one).
+
+    Attributes:
+        exchange: index (in ``alg.exchanges``) of the exchange that carries canaries.
+        participate: ``(server, key, round_index, included (M,) bool) -> (M,) bool``: which
+            canaries take part in this round, by the run's participation rule (DP-FedAvg:
+            Poisson at the accounted rate; DP-FTRL: its cohort schedule); only ``included``
+            ones may.
+        reply: ``(request, direction, hyper) -> reply``: one canary's reply to the
+            exchange's request, as a real client would send it, for a canary whose raw
+            update is ``direction`` times the request's clip (``direction``: a pytree like
+            the model, L2 norm ``audit.norm``).
+        params: ``server -> params``: the released model the canaries are scored on.
+        unit: the privacy unit canaries stand for (``"client"``).
+    """
+
+    exchange: int
+    participate: Callable[[Any, PRNGKeyArray, Int[Array, ""], Bool[Array, " M"]], Array]
+    reply: Callable[[Any, PyTree, Any], PyTree]
+    params: Callable[[Any], PyTree]
+    unit: str = "client"
+
+
+# ------------------------------------------------------------------------------ keys, directions
+
+
+def canary_key(run_key: PRNGKeyArray) -> PRNGKeyArray:
+    """The canaries' own key of a run (a domain no protocol key shares)."""
+    return jax.random.fold_in(run_key, _CANARY_DOMAIN)
+
+
+def inclusion(key: PRNGKeyArray, canaries: int) -> Bool[Array, " M"]:
+    """``(M,)`` secret fair coins: which canaries are in (``key``: :func:`canary_key`)."""
+    return jax.random.bernoulli(jax.random.fold_in(key, _INCLUSION), 0.5, (canaries,))
+
+
+def participation_key(
+    key: PRNGKeyArray, round_index: Int[Array, ""] | int, exchange: int
+) -> PRNGKeyArray:
+    """Key of the canaries' participation draw in that exchange of that round."""
+    k = jax.random.fold_in(jax.random.fold_in(key, _PARTICIPATION), round_index)
+    return jax.random.fold_in(k, exchange)
+
+
+def canary_directions(key: PRNGKeyArray, like: PyTree, canaries: int) -> PyTree:
+    """``M`` orthonormal canary directions: a pytree like ``like`` (float32) with a leading
+    ``M`` axis; each canary's whole-pytree L2 norm is 1 and any two are orthogonal, so no
+    canary's score carries another's signal (random directions would: with the same in
+    canaries in every step, ``<sum_j u_j, u_i>`` adds up coherently, ``~ sqrt(M / d)`` of the
+    signal).  A uniformly random orthonormal frame (QR of a Gaussian ``(d, M)`` matrix),
+    so ``M <= d`` (the model's parameter count ``d``: :meth:`CanaryAudit.check_for`).
+    Cost: ``O(d M^2)`` once per run, memory ``M d`` floats."""
+    leaves, tree = jax.tree.flatten(like)
+    shapes = [tuple(np.shape(leaf)) for leaf in leaves]
+    sizes = [math.prod(shape) for shape in shapes]
+    gauss = jax.random.normal(
+        jax.random.fold_in(key, _DIRECTION), (sum(sizes), canaries), jnp.float32
+    )
+    q, r = jnp.linalg.qr(gauss)
+    rows = (q * jnp.where(jnp.diagonal(r) < 0, -1.0, 1.0)).T  # (M, d); signs: Haar frame
+    parts = jnp.split(rows, np.cumsum(sizes)[:-1].tolist(), axis=1)
+    return jax.tree.unflatten(
+        tree, [p.reshape((canaries, *shape)) for p, shape in zip(parts, shapes, strict=True)]
+    )
+
+
+def canary_dots(directions: PyTree, vector: PyTree) -> Float[Array, " M"]:
+    """``(M,)``: ``<vector, u_i>`` for every canary (``directions``: leading ``M`` axis)."""
+    pairs = zip(jax.tree.leaves(directions), jax.tree.leaves(vector), strict=True)
+    return sum(jnp.tensordot(d, jnp.asarray(v, jnp.float32), axes=jnp.ndim(v)) for d, v in pairs)
+
+
+def cosine_scores(directions: PyTree, change: PyTree) -> Float[Array, " M"]:
+    """``(M,)``: ``cos(change, u_i)`` for every canary (``change``: the final model minus the
+    initial one at client level, initial minus final at record level; a zero change scores
+    0)."""
+    leaves = jax.tree.leaves(change)
+    norm = jnp.sqrt(sum(jnp.sum(jnp.square(jnp.asarray(v, jnp.float32))) for v in leaves))
+    return canary_dots(directions, change) / jnp.maximum(norm, jnp.finfo(jnp.float32).tiny)
+
+
+# ------------------------------------------------------------------------------ record level
+
+
+@flax.struct.dataclass
+class GradientCanaries:
+    """Record-level gradient canaries of one DP-SGD / DP-Adam run (a pytree: jit, vmap).
+
+    Attributes:
+        directions: ``M`` orthonormal directions ``u_i`` (a pytree like the model with a
+            leading ``M`` axis: :func:`canary_directions`).
+        included: ``(M,)`` the secret fair coins (in canaries may be drawn).
+        scores: ``(M,)`` ``sum_t <g~_t, u_i>`` over the noised gradients observed so far
+            (score ``"gradient"``; units of the gradient).
+        clip_norm: ``C``: every canary's clipped gradient is ``C u_i``.
+    """
+
+    directions: PyTree
+    included: Bool[Array, " M"]
+    scores: Float[Array, " M"]
+    clip_norm: Float[Array, ""]
+
+    @classmethod
+    def create(
+        cls, key: PRNGKeyArray, audit: CanaryAudit, params: PyTree, clip_norm: ArrayLike
+    ) -> GradientCanaries:
+        """Canaries of ``audit`` for a model like ``params`` (checked: one line naming the
+        option when the audit cannot run on it), clipped at ``clip_norm``."""
+        audit.check_for("record", sum(int(np.size(p)) for p in jax.tree.leaves(params)))
+        check_range("clip_norm", clip_norm, 0.0, math.inf, low_open=True, high_open=True)
+        m = audit.canaries
+        key = canary_key(key)
+        return cls(
+            directions=canary_directions(key, params, m),
+            included=inclusion(key, m),
+            scores=jnp.zeros((m,), jnp.float32),
+            clip_norm=jnp.asarray(clip_norm, jnp.float32),
+        )
+
+    @property
+    def canaries(self) -> int:
+        """``M``."""
+        return int(self.included.shape[-1])
+
+    def gradient_sum(
+        self, key: PRNGKeyArray, sample_rate: ArrayLike
+    ) -> tuple[PyTree, Bool[Array, " M"]]:
+        """This step's canary contribution to the clipped sum: ``C sum_i drawn_i u_i`` (a
+        pytree like the model, float32), each in canary drawn at Poisson rate
+        ``sample_rate`` (``key``: the step's own, e.g. ``dpsgd.noise_key(k, t)``), and the
+        ``(M,)`` draw.  Pass it as ``dp_grad(..., canary_sum=...)``."""
+        coins = jax.random.bernoulli(key, sample_rate, self.included.shape)
+        drawn = coins & self.included
+        weights = jnp.where(drawn, self.clip_norm, 0.0)
+        total = jax.tree.map(lambda d: jnp.tensordot(weights, d, axes=1), self.directions)
+        return total, drawn
+
+    def observe(self, noisy_grad: PyTree) -> GradientCanaries:
+        """Add ``<g~, u_i>`` of a released noised gradient to every canary's score."""
+        return self.replace(scores=self.scores + canary_dots(self.directions, noisy_grad))
+
+    def final_scores(self, score: str, initial: PyTree, final: PyTree) -> Float[Array, " M"]:
+        """``(M,)`` scores of ``score``: ``"gradient"`` (the observed sum) or ``"cosine"``
+        (``cos(initial - final, u_i)``: descent moves against a canary's gradient)."""
+        check_choice("audit score", score, RECORD_SCORES)
+        if score == "gradient":
+            return self.scores
+        change = jax.tree.map(lambda a, b: jnp.asarray(a, jnp.float32) - b, initial, final)
+        return cosine_scores(self.directions, change)
+
+    def report(
+        self,
+        audit: CanaryAudit,
+        *,
+        epsilon: float,
+        delta: float,
+        initial: PyTree | None = None,
+        final: PyTree | None = None,
+    ) -> CanaryReport:
+        """The :class:`CanaryReport` of the run against its accounted ``(epsilon, delta)``
+        (``initial`` and ``final`` params: needed by score ``"cosine"`` only)."""
+        if audit.score == "cosine" and (initial is None or final is None):
+            raise ValueError("audit score 'cosine' needs initial= and final= params")
+        scores = self.final_scores(audit.score, initial, final)
+        return audit_scores(
+            scores, self.included, audit=audit, epsilon=epsilon, delta=delta, unit="record"
+        )
+
+
+# ------------------------------------------------------------------------------ report
+
+
+@dataclass(frozen=True)
+class CanaryReport:
+    """One run's audit: the empirical lower bound beside the accounted epsilon.
+
+    Attributes:
+        epsilon_lower: with probability ``>= confidence`` the run's true epsilon (at
+            ``delta``) is at least this (``0``: nothing detected).  A lower bound, not an
+            estimate: a correct mechanism usually shows far less than ``epsilon``.
+        confidence: the bound's confidence level.
+        epsilon: the accounted epsilon it is compared to (the run's largest over clients).
+        delta: the delta both are stated at.
+        canaries: canaries inserted (in and out); included: how many were in.
+        unit: ``"client"`` or ``"record"``; score: how canaries were scored.
+        tpr_at_fpr: the best threshold attack's true positive rate at false positive rate
+            ``fpr`` (in against out canaries); auroc: its area under the ROC curve.
+        method: how the bound was computed (:data:`METHOD`).
+    """
+
+    epsilon_lower: float
+    confidence: float
+    epsilon: float
+    delta: float
+    canaries: int
+    included: int
+    unit: str
+    score: str
+    tpr_at_fpr: float
+    fpr: float
+    auroc: float
+    method: str = METHOD
+
+    @property
+    def exceeds(self) -> bool:
+        """True when the lower bound is above the accounted epsilon: the mechanism is broken
+        (with probability ``>= confidence``)."""
+        return self.epsilon_lower > self.epsilon
+
+    def line(self) -> str:
+        """One line to print beside the accounted epsilon."""
+        verdict = "EXCEEDS the accounted epsilon: broken mechanism" if self.exceeds else "ok"
+        return (
+            f"empirical epsilon >= {self.epsilon_lower:.3f} at {self.confidence:.0%} "
+            f"confidence ({self.unit}-level, {self.included}/{self.canaries} canaries in, "
+            f"{self.score} score; TPR {self.tpr_at_fpr:.3f} at FPR {self.fpr:g}) vs "
+            f"accounted ({self.epsilon:.3f}, {self.delta:g}): {verdict}"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able fields (the privacy record's and the ledger's ``audit``)."""
+        return {
+            "epsilon_lower": self.epsilon_lower,
+            "confidence": self.confidence,
+            "epsilon": self.epsilon,
+            "delta": self.delta,
+            "canaries": self.canaries,
+            "included": self.included,
+            "unit": self.unit,
+            "score": self.score,
+            "tpr_at_fpr": self.tpr_at_fpr,
+            "fpr": self.fpr,
+            "auroc": self.auroc,
+            "method": self.method,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> CanaryReport:
+        """The report :meth:`to_dict` described."""
+        return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
+
+
+def audit_scores(
+    scores: Float[ArrayLike, " M"],
+    included: Bool[ArrayLike, " M"],
+    *,
+    audit: CanaryAudit,
+    epsilon: float,
+    delta: float,
+    unit: str,
+) -> CanaryReport:
+    """The one-run lower bound of in against out canary scores (host side, numpy).
+
+    Args:
+        scores: ``(M,)`` canary scores, higher for canaries more visible in the output; a
+            non-finite score (a diverged model) counts as the lowest possible.
+        included: ``(M,)`` the secret coins (True: in).
+        audit: the audit's settings (confidence, fpr).
+        epsilon, delta: the run's accounted guarantee (the bound is stated at ``delta``).
+        unit: ``"client"`` or ``"record"``.
+
+    Returns:
+        The :class:`CanaryReport`; with no in or no out canary (chance ``2^(1 - M)``)
+        nothing can be detected: ``epsilon_lower = 0``, ``tpr_at_fpr = 0``, ``auroc = 0.5``.
+    """
+    s = np.asarray(scores, np.float64).reshape(-1)
+    inc = np.asarray(included, bool).reshape(-1)
+    s = np.where(np.isfinite(s), s, np.finfo(np.float64).min)
+    ins, outs = s[inc], s[~inc]
+    common = dict(
+        confidence=audit.confidence,
+        epsilon=float(epsilon),
+        delta=float(delta),
+        canaries=int(s.size),
+        included=int(ins.size),
+        unit=unit,
+        score=audit.score,
+        fpr=audit.fpr,
+    )
+    if ins.size == 0 or outs.size == 0:
+        return CanaryReport(epsilon_lower=0.0, tpr_at_fpr=0.0, auroc=0.5, **common)
+    auditor = CanaryScoreAuditor(ins, outs)
+    return CanaryReport(
+        epsilon_lower=float(auditor.epsilon_one_run(1.0 - audit.confidence, float(delta))),
+        tpr_at_fpr=float(auditor.tpr_at_given_fpr(audit.fpr)),
+        auroc=float(auditor.attack_auroc()),
+        **common,
+    )
