@@ -6,29 +6,40 @@ Fashion-MNIST split into many small clients (``--clients``; IID: a seeded shuffl
 equal consecutive chunks, as pfl's benchmark; Dirichlet label skew; McMahan's shards; or
 a power law of client sizes), kept as one flat store of rows (memory: the dataset, not
 clients x the largest client), ``--cohort``
-clients per round, 1 local epoch of SGD at batch 10, and compares FedAvg, FedProx,
-FedAdam, FedYogi and user-level DP-FedAvg (fixed or adaptive clipping; a secret Poisson
-cohort of expected size ``--cohort`` calibrated to ``--epsilon`` at ``--delta`` by
-``--accountant``, its buffer sized by the algorithm's privacy plan).
+clients per round, 1 local epoch of SGD at batch 10, and compares the algorithms of
+:mod:`swarmjax.fl.algorithms.registry` (``--algorithm``): FedAvg, FedProx, FedAdam, FedYogi,
+user-level DP-FedAvg (fixed or adaptive clipping; a secret Poisson cohort of expected size
+``--cohort``, its buffer sized by the algorithm's privacy plan) and user-level DP-FTRL
+(fixed clipping; public cohorts of ``--cohort``, each client at most
+``--max-participations`` times at least ``--min-separation`` rounds apart by a ``--schedule``,
+correlated noise of a ``--factorization``; no amplification). Each DP algorithm runs once
+per ``--epsilon`` (several allowed), calibrated at ``--delta`` by ``--accountant``.
+``--noise-cohort M`` (DP-FTRL, never the default) calibrates the noise for a deployment with
+cohorts of ``M`` as pfl's benchmarks do: the epsilon then holds only for such a deployment,
+and the records and the printed summary say so.
 
 Results go to ``results/cross_device/``: ``history.csv`` (per seed and round: test accuracy
-on ``--test-size`` public test rows, bytes, epsilon), ``summary.csv`` / ``summary.json``
-(final accuracy on the whole test set, seconds per round, epsilon and what it covers),
+on the first ``--test-size`` test rows, bytes, epsilon), ``summary.csv`` / ``summary.json``
+(final accuracy on the whole test set, seconds per round, epsilon and what it covers;
+``test_sets`` says which rows each uses; the run's peak memory),
 ``privacy.json``, the experiment's privacy ledger ``privacy_ledger.json`` / ``.md`` (every
 run as a release and the epsilon of publishing the DP ones together), and the figures
-``accuracy_per_round.png`` (mean and a band of one std over seeds) and
-``accuracy_vs_epsilon.png``. Every algorithm checkpoints its run after each round
-(``checkpoints/``, orbax): rerunning the same command resumes a killed run from its
-last round and ends with the same numbers (``checkpoints/`` holds private state: it is
-marked not released); ``--restart`` starts over.
+``accuracy_per_round.png`` (mean and a band of one std over seeds, one line per run) and
+``accuracy_vs_epsilon.png`` (final accuracy against the accounted epsilon, one line per DP
+algorithm over its ``--epsilon`` runs), titled with the dataset, clients, cohort, rounds and
+epsilon. Every
+algorithm checkpoints its run after each round (``checkpoints/``, orbax): rerunning the
+same command resumes a killed run from its last round and ends with the same numbers
+(``checkpoints/`` holds private state: it is marked not released); ``--restart`` starts
+over.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import math
+import re
 import shutil
 import time
 from pathlib import Path
@@ -38,23 +49,25 @@ import numpy as np
 import pandas as pd
 
 from experiments import _cli, _report
-from swarmjax.fl.algorithms.client_level_dp_fedavg import ClientLevelDPFedAvg
-from swarmjax.fl.algorithms.fedavg import FedAvg
-from swarmjax.fl.algorithms.fedprox import FedProx
+from swarmjax.fl.algorithms import registry
 from swarmjax.fl.client.training import LocalTraining
-from swarmjax.fl.data import load_dataset, partition
+from swarmjax.fl.data import partition
 from swarmjax.fl.data.store import ClientStore
 from swarmjax.fl.protocol import RunSpec, Variants
 from swarmjax.fl.runtime import simulate
 from swarmjax.fl.runtime.simulator import CHECKPOINT_NOT_RELEASED
 from swarmjax.models import evaluate, simple_cnn
-from swarmjax.privacy.ledger import Ledger
+from swarmjax.privacy.ftrl import FACTORIZATIONS, SCHEDULES
+from swarmjax.privacy.ledger import Ledger, releases_from_result
 from swarmjax.privacy.plan import default_delta
 
-ALGORITHMS = ("fedavg", "fedprox", "fedadam", "fedyogi", "dp-fedavg", "dp-fedavg-adaptive")
+ALGORITHMS = registry.names(cross_device=True)
+DP_ALGORITHMS = registry.names(cross_device=True, user_dp=True)
 PARTITIONS = ("consecutive", "dirichlet", "shards", "power_law")
-EVAL_BATCH = 250  # test rows per evaluation chunk: a one-pass CNN evaluation of 1,000 rows
+EVAL_BATCH = 125  # test rows per evaluation chunk: a one-pass CNN evaluation of 1,000 rows
 # holds ~0.8 GiB of activations (measured); chunks keep a run's peak memory to the cohort's
+# (--quick peaked at 4.3 GiB with a final evaluation in chunks of 2,000, 1.53 GiB at 250
+# and 1.39 GiB at 125: issue 38's target is 1.5 GiB)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,7 +80,7 @@ class Profile:
     cohort: int
     rounds: int
     algorithms: tuple[str, ...]
-    epsilon: float
+    epsilons: tuple[float, ...]  # one run of each DP algorithm per target
     delta: float | None  # None: default_delta(clients) = 0.1 / clients
     seeds: tuple[int, ...]
     partition: str
@@ -78,6 +91,16 @@ class Profile:
     clip: float = 0.4
     mu: float = 0.01
     adaptive_server_lr: float = 0.01  # FedAdam / FedYogi
+    # DP-FTRL (registry.FTRL_OPTIONS): None: the most the cohort allows / as many as fit
+    factorization: str = "blt"
+    schedule: str = "cyclic"
+    min_separation: int | None = None
+    max_participations: int | None = None
+    noise_cohort: int | None = None  # pfl's noise_cohort_size: never the default
+
+    def ftrl_options(self) -> dict:
+        """DP-FTRL's settings (:data:`registry.FTRL_OPTIONS`) as the registry takes them."""
+        return {k: getattr(self, k) for k in registry.FTRL_OPTIONS}
 
 
 PROFILES = {
@@ -88,7 +111,7 @@ PROFILES = {
         cohort=10,
         rounds=3,
         algorithms=("fedavg", "dp-fedavg"),
-        epsilon=8.0,
+        epsilons=(8.0,),
         delta=None,
         seeds=(0,),
         partition="consecutive",
@@ -101,7 +124,7 @@ PROFILES = {
         cohort=50,
         rounds=30,
         algorithms=("fedavg", "fedadam", "dp-fedavg"),
-        epsilon=2.0,
+        epsilons=(2.0,),
         delta=None,
         seeds=(0,),
         partition="consecutive",
@@ -109,7 +132,12 @@ PROFILES = {
     ),
 }
 PROFILES["full"] = dataclasses.replace(
-    PROFILES["default"], rounds=100, algorithms=ALGORITHMS, seeds=(0, 1), test_size=10000
+    PROFILES["default"],
+    rounds=100,
+    algorithms=ALGORITHMS,
+    epsilons=(2.0, 8.0),
+    seeds=(0, 1),
+    test_size=10000,
 )
 
 
@@ -118,7 +146,8 @@ def _parser() -> argparse.ArgumentParser:
         "cross_device",
         __doc__.split("\n\n")[0],
         quick="CI: 100 clients, cohort 10, 3 rounds, FedAvg and DP-FedAvg",
-        full="every algorithm, 1,200 clients of 50 rows, cohort 50, 100 rounds, 2 seeds",
+        full="every algorithm, 1,200 clients of 50 rows, cohort 50, 100 rounds, 2 seeds, "
+        "epsilon 2 and 8",
         data="mnist/ or fashion_mnist/ (IDX files)",
         seeds="quick 1, default 1, full 2",
         privacy="clients",
@@ -138,12 +167,50 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--cohort", type=_cli.count("--cohort"), help="clients per round (50)")
     p.add_argument("--rounds", type=_cli.count("--rounds"), help="rounds (default 30)")
     p.add_argument(
-        "--algorithm", nargs="+", choices=ALGORITHMS, help="default fedavg fedadam dp-fedavg"
+        "--algorithm",
+        nargs="+",
+        choices=ALGORITHMS,
+        help="default fedavg fedadam dp-fedavg; "
+        + "; ".join(f"{n}: {registry.lookup(n).description}" for n in ALGORITHMS),
     )
     p.add_argument(
         "--epsilon",
+        nargs="+",
         type=_cli.positive_float("--epsilon"),
-        help="user-level target epsilon of the DP algorithms (default 2)",
+        help="user-level target epsilon(s) of the DP algorithms, one run each (default 2; "
+        "quick 8; full 2 8)",
+    )
+    ftrl = p.add_argument_group("DP-FTRL (--algorithm dp-ftrl)")
+    ftrl.add_argument(
+        "--factorization",
+        choices=FACTORIZATIONS,
+        help="the noise's matrix factorization: blt (default, buffered Toeplitz), banded, "
+        "prefix-sum (independent noise: DP-SGD's)",
+    )
+    ftrl.add_argument(
+        "--min-separation",
+        type=_cli.count("--min-separation"),
+        help="b: fewest rounds between two participations of a client (default the most the "
+        "cohort allows, min(clients // cohort, rounds))",
+    )
+    ftrl.add_argument(
+        "--max-participations",
+        type=_cli.count("--max-participations"),
+        help="k: participations per client (default as many as fit, ceil(rounds / b))",
+    )
+    ftrl.add_argument(
+        "--schedule",
+        choices=SCHEDULES,
+        help="who takes part when: cyclic (default; a public seeded cycle), random (drawn "
+        "among the clients allowed), single (each client at most once)",
+    )
+    ftrl.add_argument(
+        "--noise-cohort",
+        type=_cli.count("--noise-cohort", 2),
+        metavar="M",
+        help="pfl's noise_cohort_size: calibrate the noise for a deployment with cohorts of M "
+        "(> --cohort); epsilon then holds ONLY for such a deployment, not for this run "
+        "(never the default)",
     )
     p.add_argument(
         "--partition",
@@ -166,29 +233,97 @@ def profile(args: argparse.Namespace) -> Profile:
         "cohort": args.cohort,
         "rounds": args.rounds,
         "algorithms": tuple(args.algorithm) if args.algorithm else None,
-        "epsilon": args.epsilon,
+        "epsilons": tuple(args.epsilon) if args.epsilon else None,
         "delta": args.delta,
         "accountant": args.accountant,
         "partition": args.partition,
         "test_size": args.test_size,
         "seeds": tuple(range(args.seeds)) if args.seeds else None,
+        **{k: getattr(args, k) for k in registry.FTRL_OPTIONS},
     }
     prof = dataclasses.replace(base, **{k: v for k, v in given.items() if v is not None})
     if prof.cohort > prof.clients:
-        raise _cli.UserError(f"--cohort {prof.cohort} must be <= --clients {prof.clients}")
+        raise _cli.UserError(
+            f"{_cli.setting(args, 'cohort', prof.cohort, 'cohort')} must be <= "
+            f"{_cli.setting(args, 'clients', prof.clients, 'number of clients')}"
+        )
+    if prof.partition != "consecutive":
+        _cli.refuse_unused(
+            args, ["rows_per_client"], f"--partition {prof.partition} sizes the clients itself"
+        )
+    if not any(a in DP_ALGORITHMS for a in prof.algorithms):
+        why = f"none of the algorithms {' '.join(prof.algorithms)} is DP"
+        _cli.refuse_unused(
+            args, ["epsilon"], f"{why} (add one of {', '.join(DP_ALGORITHMS)} to --algorithm)"
+        )
+        _cli.warn_unused(args, ["delta", "accountant"], f"{why}: they only label the records")
+    if len(set(prof.epsilons)) != len(prof.epsilons):
+        raise _cli.UserError(f"--epsilon gives a value twice: {' '.join(map(str, args.epsilon))}")
+    if "dp-ftrl" not in prof.algorithms:
+        _cli.refuse_unused(
+            args, registry.FTRL_OPTIONS, "it is a DP-FTRL option (add dp-ftrl to --algorithm)"
+        )
+    else:
+        check_ftrl(args, prof)
+    if prof.dataset == "digits":
+        _cli.refuse_unused(args, ["data_dir"], "--dataset digits ships with scikit-learn")
+    _cli.check_memory(memory_estimate(prof), *_memory_option(args, prof))
     return prof
 
 
-def clients_and_test(prof: Profile, data_dir: Path | None):
+TRAIN_ROWS = {"mnist": 60_000, "fashion_mnist": 60_000, "digits": 1_437}
+EXAMPLE = {"mnist": (28, 28, 1), "fashion_mnist": (28, 28, 1), "digits": (8, 8, 1)}
+
+
+def memory_estimate(prof: Profile) -> int:
+    """Bytes a run of ``prof`` allocates, estimated before any work (:func:`_cli.array_bytes`):
+    the training set, one client store, and per cohort slot (a DP cohort's buffer holds up
+    to twice the expected cohort) its gathered rows and four model-sized arrays (the model,
+    its update, the optimiser's state), for every seed; DP-FTRL's noise state is up to ten
+    model-sized buffers per seed (a BLT's; a band's ``min(b, 32)``)."""
+    from swarmjax.models import param_count
+
+    shape = EXAMPLE[prof.dataset]
+    rows = prof.rows_per_client or max(1, TRAIN_ROWS[prof.dataset] // prof.clients)
+    if prof.partition != "consecutive":
+        rows = max(1, TRAIN_ROWS[prof.dataset] // prof.clients)  # the mean; the largest is more
+    params = param_count(jax.eval_shape(simple_cnn(10, shape).init, jax.random.key(0)))
+    dp = any(a in DP_ALGORITHMS for a in prof.algorithms)
+    slots = (2 if dp else 1) * prof.cohort * len(prof.seeds)
+    noise = (32 if prof.factorization == "banded" else 10) if "dp-ftrl" in prof.algorithms else 0
+    return _cli.array_bytes(
+        (2, TRAIN_ROWS[prof.dataset], *shape),
+        (slots, rows, *shape),
+        (slots, 4, params),
+        (prof.clients, 4),
+        (len(prof.seeds), noise, params),
+    )
+
+
+def _memory_option(args: argparse.Namespace, prof: Profile) -> tuple[str, str]:
+    """The option a memory refusal names (one the user gave: --cohort, --clients, --seeds,
+    else --cohort) and what the estimate holds."""
+    option = _cli.option_named(args, ["cohort", "clients", "seeds", "rows_per_client"])
+    what = (
+        f"{prof.dataset}, {prof.clients} clients, cohort {prof.cohort}, {len(prof.seeds)} "
+        "seed(s): the data, each cohort slot's rows and model-sized arrays"
+    )
+    return option, what
+
+
+def clients_and_test(prof: Profile, data_dir: Path | None, args: argparse.Namespace):
     """The clients as one flat :class:`~swarmjax.fl.data.store.ClientStore` and the public
     test set (the first ``test_size`` rows for the per-round curve, all for the end)."""
-    data = load_dataset(prof.dataset, data_dir)
+    source = _cli.data_source(args)
+    data = _cli.load_dataset(prof.dataset, data_dir, source)
     n = len(data.y_train)
     rows = prof.rows_per_client if prof.partition == "consecutive" else None
     if prof.clients * (rows or 1) > n:
+        clients = _cli.setting(args, "clients", prof.clients, "number of clients")
+        per = _cli.setting(args, "rows_per_client", rows or 1, "rows per client")
         raise _cli.UserError(
-            f"--clients x --rows-per-client = {prof.clients * (rows or 1)} exceeds the {n} "
-            f"training rows of {prof.dataset}"
+            f"{clients} x {per} = {prof.clients * (rows or 1)} rows exceed the {n} training "
+            f"rows of {prof.dataset}: lower --clients or --rows-per-client"
         )
     kw = {
         "consecutive": {"size": rows},
@@ -199,39 +334,115 @@ def clients_and_test(prof: Profile, data_dir: Path | None):
     try:
         part = partition(data.y_train, prof.clients, prof.partition, seed=0, **kw)
     except ValueError as err:
-        raise _cli.UserError(f"--partition {prof.partition}: {err}") from None
+        how = _cli.setting(args, "partition", prof.partition, "partition")
+        raise _cli.UserError(f"{how}: {err}; change --clients or --partition") from None
+    if prof.test_size > len(data.y_test):
+        size = _cli.setting(args, "test_size", prof.test_size, "per-round test size")
+        raise _cli.UserError(
+            f"{size} exceeds the {len(data.y_test)} test rows of {prof.dataset}: lower --test-size"
+        )
     store = ClientStore.build(data.x_train, data.y_train, part.indices)
     test = (data.x_test[: prof.test_size], data.y_test[: prof.test_size])
     return store, test, (data.x_test, data.y_test)
 
 
-def algorithm(name: str, prof: Profile, clients) -> tuple:
-    """``(algorithm, grid values)`` of ``name`` under ``prof``."""
-    model = simple_cnn(10, clients.example_shape)
-    local = LocalTraining(epochs=1, batch_size=10, optimizer="sgd")
-    ev = {"eval_batch_size": EVAL_BATCH}
-    lr = {"learning_rate": prof.client_lr}
-    if name in ("fedavg", "fedadam", "fedyogi"):
-        server = {"fedavg": None, "fedadam": "adam", "fedyogi": "yogi"}[name]
-        alg = FedAvg(model, local, cohort=prof.cohort, server_optimizer=server, **ev)
-        slr = prof.server_lr if server is None else prof.adaptive_server_lr
-        return alg, {**lr, "server_lr": slr}
-    if name == "fedprox":
-        return FedProx(model, local, cohort=prof.cohort, **ev), {**lr, "mu": prof.mu}
-    q = prof.cohort / prof.clients
-    clipping = "adaptive" if name.endswith("adaptive") else "fixed"
-    # the algorithm's privacy plan sizes the Poisson buffer for this run
-    alg = ClientLevelDPFedAvg.for_run(
-        model, prof.clients, q, spec(prof), prof.epsilon, training=local, clipping=clipping, **ev
+_FTRL_FIELDS = {  # DPFTRL's fields that start its refusals: the Profile field (and the
+    # option's dest) of the same name, as a message names a value the user did not give
+    "min_separation": "min separation",
+    "max_participations": "max participations",
+    "noise_cohort": "noise cohort",
+    "cohort": "cohort",
+    "schedule": "schedule",
+}
+
+
+def check_ftrl(args: argparse.Namespace, prof: Profile) -> None:
+    """DP-FTRL's scheme for ``prof``, checked before any work (the registry's build through
+    ``DPFTRL.for_run`` at every ``--epsilon``): a refusal is one line naming the option
+    (the one given, or the profile's value and the option that changes it)."""
+    if prof.schedule == "single":
+        _cli.refuse_unused(
+            args,
+            ["min_separation", "max_participations"],
+            "--schedule single takes each client at most once (b = rounds, k = 1)",
+        )
+    shape = EXAMPLE[prof.dataset]
+    for eps in prof.epsilons:
+        try:
+            registry.cross_device("dp-ftrl", cross_device_run(prof, shape, "dp-ftrl", eps))
+        except ValueError as err:
+            dest, _, rest = str(err).partition(" ")
+            what = _FTRL_FIELDS.get(dest)
+            if what is None:
+                raise _cli.UserError(f"--algorithm dp-ftrl: {err}") from None
+            value = getattr(prof, dest)
+            named = _cli.setting(args, dest, value, what)
+            if value is None:  # the default: the most the cohort allows / as many as fit
+                named = f"the default {what} ({_cli.option_named(args, [dest])} changes it)"
+            rest = re.sub(r"; got [^;]*$", "", rest)  # the value is named already
+            raise _cli.UserError(f"--algorithm dp-ftrl: {named} {rest}") from None
+
+
+def cross_device_run(
+    prof: Profile, shape: tuple[int, ...], name: str, epsilon: float | None
+) -> registry.CrossDeviceRun:
+    """The registry's :class:`~swarmjax.fl.algorithms.registry.CrossDeviceRun` of ``prof``
+    for algorithm ``name`` (its own options: DP-FTRL's) at target ``epsilon`` (``None`` for
+    the non-DP algorithms), on examples of ``shape``."""
+    return registry.CrossDeviceRun(
+        simple_cnn(10, shape),
+        prof.clients,
+        prof.cohort,
+        spec(prof),
+        LocalTraining(epochs=1, batch_size=10, optimizer="sgd"),
+        epsilon=epsilon,
+        client_lr=prof.client_lr,
+        server_lr=prof.server_lr,
+        adaptive_server_lr=prof.adaptive_server_lr,
+        clip=prof.clip,
+        mu=prof.mu,
+        eval_batch_size=EVAL_BATCH,
+        options=prof.ftrl_options() if name == "dp-ftrl" else {},
     )
-    grid = {
-        "sample_rate": q,
-        "initial_clip": prof.clip,
-        "client_lr": prof.client_lr,
-        "server_lr": prof.server_lr,
-        "epsilon_target": [prof.epsilon],
-    }
-    return alg, grid
+
+
+def algorithm(name: str, prof: Profile, clients, epsilon: float | None = None) -> tuple:
+    """``(algorithm, grid values)`` of ``name`` under ``prof`` from the registry (a DP
+    algorithm at target ``epsilon``)."""
+    return registry.cross_device(name, cross_device_run(prof, clients.example_shape, name, epsilon))
+
+
+def runs(prof: Profile) -> list[tuple[str, float | None, str]]:
+    """``(algorithm, target epsilon or None, label)`` of every run, in order: one run per
+    non-DP algorithm, one per ``--epsilon`` of each DP one; the label names its checkpoints
+    (the algorithm's name alone when it has one run)."""
+    out = []
+    for name in prof.algorithms:
+        if name not in DP_ALGORITHMS:
+            out.append((name, None, name))
+            continue
+        for eps in prof.epsilons:
+            label = name if len(prof.epsilons) == 1 else f"{name}-epsilon-{eps:g}"
+            out.append((name, eps, label))
+    return out
+
+
+NOT_THIS_RUN = "holds ONLY for a deployment"  # how a noise-cohort run's guarantee starts
+
+
+def guarantee(prof: Profile, name: str) -> str:
+    """What a run's epsilon means: the run's own user-level guarantee; none (no DP); or,
+    with ``--noise-cohort M``, one for a deployment with cohorts of ``M`` only."""
+    if name not in DP_ALGORITHMS:
+        return "none (no DP)"
+    if name == "dp-ftrl" and prof.noise_cohort is not None:
+        m, big = prof.cohort, prof.noise_cohort
+        return (
+            f"{NOT_THIS_RUN} with cohorts of {big} clients (--noise-cohort {big}); "
+            f"this run trained cohorts of {m} with {m}/{big} of that noise and has no such "
+            "guarantee"
+        )
+    return "this run's own (user-level)"
 
 
 def _delta(prof: Profile) -> float:
@@ -243,12 +454,35 @@ def spec(prof: Profile) -> RunSpec:
     return RunSpec(prof.rounds, _delta(prof), prof.seeds, accountant=prof.accountant)
 
 
+def add_to_ledger(ledger: Ledger, res, name: str, what: str, path: str) -> None:
+    """Every run of ``res`` into ``ledger`` under ``name``. A run whose epsilon holds only
+    for a simulated deployment (``--noise-cohort``) goes in with no epsilon covering it
+    (``inf``: listed, never composed) and ``what`` beside it, so the experiment's composed
+    statement claims nothing this run lacks."""
+    if not what.startswith(NOT_THIS_RUN):
+        ledger.add_result(res, algorithm=name, path=path)
+        return
+    for r in releases_from_result(res, algorithm=name, path=path):
+        deployment = {"deployment_epsilon": r.epsilon, "guarantee": what}
+        ledger.add(dataclasses.replace(r, epsilon=math.inf, variant={**r.variant, **deployment}))
+
+
 def run_one(
-    name: str, prof: Profile, clients, test, full_test, out: Path, ledger: Ledger | None = None
+    name: str,
+    prof: Profile,
+    clients,
+    test,
+    full_test,
+    out: Path,
+    ledger: Ledger | None = None,
+    epsilon: float | None = None,
+    label: str | None = None,
 ) -> dict:
-    """One algorithm's run (checkpointed per round): its history and summary row; its runs
-    go into ``ledger`` as releases written to ``history.csv``."""
-    alg, grid = algorithm(name, prof, clients)
+    """One run of ``name`` (a DP algorithm at target ``epsilon``; checkpointed per round
+    under ``label``): its history and summary row; its runs go into ``ledger`` as releases
+    written to ``history.csv``."""
+    label = name if label is None else label
+    alg, grid = algorithm(name, prof, clients, epsilon)
     variants = Variants.grid(alg, clients, spec(prof), **grid)
     t0 = time.perf_counter()
     res = simulate(
@@ -259,25 +493,25 @@ def run_one(
         rounds_per_call=1,
         client_map=None,  # the device's choice: convolutions run one client at a time on a CPU
         progress=True,
-        checkpoint_dir=out / "checkpoints" / name,
+        checkpoint_dir=out / "checkpoints" / label,
     )
+    what = guarantee(prof, name)
     if ledger is not None:  # under the experiment's name for the algorithm
-        ledger.add_result(res, algorithm=name, path=str(out / "history.csv"))
-        ledger.mark_not_released(out / "checkpoints" / name, CHECKPOINT_NOT_RELEASED)
+        add_to_ledger(ledger, res, name, what, str(out / "history.csv"))
+        ledger.mark_not_released(out / "checkpoints" / label, CHECKPOINT_NOT_RELEASED)
     wall = time.perf_counter() - t0
     params = res.server.params
-    finals = [
-        float(
-            evaluate(alg.model.apply, jax.tree.map(lambda a, i=i: a[i], params), *full_test, 2000)[
-                1
-            ]
-        )
-        for i in range(len(prof.seeds))
-    ]
-    history = res.history.assign(algorithm=name)
+    # in EVAL_BATCH chunks: one chunk of 2,000 rows held 1.3 GB of the CNN's activations,
+    # the experiment's peak (issue 38)
+    pick = [jax.tree.map(lambda a, i=i: a[i], params) for i in range(len(prof.seeds))]
+    finals = [float(evaluate(alg.model.apply, p, *full_test, EVAL_BATCH)[1]) for p in pick]
+    target = math.nan if epsilon is None else epsilon
+    history = res.history.assign(algorithm=name, run=label, epsilon_target=target)
     eps = res.privacy.final_epsilon.max(axis=1)
     row = {
         "algorithm": name,
+        "run": label,
+        "epsilon_target": target,
         "final_accuracy": float(np.mean(finals)),
         "final_accuracy_std": float(np.std(finals, ddof=1)) if len(finals) > 1 else math.nan,
         "epsilon": float(np.max(eps)),
@@ -289,31 +523,70 @@ def run_one(
         "wall_seconds": wall,
         "covers": list(res.privacy.covers),
         "not_covered": list(res.privacy.not_covered),
+        "guarantee": what,
     }
+    if name == "dp-ftrl":  # the scheme that holds (for_run made b and k explicit)
+        row.update(
+            factorization=alg.factorization,
+            schedule=alg.schedule,
+            min_separation=alg.participation(prof.clients, prof.rounds).min_separation,
+            max_participations=alg.participation(prof.clients, prof.rounds).participations,
+            noise_cohort=alg.noise_cohort,
+        )
     return {"history": history, "row": row}
 
 
-def figures(history: pd.DataFrame, out: Path) -> None:
-    """Accuracy per round (mean, one-std band over seeds) and against epsilon."""
+def setting_text(prof: Profile) -> str:
+    """The run's setting as figure titles state it: dataset, clients, cohort, rounds,
+    epsilon (and a noise cohort's caveat)."""
+    dp = [a for a in prof.algorithms if a in DP_ALGORITHMS]
+    targets = ", ".join(f"{e:g}" for e in prof.epsilons)
+    eps = f", DP at epsilon {targets} (user-level)" if dp else ", no DP"
+    if "dp-ftrl" in dp and prof.noise_cohort is not None:
+        eps += f"; DP-FTRL's epsilon only for cohorts of {prof.noise_cohort}"
+    return (
+        f"{prof.dataset}, {prof.clients} clients ({prof.partition}), cohort {prof.cohort}, "
+        f"{prof.rounds} rounds{eps}"
+    )
+
+
+def curve_test_set(prof: Profile, test_rows: int) -> str:
+    """Which test rows the per-round curve uses (the summary uses the whole test set)."""
+    return f"the first {test_rows} rows of the {prof.dataset} test split"
+
+
+def figures(
+    history: pd.DataFrame, rows: list[dict], out: Path, prof: Profile, test_rows: int
+) -> None:
+    """Accuracy per round (mean, one-std band over seeds, one line per run) and the final
+    accuracy (whole test set) against the accounted epsilon, one line per DP algorithm over
+    its runs; the titles say the dataset, clients, cohort, rounds and epsilon, the axes
+    which test rows."""
+    ylabel = f"test accuracy ({test_rows} test rows)"
     _report.per_round(
         history.assign(federation="cross-device"),
         "test_accuracy",
         out / "accuracy_per_round.png",
         panel="federation",
-        line="algorithm",
-        ylabel="test accuracy",
-        panel_title=lambda _: "Cross-device: accuracy per round",
+        line="run",
+        ylabel=ylabel,
+        panel_title=lambda _: "Accuracy per round",
+        suptitle=f"Cross-device: {setting_text(prof)}; curve on {curve_test_set(prof, test_rows)}",
     )
-    dp = history[np.isfinite(history["epsilon_max"])]
-    if len(dp):
+    dp = [r for r in rows if r["algorithm"] in DP_ALGORITHMS]
+    if dp:
         fig, axes = _report.grid(1, 1, width=6, height=4)
         ax = axes[0, 0]
-        for name, g in dp.groupby("algorithm"):
-            _report.band(ax, g, "test_accuracy", x="epsilon_max", label=name, marker=".")
+        for name in dict.fromkeys(r["algorithm"] for r in dp):
+            mine = sorted((r for r in dp if r["algorithm"] == name), key=lambda r: r["epsilon"])
+            eps = [r["epsilon"] for r in mine]
+            acc = [r["final_accuracy"] for r in mine]
+            std = [np.nan_to_num(r["final_accuracy_std"]) for r in mine]  # one seed: none
+            ax.errorbar(eps, acc, yerr=std, label=name, marker="o", capsize=3)
         ax.set(
-            xlabel="epsilon spent (user-level)",
-            ylabel="test accuracy",
-            title=_report.title("Cross-device: accuracy vs epsilon"),
+            xlabel="epsilon (user-level, accounted)",
+            ylabel=f"final test accuracy (all {prof.dataset} test rows)",
+            title=_report.title(f"Cross-device accuracy vs epsilon: {setting_text(prof)}", 60),
         )
         ax.legend(fontsize=8)
         _report.save(fig, out / "accuracy_vs_epsilon.png")
@@ -323,24 +596,29 @@ def figures(history: pd.DataFrame, out: Path) -> None:
 def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
     prof = profile(args)
-    data_dir = None if prof.dataset == "digits" else _cli.data_dir(args.data_dir)
     out = _cli.out_dir(args)
+    data_dir = None if prof.dataset == "digits" else _cli.data_dir(args.data_dir)
     if args.restart:
         shutil.rmtree(out / "checkpoints", ignore_errors=True)
     ledger = Ledger(out, "cross_device", accountant=prof.accountant)
-    clients, test, full_test = clients_and_test(prof, data_dir)
+    clients, test, full_test = clients_and_test(prof, data_dir, args)
+    test_sets = {
+        "history": f"{curve_test_set(prof, len(test[1]))} (test_accuracy per round)",
+        "summary": f"all {len(full_test[1])} rows of the {prof.dataset} test split "
+        "(final_accuracy of the last round's model)",
+    }
     print(
         f"{prof.clients} clients of {int(clients.sizes.min())}-{int(clients.sizes.max())} rows "
         f"({prof.partition}), cohort {prof.cohort}, {prof.rounds} rounds, seeds {prof.seeds}",
         flush=True,
     )
     histories, rows = [], []
-    for name in prof.algorithms:
-        got = run_one(name, prof, clients, test, full_test, out, ledger)
+    for name, eps, label in runs(prof):
+        got = run_one(name, prof, clients, test, full_test, out, ledger, eps, label)
         histories.append(got["history"])
         rows.append(got["row"])
         print(
-            f"{name}: accuracy {got['row']['final_accuracy']:.4f}, epsilon "
+            f"{label}: accuracy {got['row']['final_accuracy']:.4f}, epsilon "
             f"{got['row']['epsilon']:.3g}, {got['row']['seconds_per_round']:.2f} s/round",
             flush=True,
         )
@@ -348,10 +626,20 @@ def main(argv: list[str] | None = None) -> None:
     history.to_csv(out / "history.csv", index=False)
     table = pd.DataFrame(rows)
     table.drop(columns=["covers", "not_covered"]).to_csv(out / "summary.csv", index=False)
-    summary = {"profile": dataclasses.asdict(prof), "delta": _delta(prof), "runs": rows}
-    (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
+    summary = {
+        "profile": dataclasses.asdict(prof),
+        "delta": _delta(prof),
+        "test_sets": test_sets,
+        "runs": rows,
+    }
+    reasons = {
+        "final_accuracy_std": "one seed: no std",
+        "epsilon": "no DP: epsilon is infinite",
+        "epsilon_target": "no DP: no target epsilon",
+    }
+    _report.write_json(out / "summary.json", summary, reasons)
     privacy = {
-        r["algorithm"]: {
+        r["run"]: {
             k: r[k]
             for k in (
                 "epsilon",
@@ -361,16 +649,21 @@ def main(argv: list[str] | None = None) -> None:
                 "covers",
                 "not_covered",
                 "floating_point",
+                "guarantee",
             )
         }
         for r in rows
     }
-    (out / "privacy.json").write_text(json.dumps(privacy, indent=1, default=str))
-    figures(history, out)
-    cols = ["algorithm", "final_accuracy", "epsilon", "seconds_per_round"]
+    _report.write_json(out / "privacy.json", privacy, reasons)
+    figures(history, rows, out, prof, len(test[1]))
+    cols = ["run", "final_accuracy", "epsilon", "seconds_per_round"]
     print(table[cols].to_markdown(index=False, floatfmt=".4g"))
+    for r in rows:
+        if r["guarantee"].startswith(NOT_THIS_RUN):
+            print(f"{r['run']}: epsilon {r['epsilon']:.3g} {r['guarantee']}")
+    print(f"per-round curve: {test_sets['history']}; summary: {test_sets['summary']}")
     _report.write_ledger(ledger)
-    print(f"results in {out}")
+    _report.finish(out, out / "summary.json")
 
 
 if __name__ == "__main__":

@@ -158,7 +158,8 @@ class FedAvg(Algorithm):
             gradient_transform=self.gradient_transform(hyper),
         )
         spend = state.spend.replace(steps=state.spend.steps + res.steps)
-        reply = ModelReply(params=res.params, weight=data.sizes.astype(jnp.float32))
+        weight = self.training.examples(data.sizes).astype(jnp.float32)
+        reply = ModelReply(params=res.params, weight=weight)
         return Trainer(spend=spend, loss=res.loss), reply
 
     def gradient_transform(self, hyper: FedAvgHyper) -> optax.GradientTransformation | None:
@@ -201,6 +202,10 @@ class FedAvg(Algorithm):
         return {"local_train_loss": state.loss}
 
     # ------------------------------------------------------------------------ host side
+
+    def client_data(self, clients: ClientData) -> ClientData:
+        """The clients under ``training.max_examples`` (a flat store gathers the cap)."""
+        return self.training.client_data(clients)
 
     def check(self, clients: ClientData, test: tuple[Array, Array] | None = None) -> None:
         self.training.check(clients.sizes)

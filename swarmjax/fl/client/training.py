@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import jax
 import jax.numpy as jnp
@@ -31,6 +31,7 @@ from swarmjax._validation import (
 from swarmjax.fl.client.local import LocalResult, local_train
 from swarmjax.fl.client.record_dp import dp_grad_fn, poisson_sampler, record_plan, sampler_capacity
 from swarmjax.fl.data.clients import ClientData, poisson_rates
+from swarmjax.fl.data.cohort import subset_rows
 from swarmjax.models import Model
 from swarmjax.privacy.accounting import DEFAULT_ACCOUNTANT
 from swarmjax.privacy.plan import PrivacyPlan, draw_overflow
@@ -46,6 +47,7 @@ __all__ = [
 ]
 
 OptimizerName = Literal["sgd", "adam", "adamw"]
+_CAP_STREAM = 0x63617020  # fold_in constant of the capped-rows draw (apart from training's)
 OPTIMIZERS = ("sgd", "adam", "adamw")
 
 
@@ -181,6 +183,18 @@ class LocalTraining:
         weight_decay: ``lambda`` of ``"adamw"`` (decoupled) or ``"adam"`` (coupled L2).
         momentum: momentum of ``"sgd"`` (0: none).
         record_dp: record-level DP, or ``None`` (shuffled batches, exact gradients).
+        max_examples: per-round cap on each client's work, in examples (rows): a client
+            with more rows trains its ``E`` epochs of a round on ``max_examples`` of them,
+            a uniformly random subset drawn afresh each round (so at most
+            ``E ceil(max_examples / B)`` steps), and counts as ``max_examples`` rows in the
+            server's weighted average. Default ``None``: no cap (every row, the algorithm
+            as published). A cap changes the algorithm for clients above it (cross-device
+            practice: TFF's and pfl's per-client example caps); at or above the largest
+            client it changes nothing. It must be at least one batch (``batch_size``), and
+            is not combined with ``record_dp`` (the record-level accountant assumes Poisson
+            batches over all of a client's rows). A flat
+            :class:`~swarmjax.fl.data.store.ClientStore` then gathers ``cohort x
+            min(max_examples, largest client)`` rows per round (:meth:`client_data`).
     """
 
     epochs: int = 1
@@ -189,11 +203,24 @@ class LocalTraining:
     weight_decay: float = 0.0
     momentum: float = 0.0
     record_dp: RecordDP | None = None
+    max_examples: int | None = None
 
     def check(self, sizes: ArrayLike) -> None:
         """``ValueError`` naming the field unless valid for clients of ``sizes``."""
         check_int("local_epochs", self.epochs, 1)
         check_int("batch_size", self.batch_size, 1)
+        if self.max_examples is not None:
+            check_int("max_examples", self.max_examples, 1)
+            if self.max_examples < self.batch_size:
+                raise ValueError(
+                    f"max_examples must be >= batch_size ({self.batch_size}), at least one "
+                    f"batch per round; got {self.max_examples}"
+                )
+            if self.record_dp is not None:
+                raise ValueError(
+                    "max_examples must be None with record_dp: the record-level accountant "
+                    "assumes Poisson batches over all of a client's rows"
+                )
         check_choice("optimizer", self.optimizer, OPTIMIZERS)
         check_nonnegative("weight_decay", self.weight_decay)
         check_nonnegative("momentum", self.momentum)
@@ -253,6 +280,41 @@ class LocalTraining:
         }
         return np.asarray([probs[int(n)] for n in sizes], np.float64)
 
+    def client_data(self, clients: Any) -> Any:
+        """The clients as a round sees them under :attr:`max_examples`: a flat
+        :class:`~swarmjax.fl.data.store.ClientStore` gathers ``min(max_examples, largest)``
+        rows per client (:meth:`~swarmjax.fl.data.store.ClientStore.with_cap`); other client
+        data is returned as it is (:meth:`train` draws the capped rows)."""
+        with_cap = getattr(clients, "with_cap", None)
+        return with_cap(self.max_examples) if callable(with_cap) else clients
+
+    def examples(self, sizes: Int[ArrayLike, "..."]) -> Int[Array, "..."]:
+        """Rows a client of ``sizes`` trains on in a round: ``min(size, max_examples)``."""
+        sizes = jnp.asarray(sizes)
+        return sizes if self.max_examples is None else jnp.minimum(sizes, self.max_examples)
+
+    def capped(self, data: ClientData, key: PRNGKeyArray) -> ClientData:
+        """ONE client's padded ``data`` under :attr:`max_examples`: unchanged when its
+        buffer holds at most the cap (no client above it, or a store's capped gather);
+        else a buffer of ``max_examples`` rows holding a uniformly random subset of its
+        rows (all of them when it has no more than the cap)."""
+        cap = self.max_examples
+        if cap is None or data.mask.shape[0] <= cap:
+            return data
+        pos = subset_rows(jax.random.fold_in(key, _CAP_STREAM), data.sizes, cap)
+        n = jnp.minimum(data.sizes, cap)
+        mask = jnp.arange(cap) < n
+        return ClientData(
+            x=jnp.where(
+                mask.reshape(-1, *([1] * (data.x.ndim - 1))),
+                data.x[pos],
+                jnp.zeros((), data.x.dtype),
+            ),
+            y=jnp.where(mask, data.y[pos], 0),
+            mask=mask,
+            sizes=n,
+        )
+
     def optimizer_for(self, learning_rate: ArrayLike) -> optax.GradientTransformation:
         """This training's optimiser at ``learning_rate``."""
         return make_optimizer(self.optimizer, learning_rate, self.weight_decay, self.momentum)
@@ -273,6 +335,7 @@ class LocalTraining:
         ``record_dp`` is set. ``gradient_transform`` (e.g. FedProx's proximal term) is
         applied to the (DP) gradient before the optimiser; it must not read the data (it
         then post-processes the DP release and costs no privacy)."""
+        data = self.capped(data, key)
         optimizer = self.optimizer_for(learning_rate)
         if gradient_transform is not None:
             optimizer = optax.chain(gradient_transform, optimizer)

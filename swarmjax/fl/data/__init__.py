@@ -1,6 +1,7 @@
 """Client data: datasets (:mod:`.datasets`), partitions of a dataset into clients
 (:mod:`.partition`), stacked, padded clients (:mod:`.clients`), and for cross-device
-federations a flat client store (:mod:`.store`) and cohort samplers (:mod:`.cohort`)."""
+federations a flat client store (:mod:`.store`) and cohort samplers (:mod:`.cohort`);
+Shakespeare by speaking role, a natural federation (:mod:`.shakespeare`)."""
 
 from swarmjax.fl.data.clients import (
     ClientData,
@@ -33,6 +34,11 @@ from swarmjax.fl.data.partition import (
     power_law_partition,
     shards_partition,
 )
+from swarmjax.fl.data.shakespeare import (
+    ShakespeareFederation,
+    ShakespeareNotFoundError,
+    load_shakespeare,
+)
 from swarmjax.fl.data.store import ClientStore, choose_max_rows, gather, memory_estimate
 
 __all__ = [
@@ -44,6 +50,8 @@ __all__ = [
     "Dataset",
     "DatasetNotFoundError",
     "Partition",
+    "ShakespeareFederation",
+    "ShakespeareNotFoundError",
     "as_test_set",
     "check_federated_inputs",
     "choose_max_rows",
@@ -56,6 +64,7 @@ __all__ = [
     "iid_partition",
     "label_skew",
     "load_dataset",
+    "load_shakespeare",
     "memory_estimate",
     "partition",
     "pathological_partition",

@@ -16,6 +16,10 @@
 Both samplers are pure and jit-able (``num_clients``, ``size`` and ``capacity`` static) and
 return client ids for :func:`swarmjax.fl.data.store.gather`; an unused Poisson slot holds
 id ``-1`` with mask False, which ``gather`` turns into an all-masked client.
+
+:func:`subset_rows` draws, by the same algorithm, the rows a client larger than a per-round
+cap trains on (``LocalTraining.max_examples``; :meth:`ClientStore.with_cap
+<swarmjax.fl.data.store.ClientStore.with_cap>`).
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from jaxtyping import Array, ArrayLike, Bool, Int, PRNGKeyArray
 from swarmjax._validation import check_int, check_range
 from swarmjax.privacy.sampling import poisson_sample
 
-__all__ = ["fixed_cohort", "poisson_cohort"]
+__all__ = ["fixed_cohort", "poisson_cohort", "subset_rows"]
 
 
 def fixed_cohort(key: PRNGKeyArray, num_clients: int, size: int) -> Int[Array, " size"]:
@@ -50,6 +54,11 @@ def fixed_cohort(key: PRNGKeyArray, num_clients: int, size: int) -> Int[Array, "
 
 def _floyd(key: PRNGKeyArray, n: int, size: int) -> Array:
     draw_key, shuffle_key = jax.random.split(key)
+    return jax.random.permutation(shuffle_key, _floyd_draw(draw_key, n, size))
+
+
+def _floyd_draw(draw_key: PRNGKeyArray, n: Int[ArrayLike, ""], size: int) -> Array:
+    """Floyd's ``size`` distinct values of ``[0, n)`` (``n`` may be traced, ``>= size``)."""
     slots = jnp.arange(size, dtype=jnp.int32)
 
     def step(i: Array, chosen: Array) -> Array:
@@ -58,8 +67,22 @@ def _floyd(key: PRNGKeyArray, n: int, size: int) -> Array:
         taken = jnp.any((chosen == t) & (slots < i))
         return chosen.at[i].set(jnp.where(taken, j, t))
 
-    chosen = jax.lax.fori_loop(0, size, step, jnp.zeros(size, jnp.int32))
-    return jax.random.permutation(shuffle_key, chosen)
+    return jax.lax.fori_loop(0, size, step, jnp.zeros(size, jnp.int32))
+
+
+def subset_rows(key: PRNGKeyArray, n: Int[ArrayLike, ""], size: int) -> Int[Array, " size"]:
+    """Row positions of one client's round under a cap of ``size`` rows (pure, jit-able).
+
+    A client of ``n <= size`` rows keeps them all: ``arange(size)`` (its first ``n``
+    positions are its rows, the rest padding). A larger client gets ``size`` distinct
+    positions of ``[0, n)``, every ``size``-subset equally likely (Floyd's algorithm with
+    the traced ``n``: ``O(size^2)`` cheap operations, nothing of size ``n``), increasing.
+    """
+    size = check_int("size", size, 1)
+    n = jnp.asarray(n, jnp.int32)
+    every = jnp.arange(size, dtype=jnp.int32)
+    drawn = jnp.sort(_floyd_draw(key, jnp.maximum(n, size), size))
+    return jnp.where(n > size, drawn, every)
 
 
 def poisson_cohort(

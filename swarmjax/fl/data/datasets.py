@@ -327,11 +327,20 @@ def load_dataset(
         merge_val: MedMNIST only: append the validation split to train.
         test_fraction, split_seed: the stratified split of the scikit-learn sets.
 
+    ``"shakespeare"`` (not in :data:`DATASETS`: a federated dataset) returns the pooled
+    next-character windows of :func:`~swarmjax.fl.data.shakespeare.load_shakespeare`
+    (float32 character ids ``(n, 80)``, 80 classes; the other options do not apply); use
+    ``load_shakespeare`` itself for the clients (one per speaking role).
+
     Raises:
         ValueError: unknown name or bad argument.
         DatasetNotFoundError: no files found (the message lists every place looked and how
             to provide the files).
     """
+    if name == "shakespeare":  # a federated dataset; load_shakespeare keeps its clients
+        from swarmjax.fl.data.shakespeare import load_shakespeare
+
+        return load_shakespeare(data_dir).as_dataset()
     check_choice("dataset", name, DATASETS)
     check_range("test_fraction", test_fraction, 0.0, 1.0, low_open=True, high_open=True)
     split_seed = check_int("split_seed", split_seed, 0)

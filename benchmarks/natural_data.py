@@ -1,0 +1,233 @@
+"""Natural federated data: memory where users run it, and rounds whose cost follows the data.
+
+Measures, each in its own subprocess (its peak RSS is its own, read with ``os.wait4``):
+
+* ``python -m experiments.cross_device --quick`` (target: peak RSS < 1.5 GiB);
+* the same experiment with 10,000 clients of 6 rows, cohort 50, 3 rounds (< 2.5 GiB);
+* a power-law federation of 1,000 MNIST clients (``partition(..., "power_law")``, every
+  training row) against the equal split of the same rows (1,000 clients of 60): FedAvg
+  through ``simulate`` with a cohort of 50, one local epoch at batch 10, the marginal round
+  ``(T(2n) - T(n)) / n`` over compiled calls, an MLP 200-200 (the experiment's
+  ``simple_cnn`` takes ~10x longer a round on the 2-core CPU: ``--model cnn``); under the
+  CPU default (``client_map=None``: one client at a time) and under ``client_map="vmap"``,
+  and each alternative formulation of the cohort
+  (one vmapped block; blocks sorted by size, ``ClientStore.vmap_block``; a per-round cap,
+  ``LocalTraining.max_examples``). Targets: peak RSS < 2.5 GiB and the power-law round
+  within 1.5x of the equal split's.
+
+Ratios are against the equal split measured in the same run. ``--write`` writes the
+``natural_data`` section of benchmarks/RESULTS.md; without it nothing is written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from benchmarks import _cli as _bcli
+from benchmarks._results import machine, write_section
+from experiments import _cli
+
+GIB = 2**30
+
+
+def _child(cmd: list[str]) -> tuple[int, float, float, str]:
+    """Run ``cmd``; ``(exit status, peak RSS GiB, wall s, output tail)`` of that child."""
+    t0 = time.perf_counter()
+    with tempfile.TemporaryFile("w+") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, text=True)
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        wall = time.perf_counter() - t0
+        out.seek(0)
+        tail = out.read()[-4000:]
+    return proc.returncode, usage.ru_maxrss / 2**20, wall, tail
+
+
+def federation(cfg: dict, data_dir: str) -> dict:
+    """One power-law or equal federation, timed in this process."""
+    import numpy as np
+
+    from swarmjax.fl.algorithms.fedavg import FedAvg
+    from swarmjax.fl.client.training import LocalTraining
+    from swarmjax.fl.data import load_dataset, partition
+    from swarmjax.fl.data.store import ClientStore
+    from swarmjax.fl.protocol import RunSpec, Variants
+    from swarmjax.fl.runtime import simulate
+    from swarmjax.models import mlp, simple_cnn
+
+    data = load_dataset("mnist", data_dir)
+    n = cfg["clients"]
+    if cfg["partition"] == "power_law":
+        indices = partition(data.y_train, n, "power_law", seed=0).indices
+    else:  # the equal split of the same rows
+        rows = len(data.y_train) // n * n
+        order = np.random.default_rng(0).permutation(len(data.y_train))[:rows]
+        indices = np.split(order, n)
+    store = ClientStore.build(data.x_train, data.y_train, indices)
+    if cfg["block"] is not None:
+        store = store.with_vmap_block(cfg["block"])
+    model = (
+        simple_cnn(10, data.input_shape)
+        if cfg["model"] == "cnn"
+        else mlp((200, 200), 10, data.input_shape)
+    )
+    training = LocalTraining(batch_size=10, max_examples=cfg["cap"])
+    alg = FedAvg(model, training, cohort=cfg["cohort"], eval_batch_size=250)
+    test = (data.x_test[:1000], data.y_test[:1000])
+    cmap = None if cfg["client_map"] == "default" else cfg["client_map"]
+
+    def run(rounds: int) -> float:
+        variants = Variants.grid(alg, store, RunSpec(rounds, 1e-5), learning_rate=0.1)
+        t0 = time.perf_counter()
+        simulate(alg, store, test, variants, client_map=cmap, rounds_per_call=1)
+        return time.perf_counter() - t0
+
+    r = cfg["rounds"]
+    first = run(r)
+    once = run(r)
+    twice = run(2 * r)
+    sizes = np.asarray(store.sizes)
+    return {
+        **cfg,
+        "seconds_per_round": (twice - once) / r,
+        "first_call_seconds": first,
+        "largest_client": int(sizes.max()),
+        "mean_client": float(sizes.mean()),
+        "buffer_rows": int(alg.client_data(store).max_rows),
+    }
+
+
+@_cli.entry_point
+def main(argv: list[str] | None = None) -> None:
+    p = _bcli.parser("natural_data", __doc__.split("\n\n")[0], writes="natural_data")
+    p.add_argument(
+        "--rounds", type=_cli.count("--rounds"), default=3, help="rounds per timed call (3)"
+    )
+    p.add_argument("--model", choices=("mlp", "cnn"), default="mlp", help="federations' model")
+    p.add_argument(
+        "--maps",
+        nargs="+",
+        choices=("default", "vmap"),
+        default=["default", "vmap"],
+        help="client maps of the federations (both)",
+    )
+    skip = p.add_mutually_exclusive_group()
+    skip.add_argument("--skip-experiments", action="store_true", help="federations only")
+    skip.add_argument("--skip-federations", action="store_true", help="experiments only")
+    p.add_argument(
+        "--data-dir", help="folder with mnist/ (default: $SWARMJAX_DATA, else ../shared/data)"
+    )
+    p.add_argument("--one", help=argparse.SUPPRESS)  # internal: one federation, as JSON
+    args = p.parse_args(argv)
+    data_dir = str(_cli.data_dir(args.data_dir))
+    if args.one:
+        print(json.dumps(federation(json.loads(args.one), data_dir)))
+        return
+    _cli.load_dataset("mnist", Path(data_dir), _cli.data_source(args))  # before any work
+    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    lines: list[str] = []
+    if not args.skip_experiments:
+        exp = [
+            ("`experiments.cross_device --quick`", ["--quick"], 1.5),
+            (
+                "10,000 clients of 6 rows, cohort 50, 3 rounds (FedAvg, DP-FedAvg)",
+                [
+                    *("--clients 10000 --rows-per-client 6 --cohort 50 --rounds 3".split()),
+                    *("--algorithm fedavg dp-fedavg --test-size 1000".split()),
+                ],
+                2.5,
+            ),
+        ]
+        lines += [
+            "| run | peak RSS GiB | target | wall s | load |",
+            "|---|---:|---:|---:|---:|",
+        ]
+        for name, extra, target in exp:
+            with tempfile.TemporaryDirectory() as out:
+                cmd = [sys.executable, "-m", "experiments.cross_device", "--out", out, "--restart"]
+                rc, peak, wall, tail = _child([*cmd, "--data-dir", data_dir, *extra])
+            if rc != 0:
+                raise SystemExit(f"{name} failed ({rc}):\n{tail}")
+            load = os.getloadavg()[0]
+            mark = "met" if peak < target else "**not met**"
+            lines.append(f"| {name} | {peak:.2f} | < {target} ({mark}) | {wall:.0f} | {load:.1f} |")
+            print(lines[-1], flush=True)
+        lines.append("")
+    # (client map, model, [(block, cap)]): alternatives of the cohort's formulation
+    plans = [
+        ("default", args.model, [(None, None), (None, 64)]),
+        ("vmap", args.model, [(0, None), (None, None), (5, None), (25, None), (0, 64), (None, 64)]),
+    ]
+    rows = []
+    maps = [] if args.skip_federations else args.maps
+    for cmap, model, alternatives in [plan for plan in plans if plan[0] in maps]:
+        for block, cap in alternatives:
+            for part in ("equal", "power_law"):
+                if part == "equal" and (block, cap) != alternatives[0]:
+                    continue  # the equal split has no unequal clients: one baseline per map
+                cfg = {
+                    "clients": 1000,
+                    "cohort": 50,
+                    "partition": part,
+                    "client_map": cmap,
+                    "model": model,
+                    "block": block,
+                    "cap": cap,
+                    "rounds": args.rounds,
+                }
+                cmd = [sys.executable, "-m", "benchmarks.natural_data", "--one", json.dumps(cfg)]
+                rc, peak, wall, tail = _child([*cmd, "--data-dir", data_dir])
+                if rc != 0:
+                    raise SystemExit(f"{cfg} failed ({rc}):\n{tail}")
+                row = json.loads(tail.strip().splitlines()[-1])
+                row.update(peak_rss_gib=peak, load=os.getloadavg()[0])
+                rows.append(row)
+                print(row, flush=True)
+    base = {r["client_map"]: r["seconds_per_round"] for r in rows if r["partition"] == "equal"}
+    lines += (
+        []
+        if not rows
+        else [
+            "| client map (model) | federation | vmap block | cap | buffer rows | s / round | "
+            "vs equal | first call s | peak RSS GiB | load |",
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+    )
+    for r in rows:
+        block = "store's" if r["block"] is None else r["block"]
+        block = "-" if r["client_map"] == "default" else block
+        ratio = r["seconds_per_round"] / base[r["client_map"]]
+        lines.append(
+            f"| {r['client_map']} ({r['model']}) | {r['partition']} | {block} | "
+            f"{r['cap'] or '-'} | {r['buffer_rows']} | {r['seconds_per_round']:.2f} | "
+            f"{ratio:.2f}x | {r['first_call_seconds']:.1f} | {r['peak_rss_gib']:.2f} | "
+            f"{r['load']:.1f} |"
+        )
+    text = "\n".join(
+        [
+            "## natural_data",
+            "",
+            f"`python -m benchmarks.natural_data` on {machine()}, started {started}: peak RSS "
+            "of each run in its own process; power-law (1,000 MNIST clients, every row, "
+            "`partition(..., 'power_law')`) against the equal split of the same rows, "
+            f"FedAvg, cohort 50, batch 10, one epoch, marginal round over {args.rounds} "
+            "rounds. 'vs equal': against the equal split's round under the same client map, "
+            "measured in this run (target 1.5x; peak RSS target 2.5 GiB).",
+            "",
+            *lines,
+        ]
+    )
+    print(text)
+    if args.write:
+        write_section("natural_data", text)
+
+
+if __name__ == "__main__":
+    main()

