@@ -19,10 +19,11 @@ GPU/TPU):
 * ``fedround``: one FedAvg round (digits, an MLP, 10 clients) through
   ``swarmjax.fl.runtime.simulate``, clients under ``vmap`` and ``lax.map``.
 
-Writes the section ``accelerator-<backend>-<device kind>`` (``...-quick`` for ``--quick``)
-of benchmarks/RESULTS.md, one per kind of machine, so CPU and GPU figures stand side by
-side; every figure names its backend and device.  Peers that are not installed are
-reported as such, never an error.
+Prints its report; ``--write`` writes it as the section
+``accelerator-<backend>-<device kind>`` (``...-quick`` for ``--quick``) of
+benchmarks/RESULTS.md, one per kind of machine, so CPU and GPU figures stand side by side;
+every figure names its backend and device.  Peers that are not installed are reported as
+such, never an error.
 """
 
 from __future__ import annotations
@@ -38,6 +39,9 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from benchmarks import _cli as _bcli
+from experiments import _cli
 
 SECTIONS = ("pso", "voting", "paaso", "dpsgd", "fedround")
 REPO = Path(__file__).resolve().parents[1]
@@ -71,21 +75,18 @@ SIZES = {
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog="python -m benchmarks.accelerator",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = _bcli.parser("accelerator", __doc__, writes="accelerator-<backend>-<device>")
     p.add_argument(
         "--quick", action="store_true", help="small sizes, batch 64 only, no paaso --full"
     )
     p.add_argument("--sections", type=_sections, default=None, help=",".join(SECTIONS))
-    p.add_argument("--cpu-devices", type=int, default=min(os.cpu_count() or 1, 8))
-    p.add_argument("--no-write", action="store_true", help="do not update RESULTS.md")
-    args = p.parse_args(argv)
-    if args.cpu_devices < 1:
-        p.error(f"--cpu-devices must be >= 1; got {args.cpu_devices}")
-    return args
+    p.add_argument(
+        "--cpu-devices",
+        type=_cli.count("--cpu-devices"),
+        default=min(os.cpu_count() or 1, 8),
+        help="XLA CPU devices (default: the cores, at most 8; ignored on GPU/TPU)",
+    )
+    return p.parse_args(argv)
 
 
 def _sections(text: str) -> tuple[str, ...]:
@@ -334,11 +335,14 @@ def section_text(
     return "\n".join(out)
 
 
+@_cli.entry_point
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     from swarmjax.device import configure_cpu_flags
 
     cpu = configure_cpu_flags(args.cpu_devices)
+    if not cpu:
+        _bcli.warn_unused(args, ["cpu_devices"], "the backend is not the CPU")
     from benchmarks._results import machine, write_section
 
     sections = args.sections or default_sections("cpu" if cpu else "accelerator", args.quick)
@@ -349,7 +353,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         command += f" --sections {','.join(args.sections)}"
     text = section_text(results, sizes, command, machine(), args.quick)
     print(text)
-    if not args.no_write:
+    if args.write:
         # a run of some sections only keeps its own section beside the full run's
         name = section_name(results, args.quick)
         if args.sections and set(args.sections) != set(default_sections("accelerator", False)):

@@ -10,8 +10,8 @@ blocks of ``--block`` (``simulate(client_map=k)``). The time per round is the ma
 one, ``(T(2n) - T(n)) / n`` over compiled calls of ``n = --rounds`` and ``2n`` rounds (one
 compiled round per call), so a run's fixed costs cancel.
 
-``python -m benchmarks.cross_device_scaling [--quick]`` writes the ``cross_device_scaling``
-section of RESULTS.md.
+``python -m benchmarks.cross_device_scaling [--quick] [--write]`` prints its table;
+``--write`` writes it as the ``cross_device_scaling`` section of RESULTS.md.
 """
 
 from __future__ import annotations
@@ -23,10 +23,13 @@ import resource
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
+from benchmarks import _cli as _bcli
 from benchmarks._results import machine, write_section
+from experiments import _cli
 
 
 def one(
@@ -77,24 +80,47 @@ def one(
     }
 
 
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="2 rounds, 100/1000 clients only")
-    p.add_argument("--rounds", type=int, default=None, help="rounds per timed call (3)")
-    p.add_argument("--rows", type=int, default=50, help="rows per client (50)")
-    p.add_argument(
-        "--block", type=int, default=None, help="clients per vmapped block (device's choice)"
+def memory_estimate(clients: int, cohort: int, rows: int) -> int:
+    """Bytes one configuration allocates, estimated before any work: the store (uint8 codes
+    of ``clients x rows`` images) and the cohort's gathered rows in float32."""
+    return _cli.array_bytes((clients, rows, 784), itemsize=1) + _cli.array_bytes(
+        (cohort, rows, 784)
     )
-    p.add_argument("--data-dir", default=os.environ.get("SWARMJAX_DATA", "../shared/data"))
+
+
+@_cli.entry_point
+def main(argv: list[str] | None = None) -> None:
+    p = _bcli.parser(
+        "cross_device_scaling", __doc__.split("\n\n")[0], writes="cross_device_scaling"
+    )
+    p.add_argument("--quick", action="store_true", help="2 rounds, 100/1000 clients only")
+    p.add_argument(
+        "--rounds", type=_cli.count("--rounds"), default=None, help="rounds per timed call (3)"
+    )
+    p.add_argument("--rows", type=_cli.count("--rows"), default=50, help="rows per client (50)")
+    p.add_argument(
+        "--block",
+        type=_cli.count("--block"),
+        default=None,
+        help="clients per vmapped block (device's choice)",
+    )
+    p.add_argument(
+        "--data-dir", help="folder with mnist/ (default: $SWARMJAX_DATA, else ../shared/data)"
+    )
     p.add_argument("--one", help=argparse.SUPPRESS)  # internal: one configuration, as JSON
     args = p.parse_args(argv)
+    data_dir = str(_cli.data_dir(args.data_dir))
     if args.one:
         cfg = json.loads(args.one)
-        print(json.dumps(one(**cfg, data_dir=args.data_dir)))
+        print(json.dumps(one(**cfg, data_dir=data_dir)))
         return
     rounds = args.rounds or (2 if args.quick else 3)
     federations = (100, 1000) if args.quick else (100, 1000, 10000)
     configs = [(n, 50) for n in federations] + [(1000, c) for c in (10, 200)]
+    need = max(memory_estimate(n, c, args.rows) for n, c in configs)
+    _cli.check_memory(need, "--rows", f"up to {max(federations)} clients of {args.rows} rows")
+    source = _cli.data_source(args)
+    _cli.load_dataset("mnist", Path(data_dir), source)  # staged and readable, before any work
     rows = []
     for clients, cohort in configs:
         cfg = {
@@ -112,7 +138,7 @@ def main(argv: list[str] | None = None) -> None:
                 "--one",
                 json.dumps(cfg),
                 "--data-dir",
-                args.data_dir,
+                data_dir,
             ],
             capture_output=True,
             text=True,
@@ -153,7 +179,8 @@ def main(argv: list[str] | None = None) -> None:
         ]
     )
     print(text)
-    write_section("cross_device_scaling", text)
+    if args.write:
+        write_section("cross_device_scaling", text)
 
 
 if __name__ == "__main__":

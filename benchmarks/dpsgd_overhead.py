@@ -7,13 +7,13 @@ path (ghost norms / book-keeping, :mod:`swarmjax.privacy.dpsgd`) and on the naiv
 step and Opacus's DP step in hook mode and with ghost clipping.  Ratios are against the
 non-private step of the same framework, measured in the same run.
 
-    python -m benchmarks.dpsgd_overhead            # full table, writes benchmarks/RESULTS.md
+    python -m benchmarks.dpsgd_overhead            # full table, printed with its header
+    python -m benchmarks.dpsgd_overhead --write    # ... and written to benchmarks/RESULTS.md
     python -m benchmarks.dpsgd_overhead --quick    # batch 64 only, fewer repeats
 """
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Callable
 
 import jax
@@ -21,7 +21,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from benchmarks import _cli as _bcli
 from benchmarks._results import best_time, machine, write_section
+from experiments import _cli
 from swarmjax import models
 from swarmjax.privacy import dpsgd
 
@@ -192,8 +194,10 @@ def measure(
 ) -> list[tuple[str, int, dict[str, float]]]:
     """Seconds per step of every variant, for each of :func:`benchmark_models` at each
     batch size: ``(model, batch, {variant: seconds})``; Opacus's only when ``opacus`` and
-    installed, the naive ``vmap(grad)`` DP step only when ``naive``."""
+    installed, the naive ``vmap(grad)`` DP step only when ``naive``. Prints the table's
+    header, then each row as it is measured."""
     rows = []
+    print(HEADER, flush=True)
     for name, model in benchmark_models().items():
         for batch in batches:
             steps = _jax_steps(model, batch)
@@ -207,14 +211,14 @@ def measure(
     return rows
 
 
+@_cli.entry_point
 def main(argv: list[str] | None = None) -> str:
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.dpsgd_overhead", description=__doc__.split("\n\n")[0]
-    )
+    parser = _bcli.parser("dpsgd_overhead", __doc__.split("\n\n")[0], writes="dpsgd_overhead")
     parser.add_argument("--quick", action="store_true", help="batch 64 only, 3 repeats")
-    parser.add_argument("--repeats", type=int, default=None, help="timing repeats (best of)")
+    parser.add_argument(
+        "--repeats", type=_cli.count("--repeats"), default=None, help="timing repeats (best of)"
+    )
     parser.add_argument("--no-opacus", action="store_true", help="skip PyTorch/Opacus")
-    parser.add_argument("--no-write", action="store_true", help="do not update RESULTS.md")
     args = parser.parse_args(argv)
     batches = (64,) if args.quick else (64, 256)
     repeats = args.repeats or (3 if args.quick else 10)
@@ -232,8 +236,11 @@ def main(argv: list[str] | None = None) -> str:
         + "\n".join(rows)
         + "\n"
     )
-    if not args.no_write:
+    if args.write:
         write_section("dpsgd_overhead", text)
+        print("wrote the dpsgd_overhead section of benchmarks/RESULTS.md")
+    else:
+        print("(printed only; --write records it in benchmarks/RESULTS.md)")
     return text
 
 

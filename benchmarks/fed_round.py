@@ -9,7 +9,8 @@ DP-Adam refinement of a client's best particle:
   DP-Adam step, as Algorithm 1 (lines 29-31) is written and as the paper's code runs it.
   Checked to give the same parameters as ``refine`` (same keys, same batches).
 
-``python -m benchmarks.fed_round [--quick]``; writes the ``fed_round`` section of RESULTS.md
+``python -m benchmarks.fed_round [--quick] [--write]``; ``--write`` writes the ``fed_round``
+section of RESULTS.md
 with the machine load (the 2-core CPU is shared) and a profile of the vectorised round (each
 part jitted alone, best of N), and, when ``results/fed_dp_pso/table{1,2}/summary.json`` exist,
 the ``fed_dp_pso_tables`` section (wall time of each table as one command).
@@ -17,7 +18,6 @@ the ``fed_dp_pso_tables`` section (wall time of each table as one command).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import time
@@ -28,7 +28,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from benchmarks import _cli as _bcli
 from benchmarks._results import best_time, machine, write_section
+from experiments import _cli
 from swarmjax import swarm
 from swarmjax.fl import load_dataset, partition, stack_clients
 from swarmjax.fl.algorithms.fed_dp_pso import FedDPPSO
@@ -264,18 +266,22 @@ def _tables_section() -> str | None:
     )
 
 
+@_cli.entry_point
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true")
-    p.add_argument("--rounds", type=int, default=10, help="rounds of a whole experiment")
-    p.add_argument(
-        "--tables-only", action="store_true", help="only (re)write the fed_dp_pso_tables section"
+    p = _bcli.parser(
+        "fed_round", __doc__.split("\n\n")[0], writes="fed_round (and fed_dp_pso_tables)"
     )
+    p.add_argument("--quick", action="store_true", help="3 timing repeats instead of 15")
+    p.add_argument(
+        "--rounds", type=_cli.count("--rounds"), default=10, help="rounds of a whole experiment"
+    )
+    p.add_argument("--tables-only", action="store_true", help="only the fed_dp_pso_tables section")
     args = p.parse_args(argv)
     if args.tables_only:
+        _cli.refuse_unused(args, ["quick", "rounds"], "--tables-only times nothing")
         tables = _tables_section()
         print(tables or "no results/fed_dp_pso/table*/summary.json yet")
-        if tables:
+        if tables and args.write:
             write_section("fed_dp_pso_tables", tables)
         return
     repeats = 3 if args.quick else 15
@@ -341,11 +347,13 @@ def main(argv: list[str] | None = None) -> None:
         + "".join(f"| {name} | {t * 1e3:.2f} |\n" for name, t in profile)
     )
     print(md)
-    write_section("fed_round", md)
     tables = _tables_section()
     if tables:
         print(tables)
-        write_section("fed_dp_pso_tables", tables)
+    if args.write:
+        write_section("fed_round", md)
+        if tables:
+            write_section("fed_dp_pso_tables", tables)
 
 
 if __name__ == "__main__":

@@ -19,12 +19,11 @@ Runtime (the ClientApps in Ray actors). The simulator's figure is a second, comp
 divided by the rounds. The workers' own seconds per message come from their logs.
 
 ``python -m benchmarks.flower_round [--quick]`` writes the ``flower_round`` section of
-RESULTS.md (``--no-write``: print only).
+RESULTS.md with ``--write`` (else it only prints).
 """
 
 from __future__ import annotations
 
-import argparse
 import importlib.metadata
 import importlib.util
 import json
@@ -37,7 +36,9 @@ from pathlib import Path
 import jax
 import numpy as np
 
+from benchmarks import _cli as _bcli
 from benchmarks._results import machine, write_section
+from experiments import _cli
 from swarmjax.fl.runtime.flower.deployment import LocalDeployment, run_simulation
 from swarmjax.fl.runtime.flower.records import payload_bytes
 from swarmjax.fl.runtime.flower.server import read_run
@@ -117,13 +118,19 @@ def _version(package: str) -> str:
     return importlib.metadata.version(package)
 
 
+@_cli.entry_point
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = _bcli.parser("flower_round", __doc__.split("\n\n")[0], writes="flower_round")
     parser.add_argument("--quick", action="store_true", help="3 FedAvg rounds instead of 6")
-    parser.add_argument("--rounds", type=int, default=None)
+    parser.add_argument(
+        "--rounds",
+        type=_cli.count("--rounds", 2),
+        default=None,
+        help="FedAvg rounds (>= 2: round 1 loads the executables; default 6, quick 3)",
+    )
     parser.add_argument(
         "--task-poll-interval",
-        type=float,
+        type=_cli.positive_float("--task-poll-interval"),
         default=LocalDeployment.task_poll_interval,
         help="FLWR_SUPEREXEC_TASK_POLL_INTERVAL of the nodes (Flower's default: 1)",
     )
@@ -131,11 +138,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--no-simulation", action="store_true", help="skip Flower's Simulation Runtime"
     )
-    parser.add_argument("--no-write", action="store_true", help="print, do not write RESULTS.md")
     args = parser.parse_args(argv)
     rounds = args.rounds or (3 if args.quick else 6)
-    if rounds < 2:
-        parser.error(f"--rounds must be >= 2 (round 1 loads the executables); got {rounds}")
     load = [os.getloadavg()[0]]
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
@@ -254,7 +258,7 @@ def main(argv: list[str] | None = None) -> None:
         lines += ["", "Flower's Simulation Runtime: skipped (Ray is not installed)."]
     text = "\n".join(lines)
     print(text)
-    if not args.no_write:
+    if args.write:
         write_section("flower_round", text)
 
 

@@ -1,6 +1,6 @@
 """PAASO strategies' throughput, each beside PSO in the same run.
 
-    python -m benchmarks.paaso_strategies [--runs 1000] [--iterations 1000] [--no-write]
+    python -m benchmarks.paaso_strategies [--runs 1000] [--iterations 1000] [--write]
 
 One jit(vmap) of ``paaso.run`` per strategy over ``--runs`` runs of 50 agents on f4
 (w 0.7, phi 1.4, wG 0.1, p_m 0.9), sharded over every device (on the CPU,
@@ -18,22 +18,27 @@ import os
 import sys
 import time
 
+from benchmarks import _cli as _bcli
+from experiments import _cli
+
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog="python -m benchmarks.paaso_strategies",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    p = _bcli.parser("paaso_strategies", __doc__, writes="paaso_strategies")
+    count = _cli.count
+    p.add_argument("--runs", type=count("--runs"), default=1000, help="runs (swarms) per strategy")
+    p.add_argument("--iterations", type=count("--iterations"), default=1000, help="iterations")
+    p.add_argument("--repeats", type=count("--repeats"), default=3, help="timed calls (best)")
+    p.add_argument(
+        "--cpu-devices",
+        type=count("--cpu-devices"),
+        default=min(os.cpu_count() or 1, 8),
+        help="XLA CPU devices (default: the cores, at most 8; ignored on GPU/TPU)",
     )
-    p.add_argument("--runs", type=int, default=1000, help="runs (swarms) per strategy")
-    p.add_argument("--iterations", type=int, default=1000, help="iterations per run")
-    p.add_argument("--repeats", type=int, default=3, help="timed calls per variant (best)")
-    p.add_argument("--cpu-devices", type=int, default=min(os.cpu_count() or 1, 8))
-    p.add_argument("--no-write", action="store_true", help="do not update RESULTS.md")
     args = p.parse_args(argv)
-    for name in ("runs", "iterations", "repeats", "cpu_devices"):
-        if getattr(args, name) < 1:
-            p.error(f"--{name.replace('_', '-')} must be >= 1; got {getattr(args, name)}")
+    # per run: 50 agents' state and votes, and the per-iteration trace
+    need = _cli.array_bytes((args.runs, 50, 24), (args.runs, args.iterations, 2))
+    option = _cli.option_named(args, ["runs", "iterations"])
+    _cli.check_memory(need, option, f"{args.runs} runs x {args.iterations} iterations")
     return args
 
 
@@ -99,11 +104,13 @@ def table(rows: list[dict]) -> list[str]:
     return lines
 
 
+@_cli.entry_point
 def main(argv=None) -> int:
     args = parse_args(argv)
     from swarmjax.device import configure_cpu_flags
 
-    configure_cpu_flags(args.cpu_devices)
+    if not configure_cpu_flags(args.cpu_devices):
+        _bcli.warn_unused(args, ["cpu_devices"], "the backend is not the CPU")
     import jax
 
     from benchmarks._results import machine, write_section
@@ -120,7 +127,8 @@ def main(argv=None) -> int:
         f"{runs} runs x 50 agents x {args.iterations} iterations on f4 per strategy, one "
         f"jit(vmap) each, best of {args.repeats} interleaved calls.\n\n" + "\n".join(table(rows))
     )
-    if not args.no_write:
+    print(text)
+    if args.write:
         write_section("paaso_strategies", text)
     return 0
 

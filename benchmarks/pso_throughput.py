@@ -1,6 +1,6 @@
 """PSO throughput: agent-steps/s of swarmjax vs baselines measured in the same run.
 
-    python -m benchmarks.pso_throughput [--quick] [--no-write]
+    python -m benchmarks.pso_throughput [--quick] [--write]
 
 Swarms of 50 agents x 1000 iterations on f4 (Rosenbrock, 2-D), w 0.7, c1 = c2 = 1.4,
 velocity clamp = domain width, positions clipped.  swarmjax runs every swarm as one
@@ -20,18 +20,28 @@ import os
 import sys
 import time
 
+from benchmarks import _cli as _bcli
+from experiments import _cli
+
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog="python -m benchmarks.pso_throughput",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = _bcli.parser("pso_throughput", __doc__, writes="pso_throughput")
     p.add_argument("--quick", action="store_true", help="fewer swarms and iterations")
-    p.add_argument("--swarms", type=int, nargs="*", default=None, help="swarm counts to time")
-    p.add_argument("--cpu-devices", type=int, default=min(os.cpu_count() or 1, 8))
-    p.add_argument("--no-write", action="store_true", help="do not update RESULTS.md")
-    return p.parse_args(argv)
+    p.add_argument(
+        "--swarms", type=_cli.count("--swarms"), nargs="+", help="swarm counts to time (>= 1)"
+    )
+    p.add_argument(
+        "--cpu-devices",
+        type=_cli.count("--cpu-devices"),
+        default=min(os.cpu_count() or 1, 8),
+        help="XLA CPU devices (default: the cores, at most 8; ignored on GPU/TPU)",
+    )
+    args = p.parse_args(argv)
+    counts = args.swarms or []
+    # per swarm: positions, velocities, bests (and the numpy twin's copy) of AGENTS x 2
+    need = _cli.array_bytes((max(counts, default=1), AGENTS, 2 * 8))
+    _cli.check_memory(need, "--swarms", f"{max(counts, default=1)} swarms of {AGENTS} agents")
+    return args
 
 
 AGENTS, W, C = 50, 0.7, 1.4
@@ -234,11 +244,13 @@ def table(rows: list[dict]) -> list[str]:
     return lines
 
 
+@_cli.entry_point
 def main(argv=None) -> int:
     args = parse_args(argv)
     from swarmjax.device import configure_cpu_flags
 
-    configure_cpu_flags(args.cpu_devices)
+    if not configure_cpu_flags(args.cpu_devices):
+        _bcli.warn_unused(args, ["cpu_devices"], "the backend is not the CPU")
     import jax
 
     from benchmarks._results import machine, write_section
@@ -261,7 +273,8 @@ def main(argv=None) -> int:
         f"of {BLOCK} under lax.map (cache-sized), used when a device holds more than {BLOCK}; "
         "ratios use the faster of the two.\n\n" + "\n".join(table(rows))
     )
-    if not args.no_write:
+    print(text)
+    if args.write:
         write_section("pso_throughput", text)
     return 0
 

@@ -20,7 +20,8 @@ The FLOP floor is measured in the same run: a 2048 x 2048 float32 matmul in JAX 
 5) and the workload's FLOPs per round (2,500 examples x forward and backward of the CNN).
 
 ``python -m benchmarks.vs_pfl [--rounds 100] [--timing-rounds 4] [--pfl-python PATH]``
-writes ``results/vs_pfl.json`` and prints a table. Timing runs: swarmjax's marginal seconds
+writes ``results/vs_pfl.json`` and prints a table (``--write``: also the ``vs_pfl`` section
+of benchmarks/RESULTS.md). Timing runs: swarmjax's marginal seconds
 per round (``(T(2n) - T(n)) / n`` over compiled ``simulate`` calls) and pfl's median over
 its rounds after the first; full runs: wall seconds over the rounds (swarmjax's
 compilation included; pfl's set-up included, its interpreter start not).
@@ -28,7 +29,6 @@ compilation included; pfl's set-up included, its interpreter start not).
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -43,9 +43,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from benchmarks import _cli as _bcli
 from benchmarks._results import device_slug, machine, write_section
-from swarmjax.fl.algorithms.client_level_dp_fedavg import ClientLevelDPFedAvg
-from swarmjax.fl.algorithms.fedavg import FedAvg
+from experiments import _cli
+from experiments._report import write_json
+from swarmjax.fl.algorithms import registry
 from swarmjax.fl.client.training import LocalTraining
 from swarmjax.fl.data import ClientStore, load_dataset, partition
 from swarmjax.fl.protocol import RunSpec, Variants
@@ -96,31 +98,21 @@ def dp_config(rounds: int, accountant: str = "pld") -> dict:
 
 
 def algorithm(dp: dict | None, block_eval: int = 250):
-    """``(algorithm, grid values)``: FedAvg with a cohort of 50, or fixed-clip DP-FedAvg
-    with the Poisson buffer its plan sizes for the run."""
-    model = simple_cnn(10, (28, 28, 1))
-    local = LocalTraining(epochs=1, batch_size=10, optimizer="sgd")
-    if dp is None:
-        alg = FedAvg(model, local, cohort=COHORT, eval_batch_size=block_eval)
-        return alg, {"learning_rate": 0.1, "server_lr": 1.0}
-    alg = ClientLevelDPFedAvg.for_run(
-        model,
+    """``(algorithm, grid values)`` from the algorithm registry: ``fedavg`` with a cohort of
+    50, or ``dp-fedavg`` (fixed clipping) with the Poisson buffer its plan sizes for the run."""
+    run = registry.CrossDeviceRun(
+        simple_cnn(10, (28, 28, 1)),
         USERS,
-        dp["rate"],
-        dp["spec"],
-        EPSILON,
-        training=local,
-        clipping="fixed",
+        COHORT,
+        RunSpec(1, 1.0 / USERS, (0,)) if dp is None else dp["spec"],
+        LocalTraining(epochs=1, batch_size=10, optimizer="sgd"),
+        epsilon=None if dp is None else dp.get("epsilon", EPSILON),
+        client_lr=0.1,
+        server_lr=1.0,
+        clip=CLIP,
         eval_batch_size=block_eval,
     )
-    grid = {
-        "sample_rate": dp["rate"],
-        "initial_clip": CLIP,
-        "client_lr": 0.1,
-        "server_lr": 1.0,
-        "epsilon_target": [EPSILON],
-    }
-    return alg, grid
+    return registry.cross_device("fedavg" if dp is None else "dp-fedavg", run)
 
 
 def run_swarmjax(
@@ -210,7 +202,8 @@ def run_pfl(
     cmd += ["--rounds", str(rounds), "--cohort", str(COHORT), "--threads", str(os.cpu_count())]
     if dp:
         cmd += ["--dp", "--clip", str(CLIP), "--epsilon", str(epsilon), "--mechanism", mechanism]
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    # in workdir: pfl's banded MF saves its strategy matrix under the working directory
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=workdir)
     result = json.loads(out.stdout.strip().splitlines()[-1])
     times, cpu = result["round_times"], result["round_cpu_times"]
     timing = rounds < 10
@@ -223,18 +216,35 @@ def run_pfl(
     return result
 
 
+@_cli.entry_point
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--data-dir", default=os.environ.get("SWARMJAX_DATA", "../shared/data"))
-    p.add_argument("--timing-rounds", type=int, default=4, help="rounds per timing run (4)")
-    p.add_argument("--rounds", type=int, default=0, help="full runs for accuracy (0: none)")
+    p = _bcli.parser("vs_pfl", __doc__.split("\n\n")[0], writes="vs_pfl")
+    count = _cli.count
     p.add_argument(
-        "--block", type=int, default=None, help="clients per vmapped block (device's choice)"
+        "--data-dir", help="folder with mnist/ (default: $SWARMJAX_DATA, else ../shared/data)"
     )
-    p.add_argument("--round-test", type=int, default=100, help="test rows per round (100)")
+    p.add_argument(
+        "--timing-rounds",
+        type=count("--timing-rounds", 2),
+        default=4,
+        help="rounds per timing run (4)",
+    )
+    p.add_argument(
+        "--rounds", type=count("--rounds", 0), default=0, help="full runs for accuracy (0: none)"
+    )
+    p.add_argument(
+        "--block",
+        type=count("--block"),
+        default=None,
+        help="clients per vmapped block (device's choice)",
+    )
+    p.add_argument(
+        "--round-test", type=count("--round-test"), default=100, help="test rows per round (100)"
+    )
     p.add_argument("--pfl-python", default=DEFAULT_PFL_PYTHON, help="'' to skip pfl")
-    p.add_argument("--no-dp", action="store_true", help="skip the user-level DP runs")
-    p.add_argument("--dp-only", action="store_true", help="only the user-level DP runs")
+    dp = p.add_mutually_exclusive_group()
+    dp.add_argument("--no-dp", action="store_true", help="skip the user-level DP runs")
+    dp.add_argument("--dp-only", action="store_true", help="only the user-level DP runs")
     p.add_argument(
         "--accountants",
         nargs="+",
@@ -243,14 +253,28 @@ def main(argv: list[str] | None = None) -> None:
         help="accountants that calibrate swarmjax's DP runs (default pld; pfl uses PLD)",
     )
     p.add_argument("--only", choices=("both", "swarmjax", "pfl"), default="both")
-    p.add_argument("--out", default="results/vs_pfl.json")
-    p.add_argument("--no-write", action="store_true", help="do not write RESULTS.md")
+    p.add_argument(
+        "--out",
+        default=str(_cli.RESULTS / "vs_pfl.json"),
+        help="the runs as JSON (results/vs_pfl.json)",
+    )
     a = p.parse_args(argv)
-    if a.timing_rounds < 2 or a.rounds < 0 or (a.block or 1) < 1 or a.round_test < 1:
-        p.error("--timing-rounds >= 2, --rounds >= 0, --block >= 1, --round-test >= 1")
     if a.pfl_python and a.only != "swarmjax" and not Path(a.pfl_python).exists():
         p.error(f"--pfl-python {a.pfl_python} does not exist (pass '' to skip pfl)")
-
+    if a.only == "swarmjax":
+        _cli.refuse_unused(a, ["pfl_python"], "--only swarmjax runs no pfl")
+    if a.only == "pfl":
+        _cli.refuse_unused(a, ["block", "accountants"], "--only pfl runs no swarmjax")
+    if a.no_dp:
+        _cli.refuse_unused(a, ["accountants"], "--no-dp runs no DP")
+    if a.write and a.only != "both":
+        p.error(f"--write records swarmjax beside pfl; --only {a.only} runs one of them")
+    if a.write and not a.pfl_python:
+        p.error("--write records swarmjax beside pfl; --pfl-python '' skips pfl")
+    out = _cli.out_file(a)
+    source = _cli.data_source(a)
+    a.data_dir = _cli.data_dir(a.data_dir)
+    _cli.load_dataset("mnist", a.data_dir, source)  # staged and readable, before any work
     store, indices, ds = load_work(a.data_dir)
     tests = ((ds.x_test[: a.round_test], ds.y_test[: a.round_test]), (ds.x_test, ds.y_test))
     flops = cnn_flops_per_example() * COHORT * ROWS
@@ -262,8 +286,6 @@ def main(argv: list[str] | None = None) -> None:
     )
     ours, theirs = a.only != "pfl", a.only != "swarmjax" and bool(a.pfl_python)
     results: list[dict] = []
-    if a.no_dp and a.dp_only:
-        p.error("--no-dp and --dp-only exclude each other")
     modes = [False] if a.no_dp else [True] if a.dp_only else [False, True]
     plan = [(a.timing_rounds, True)] + ([(a.rounds, False)] if a.rounds else [])
     with tempfile.TemporaryDirectory() as tmp:
@@ -277,13 +299,12 @@ def main(argv: list[str] | None = None) -> None:
                         cfg = dp_config(rounds, accountant) if dp else None
                         results.append(run_swarmjax(store, tests, rounds, cfg, a.block, timing))
                         print(_line(results[-1], floor), flush=True)
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     summary = {"matmul_gflops": gflops, "round_gflop": flops / 1e9, "floor_s": floor}
-    Path(a.out).write_text(json.dumps({"summary": summary, "runs": results}, indent=1))
+    write_json(out, {"summary": summary, "runs": results})
     for line in ratio_lines(results):
         print(line)
-    print(f"wrote {a.out}")
-    if not a.no_write and ours and theirs:
+    print(f"wrote {out}")
+    if a.write and ours and theirs:
         # the DP-only comparison of accountants is its own section beside the full one
         # and each kind of machine keeps its own (CPU: the plain name, as before)
         name = "vs_pfl_dp" if a.dp_only else "vs_pfl"

@@ -21,7 +21,14 @@ Every script builds its parser with :func:`parser` and wraps ``main`` in :func:`
 * Every argument is checked before any work starts.  A user error prints one line
   ``<prog>: error: <what>`` on stderr and exits with status 2 (no traceback).  Options that
   select nothing to run (no dataset found, no model for the chosen datasets) are user
-  errors too: a script never exits 0 having run nothing.
+  errors too: a script never exits 0 having run nothing.  The classes checked, each by one
+  function here: the output folder (:func:`out_dir`), the data folder and the datasets in it
+  (:func:`data_dir`, :func:`load_dataset`), options that do not apply to the chosen run
+  (:func:`given`, :func:`refuse_unused`, or :func:`warn_unused` where ignoring them is
+  harmless), and the memory a run is about to allocate against
+  the machine's (:func:`check_memory`, with :func:`array_bytes` for the estimates).  A message
+  names only options the user gave; a value that came from the profile is named as such,
+  with the option that changes it (:func:`setting`).
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ import argparse
 import functools
 import math
 import os
+import struct
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -41,18 +49,31 @@ from swarmjax.resume import CallStore
 __all__ = [
     "REPO",
     "RESULTS",
+    "UNREADABLE",
     "UserError",
+    "array_bytes",
     "call_store",
+    "check_memory",
     "count",
     "data_dir",
+    "data_source",
     "delta",
     "entry_point",
+    "given",
+    "load_dataset",
+    "option_named",
     "out_dir",
+    "out_file",
     "parser",
+    "physical_memory",
     "positive_float",
     "probability",
     "profile_name",
+    "refuse_unused",
     "seeds",
+    "setting",
+    "unreadable",
+    "warn_unused",
 ]
 
 REPO = Path(__file__).resolve().parents[1]
@@ -67,8 +88,69 @@ class UserError(Exception):
 
 
 class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors that records which options the command line gave."""
+
     def error(self, message: str) -> None:  # one line, no usage block
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+    def parse_known_args(
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        """argparse's parse, then the same command line again with every default suppressed:
+        the options left are the ones given (kept for :func:`given`)."""
+        parsed, rest = super().parse_known_args(args, namespace)
+        saved = [(a, a.default) for a in self._actions]
+        defaults, self._defaults = self._defaults, {}
+        try:
+            for action, _ in saved:
+                action.default = argparse.SUPPRESS
+            bare, _ = super().parse_known_args(args, None)
+        finally:
+            for action, default in saved:
+                action.default = default
+            self._defaults = defaults
+        setattr(parsed, _GIVEN, frozenset(vars(bare)))
+        return parsed, rest
+
+
+_GIVEN = "_options_given"
+
+
+def given(args: argparse.Namespace) -> frozenset[str]:
+    """The ``dest`` names of the options the command line gave (not their defaults); every
+    option counts as given for a namespace not made by :func:`parser`'s parser."""
+    found = getattr(args, _GIVEN, None)
+    return frozenset(k for k in vars(args) if k != _GIVEN) if found is None else found
+
+
+def _flag(dest: str) -> str:
+    return "--" + dest.replace("_", "-")
+
+
+def setting(args: argparse.Namespace, dest: str, value: object, what: str) -> str:
+    """How a message names a value: ``"--cohort 50"`` when the command line gave it, else
+    ``"the cohort of 50 (the profile's; --cohort changes it)"``: never as if the user had
+    given an option they did not."""
+    if dest in given(args):
+        return f"{_flag(dest)} {value}"
+    return f"the {what} of {value} (the profile's; {_flag(dest)} changes it)"
+
+
+def warn_unused(args: argparse.Namespace, dests: Iterable[str], why: str) -> list[str]:
+    """One warning line on stderr per option of ``dests`` the command line gave that this
+    run ignores (``why``), for options harmless to ignore; returns the options named."""
+    named = [_flag(d) for d in dests if d in given(args)]
+    for option in named:
+        print(f"warning: {option} does not apply: {why}; it is ignored", file=sys.stderr)
+    return named
+
+
+def refuse_unused(args: argparse.Namespace, dests: Iterable[str], why: str) -> None:
+    """A :class:`UserError` naming the first of ``dests`` the command line gave: it does not
+    apply to this run (``why`` says why and what does)."""
+    used = [d for d in dests if d in given(args)]
+    if used:
+        raise UserError(f"{_flag(used[0])} does not apply: {why}")
 
 
 def parser(
@@ -218,13 +300,118 @@ def data_dir(given: str | os.PathLike[str] | None, needs: Iterable[str] = ()) ->
     else:
         source, path = "default data folder", _SHARED_DATA
         if not path.is_dir():
-            raise UserError("no data folder: pass --data-dir DIR or set SWARMJAX_DATA")
+            raise UserError(
+                f"no data folder: the default {str(path)!r} does not exist; pass --data-dir DIR "
+                "or set SWARMJAX_DATA (../shared/data/README.md: how to stage the datasets)"
+            )
     if not path.is_dir():
         raise UserError(f"{source} {str(path)!r} is not a folder")
     missing = [n for n in needs if not (path / n).exists()]
     if missing:
-        raise UserError(f"{source} {str(path)!r} lacks {', '.join(missing)}")
+        raise UserError(
+            f"{source} {str(path)!r} lacks {', '.join(missing)} (how to stage the datasets: "
+            "../shared/data/README.md)"
+        )
     os.environ["SWARMJAX_DATA"] = str(path.resolve())
+    return path
+
+
+# how each dataset is staged (one line; the loaders' own message lists every folder looked in)
+_STAGE = {
+    "mnist": "the four MNIST IDX files (train-images-idx3-ubyte.gz, ...) in <dir>/mnist/",
+    "fashion_mnist": "the four Fashion-MNIST IDX files in <dir>/fashion_mnist/",
+    "cifar10": "cifar-10-batches-py/ or cifar10.npz in <dir>/cifar10/",
+}
+
+
+def load_dataset(name: str, folder: Path | None, source: str = "--data-dir", **kw: Any) -> Any:
+    """:func:`swarmjax.fl.data.load_dataset` without downloading, its failures as one-line
+    :class:`UserError` s: a dataset not staged says where it looked and how to stage it; a
+    file that cannot be read (truncated, wrong format) says which dataset is incomplete."""
+    from swarmjax.fl.data import DatasetNotFoundError
+    from swarmjax.fl.data import load_dataset as load
+
+    where = f"{source} {str(folder)!r}" if folder is not None else "the data folder"
+    how = _STAGE.get(name, f"{name}.npz (the medmnist package's file) in <dir>/medmnist/")
+    try:
+        return load(name, folder, download=False, **kw)
+    except DatasetNotFoundError:
+        raise UserError(
+            f"dataset {name!r} is not staged in {where}: put {how} (see ../shared/data/"
+            "README.md), or choose another dataset"
+        ) from None
+    except UNREADABLE as err:
+        raise unreadable(f"dataset {name!r} in {where}", err, how) from None
+
+
+# what reading a truncated, empty or malformed data file raises
+UNREADABLE = (OSError, ValueError, EOFError, KeyError, IndexError, struct.error)
+
+
+def unreadable(what: str, err: BaseException, how: str) -> UserError:
+    """The one-line error of a data file that cannot be read: ``what`` is incomplete or
+    unreadable (the first line of ``err``); stage it again (``how``)."""
+    first = str(err).splitlines()[0] if str(err) else type(err).__name__
+    return UserError(
+        f"{what} is incomplete or unreadable ({first}): stage it again ({how}; "
+        "../shared/data/README.md has the checksums)"
+    )
+
+
+def option_named(args: argparse.Namespace, dests: Sequence[str]) -> str:
+    """The flag a refusal names: the first of ``dests`` the command line gave, else the
+    first of ``dests`` (the option that changes the value)."""
+    return _flag(next((d for d in dests if d in given(args)), dests[0]))
+
+
+def data_source(args: argparse.Namespace) -> str:
+    """How a message names the data folder: ``"--data-dir"`` when the command line gave it,
+    else ``"the data folder"`` (it came from ``$SWARMJAX_DATA`` or the default)."""
+    return "--data-dir" if "data_dir" in given(args) else "the data folder"
+
+
+def physical_memory() -> int:
+    """Bytes of physical memory of this machine (``os.sysconf`` pages x page size)."""
+    return int(os.sysconf("SC_PHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+
+
+def array_bytes(*shapes: Sequence[int] | int, itemsize: int = 4) -> int:
+    """Bytes of float32 (``itemsize``) arrays of ``shapes`` (an int is a flat length): the
+    unit of every script's memory estimate."""
+    return sum(math.prod((s,) if isinstance(s, int) else s) * itemsize for s in shapes)
+
+
+MEMORY_SHARE = 0.8  # a run may use this share of the machine's memory
+
+
+def check_memory(need: int, option: str, what: str) -> None:
+    """Refuse (:class:`UserError`) a run whose estimated allocation ``need`` (bytes, from
+    :func:`array_bytes`) exceeds :data:`MEMORY_SHARE` of :func:`physical_memory`, naming the
+    estimate, ``what`` it holds and ``option``, the option to lower."""
+    have = physical_memory()
+    if need > MEMORY_SHARE * have:
+        raise UserError(
+            f"{option}: the run would allocate about {need / 2**30:.3g} GiB ({what}), more than "
+            f"{MEMORY_SHARE:.0%} of this machine's {have / 2**30:.3g} GiB; lower {option}"
+        )
+
+
+def out_file(args: argparse.Namespace, dest: str = "out") -> Path:
+    """The file option ``dest`` (e.g. a benchmark's ``--out results/x.json``): its folder
+    created and checked writable now, before any work; else a :class:`UserError`."""
+    path = Path(getattr(args, dest))
+    flag = _flag(dest)
+    name = f"{flag} {str(path)!r}" if dest in given(args) else f"the default {flag} {str(path)!r}"
+    if path.is_dir():
+        raise UserError(f"{name} is a folder; give {flag} a file name")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        probe = path.parent / ".write-probe"
+        probe.write_text("")
+        probe.unlink()
+    except (OSError, ValueError) as err:
+        reason = getattr(err, "strerror", None) or str(err)
+        raise UserError(f"{name}: its folder is not writable ({reason})") from None
     return path
 
 
@@ -232,17 +419,19 @@ def out_dir(args: argparse.Namespace) -> Path:
     """``--out`` (default ``results/<experiment>/`` in the repository), created and checked
     writable (results and the privacy ledger go there); else a :class:`UserError`."""
     out = Path(args.out)
+    name = f"--out {str(out)!r}" if "out" in given(args) else f"the default --out {str(out)!r}"
     if out.exists() and not out.is_dir():
-        raise UserError(f"--out {str(out)!r} exists and is not a folder")
+        raise UserError(f"{name} exists and is not a folder; give --out a folder")
     try:
         out.mkdir(parents=True, exist_ok=True)
         probe = out / ".write-probe"
         probe.write_text("")
         probe.unlink()
-    except OSError as err:
+    except (OSError, ValueError) as err:  # ValueError: e.g. a NUL byte in the path
+        reason = getattr(err, "strerror", None) or str(err)
         raise UserError(
-            f"--out {str(out)!r} is not a writable folder (results and the privacy ledger go "
-            f"there): {err.strerror or err}"
+            f"{name} is not a writable folder (results and the privacy ledger go there): "
+            f"{reason}; give --out a folder you can write"
         ) from None
     return out
 

@@ -9,7 +9,6 @@ difference of the global model, and says what epsilon covers.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 
@@ -17,6 +16,7 @@ import jax
 import numpy as np
 import pandas as pd
 
+from experiments._report import write_json
 from swarmjax.fl.runtime.flower.deployment import LocalDeployment
 from swarmjax.fl.runtime.flower.server import RELEASED, FlowerRun, read_run
 from swarmjax.fl.runtime.flower.task import Task, load_task, simulate_task
@@ -82,5 +82,5 @@ def run_over_flower(config: dict, out: Path, runner: Runner = deployed) -> dict:
         # wall seconds per round track the realised cohort: operator-only, not summarised
         "operator_outputs": str(run_dir / "operator"),
     }
-    (out / "flower_summary.json").write_text(json.dumps(summary, indent=1))
+    write_json(out / "flower_summary.json", summary)
     return summary

@@ -37,6 +37,8 @@ VOTING = list(_VOTING)
 K_ALPHAS = [4, 8, 16, 32]
 CONVERGED = 1.0  # f4: the mean f over runs below this counts as converged
 ALPHA = 0.05  # significance level of the "no effect" / "faster" tests
+MIN_ITERATIONS = 500  # the convergence claims are about iteration 500 (of the paper's 1000)
+MIN_RUNS = 10  # fewer runs per setting: a rank test cannot tell an effect from none
 
 
 def converge_iteration(objective: np.ndarray, threshold: float = CONVERGED) -> float:
@@ -127,8 +129,11 @@ def _fig1(args: argparse.Namespace, settings: dict[str, Any]) -> tuple[pd.DataFr
             ax.legend(fontsize=7, loc="upper right")
     fig.suptitle(
         f"Fig. 1: two executions on f4, {args.agents} agents, k={args.k_alpha}, "
-        f"phi=2, wG={fig2['w_g']}, p_c=1, p_m=0.9, {args.reading} reading {READINGS[args.reading]}",
+        f"phi=2, wG={fig2['w_g']}, p_c=1, p_m=0.9, {args.reading} reading ("
+        + ", ".join(f"{k} {v:g}" for k, v in READINGS[args.reading].items())
+        + ")",
         fontsize=10,
+        wrap=True,
     )
     fig.tight_layout()
     fig.savefig(args.out / "fig1.png", dpi=110)
@@ -201,33 +206,59 @@ def _ordering(rows: pd.DataFrame, traj: np.ndarray, w: float, reading: str) -> l
     others = [s for s in STRATEGIES if s != "pso"]
     fl_next = it["fl"] < min(it[s] for s in VOTING) and it["fl"] < math.inf
     voting = all(it["pso"] < it[s] <= at for s in VOTING)
+    none = (
+        None
+        if any(v < math.inf for v in it.values())
+        else (f"no strategy reached mean f < {CONVERGED:g} in {T} iterations")
+    )
     return [
         {
             "finding": "PSO converges fastest",
             "paper": "Figs. 1-2, section 5",
             "setting": setting,
             "swarmjax": f"first iteration with mean f < {CONVERGED:g}: {speeds}",
-            "holds": _yes(it["pso"] < min(it[s] for s in others)),
+            "holds": _yes(it["pso"] < min(it[s] for s in others), none),
         },
         {
             "finding": "FL next, close to PSO, converged by 500 iterations",
             "paper": "Fig. 1, section 4.3",
             "setting": setting,
             "swarmjax": f"f at iteration {at}: {finals}",
-            "holds": _yes(fl_next and it["fl"] <= at),
+            "holds": _yes(fl_next and it["fl"] <= at, _short(T)),
         },
         {
             "finding": "the voting strategies slower than PSO, converged by 500 iterations",
             "paper": "Figs. 1-2",
             "setting": setting,
             "swarmjax": f"first iteration with mean f < {CONVERGED:g}: {speeds}",
-            "holds": _yes(voting),
+            "holds": _yes(voting, _short(T)),
         },
     ]
 
 
-def _yes(flag: bool) -> str:
+def _yes(flag: bool, untestable: str | None = None) -> str:
+    """``"yes"`` / ``"no"``; ``"n/a (<why>)"`` where the run cannot test the claim."""
+    if untestable:
+        return f"n/a ({untestable})"
     return "yes" if flag else "no"
+
+
+def _short(iterations: int | None) -> str | None:
+    """Why a convergence claim is untestable in a run of ``iterations`` (None: testable)."""
+    if iterations is not None and iterations < MIN_ITERATIONS:
+        return (
+            f"{iterations} iterations: the claim is about convergence by iteration "
+            f"{MIN_ITERATIONS}; run without --quick"
+        )
+    return None
+
+
+def _few(rows: pd.DataFrame) -> str | None:
+    """Why a rank-test claim is untestable with the runs of ``rows`` (None: testable)."""
+    runs = rows["seed"].nunique() if "seed" in rows else MIN_RUNS
+    if runs < MIN_RUNS:
+        return f"{runs} runs per setting: too few for the test; run without --quick"
+    return None
 
 
 def _fig4(rows: pd.DataFrame, traj: np.ndarray) -> dict:
@@ -241,7 +272,7 @@ def _fig4(rows: pd.DataFrame, traj: np.ndarray) -> dict:
         "swarmjax": "final f: "
         + ", ".join(f"{s} {_ms(v)}" for s, v in final.items())
         + f"; FL runs below {CONVERGED:g}: {fl_conv:.0%}",
-        "holds": _yes(worse and fl_conv <= 0.2),
+        "holds": _yes(worse and fl_conv <= 0.2, _short(traj.shape[1])),
     }
 
 
@@ -259,7 +290,7 @@ def _pm(rows: pd.DataFrame, traj: np.ndarray, w: float) -> dict:
         + ", ".join(f"p_m {v:g} {_ms(f)}" for v, f in zip(values, finals, strict=True))
         + f"; Kruskal-Wallis p = {p:.2g}; mean f at iteration {early}: "
         + "/".join(f"{m:.3g}" for m in firsts),
-        "holds": _yes(p >= ALPHA),
+        "holds": _yes(p >= ALPHA, _few(rows)),
     }
 
 
@@ -289,7 +320,7 @@ def _k_alpha(rows: pd.DataFrame, traj: np.ndarray) -> dict:
         "swarmjax": f"mean f for k_alpha {'/'.join(map(str, k_alphas))}, final and early: "
         + "; ".join(parts)
         + f"; final values compared by Kruskal-Wallis at {ALPHA:g}/{len(tests)} (Bonferroni)",
-        "holds": _yes(min(tests) >= ALPHA / len(tests)),
+        "holds": _yes(min(tests) >= ALPHA / len(tests), _few(rows)),
     }
 
 
@@ -308,26 +339,45 @@ def _agents(rows: pd.DataFrame, traj: np.ndarray) -> dict:
         + ", ".join(f"{n} {_it(it[n])}" for n in sizes)
         + "; Mann-Whitney p per doubling "
         + ", ".join(f"{p:.2g}" for p in ps),
-        "holds": _yes(max(ps) < ALPHA),
+        "holds": _yes(max(ps) < ALPHA, _few(rows)),
     }
 
 
-def _summary_claims(summary: pd.DataFrame) -> list[dict]:
+F5_CLAIM = "f5 unsolved by every privacy-aware strategy (best -7.9; PSO -837)"
+PER_FUNCTION_CLAIM = "the best (w, phi, wG) differs per function and strategy"
+
+
+def _summary_claims(summary: pd.DataFrame, iterations: int | None = None) -> list[dict]:
+    """The claims read from the search table ``summary``; those its functions or its
+    ``iterations`` cannot test are rows whose ``holds`` is ``n/a (<why>)``."""
     out = []
     f5 = summary[summary["function"] == "f5"]
+    searched = " ".join(dict.fromkeys(summary["function"]))
+    if not len(f5):
+        out.append(
+            {
+                "finding": F5_CLAIM,
+                "paper": "Fig. 6, section 4.3",
+                "setting": "f5, best configuration of the search per strategy",
+                "swarmjax": f"f5 not searched (functions: {searched})",
+                "holds": _yes(False, "this run does not search f5; run without --quick"),
+            }
+        )
     if len(f5):
         opt = get_objective("f5").optimum_value(2)
         best = dict(zip(f5["strategy"], f5["final_mean"], strict=True))
         private = {s: v for s, v in best.items() if s != "pso"}
         out.append(
             {
-                "finding": "f5 unsolved by every privacy-aware strategy (best -7.9; PSO -837)",
+                "finding": F5_CLAIM,
                 "paper": "Fig. 6, section 4.3",
                 "setting": "f5, best configuration of the search per strategy",
                 "swarmjax": "best mean final f: "
                 + ", ".join(f"{s} {v:.4g}" for s, v in best.items())
                 + f" (optimum {opt:.4g})",
-                "holds": _yes(all(v - opt > 0.1 * abs(opt) for v in private.values())),
+                "holds": _yes(
+                    all(v - opt > 0.1 * abs(opt) for v in private.values()), _short(iterations)
+                ),
             }
         )
     others = summary[summary["function"] != "f5"]
@@ -347,17 +397,31 @@ def _summary_claims(summary: pd.DataFrame) -> list[dict]:
                     f"{s} {len(solved.get(s, []))}/{total} ({' '.join(solved.get(s, []))})"
                     for s in private
                 ),
-                "holds": _yes(all(len(solved.get(s, [])) == total for s in private)),
+                "holds": _yes(
+                    all(len(solved.get(s, [])) == total for s in private), _short(iterations)
+                ),
             }
         )
     cols = ["w", "phi_p", "w_g", "speed"]
     configs = summary.assign(config=summary[cols].astype(str).agg("/".join, axis=1))
     per_strategy = configs.groupby("strategy", observed=True)["config"].nunique()
     per_function = configs.groupby("function")["config"].nunique()
+    if configs["function"].nunique() == 1:
+        out.append(
+            {
+                "finding": PER_FUNCTION_CLAIM,
+                "paper": "section 5",
+                "setting": "search over w, phi, wG, speed per strategy and function",
+                "swarmjax": f"one function searched ({searched})",
+                "holds": _yes(
+                    False, "one function cannot differ from another; run without --quick"
+                ),
+            }
+        )
     if configs["function"].nunique() > 1:
         out.append(
             {
-                "finding": "the best (w, phi, wG) differs per function and strategy",
+                "finding": PER_FUNCTION_CLAIM,
                 "paper": "section 5",
                 "setting": "search over w, phi, wG, speed per strategy and function",
                 "swarmjax": "distinct best configurations across functions: "
@@ -388,9 +452,10 @@ def run_claims(args: argparse.Namespace, settings: dict[str, Any]) -> pd.DataFra
     claims.append(_pm(*_load(args.sweeps, "fig3"), w))
     claims.append(_k_alpha(k_rows, k_traj))
     claims.append(_agents(*_load(args.sweeps, "fig5")))
-    claims += _summary_claims(pd.read_csv(args.out / "summary.csv"))
+    claims += _summary_claims(pd.read_csv(args.out / "summary.csv"), settings["iterations"])
+    reading = ", ".join(f"{k} {v:g}" for k, v in READINGS[args.reading].items())
     table = pd.DataFrame(claims).assign(
-        reading=f"{args.reading} {READINGS[args.reading]}",
+        reading=f"{args.reading} ({reading})",
         runs=settings["runs"],
         iterations=settings["iterations"],
     )

@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.ticker import NullLocator
 
+from experiments._report import title, write_json
 from experiments.paaso import FIG4, FIG5_AGENTS, PAPER_PROBS, STRATEGIES, fig2_setting
 from swarmjax.objectives import get_objective
 from swarmjax.paaso import READINGS
@@ -84,26 +85,67 @@ def _log_y(ax) -> None:
     ax.yaxis.set_minor_locator(NullLocator())
 
 
+def _y_scale(ax, values: np.ndarray) -> str:
+    """Log y where every value is positive, symmetric log where the values span two decades
+    or more around zero (f5 is negative, converged runs reach 0; from 0 up where none is
+    negative), else linear; returns which."""
+    v = np.asarray(values, dtype=float)
+    v = v[np.isfinite(v)]
+    nonzero = np.abs(v[v != 0])
+    if len(v) and (v > 0).all():
+        _log_y(ax)
+        return "log"
+    if len(nonzero) and nonzero.max() >= 100 * nonzero.min():
+        ax.set_yscale("symlog", linthresh=max(nonzero.min(), 1e-6 * nonzero.max()))
+        ax.yaxis.set_minor_locator(NullLocator())
+        if (v >= 0).all():  # an objective at its optimum 0: nothing below it to show
+            return "symlog-nonnegative"
+        return "symlog"
+    return "linear"
+
+
 def _plot(curves: pd.DataFrame, label: str, title: str, path: Path, ax=None) -> None:
+    """Mean objective per iteration, one line per ``label`` value, with a band of one std over
+    runs where the curves have it (on a log axis its lower edge stops at a tenth of the mean
+    where mean - std <= 0); log or symmetric-log axes where the values span decades."""
     own = ax is None
     if own:
-        fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    positive = bool((curves["mean"] > 0).all())
+        fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    scale = _y_scale(ax, curves["mean"].to_numpy())
+    banded = "std" in curves and bool((curves.get("runs", 2) > 1).all())
     for value, c in curves.groupby(label, sort=False):
-        ax.plot(
-            c["iteration"], c["mean"], label=f"{label}={value}" if label != "strategy" else value
+        mean = c["mean"].to_numpy()
+        (line,) = ax.plot(
+            c["iteration"], mean, label=f"{label}={value}" if label != "strategy" else value
         )
-    if positive:
-        _log_y(ax)
+        if banded:
+            std = c["std"].to_numpy()
+            low = mean - std
+            if scale == "log":
+                low = np.where(low > 0, low, mean / 10)
+            elif scale == "symlog-nonnegative":
+                low = np.maximum(low, 0.0)
+            ax.fill_between(
+                c["iteration"], low, mean + std, color=line.get_color(), alpha=0.15, lw=0
+            )
+    if scale == "symlog-nonnegative":
+        ax.set_ylim(bottom=0)  # after plotting: the top stays the data's
     ax.set_xlabel("iteration")
-    ax.set_ylabel("mean objective over runs")
-    ax.set_title(title, fontsize=9)
+    ax.set_ylabel("mean objective over runs" + (" (band: +- 1 std)" if banded else ""))
+    ax.set_title(title_lines(title, ax), fontsize=9)
     ax.legend(fontsize=7, loc="upper right")
     ax.grid(alpha=0.3)
     if own:
         fig.tight_layout()
         fig.savefig(path, dpi=120)
         plt.close(fig)
+
+
+def title_lines(text: str, ax) -> str:
+    """``text`` wrapped to the width of ``ax`` (about 11 characters an inch at 9 pt), so a
+    title is never cut off."""
+    width = ax.get_position().width * ax.figure.get_figwidth()
+    return title(text, max(30, int(width * 14)))
 
 
 def _base(args: argparse.Namespace, settings: dict[str, Any]) -> dict[str, Any]:
@@ -230,7 +272,14 @@ def _search_and_fig6(args: argparse.Namespace, settings: dict[str, Any]) -> pd.D
         strategy=pd.Categorical(best["strategy"], STRATEGIES, ordered=True),
     ).sort_values(["function", "strategy"])
     best.to_csv(args.out / "summary.csv", index=False)
-    best.to_json(args.out / "summary.json", orient="records", indent=1)
+    write_json(
+        args.out / "summary.json",
+        best.to_dict(orient="records"),
+        dict.fromkeys(
+            ("eps_drd_basic", "eps_drd_advanced", "eps_pram_vote"),
+            "PSO and FL make no DP claim: their epsilon is infinite",
+        ),
+    )
 
     pb = best[best["strategy"] == "pbdrd"]
     chosen = rows.merge(pb[config_cols], on=config_cols)

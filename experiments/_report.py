@@ -5,14 +5,23 @@ written as CSV + markdown, and figures of a metric per round with an error band 
 
 The std is the sample std (``ddof=1``) over seeds; with one seed there is none (NaN, shown
 as ``(1 seed)``), never a fake 0.
+
+Every experiment writes its JSON through :func:`write_json` (strict JSON: a NaN or infinite
+number is written as ``null`` with the reason beside it) and ends with :func:`finish`, which
+prints and records its peak memory (:func:`peak_memory_gib`) and prints where its results
+are.
 """
 
 from __future__ import annotations
 
+import json
 import math
+import resource
+import sys
 import textwrap
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
@@ -24,12 +33,16 @@ from matplotlib.ticker import MaxNLocator
 
 __all__ = [
     "band",
+    "finish",
     "grid",
     "mean_std",
     "mean_std_text",
+    "peak_memory_gib",
     "per_round",
     "save",
+    "strict",
     "title",
+    "write_json",
     "write_ledger",
     "write_table",
 ]
@@ -153,3 +166,81 @@ def write_ledger(ledger) -> Path:
         print(f"{len(ledger.non_private)} run(s) without DP are listed there as not private")
     print(f"privacy ledger: {path}")
     return path
+
+
+NULL_REASONS = {  # why a number is null in our JSON, by its value (a caller may say more)
+    "nan": "not a number: undefined here (e.g. the std of one seed, or nothing measured)",
+    "inf": "infinite (e.g. the epsilon of a run without DP)",
+    "-inf": "minus infinity (undefined here)",
+}
+NULL_SUFFIX = "_null_reason"  # the key beside a nulled number that says why
+
+
+def _non_finite(value: Any) -> str | None:
+    """``"nan"``, ``"inf"`` or ``"-inf"`` for a non-finite real number, else None."""
+    if isinstance(value, bool) or not isinstance(value, float | np.floating):
+        return None
+    v = float(value)
+    return None if math.isfinite(v) else "nan" if v != v else "inf" if v > 0 else "-inf"
+
+
+def _contains_non_finite(value: Any) -> str | None:
+    if isinstance(value, list | tuple):
+        return next((k for k in map(_contains_non_finite, value) if k), None)
+    return _non_finite(value)
+
+
+def strict(obj: Any, reasons: Mapping[str, str] | None = None) -> Any:
+    """``obj`` (dicts, lists, numbers, numpy scalars and arrays) as strict JSON values: every
+    NaN or infinity becomes ``None``, and the dict holding it gains ``"<key>_null_reason"``:
+    ``reasons[key]`` when given, else what the value was (:data:`NULL_REASONS`)."""
+    reasons = reasons or {}
+    if isinstance(obj, np.ndarray):
+        obj = obj.tolist()
+    if isinstance(obj, Mapping):
+        out: dict = {}
+        for key, value in obj.items():
+            kind = _contains_non_finite(value.tolist() if isinstance(value, np.ndarray) else value)
+            out[key] = strict(value, reasons)
+            if kind is not None and not isinstance(value, Mapping):
+                note = NULL_REASONS[kind]
+                out[f"{key}{NULL_SUFFIX}"] = reasons.get(str(key), note)
+        return out
+    if isinstance(obj, list | tuple):
+        return [strict(v, reasons) for v in obj]
+    if isinstance(obj, np.generic):
+        obj = obj.item()
+    return None if _non_finite(obj) else obj
+
+
+def write_json(path: Path, obj: Any, reasons: Mapping[str, str] | None = None) -> Path:
+    """Write ``obj`` to ``path`` as strict JSON (:func:`strict`; ``allow_nan=False``, so a
+    NaN that slipped through fails here instead of in a reader); other objects as ``str``."""
+    path = Path(path)
+    text = json.dumps(strict(obj, reasons), indent=1, allow_nan=False, default=str)
+    path.write_text(text + "\n")
+    return path
+
+
+def peak_memory_gib() -> float:
+    """Peak resident memory of this process so far, GiB (``resource.getrusage``
+    ``ru_maxrss``: KiB on Linux, bytes on macOS)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / (2**30 if sys.platform == "darwin" else 2**20)
+
+
+def finish(out: Path, record: Path | None = None) -> float:
+    """End of an experiment: print its peak memory (:func:`peak_memory_gib`) and record it as
+    ``peak_memory_gib`` in the JSON object ``record`` (its saved results), then print where
+    the results are. Returns the peak in GiB."""
+    peak = peak_memory_gib()
+    how = "peak resident memory of the process, resource.getrusage ru_maxrss"
+    if record is not None:
+        record = Path(record)
+        saved = json.loads(record.read_text()) if record.exists() else {}
+        if not isinstance(saved, dict):
+            raise TypeError(f"{record} holds no JSON object to record the peak memory in")
+        write_json(record, {**saved, "peak_memory_gib": round(peak, 3), "peak_memory": how})
+    print(f"peak memory: {peak:.2f} GiB ({how})" + (f", recorded in {record}" if record else ""))
+    print(f"results in {out}", flush=True)
+    return peak

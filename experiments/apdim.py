@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import json
 import math
 import time
 import warnings
@@ -597,6 +596,15 @@ def plot_params(params: pd.DataFrame, path: Path) -> None:
     plt.close(fig)
 
 
+def _read_split(data_dir: Path, name: str, profile: Profile) -> Split:
+    """:func:`load_split`, a table that cannot be read (truncated, empty, a column missing)
+    reported as one line naming its file."""
+    try:
+        return load_split(data_dir, name, profile)
+    except _cli.UNREADABLE as err:
+        raise _cli.unreadable(str(data_dir / DATASETS[name].file), err, "tabular/*.csv") from None
+
+
 def summarise(f1_frame: pd.DataFrame, attack: pd.DataFrame) -> pd.DataFrame:
     """Per dataset, mode and epsilon: F1 averaged over classifiers, APDIM minus uniform."""
     noisy = f1_frame[f1_frame["mode"] != "clean"]
@@ -646,11 +654,13 @@ def main(argv: list[str] | None = None) -> None:
     data_dir = find_tables(args.data_dir)
     requested = args.datasets or list(DATASETS)
     missing = [ds for ds in requested if not (data_dir / DATASETS[ds].file).is_file()]
+    stage = "stage the APDIM tables as <data dir>/tabular/*.csv (../shared/data/README.md)"
     if missing and args.datasets:
         files = ", ".join(DATASETS[ds].file for ds in missing)
-        raise _cli.UserError(f"--datasets: {files} not found in {str(data_dir)!r}")
+        raise _cli.UserError(f"--datasets: {files} not found in {str(data_dir)!r}: {stage}")
     if len(missing) == len(requested):
-        raise _cli.UserError(f"none of the APDIM tables is in {str(data_dir)!r}")
+        files = ", ".join(DATASETS[ds].file for ds in requested)
+        raise _cli.UserError(f"none of the APDIM tables ({files}) is in {str(data_dir)!r}: {stage}")
     for ds in missing:
         print(f"skipping {ds}: {data_dir / DATASETS[ds].file} not found")
     args.datasets = [ds for ds in requested if ds not in missing]
@@ -662,7 +672,7 @@ def main(argv: list[str] | None = None) -> None:
     warnings.filterwarnings("ignore", category=ConvergenceWarning)
     started = time.perf_counter()
 
-    splits = {ds: load_split(data_dir, ds, profile) for ds in args.datasets}
+    splits = {ds: _read_split(data_dir, ds, profile) for ds in args.datasets}
     # pure DP holds at any delta: state every release at 0.1 / (training rows of all tables)
     delta = _cli.delta(args, sum(len(split.y_train) for split in splits.values()))
     on_ledger = {"delta": delta, "accountant": args.accountant}
@@ -694,7 +704,7 @@ def main(argv: list[str] | None = None) -> None:
                 }
                 for (mode, mech), plan in plans.items()
             }
-    (out / "plans.json").write_text(json.dumps(plans_json, indent=1))
+    _report.write_json(out / "plans.json", plans_json)
     f1_frame, attack = pd.concat(f1_frames), pd.concat(attack_frames)
     for i, ds in enumerate(args.datasets):
         plot_f1(f1_frame, ds, out / f"fig{4 + i}_f1_{ds}.png")
@@ -730,7 +740,7 @@ def main(argv: list[str] | None = None) -> None:
     if timing is not None:
         med = timing.groupby(["batch", "epsilon"])[["apdim_s", "uniform_s"]].median()
         summary["timing_median_s"] = med.round(4).reset_index().to_dict(orient="records")
-    (out / "summary.json").write_text(json.dumps(summary, indent=1, default=float))
+    _report.write_json(out / "summary.json", summary)
 
     with pd.option_context("display.width", 160, "display.max_rows", 200):
         print(table.round(3).to_string(index=False))
@@ -740,7 +750,8 @@ def main(argv: list[str] | None = None) -> None:
     if store.reused:
         print(f"\nreused from {store.folder} (--restart runs them again): {store.reused}")
     _report.write_ledger(ledger)
-    print(f"\nwrote {out} in {summary['seconds']} s")
+    print(f"\n{summary['seconds']} s")
+    _report.finish(out, out / "summary.json")
 
 
 if __name__ == "__main__":

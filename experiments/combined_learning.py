@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import math
 import time
 from functools import partial
@@ -308,7 +307,16 @@ FILE_DATASETS = ("mnist", "cifar10")  # read from the data folder; breast_cancer
 
 
 def load(name: str, data_dir: Path | None) -> Any:
-    return load_dataset(name, data_dir, download=False)
+    """``name`` from ``data_dir`` (never downloaded); a file that cannot be read is a one-line
+    :class:`~experiments._cli.UserError` (a dataset not staged raises
+    :class:`DatasetNotFoundError`, which :func:`load_all` reports or skips)."""
+    try:
+        return load_dataset(name, data_dir, download=False)
+    except DatasetNotFoundError:
+        raise
+    except _cli.UNREADABLE as err:
+        where = f"dataset {name!r} under {str(data_dir)!r}"
+        raise _cli.unreadable(where, err, f"<data dir>/{name}/") from None
 
 
 def shrink(data: Any, name: str, profile: Profile) -> Any:
@@ -401,7 +409,8 @@ def load_all(args, profile: Profile) -> tuple[dict[str, Any], list[str]]:
         except DatasetNotFoundError:
             if args.datasets:
                 raise _cli.UserError(
-                    f"--datasets: {dataset!r} not found under {str(data_dir)!r}"
+                    f"--datasets: {dataset!r} is not staged under {str(data_dir)!r}: put its "
+                    f"files in {str(data_dir)!r}/{dataset}/ (../shared/data/README.md)"
                 ) from None
             skipped.append(f"{dataset}: not found under {data_dir}")
             print(f"skipping {dataset}: its files are not available")
@@ -415,10 +424,21 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     profile = choose_profile(args)
     if not profile.datasets:
-        raise _cli.UserError(
-            f"--models {' '.join(args.models or [])} run on none of the selected datasets "
-            f"{' '.join(args.datasets or [])}; see PROFILES in experiments/combined_learning.py"
+        offered = PROFILES[_cli.profile_name(args)].datasets
+        if args.models:  # the models given run on none of the datasets
+            named = " ".join(args.datasets or offered)
+            raise _cli.UserError(
+                f"--models {' '.join(args.models)} run on none of the datasets {named} of this "
+                "profile; see PROFILES in experiments/combined_learning.py"
+            )
+        raise _cli.UserError(  # only --datasets was given: none is in the profile
+            f"--datasets {' '.join(args.datasets or [])}: this profile runs only "
+            f"{', '.join(offered)} (--full runs every dataset)"
         )
+    unused = set(args.models or ()) - {m for ms in profile.datasets.values() for m in ms}
+    if unused:
+        ran = ", ".join(profile.datasets)
+        _cli.warn_unused(args, ["models"], f"{' '.join(sorted(unused))} run on none of {ran}")
     out = _cli.out_dir(args)
     # every run is listed (not private: no DP) beside the results; checked writable now
     ledger = Ledger(out, "combined_learning")
@@ -473,7 +493,8 @@ def main(argv: list[str] | None = None) -> None:
     if reused:
         print(f"reused from {out / 'calls'} (--restart runs them again): {', '.join(reused)}")
     _report.write_ledger(ledger)
-    print(f"results in {out} ({time.perf_counter() - start:.0f} s)")
+    print(f"{time.perf_counter() - start:.0f} s")
+    _report.finish(out, out / "summary.json")
 
 
 def _fetch(store, key: str, run, ledger: Ledger) -> pd.DataFrame:
@@ -509,7 +530,7 @@ def write(
         "seconds_per_model": timings or {},
         "summary": summary.to_dict(orient="records"),
     }
-    (out / "summary.json").write_text(json.dumps(meta, indent=1, default=str))
+    _report.write_json(out / "summary.json", meta)
     return summary
 
 

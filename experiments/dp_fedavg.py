@@ -31,8 +31,8 @@ of ``experiments/_cli.py`` (``--seeds N`` runs seeds 0..N-1).
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
-import json
 import math
 import re
 import time
@@ -52,13 +52,14 @@ from swarmjax.fl.algorithms.client_level_dp_fedavg import (
     sum_noise_multiplier,
 )
 from swarmjax.fl.client.training import LocalTraining
-from swarmjax.fl.data import DatasetNotFoundError, load_dataset, subsample
+from swarmjax.fl.data import subsample
 from swarmjax.fl.data.clients import stack_clients
 from swarmjax.fl.data.partition import dirichlet_partition, iid_partition
 from swarmjax.fl.protocol import RunSpec, Variants
 from swarmjax.fl.runtime import simulate
 from swarmjax.models import cross_entropy, mlp, param_count
 from swarmjax.privacy.audit import membership_inference_advantage
+from swarmjax.privacy.canaries import CanaryAudit, CanaryReport
 from swarmjax.privacy.ledger import Ledger, saved_releases
 
 
@@ -172,10 +173,14 @@ def run_one(
     eps_target: float,
     spec: RunSpec,
     release_path: str = "history.csv",
+    audit: CanaryAudit | None = None,
 ):
     """One method at one epsilon, all seeds in one call: (per-round history, ``{"row":
     summary row, "releases": its runs as privacy-ledger releases written at
-    release_path}``)."""
+    release_path}``).  ``audit``: client-level canaries in every private run of the call
+    (docs/audits.md): each run's :class:`~swarmjax.privacy.canaries.CanaryReport` goes to
+    its release's ``audit`` and the row's ``epsilon_lower`` is the largest over seeds; the
+    non-private run (noise 0, no epsilon) is never audited."""
     t0 = time.perf_counter()
     kwargs = dict(kwargs)
     alg = dataclasses.replace(config, clipping=kwargs.pop("clipping"))
@@ -189,7 +194,8 @@ def run_one(
         server_lr=SERVER_LR,
         **kwargs,
     )
-    res = simulate(alg, clients, test, variants)
+    private = float(kwargs["noise_multiplier"][0]) > 0
+    res = simulate(alg, clients, test, variants, audit=audit if private else None)
     seconds = time.perf_counter() - t0
     releases = saved_releases(res, algorithm=method, path=release_path)
     h = res.history
@@ -228,6 +234,8 @@ def run_one(
         "mia_advantage_std": float(np.std(mias)),
         "seconds": seconds,
     }
+    if audit is not None:
+        row["epsilon_lower"] = max((r.epsilon_lower for r in res.audit), default=math.nan)
     return h.assign(method=method, epsilon_target=eps_target), {"row": row, "releases": releases}
 
 
@@ -262,6 +270,61 @@ def plot(summary: pd.DataFrame, history: pd.DataFrame, out: Path) -> None:
         panel_title=lambda s: f"{s}, eps={eps_show:g}",
         axes_set={"yscale": "log"},
     )
+
+
+NULLS = {  # why a summary number is null (strict JSON)
+    "epsilon_target": "the non-private run has no target (infinite epsilon)",
+    "epsilon": "the non-private run has no DP (infinite epsilon)",
+    "rounds_to_target": "a seed never reached target_accuracy",
+    "accuracy_std": "one seed: no std",
+    "epsilon_lower": "the non-private run is not audited (no epsilon to audit)",
+}
+TRAIN_ROWS = 60_000  # MNIST and Fashion-MNIST
+
+
+def check(args: argparse.Namespace, profile: Profile) -> None:
+    """The derived settings of ``profile`` and its memory, checked before any work: every
+    client needs a row, the expected cohort ``q N`` at least one client, and the run's arrays
+    (the stacked clients, per seed the Poisson buffer's model-sized arrays) must fit."""
+    clients = _cli.setting(args, "clients", profile.num_clients, "number of clients")
+    rows = profile.n_train or TRAIN_ROWS
+    if profile.num_clients > rows:
+        raise _cli.UserError(
+            f"{clients} exceeds the {rows} training rows (each client needs one): lower --clients"
+        )
+    if profile.sample_rate * profile.num_clients < 1:
+        least = math.ceil(1 / profile.sample_rate)
+        raise _cli.UserError(
+            f"{clients} at the sample rate {profile.sample_rate:g} gives an expected cohort of "
+            f"{profile.sample_rate * profile.num_clients:.3g} clients per round (DP-FedAvg's "
+            f"noise is scaled to it): give --clients {least} or more"
+        )
+    params = 784 * MODEL_HIDDEN[0] + MODEL_HIDDEN[0] + MODEL_HIDDEN[0] * 10 + 10
+    buffer = 2 * math.ceil(profile.sample_rate * profile.num_clients) + 10
+    need = _cli.array_bytes((2, rows, 784), (len(profile.seeds), buffer, 4, params))
+    option = _cli.option_named(args, ["clients", "seeds"])
+    what = f"{profile.num_clients} clients, {len(profile.seeds)} seed(s), cohort buffer {buffer}"
+    _cli.check_memory(need, option, what)
+    if args.audit is not None and args.audit > params:
+        raise _cli.UserError(
+            f"--audit {args.audit} exceeds the model's {params} parameters (no more canary "
+            "directions can be independent): lower --audit"
+        )
+    if args.audit is not None:  # the directions, and every canary's reply in each round
+        need = _cli.array_bytes((len(profile.seeds) + 1, args.audit, params))
+        _cli.check_memory(need, "--audit", f"{args.audit} canaries of {params} parameters")
+
+
+def print_audits(audits: list[tuple[str, str, str, dict | None]]) -> None:
+    """One line per audited run (``(dataset, partition, method, release audit)``; ``None``
+    for an unaudited one): its accounted epsilon and the canaries' empirical lower bound
+    (:meth:`~swarmjax.privacy.canaries.CanaryReport.line`)."""
+    shown = [(ds, part, name, a) for ds, part, name, a in audits if a is not None]
+    if shown:
+        print("empirical privacy audits (lower bounds, not guarantees; docs/audits.md):")
+    for ds, part, name, audit in shown:
+        report = CanaryReport.from_dict(audit)
+        print(f"  {ds} {part} {name}: accounted epsilon {report.epsilon:.3f}; {report.line()}")
 
 
 def _call_settings(meta: dict) -> dict:
@@ -301,6 +364,14 @@ def parse_args(argv: list[str] | None = None):
         type=_cli.positive_float("--epsilons"),
         help="target client-level epsilons (z found per target)",
     )
+    parser.add_argument(
+        "--audit",
+        type=_cli.count("--audit", 2),
+        metavar="N",
+        help="empirical privacy audit: N client-level canaries in every private run "
+        "(docs/audits.md); each run's lower bound is printed beside its accounted epsilon "
+        "and written to the privacy ledger",
+    )
     return parser.parse_args(argv)
 
 
@@ -316,15 +387,13 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
         if getattr(args, field):
             profile = dataclasses.replace(profile, **{field: tuple(getattr(args, field))})
     profile = dataclasses.replace(profile, seeds=tuple(_cli.seeds(args, len(profile.seeds))))
-    data_dir = _cli.data_dir(args.data_dir)
+    check(args, profile)
     out = _cli.out_dir(args)  # results and the privacy ledger: checked before any work
+    data_dir = _cli.data_dir(args.data_dir)
     ledger = Ledger(out, "dp_fedavg", accountant=args.accountant)
-    loaded = {}
-    for ds in profile.datasets:  # every dataset before any work: a missing one fails now
-        try:
-            loaded[ds] = load_dataset(ds, data_dir, download=False)
-        except DatasetNotFoundError:
-            raise _cli.UserError(f"dataset {ds!r} not found under {str(data_dir)!r}") from None
+    source = _cli.data_source(args)
+    # every dataset before any work: a missing or incomplete one fails now
+    loaded = {ds: _cli.load_dataset(ds, data_dir, source) for ds in profile.datasets}
     model = mlp(MODEL_HIDDEN, 10, (28, 28, 1))
     delta = _cli.delta(args, profile.num_clients)
     spec = RunSpec(profile.rounds, delta, profile.seeds, accountant=args.accountant)
@@ -347,7 +416,7 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
         * len(profile.partitions)
         * (1 + len(zs) * (1 + len(profile.fixed_clips)))
     )
-    rows, histories = [], []
+    rows, histories, audits = [], [], []
     meta = {
         "profile": dataclasses.asdict(profile),
         "model": model.name,
@@ -367,8 +436,9 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
         "capacity": config.capacity,
         "noise_multipliers": zs,
         "epsilon_covers": privacy_plan.relation,
+        "audit": None if args.audit is None else repr(CanaryAudit(args.audit)),
     }
-    (out / "config.json").write_text(json.dumps(meta, indent=2, default=str))
+    _report.write_json(out / "config.json", meta)
     store = _cli.call_store(out, _call_settings(meta), __name__, restart=args.restart)
     bar = tqdm(total=n_runs, desc="dp_fedavg runs", unit="run")
     for ds in profile.datasets:
@@ -399,15 +469,17 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
                     eps_target,
                     spec,
                     str(out / "history.csv"),
+                    None if args.audit is None else CanaryAudit(args.audit),
                 )
                 hist, payload, _ = store.fetch_or_run(key, run)
                 row = payload["row"]
                 ledger.add_saved(payload["releases"])
+                audits += [(ds, scheme, name, r["audit"]) for r in payload["releases"]]
                 rows.append({"dataset": ds, "partition": scheme, **row})
                 histories.append(hist.assign(dataset=ds, partition=scheme))
                 summary = pd.DataFrame(rows)
                 summary.to_csv(out / "summary.csv", index=False)
-                (out / "summary.json").write_text(summary.to_json(orient="records", indent=1))
+                _report.write_json(out / "summary.json", summary.to_dict(orient="records"), NULLS)
                 pd.concat(histories).to_csv(out / "history.csv", index=False)
                 bar.update(1)
     bar.close()
@@ -433,10 +505,11 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     _report.write_table(shown, out / "summary_table", columns=cols[:5] + cols[6:], floatfmt=".4g")
     with pd.option_context("display.width", 200, "display.max_rows", 500):
         print(summary[cols].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    print_audits(audits)
     _report.write_ledger(ledger)
     if store.reused:
         print(f"{len(store.reused)} run(s) reused from {store.folder} (--restart runs them again)")
-    print(f"results in {out}")
+    _report.finish(out, out / "config.json")
     return summary
 
 

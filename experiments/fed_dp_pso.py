@@ -290,6 +290,51 @@ def _tables(cells: list, prof: Profile, out: Path) -> None:
         print(f"\n{name}: {_header(prof)}\n{md}")
 
 
+FLOWER_UNUSED = ("partitions", "seeds", "n_train", "client_map", "no_fig3", "data_dir", "restart")
+FLOWER_WHY = (
+    "--runtime flower runs the digits task's 3 clients once, seed 0, beside its simulator twin "
+    "(partitions, seeds, subsets, client layout, the Fig. 3 baseline and saved calls are the "
+    "simulator path's)"
+)
+
+
+def check(args: argparse.Namespace, prof: Profile) -> None:
+    """The simulator path's settings, checked before any work: DP options only where some
+    target epsilon is finite, and the memory of the particles (:func:`memory_estimate`)."""
+    if not any(math.isfinite(e) for e in prof.epsilons):
+        why = "every target epsilon is inf (no DP): they only label the ledger's records"
+        _cli.warn_unused(args, ["delta", "accountant"], why)
+    option = _cli.option_named(args, ["particles", "seeds", "epsilons"])
+    what = (
+        f"{NUM_CLIENTS} clients x {prof.particles} particles x {prof.seeds} seed(s) x "
+        f"{len(prof.epsilons)} epsilon(s), each with its model-sized arrays"
+    )
+    _cli.check_memory(memory_estimate(prof), option, what)
+
+
+def memory_estimate(prof: Profile) -> int:
+    """Bytes the largest call of ``prof`` allocates, estimated before any work: per run
+    (seed x epsilon) and particle of every client (all at once under ``vmap``, one client at
+    a time under ``sequential``), eight model-sized arrays (position, velocity, best, the
+    DP-Adam moments and update; DP-SGD's fast path never holds a batch of per-example
+    gradients); plus the data."""
+    import jax
+
+    from swarmjax.models import param_count
+
+    shapes = {"pathmnist": (28, 28, 3), "digits": (8, 8, 1)}
+    worst = 0
+    for name in prof.datasets:
+        shape = shapes.get(name, (28, 28, 1))
+        model, _ = paper_model(name, 10, shape)
+        params = param_count(jax.eval_shape(model.init, jax.random.key(0)))
+        clients = NUM_CLIENTS if prof.client_map == "vmap" else 1
+        slots = prof.seeds * len(prof.epsilons) * clients * prof.particles
+        rows = prof.n_train or 90_000
+        worst = max(worst, _cli.array_bytes((slots, 8, params), (2, rows, *shape)))
+    return worst
+
+
 def flower_config(args: argparse.Namespace) -> dict:
     """``--runtime flower``: the run config of Fed-DP-PSO on the digits task at the smallest
     target epsilon (which must be finite), checked before any process starts. It carries the
@@ -300,10 +345,15 @@ def flower_config(args: argparse.Namespace) -> dict:
         raise _cli.UserError("--runtime flower runs the digits task: drop --datasets")
     if args.accountant != "pld":
         raise _cli.UserError("--runtime flower accounts with PLD only: drop --accountant")
+    _cli.refuse_unused(args, FLOWER_UNUSED, FLOWER_WHY)
     prof = profile(args)
     eps = prof.epsilons[0]
     if not math.isfinite(eps):
         raise _cli.UserError("--runtime flower runs Fed-DP-PSO with DP: give a finite --epsilons")
+    if len(prof.epsilons) > 1 and "epsilons" in _cli.given(args):
+        raise _cli.UserError(
+            f"--epsilons: --runtime flower runs one target epsilon; got {len(prof.epsilons)}"
+        )
     base = READINGS[prof.reading_name]
     changed = {
         f"reading-{k.replace('_', '-')}": getattr(prof.reading, k)
@@ -375,18 +425,24 @@ def _flower_ledger(ledger: Ledger, config: dict, summary: dict, out: Path) -> No
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if args.runtime == "flower":  # needs the flower extra
+        config = flower_config(args)  # checked before the extra is imported
         from experiments._flower import run_over_flower
 
-        config = flower_config(args)
         out = _cli.out_dir(args)
         ledger = Ledger(out, "fed_dp_pso")
         _flower_ledger(ledger, config, run_over_flower(config, out), out)
         _report.write_ledger(ledger)
+        _report.finish(out, out / "flower_summary.json")
         return
     prof = profile(args)
+    check(args, prof)
+    out = _cli.out_dir(args)
     if any(d not in _BUILT_IN for d in prof.datasets) or args.full or args.data_dir is not None:
         args.data_dir = _cli.data_dir(args.data_dir)
-    out = _cli.out_dir(args)
+    source = _cli.data_source(args)
+    for name in prof.datasets:  # every dataset staged and readable before any work
+        if name not in _BUILT_IN:
+            _cli.load_dataset(name, args.data_dir, source)
     # every run is a release of the clients' data (docs/ledger.md); checked writable now
     ledger = Ledger(out, "fed_dp_pso", delta=prof.delta, accountant=prof.accountant)
     print(f"Privacy: {_covers()}.\n{_header(prof)}\nload at start: {_load()}", flush=True)
@@ -442,7 +498,15 @@ def main(argv: list[str] | None = None) -> None:
         fig3=fig3,
         comm=comm,
     )
-    (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
+    nulls = {
+        "acc_std": "one seed: no std",
+        "paper_mean": "the paper has no number for this cell",
+        "paper_std": "the paper has no number for this cell",
+        "epsilon": "no DP (the inf target)",
+        "epsilon_max": "no DP (the inf target)",
+        "sigma_max": "no noise (the inf target)",
+    }
+    _report.write_json(out / "summary.json", summary, nulls)
     print(f"wall seconds: {json.dumps({k: round(v) for k, v in walls.items()})}")
     if summary["resumed_calls"]:
         print(
@@ -450,6 +514,7 @@ def main(argv: list[str] | None = None) -> None:
             "(--restart runs them again)"
         )
     _report.write_ledger(ledger)
+    _report.finish(out, out / "summary.json")
 
 
 if __name__ == "__main__":

@@ -253,13 +253,40 @@ def _header(plan: dict) -> str:
     )
 
 
+TRAIN_ROWS = {"digits": 1_437, "mnist": 60_000, "fashion_mnist": 60_000}
+
+
+def check(args: argparse.Namespace, plan: dict) -> None:
+    """The plan's derived sizes and options, checked before any work: the validation rows,
+    the public rows and ``n_train`` client rows must fit in each dataset's training split,
+    and the DP options need a finite target epsilon."""
+    for name in plan["datasets"]:
+        rows = TRAIN_ROWS[name]
+        need = plan["n_train"] + plan["val_rows"] + plan["public_rows"]
+        if need > rows:
+            n = _cli.setting(args, "n_train", plan["n_train"], "client rows")
+            v = _cli.setting(args, "val_rows", plan["val_rows"], "validation rows")
+            raise _cli.UserError(
+                f"{n} + {v} + {plan['public_rows']} public rows = {need} exceed the {rows} "
+                f"training rows of {name}: lower --n-train or --val-rows"
+            )
+    if not any(math.isfinite(e) for e in plan["eps"]):
+        why = "every target epsilon is inf (no DP): they only label the ledger's records"
+        _cli.warn_unused(args, ["delta", "accountant"], why)
+
+
 @_cli.entry_point
 def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
     plan = _plan(args)
+    check(args, plan)
+    out = _cli.out_dir(args)
     if any(d != "digits" for d in plan["datasets"]) or args.data_dir is not None:
         args.data_dir = _cli.data_dir(args.data_dir)
-    out = _cli.out_dir(args)
+    source = _cli.data_source(args)
+    for name in plan["datasets"]:  # every dataset staged and readable before any work
+        if name != "digits":
+            _cli.load_dataset(name, args.data_dir, source)
     # every run is a release of the clients' data (docs/ledger.md); checked writable now
     ledger = Ledger(out, "fed_dp_pso_study", delta=plan["delta"], accountant=plan["accountant"])
     store = _cli.call_store(out, plan, __name__, restart=args.restart)
@@ -280,6 +307,8 @@ def main(argv: list[str] | None = None) -> None:
     _select_readings(ledger, cells)
     print((out / "table.md").read_text())
     _report.write_ledger(ledger)
+    _report.write_json(out / "summary.json", {"plan": plan, "header": _header(plan)})
+    _report.finish(out, out / "summary.json")
 
 
 def _select_readings(ledger: Ledger, cells: dict[tuple, list[int]]) -> None:

@@ -29,7 +29,6 @@ set only when the backend is the CPU.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import sys
@@ -161,10 +160,43 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def _setup_devices(count: int) -> None:
+DIMS = 2  # the benchmark functions' dimension (f1-f8 in 2-D)
+BLOCK_CPU = 128  # runs per compiled call on the CPU (swarmjax.sweep.BLOCK)
+
+
+def memory_estimate(args: argparse.Namespace) -> int:
+    """Bytes one compiled block of runs holds, estimated before JAX starts: per run (a block
+    of ``--block`` runs, else the CPU's 128, at most the runs) the swarm's state (positions,
+    velocities, bests, their losses and the votes: ``agents x (8 DIMS + k_alpha)``) and the
+    per-iteration trace (4 numbers an iteration), for the largest swarm of the figures."""
+    runs = args.runs or max(p["runs"] for p in PROFILES.values())
+    block = min(args.block or BLOCK_CPU, runs) * args.cpu_devices
+    agents = max(args.agents, *FIG5_AGENTS)
+    iterations = args.iterations or PROFILES[_cli.profile_name(args)]["iterations"]
+    return _cli.array_bytes((block, agents, 8 * DIMS + args.k_alpha), (block, iterations, 4))
+
+
+def check(args: argparse.Namespace) -> None:
+    """Memory of the run against the machine's, before JAX starts: the estimate of
+    :func:`memory_estimate` and ``--memory-gb`` (the chunk of runs held before writing)."""
+    have = _cli.physical_memory()
+    if args.memory_gb is not None and args.memory_gb * 2**30 > _cli.MEMORY_SHARE * have:
+        raise _cli.UserError(
+            f"--memory-gb {args.memory_gb:g} exceeds {_cli.MEMORY_SHARE:.0%} of this machine's "
+            f"{have / 2**30:.3g} GiB; give less"
+        )
+    option = _cli.option_named(args, ["agents", "k_alpha", "iterations", "block", "runs"])
+    what = (
+        f"a block of runs of {max(args.agents, *FIG5_AGENTS)} agents, k_alpha {args.k_alpha}, "
+        f"{args.iterations or 'the profile'} iterations"
+    )
+    _cli.check_memory(memory_estimate(args), option, what)
+
+
+def _setup_devices(count: int) -> bool:
     """On the CPU backend only, expose ``count`` CPU devices to XLA and compile at LLVM's -O1
     unless ``XLA_FLAGS`` says otherwise (must run before JAX starts;
-    :func:`swarmjax.device.configure_cpu_flags`).
+    :func:`swarmjax.device.configure_cpu_flags`); returns whether the backend is the CPU.
 
     -O1 halves the compile time of a PAASO program (8 -> 4.5 s for a voting one) at about the
     same kernel speed (0-13 % slower, within the shared machine's noise): with ~10 programs
@@ -172,7 +204,7 @@ def _setup_devices(count: int) -> None:
     """
     from swarmjax.device import configure_cpu_flags
 
-    configure_cpu_flags(count, optimization_level=1)
+    return configure_cpu_flags(count, optimization_level=1)
 
 
 def _timing(wall: float) -> dict[str, float]:
@@ -246,7 +278,10 @@ def _readings_study(args: argparse.Namespace, settings: dict) -> None:
 def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     args = parse_args(argv)
-    _setup_devices(args.cpu_devices)
+    check(args)
+    args.out = _cli.out_dir(args)  # before JAX starts: an unwritable --out is one line
+    if _setup_devices(args.cpu_devices) is False:  # a GPU/TPU backend
+        _cli.warn_unused(args, ["cpu_devices"], "the backend is not the CPU")
     import jax
 
     if args.coordinator is not None:
@@ -260,7 +295,6 @@ def main(argv: list[str] | None = None) -> int:
     from experiments._paaso_figures import run_all
     from swarmjax.privacy.ledger import Ledger
 
-    args.out = _cli.out_dir(args)
     # every configuration is listed as a release of the agents' votes; checked writable now
     delta = _cli.delta(args, max(args.agents, *FIG5_AGENTS))  # 0.1 / the largest swarm
     args.ledger = Ledger(args.out, "paaso", delta=delta, accountant=args.accountant)
@@ -290,27 +324,25 @@ def main(argv: list[str] | None = None) -> int:
     if args.readings_study:
         _readings_study(args, settings)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "timing.json").write_text(json.dumps(timing, indent=1))
-    (args.out / "settings.json").write_text(
-        json.dumps(
-            {
-                "profile": profile,
-                **settings,
-                "agents": args.agents,
-                "k_alpha": args.k_alpha,
-                "fl_rule": args.fl_rule,
-                "reading": args.reading,
-                "fig2_w": fig2_setting(args.reading)["w"],
-            },
-            indent=1,
-        )
+    _report.write_json(args.out / "timing.json", timing)
+    _report.write_json(
+        args.out / "settings.json",
+        {
+            "profile": profile,
+            **settings,
+            "agents": args.agents,
+            "k_alpha": args.k_alpha,
+            "fl_rule": args.fl_rule,
+            "reading": args.reading,
+            "fig2_w": fig2_setting(args.reading)["w"],
+        },
     )
     print(summary.to_string(index=False))
     print()
     print(claims[["finding", "setting", "holds"]].to_string(index=False))
     print(f"\n{line}")
     _report.write_ledger(args.ledger)
-    print(f"results in {args.out}/")
+    _report.finish(args.out, args.out / "timing.json")
     return 0
 
 

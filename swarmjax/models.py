@@ -1,7 +1,8 @@
 """Models as ``(init, apply)`` pairs, the papers' Flax models, losses and size helpers.
 
 A :class:`Model` bundles ``init(key) -> params`` and ``apply(params, x) -> logits``; every
-algorithm in swarmjax takes one, so Flax (linen), Haiku and plain-JAX models all fit.
+algorithm in swarmjax takes one, so Flax linen (:func:`from_flax`), Flax NNX
+(:func:`from_nnx`), Haiku (:func:`from_haiku`) and plain-JAX models all fit.
 ``apply`` accepts a batch ``(B, *input_shape)`` and returns logits ``(B, num_classes)``.
 
 Shipped models (seed 000, spec section 2.5):
@@ -19,7 +20,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import flax.linen as nn
 import jax
@@ -29,15 +30,20 @@ from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray, PyTree
 
 from swarmjax._validation import check_choice, check_int
 
+if TYPE_CHECKING:  # flax.nnx is imported only when an NNX model is wrapped (0.5 s)
+    from flax import nnx
+
 __all__ = [
     "Model",
     "SliceConv",
     "accuracy",
+    "char_lstm",
     "check_model",
     "cross_entropy",
     "evaluate",
     "from_flax",
     "from_haiku",
+    "from_nnx",
     "lenet5",
     "loss",
     "max_pool_2x2",
@@ -185,7 +191,13 @@ def from_flax(
     module: nn.Module, input_shape: Sequence[int], num_classes: int, name: str = "flax"
 ) -> Model:
     """Wrap a Flax linen module (no mutable collections) as a :class:`Model`; two wraps of
-    equal modules give equal (and equally hashed) models, so they share compilations."""
+    equal modules give equal (and equally hashed) models, so they share compilations.
+    A Flax NNX module is refused (``TypeError``): wrap it with :func:`from_nnx`."""
+    if any(c.__module__.startswith("flax.nnx") for c in type(module).__mro__):
+        raise TypeError(
+            f"from_flax wraps flax.linen modules; {type(module).__name__} is a Flax NNX module: "
+            "use swarmjax.models.from_nnx(module_or_factory, input_shape, num_classes)"
+        )
     shape = tuple(int(s) for s in input_shape)
     return Model(
         init=_FlaxInit(module, shape),
@@ -227,6 +239,149 @@ def from_haiku(
         num_classes=check_int("num_classes", num_classes, 2),
         input_shape=shape,
         name=name,
+    )
+
+
+@dataclass(frozen=True, eq=False)  # identity hash: a factory or a parameter snapshot
+class _NnxInit:
+    """``key -> params`` of a Flax NNX model: its ``nnx.Param`` state as a nested dict.
+
+    ``factory`` (``rngs -> module``) builds a fresh module from ``nnx.Rngs(key)`` every call;
+    without one, ``params`` (a wrapped instance's parameters) are returned whatever the key.
+    """
+
+    factory: Callable[..., nnx.Module] | None
+    params: PyTree
+    eval_mode: bool
+
+    def __call__(self, key: PRNGKeyArray) -> PyTree:
+        if self.factory is None:
+            return jax.tree.map(jnp.asarray, self.params)
+        from flax import nnx
+
+        module = _nnx_build(self.factory, nnx.Rngs(key), self.eval_mode)
+        return nnx.to_pure_dict(nnx.state(module, nnx.Param))
+
+
+@dataclass(frozen=True, eq=False)  # identity hash: it holds arrays
+class _NnxApply:
+    """``(params, x) -> logits`` of a Flax NNX model: ``nnx.merge`` of the graph, the
+    parameters and the fixed (non-``Param``) state, then one forward pass that must leave
+    every variable as it was (checked while tracing)."""
+
+    graphdef: Any
+    fixed: PyTree
+    name: str
+
+    def __call__(self, params: PyTree, x: Array) -> Array:
+        from flax import nnx
+
+        module = nnx.merge(self.graphdef, params, self.fixed)
+        logits = module(x)
+        _, trained, fixed = nnx.split(module, nnx.Param, ...)
+        before = jax.tree_util.tree_flatten_with_path({"params": params, "fixed": self.fixed})[0]
+        after = jax.tree.leaves(
+            {"params": nnx.to_pure_dict(trained), "fixed": nnx.to_pure_dict(fixed)}
+        )
+        grown = len(before) != len(after)
+        pairs = zip(before, after, strict=False) if not grown else ()
+        changed = [_dotted(path[1:]) for (path, a), b in pairs if a is not b]
+        if grown or changed:
+            what = ", ".join(changed) or "new variables (sow or lazily created state)"
+            raise ValueError(
+                f"from_nnx: the forward pass of {self.name} updates {what} (dropout or "
+                "BatchNorm in training mode, or other state): swarmjax's apply(params, x) is "
+                "stateless and serves training and evaluation alike; pass eval_mode=True "
+                "(dropout off, BatchNorm on fixed running averages) or remove the layer"
+            )
+        return logits
+
+
+def _dotted(path: tuple[Any, ...]) -> str:
+    """A pytree path as ``a.b.0.c`` (dict keys and sequence indices)."""
+    return ".".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
+
+
+def _nnx_build(factory: Callable[..., nnx.Module], rngs: nnx.Rngs, eval_mode: bool) -> nnx.Module:
+    """``factory(rngs=rngs)``, checked to be an ``nnx.Module``; in eval mode if asked."""
+    from flax import nnx
+
+    module = factory(rngs=rngs)
+    if not isinstance(module, nnx.Module):
+        raise TypeError(
+            f"from_nnx: the factory must return an nnx.Module; got {type(module).__name__}"
+        )
+    if eval_mode:
+        module.eval()
+    return module
+
+
+def from_nnx(
+    module_or_factory: nnx.Module | Callable[..., nnx.Module],
+    input_shape: Sequence[int],
+    num_classes: int,
+    name: str | None = None,
+    *,
+    eval_mode: bool = False,
+) -> Model:
+    """Wrap a Flax NNX model as a :class:`Model` (``nnx.split`` / ``nnx.merge`` under the hood).
+
+    Args:
+        module_or_factory: an ``nnx.Module`` whose ``__call__`` maps a batch
+            ``(B, *input_shape)`` to logits ``(B, num_classes)``, or a factory called as
+            ``factory(rngs=nnx.Rngs(key))`` that builds one (e.g. ``lambda rngs: MLP(...,
+            rngs=rngs)``). A factory gives every run its own initialisation from its key; an
+            instance's parameters are copied now and every run starts from them (the key
+            is ignored).
+        input_shape: shape of one example, e.g. ``(28, 28, 1)``.
+        num_classes: ``C``, the size of the logits' last axis.
+        name: a label for tables (default: the module's class name).
+        eval_mode: call ``module.eval()`` first: dropout off, BatchNorm normalising with its
+            running averages.
+
+    Returns:
+        A :class:`Model` whose ``params`` are the module's ``nnx.Param`` variables as a nested
+        dict of arrays (``nnx.to_pure_dict``): what algorithms train, clip, noise, average
+        and send. Every other variable (BatchNorm's running statistics, RNG state,
+        constants) is fixed state taken from the wrapped module (a factory's: built with
+        ``nnx.Rngs(0)``): held inside ``apply``, never trained, averaged or sent.
+
+    Raises:
+        TypeError: ``module_or_factory`` is neither an ``nnx.Module`` nor a callable.
+        ValueError: the forward pass updates a variable (dropout, or BatchNorm in training
+            mode, draw or write state): ``apply(params, x)`` takes no key, returns no state
+            and serves training and evaluation alike, and batch statistics would mix the
+            examples that DP-SGD clips one by one. Pass ``eval_mode=True`` or remove the
+            layer.
+    """
+    from flax import nnx
+
+    shape = tuple(int(s) for s in input_shape)
+    num_classes = check_int("num_classes", num_classes, 2)
+    if isinstance(module_or_factory, nnx.Module):
+        factory = None
+        module = nnx.clone(module_or_factory)
+        if eval_mode:
+            module.eval()
+    elif callable(module_or_factory):
+        factory = module_or_factory
+        module = _nnx_build(factory, nnx.Rngs(0), eval_mode)
+    else:
+        raise TypeError(
+            "from_nnx takes an nnx.Module or a factory rngs -> nnx.Module; got "
+            f"{type(module_or_factory).__name__}"
+        )
+    graphdef, trained, fixed = nnx.split(module, nnx.Param, ...)
+    params = nnx.to_pure_dict(trained)
+    label = type(module).__name__ if name is None else name
+    apply = _NnxApply(graphdef, nnx.to_pure_dict(fixed), label)
+    jax.eval_shape(apply, params, jax.ShapeDtypeStruct((1, *shape), jnp.float32))  # the check
+    return Model(
+        init=_NnxInit(factory, None if factory is not None else params, bool(eval_mode)),
+        apply=apply,
+        num_classes=num_classes,
+        input_shape=shape,
+        name=label,
     )
 
 
@@ -392,3 +547,49 @@ def param_bytes(params: PyTree) -> int:
     return sum(
         int(np.prod(leaf.shape)) * np.dtype(leaf.dtype).itemsize for leaf in jax.tree.leaves(params)
     )
+
+
+class _CharLSTM(nn.Module):
+    """Character ids ``(B, L)`` -> embedding ``(B, L, E)`` -> stacked LSTMs -> the last
+    step's state ``(B, H)`` -> dense logits over the vocabulary ``(B, V)``."""
+
+    vocab_size: int
+    embed_dim: int
+    hidden: tuple[int, ...]
+
+    @nn.compact
+    def __call__(self, x: Array) -> Array:
+        unbatched = x.ndim == 1  # one example (per-example gradients under vmap)
+        x = x[None] if unbatched else x
+        ids = jnp.clip(jnp.round(x).astype(jnp.int32), 0, self.vocab_size - 1)
+        h = nn.Embed(self.vocab_size, self.embed_dim)(ids)
+        for width in self.hidden:
+            h = nn.RNN(nn.OptimizedLSTMCell(width))(h)
+        logits = nn.Dense(self.vocab_size)(h[:, -1])
+        return logits[0] if unbatched else logits
+
+
+@cache
+def char_lstm(
+    vocab_size: int = 80,
+    embed_dim: int = 8,
+    hidden: tuple[int, ...] = (256, 256),
+    sequence_length: int = 80,
+    name: str | None = None,
+) -> Model:
+    """McMahan et al. 2017's Shakespeare model: each character embedded into ``embed_dim``
+    (8) dimensions, two LSTM layers of 256 units, a softmax over the characters (logits out).
+
+    Input: ``(B, sequence_length)`` float character ids (integers stored as float32, as
+    :meth:`swarmjax.fl.data.shakespeare.ShakespeareFederation.windows` gives them; a padded
+    all-zero row reads id 0); output ``(B, vocab_size)`` logits of the character after the
+    window (one prediction per window, LEAF's formulation; the paper's language model
+    predicts at every one of its 80 unrolled steps). 817,872 parameters at the defaults
+    (80 characters; ``nn.OptimizedLSTMCell``: one bias per gate).
+    """
+    hidden = tuple(check_int("hidden width", h, 1) for h in hidden)
+    vocab_size = check_int("vocab_size", vocab_size, 2)
+    module = _CharLSTM(vocab_size, check_int("embed_dim", embed_dim, 1), hidden)
+    shape = (check_int("sequence_length", sequence_length, 1),)
+    label = name or "char_lstm_" + "-".join(str(w) for w in (embed_dim, *hidden))
+    return from_flax(module, shape, vocab_size, label)

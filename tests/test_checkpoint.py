@@ -80,3 +80,19 @@ def test_a_killed_run_resumes_and_ends_as_an_uninterrupted_one(tmp_path):
     other = ns["Variants"].grid(ns["alg"], ns["clients"], ns["RunSpec"](5, 1e-5, (0, 1)))
     with pytest.raises(ValueError, match="holds a run with other settings"):
         run(ns["alg"], ns["clients"], ns["test"], other, checkpoint_dir=folder)
+
+
+def test_a_zero_size_leaf_round_trips_through_a_checkpoint(tmp_path):
+    """orbax refuses zero-size arrays; a carry holding one (a BLT noise state of 0 buffers,
+    shape (0, P)) still saves and restores, the empty leaf coming back with its shape."""
+    from swarmjax.fl.runtime.checkpoint import Checkpoints
+
+    carry = {"noise": np.zeros((0, 7), np.float32), "w": jax.numpy.arange(3.0)}
+    saved = Checkpoints(tmp_path / "ck", "digest", {})
+    saved.save(1, carry, {"m": np.ones((2, 1))})
+    like = {"noise": np.zeros((0, 7), np.float32), "w": jax.numpy.zeros(3)}
+    restored, outputs = saved.restore(1, like, {"m": np.zeros((2, 1))})
+    saved.close()
+    assert restored["noise"].shape == (0, 7)
+    np.testing.assert_array_equal(np.asarray(restored["w"]), [0.0, 1.0, 2.0])
+    np.testing.assert_array_equal(outputs["m"], np.ones((2, 1)))

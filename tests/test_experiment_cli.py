@@ -20,7 +20,7 @@ def _no_work(*args, **kwargs):
 
 @pytest.fixture(autouse=True)
 def _forbid_work(monkeypatch):
-    monkeypatch.setattr(dp_fedavg, "load_dataset", _no_work)
+    monkeypatch.setattr(_cli, "load_dataset", _no_work)  # dp_fedavg loads through _cli
     monkeypatch.setattr(combined_learning, "load_dataset", _no_work)
     monkeypatch.setattr(apdim, "load_split", _no_work)
     monkeypatch.setattr(fed_dp_pso, "run_dataset", _no_work)

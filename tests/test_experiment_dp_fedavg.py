@@ -53,3 +53,43 @@ def test_clients_103_runs_and_writes_its_ledger(tmp_path, capsys, data_dir) -> N
     again = json.loads((tmp_path / "privacy_ledger.json").read_text(), parse_constant=_strict)
     assert len(again["releases"]) == 3
     assert again["composed"]["client"]["epsilon"] == data["composed"]["client"]["epsilon"]
+
+
+def test_audit_prints_each_private_run_beside_its_epsilon(tmp_path, capsys, data_dir) -> None:
+    argv = ["--quick", "--clients", "40", "--rounds", "2", "--audit", "16"]
+    argv += ["--data-dir", str(data_dir), "--out", str(tmp_path)]
+    dp_fedavg.main(argv)
+    out = capsys.readouterr().out
+    lines = [line for line in out.splitlines() if "empirical epsilon >=" in line]
+    assert len(lines) == 2  # adaptive and fixed C=1 at epsilon 8; the non-private run is not
+    data = json.loads((tmp_path / "privacy_ledger.json").read_text(), parse_constant=_strict)
+    audited = [r for r in data["releases"] if r["audit"] is not None]
+    assert len(audited) == 2 and all(r["epsilon"] < math.inf for r in audited)
+    for line, release in zip(lines, audited, strict=True):
+        audit = release["audit"]
+        assert audit["canaries"] == 16 and audit["unit"] == "client"
+        assert audit["epsilon"] == pytest.approx(release["epsilon"])
+        assert f"accounted epsilon {audit['epsilon']:.3f}" in line
+        assert f">= {audit['epsilon_lower']:.3f}" in line
+    summary = pd.read_csv(tmp_path / "summary.csv")
+    private = summary[summary.method != "non-private"]
+    assert private.epsilon_lower.notna().all() and (private.epsilon_lower >= 0).all()
+    assert summary[summary.method == "non-private"].epsilon_lower.isna().all()
+    # a rerun reuses the audited calls: the same lines, from the saved releases
+    dp_fedavg.main(argv)
+    again = [line for line in capsys.readouterr().out.splitlines() if "empirical" in line]
+    assert again[1:] == lines
+
+
+@pytest.mark.parametrize(
+    ("audit", "named"),
+    [("1", "--audit: must be >= 2"), ("30000", "--audit 30000 exceeds the model's 25450")],
+)
+def test_bad_audit_is_one_line_before_any_work(tmp_path, capsys, audit, named) -> None:
+    argv = ["--quick", "--audit", audit, "--out", str(tmp_path / "out")]
+    with pytest.raises(SystemExit) as exit_info:
+        dp_fedavg.main(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert named in err and "\n" not in err
+    assert not (tmp_path / "out").exists()

@@ -7,7 +7,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from experiments._paaso_claims import _summary_claims, converge_iteration, kruskal_p, less_p
+from experiments._paaso_claims import (
+    F5_CLAIM,
+    _summary_claims,
+    converge_iteration,
+    kruskal_p,
+    less_p,
+)
 from experiments.paaso import FIG4, fig2_setting, parse_args
 from swarmjax import paaso
 
@@ -132,3 +138,18 @@ def test_fl_unit_step_moves_the_centre_by_the_voted_step():
     np.testing.assert_allclose(np.linalg.norm(moved.center - state.center), 0.025, rtol=1e-4)
     with pytest.raises(ValueError, match="fl_step"):
         paaso.PAASOConfig(strategy="fl", fl_step="sum")
+
+
+def test_claims_a_short_run_cannot_test_are_na_with_the_reason():
+    """A --quick run (f4 only, 100 iterations) says n/a and why, never "no"."""
+    rows = [
+        {"function": "f4", "strategy": s, "final_mean": 5.0, "optimum": 0.0, "speed": 1.0,
+         "w": 0.4, "phi_p": 2.0, "w_g": 0.01}
+        for s in paaso.STRATEGIES
+    ]  # fmt: skip
+    claims = {c["finding"]: c["holds"] for c in _summary_claims(pd.DataFrame(rows), 100)}
+    assert all(v.startswith("n/a (") for v in claims.values()), claims
+    assert (
+        "100 iterations" in claims["privacy slows convergence but does not prevent it (f5 aside)"]
+    )
+    assert "does not search f5" in claims[F5_CLAIM]

@@ -5,7 +5,9 @@
 * :mod:`~swarmjax.fl.protocol`: the contract between algorithms and runtimes (exchanges,
   message protection, keys, variants);
 * :mod:`~swarmjax.fl.algorithms`: one file per algorithm (FedAvg with record-level DP and
-  combined learning, client-level DP-FedAvg, Fed-DP-PSO and FedPSO, clients alone);
+  combined learning, FedProx, client-level DP-FedAvg, user-level DP-FTRL, Fed-DP-PSO and
+  FedPSO, clients alone), and the one registry of their names
+  (:mod:`~swarmjax.fl.algorithms.registry`);
 * :mod:`~swarmjax.fl.runtime`: the simulator, its one :class:`Result`, and the Flower runtime
   (:mod:`~swarmjax.fl.runtime.flower`).
 
@@ -27,7 +29,9 @@ _LAZY = {
     "client_key": "protocol",
     "server_key": "protocol",
     "FedAvg": "algorithms.fedavg",
+    "FedProx": "algorithms.fedprox",
     "ClientLevelDPFedAvg": "algorithms.client_level_dp_fedavg",
+    "DPFTRL": "algorithms.dp_ftrl",
     "FedDPPSO": "algorithms.fed_dp_pso",
     "fedpso": "algorithms.fed_dp_pso",
     "LocalOnly": "algorithms.local_only",

@@ -1,10 +1,21 @@
 """Runtimes that execute any protocol algorithm: the in-process simulator (the Flower
 runtime, ``swarmjax.fl.runtime.flower``, sits beside it). Names are imported on first
-access, so a light submodule (the Flower relay ClientApp) does not pull in JAX."""
+access, so a light submodule (the Flower relay ClientApp) does not pull in JAX.
+
+``simulate`` runs a whole call; ``start`` / ``advance`` / ``finish`` are the same loop for a
+user who owns it (own schedule, logging, early stopping)."""
 
 import importlib
 
-_LAZY = {"PrivacyRecord": "result", "Result": "result", "simulate": "simulator"}
+_LAZY = {
+    "PrivacyRecord": "result",
+    "Result": "result",
+    "Run": "simulator",
+    "advance": "simulator",
+    "finish": "simulator",
+    "simulate": "simulator",
+    "start": "simulator",
+}
 
 
 def __getattr__(name: str):

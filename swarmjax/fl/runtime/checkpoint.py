@@ -143,7 +143,7 @@ class Checkpoints:
 
     def save(self, rounds_done: int, carry: PyTree, outputs: PyTree) -> None:
         """Save the carry and the per-round outputs after ``rounds_done`` rounds."""
-        self._manager.save(rounds_done, args=ocp.args.StandardSave(carry))
+        self._manager.save(rounds_done, args=ocp.args.StandardSave(_sized(carry)))
         self._manager.wait_until_finished()
         leaves, _ = jax.tree.flatten(outputs)
         tmp = self.folder / f".outputs_{rounds_done}.tmp.npz"
@@ -153,10 +153,23 @@ class Checkpoints:
     def restore(self, rounds_done: int, carry: PyTree, outputs_like: PyTree) -> tuple:
         """``(carry, outputs)`` saved after ``rounds_done`` rounds; ``carry`` and
         ``outputs_like`` (any arrays of the right tree structure) give the structure."""
-        restored = self._manager.restore(rounds_done, args=ocp.args.StandardRestore(carry))
+        restored = self._manager.restore(rounds_done, args=ocp.args.StandardRestore(_sized(carry)))
+        # an empty leaf (e.g. a BLT of 0 buffers: shape (0, P)) went in as one zero
+        restored = jax.tree.map(lambda r, c: c if _empty(c) else r, restored, carry)
         with np.load(self._outputs(rounds_done)) as f:
             leaves = [f[f"arr_{i}"] for i in range(len(f.files))]
         return restored, jax.tree.unflatten(jax.tree.structure(outputs_like), leaves)
 
     def close(self) -> None:
         self._manager.close()
+
+
+def _empty(leaf: Any) -> bool:
+    return hasattr(leaf, "shape") and 0 in tuple(leaf.shape)
+
+
+def _sized(carry: PyTree) -> PyTree:
+    """``carry`` with every zero-size array (orbax refuses them: "Cannot save arrays with
+    zero size") stood in for by one zero of its dtype; :meth:`Checkpoints.restore` puts
+    the empty leaves back from the carry it is given (they hold no values)."""
+    return jax.tree.map(lambda a: np.zeros((1,), a.dtype) if _empty(a) else a, carry)

@@ -13,6 +13,7 @@ import pandas as pd
 
 from swarmjax.fl.protocol import Exchange, Spend, coverage
 from swarmjax.privacy.accounting import PureDpEvent, epsilon_curve, poisson_gaussian_event
+from swarmjax.privacy.canaries import CanaryReport
 from swarmjax.privacy.plan import RELATIONS
 
 __all__ = ["RELATIONS", "PrivacyRecord", "Result", "privacy_record", "relation"]
@@ -57,6 +58,9 @@ class PrivacyRecord:
         groups: per run, the :data:`ClientGroup` s of its clients (:meth:`run_events`).
         floating_point: what the exact released float values reveal beyond epsilon
             (:meth:`~swarmjax.fl.protocol.Algorithm.floating_point`); ``None`` without DP.
+        audit: per run, its canary audit as a dict
+            (:meth:`~swarmjax.privacy.canaries.CanaryReport.to_dict`: ``epsilon_lower``,
+            ``confidence``, ...); empty when the run was not audited.
     """
 
     unit: str | None
@@ -72,6 +76,12 @@ class PrivacyRecord:
     shares_randomness: bool = False
     groups: tuple[tuple[ClientGroup, ...], ...] = ()
     floating_point: str | None = None
+    audit: tuple[dict[str, Any], ...] = ()
+
+    def __repr__(self) -> str:
+        """One line: unit, relation, the final epsilon over runs and clients, delta and what
+        is not covered; never the arrays (``epsilon``, ``steps``, ... hold them)."""
+        return f"PrivacyRecord({_privacy_line(self)})"
 
     @property
     def final_epsilon(self) -> np.ndarray:
@@ -204,6 +214,79 @@ def privacy_record(
     )
 
 
+_NOT_METRICS = frozenset(
+    {"round", "epsilon_max", "bytes_up", "bytes_down", "cum_bytes_up", "cum_bytes_down"}
+)
+
+
+def _span(values: np.ndarray) -> str:
+    """``v`` when every value is equal, else ``lo..hi`` (4 significant digits)."""
+    lo, hi = float(np.min(values)), float(np.max(values))
+    return f"{lo:.4g}" if lo == hi else f"{lo:.4g}..{hi:.4g}"
+
+
+def _privacy_line(p: PrivacyRecord) -> str:
+    """The privacy claim of a record in one line (no arrays)."""
+    if p.unit is None:
+        return "no DP (epsilon = inf)"
+    eps = np.asarray(p.final_epsilon)
+    relation = (p.relation or f"{p.unit}-level").split(":")[0]  # e.g. "record-level, zero-out"
+    line = (
+        f"{relation}; final epsilon {_span(eps)} at delta={p.delta:.3g} ({p.accountant}; "
+        f"{eps.shape[0]} runs x {eps.shape[1]} clients)"
+    )
+    if p.not_covered:
+        line += f"; NOT covered: {len(p.not_covered)} message fields (privacy.not_covered)"
+    if p.shares_randomness:
+        line += "; runs share their random numbers"
+    return line
+
+
+def _sizes(tree: Any, axes: int) -> str:
+    """``Type: n arrays, m values, leading (a, b)`` of a state pytree (no values)."""
+    import jax
+
+    leaves = jax.tree.leaves(tree)
+    if not leaves:
+        return f"{type(tree).__name__}: empty"
+    values = sum(int(np.prod(np.shape(leaf))) for leaf in leaves)
+    lead = tuple(np.shape(leaves[0])[:axes])
+    return f"{type(tree).__name__}: {len(leaves)} arrays, {values:,} values, leading axes {lead}"
+
+
+def _result_repr(res: Result) -> str:
+    """:meth:`Result.__repr__`."""
+    h = res.history
+    runs = len(res.runs)
+    rounds = int(h["round"].max()) if len(h) else 0
+    clients = np.shape(res.privacy.epsilon)[2] if np.ndim(res.privacy.epsilon) == 3 else "?"
+    name = res.algorithm or f"server state {type(res.server).__name__}"
+    lines = [f"Result({name}: {runs} runs x {rounds} rounds x {clients} clients"]
+    labels = [
+        f"{c}={_span(res.runs[c].to_numpy())}"
+        if pd.api.types.is_numeric_dtype(res.runs[c])
+        else f"{c}={sorted(set(map(str, res.runs[c])))}"
+        for c in res.runs.columns
+    ]
+    if labels:
+        lines.append("  runs: " + ", ".join(labels))
+    last = h[h["round"] == rounds] if len(h) else h
+    metrics = [
+        f"{c}={_span(last[c].to_numpy())}"
+        for c in h.columns
+        if c not in _NOT_METRICS
+        and c not in res.runs.columns
+        and pd.api.types.is_numeric_dtype(h[c])
+    ]
+    if metrics:
+        lines.append(f"  round {rounds}: " + ", ".join(metrics))
+    lines.append(f"  privacy: {_privacy_line(res.privacy)}")
+    lines.append(f"  server: {_sizes(res.server, 1)}; clients: {_sizes(res.clients, 2)}")
+    if res.audit:
+        lines.append(f"  audit: {len(res.audit)} canary reports (res.audit)")
+    return "\n".join(lines) + ")"
+
+
 @dataclass(frozen=True)
 class Result:
     """The one result type of every federated run.
@@ -222,6 +305,10 @@ class Result:
         runs: one row per run: its labels.
         private_diagnostics: statistics of private data for debugging (empty unless the run
             asked for them); never part of the history, NOT covered by any epsilon.
+        audit: per run, its :class:`~swarmjax.privacy.canaries.CanaryReport` (the empirical
+            epsilon lower bound beside the accounted one); empty without ``audit=``.
+        algorithm: the algorithm's class name, e.g. ``"FedAvg"`` (``None`` when the runtime
+            did not state it; the repr then names the server state's type).
     """
 
     server: Any
@@ -231,3 +318,11 @@ class Result:
     privacy: PrivacyRecord
     runs: pd.DataFrame
     private_diagnostics: dict[str, np.ndarray] = field(default_factory=dict)
+    audit: tuple[CanaryReport, ...] = ()
+    algorithm: str | None = None
+
+    def __repr__(self) -> str:
+        """A few lines: the algorithm, runs x rounds x clients, the runs' labels, the final
+        round's public metrics (one value, or the range over runs), the privacy claim and the
+        states' sizes; never the arrays (``server``, ``history``, ``metrics`` hold them)."""
+        return _result_repr(self)

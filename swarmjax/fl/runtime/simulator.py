@@ -15,6 +15,7 @@ number of clients a deployment would message.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from functools import partial
 from typing import Any, Literal
@@ -47,19 +48,35 @@ from swarmjax.fl.protocol import (
 from swarmjax.fl.runtime.checkpoint import Checkpoints, fingerprint
 from swarmjax.fl.runtime.result import Result, privacy_record
 from swarmjax.models import param_bytes
+from swarmjax.privacy.canaries import (
+    CanaryAudit,
+    CanaryHook,
+    CanaryReport,
+    audit_scores,
+    canary_directions,
+    canary_key,
+    cosine_scores,
+    inclusion,
+    participation_key,
+)
 from swarmjax.privacy.ledger import Ledger
 
 __all__ = [
     "CHECKPOINT_NOT_RELEASED",
     "ClientMap",
+    "Run",
+    "advance",
+    "finish",
     "init_runs",
     "num_clients",
     "run_exchange",
     "run_rounds",
     "simulate",
+    "start",
 ]
 
 ClientMap = Literal["vmap", "sequential"] | int  # an int: clients per vmapped block
+_ROWS_STREAM = 0x726F7773  # fold_in constant of a round's capped-rows draw (ClientStore.take)
 
 CHECKPOINT_NOT_RELEASED = (
     "checkpoints: the run's carry (client states, per-client spend) and per-round outputs with "
@@ -85,11 +102,14 @@ def _one_client(clients: PyTree, i: Int[Array, ""] | int) -> PyTree:
     return jax.tree.map(lambda a: a[i], clients)
 
 
-def take_clients(clients: PyTree, ids: Int[Array, " S"]) -> PyTree:
+def take_clients(clients: PyTree, ids: Int[Array, " S"], key: PRNGKeyArray | None = None) -> PyTree:
     """The stacked data of clients ``ids``: ``clients.take(ids)`` where the client data
-    gathers (a flat client store), else row ``ids`` of every leaf."""
+    gathers (a flat client store; ``key``: the round's draw of rows for clients above a
+    per-round cap, used where the store samples), else row ``ids`` of every leaf."""
     take = getattr(clients, "take", None)
-    return take(ids) if callable(take) else jax.tree.map(lambda a: a[ids], clients)
+    if not callable(take):
+        return jax.tree.map(lambda a: a[ids], clients)
+    return take(ids, key) if key is not None and getattr(clients, "sample", False) else take(ids)
 
 
 def _map_clients(fn: Any, args: tuple, client_map: ClientMap, used: Array | None = None) -> Any:
@@ -135,8 +155,12 @@ def run_exchange(
     clients: PyTree,
     hyper: PyTree,
     client_map: ClientMap = "vmap",
+    canary: tuple[CanaryHook, CanaryAudit, PyTree] | None = None,
 ) -> tuple[PyTree, PyTree, Int[Array, ""]]:
-    """One exchange for one run: ``(server, client states, number of clients selected)``."""
+    """One exchange for one run: ``(server, client states, number of clients selected)``;
+    with ``canary`` (the algorithm's hook, the audit and the canaries' directions), the
+    participating canaries' replies join the real ones in ``aggregate`` (never in the
+    selected count)."""
     n = num_clients(clients)
     ids = jnp.arange(n)
     mask = ex.select(server, server_key(run_key, round_index, index), n)
@@ -151,30 +175,75 @@ def run_exchange(
         kept.append(all(a is b for a, b in pairs))
         return new, reply
 
+    rows_key = jax.random.fold_in(server_key(run_key, round_index, index), _ROWS_STREAM)
     if ex.max_selected is None or ex.max_selected >= n:
-        every = take_clients(clients, ids) if _gathers(clients) else clients
+        every = take_clients(clients, ids, rows_key) if _gathers(clients) else clients
         new, replies = _map_clients(one, (states, every, ids), client_map, mask)
         states = states if all(kept) else where_selected(mask, new, states)
         slots = Slots.everyone(mask)
     else:  # only the cohort's slots: a round costs the cohort, not the federation
         chosen = jnp.nonzero(mask, size=ex.max_selected, fill_value=n)[0].astype(jnp.int32)
+        cmap = client_map  # a store of unequal clients: slots sorted by size, vmapped in blocks
+        if callable(getattr(clients, "schedule", None)):
+            chosen, cmap = clients.schedule(chosen, client_map)
         safe = jnp.minimum(chosen, n - 1)
         take = partial(jax.tree.map, lambda a: a[safe])
         new, replies = _map_clients(
-            one, (take(states), take_clients(clients, safe), safe), client_map, chosen < n
+            one, (take(states), take_clients(clients, safe, rows_key), safe), cmap, chosen < n
         )
         slots = Slots(mask=chosen < n, ids=chosen, num_clients=n)
         if not all(kept):
             states = slots.update(states, new)
+    if canary is not None:
+        replies, slots = _with_canaries(
+            canary, server, request, run_key, round_index, index, replies, slots, hyper
+        )
     server = ex.aggregate(server, replies, slots, aggregate_key(run_key, round_index, index), hyper)
     return server, states, jnp.sum(mask).astype(jnp.int32)
 
 
-def _exchanges(alg, exchanges, round_index, run_key, server, states, clients, hyper, cmap):
+def _with_canaries(
+    canary: tuple[CanaryHook, CanaryAudit, PyTree],
+    server: PyTree,
+    request: PyTree,
+    run_key: PRNGKeyArray,
+    round_index: Int[Array, ""],
+    index: int,
+    replies: PyTree,
+    slots: Slots,
+    hyper: PyTree,
+) -> tuple[PyTree, Slots]:
+    """``replies`` (``(S, ...)``) and ``slots`` with the ``M`` canaries' replies appended
+    (``(S + M, ...)``; slot ids ``N..N+M-1``, which no client update writes): every canary's
+    reply is computed (vmapped), those not taking part this round are masked out."""
+    hook, audit, directions = canary
+    m = audit.canaries
+    key = canary_key(run_key)
+    included = inclusion(key, m)
+    taking_part = hook.participate(
+        server, participation_key(key, round_index, index), round_index, included
+    )
+    ids = jnp.arange(m, dtype=jnp.int32)
+    scaled = jax.tree.map(lambda d: d * audit.norm, directions)
+    extra = jax.vmap(lambda d: hook.reply(request, d, hyper))(scaled)
+    joined = jax.tree.map(lambda a, b: jnp.concatenate([a, b.astype(a.dtype)]), replies, extra)
+    return joined, Slots(
+        mask=jnp.concatenate([slots.mask, taking_part & included]),
+        ids=jnp.concatenate([slots.ids.astype(jnp.int32), slots.num_clients + ids]),
+        num_clients=slots.num_clients,
+    )
+
+
+def _exchanges(
+    alg, exchanges, round_index, run_key, server, states, clients, hyper, cmap, audit=None
+):
+    """Every exchange of a round; ``audit``: ``(CanaryAudit, directions)`` or ``None``."""
     counts = []
+    hook = alg.canary_hook() if audit is not None else None
     for e, ex in enumerate(exchanges):
+        canary = (hook, *audit) if hook is not None and e == hook.exchange else None
         server, states, c = run_exchange(
-            ex, e, round_index, run_key, server, states, clients, hyper, cmap
+            ex, e, round_index, run_key, server, states, clients, hyper, cmap, canary
         )
         counts.append(c)
     return server, states, jnp.stack(counts) if counts else jnp.zeros((0,), jnp.int32)
@@ -199,12 +268,14 @@ def _init_one(alg: Algorithm, run_key, hyper, clients: PyTree, cmap: ClientMap):
     return server, states, zero
 
 
-def _rounds_one(alg: Algorithm, carry, run_key, hyper, clients, test, rounds, cmap, diagnostics):
+def _rounds_one(
+    alg: Algorithm, carry, run_key, hyper, clients, test, rounds, cmap, diagnostics, audit=None
+):
     def body(c, _):
         server, states, t = c
         r = t + 1
         server, states, counts = _exchanges(
-            alg, alg.exchanges, r, run_key, server, states, clients, hyper, cmap
+            alg, alg.exchanges, r, run_key, server, states, clients, hyper, cmap, audit
         )
         out = {
             "metrics": alg.evaluate(server, test),
@@ -225,13 +296,19 @@ def init_runs(alg, keys, hypers, clients, cmap):
     return jax.vmap(lambda k, h: _init_one(alg, k, h, clients, cmap))(keys, hypers)
 
 
-@partial(jax.jit, static_argnames=("alg", "rounds", "cmap", "diagnostics"))
-def run_rounds(alg, carry, keys, hypers, clients, test, rounds, cmap, diagnostics):
+@partial(jax.jit, static_argnames=("alg", "rounds", "cmap", "diagnostics", "audit"))
+def run_rounds(
+    alg, carry, keys, hypers, clients, test, rounds, cmap, diagnostics, audit=None, canaries=None
+):
     """Jitted: ``rounds`` more rounds of every run from ``carry`` (:func:`init_runs`'s
-    output); returns ``(carry, per-round outputs)`` (metrics, spend, selected counts)."""
+    output); returns ``(carry, per-round outputs)`` (metrics, spend, selected counts).
+    ``audit``: a :class:`~swarmjax.privacy.canaries.CanaryAudit` whose canaries, of
+    directions ``canaries`` (a pytree like the model with a leading ``M`` axis, shared by
+    every run), join the algorithm's canary exchange (``alg.canary_hook()``) every round."""
+    with_canaries = None if audit is None else (audit, canaries)
 
     def one(c, k, h):
-        return _rounds_one(alg, c, k, h, clients, test, rounds, cmap, diagnostics)
+        return _rounds_one(alg, c, k, h, clients, test, rounds, cmap, diagnostics, with_canaries)
 
     if keys.shape[0] == 1:  # one run: unbatched, so a cond can skip unused client blocks
         single = jax.tree.map(lambda a: a[0], (carry, keys, hypers))
@@ -283,6 +360,7 @@ def simulate(
     checkpoint_dir: str | os.PathLike | None = None,
     ledger: Ledger | None = None,
     release_path: str | os.PathLike | None = None,
+    audit: CanaryAudit | None = None,
 ) -> Result:
     """Run ``alg`` for every (variant, seed) at once and return the one :class:`Result`.
 
@@ -303,7 +381,9 @@ def simulate(
             rounding. ``None``: :func:`swarmjax.device.default_client_map` (one at a time
             on a CPU, vmap on an accelerator: right for convolutional clients; small dense
             models are faster vmapped on a CPU too, hence the explicit default). On the
-            2-core CPU a CNN cohort ran best in blocks of 2 (docs/cross_device.md).
+            2-core CPU a CNN cohort ran best in blocks of 2 (docs/cross_device.md). A
+            flat store of clients of different sizes runs a vmapped cohort sorted by size in
+            blocks of its ``vmap_block`` (:meth:`~swarmjax.fl.data.store.ClientStore.schedule`).
         rounds_per_call: scan this many rounds per compiled call (same result).
         progress: show a progress bar.
         diagnostics: also collect ``alg.private_diagnostics`` and the realised selections
@@ -318,8 +398,131 @@ def simulate(
             ``checkpoint_dir`` is listed as not released.
         release_path: where the caller writes this call's released outputs (for the
             ledger; default ``"(not written)"``).
+        audit: a :class:`~swarmjax.privacy.canaries.CanaryAudit`: ``audit.canaries``
+            client-level canaries join every run by the algorithm's participation rule
+            (``alg.canary_hook()``), outside its metrics and accounting; after the run each
+            run's :class:`~swarmjax.privacy.canaries.CanaryReport` (the empirical epsilon
+            lower bound with its confidence, beside the accounted epsilon) is in
+            ``Result.audit``, the privacy record's ``audit`` and the ledger's releases
+            (docs/audits.md). Checked before any work: a non-private run, an algorithm
+            without a canary hook, a score it cannot compute or more canaries than the
+            model has parameters raise one ``ValueError`` naming the option.
     """
-    spec = variants.spec
+    run = start(
+        alg,
+        clients,
+        test,
+        variants,
+        common_random_numbers=common_random_numbers,
+        client_map=client_map,
+        diagnostics=diagnostics,
+        audit=audit,
+    )
+    rounds = variants.spec.rounds
+    per_call = (
+        rounds if rounds_per_call is None else check_int("rounds_per_call", rounds_per_call, 1)
+    )
+    saved = (
+        None
+        if checkpoint_dir is None
+        else Checkpoints(
+            checkpoint_dir,
+            fingerprint(alg, variants, run.data, run.keys),
+            {
+                "common_random_numbers": bool(common_random_numbers),
+                "diagnostics": bool(diagnostics),
+            }
+            | ({} if audit is None else {"audit": repr(audit)}),
+        )
+    )
+    if saved is not None and saved.latest() is not None:
+        done = saved.latest()
+        like = jax.eval_shape(lambda c: _call(run, c, 1)[1], run.carry)
+        carry, first = saved.restore(done, run.carry, like)
+        run = dataclasses.replace(run, carry=carry, outputs=(first,), done=done)
+    with tqdm(
+        total=rounds, initial=run.done, disable=not progress, unit="round", desc=type(alg).__name__
+    ) as bar:
+        while run.done < rounds:
+            n = min(per_call, rounds - run.done)
+            run, _ = advance(run, n)
+            bar.update(n)
+            if saved is not None:
+                run = dataclasses.replace(run, outputs=(_joined(run.outputs),))
+                saved.save(run.done, run.carry, run.outputs[0])
+    if saved is not None:
+        saved.close()
+    result = finish(run, ledger=ledger, release_path=release_path)
+    if ledger is not None and checkpoint_dir is not None:
+        ledger.mark_not_released(checkpoint_dir, CHECKPOINT_NOT_RELEASED)
+    return result
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """A simulation in progress, for a loop the user owns: :func:`start` builds it,
+    :func:`advance` moves every run of it by some rounds (returning the new ``Run`` and
+    those rounds' metrics), :func:`finish` turns it into the :class:`Result` with the
+    privacy record of the rounds done. :func:`simulate` is exactly this loop.
+
+    Holds every (variant, seed) run of one call: ``runs = variants.size * len(seeds)``
+    along a leading axis of ``keys``, ``hyper`` and the ``carry`` (server states, client
+    states and per-client spend). ``done``: rounds advanced so far (at most
+    ``variants.spec.rounds``, the rounds the runs were calibrated for); ``outputs``: the
+    per-call outputs on the host (metrics ``(runs, rounds)``, spend, selections).
+    """
+
+    alg: Algorithm
+    clients: PyTree
+    data: PyTree
+    test: tuple[Array, Array]
+    variants: Variants
+    keys: PRNGKeyArray
+    hyper: PyTree
+    labels: dict[str, np.ndarray]
+    client_map: ClientMap
+    diagnostics: bool
+    common_random_numbers: bool
+    audit: CanaryAudit | None
+    hook: CanaryHook | None
+    initial: PyTree  # the server states at the start (the canaries' reference model)
+    directions: PyTree
+    sizes: list[tuple[int, int]]
+    carry: Any
+    done: int = 0
+    outputs: tuple[dict, ...] = ()
+
+    @property
+    def runs(self) -> int:
+        """Number of (variant, seed) runs."""
+        return int(self.keys.shape[0])
+
+    @property
+    def server(self) -> PyTree:
+        """The server states now (leading run axis)."""
+        return self.carry[0]
+
+    @property
+    def metrics(self) -> dict[str, np.ndarray]:
+        """Every public metric of the rounds done: ``{name: (runs, done)}``."""
+        if not self.outputs:
+            return {}
+        return {k: np.asarray(v) for k, v in _joined(self.outputs)["metrics"].items()}
+
+
+def start(
+    alg: Algorithm,
+    clients: PyTree,
+    test: tuple[Array, Array],
+    variants: Variants,
+    *,
+    common_random_numbers: bool = False,
+    client_map: ClientMap | None = "vmap",
+    diagnostics: bool = False,
+    audit: CanaryAudit | None = None,
+) -> Run:
+    """Check the call and initialise every run (:func:`simulate`'s arguments of the same
+    names); no round is run. Bad input is one ``ValueError`` line here, before any work."""
     test = as_test_set(test)
     alg.check(clients, test)
     data = alg.client_data(clients)
@@ -331,66 +534,102 @@ def simulate(
         raise ValueError(
             f"client_map must be 'vmap', 'sequential' or an int >= 1; got {client_map}"
         )
+    hook = None if audit is None else _check_audit(alg, variants, audit)
     n_var = variants.size
     for name, values in variants.labels.items():
         if len(values) != n_var:
             raise ValueError(
                 f"variants.labels[{name!r}] must have {n_var} values; got {len(values)}"
             )
-    rounds, seed_list = spec.rounds, list(spec.seeds)
+    seed_list = list(variants.spec.seeds)
     keys = run_keys(seed_list, variant_identities(alg, variants), common_random_numbers)
     hyper = jax.tree.map(
         lambda a: jnp.repeat(jnp.asarray(a), len(seed_list), axis=0), variants.hyper
     )
     labels = {k: np.repeat(np.asarray(v), len(seed_list)) for k, v in variants.labels.items()}
     labels["seed"] = np.tile(np.asarray(seed_list), n_var)
-    runs = n_var * len(seed_list)
-    per_call = (
-        rounds if rounds_per_call is None else check_int("rounds_per_call", rounds_per_call, 1)
-    )
     keys, hyper = _sharded((keys, hyper))
     carry = init_runs(alg, keys, hyper, data, client_map)
-    sizes = _message_bytes(alg, carry, keys, hyper, data)
-    parts, done = [], 0
-    saved = (
-        None
-        if checkpoint_dir is None
-        else Checkpoints(
-            checkpoint_dir,
-            fingerprint(alg, variants, data, keys),
-            {
-                "common_random_numbers": bool(common_random_numbers),
-                "diagnostics": bool(diagnostics),
-            },
-        )
+    initial = carry[0] if audit is not None else None
+    directions = None if audit is None else _directions(alg, audit, initial)
+    return Run(
+        alg=alg,
+        clients=clients,
+        data=data,
+        test=test,
+        variants=variants,
+        keys=keys,
+        hyper=hyper,
+        labels=labels,
+        client_map=client_map,
+        diagnostics=bool(diagnostics),
+        common_random_numbers=bool(common_random_numbers),
+        audit=audit,
+        hook=hook,
+        initial=initial,
+        directions=directions,
+        sizes=_message_bytes(alg, carry, keys, hyper, data),
+        carry=carry,
     )
-    if saved is not None and saved.latest() is not None:
-        done = saved.latest()
-        like = jax.eval_shape(
-            lambda c: run_rounds(alg, c, keys, hyper, data, test, 1, client_map, diagnostics)[1],
-            carry,
+
+
+def _call(run: Run, carry: Any, rounds: int) -> tuple[Any, dict]:
+    return run_rounds(
+        run.alg,
+        carry,
+        run.keys,
+        run.hyper,
+        run.data,
+        run.test,
+        rounds,
+        run.client_map,
+        run.diagnostics,
+        run.audit,
+        run.directions,
+    )
+
+
+def advance(run: Run, rounds: int = 1) -> tuple[Run, dict[str, np.ndarray]]:
+    """Run every run of ``run`` for ``rounds`` more rounds in one compiled call (one
+    compilation per distinct ``rounds``; the same numbers as :func:`simulate` for any split
+    of the rounds). Returns the advanced ``Run`` and the public metrics of these rounds,
+    ``{name: (runs, rounds)}`` (test-set metrics: a loop may stop on them early, and
+    :func:`finish` then accounts only the rounds done). Refuses, before any work, to go
+    past ``variants.spec.rounds``: the noise was calibrated for that many rounds."""
+    left = run.variants.spec.rounds - run.done
+    check_int("rounds", rounds, 1)
+    if rounds > left:
+        raise ValueError(
+            f"rounds must be <= {left}, the rounds left of the run's spec.rounds="
+            f"{run.variants.spec.rounds} (its noise is calibrated for those); got {rounds}"
         )
-        carry, first = saved.restore(done, carry, like)
-        parts.append(first)
-    with tqdm(
-        total=rounds, initial=done, disable=not progress, unit="round", desc=type(alg).__name__
-    ) as bar:
-        while done < rounds:
-            n = min(per_call, rounds - done)
-            carry, out = run_rounds(alg, carry, keys, hyper, data, test, n, client_map, diagnostics)
-            parts.append(jax.device_get(out))
-            done += n
-            bar.update(n)
-            if saved is not None:
-                parts = [jax.tree.map(lambda *xs: np.concatenate(xs, axis=1), *parts)]
-                saved.save(done, carry, parts[0])
-    if saved is not None:
-        saved.close()
-    out = jax.tree.map(lambda *xs: np.concatenate(xs, axis=1), *parts)
+    carry, out = _call(run, run.carry, rounds)
+    out = jax.device_get(out)
+    advanced = dataclasses.replace(
+        run, carry=carry, done=run.done + rounds, outputs=(*run.outputs, out)
+    )
+    return advanced, {k: np.asarray(v) for k, v in out["metrics"].items()}
+
+
+def _joined(outputs: tuple[dict, ...]) -> dict:
+    return jax.tree.map(lambda *xs: np.concatenate(xs, axis=1), *outputs)
+
+
+def finish(
+    run: Run, *, ledger: Ledger | None = None, release_path: str | os.PathLike | None = None
+) -> Result:
+    """The :class:`Result` of the rounds done (history, metrics, final states, the privacy
+    record accounting those rounds, the audit's reports); with ``ledger``, its runs are
+    added as releases written at ``release_path`` (:func:`simulate`'s arguments)."""
+    if run.done < 1:
+        raise ValueError("finish needs at least one round: call advance(run) first")
+    alg, spec, runs, rounds = run.alg, run.variants.spec, run.runs, run.done
+    out = _joined(run.outputs)
+    data, clients = run.data, run.clients
     n_clients = num_clients(data)
-    expected = _expected_selected(alg, hyper, n_clients, runs, rounds)
+    expected = _expected_selected(alg, run.hyper, n_clients, runs, rounds)
     selected = np.where(np.isnan(expected), out["selected"], expected)
-    history = _history(labels, out["metrics"], selected, sizes, runs, rounds)
+    history = _history(run.labels, out["metrics"], selected, run.sizes, runs, rounds)
     stacked = isinstance(clients, ClientData)
     sizes_known = stacked or _gathers(clients)
     record = privacy_record(
@@ -399,7 +638,7 @@ def simulate(
         unit=alg.privacy_unit,
         delta=spec.delta,
         accountant=spec.accountant,
-        shares_randomness=common_random_numbers and n_var > 1,
+        shares_randomness=run.common_random_numbers and run.variants.size > 1,
         floating_point=alg.floating_point(),
         overflow_prob=alg.sampling_overflow(
             out["spend"],
@@ -409,25 +648,103 @@ def simulate(
         ),
     )
     history["epsilon_max"] = record.epsilon.max(axis=2).reshape(-1)
+    reports: tuple[CanaryReport, ...] = ()
+    if run.audit is not None:
+        scores, included = canary_scores(
+            alg, run.audit, run.keys, run.initial, run.carry[0], run.directions
+        )
+        scores, included = np.asarray(scores), np.asarray(included)
+        reports = tuple(
+            audit_scores(
+                scores[r],
+                included[r],
+                audit=run.audit,
+                epsilon=float(np.max(record.final_epsilon[r])),
+                delta=spec.delta,
+                unit=run.hook.unit,
+            )
+            for r in range(runs)
+        )
+        record = dataclasses.replace(record, audit=tuple(r.to_dict() for r in reports))
     diag = {}
-    if diagnostics:
+    if run.diagnostics:
         diag = dict(out["diagnostics"])
         diag["selected"] = out["selected"]
     result = Result(
-        server=carry[0],
-        clients=carry[1],
+        server=run.carry[0],
+        clients=run.carry[1],
         history=history,
         metrics={k: np.asarray(v) for k, v in out["metrics"].items()},
         privacy=record,
-        runs=pd.DataFrame(dict(labels)),
+        runs=pd.DataFrame(dict(run.labels)),
         private_diagnostics=diag,
+        audit=reports,
+        algorithm=type(alg).__name__,
     )
     if ledger is not None:
         where = "(not written)" if release_path is None else str(release_path)
         ledger.add_result(result, algorithm=type(alg).__name__, path=where)
-        if checkpoint_dir is not None:
-            ledger.mark_not_released(checkpoint_dir, CHECKPOINT_NOT_RELEASED)
     return result
+
+
+def _check_audit(alg: Algorithm, variants: Variants, audit: Any) -> CanaryHook:
+    """The algorithm's canary hook once ``audit`` can run on this call, else one
+    ``ValueError`` line naming the option (before any work: shapes only)."""
+    if not isinstance(audit, CanaryAudit):
+        raise ValueError(f"audit must be a CanaryAudit or None; got {type(audit).__name__}")
+    name = type(alg).__name__
+    if alg.privacy_unit is None:
+        raise ValueError(
+            f"audit needs a private run: {name} has no privacy unit (no epsilon to audit)"
+        )
+    noise = getattr(variants.hyper, "noise_multiplier", None)
+    if noise is not None and np.any(np.asarray(noise) <= 0):
+        raise ValueError(
+            f"audit needs a private run: noise_multiplier is 0 in variant(s) "
+            f"{np.flatnonzero(np.asarray(noise).reshape(-1) <= 0).tolist()} (epsilon inf)"
+        )
+    make = getattr(alg, "canary_hook", None)
+    if not callable(make):
+        raise ValueError(
+            f"audit needs client-level canaries, which {name} does not take (no canary_hook); "
+            "audit record-level DP-SGD with swarmjax.privacy.canaries.GradientCanaries"
+        )
+    hook = make()
+    row = jax.tree.map(lambda a: jnp.asarray(a)[0], variants.hyper)
+    like = jax.eval_shape(lambda h: hook.params(alg.server_init(jax.random.key(0), h)), row)
+    audit.check_for(hook.unit, sum(int(np.prod(a.shape)) for a in jax.tree.leaves(like)))
+    return hook
+
+
+def _directions(alg: Algorithm, audit: CanaryAudit, servers: PyTree) -> PyTree:
+    """The call's canary directions (shared by its runs), shaped like the released model of
+    the first run's server state (``servers``: leading run axis)."""
+    hook = alg.canary_hook()
+    like = hook.params(jax.tree.map(lambda a: a[0], servers))
+    make = jax.jit(canary_directions, static_argnums=2)
+    return make(jax.random.key(audit.seed), like, audit.canaries)
+
+
+@partial(jax.jit, static_argnames=("alg", "audit"))
+def canary_scores(
+    alg: Algorithm,
+    audit: CanaryAudit,
+    keys: PRNGKeyArray,
+    initial: PyTree,
+    final: PyTree,
+    directions: PyTree,
+) -> tuple[Array, Array]:
+    """Jitted: ``(runs, M)`` canary scores (``cos(w_T - w_0, u_i)``) and ``(runs, M)`` coins
+    of every run from its initial and final server states (leading run axis)."""
+    hook = alg.canary_hook()
+
+    def one(key, s0, s1):
+        change = jax.tree.map(
+            lambda a, b: jnp.asarray(b, jnp.float32) - a, hook.params(s0), hook.params(s1)
+        )
+        return cosine_scores(directions, change), inclusion(canary_key(key), audit.canaries)
+
+    return jax.vmap(one)(keys, initial, final)
 
 
 def _expected_selected(

@@ -1,14 +1,21 @@
 """Ready-made tasks for deployments and tests: the paper algorithms on scikit-learn's digits
 (bundled with scikit-learn, so every node can build its partition offline).
 
-Run configuration keys (all optional): ``algorithm`` (``fedavg``; ``dp-fedavg``:
-client-level DP-FedAvg with adaptive clipping; ``fed-dp-pso``: Fed-DP-PSO with DP-Adam at
-``target-epsilon``), ``num-clients`` (3), ``rounds`` (2),
+Run configuration keys (all optional): ``algorithm`` (one of :data:`ALGORITHMS`, the names
+of :mod:`swarmjax.fl.algorithms.registry` the Flower tasks run: ``fedavg``; ``fedprox``;
+``dp-fedavg``: client-level DP-FedAvg with adaptive clipping; ``dp-ftrl``; ``fed-dp-pso``:
+Fed-DP-PSO with DP-Adam at ``target-epsilon``), ``num-clients`` (3), ``rounds`` (2),
 ``seed`` (0), ``partition-seed`` (0), ``train-size`` (examples used, 600), ``hidden`` (32),
 ``learning-rate`` (0.1), ``epochs`` (1), ``batch-size`` (32), ``delta`` (``""``: swarmjax's one
-default, ``0.1 / records``), ``accountant`` (``pld``); for
+default, ``0.1 / records``), ``accountant`` (``pld``); for ``fedprox`` also ``mu`` (the
+proximal weight, 0.01); for
 ``dp-fedavg`` also ``client-rate`` (Poisson rate of clients, 0.7), ``noise-multiplier``
-(1.0) and ``clip`` (initial clip norm, 0.1); for ``fed-dp-pso`` also ``particles`` (3),
+(1.0) and ``clip`` (initial clip norm, 0.1); for ``dp-ftrl`` (user-level DP-FTRL with
+adaptive clipping) also ``cohort`` (clients per round, 1), ``factorization`` (``blt``),
+``buffers`` (BLT buffers, ``""``: jax-privacy's choice), ``bands`` (``""``),
+``schedule`` (``cyclic``), ``min-separation`` and ``max-participations`` (``""``: the
+most the cohort allows, as many as fit), ``noise-multiplier`` (1.0) and ``clip`` (0.1);
+for ``fed-dp-pso`` also ``particles`` (3),
 ``target-epsilon`` (8.0), ``pso-learning-rate`` (0.005, the DP-Adam step),
 ``eval-batch-size`` (rows scored at a time; ``""``: all), ``eval-subset`` (rows per client
 the particles are scored on; ``""``: all), ``selection-metric`` (``loss``),
@@ -28,7 +35,9 @@ from typing import Any
 import jax.numpy as jnp
 
 from swarmjax._validation import check_choice, check_int
+from swarmjax.fl.algorithms import registry
 from swarmjax.fl.algorithms.client_level_dp_fedavg import ClientLevelDPFedAvg
+from swarmjax.fl.algorithms.dp_ftrl import DPFTRL
 from swarmjax.fl.algorithms.fed_dp_pso import (
     DEFAULT_READING,
     READINGS,
@@ -37,6 +46,7 @@ from swarmjax.fl.algorithms.fed_dp_pso import (
     reading_hyper,
 )
 from swarmjax.fl.algorithms.fedavg import FedAvg
+from swarmjax.fl.algorithms.fedprox import FedProx
 from swarmjax.fl.client.training import LocalTraining, RecordDP
 from swarmjax.fl.data import load_dataset
 from swarmjax.fl.data.clients import ClientData, stack_clients
@@ -49,7 +59,7 @@ from swarmjax.privacy.plan import default_delta
 
 __all__ = ["ALGORITHMS", "digits", "digits_clients", "fed_dp_pso_reading"]
 
-ALGORITHMS = ("fedavg", "dp-fedavg", "fed-dp-pso")
+ALGORITHMS = registry.names(flower=True)  # the registry's names these tasks run
 
 
 def digits_clients(
@@ -71,7 +81,7 @@ def digits_clients(
 
 def digits(config: dict[str, Any]) -> Task:
     """The task the run configuration describes (see the module docs)."""
-    name = check_choice("algorithm", str(config.get("algorithm", "fedavg")), ALGORITHMS)
+    name = registry.lookup(str(config.get("algorithm", "fedavg")), ALGORITHMS).name
     reading = fed_dp_pso_reading(config) if name == "fed-dp-pso" else None
     clients, test = digits_clients(config, reading)
     records = int(jnp.sum(clients.sizes))
@@ -89,6 +99,10 @@ def digits(config: dict[str, Any]) -> Task:
     if name == "fedavg":
         alg = FedAvg(model, training)
         variants = Variants.grid(alg, clients, spec, epsilon_target=[math.inf], learning_rate=[lr])
+    elif name == "fedprox":
+        alg = FedProx(model, training)
+        mu = float(config.get("mu", 0.01))
+        variants = Variants.grid(alg, clients, spec, learning_rate=[lr], mu=[mu])
     elif reading is not None:  # fed-dp-pso
         target = float(config.get("target-epsilon", 8.0))
         dp = RecordDP.for_run(  # a buffer sized for the run, so the target is reachable
@@ -118,6 +132,30 @@ def digits(config: dict[str, Any]) -> Task:
             epsilon_target=[target],
             learning_rate=float(config.get("pso-learning-rate", 0.005)),
             **reading_hyper(reading),
+        )
+    elif name == "dp-ftrl":
+        alg = DPFTRL.for_run(
+            model,
+            clients.num_clients,
+            int(config.get("cohort", 1)),
+            spec,
+            training=training,
+            clipping="adaptive",
+            factorization=str(config.get("factorization", "blt")),
+            schedule=str(config.get("schedule", "cyclic")),
+            **{
+                field: int(raw)
+                for field in ("buffers", "bands", "min_separation", "max_participations")
+                if (raw := config.get(field.replace("_", "-"), "")) != ""
+            },
+        )
+        variants = Variants.grid(
+            alg,
+            clients,
+            spec,
+            noise_multiplier=[float(config.get("noise-multiplier", 1.0))],
+            initial_clip=float(config.get("clip", 0.1)),
+            client_lr=lr,
         )
     else:  # dp-fedavg
         alg = ClientLevelDPFedAvg(model, training, clipping="adaptive")

@@ -1,0 +1,332 @@
+"""Bad command-line input, by class, on every experiment and benchmark script.
+
+The classes (issue 39): an output folder that cannot be written; a data folder that exists
+but holds no staged dataset, or an unreadable one; derived settings that do not hold; a run
+whose estimated memory exceeds the machine's; options that do not apply to the chosen run;
+and no message naming an option the user did not give.  Each case is one line on stderr
+naming the option, exit status 2, before any work: the functions that do the work are
+replaced by ones that fail, so a refusal that came late would show.  Benchmarks write
+RESULTS.md only with ``--write``.
+"""
+
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+
+import pytest
+
+from benchmarks import (
+    accelerator,
+    cross_device_scaling,
+    dpsgd_overhead,
+    fed_round,
+    flower_round,
+    paaso_strategies,
+    pso_throughput,
+    vs_pfl,
+)
+from experiments import (
+    _cli,
+    apdim,
+    combined_learning,
+    cross_device,
+    dp_fedavg,
+    fed_dp_pso,
+    fed_dp_pso_study,
+    paaso,
+)
+
+HUGE = "100000000"
+OUT = ("--out", "<a fresh folder>")  # replaced by one under tmp_path
+
+
+def _no_work(*args, **kwargs):
+    raise AssertionError("work started before the arguments were checked")
+
+
+@pytest.fixture(autouse=True)
+def _forbid_work(monkeypatch, tmp_path):
+    """Every script's work fails; the data folder defaults to an empty one."""
+    for module, name in [
+        (cross_device, "partition"),
+        (cross_device, "simulate"),
+        (dp_fedavg, "make_clients"),
+        (dp_fedavg, "simulate"),
+        (combined_learning, "run_setting"),
+        (combined_learning, "run_central"),
+        (apdim, "run_utility"),
+        (fed_dp_pso, "run_dataset"),
+        (fed_dp_pso_study, "_study_reading"),
+        (paaso, "_setup_devices"),
+        (pso_throughput, "measure"),
+        (paaso_strategies, "measure"),
+        (accelerator, "run"),
+        (cross_device_scaling, "one"),
+        (fed_round, "_setup"),
+        (vs_pfl, "load_work"),
+        (flower_round, "_simulator_round"),
+    ]:
+        monkeypatch.setattr(module, name, _no_work)
+    monkeypatch.setattr(cross_device_scaling.subprocess, "run", _no_work)
+    empty = tmp_path / "empty-data"
+    empty.mkdir()
+    monkeypatch.setenv("SWARMJAX_DATA", str(empty))
+
+
+def _refused(main, argv: list[str], capsys) -> str:
+    """``main(argv)`` exits 2 with one line on stderr (returned), no traceback."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    return err
+
+
+def _out(argv: list[str], tmp_path: Path) -> list[str]:
+    """``argv`` with the placeholder of :data:`OUT` replaced by a path under ``tmp_path``."""
+    return [str(tmp_path / "out" / "o.json") if a is OUT[1] else a for a in argv]
+
+
+@pytest.fixture
+def blocked(tmp_path) -> str:
+    """An --out that no one can create: its parent is a file."""
+    (tmp_path / "file").write_text("")
+    return str(tmp_path / "file" / "out")
+
+
+# --- output folder ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "main",
+    [cross_device.main, combined_learning.main, fed_dp_pso.main, fed_dp_pso_study.main],
+    ids=["cross_device", "combined_learning", "fed_dp_pso", "fed_dp_pso_study"],
+)
+def test_unwritable_out(main, blocked, capsys):
+    err = _refused(main, ["--quick", "--out", blocked], capsys)
+    assert "--out" in err and "writable" in err
+
+
+def test_paaso_refuses_its_out_before_jax_devices_are_set_up(blocked, capsys):
+    assert "--out" in _refused(paaso.main, ["--quick", "--out", blocked], capsys)
+
+
+def test_invalid_out_path(capsys):
+    err = _refused(combined_learning.main, ["--quick", "--out", "bad\0name"], capsys)
+    assert "--out" in err and "null" in err
+
+
+def test_benchmark_out_file(blocked, capsys):
+    err = _refused(vs_pfl.main, ["--only", "swarmjax", "--out", f"{blocked}/x.json"], capsys)
+    assert "--out" in err and "not writable" in err
+
+
+# --- data present and complete -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("main", "argv"),
+    [
+        (cross_device.main, ["--quick", *OUT]),
+        (dp_fedavg.main, ["--quick", *OUT]),
+        (fed_dp_pso.main, ["--quick", "--datasets", "mnist", *OUT]),
+        (fed_dp_pso_study.main, ["--quick", "--datasets", "mnist", *OUT]),
+        (cross_device_scaling.main, ["--quick"]),
+        (vs_pfl.main, ["--only", "swarmjax", *OUT]),
+    ],
+    ids=["cross_device", "dp_fedavg", "fed_dp_pso", "study", "bench-scaling", "bench-vs_pfl"],
+)
+def test_empty_data_folder_says_where_and_how_to_stage(main, argv, tmp_path, capsys):
+    empty = str(tmp_path / "empty-data")
+    err = _refused(main, _out(argv, tmp_path), capsys)
+    assert "not staged" in err and empty in err and "IDX files" in err and "README" in err
+
+
+def test_apdim_and_combined_learning_name_the_missing_files(tmp_path, capsys):
+    empty = str(tmp_path / "empty-data")
+    err = _refused(apdim.main, ["--quick", "--out", str(tmp_path / "o")], capsys)
+    assert "none of the APDIM tables" in err and empty in err and "stage" in err
+    argv = ["--datasets", "mnist", "--out", str(tmp_path / "o")]
+    err = _refused(combined_learning.main, argv, capsys)
+    assert "--datasets" in err and "not staged" in err and empty in err
+
+
+def test_an_unreadable_dataset_is_one_line(tmp_path, capsys):
+    mnist = tmp_path / "empty-data" / "mnist"
+    mnist.mkdir()
+    for name in ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"):
+        for split in (name, name.replace("train", "t10k")):
+            (mnist / f"{split}.gz").write_bytes(gzip.compress(b"\x00\x00"))  # truncated
+    err = _refused(cross_device.main, ["--quick", "--out", str(tmp_path / "o")], capsys)
+    assert "incomplete or unreadable" in err and "'mnist'" in err
+
+
+def test_a_missing_data_folder_from_the_environment(monkeypatch, capsys, tmp_path):
+    monkeypatch.setenv("SWARMJAX_DATA", "/nonexistent/swarmjax-data")
+    err = _refused(cross_device_scaling.main, ["--quick"], capsys)
+    assert "$SWARMJAX_DATA" in err and "--data-dir" not in err  # not an option given
+
+
+# --- derived parameters --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("main", "argv", "named"),
+    [
+        (dp_fedavg.main, ["--quick", "--clients", "1"], "--clients 5 or more"),
+        (dp_fedavg.main, ["--quick", "--clients", "7000"], "lower --clients"),
+        (cross_device.main, ["--quick", "--clients", "5"], "--clients 5"),
+        (fed_dp_pso_study.main, ["--quick", "--val-rows", "2000"], "--val-rows 2000"),
+    ],
+    ids=["dp_fedavg-cohort", "dp_fedavg-rows", "cross_device-cohort", "study-rows"],
+)
+def test_derived_settings_name_the_option_to_change(main, argv, named, tmp_path, capsys):
+    err = _refused(main, [*argv, "--out", str(tmp_path / "o")], capsys)
+    assert named in err
+
+
+def test_clients_times_rows_beyond_the_training_set(tmp_path, capsys):
+    argv = ["--quick", "--dataset", "digits", "--clients", "200", "--out", str(tmp_path / "o")]
+    err = _refused(cross_device.main, argv, capsys)
+    assert "--clients 200" in err and "exceed the 1437 training rows" in err
+
+
+# --- memory against the machine -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("main", "argv", "named"),
+    [
+        (cross_device.main, ["--quick", "--clients", HUGE, "--cohort", HUGE, *OUT], "--cohort"),
+        (dp_fedavg.main, ["--quick", "--seeds", HUGE, *OUT], "--seeds"),
+        (fed_dp_pso.main, ["--quick", "--particles", HUGE, *OUT], "--particles"),
+        (paaso.main, ["--quick", "--agents", HUGE, *OUT], "--agents"),
+        (paaso.main, ["--quick", "--memory-gb", "1e9", *OUT], "--memory-gb"),
+        (pso_throughput.main, ["--swarms", "10", "1000000000000"], "--swarms"),
+        (paaso_strategies.main, ["--runs", HUGE, "--iterations", HUGE], "--runs"),
+        (cross_device_scaling.main, ["--rows", HUGE], "--rows"),
+    ],
+    ids=[
+        "cross_device",
+        "dp_fedavg",
+        "fed_dp_pso",
+        "paaso",
+        "paaso-memory-gb",
+        "bench-pso",
+        "bench-strategies",
+        "bench-scaling",
+    ],
+)
+def test_runs_larger_than_the_machine_are_refused_with_the_estimate(
+    main, argv, named, tmp_path, capsys
+):
+    err = _refused(main, _out(argv, tmp_path), capsys)
+    assert named in err and "GiB" in err
+
+
+def test_memory_check_uses_the_physical_memory(monkeypatch):
+    monkeypatch.setattr(_cli, "physical_memory", lambda: 10 * 2**30)
+    _cli.check_memory(7 * 2**30, "--x", "a test")  # under 80 %
+    with pytest.raises(_cli.UserError, match=r"--x: the run would allocate about 9 GiB"):
+        _cli.check_memory(9 * 2**30, "--x", "a test")
+    assert _cli.array_bytes((2, 3), 4, itemsize=1) == 10
+
+
+# --- options that do not apply --------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("main", "argv", "named"),
+    [
+        (cross_device.main, ["--quick", "--algorithm", "fedavg", "--epsilon", "3"],
+         "--epsilon does not apply"),
+        (cross_device.main, ["--quick", "--partition", "shards", "--rows-per-client", "9"],
+         "--rows-per-client does not apply"),
+        (cross_device.main, ["--quick", "--dataset", "digits", "--data-dir", "."],
+         "--data-dir does not apply"),
+        (fed_dp_pso.main, ["--runtime", "flower", "--seeds", "3"], "--seeds does not apply"),
+        (fed_dp_pso.main, ["--runtime", "flower", "--epsilons", "5", "8"],
+         "--epsilons: --runtime flower runs one target epsilon"),
+        (vs_pfl.main, ["--only", "swarmjax", "--pfl-python", "/bin/sh"],
+         "--pfl-python does not apply"),
+        (vs_pfl.main, ["--no-dp", "--accountants", "rdp"], "--accountants does not apply"),
+        (vs_pfl.main, ["--only", "swarmjax", "--write"], "--write records swarmjax beside pfl"),
+        (fed_round.main, ["--tables-only", "--rounds", "3"], "--rounds does not apply"),
+    ],
+    ids=["xd-epsilon", "xd-rows", "xd-data-dir", "flower-seeds", "flower-eps", "vs_pfl-python",
+         "vs_pfl-accountants", "vs_pfl-write", "fed_round"],
+)  # fmt: skip
+def test_options_that_do_not_apply_are_refused(main, argv, named, tmp_path, capsys):
+    out = ["--out", str(tmp_path / "o")] if main is not fed_round.main else []
+    assert named in _refused(main, [*argv, *out], capsys)
+
+
+def test_options_that_only_label_records_are_warned_about(tmp_path, capsys):
+    argv = ["--quick", "--epsilons", "inf", "--accountant", "rdp", "--out", str(tmp_path)]
+    with pytest.raises(AssertionError, match="work started"):  # a warning, then the work
+        fed_dp_pso.main(argv)
+    err = capsys.readouterr().err
+    assert "warning: --accountant does not apply" in err and "--delta" not in err
+
+
+# --- messages name only the options given ---------------------------------------------------
+
+
+def test_profile_values_are_not_named_as_given_options(tmp_path, capsys):
+    err = _refused(cross_device.main, ["--quick", "--clients", "5", "--out", str(tmp_path)], capsys)
+    assert "--cohort 10" not in err and "the cohort of 10 (the profile's" in err
+    err = _refused(combined_learning.main, ["--quick", "--datasets", "mnist"], capsys)
+    assert "--models" not in err and "--datasets mnist" in err
+    argv = ["--datasets", "digits", "--out", str(tmp_path)]  # the default 10,000 client rows
+    err = _refused(fed_dp_pso_study.main, argv, capsys)
+    assert "--n-train 10000" not in err and "(the profile's; --n-train changes it)" in err
+
+
+def test_given_tracks_the_command_line_not_the_defaults():
+    args = cross_device._parser().parse_args(["--quick", "--cohort", "5", "--delta=0.01"])
+    assert _cli.given(args) == {"quick", "cohort", "delta"}
+    assert args.out == _cli.RESULTS / "cross_device"  # defaults still filled in
+
+
+# --- counts and numbers of the benchmarks ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("main", "argv", "named"),
+    [
+        (dpsgd_overhead.main, ["--repeats", "0"], "--repeats"),
+        (dpsgd_overhead.main, ["--no-write"], "unrecognized"),  # --write is the switch now
+        (flower_round.main, ["--rounds", "1"], "--rounds"),
+        (flower_round.main, ["--task-poll-interval", "-1"], "--task-poll-interval"),
+        (accelerator.main, ["--cpu-devices", "0"], "--cpu-devices"),
+        (fed_round.main, ["--rounds", "0"], "--rounds"),
+        (pso_throughput.main, ["--swarms", "0"], "--swarms"),
+        (paaso_strategies.main, ["--repeats", "0"], "--repeats"),
+        (cross_device_scaling.main, ["--block", "0"], "--block"),
+        (vs_pfl.main, ["--timing-rounds", "1"], "--timing-rounds"),
+        (vs_pfl.main, ["--no-dp", "--dp-only"], "--dp-only"),
+    ],
+    ids=lambda v: " ".join(v) if isinstance(v, list) else None,
+)
+def test_benchmark_numbers(main, argv, named, capsys):
+    assert named in _refused(main, argv, capsys)
+
+
+def test_benchmarks_write_results_only_when_asked(monkeypatch, capsys):
+    monkeypatch.setattr(dpsgd_overhead, "benchmark_models", dict)  # nothing to time
+    monkeypatch.setattr(dpsgd_overhead, "write_section", _no_work)
+    dpsgd_overhead.main(["--quick"])
+    out = capsys.readouterr().out
+    assert out.startswith(dpsgd_overhead.HEADER.splitlines()[0])  # the table has its header
+    assert "--write records it" in out
+    written = {}
+    monkeypatch.setattr(dpsgd_overhead, "write_section", lambda n, t: written.update({n: t}))
+    dpsgd_overhead.main(["--quick", "--write"])
+    assert list(written) == ["dpsgd_overhead"]
+
+
+def test_no_benchmark_has_a_no_write_flag():
+    for path in Path(dpsgd_overhead.__file__).parent.glob("*.py"):
+        assert "--no-write" not in path.read_text(), path

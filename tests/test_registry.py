@@ -1,0 +1,141 @@
+"""The one registry of algorithm names (swarmjax.fl.algorithms.registry): its names are the
+experiment's, the benchmark's and the Flower tasks', each builds its class, unknown names
+and misplaced options are one line, and FedProx is everywhere."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from swarmjax.fl.algorithms import registry
+from swarmjax.fl.client.training import LocalTraining
+from swarmjax.fl.data.clients import stack_clients
+from swarmjax.fl.protocol import RunSpec, Variants
+from swarmjax.models import mlp
+
+CROSS_DEVICE = ("fedavg", "fedprox", "fedadam", "fedyogi", "dp-fedavg", "dp-fedavg-adaptive")
+
+
+def _run(**kw) -> registry.CrossDeviceRun:
+    return registry.CrossDeviceRun(
+        mlp((4,), 10, (8, 8, 1)),
+        40,
+        5,
+        RunSpec(4, 1e-3, (0,)),
+        LocalTraining(epochs=1, batch_size=5),
+        **kw,
+    )
+
+
+def test_the_names_every_consumer_takes():
+    from experiments import cross_device
+    from swarmjax.fl.runtime.flower import tasks
+
+    assert registry.names(cross_device=True) == (*CROSS_DEVICE, "dp-ftrl")
+    assert cross_device.ALGORITHMS == registry.names(cross_device=True)
+    assert set(cross_device.DP_ALGORITHMS) == {"dp-fedavg", "dp-fedavg-adaptive", "dp-ftrl"}
+    assert tasks.ALGORITHMS == ("fedavg", "fedprox", "dp-fedavg", "dp-ftrl", "fed-dp-pso")
+    assert set(registry.names()) == set(registry.REGISTRY)
+    for entry in registry.REGISTRY.values():  # a one-line description each
+        assert entry.description and "\n" not in entry.description
+
+
+def test_an_unknown_name_is_one_line_listing_the_allowed_ones():
+    with pytest.raises(ValueError) as err:
+        registry.lookup("fedsgd")
+    assert str(err.value) == (
+        "unknown algorithm 'fedsgd'; allowed: fedavg, fedprox, fedadam, fedyogi, dp-fedavg, "
+        "dp-fedavg-adaptive, dp-ftrl, fed-dp-pso"
+    )
+    with pytest.raises(ValueError, match="allowed: fedavg, fedprox, fedadam"):
+        registry.cross_device("fed-dp-pso", _run())  # registered, not a cross-device one
+
+
+@pytest.mark.parametrize("name", [*CROSS_DEVICE, "dp-ftrl"])
+def test_each_name_builds_its_class_and_a_grid_the_algorithm_takes(name):
+    rng = np.random.default_rng(0)
+    x, y = rng.random((200, 8, 8, 1), np.float32), rng.integers(0, 10, 200)
+    clients = stack_clients(x, y, np.array_split(np.arange(200), 40))
+    # DP-FTRL with the factorization that needs no optimisation (the default BLT's takes
+    # 20-30 s here; tests/test_experiment_cross_device_ftrl.py runs it)
+    options = {"factorization": "prefix-sum"} if name == "dp-ftrl" else {}
+    alg, grid = registry.cross_device(name, _run(epsilon=4.0, options=options))
+    assert type(alg) is registry.lookup(name).algorithm
+    variants = Variants.grid(alg, clients, _run().spec, **grid)
+    assert variants.size == 1
+    if name in ("fedadam", "fedyogi"):
+        assert alg.server_optimizer == name[3:] and grid["server_lr"] == 0.01
+    if registry.lookup(name).user_dp:
+        assert grid["epsilon_target"] == [4.0]
+    if name == "dp-ftrl":  # for_run made the scheme explicit: b = 40 // 5 = 8 > 4 rounds
+        assert (alg.min_separation, alg.max_participations, alg.clipping) == (4, 1, "fixed")
+        assert alg.factorization == "prefix-sum"
+
+
+def test_misplaced_options_and_a_missing_epsilon_are_one_line():
+    with pytest.raises(ValueError) as err:
+        registry.cross_device("fedavg", _run(options={"factorization": "blt"}))
+    assert str(err.value) == "factorization does not apply to fedavg; it applies to: dp-ftrl"
+    with pytest.raises(ValueError, match="epsilon must be set for dp-ftrl"):
+        registry.cross_device("dp-ftrl", _run())
+    with pytest.raises(ValueError, match="min_separation must be <= rounds"):
+        registry.cross_device("dp-ftrl", _run(epsilon=2.0, options={"min_separation": 9}))
+
+
+def test_fedprox_in_the_namespace_and_on_flower():
+    import swarmjax.fl
+    from swarmjax.fl.algorithms.fedprox import FedProx
+    from swarmjax.fl.runtime.flower.tasks import digits
+
+    assert swarmjax.fl.FedProx is FedProx and "FedProx" in dir(swarmjax.fl)
+    task = digits({"algorithm": "fedprox", "mu": 0.5, "train-size": 60, "hidden": 4})
+    assert type(task.algorithm) is FedProx
+    assert float(task.variants.hyper.mu[0]) == 0.5
+    with pytest.raises(ValueError, match="unknown algorithm 'fedadam'; allowed: fedavg, fedprox"):
+        digits({"algorithm": "fedadam"})  # registered, not run by the Flower tasks
+
+
+def test_the_benchmark_builds_through_the_registry():
+    from benchmarks import vs_pfl
+    from swarmjax.fl.algorithms.client_level_dp_fedavg import ClientLevelDPFedAvg
+    from swarmjax.fl.algorithms.fedavg import FedAvg
+
+    alg, grid = vs_pfl.algorithm(None)
+    assert type(alg) is FedAvg and alg.cohort == vs_pfl.COHORT
+    assert grid == {"learning_rate": 0.1, "server_lr": 1.0}
+    alg, grid = vs_pfl.algorithm(vs_pfl.dp_config(10))
+    assert type(alg) is ClientLevelDPFedAvg and alg.clipping == "fixed"
+    assert grid["sample_rate"] == vs_pfl.COHORT / vs_pfl.USERS
+    assert grid["initial_clip"] == vs_pfl.CLIP and grid["epsilon_target"] == [vs_pfl.EPSILON]
+    assert math.isfinite(grid["epsilon_target"][0])
+
+
+def test_fedprox_on_flower_gives_the_simulator_numbers():
+    pytest.importorskip("flwr", reason="the flower extra is not installed")
+    import jax
+
+    from swarmjax.fl.runtime.flower.client import make_client_app
+    from swarmjax.fl.runtime.flower.loopback import LoopbackGrid
+    from swarmjax.fl.runtime.flower.server import ServerSettings, drive
+    from swarmjax.fl.runtime.flower.task import load_task, simulate_task
+
+    cfg = {
+        "task": "swarmjax.fl.runtime.flower.tasks:digits",
+        "algorithm": "fedprox",
+        "mu": 0.5,
+        "rounds": 2,
+        "train-size": 150,
+        "hidden": 8,
+    }
+    grid = LoopbackGrid.with_partitions(make_client_app(), cfg, (0, 1, 2))
+    run = drive(grid, load_task(cfg), ServerSettings(join_timeout=1.0, reply_timeout=1.0))
+    sim = simulate_task(load_task(cfg))
+    for a, b in zip(
+        jax.tree.leaves(run.server),
+        jax.tree.leaves(jax.tree.map(lambda x: x[0], sim.server)),
+        strict=True,
+    ):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=1e-6)
+    np.testing.assert_allclose(run.history["test_accuracy"], sim.history["test_accuracy"])
