@@ -20,11 +20,36 @@ def _strict(name: str) -> float:
     raise ValueError(f"non-strict JSON constant {name}")
 
 
+def _check_audit(out: str, folder) -> None:
+    """``--audit 16``: each private run's line beside its accounted epsilon, its figures in
+    the ledger and the summary; the non-private run is not audited."""
+    lines = [line for line in out.splitlines() if "empirical epsilon >=" in line]
+    assert len(lines) == 2  # adaptive and fixed C=1 at epsilon 8; the non-private run is not
+    data = json.loads((folder / "privacy_ledger.json").read_text(), parse_constant=_strict)
+    audited = [r for r in data["releases"] if r["audit"] is not None]
+    assert len(audited) == 2 and all(r["epsilon"] < math.inf for r in audited)
+    for line, release in zip(lines, audited, strict=True):
+        audit = release["audit"]
+        assert audit["canaries"] == 16 and audit["unit"] == "client"
+        assert audit["epsilon"] == pytest.approx(release["epsilon"])
+        assert f"accounted epsilon {audit['epsilon']:.3f}" in line
+        assert f">= {audit['epsilon_lower']:.3f}" in line
+    summary = pd.read_csv(folder / "summary.csv")
+    private = summary[summary.method != "non-private"]
+    assert private.epsilon_lower.notna().all() and (private.epsilon_lower >= 0).all()
+    assert summary[summary.method == "non-private"].epsilon_lower.isna().all()
+
+
 def test_clients_103_runs_and_writes_its_ledger(tmp_path, capsys, data_dir) -> None:
     argv = ["--quick", "--clients", "103", "--rounds", "2", "--data-dir", str(data_dir)]
-    argv += ["--accountant", "rdp", "--out", str(tmp_path)]
+    argv += ["--accountant", "rdp", "--audit", "16", "--out", str(tmp_path)]
     dp_fedavg.main(argv)
     out = capsys.readouterr().out
+    _check_audit(out, tmp_path)
+    # a rerun reuses the audited calls: the same lines, from the saved releases
+    dp_fedavg.main(argv)
+    again = [line for line in capsys.readouterr().out.splitlines() if "empirical" in line]
+    assert again[1:] == [line for line in out.splitlines() if "empirical epsilon >=" in line]
     summary = pd.read_csv(tmp_path / "summary.csv")
     private = summary[summary.method != "non-private"]
     assert len(private) == 2 and (private.epsilon <= private.epsilon_target).all()
@@ -53,32 +78,6 @@ def test_clients_103_runs_and_writes_its_ledger(tmp_path, capsys, data_dir) -> N
     again = json.loads((tmp_path / "privacy_ledger.json").read_text(), parse_constant=_strict)
     assert len(again["releases"]) == 3
     assert again["composed"]["client"]["epsilon"] == data["composed"]["client"]["epsilon"]
-
-
-def test_audit_prints_each_private_run_beside_its_epsilon(tmp_path, capsys, data_dir) -> None:
-    argv = ["--quick", "--clients", "40", "--rounds", "2", "--audit", "16"]
-    argv += ["--data-dir", str(data_dir), "--out", str(tmp_path)]
-    dp_fedavg.main(argv)
-    out = capsys.readouterr().out
-    lines = [line for line in out.splitlines() if "empirical epsilon >=" in line]
-    assert len(lines) == 2  # adaptive and fixed C=1 at epsilon 8; the non-private run is not
-    data = json.loads((tmp_path / "privacy_ledger.json").read_text(), parse_constant=_strict)
-    audited = [r for r in data["releases"] if r["audit"] is not None]
-    assert len(audited) == 2 and all(r["epsilon"] < math.inf for r in audited)
-    for line, release in zip(lines, audited, strict=True):
-        audit = release["audit"]
-        assert audit["canaries"] == 16 and audit["unit"] == "client"
-        assert audit["epsilon"] == pytest.approx(release["epsilon"])
-        assert f"accounted epsilon {audit['epsilon']:.3f}" in line
-        assert f">= {audit['epsilon_lower']:.3f}" in line
-    summary = pd.read_csv(tmp_path / "summary.csv")
-    private = summary[summary.method != "non-private"]
-    assert private.epsilon_lower.notna().all() and (private.epsilon_lower >= 0).all()
-    assert summary[summary.method == "non-private"].epsilon_lower.isna().all()
-    # a rerun reuses the audited calls: the same lines, from the saved releases
-    dp_fedavg.main(argv)
-    again = [line for line in capsys.readouterr().out.splitlines() if "empirical" in line]
-    assert again[1:] == lines
 
 
 @pytest.mark.parametrize(
