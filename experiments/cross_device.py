@@ -57,6 +57,7 @@ from swarmjax.fl.protocol import RunSpec, Variants
 from swarmjax.fl.runtime import simulate
 from swarmjax.fl.runtime.simulator import CHECKPOINT_NOT_RELEASED
 from swarmjax.models import evaluate, simple_cnn
+from swarmjax.privacy.canaries import CanaryAudit
 from swarmjax.privacy.ftrl import FACTORIZATIONS, SCHEDULES
 from swarmjax.privacy.ledger import Ledger, releases_from_result
 from swarmjax.privacy.plan import default_delta
@@ -97,6 +98,7 @@ class Profile:
     min_separation: int | None = None
     max_participations: int | None = None
     noise_cohort: int | None = None  # pfl's noise_cohort_size: never the default
+    audit: int | None = None  # client-level canaries in every DP run (docs/audits.md)
 
     def ftrl_options(self) -> dict:
         """DP-FTRL's settings (:data:`registry.FTRL_OPTIONS`) as the registry takes them."""
@@ -219,6 +221,14 @@ def _parser() -> argparse.ArgumentParser:
         "shards (2 label-sorted shards per client), power_law (sizes ~ Pareto 1.5, >= 10)",
     )
     p.add_argument("--test-size", type=_cli.count("--test-size"), help="public test rows per round")
+    p.add_argument(
+        "--audit",
+        type=_cli.count("--audit", 2),
+        metavar="N",
+        help="empirical privacy audit: N client-level canaries in every DP run (docs/audits.md); "
+        "each run's lower bound is printed beside its accounted epsilon and written to the "
+        "ledger",
+    )
     return p
 
 
@@ -240,6 +250,7 @@ def profile(args: argparse.Namespace) -> Profile:
         "test_size": args.test_size,
         "seeds": tuple(range(args.seeds)) if args.seeds else None,
         **{k: getattr(args, k) for k in registry.FTRL_OPTIONS},
+        "audit": args.audit,
     }
     prof = dataclasses.replace(base, **{k: v for k, v in given.items() if v is not None})
     if prof.cohort > prof.clients:
@@ -257,6 +268,12 @@ def profile(args: argparse.Namespace) -> Profile:
             args, ["epsilon"], f"{why} (add one of {', '.join(DP_ALGORITHMS)} to --algorithm)"
         )
         _cli.warn_unused(args, ["delta", "accountant"], f"{why}: they only label the records")
+        _cli.refuse_unused(args, ["audit"], f"{why}: a non-private run has no epsilon to audit")
+    if prof.audit is not None and prof.noise_cohort is not None:
+        raise _cli.UserError(
+            "--audit with --noise-cohort: that epsilon is another deployment's, so this run "
+            "has none to audit (drop one of them)"
+        )
     if len(set(prof.epsilons)) != len(prof.epsilons):
         raise _cli.UserError(f"--epsilon gives a value twice: {' '.join(map(str, args.epsilon))}")
     if "dp-ftrl" not in prof.algorithms:
@@ -484,6 +501,7 @@ def run_one(
     label = name if label is None else label
     alg, grid = algorithm(name, prof, clients, epsilon)
     variants = Variants.grid(alg, clients, spec(prof), **grid)
+    audit = None if prof.audit is None or name not in DP_ALGORITHMS else CanaryAudit(prof.audit)
     t0 = time.perf_counter()
     res = simulate(
         alg,
@@ -494,6 +512,7 @@ def run_one(
         client_map=None,  # the device's choice: convolutions run one client at a time on a CPU
         progress=True,
         checkpoint_dir=out / "checkpoints" / label,
+        audit=audit,
     )
     what = guarantee(prof, name)
     if ledger is not None:  # under the experiment's name for the algorithm
@@ -533,7 +552,9 @@ def run_one(
             max_participations=alg.participation(prof.clients, prof.rounds).participations,
             noise_cohort=alg.noise_cohort,
         )
-    return {"history": history, "row": row}
+    if audit is not None:  # the largest lower bound over the seeds (each seed's in the ledger)
+        row["epsilon_lower"] = max(r.epsilon_lower for r in res.audit)
+    return {"history": history, "row": row, "audit": res.audit}
 
 
 def setting_text(prof: Profile) -> str:
@@ -622,6 +643,8 @@ def main(argv: list[str] | None = None) -> None:
             f"{got['row']['epsilon']:.3g}, {got['row']['seconds_per_round']:.2f} s/round",
             flush=True,
         )
+        for report in got["audit"]:  # empirical lower bounds, not guarantees (docs/audits.md)
+            print(f"  {label}: accounted epsilon {report.epsilon:.3f}; {report.line()}")
     history = pd.concat(histories, ignore_index=True)
     history.to_csv(out / "history.csv", index=False)
     table = pd.DataFrame(rows)
@@ -636,6 +659,7 @@ def main(argv: list[str] | None = None) -> None:
         "final_accuracy_std": "one seed: no std",
         "epsilon": "no DP: epsilon is infinite",
         "epsilon_target": "no DP: no target epsilon",
+        "epsilon_lower": "not audited (no --audit, or a run without DP)",
     }
     _report.write_json(out / "summary.json", summary, reasons)
     privacy = {

@@ -6,6 +6,7 @@ another deployment only; DP-FTRL's options refused in one line before any work."
 from __future__ import annotations
 
 import json
+import math
 
 import pandas as pd
 import pytest
@@ -25,7 +26,7 @@ SMALL = [
 
 def test_dp_ftrl_beside_dp_fedavg_at_two_epsilons(tmp_path, capsys):
     out = tmp_path / "xd"
-    argv = [*SMALL, "--algorithm", "dp-ftrl", "dp-fedavg", "--epsilon", "2", "8"]
+    argv = [*SMALL, "--algorithm", "dp-ftrl", "dp-fedavg", "--epsilon", "2", "8", "--audit", "8"]
     cross_device.main([*argv, "--out", str(out)])
     summary = json.loads((out / "summary.json").read_text())
     runs = {(r["algorithm"], r["epsilon_target"]): r for r in summary["runs"]}
@@ -62,6 +63,14 @@ def test_dp_ftrl_beside_dp_fedavg_at_two_epsilons(tmp_path, capsys):
     assert set(privacy) == {f"{a}-epsilon-{e}" for a in ("dp-ftrl", "dp-fedavg") for e in (2, 8)}
     printed = capsys.readouterr().out
     assert "dp-ftrl-epsilon-8" in printed and "privacy ledger:" in printed
+    # --audit 8: every DP run's canaries, each seed's bound beside its accounted epsilon
+    for r in runs.values():
+        assert 0.0 <= r["epsilon_lower"] < math.inf
+    for r in releases:
+        assert r["audit"]["canaries"] == 8 and r["audit"]["unit"] == "client"
+        assert r["audit"]["epsilon"] == pytest.approx(r["epsilon"])
+    lines = [line for line in printed.splitlines() if "empirical epsilon >=" in line]
+    assert len(lines) == len(releases) and all("accounted epsilon" in x for x in lines)
 
 
 def test_the_noise_cohort_is_a_guarantee_for_another_deployment_only(tmp_path, capsys):
@@ -105,10 +114,13 @@ def test_the_noise_cohort_is_a_guarantee_for_another_deployment_only(tmp_path, c
         (["--algorithm", "dp-ftrl", "--factorization", "tree"], "--factorization: invalid choice"),
         (["--algorithm", "dp-ftrl", "--epsilon", "2", "2"], "--epsilon gives a value twice"),
         (["--algorithm", "fedsgd"], "--algorithm: invalid choice: 'fedsgd'"),
+        (["--algorithm", "fedavg", "--audit", "8"], "--audit does not apply"),
+        (["--algorithm", "dp-ftrl", "--noise-cohort", "50", "--audit", "8"],
+         "--audit with --noise-cohort"),
     ],
     ids=["factorization-no-ftrl", "noise-cohort-no-ftrl", "min-sep-no-ftrl", "min-sep-rounds",
          "participations", "noise-cohort-small", "single-k", "single-cohort", "factorization",
-         "epsilon-twice", "unknown"],
+         "epsilon-twice", "unknown", "audit-no-dp", "audit-noise-cohort"],
 )  # fmt: skip
 def test_bad_input_is_one_line_before_any_work(tmp_path, capsys, monkeypatch, extra, message):
     def no_work(*args, **kwargs):
