@@ -38,3 +38,19 @@ def data_dir() -> Path:
     if path is None:
         pytest.skip("offline datasets not found: set SWARMJAX_DATA or place ../shared/data")
     return path
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _free_compiled_programs():
+    """After each test module, drop JAX's compiled programs. A long-lived xdist worker
+    otherwise keeps every program of the ~950 tests mapped; late in the suite XLA's CPU
+    compiler segfaulted twice (in whichever test compiled then), as a process nearing the
+    kernel's memory-map limit (vm.max_map_count, 65,530 here) does. Programs shared within
+    a module stay cached."""
+    yield
+    import gc
+
+    import jax
+
+    jax.clear_caches()
+    gc.collect()
