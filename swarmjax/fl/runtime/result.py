@@ -166,8 +166,14 @@ def privacy_record(
     # one row per (run, client): its per-round accounting and its final extra epsilon (the
     # noised releases'), so a group shares its whole-run event
     rows = np.concatenate([rows, extra[:, -1, :].reshape(-1, 1)], axis=1)
-    unique, inverse = np.unique(rows, axis=0, return_inverse=True)
-    inverse = inverse.reshape(runs, clients)
+    if np.array_equal(rows, np.broadcast_to(rows[:1], rows.shape), equal_nan=True):
+        # one group (client-level DP, or equal clients in every run): np.unique's row sort
+        # of (runs x clients, 4 rounds + 1) values would cost 0.08 s at 16 rounds x 1,200
+        # clients and grow with the rounds, to find the same single row
+        unique, inverse = rows[:1], np.zeros((runs, clients), np.int64)
+    else:
+        unique, inverse = np.unique(rows, axis=0, return_inverse=True)
+        inverse = inverse.reshape(runs, clients)
     curves = np.zeros((len(unique), rounds))
     overflows = np.zeros(len(unique))
     events: list[dp_accounting.DpEvent] = []
