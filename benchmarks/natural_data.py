@@ -11,9 +11,10 @@ Measures, each in its own subprocess (its peak RSS is its own, read with ``os.wa
   ``simple_cnn`` takes ~10x longer a round on the 2-core CPU: ``--model cnn``); under the
   CPU default (``client_map=None``: one client at a time) and under ``client_map="vmap"``,
   and each alternative formulation of the cohort
-  (one vmapped block; blocks sorted by size, ``ClientStore.vmap_block``; a per-round cap,
-  ``LocalTraining.max_examples``). Targets: peak RSS < 2.5 GiB and the power-law round
-  within 1.5x of the equal split's.
+  (a padded buffer per slot or each step reading its batch from the store,
+  ``ClientStore.read``; one vmapped block or blocks sorted by size,
+  ``ClientStore.vmap_block``; a per-round cap, ``LocalTraining.max_examples``). Targets:
+  peak RSS < 2.5 GiB and the power-law round within 1.5x of the equal split's.
 
 Ratios are against the equal split measured in the same run. ``--write`` writes the
 ``natural_data`` section of benchmarks/RESULTS.md; without it nothing is written.
@@ -71,6 +72,8 @@ def federation(cfg: dict, data_dir: str) -> dict:
         order = np.random.default_rng(0).permutation(len(data.y_train))[:rows]
         indices = np.split(order, n)
     store = ClientStore.build(data.x_train, data.y_train, indices)
+    if cfg.get("read") is not None:
+        store = store.with_read(cfg["read"])
     if cfg["block"] is not None:
         store = store.with_vmap_block(cfg["block"])
     model = (
@@ -101,6 +104,7 @@ def federation(cfg: dict, data_dir: str) -> dict:
         "largest_client": int(sizes.max()),
         "mean_client": float(sizes.mean()),
         "buffer_rows": int(alg.client_data(store).max_rows),
+        "read": alg.client_data(store).read,
     }
 
 
@@ -117,6 +121,13 @@ def main(argv: list[str] | None = None) -> None:
         choices=("default", "vmap"),
         default=["default", "vmap"],
         help="client maps of the federations (both)",
+    )
+    p.add_argument(
+        "--alternatives",
+        choices=("all", "reads"),
+        default="all",
+        help="federation alternatives: all (reads, sorted blocks, a cap of 64) or reads "
+        "(buffer against step reads, no cap)",
     )
     skip = p.add_mutually_exclusive_group()
     skip.add_argument("--skip-experiments", action="store_true", help="federations only")
@@ -160,53 +171,77 @@ def main(argv: list[str] | None = None) -> None:
             lines.append(f"| {name} | {peak:.2f} | < {target} ({mark}) | {wall:.0f} | {load:.1f} |")
             print(lines[-1], flush=True)
         lines.append("")
-    # (client map, model, [(block, cap)]): alternatives of the cohort's formulation
+    # (client map, model, [(partition, block, cap, read)]): alternatives of the cohort's
+    # formulation (None: the store's own choice); the first row of a map is its baseline
+    equal = [("equal", None, None, None), ("equal", None, None, "step")]
     plans = [
-        ("default", args.model, [(None, None), (None, 64)]),
-        ("vmap", args.model, [(0, None), (None, None), (5, None), (25, None), (0, 64), (None, 64)]),
+        (
+            "default",
+            args.model,
+            [
+                *equal,
+                *[("power_law", None, None, r) for r in ("buffer", "step")],
+                ("power_law", None, 64, None),
+            ],
+        ),
+        (
+            "vmap",
+            args.model,
+            [
+                *equal,
+                ("power_law", 5, None, "buffer"),
+                *[("power_law", b, None, "step") for b in (0, 5, 10)],
+                ("power_law", 0, 64, None),
+            ],
+        ),
     ]
+    if args.alternatives != "all":  # the reads only: no cap
+        plans = [(m, mo, [a for a in alt if a[2] is None]) for m, mo, alt in plans]
     rows = []
     maps = [] if args.skip_federations else args.maps
     for cmap, model, alternatives in [plan for plan in plans if plan[0] in maps]:
-        for block, cap in alternatives:
-            for part in ("equal", "power_law"):
-                if part == "equal" and (block, cap) != alternatives[0]:
-                    continue  # the equal split has no unequal clients: one baseline per map
-                cfg = {
-                    "clients": 1000,
-                    "cohort": 50,
-                    "partition": part,
-                    "client_map": cmap,
-                    "model": model,
-                    "block": block,
-                    "cap": cap,
-                    "rounds": args.rounds,
-                }
-                cmd = [sys.executable, "-m", "benchmarks.natural_data", "--one", json.dumps(cfg)]
-                rc, peak, wall, tail = _child([*cmd, "--data-dir", data_dir])
-                if rc != 0:
-                    raise SystemExit(f"{cfg} failed ({rc}):\n{tail}")
-                row = json.loads(tail.strip().splitlines()[-1])
-                row.update(peak_rss_gib=peak, load=os.getloadavg()[0])
-                rows.append(row)
-                print(row, flush=True)
-    base = {r["client_map"]: r["seconds_per_round"] for r in rows if r["partition"] == "equal"}
+        for part, block, cap, read in alternatives:
+            cfg = {
+                "clients": 1000,
+                "cohort": 50,
+                "partition": part,
+                "client_map": cmap,
+                "model": model,
+                "block": block,
+                "cap": cap,
+                "read": read,
+                "rounds": args.rounds,
+            }
+            cmd = [sys.executable, "-m", "benchmarks.natural_data", "--one", json.dumps(cfg)]
+            rc, peak, wall, tail = _child([*cmd, "--data-dir", data_dir])
+            if rc != 0:
+                raise SystemExit(f"{cfg} failed ({rc}):\n{tail}")
+            row = json.loads(tail.strip().splitlines()[-1])
+            row.update(peak_rss_gib=peak, load=os.getloadavg()[0])
+            rows.append(row)
+            print(row, flush=True)
+    base = {
+        r["client_map"]: r["seconds_per_round"]
+        for r in rows
+        if r["partition"] == "equal" and r["read"] == "buffer"
+    }
     lines += (
         []
         if not rows
         else [
-            "| client map (model) | federation | vmap block | cap | buffer rows | s / round | "
-            "vs equal | first call s | peak RSS GiB | load |",
-            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+            "| client map (model) | federation | read | vmap block | cap | buffer rows | "
+            "s / round | vs equal | first call s | peak RSS GiB | load |",
+            "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
     )
     for r in rows:
         block = "store's" if r["block"] is None else r["block"]
         block = "-" if r["client_map"] == "default" else block
         ratio = r["seconds_per_round"] / base[r["client_map"]]
+        buffer = "-" if r["read"] == "step" else r["buffer_rows"]
         lines.append(
-            f"| {r['client_map']} ({r['model']}) | {r['partition']} | {block} | "
-            f"{r['cap'] or '-'} | {r['buffer_rows']} | {r['seconds_per_round']:.2f} | "
+            f"| {r['client_map']} ({r['model']}) | {r['partition']} | {r['read']} | {block} | "
+            f"{r['cap'] or '-'} | {buffer} | {r['seconds_per_round']:.2f} | "
             f"{ratio:.2f}x | {r['first_call_seconds']:.1f} | {r['peak_rss_gib']:.2f} | "
             f"{r['load']:.1f} |"
         )

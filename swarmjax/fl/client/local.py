@@ -16,12 +16,18 @@ of steps ``ceil(max_n / B)`` per epoch, of which the first ``ceil(|D_i| / B)`` a
 the step loop runs over the active steps only (a ``fori_loop`` with a data-dependent trip
 count). Under ``vmap`` over clients that loop runs to the largest client and the others keep
 their state; with clients mapped one at a time (``lax.map``) each runs its own count.
+
+A step reads its batch with :func:`read_batch`: from a padded ``ClientData``, or straight
+from a flat :class:`~swarmjax.fl.data.store.ClientStore` (``read="step"``: ``B`` rows a
+step, nothing padded to the largest client). Samplers draw positions in ``[0, max_n)``
+from the ``mask``/``size`` either way, so the batches are the same.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Any
 
 import flax.struct
 import jax
@@ -40,6 +46,7 @@ __all__ = [
     "Sampler",
     "default_grad_fn",
     "local_train",
+    "read_batch",
     "shuffled_batches",
 ]
 
@@ -119,6 +126,17 @@ def default_grad_fn(apply_fn: ApplyFn) -> GradFn:
     return grad_fn
 
 
+def read_batch(data: Any, idx: Int[Array, "..."]) -> tuple[Array, Array, Bool[Array, "..."]]:
+    """One batch of ONE client's data at positions ``idx`` (``(b,)`` in ``[0, max_n)``):
+    ``(x (b, ...), y (b,), real (b,))``. A padded :class:`ClientData` is indexed; a client
+    read from a flat store (:class:`~swarmjax.fl.data.store.StoreClient`, anything with a
+    ``batch`` method) gathers just these ``b`` rows from the store."""
+    batch = getattr(data, "batch", None)
+    if callable(batch):
+        return batch(idx)
+    return data.x[idx], data.y[idx], data.mask[idx]
+
+
 def local_train(
     params: PyTree,
     data: ClientData,
@@ -136,7 +154,9 @@ def local_train(
 
     Args:
         params: starting parameters.
-        data: one client's padded data (``x: (max_n, ...)``, no client axis).
+        data: one client's padded data (``x: (max_n, ...)``, no client axis), or a
+            :class:`~swarmjax.fl.data.store.StoreClient` whose steps read their batches
+            from the flat store (same batches, same numbers, no padded buffer).
         key: this client's key (derive it with ``fold_in(round_key, client_index)``).
         apply_fn: ``(params, x) -> logits``.
         optimizer: any optax transformation; its state starts fresh unless ``opt_state``.
@@ -158,7 +178,8 @@ def local_train(
             p, st, total, count = c
             idx, mask_b = batches.idx[s], batches.mask[s]
             k = jax.random.fold_in(step_key, s)
-            value, grads = grad_fn(p, data.x[idx], data.y[idx], mask_b & data.mask[idx], k)
+            xb, yb, real = read_batch(data, idx)
+            value, grads = grad_fn(p, xb, yb, mask_b & real, k)
             updates, st = optimizer.update(grads, st, p)
             return optax.apply_updates(p, updates), st, total + value, count + 1
 

@@ -284,7 +284,10 @@ class LocalTraining:
         """The clients as a round sees them under :attr:`max_examples`: a flat
         :class:`~swarmjax.fl.data.store.ClientStore` gathers ``min(max_examples, largest)``
         rows per client (:meth:`~swarmjax.fl.data.store.ClientStore.with_cap`); other client
-        data is returned as it is (:meth:`train` draws the capped rows)."""
+        data is returned as it is (:meth:`train` draws the capped rows). Without a cap a
+        store keeps its :attr:`~swarmjax.fl.data.store.ClientStore.read` (``"step"`` for
+        unequal clients: each step reads its batch from the store, :meth:`train` takes the
+        :class:`~swarmjax.fl.data.store.StoreClient`)."""
         with_cap = getattr(clients, "with_cap", None)
         return with_cap(self.max_examples) if callable(with_cap) else clients
 
@@ -301,6 +304,11 @@ class LocalTraining:
         cap = self.max_examples
         if cap is None or data.mask.shape[0] <= cap:
             return data
+        if callable(getattr(data, "batch", None)):  # a StoreClient: its rows are never gathered
+            raise ValueError(
+                f"max_examples={cap} is below a step-reading store's largest client: pass "
+                "the store through LocalTraining.client_data (with_cap reads a buffer)"
+            )
         pos = subset_rows(jax.random.fold_in(key, _CAP_STREAM), data.sizes, cap)
         n = jnp.minimum(data.sizes, cap)
         mask = jnp.arange(cap) < n

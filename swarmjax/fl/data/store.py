@@ -30,6 +30,19 @@ runs every client to its largest client's steps. When the store's clients differ
 runs them in vmapped blocks of :attr:`ClientStore.vmap_block` (``lax.map`` over the blocks),
 so each block runs to its own largest client (docs/cross_device.md measures the choice).
 
+Clients of different sizes without a cap: ``read="step"`` (:attr:`ClientStore.read`, set by
+:meth:`ClientStore.build` when the clients' sizes differ, :data:`STEP_READ_SPREAD`). The
+round then gathers no buffer at all: :meth:`ClientStore.index` hands each cohort slot only
+its client's ``(offset, size)`` (:class:`StoreIndex`), :meth:`ClientStore.bind` makes it a
+:class:`StoreClient` (the store's arrays, shared, plus that offset and size) and local
+training reads each step's batch straight from the flat store
+(:meth:`StoreClient.batch`: ``B`` rows gathered and decoded per step). The rows read in a
+round are those the steps use, ``E * sum_i ceil(n_i / B) * B`` over the cohort, never
+``cohort x largest``; only the epoch's permutation of row positions (int32, 4 bytes a
+position, the same draw as the padded buffer's so that the batches are identical) stays
+``O(largest)`` per client. The batches, steps and weights are the padded path's, bit for bit
+(tests/test_store_batches.py).
+
 Host-side helpers: :func:`choose_max_rows` (the buffer's rows per client: the largest
 client, or a cap with a clear error) and :func:`memory_estimate` (bytes of the store and of
 one cohort's buffer).
@@ -45,13 +58,17 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Bool, Float, Int, PRNGKeyArray
 
-from swarmjax._validation import check_int
+from swarmjax._validation import check_choice, check_int
 from swarmjax.fl.data.clients import ClientData
 from swarmjax.fl.data.cohort import subset_rows
 
 __all__ = [
+    "READS",
+    "STEP_READ_SPREAD",
     "VMAP_BLOCK",
     "ClientStore",
+    "StoreClient",
+    "StoreIndex",
     "choose_max_rows",
     "decode",
     "gather",
@@ -78,6 +95,14 @@ class ClientStore:
         vmap_block: static; clients per vmapped block when a vmapped cohort runs in blocks
             sorted by size (:meth:`schedule`); 0: the cohort as it is, one block. :meth:`build`
             sets :data:`VMAP_BLOCK` when the clients' sizes differ, else 0.
+        read: static; how a round reads its cohort's rows. ``"buffer"``: :meth:`take`, a
+            ``(cohort, max_rows, ...)`` buffer padded to :attr:`max_rows` and decoded once a
+            round. ``"step"``: no buffer; each local step gathers its batch from the store
+            (:meth:`index`, :meth:`bind`, :class:`StoreClient`), so a round's rows read
+            follow the rows its steps use. The same numbers either way. :meth:`build` sets
+            ``"step"`` when the largest client exceeds :data:`STEP_READ_SPREAD` times the
+            mean, else ``"buffer"``; :meth:`with_cap` below the largest client sets
+            ``"buffer"`` (its buffer is already ``cohort x cap``).
     """
 
     x: Float[Array, "rows ..."]
@@ -88,6 +113,45 @@ class ClientStore:
     x_table: Float[Array, "256"] | None = None
     sample: bool = flax.struct.field(pytree_node=False, default=False)
     vmap_block: int = flax.struct.field(pytree_node=False, default=0)
+    read: str = flax.struct.field(pytree_node=False, default="buffer")
+
+    def index(
+        self, client_ids: Int[ArrayLike, " cohort"], valid: Bool[ArrayLike, " cohort"] | None = None
+    ) -> StoreIndex:
+        """The cohort's slots as :class:`StoreIndex` (``(cohort,)`` offsets and sizes; a
+        negative id or ``valid`` False: an unused slot, size 0): what a ``read="step"``
+        round maps over its clients instead of a padded buffer. Sizes are capped at
+        :attr:`max_rows` (a client keeps its first ``max_rows`` rows, as :func:`gather`)."""
+        ids = jnp.asarray(client_ids, jnp.int32)
+        used = ids >= 0
+        if valid is not None:
+            used = used & jnp.asarray(valid, bool)
+        safe = jnp.where(used, ids, 0)
+        sizes = jnp.where(used, jnp.minimum(self.sizes[safe], self.max_rows), 0)
+        return StoreIndex(offset=jnp.where(used, self.offsets[safe], 0), sizes=sizes)
+
+    def bind(self, index: StoreIndex) -> StoreClient:
+        """ONE client's :class:`StoreIndex` (no slot axis) as a :class:`StoreClient` that
+        reads its batches from this store (the store's arrays are shared, not copied)."""
+        return StoreClient(
+            x=self.x,
+            y=self.y,
+            x_table=self.x_table,
+            offset=index.offset,
+            sizes=index.sizes,
+            max_rows=self.max_rows,
+        )
+
+    def with_read(self, read: str) -> ClientStore:
+        """This store with rounds reading their rows as ``read`` says (:attr:`read`:
+        ``"buffer"`` or ``"step"``)."""
+        check_choice("read", read, READS)
+        if read == "step" and self.sample:
+            raise ValueError(
+                "read must be 'buffer' for a store capped below its largest client "
+                "(with_cap): the cap's random subset is drawn into the buffer"
+            )
+        return self.replace(read=read)
 
     def take(
         self, client_ids: Int[ArrayLike, " cohort"], key: PRNGKeyArray | None = None
@@ -110,8 +174,9 @@ class ClientStore:
         largest = int(np.max(np.asarray(self.sizes)))
         if cap >= largest:
             return self.replace(max_rows=largest, sample=False)
-        # the cap bounds every client's steps: one vmapped block (measured fastest on the GPU)
-        return self.replace(max_rows=cap, sample=True, vmap_block=0)
+        # the cap bounds every client's steps: one vmapped block (measured fastest on the GPU),
+        # and the cohort x cap buffer is already what the steps use
+        return self.replace(max_rows=cap, sample=True, vmap_block=0, read="buffer")
 
     def with_vmap_block(self, block: int) -> ClientStore:
         """This store with vmapped cohorts run in size-sorted blocks of ``block`` clients
@@ -211,8 +276,74 @@ class ClientStore:
             max_rows=int(sizes.max()),
             x_table=table,
             vmap_block=VMAP_BLOCK if sizes.min() < sizes.max() else 0,
+            read="step" if sizes.max() > STEP_READ_SPREAD * sizes.mean() else "buffer",
         )
 
+
+@flax.struct.dataclass
+class StoreIndex:
+    """Where clients' rows lie in a :class:`ClientStore` (a pytree; a leading slot axis
+    for a cohort, none for one client).
+
+    Attributes:
+        offset: ``(cohort,)`` int32, first row of each slot's client in the store.
+        sizes: ``(cohort,)`` int32, rows of each slot's client (0: an unused slot).
+    """
+
+    offset: Int[Array, "..."]
+    sizes: Int[Array, "..."]
+
+
+@flax.struct.dataclass
+class StoreClient:
+    """ONE client read from the flat store step by step (:meth:`ClientStore.bind`): what
+    :func:`~swarmjax.fl.client.local.local_train` takes in place of a padded
+    :class:`~swarmjax.fl.data.clients.ClientData`, with no ``(max_rows, ...)`` buffer.
+
+    Attributes:
+        x, y, x_table: the store's arrays (``(rows, ...)``, ``(rows,)``, ``(256,)`` or
+            None), shared by every client.
+        offset: int32 scalar, the client's first row.
+        sizes: int32 scalar, its rows ``|D_i|`` (0: an unused slot).
+        max_rows: static; the positions a sampler draws from (``[0, max_rows)``, real
+            where ``< sizes``), as the padded buffer's.
+    """
+
+    x: Array
+    y: Int[Array, " rows"]
+    x_table: Float[Array, "256"] | None
+    offset: Int[Array, ""]
+    sizes: Int[Array, ""]
+    max_rows: int = flax.struct.field(pytree_node=False, default=0)
+
+    @property
+    def mask(self) -> Bool[Array, " max_rows"]:
+        """``(max_rows,)`` True at the client's real positions (a prefix), as the padded
+        buffer's mask: what a sampler draws its batches from."""
+        return jnp.arange(self.max_rows, dtype=jnp.int32) < self.sizes
+
+    def batch(self, idx: Int[Array, "..."]) -> tuple[Float[Array, "..."], Array, Array]:
+        """Positions ``idx`` (any shape, in ``[0, max_rows)``) -> ``(x, y, real)``: the
+        client's rows at those positions, gathered from the store and decoded to float32
+        (``x (*idx.shape, ...)``), their labels, and True where the position is a real row;
+        padding positions read ``x = 0``, ``y = 0`` (the padded buffer's values, bit for
+        bit). Cost: ``idx.size`` rows read."""
+        real = idx < self.sizes
+        rows = jnp.where(real, self.offset + idx, 0)
+        x = _decode(self.x_table, jnp.take(self.x, rows, axis=0))
+        x = jnp.where(real.reshape(*real.shape, *([1] * (x.ndim - real.ndim))), x, 0.0)
+        y = jnp.where(real, jnp.take(self.y, rows, axis=0), 0)
+        return x.astype(jnp.float32), y, real
+
+
+READS = ("buffer", "step")
+"""Values of :attr:`ClientStore.read`."""
+
+STEP_READ_SPREAD = 1.5
+""":meth:`ClientStore.build` sets ``read="step"`` when the largest client holds more than
+this many times the mean client's rows (the padded buffer then reads mostly padding); at
+or below it, ``"buffer"``. Measured in docs/cross_device.md ("Clients of different
+sizes")."""
 
 VMAP_BLOCK = 5
 """Default :attr:`ClientStore.vmap_block` of a store whose clients differ in size and are not
@@ -236,9 +367,13 @@ def _uint8_codes(x: np.ndarray) -> np.ndarray | None:
 def decode(store: ClientStore, x: Array) -> Float[Array, "..."]:
     """Stored rows ``x`` (any shape, the store's dtype) as the float32 examples they hold:
     a table lookup for uint8 codes (exact, unlike a division XLA may rewrite)."""
-    if store.x_table is None:
+    return _decode(store.x_table, x)
+
+
+def _decode(table: Array | None, x: Array) -> Float[Array, "..."]:
+    if table is None:
         return x.astype(jnp.float32)
-    return jnp.take(store.x_table, x.astype(jnp.int32), axis=0)
+    return jnp.take(table, x.astype(jnp.int32), axis=0)
 
 
 def gather(

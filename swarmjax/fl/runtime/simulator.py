@@ -96,19 +96,36 @@ def _gathers(clients: PyTree) -> bool:
     return callable(getattr(clients, "take", None))
 
 
+def _reads_steps(clients: PyTree) -> bool:
+    """Whether the client data is a flat store whose steps read their batches from it
+    (``ClientStore.read == "step"``): slots then carry only an index, bound per client."""
+    return _gathers(clients) and getattr(clients, "read", "buffer") == "step"
+
+
+def _bound(clients: PyTree, data: PyTree) -> PyTree:
+    """ONE client's data as its client function sees it: a step-reading store's index
+    bound to the store's (shared, closed-over) arrays; any other data unchanged."""
+    return clients.bind(data) if _reads_steps(clients) else data
+
+
 def _one_client(clients: PyTree, i: Int[Array, ""] | int) -> PyTree:
     if _gathers(clients):
-        return jax.tree.map(lambda a: a[0], clients.take(jnp.asarray(i, jnp.int32)[None]))
+        one = take_clients(clients, jnp.asarray(i, jnp.int32)[None])
+        return _bound(clients, jax.tree.map(lambda a: a[0], one))
     return jax.tree.map(lambda a: a[i], clients)
 
 
 def take_clients(clients: PyTree, ids: Int[Array, " S"], key: PRNGKeyArray | None = None) -> PyTree:
     """The stacked data of clients ``ids``: ``clients.take(ids)`` where the client data
     gathers (a flat client store; ``key``: the round's draw of rows for clients above a
-    per-round cap, used where the store samples), else row ``ids`` of every leaf."""
+    per-round cap, used where the store samples), ``clients.index(ids)`` where the store's
+    steps read their own batches (``read="step"``: offsets and sizes, no rows; bind each
+    client with :func:`_bound`), else row ``ids`` of every leaf."""
     take = getattr(clients, "take", None)
     if not callable(take):
         return jax.tree.map(lambda a: a[ids], clients)
+    if _reads_steps(clients):
+        return clients.index(ids)
     return take(ids, key) if key is not None and getattr(clients, "sample", False) else take(ids)
 
 
@@ -170,7 +187,7 @@ def run_exchange(
 
     def one(state: PyTree, data: PyTree, cid: Int[Array, ""]) -> tuple[PyTree, PyTree]:
         key = client_key(run_key, round_index, index, cid)
-        new, reply = ex.client(state, data, request, key, hyper)
+        new, reply = ex.client(state, _bound(clients, data), request, key, hyper)
         pairs = zip(jax.tree.leaves(new), jax.tree.leaves(state), strict=True)
         kept.append(all(a is b for a, b in pairs))
         return new, reply
