@@ -109,7 +109,7 @@ def record_job(job: dict) -> dict:
     canaries = (
         None
         if audit is None
-        else GradientCanaries.create(jax.random.key(1), audit, params, SGD_CLIP)
+        else GradientCanaries.create(jax.random.key(1), audit, params, SGD_CLIP, sample_rate=q)
     )
     opt = optax.sgd(SGD_LR)
 

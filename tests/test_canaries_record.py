@@ -141,3 +141,22 @@ def test_bad_input_names_the_option():
     canaries = GradientCanaries.create(jax.random.key(0), CanaryAudit(8), params, 1.0)
     with pytest.raises(ValueError, match="audit score 'cosine' needs initial= and final="):
         canaries.report(CanaryAudit(8), epsilon=1.0, delta=DELTA)
+
+
+def test_gathered_canary_sum_is_the_dense_sum():
+    """A block smaller than the drawn count takes several passes: the same sum as the
+    dense product over every canary; the released sum scores as per-step dots would."""
+    params = MODEL.init(jax.random.key(0))
+    dense = GradientCanaries.create(jax.random.key(3), CanaryAudit(64), params, 2.5)
+    blocked = GradientCanaries.create(jax.random.key(3), CanaryAudit(64), params, 2.5, 0.05)
+    assert dense.block == 64 and 1 < blocked.block < 64
+    for rate in (0.05, 0.9):  # one pass; many passes (about 29 drawn over a block of ~12)
+        want, drawn = dense.gradient_sum(jax.random.key(5), rate)
+        got, same = jax.jit(blocked.gradient_sum)(jax.random.key(5), rate)
+        assert np.array_equal(drawn, same)
+        for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(got), strict=True):
+            np.testing.assert_allclose(a, b, atol=1e-5)
+    g1, g2 = (jax.tree.map(lambda p, s=s: jnp.full(p.shape, s), params) for s in (0.5, -2.0))
+    seen = dense.observe(g1).observe(g2)
+    want = canary_dots(dense.directions, g1) + canary_dots(dense.directions, g2)
+    np.testing.assert_allclose(seen.scores, want, atol=1e-4)

@@ -20,6 +20,14 @@ released outputs into a **lower bound** on the run's epsilon, with a confidence 
   released noised gradients (white box: every noised gradient is released), or
   ``"cosine"``: ``cos(theta_0 - theta_T, u_i)`` (black box, the final model only).
   :class:`GradientCanaries`, with :func:`swarmjax.privacy.dpsgd.dp_grad`'s ``canary_sum``.
+* **record level inside federated clients** (record-level DP FedAvg's and Fed-DP-PSO's
+  DP-SGD / DP-Adam clients): every client holds ``M`` Dirac gradient canaries of its own
+  (:class:`ClientCanaries`: clipped gradient ``C e_j`` at ``M`` distinct coordinates ``j``
+  of the model, drawn from the client's key), each in with probability 1/2 and drawn into
+  the client's own Poisson batches at its rate ``q_i = B / |D_i|``.  Score ``"gradient"``:
+  ``sum_t g~_t[j]`` over the client's released noised gradients, divided by its public
+  noise scale ``sigma_i sqrt(T_i)``; every client's canaries are pooled into one audit
+  against the run's largest record-level epsilon (:func:`pooled_record_report`).
 
 The scores of in against out canaries go to jax-privacy's
 ``jax_privacy.auditing.CanaryScoreAuditor``: ``epsilon_one_run`` (Steinke, Nasr & Jagielski
@@ -42,6 +50,7 @@ from typing import Any
 
 import flax.struct
 import jax
+import jax.flatten_util
 import jax.numpy as jnp
 import numpy as np
 from jax_privacy.auditing import CanaryScoreAuditor
@@ -50,6 +59,7 @@ from jaxtyping import Array, ArrayLike, Bool, Float, Int, PRNGKeyArray, PyTree
 from swarmjax._validation import check_choice, check_int, check_range
 
 __all__ = [
+    "CLIENT_RECORD_SCORES",
     "CLIENT_SCORES",
     "METHOD",
     "RECORD_SCORES",
@@ -57,6 +67,7 @@ __all__ = [
     "CanaryAudit",
     "CanaryHook",
     "CanaryReport",
+    "ClientCanaries",
     "GradientCanaries",
     "audit_scores",
     "canary_directions",
@@ -65,6 +76,7 @@ __all__ = [
     "cosine_scores",
     "inclusion",
     "participation_key",
+    "pooled_record_report",
 ]
 
 SCORES: tuple[str, ...] = ("cosine", "gradient")
@@ -75,6 +87,14 @@ CLIENT_SCORES: tuple[str, ...] = ("cosine",)
 """Scores a client-level audit (``simulate(..., audit=...)``) can compute."""
 RECORD_SCORES: tuple[str, ...] = ("cosine", "gradient")
 """Scores a record-level audit (:class:`GradientCanaries`) can compute."""
+CLIENT_RECORD_SCORES: tuple[str, ...] = ("gradient",)
+"""Scores a record-level audit inside federated clients (:class:`ClientCanaries`) can
+compute: a client's released noised gradients only (its final model is not released)."""
+_UNIT_SCORES = {
+    "client": CLIENT_SCORES,
+    "record": RECORD_SCORES,
+    "record in clients": CLIENT_RECORD_SCORES,
+}
 METHOD = (
     "one-run audit (Steinke, Nasr & Jagielski 2023) of canary scores by jax-privacy's "
     "CanaryScoreAuditor.epsilon_one_run (Bonferroni over thresholds)"
@@ -83,6 +103,8 @@ METHOD = (
 
 _CANARY_DOMAIN = 0x43414E59  # "CANY": canary keys never coincide with the protocol's domains
 _INCLUSION, _PARTICIPATION, _DIRECTION = 0, 1, 2
+_STEP = 0x53544550  # "STEP": a client step's canary draw, apart from its noise key
+_TAIL = 6.0  # a block holds the mean drawn count + 6 standard deviations (then loops)
 
 
 # ------------------------------------------------------------------------------ settings
@@ -128,8 +150,9 @@ class CanaryAudit:
 
     def check_for(self, unit: str, parameters: int) -> None:
         """One-line ``ValueError`` naming the option when this audit cannot run on a
-        ``unit``-level (``"client"`` or ``"record"``) run of a model of ``parameters``."""
-        scores = CLIENT_SCORES if unit == "client" else RECORD_SCORES
+        ``unit``-level run of a model of ``parameters``: ``"client"``, ``"record"``
+        (centralised DP-SGD) or ``"record in clients"`` (:class:`ClientCanaries`)."""
+        scores = _UNIT_SCORES[unit]
         if self.score not in scores:
             raise ValueError(
                 f"audit score {self.score!r} is not available for {unit}-level canaries; "
@@ -236,31 +259,49 @@ class GradientCanaries:
         directions: ``M`` orthonormal directions ``u_i`` (a pytree like the model with a
             leading ``M`` axis: :func:`canary_directions`).
         included: ``(M,)`` the secret fair coins (in canaries may be drawn).
-        scores: ``(M,)`` ``sum_t <g~_t, u_i>`` over the noised gradients observed so far
-            (score ``"gradient"``; units of the gradient).
+        released: ``sum_t g~_t``, the sum of the noised gradients observed so far (a pytree
+            like the model, float32; units of the gradient).  The ``"gradient"`` score is
+            ``<released, u_i>`` (:attr:`scores`): one ``O(M d)`` product after the run
+            instead of one per step.
         clip_norm: ``C``: every canary's clipped gradient is ``C u_i``.
+        block: static; how many drawn canaries one pass of :meth:`gradient_sum` gathers
+            (``M``: the dense sum over every canary).  Any value gives the same sum: more
+            drawn canaries than ``block`` take more passes.
     """
 
     directions: PyTree
     included: Bool[Array, " M"]
-    scores: Float[Array, " M"]
+    released: PyTree
     clip_norm: Float[Array, ""]
+    block: int = flax.struct.field(pytree_node=False, default=0)
 
     @classmethod
     def create(
-        cls, key: PRNGKeyArray, audit: CanaryAudit, params: PyTree, clip_norm: ArrayLike
+        cls,
+        key: PRNGKeyArray,
+        audit: CanaryAudit,
+        params: PyTree,
+        clip_norm: ArrayLike,
+        sample_rate: float | None = None,
     ) -> GradientCanaries:
         """Canaries of ``audit`` for a model like ``params`` (checked: one line naming the
-        option when the audit cannot run on it), clipped at ``clip_norm``."""
+        option when the audit cannot run on it), clipped at ``clip_norm``.  ``sample_rate``:
+        the run's Poisson rate ``q`` when known on the host; it sizes :attr:`block` to the
+        drawn count's mean ``q M`` plus six standard deviations (``None``: ``M``)."""
         audit.check_for("record", sum(int(np.size(p)) for p in jax.tree.leaves(params)))
         check_range("clip_norm", clip_norm, 0.0, math.inf, low_open=True, high_open=True)
         m = audit.canaries
+        block = m
+        if sample_rate is not None:
+            q = check_range("sample_rate", sample_rate, 0.0, 1.0, low_open=True)
+            block = min(m, max(1, math.ceil(q * m + _TAIL * math.sqrt(q * (1 - q) * m) + 1)))
         key = canary_key(key)
         return cls(
             directions=canary_directions(key, params, m),
             included=inclusion(key, m),
-            scores=jnp.zeros((m,), jnp.float32),
+            released=jax.tree.map(lambda p: jnp.zeros(np.shape(p), jnp.float32), params),
             clip_norm=jnp.asarray(clip_norm, jnp.float32),
+            block=block,
         )
 
     @property
@@ -268,22 +309,50 @@ class GradientCanaries:
         """``M``."""
         return int(self.included.shape[-1])
 
+    @property
+    def scores(self) -> Float[Array, " M"]:
+        """``(M,)`` ``sum_t <g~_t, u_i>`` over the noised gradients observed so far (score
+        ``"gradient"``; units of the gradient)."""
+        return canary_dots(self.directions, self.released)
+
     def gradient_sum(
         self, key: PRNGKeyArray, sample_rate: ArrayLike
     ) -> tuple[PyTree, Bool[Array, " M"]]:
         """This step's canary contribution to the clipped sum: ``C sum_i drawn_i u_i`` (a
         pytree like the model, float32), each in canary drawn at Poisson rate
         ``sample_rate`` (``key``: the step's own, e.g. ``dpsgd.noise_key(k, t)``), and the
-        ``(M,)`` draw.  Pass it as ``dp_grad(..., canary_sum=...)``."""
+        ``(M,)`` draw.  Pass it as ``dp_grad(..., canary_sum=...)``.
+
+        Cost ``O(block d)`` per pass, one pass while at most :attr:`block` canaries are
+        drawn (``q M`` on average): the drawn directions are gathered, never all ``M``."""
+        m = self.canaries
         coins = jax.random.bernoulli(key, sample_rate, self.included.shape)
         drawn = coins & self.included
-        weights = jnp.where(drawn, self.clip_norm, 0.0)
-        total = jax.tree.map(lambda d: jnp.tensordot(weights, d, axes=1), self.directions)
+        if self.block <= 0 or self.block >= m:
+            weights = jnp.where(drawn, self.clip_norm, 0.0)
+            total = jax.tree.map(lambda d: jnp.tensordot(weights, d, axes=1), self.directions)
+            return total, drawn
+
+        def one_pass(carry: tuple[PyTree, Array]) -> tuple[PyTree, Array]:
+            total, left = carry
+            idx = jnp.nonzero(left, size=self.block, fill_value=m)[0]
+            weights = jnp.where(idx < m, self.clip_norm, 0.0)
+            safe = jnp.minimum(idx, m - 1)
+            total = jax.tree.map(
+                lambda t, d: t + jnp.tensordot(weights, d[safe], axes=1), total, self.directions
+            )
+            return total, left.at[idx].set(False, mode="drop")
+
+        zero = jax.tree.map(lambda d: jnp.zeros(d.shape[1:], jnp.float32), self.directions)
+        total, _ = jax.lax.while_loop(lambda c: jnp.any(c[1]), one_pass, (zero, drawn))
         return total, drawn
 
     def observe(self, noisy_grad: PyTree) -> GradientCanaries:
-        """Add ``<g~, u_i>`` of a released noised gradient to every canary's score."""
-        return self.replace(scores=self.scores + canary_dots(self.directions, noisy_grad))
+        """Add a released noised gradient to :attr:`released` (``O(d)``)."""
+        released = jax.tree.map(
+            lambda s, g: s + jnp.asarray(g, jnp.float32), self.released, noisy_grad
+        )
+        return self.replace(released=released)
 
     def final_scores(self, score: str, initial: PyTree, final: PyTree) -> Float[Array, " M"]:
         """``(M,)`` scores of ``score``: ``"gradient"`` (the observed sum) or ``"cosine"``
@@ -311,6 +380,105 @@ class GradientCanaries:
         return audit_scores(
             scores, self.included, audit=audit, epsilon=epsilon, delta=delta, unit="record"
         )
+
+
+@flax.struct.dataclass
+class ClientCanaries:
+    """Record-level gradient canaries of ONE federated client (a pytree; the runtime vmaps
+    it over clients and runs, inside the client's state).
+
+    Dirac canaries (Steinke, Nasr & Jagielski 2023): canary ``i`` is a record whose clipped
+    gradient is ``C e_{j_i}``, the clip times the unit vector of one coordinate ``j_i`` of
+    the flattened model, whatever the model.  The ``M`` coordinates are distinct, so the
+    canaries are orthonormal like :func:`canary_directions`' frame, but cost ``M`` integers
+    instead of ``M d`` floats: every client of every run holds its own.  An in canary is
+    drawn into each of the client's DP steps at the client's Poisson rate, its gradient
+    joins the clipped sum before the noise (the zero-out relation: an out canary is a null
+    record, its client's size and expected batch unchanged).
+
+    Attributes:
+        coordinates: ``(M,)`` distinct coordinates of the flattened model (``ravel_pytree``
+            order), drawn with the coins from the client's key, independently of them.
+        included: ``(M,)`` the secret fair coins.
+        scores: ``(M,)`` ``sum_t g~_t[j_i]`` over the client's noised gradients so far
+            (units of the gradient).
+    """
+
+    coordinates: Int[Array, " M"]
+    included: Bool[Array, " M"]
+    scores: Float[Array, " M"]
+
+    @classmethod
+    def create(cls, key: PRNGKeyArray, canaries: int, parameters: int) -> ClientCanaries:
+        """``canaries`` canaries for a model of ``parameters`` coordinates (jit-able;
+        ``canaries <= parameters``: :meth:`CanaryAudit.check_for` with unit
+        ``"record in clients"``); ``key``: the client's own (secret) key."""
+        key = canary_key(key)
+        coords = jax.random.choice(
+            jax.random.fold_in(key, _DIRECTION), parameters, (canaries,), replace=False
+        )
+        return cls(
+            coordinates=coords.astype(jnp.int32),
+            included=inclusion(key, canaries),
+            scores=jnp.zeros((canaries,), jnp.float32),
+        )
+
+    def gradient_sum(
+        self, key: PRNGKeyArray, sample_rate: ArrayLike, clip_norm: ArrayLike, like: PyTree
+    ) -> tuple[PyTree, Bool[Array, " M"]]:
+        """One step's canary gradients, ``C sum_i drawn_i e_{j_i}`` (a pytree like ``like``,
+        float32; ``O(d)``), each in canary drawn at ``sample_rate`` (``key``: the step's key;
+        its own stream is folded in), and the ``(M,)`` draw."""
+        coins = jax.random.bernoulli(
+            jax.random.fold_in(key, _STEP), sample_rate, self.included.shape
+        )
+        drawn = coins & self.included
+        flat, unravel = jax.flatten_util.ravel_pytree(
+            jax.tree.map(lambda p: jnp.zeros(np.shape(p), jnp.float32), like)
+        )
+        flat = flat.at[self.coordinates].add(jnp.where(drawn, clip_norm, 0.0).astype(flat.dtype))
+        return unravel(flat), drawn
+
+    def observe(self, noisy_grad: PyTree) -> ClientCanaries:
+        """Add each canary's coordinate of a released noised gradient to its score."""
+        flat, _ = jax.flatten_util.ravel_pytree(
+            jax.tree.map(lambda g: jnp.asarray(g, jnp.float32), noisy_grad)
+        )
+        return self.replace(scores=self.scores + flat[self.coordinates])
+
+
+def pooled_record_report(
+    scores: Float[ArrayLike, "N M"],
+    included: Bool[ArrayLike, "N M"],
+    noise_scale: Float[ArrayLike, " N"],
+    *,
+    audit: CanaryAudit,
+    epsilon: float,
+    delta: float,
+) -> CanaryReport:
+    """One run's record-level audit inside its ``N`` clients: every client's ``M`` canary
+    scores divided by its public noise scale ``noise_scale`` (e.g. ``sigma_i sqrt(T_i)``,
+    so that clients of different noise and step counts score alike: post-processing of
+    public values), pooled into one :func:`audit_scores` of ``N M`` canaries.
+
+    Valid against ``epsilon``, the run's LARGEST record-level epsilon over clients: each
+    canary is a record of one client, for which the whole run is ``(eps_i, delta)``-DP with
+    ``eps_i <= epsilon``, and the coins are independent fair coins.  A client with
+    ``noise_scale <= 0`` (no noise: no epsilon) is refused."""
+    s = np.asarray(scores, np.float64)
+    scale = np.asarray(noise_scale, np.float64).reshape(-1, 1)
+    if np.any(~(scale > 0)):
+        raise ValueError(
+            "audit needs a private run: a client's noise scale is not > 0 (no noise, no epsilon)"
+        )
+    return audit_scores(
+        (s / scale).reshape(-1),
+        np.asarray(included, bool).reshape(-1),
+        audit=audit,
+        epsilon=epsilon,
+        delta=delta,
+        unit="record",
+    )
 
 
 # ------------------------------------------------------------------------------ report
