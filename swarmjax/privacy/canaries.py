@@ -93,7 +93,7 @@ compute: a client's released noised gradients only (its final model is not relea
 _UNIT_SCORES = {
     "client": CLIENT_SCORES,
     "record": RECORD_SCORES,
-    "record in clients": CLIENT_RECORD_SCORES,
+    "in-client record": CLIENT_RECORD_SCORES,
 }
 METHOD = (
     "one-run audit (Steinke, Nasr & Jagielski 2023) of canary scores by jax-privacy's "
@@ -151,7 +151,7 @@ class CanaryAudit:
     def check_for(self, unit: str, parameters: int) -> None:
         """One-line ``ValueError`` naming the option when this audit cannot run on a
         ``unit``-level run of a model of ``parameters``: ``"client"``, ``"record"``
-        (centralised DP-SGD) or ``"record in clients"`` (:class:`ClientCanaries`)."""
+        (centralised DP-SGD) or ``"in-client record"`` (:class:`ClientCanaries`)."""
         scores = _UNIT_SCORES[unit]
         if self.score not in scores:
             raise ValueError(
@@ -412,7 +412,7 @@ class ClientCanaries:
     def create(cls, key: PRNGKeyArray, canaries: int, parameters: int) -> ClientCanaries:
         """``canaries`` canaries for a model of ``parameters`` coordinates (jit-able;
         ``canaries <= parameters``: :meth:`CanaryAudit.check_for` with unit
-        ``"record in clients"``); ``key``: the client's own (secret) key."""
+        ``"in-client record"``); ``key``: the client's own (secret) key."""
         key = canary_key(key)
         coords = jax.random.choice(
             jax.random.fold_in(key, _DIRECTION), parameters, (canaries,), replace=False

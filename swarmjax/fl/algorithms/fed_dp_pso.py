@@ -33,9 +33,10 @@ tensor); the velocity clamp is ``PSOHyperParams.velocity_clamp``.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import flax.struct
 import jax
@@ -74,6 +75,12 @@ from swarmjax.fl.protocol import (
     noised,
 )
 from swarmjax.models import Model, cross_entropy, lenet5, mlp, paper_mlp
+from swarmjax.privacy.canaries import (
+    CanaryAudit,
+    CanaryReport,
+    ClientCanaries,
+    pooled_record_report,
+)
 from swarmjax.privacy.mechanisms import bounded
 
 __all__ = [
@@ -124,8 +131,10 @@ class FedDPPSOHyper:
 @flax.struct.dataclass
 class PSOClient:
     """A client's swarm ``(S, ...)``, its privacy spend, the Laplace scale of its scores
-    (nats), its optimiser state (``optimizer_state="persistent"``; ``()`` otherwise) and,
-    for the private diagnostics only, its last DP-Adam loss and step count."""
+    (nats), its optimiser state (``optimizer_state="persistent"``; ``()`` otherwise), its
+    record-level canaries (with ``audit``; ``()`` otherwise: they never leave the client
+    in a deployment, the simulation reads their scores after the run) and, for the
+    private diagnostics only, its last DP-Adam loss and step count."""
 
     swarm: swarm.SwarmState
     spend: Spend
@@ -133,6 +142,7 @@ class PSOClient:
     refine_loss: Float[Array, ""]
     refine_steps: Int[Array, ""]
     opt_state: PyTree = ()
+    canaries: PyTree = ()
 
 
 @flax.struct.dataclass
@@ -215,6 +225,14 @@ class FedDPPSO(Algorithm):
             rounds, as the DP notebooks' one Adam per client).
         tensor_coefficients: draw ``r1, r2`` once per (particle, parameter tensor), as the
             notebooks, instead of as ``pso_options.coefficients`` says.
+        audit: an empirical audit of the DP-Adam steps (``None``: none; docs/audits.md):
+            every client holds ``audit.canaries`` record-level Dirac gradient canaries
+            (:class:`~swarmjax.privacy.canaries.ClientCanaries`, score ``"gradient"``),
+            each in by a secret fair coin and drawn into the client's Poisson batches at its
+            rate ``q_i``; :meth:`audited` turns a finished run's canaries into its
+            :class:`~swarmjax.privacy.canaries.CanaryReport` s. The canaries move the
+            refined models (that is how they are seen), never the scores' data nor the
+            accounting. Requires ``training.record_dp``.
     """
 
     model: Model
@@ -238,6 +256,7 @@ class FedDPPSO(Algorithm):
     refine_update: Literal["if_better", "always"] = "always"
     optimizer_state: Literal["fresh", "persistent"] = "fresh"
     tensor_coefficients: bool = False
+    audit: CanaryAudit | None = None
 
     @property
     def privacy_unit(self) -> str | None:
@@ -367,7 +386,11 @@ class FedDPPSO(Algorithm):
         if self.optimizer_state == "persistent":
             template = _take(positions, 0)
             opt_state = self.training.optimizer_for(hyper.learning_rate).init(template)
-        return PSOClient(state, spend, scale, zero, jnp.zeros((), jnp.int32), opt_state)
+        canaries = ()
+        if self.audit is not None:  # the client's own coins and coordinates (secret key)
+            d = sum(int(np.size(leaf)) for leaf in jax.tree.leaves(_take(positions, 0)))
+            canaries = ClientCanaries.create(key, self.audit.canaries, d)
+        return PSOClient(state, spend, scale, zero, jnp.zeros((), jnp.int32), opt_state, canaries)
 
     def start_swarm(
         self,
@@ -433,15 +456,28 @@ class FedDPPSO(Algorithm):
             j = jnp.argmin(jnp.where(jnp.isfinite(scores), scores, jnp.inf))
             start = _take(s.position, j)
         persistent = self.optimizer_state == "persistent"
-        res = self.training.train(
-            self.model,
-            start,
-            data.train,
-            k_train,
-            hyper.learning_rate,
-            state.spend.noise_multiplier,
-            opt_state=state.opt_state if persistent else None,
-        )
+        canaries = state.canaries
+        if self.audit is None:
+            res = self.training.train(
+                self.model,
+                start,
+                data.train,
+                k_train,
+                hyper.learning_rate,
+                state.spend.noise_multiplier,
+                opt_state=state.opt_state if persistent else None,
+            )
+        else:
+            res, canaries = self.training.train_audited(
+                self.model,
+                start,
+                data.train,
+                k_train,
+                hyper.learning_rate,
+                state.spend.noise_multiplier,
+                canaries,
+                opt_state=state.opt_state if persistent else None,
+            )
         refined = jax.tree.map(lambda leaf: leaf[None], res.params)
         new = self.scores(refined, data.score, k_rescore, state.score_scale)[0]
         position = jax.tree.map(lambda all_, r: all_.at[j].set(r), s.position, res.params)
@@ -468,6 +504,7 @@ class FedDPPSO(Algorithm):
             refine_loss=res.loss,
             refine_steps=res.steps,
             opt_state=res.opt_state if persistent else state.opt_state,
+            canaries=canaries,
         )
         return new_state, jnp.min(s.best_loss)
 
@@ -567,6 +604,64 @@ class FedDPPSO(Algorithm):
             check_int("eval_subset", self.eval_subset, 1)
         self.training.check(clients.sizes)
         check_model_inputs(self.model, clients, test)
+        if self.audit is not None:
+            self.check_audit()
+
+    def check_audit(self) -> None:
+        """One ``ValueError`` line naming the option unless :attr:`audit` can run: a
+        ``CanaryAudit``, a private run (``training.record_dp``), score ``"gradient"`` and
+        at most the model's parameter count of canaries (shapes only: no work)."""
+        if not isinstance(self.audit, CanaryAudit):
+            raise ValueError(
+                f"audit must be a CanaryAudit or None; got {type(self.audit).__name__}"
+            )
+        if self.training.record_dp is None:
+            raise ValueError(
+                "audit needs a private run: training.record_dp is None (plain Adam, epsilon inf)"
+            )
+        like = jax.eval_shape(self.model.init, jax.random.key(0))
+        self.audit.check_for(
+            "in-client record", sum(int(np.prod(a.shape)) for a in jax.tree.leaves(like))
+        )
+
+    def audit_reports(self, result: Any) -> tuple[CanaryReport, ...]:
+        """Each run's :class:`~swarmjax.privacy.canaries.CanaryReport` of a finished
+        :func:`~swarmjax.fl.runtime.simulate` call of this algorithm (``result``): every
+        client's canary scores over its public noise scale ``sigma_i sqrt(T_i)`` (its
+        noise multiplier and accounted steps, from the privacy record), pooled, against the
+        run's largest client epsilon (:func:`~swarmjax.privacy.canaries.pooled_record_report`).
+
+        The canaries are records of the DP-Adam steps only; the particles' scores read the
+        clients' real rows, never a canary, so with exact scores (``private_selection``
+        False: not covered by epsilon) the whole run is still ``(eps_i, delta)``-DP with
+        respect to each canary, and the bound is stated against the epsilon of the covered
+        steps."""
+        if self.audit is None:
+            raise ValueError("audit_reports needs an audited algorithm (audit=CanaryAudit(...))")
+        c = result.clients.canaries
+        scores, included = np.asarray(c.scores), np.asarray(c.included)
+        record = result.privacy
+        steps = np.asarray(record.steps)[:, -1]
+        scale = np.asarray(record.noise_multiplier) * np.sqrt(np.maximum(steps, 1))
+        return tuple(
+            pooled_record_report(
+                scores[r],
+                included[r],
+                scale[r],
+                audit=self.audit,
+                epsilon=float(np.max(record.final_epsilon[r])),
+                delta=float(record.delta),
+            )
+            for r in range(scores.shape[0])
+        )
+
+    def audited(self, result: Any) -> Any:
+        """``result`` with its audit: :meth:`audit_reports` in ``Result.audit`` and their
+        dicts in the privacy record's ``audit`` (so the ledger's releases carry them, as a
+        client-level ``simulate(audit=...)`` does)."""
+        reports = self.audit_reports(result)
+        record = dataclasses.replace(result.privacy, audit=tuple(r.to_dict() for r in reports))
+        return dataclasses.replace(result, privacy=record, audit=reports)
 
     def client_data(self, clients: ClientData) -> PSOData:
         """Stacked :class:`PSOData` (the scoring subset drawn once, public randomness)."""

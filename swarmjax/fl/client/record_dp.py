@@ -7,6 +7,10 @@ These plug into :func:`swarmjax.fl.client.local.local_train` (and so into FedAvg
   ``ceil(|D_i| / B)`` active steps (the accountant counts exactly those).
 * :func:`dp_grad_fn` — per-example clipping to ``C``, Gaussian noise ``sigma C``, divided by
   the expected batch size ``q_i |D_i| = B`` (:func:`swarmjax.privacy.dpsgd.dp_grad`).
+* :func:`canary_observer` — with a :class:`~swarmjax.privacy.canaries.ClientCanaries`
+  (``dp_grad_fn(..., canaries=...)`` draws them into every step), the optax transform that
+  adds each released noised gradient to the canaries' scores (an empirical audit inside
+  the client, docs/audits.md).
 * :func:`record_plan` — one client's :class:`~swarmjax.privacy.plan.PrivacyPlan` (its
   Poisson rate, steps over the run, buffer and overflow charge); calibration and accounting
   go through it. The epsilon actually spent is the simulator's privacy record
@@ -20,17 +24,20 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 from jaxtyping import Array, ArrayLike, Bool, Float, Int, PRNGKeyArray, PyTree
 
 from swarmjax._validation import check_int
 from swarmjax.fl.client.local import Batches, GradFn, Sampler
 from swarmjax.models import ApplyFn, cross_entropy, loss
 from swarmjax.privacy.accounting import DEFAULT_ACCOUNTANT
+from swarmjax.privacy.canaries import ClientCanaries
 from swarmjax.privacy.dpsgd import dp_grad
 from swarmjax.privacy.plan import PrivacyPlan, draw_floor
 from swarmjax.privacy.sampling import poisson_sample
 
 __all__ = [
+    "canary_observer",
     "dp_grad_fn",
     "poisson_sampler",
     "record_plan",
@@ -109,6 +116,8 @@ def dp_grad_fn(
     clip_norm: ArrayLike,
     noise_multiplier: ArrayLike,
     expected_batch_size: ArrayLike,
+    canaries: ClientCanaries | None = None,
+    canary_rate: ArrayLike | None = None,
 ) -> GradFn:
     """DP ``grad_fn(params, xb, yb, mask_b, key) -> (loss, grads)`` for ``local_train``.
 
@@ -116,11 +125,21 @@ def dp_grad_fn(
     std ``noise_multiplier * clip_norm``) / ``expected_batch_size``. ``loss`` is the masked
     mean cross-entropy of the batch (a diagnostic: it is not released). Arguments may be
     traced (per-client values under vmap).
+
+    ``canaries``: the client's record-level canaries; each step draws the in ones at
+    ``canary_rate`` (the client's Poisson rate ``q_i``) from the step's key and adds their
+    gradients (``C e_j`` each) to the clipped sum before the noise, as records of the batch
+    (:meth:`~swarmjax.privacy.canaries.ClientCanaries.gradient_sum`).
     """
+    if canaries is not None and canary_rate is None:
+        raise ValueError("dp_grad_fn: canaries need canary_rate (the client's Poisson rate)")
 
     def grad_fn(
         params: PyTree, xb: Array, yb: Array, mask_b: Bool[Array, " b"], key: PRNGKeyArray
     ) -> tuple[Float[Array, ""], PyTree]:
+        extra = None
+        if canaries is not None:
+            extra, _ = canaries.gradient_sum(key, canary_rate, clip_norm, params)
         grads = dp_grad(
             key,
             params,
@@ -132,7 +151,27 @@ def dp_grad_fn(
             clip_norm=clip_norm,
             noise_multiplier=noise_multiplier,
             expected_batch_size=expected_batch_size,
+            canary_sum=extra,
         )
         return loss(apply_fn, params, xb, yb, mask_b), grads
 
     return grad_fn
+
+
+def canary_observer(canaries: ClientCanaries) -> optax.GradientTransformation:
+    """An optax transform whose state is ``canaries`` (starting from the given scores) and
+    which adds every gradient it sees to their scores, passing the gradient on unchanged.
+    Chained FIRST (before any gradient transform or optimiser), it sees exactly the
+    released noised gradients: post-processing, no privacy cost."""
+
+    def init(params: PyTree) -> ClientCanaries:
+        del params
+        return canaries
+
+    def update(
+        updates: PyTree, state: ClientCanaries, params: PyTree | None = None
+    ) -> tuple[PyTree, ClientCanaries]:
+        del params
+        return updates, state.observe(updates)
+
+    return optax.GradientTransformation(init, update)

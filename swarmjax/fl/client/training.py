@@ -29,11 +29,18 @@ from swarmjax._validation import (
     check_stored,
 )
 from swarmjax.fl.client.local import LocalResult, local_train
-from swarmjax.fl.client.record_dp import dp_grad_fn, poisson_sampler, record_plan, sampler_capacity
+from swarmjax.fl.client.record_dp import (
+    canary_observer,
+    dp_grad_fn,
+    poisson_sampler,
+    record_plan,
+    sampler_capacity,
+)
 from swarmjax.fl.data.clients import ClientData, poisson_rates
 from swarmjax.fl.data.cohort import subset_rows
 from swarmjax.models import Model
 from swarmjax.privacy.accounting import DEFAULT_ACCOUNTANT
+from swarmjax.privacy.canaries import ClientCanaries
 from swarmjax.privacy.plan import PrivacyPlan, draw_overflow
 
 __all__ = [
@@ -343,6 +350,50 @@ class LocalTraining:
         ``record_dp`` is set. ``gradient_transform`` (e.g. FedProx's proximal term) is
         applied to the (DP) gradient before the optimiser; it must not read the data (it
         then post-processes the DP release and costs no privacy)."""
+        res, _ = self._train(
+            model, params, data, key, learning_rate, noise_multiplier, opt_state,
+            gradient_transform, None,
+        )  # fmt: skip
+        return res
+
+    def train_audited(
+        self,
+        model: Model,
+        params: PyTree,
+        data: ClientData,
+        key: PRNGKeyArray,
+        learning_rate: Float[Array, ""],
+        noise_multiplier: Float[Array, ""],
+        canaries: ClientCanaries,
+        opt_state: PyTree | None = None,
+        gradient_transform: optax.GradientTransformation | None = None,
+    ) -> tuple[LocalResult, ClientCanaries]:
+        """:meth:`train` with the client's record-level ``canaries`` (requires
+        ``record_dp``): each DP step draws the in ones at the client's Poisson rate
+        (:func:`sample_rate`) into its clipped sum, and every released noised gradient is
+        added to their scores (:func:`~swarmjax.fl.client.record_dp.canary_observer`,
+        before ``gradient_transform`` and the optimiser). Returns the result (its
+        ``opt_state`` the optimiser's own, as :meth:`train`'s) and the updated canaries."""
+        if self.record_dp is None:
+            raise ValueError("audit needs a private run: record-level canaries need record_dp")
+        res, seen = self._train(
+            model, params, data, key, learning_rate, noise_multiplier, opt_state,
+            gradient_transform, canaries,
+        )  # fmt: skip
+        return res, seen
+
+    def _train(
+        self,
+        model: Model,
+        params: PyTree,
+        data: ClientData,
+        key: PRNGKeyArray,
+        learning_rate: Float[Array, ""],
+        noise_multiplier: Float[Array, ""],
+        opt_state: PyTree | None,
+        gradient_transform: optax.GradientTransformation | None,
+        canaries: ClientCanaries | None,
+    ) -> tuple[LocalResult, ClientCanaries | None]:
         data = self.capped(data, key)
         optimizer = self.optimizer_for(learning_rate)
         if gradient_transform is not None:
@@ -354,10 +405,15 @@ class LocalTraining:
                 clip_norm=self.record_dp.clip_norm,
                 noise_multiplier=noise_multiplier,
                 expected_batch_size=float(self.batch_size),
+                canaries=canaries,
+                canary_rate=None if canaries is None else sample_rate(data.sizes, self.batch_size),
             )
             capacity = self.record_dp.capacity or data.mask.shape[0]
             sampler = poisson_sampler(self.batch_size, capacity)
-        return local_train(
+        if canaries is not None:  # the observer's state rides first in the chain's state
+            optimizer = optax.chain(canary_observer(canaries), optimizer)
+            opt_state = None if opt_state is None else (canaries, opt_state)
+        res = local_train(
             params,
             data,
             key,
@@ -369,3 +425,7 @@ class LocalTraining:
             sampler=sampler,
             opt_state=opt_state,
         )
+        if canaries is None:
+            return res, None
+        seen, inner = res.opt_state
+        return res.replace(opt_state=inner), seen
