@@ -17,6 +17,10 @@ prediction per window) with
   (default 2 and 8): a secret Poisson cohort of expected size ``--cohort``, every
   speaking role a user, calibrated by ``--accountant`` at ``--delta``.
 
+Every algorithm runs at the client learning rate 1.47 (``--learning-rate``): the fixed rate
+of the paper's Figure 3 (FedAvg, B = 10, C = 0.1, "near-optimal across the range of E");
+its Table 2 used the best rate of a grid per setting, which it does not list.
+
 It reports the rounds each reaches the paper's target accuracy (54 %) and lower targets,
 and the speed-up of FedAvg over FedSGD, beside the paper's Table 2 (role split = its
 non-IID column). Results go to ``results/shakespeare/``: ``dataset.json`` (counts),
@@ -64,8 +68,11 @@ from swarmjax.privacy.plan import default_delta
 
 ALGORITHMS = ("fedsgd", "fedavg", "dp-fedavg")
 PAPER_TARGET = 0.54
-# McMahan et al. 2017, Table 2, Shakespeare LSTM: rounds to 54 % test accuracy (speed-up
-# over FedSGD), IID and by role (non-IID). (E, B) -> (IID, by role); B = inf is None.
+# McMahan et al. 2017, Table 2, Shakespeare LSTM, C = 0.1: rounds to 54 % test accuracy
+# (speed-up over FedSGD), IID and by role (non-IID). (E, B) -> (IID, by role); B = inf is
+# None. Its u = E n / (K B) column (1.0, 1.5, 5.0, 7.4, 7.4, 37.1) puts n / K at ~74
+# examples per client: the paper's example is a line (~42 characters, a prediction at each),
+# so its B = 10 is ~420 predicted characters where ours is 10 (docs/shakespeare.md).
 PAPER_ROUNDS = {
     ("FedSGD", 1, None): (2488, 3906),
     ("FedAvg", 1, 50): (1635, 549),
@@ -96,7 +103,7 @@ class Profile:
     algorithms: tuple[str, ...]
     epsilons: tuple[float, ...]
     seeds: tuple[int, ...]
-    learning_rate: float = 1.47  # the paper's Shakespeare learning rate
+    learning_rate: float = 1.47  # the paper's fixed FedAvg rate (its Figure 3, B = 10)
     accountant: str = "pld"
     delta: float | None = None  # None: default_delta(clients) = 0.1 / clients
     initial_clip: float = 0.5
@@ -173,7 +180,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--learning-rate",
         type=_cli.positive_float("--learning-rate"),
-        help="client learning rate of every algorithm (default 1.47, the paper's)",
+        help="client learning rate of every algorithm (default 1.47: the paper's fixed "
+        "rate for FedAvg at B = 10, its Figure 3)",
     )
     p.add_argument(
         "--algorithm", nargs="+", choices=ALGORITHMS, help="default: fedsgd fedavg dp-fedavg"
@@ -314,11 +322,12 @@ def run_one(
     release_path: str,
     epsilon: float | None = None,
 ) -> tuple[pd.DataFrame, dict]:
-    """One algorithm's runs (one per seed; DP-FedAvg at one target ``epsilon``):
-    ``(history, {"rows": summary rows, "releases": ledger releases})`` (what
-    :class:`~swarmjax.resume.CallStore` saves). Each epsilon is its own simulator call: two
-    DP-FedAvg variants of the default's size vmapped in one call stalled XLA's CPU runtime
-    here (docs/shakespeare.md); the calls share their compiled round."""
+    """One algorithm's runs (one per seed of ``prof.seeds``; DP-FedAvg at one target
+    ``epsilon``): ``(history, {"rows": summary rows, "releases": ledger releases})`` (what
+    :class:`~swarmjax.resume.CallStore` saves). :func:`main` gives every (epsilon, seed)
+    its own call: two runs of the two-layer LSTM in one call deadlock XLA's CPU runtime on
+    a 2-core machine (their vmapped orthogonal initialisations, docs/shakespeare.md); the
+    calls share their compiled round."""
     label, alg, grid = algorithm(name, prof, store, epsilon)
     variants = Variants.grid(alg, store, spec(prof, store.num_clients), **grid)
     at = "" if epsilon is None else f" at epsilon {epsilon:g}"
@@ -456,16 +465,19 @@ def main(argv: list[str] | None = None) -> None:
     settings = {"profile": runs_depend_on, "data": counts}
     calls = _cli.call_store(out, settings, __name__, restart=args.restart)
     histories, rows = [], []
-    todo = [
-        (name, eps)
+    todo = [  # one call per (algorithm, epsilon, seed): see run_one
+        (name, eps, seed)
         for name in prof.algorithms
         for eps in (prof.epsilons if name == "dp-fedavg" else (None,))
+        for seed in prof.seeds
     ]
-    for name, eps in todo:
-        run = lambda name=name, eps=eps: run_one(
-            name, prof, store, test, final_test, str(out / "history.csv"), eps
+    for name, eps, seed in todo:
+        one = dataclasses.replace(prof, seeds=(seed,))
+        run = lambda name=name, eps=eps, one=one: run_one(
+            name, one, store, test, final_test, str(out / "history.csv"), eps
         )
         key = name if eps is None else f"{name}_eps{eps:g}"
+        key += f"_seed{seed}" if len(prof.seeds) > 1 else ""
         history, payload, reused = calls.fetch_or_run(key, run)
         if reused:
             print(f"{key}: reused the finished run in {calls.folder}", flush=True)

@@ -583,9 +583,10 @@ def char_lstm(
     Input: ``(B, sequence_length)`` float character ids (integers stored as float32, as
     :meth:`swarmjax.fl.data.shakespeare.ShakespeareFederation.windows` gives them; a padded
     all-zero row reads id 0); output ``(B, vocab_size)`` logits of the character after the
-    window (one prediction per window, LEAF's formulation; the paper's language model
-    predicts at every one of its 80 unrolled steps). 817,872 parameters at the defaults
-    (80 characters; ``nn.OptimizedLSTMCell``: one bias per gate).
+    window (one prediction per window, LEAF's formulation; the paper's language model reads
+    a line, up to 80 unrolled characters, and predicts after each). 817,872 parameters at
+    the defaults (80 characters; ``nn.OptimizedLSTMCell``: one bias per gate); the paper's
+    866,578 is what peephole cells over 258 byte-level symbols give (docs/shakespeare.md).
     """
     hidden = tuple(check_int("hidden width", h, 1) for h in hidden)
     vocab_size = check_int("vocab_size", vocab_size, 2)
