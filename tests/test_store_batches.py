@@ -1,7 +1,9 @@
 """Steps that read their batches straight from the flat store (``ClientStore.read="step"``):
 the same algorithm as the padded buffer (same batches, steps and weights: the same
-numbers, bit for bit), for FedAvg, user-level DP-FedAvg and record-level DP clients, under
-one client at a time and vmapped; no round array scales with the largest client's rows."""
+numbers, bit for bit) for plain and record-level DP local training; no round array scales
+with the largest client's rows. Whole runs (FedAvg one client at a time, user-level
+DP-FedAvg vmapped in sorted blocks) are compared bit for bit in tests/test_work_cap.py, on
+its runs."""
 
 from __future__ import annotations
 
@@ -10,14 +12,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from swarmjax.fl.algorithms.client_level_dp_fedavg import ClientLevelDPFedAvg
-from swarmjax.fl.algorithms.fedavg import FedAvg
 from swarmjax.fl.client.local import local_train
 from swarmjax.fl.client.training import LocalTraining, RecordDP
 from swarmjax.fl.data import load_dataset, partition
 from swarmjax.fl.data.store import STEP_READ_SPREAD, ClientStore, StoreClient
-from swarmjax.fl.protocol import RunSpec, Variants
-from swarmjax.fl.runtime import simulate
 from swarmjax.models import mlp
 
 
@@ -27,15 +25,6 @@ def digits():
     part = partition(data.y_train, 40, "power_law", seed=0)
     store = ClientStore.build(data.x_train, data.y_train, part.indices)
     return data, part, store
-
-
-def _leaves(res):
-    return [np.asarray(a) for a in jax.tree.leaves(res.server.params)]
-
-
-def _same(a, b):
-    for u, v in zip(_leaves(a), _leaves(b), strict=True):
-        np.testing.assert_array_equal(u, v)
 
 
 def test_build_reads_steps_for_unequal_clients_and_a_buffer_for_equal_ones(digits):
@@ -91,31 +80,6 @@ def test_local_training_from_the_store_is_the_padded_training_bitwise(digits):
         for u, v in zip(jax.tree.leaves(a.params), jax.tree.leaves(b.params), strict=True):
             np.testing.assert_array_equal(u, v)
         np.testing.assert_array_equal(a.loss, b.loss)
-
-
-def test_fedavg_and_user_level_dp_fedavg_read_from_the_store_bitwise(digits):
-    """FedAvg one client at a time (the CPU default), DP-FedAvg vmapped in sorted blocks."""
-    data, _, store = digits
-    test = (data.x_test[:100], data.y_test[:100])
-    model = mlp((16,), 10, data.input_shape)
-    alg = FedAvg(model, LocalTraining(batch_size=16), cohort=8)
-    runs = []
-    for read in ("buffer", "step"):
-        s = store.with_read(read)
-        grid = Variants.grid(alg, s, RunSpec(2, 1e-5), learning_rate=[0.2])
-        runs.append(simulate(alg, s, test, grid, client_map="sequential"))
-    _same(*runs)
-    spec = RunSpec(2, 1e-3)
-    dp = ClientLevelDPFedAvg.for_run(
-        model, store.num_clients, 0.25, spec, 8.0, training=LocalTraining(batch_size=10)
-    )
-    runs = []
-    for read in ("buffer", "step"):
-        s = store.with_read(read)
-        grid = Variants.grid(dp, s, spec, sample_rate=0.25, epsilon_target=8.0)
-        runs.append(simulate(dp, s, test, grid, client_map="vmap"))
-    _same(*runs)
-    np.testing.assert_array_equal(runs[0].privacy.epsilon, runs[1].privacy.epsilon)
 
 
 def test_no_round_array_scales_with_the_largest_client(digits):

@@ -70,6 +70,12 @@ def test_bucketed_cohort_equals_unbucketed(digits):
     for a, b, c in zip(_leaves(one_block), _leaves(blocks), _leaves(seq), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(a, c, rtol=1e-5, atol=1e-6)
+    # the store's steps read their batches from it (read="step"): the padded buffer's
+    # numbers bit for bit (tests/test_store_batches.py tests the pieces)
+    assert store.read == "step"
+    padded = _run(alg, store.with_read("buffer"), test, "sequential")
+    for a, b in zip(_leaves(seq), _leaves(padded), strict=True):
+        np.testing.assert_array_equal(a, b)
 
 
 def test_a_cap_no_client_exceeds_changes_nothing_bitwise(digits):
@@ -97,6 +103,11 @@ def test_a_cap_no_client_exceeds_changes_nothing_bitwise(digits):
         res = simulate(dp, store, test, grid, client_map="vmap", common_random_numbers=True)
         if training.max_examples is None:
             base = res
+    for a, b in zip(_leaves(base), _leaves(res), strict=True):
+        np.testing.assert_array_equal(a, b)
+    # user-level DP-FedAvg, vmapped in sorted blocks, from a padded buffer: the same bits
+    padded = store.with_read("buffer")
+    res = simulate(dp, padded, test, grid, client_map="vmap", common_random_numbers=True)
     for a, b in zip(_leaves(base), _leaves(res), strict=True):
         np.testing.assert_array_equal(a, b)
 
