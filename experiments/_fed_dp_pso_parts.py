@@ -98,6 +98,10 @@ _OPTIONS = {  # the other flags: argparse keywords
     "--n-train": dict(type=_cli.count("--n-train", 0), help="train subset (0: all rows)"),
     "--eval-subset": dict(type=_cli.count("--eval-subset", 0), help="rows/client (0: all)"),
     "--no-fig3": dict(action="store_true", help="skip the FedAvg + DP baseline"),
+    "--audit": dict(type=_cli.count("--audit", 2), help="empirical privacy audit: N record-level "
+                    "gradient canaries in every client of every DP run (docs/audits.md); each "
+                    "run's lower bound is printed beside its accounted epsilon and written to "
+                    "the ledger; the inf target and the FedAvg baseline are not audited"),
 }  # fmt: skip
 
 
@@ -127,10 +131,12 @@ def parser(description: str) -> argparse.ArgumentParser:
 
 
 def without_dp(alg, eps: float):
-    """``alg`` with plain local training for the ``inf`` target (no clipping, no noise)."""
+    """``alg`` with plain local training for the ``inf`` target (no clipping, no noise, no
+    audit: a non-private run has no epsilon to audit)."""
     if math.isfinite(eps):
         return alg
-    return replace(alg, training=replace(alg.training, record_dp=None))
+    unaudited = {"audit": None} if getattr(alg, "audit", None) is not None else {}
+    return replace(alg, training=replace(alg.training, record_dp=None), **unaudited)
 
 
 def record_delta(delta: float | None, sizes: Any) -> float:

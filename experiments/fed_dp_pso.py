@@ -60,6 +60,7 @@ from swarmjax.fl.data.transforms import SCALING_PRIVACY, scale_inputs
 from swarmjax.fl.protocol import RunSpec, Variants, coverage
 from swarmjax.fl.runtime import simulate
 from swarmjax.models import paper_mlp
+from swarmjax.privacy.canaries import CanaryAudit, CanaryReport
 from swarmjax.privacy.ledger import Ledger, Release, saved_releases
 
 EVAL_BATCH = 2000  # particles are scored 2,000 rows at a time
@@ -90,6 +91,7 @@ class Profile:
     reading: Reading = field(default_factory=lambda: READINGS[DEFAULT_READING])
     accountant: str = "pld"  # calibrates DP-Adam's noise and composes every record
     delta: float | None = None  # None: 0.1 / records of the clients (default_delta)
+    audit: int | None = None  # record-level canaries per client (None: no audit)
 
     def call_settings(self) -> dict:
         """What a saved call depends on besides its key (dataset, partition, epsilons);
@@ -157,6 +159,7 @@ def profile(args: argparse.Namespace) -> Profile:
         reading=reading(args),
         accountant=args.accountant,
         delta=args.delta,
+        audit=args.audit,
     )
     return replace(out, n_train=out.n_train or None, eval_subset=out.eval_subset or None)
 
@@ -166,10 +169,11 @@ def algorithm(prof: Profile, model, sizes: list, batch_size: int) -> FedDPPSO:
     ``sizes`` at every target (the simulator's and the Flower task's algorithm)."""
     dp = RecordDP.for_run(sizes, batch_size, rounds=prof.rounds, epsilons=prof.epsilons,
                           delta=record_delta(prof.delta, sizes[0]))  # fmt: skip
+    audit = None if prof.audit is None else CanaryAudit(prof.audit, score="gradient")
     return fed_dp_pso(model, prof.reading, batch_size=batch_size, record_dp=dp,
                       particles=prof.particles, eval_batch_size=EVAL_BATCH,
                       eval_subset=prof.eval_subset, refine_start=prof.refine_start,
-                      selection_metric=prof.selection_metric)  # fmt: skip
+                      selection_metric=prof.selection_metric, audit=audit)  # fmt: skip
 
 
 def _load() -> str:
@@ -190,6 +194,8 @@ def _dp_pso_call(name, part, group, alg, clients, ds, prof: Profile, lr: float, 
     res = simulate(
         alg, clients, test, variants, client_map=prof.client_map, rounds_per_call=1, progress=True
     )
+    if alg.audit is not None:  # the canaries' reports into Result.audit and the record
+        res = alg.audited(res)
     took = time.perf_counter() - t0
     h = res.history.assign(dataset=name, partition=part, method="fed_dp_pso")
     rows, sizes = [], " ".join(map(str, np.asarray(clients.sizes).tolist()))
@@ -203,6 +209,9 @@ def _dp_pso_call(name, part, group, alg, clients, ds, prof: Profile, lr: float, 
                          epsilon_max=eps_max, epsilon_ok=bool(eps_max <= eps),
                          sigma_max=sigma_max, client_sizes=sizes, model=alg.model.name, lr=lr,
                          call_seconds=took))  # fmt: skip
+        if res.audit:  # the largest lower bound over the seeds of this target
+            at = np.flatnonzero(res.runs["epsilon_target"].to_numpy() == eps)
+            rows[-1]["epsilon_lower"] = max(res.audit[int(i)].epsilon_lower for i in at)
     return h, {"rows": rows, "releases": saved_releases(res, algorithm="fed_dp_pso", path=path)}
 
 
@@ -242,9 +251,21 @@ def run_dataset(name, prof: Profile, data_dir, out, store, cells, rounds_rows, l
             pd.concat(rounds_rows).to_csv(out / "rounds.csv", index=False)
             how = "resumed from disk" if reused else f"{rows[0]['call_seconds']:.0f} s"
             print(f"{name} {part} eps={group}: {how} (load {_load()})", flush=True)
+            print_audits(name, part, payload["releases"])
         if kept is None or part == "iid":
             kept = _parts.Dataset(ds, clients, model, bs, lr, part == "iid")
     return time.perf_counter() - start, kept
+
+
+def print_audits(name: str, part: str, releases: list[dict]) -> None:
+    """One line per audited run of a call (``releases``: its ledger releases): the target,
+    the seed and the canaries' report (the empirical lower bound beside the accounted
+    epsilon of the DP-Adam steps, docs/audits.md)."""
+    for r in releases:
+        if r.get("audit"):
+            report = CanaryReport.from_dict(r["audit"])
+            target = r["variant"].get("epsilon_target")
+            print(f"  audit {name} {part} eps={target} seed={r['seed']}: {report.line()}")
 
 
 def _partition(ds, part: str, seed: int = 42):
@@ -290,7 +311,9 @@ def _tables(cells: list, prof: Profile, out: Path) -> None:
         print(f"\n{name}: {_header(prof)}\n{md}")
 
 
-FLOWER_UNUSED = ("partitions", "seeds", "n_train", "client_map", "no_fig3", "data_dir", "restart")
+FLOWER_UNUSED = (
+    "partitions", "seeds", "n_train", "client_map", "no_fig3", "data_dir", "restart", "audit",
+)  # fmt: skip
 FLOWER_WHY = (
     "--runtime flower runs the digits task's 3 clients once, seed 0, beside its simulator twin "
     "(partitions, seeds, subsets, client layout, the Fig. 3 baseline and saved calls are the "
@@ -302,14 +325,38 @@ def check(args: argparse.Namespace, prof: Profile) -> None:
     """The simulator path's settings, checked before any work: DP options only where some
     target epsilon is finite, and the memory of the particles (:func:`memory_estimate`)."""
     if not any(math.isfinite(e) for e in prof.epsilons):
+        if prof.audit is not None:
+            raise _cli.UserError(
+                "--audit needs a private run: every --epsilons is inf (no DP, no epsilon to "
+                "audit); give a finite target"
+            )
         why = "every target epsilon is inf (no DP): they only label the ledger's records"
         _cli.warn_unused(args, ["delta", "accountant"], why)
+    if prof.audit is not None:
+        for name in prof.datasets:
+            params = _model_parameters(name)
+            if prof.audit > params:
+                raise _cli.UserError(
+                    f"--audit {prof.audit} exceeds {name}'s model's {params} parameters (one "
+                    "coordinate per canary): lower --audit"
+                )
     option = _cli.option_named(args, ["particles", "seeds", "epsilons"])
     what = (
         f"{NUM_CLIENTS} clients x {prof.particles} particles x {prof.seeds} seed(s) x "
         f"{len(prof.epsilons)} epsilon(s), each with its model-sized arrays"
     )
     _cli.check_memory(memory_estimate(prof), option, what)
+
+
+def _model_parameters(name: str) -> int:
+    """Parameters of ``name``'s paper model (shapes only, no work)."""
+    import jax
+
+    from swarmjax.models import param_count
+
+    shape = {"pathmnist": (28, 28, 3), "digits": (8, 8, 1)}.get(name, (28, 28, 1))
+    model, _ = paper_model(name, 10, shape)
+    return param_count(jax.eval_shape(model.init, jax.random.key(0)))
 
 
 def memory_estimate(prof: Profile) -> int:
@@ -505,6 +552,7 @@ def main(argv: list[str] | None = None) -> None:
         "epsilon": "no DP (the inf target)",
         "epsilon_max": "no DP (the inf target)",
         "sigma_max": "no noise (the inf target)",
+        "epsilon_lower": "not audited (no --audit, or the inf target: no epsilon to audit)",
     }
     _report.write_json(out / "summary.json", summary, nulls)
     print(f"wall seconds: {json.dumps({k: round(v) for k, v in walls.items()})}")
