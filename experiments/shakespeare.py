@@ -44,7 +44,10 @@ import dataclasses
 import json
 import math
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import jax
 import numpy as np
@@ -313,6 +316,13 @@ def spec(prof: Profile, clients: int) -> RunSpec:
     return RunSpec(prof.rounds, _delta(prof, clients), prof.seeds, accountant=prof.accountant)
 
 
+@partial(jax.jit, static_argnums=0)
+def final_accuracy(apply: Callable, params: Any, x: jax.Array, y: jax.Array) -> jax.Array:
+    """Test accuracy of every run on ``x (n, L)``, ``y (n,)``: ``params`` with a leading run
+    axis -> ``(runs,)``. Jitted once per model, so every call of the experiment shares it."""
+    return jax.vmap(lambda p: evaluate(apply, p, x, y, EVAL_BATCH)[1])(params)
+
+
 def run_one(
     name: str,
     prof: Profile,
@@ -342,10 +352,9 @@ def run_one(
         history = history.assign(epsilon_target=math.inf)
     eps = np.asarray(res.privacy.final_epsilon).max(axis=1).reshape(-1)  # per run
     targets = history["epsilon_target"].drop_duplicates().tolist()
+    acc = np.asarray(final_accuracy(alg.model.apply, res.server.params, *final_test))
     rows = []
     for run, target in enumerate(np.repeat(targets, len(prof.seeds))):
-        params = jax.tree.map(lambda a, r=run: a[r], res.server.params)
-        _, acc = evaluate(alg.model.apply, params, *final_test, EVAL_BATCH)
         rows.append(
             {
                 "algorithm": name,
@@ -353,7 +362,7 @@ def run_one(
                 "seed": prof.seeds[run % len(prof.seeds)],
                 "epsilon_target": float(target),
                 "epsilon": float(eps[run]) if run < eps.size else math.inf,
-                "final_accuracy": float(acc),
+                "final_accuracy": float(acc[run]),
                 "wall_seconds": wall,
                 "seconds_per_round": wall / prof.rounds,
             }
