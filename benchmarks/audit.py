@@ -15,8 +15,11 @@ Two audited settings, each measured without and with canaries in the same script
 
 Every measured run is its own subprocess, so its peak memory (``ru_maxrss``: the whole
 process, data and compilation included) is its own; its time is the wall and process CPU
-seconds of the training call, compilation included.  The cost of auditing is the audited
-run's figure over the same run without canaries (target: at most 1.2x).
+seconds of the training call, compilation included.  The record-level canaries' directions
+(a QR of a ``d x M`` Gaussian, ``O(d M^2)`` once per run) are timed apart, before the
+training call (the second last column; ``nan`` at client level, where ``simulate`` makes
+them).  The cost of auditing is the audited run's figure over the same run without
+canaries (target: at most 1.2x).
 
 ``python -m benchmarks.audit [--quick] [--rounds R] [--steps S] [--canaries M]
 [--record-canaries M] [--data-dir DIR] [--write]``: prints a table and writes the runs to
@@ -30,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import resource
 import subprocess
@@ -92,13 +96,18 @@ def record_job(job: dict) -> dict:
     from swarmjax.fl.data import load_dataset
     from swarmjax.privacy import accounting, dpsgd
     from swarmjax.privacy.canaries import CanaryAudit, GradientCanaries
+    from swarmjax.privacy.plan import OVERFLOW_SHARE
     from swarmjax.privacy.sampling import overflow_probability, poisson_capacity, poisson_sample
 
     ds = load_dataset("mnist", job["data_dir"])
     x, y = jnp.asarray(ds.x_train), jnp.asarray(ds.y_train)
     n, steps = int(x.shape[0]), job["steps"]
     q = SGD_BATCH / n
-    capacity = poisson_capacity(n, q, 1e-9, add_one=True)
+    # a buffer sized for the run (as PrivacyPlan.sized): its overflow over every step adds at
+    # most OVERFLOW_SHARE * delta at the target; the per-step 1e-9 buffer caps the reachable
+    # epsilon at ln(delta / (1e-9 steps) - 1), 1.39 at 2,000 steps
+    per_step = OVERFLOW_SHARE * SGD_DELTA / (steps * (1.0 + math.exp(job["epsilon"])))
+    capacity = poisson_capacity(n, q, min(1e-9, per_step), add_one=True)
     overflow = overflow_probability(n, q, capacity, add_one=True)
     sigma = accounting.sigma_for_epsilon(
         job["epsilon"], q, steps, SGD_DELTA, overflow_prob=overflow
@@ -106,11 +115,14 @@ def record_job(job: dict) -> dict:
     model = models.mlp(SGD_HIDDEN, 10, (28, 28, 1))
     params = model.init(jax.random.key(0))
     audit = CanaryAudit(job["canaries"], score="gradient") if job["canaries"] else None
+    t0, c0 = time.perf_counter(), time.process_time()  # the directions' QR, once per run
     canaries = (
         None
         if audit is None
         else GradientCanaries.create(jax.random.key(1), audit, params, SGD_CLIP, sample_rate=q)
     )
+    canaries = jax.block_until_ready(canaries)
+    setup_wall, setup_cpu = time.perf_counter() - t0, time.process_time() - c0
     opt = optax.sgd(SGD_LR)
 
     @jax.jit
@@ -152,11 +164,14 @@ def record_job(job: dict) -> dict:
     return {
         "wall_s": wall,
         "cpu_s": cpu,
+        "setup_wall_s": setup_wall,
+        "setup_cpu_s": setup_cpu,
         "peak_mib": _peak_mib(),
         "epsilon": float(epsilon),
         "delta": SGD_DELTA,
         "accuracy": float(acc),
         "noise_multiplier": float(sigma),
+        "capacity": capacity,
         "audit": report,
     }
 
@@ -207,7 +222,7 @@ def _line(row: dict) -> str:
         f"{p['wall_s']:.1f} / {a['wall_s']:.1f} ({a['wall_s'] / p['wall_s']:.2f}x) | "
         f"{p['cpu_s']:.1f} / {a['cpu_s']:.1f} ({a['cpu_s'] / p['cpu_s']:.2f}x) | "
         f"{p['peak_mib']:.0f} / {a['peak_mib']:.0f} ({a['peak_mib'] / p['peak_mib']:.2f}x) | "
-        f"{row['load'][0]:.1f} |"
+        f"{a.get('setup_cpu_s', math.nan):.1f} | {row['load'][0]:.1f} |"
     )
 
 
@@ -226,7 +241,8 @@ def report(rows: list[dict], sizes: dict, argv: list[str] | None) -> str:
         f"score), {sizes['record_canaries']} record-level (gradient score); bound at 95 % "
         "confidence (one-run audit, jax-privacy's CanaryScoreAuditor).  Time: the training "
         "call, compilation included, without / with canaries; memory: each run's own "
-        "process peak RSS.  Load: 1-minute load average after the pair.",
+        "process peak RSS; the record-level directions' QR (once per run) timed apart.  Load: "
+        "1-minute load average after the pair.",
         "",
         "Sizes run against the full ones ("
         + cuts
@@ -234,8 +250,8 @@ def report(rows: list[dict], sizes: dict, argv: list[str] | None) -> str:
         + ("none cut." if not cut else "CUT, so the bounds have little power (docs/audits.md)."),
         "",
         "| run | accounted epsilon | empirical bound | canaries in | TPR at FPR 0.05 | AUROC "
-        "| wall s | CPU s | peak MiB | load |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| wall s | CPU s | peak MiB | directions' QR, CPU s | load |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     return "\n".join(head + [_line(r) for r in rows]) + "\n"
 
