@@ -50,8 +50,9 @@ from experiments._report import write_json
 from swarmjax.fl.algorithms import registry
 from swarmjax.fl.client.training import LocalTraining
 from swarmjax.fl.data import ClientStore, load_dataset, partition
-from swarmjax.fl.protocol import RunSpec, Variants
-from swarmjax.fl.runtime import simulate
+from swarmjax.fl.protocol import RunSpec, Spend, Variants
+from swarmjax.fl.runtime import advance, simulate, start
+from swarmjax.fl.runtime.result import privacy_record
 from swarmjax.models import evaluate, param_count, simple_cnn
 
 USERS, ROWS, COHORT = 1200, 50, 50
@@ -115,13 +116,46 @@ def algorithm(dp: dict | None, block_eval: int = 250):
     return registry.cross_device("fedavg" if dp is None else "dp-fedavg", run)
 
 
+def record_seconds(res) -> float:
+    """Seconds to build ``res``'s privacy record again from its spend (the per-round epsilon
+    curve of each group of clients), as :func:`simulate` builds it after the rounds; the
+    accountant's per-event PLDs are cached by then (``_pld_leaf``), so this is the part
+    that grows with the rounds.  Checked: the final epsilon equals the run's."""
+    pr = res.privacy
+    if any(len(groups) != 1 for groups in pr.groups):
+        raise ValueError("record_seconds times runs of one group of clients (vs_pfl's)")
+    shape = pr.steps.shape
+    runs, _, clients = shape
+    spend = Spend(
+        sample_rate=np.broadcast_to(pr.sample_rate[:, None, :], shape),
+        noise_multiplier=np.broadcast_to(pr.noise_multiplier[:, None, :], shape),
+        steps=pr.steps,
+        extra_epsilon=np.zeros(shape),
+    )
+    # vs_pfl's runs are one group a run, a step a round: the charge per step
+    per_step = [
+        g[2] / max(int(pr.steps[r, -1].max()), 1) for r in range(runs) for g in pr.groups[r]
+    ]
+    over = np.broadcast_to(np.asarray(per_step).reshape(runs, 1, 1), (runs, 1, clients))
+    t0 = time.perf_counter()
+    again = privacy_record(
+        spend, (), unit=pr.unit, delta=pr.delta, overflow_prob=over, accountant=pr.accountant
+    )
+    seconds = time.perf_counter() - t0
+    np.testing.assert_allclose(again.final_epsilon, pr.final_epsilon, rtol=1e-12)
+    return seconds
+
+
 def run_swarmjax(
     store: ClientStore, tests: tuple, rounds: int, dp: dict | None, block: int | None, timing: bool
 ) -> dict:
     """One ``simulate`` run. ``timing``: the marginal seconds of a round, ``(T(2n) - T(n)) /
-    n`` for compiled calls of ``n`` and ``2n`` rounds (one compiled round per call, so the
-    run's fixed costs, e.g. its privacy record, cancel out); else the whole run's wall time
-    over its rounds, compilation included."""
+    n`` for compiled calls of ``n`` and ``2n`` rounds (one compiled round per call), after
+    one untimed call of each length, so the run's fixed costs cancel out: compilation, and
+    with DP the accountant's PLD of the run's noise (calibrated per length; ~0.3-0.7 s to
+    build once per noise multiplier, then cached); the per-round epsilon curve of the
+    privacy record stays in, as users pay it (``record_seconds_per_round``: its share);
+    else the whole run's wall time over its rounds, compilation included."""
     round_test, full_test = tests
     alg, grid = algorithm(dp)
 
@@ -141,14 +175,20 @@ def run_swarmjax(
         )
         return time.perf_counter() - t0, time.process_time() - c0, res
 
+    record = math.nan
     if timing:
         first, _, _ = run(rounds)  # compiles the one-round program
-        wall_n, cpu_n, _ = run(rounds)
+        run(2 * rounds)  # the 2n-round run's fixed costs (its noise's PLD), untimed
+        wall_n, cpu_n, res_n = run(rounds)
         wall_2n, cpu_2n, res = run(2 * rounds)
         wall, cpu = wall_2n - wall_n, cpu_2n - cpu_n
+        if dp is not None:
+            record = record_seconds(res) - record_seconds(res_n)
     else:
         wall, cpu, res = run(rounds, progress=True)
         first = math.nan
+        if dp is not None:
+            record = record_seconds(res)
     params = jax.tree.map(lambda a: a[0], res.server.params)
     _, acc = evaluate(alg.model.apply, params, *full_test, batch_size=1000)
     return {
@@ -159,6 +199,7 @@ def run_swarmjax(
         "timing": timing,
         "seconds_per_round": wall / rounds,
         "cpu_seconds_per_round": cpu / rounds,
+        "record_seconds_per_round": record / rounds,
         "first_call_s": first,
         "accuracy": float(acc),
         "epsilon": None if dp is None else float(res.privacy.final_epsilon.max()),
@@ -167,6 +208,48 @@ def run_swarmjax(
         if dp is None
         else float(np.asarray(res.server.noise_multiplier).reshape(-1)[0]),
         "params": param_count(params),
+        "load": os.getloadavg()[0],
+    }
+
+
+def interleaved(
+    store: ClientStore, round_test: tuple, rounds: int, block: int | None, accountant: str
+) -> dict:
+    """FedAvg's and DP-FedAvg's rounds in turn, ``rounds`` of each after one compiling round
+    each (``start`` / ``advance``: :func:`simulate`'s compiled round, without its fixed
+    costs and without its privacy record, which :func:`record_seconds` times): the median
+    wall and CPU seconds of each one's round and their ratio, so that a change of load
+    during the measurement hits both alike."""
+    runs = {}
+    for name, dp in (("plain", None), ("dp", dp_config(rounds + 1, accountant))):
+        alg, grid = algorithm(dp)
+        spec = RunSpec(rounds + 1, 1.0 / USERS, (0,), accountant=accountant)
+        variants = Variants.grid(alg, store, spec, **grid)
+        run, _ = advance(start(alg, store, round_test, variants, client_map=block), 1)
+        runs[name] = run
+    wall: dict[str, list[float]] = {name: [] for name in runs}
+    cpu: dict[str, list[float]] = {name: [] for name in runs}
+    cohort: dict[str, list[int]] = {name: [] for name in runs}
+    for _ in range(rounds):
+        for name in runs:
+            t0, c0 = time.perf_counter(), time.process_time()
+            runs[name], _ = advance(runs[name], 1)
+            wall[name].append(time.perf_counter() - t0)
+            cpu[name].append(time.process_time() - c0)
+            # clients that trained this round (DP-FedAvg's Poisson cohort varies around 50)
+            cohort[name].append(int(np.max(runs[name].outputs[-1]["selected"])))
+    med = {f"{k}_{n}": float(np.median(v[n])) for k, v in (("wall", wall), ("cpu", cpu)) for n in v}
+    per_client = {n: sum(cpu[n]) / max(sum(cohort[n]), 1) for n in runs}
+    return {
+        "rounds": rounds,
+        "accountant": accountant,
+        **med,
+        "wall_ratio": med["wall_dp"] / med["wall_plain"],
+        "cpu_ratio": med["cpu_dp"] / med["cpu_plain"],
+        "cpu_per_client_ratio": per_client["dp"] / per_client["plain"],
+        "wall_rounds": wall,
+        "cpu_rounds": cpu,
+        "cohorts": cohort,
         "load": os.getloadavg()[0],
     }
 
@@ -254,6 +337,13 @@ def main(argv: list[str] | None = None) -> None:
     )
     p.add_argument("--only", choices=("both", "swarmjax", "pfl"), default="both")
     p.add_argument(
+        "--interleave",
+        type=count("--interleave", 0),
+        default=0,
+        help="also FedAvg's and DP-FedAvg's rounds in turn, this many of each: the median "
+        "round of each and their ratio, without the privacy record (0: not run)",
+    )
+    p.add_argument(
         "--out",
         default=str(_cli.RESULTS / "vs_pfl.json"),
         help="the runs as JSON (results/vs_pfl.json)",
@@ -264,9 +354,11 @@ def main(argv: list[str] | None = None) -> None:
     if a.only == "swarmjax":
         _cli.refuse_unused(a, ["pfl_python"], "--only swarmjax runs no pfl")
     if a.only == "pfl":
-        _cli.refuse_unused(a, ["block", "accountants"], "--only pfl runs no swarmjax")
+        _cli.refuse_unused(a, ["block", "accountants", "interleave"], "--only pfl runs no swarmjax")
     if a.no_dp:
-        _cli.refuse_unused(a, ["accountants"], "--no-dp runs no DP")
+        _cli.refuse_unused(a, ["accountants", "interleave"], "--no-dp runs no DP")
+    if a.dp_only:
+        _cli.refuse_unused(a, ["interleave"], "--dp-only runs no FedAvg to set DP-FedAvg beside")
     if a.write and a.only != "both":
         p.error(f"--write records swarmjax beside pfl; --only {a.only} runs one of them")
     if a.write and not a.pfl_python:
@@ -300,8 +392,20 @@ def main(argv: list[str] | None = None) -> None:
                         results.append(run_swarmjax(store, tests, rounds, cfg, a.block, timing))
                         print(_line(results[-1], floor), flush=True)
     summary = {"matmul_gflops": gflops, "round_gflop": flops / 1e9, "floor_s": floor}
+    if a.interleave and ours:
+        turns = interleaved(store, tests[0], a.interleave, a.block, a.accountants[0])
+        summary["interleaved"] = turns
+        print(
+            f"interleaved, {a.interleave} rounds each: DP-FedAvg ({turns['accountant']}) "
+            f"{turns['wall_dp']:.2f} s, FedAvg {turns['wall_plain']:.2f} s a round (median): "
+            f"{turns['wall_ratio']:.3f}x wall, {turns['cpu_ratio']:.3f}x CPU, "
+            f"{turns['cpu_per_client_ratio']:.3f}x CPU per trained client (cohorts "
+            f"{turns['cohorts']['dp']} against {COHORT}); privacy record not included; "
+            f"load {turns['load']:.1f}",
+            flush=True,
+        )
     write_json(out, {"summary": summary, "runs": results})
-    for line in ratio_lines(results):
+    for line in ratio_lines(results) + dp_cost_lines(results):
         print(line)
     print(f"wrote {out}")
     if a.write and ours and theirs:
@@ -311,6 +415,25 @@ def main(argv: list[str] | None = None) -> None:
         if jax.default_backend() != "cpu":
             name += f"-{device_slug()}"
         write_section(name, report(results, summary, argv, name))
+
+
+def dp_cost_lines(results: list[dict]) -> list[str]:
+    """swarmjax's user-level DP round against its plain FedAvg round of the same kind of
+    run (issue 38: within 1.05x), wall and CPU seconds, and the privacy record's share."""
+    lines = []
+    for timing in (True, False):
+        ours = [r for r in results if r["system"] == "swarmjax" and r["timing"] == timing]
+        plain = next((r for r in ours if not r["dp"]), None)
+        for dp in (r for r in ours if r["dp"] and plain is not None):
+            what = "marginal round" if timing else f"{dp['rounds']} rounds"
+            wall = dp["seconds_per_round"] / plain["seconds_per_round"]
+            cpu = dp["cpu_seconds_per_round"] / plain["cpu_seconds_per_round"]
+            share = dp.get("record_seconds_per_round", math.nan)
+            lines.append(
+                f"{what}: swarmjax DP-FedAvg ({dp.get('accountant')}) / FedAvg round "
+                f"{wall:.3f}x wall, {cpu:.3f}x CPU; its privacy record {share:.4f} s a round"
+            )
+    return lines
 
 
 def ratio_lines(results: list[dict]) -> list[str]:
@@ -373,6 +496,11 @@ def report(results: list[dict], summary: dict, argv: list[str] | None, name: str
             "",
             "; ".join(ratio_lines(results)) + ". Target (issue 31, CPU): at least 1.5x pfl's "
             "rounds per second with test accuracy within one point.",
+            *(
+                ["", "; ".join(dp_cost_lines(results)) + " (issue 38: within 1.05x)."]
+                if dp_cost_lines(results)
+                else []
+            ),
         ]
     )
 

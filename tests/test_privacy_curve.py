@@ -131,3 +131,27 @@ def test_blas_threads_are_restored_after_accounting():
     acc.epsilon_curve([acc.poisson_gaussian_event(Q, 1.0, 1)] * 2, DELTA)
     acc.event_epsilon(acc.poisson_gaussian_event(Q, 1.0, 2), DELTA)
     assert [i["num_threads"] for i in threadpoolctl.threadpool_info()] == before
+
+
+def test_vs_pfl_times_the_same_record_again():
+    """benchmarks.vs_pfl's share of the privacy record in a round rebuilds the record from the
+    run's (uniform, one group) spend and gets the run's final epsilon back."""
+    from types import SimpleNamespace
+
+    from benchmarks.vs_pfl import record_seconds
+    from swarmjax.fl.protocol import Spend
+    from swarmjax.fl.runtime.result import privacy_record
+
+    shape = (2, 3, 5)  # runs, rounds, clients
+    spend = Spend(
+        sample_rate=np.full(shape, np.float32(Q)),
+        noise_multiplier=np.full(shape, 0.9),
+        steps=np.broadcast_to(np.arange(1, 4)[None, :, None], shape),
+        extra_epsilon=np.zeros(shape),
+    )
+    record = privacy_record(
+        spend, (), unit="client", delta=DELTA, overflow_prob=np.full(5, 4.9e-10)
+    )
+    assert [len(g) for g in record.groups] == [1, 1]  # one group a run: the fast path
+    assert record.groups[0][0][0] is None  # ... of every client
+    assert record_seconds(SimpleNamespace(privacy=record)) > 0.0
