@@ -549,6 +549,42 @@ def param_bytes(params: PyTree) -> int:
     )
 
 
+class _PeepholeLSTMCell(nn.RNNCellBase):
+    """An LSTM cell with diagonal peephole connections (Gers & Schmidhuber 2000; TensorFlow
+    1.x's ``LSTMCell(use_peepholes=True)``): the input and forget gates also see the
+    previous cell state ``c``, the output gate the new one, each through one weight per
+    unit (``3 * features`` parameters more than ``nn.OptimizedLSTMCell``, initialised to
+    zero, so the cell starts as a plain LSTM). One bias per gate; input kernel
+    lecun-normal, recurrent kernel ``(features, 4 features)`` orthogonal, as Flax's cells.
+    Carry ``(c, h)``, each ``(*batch, features)``; input ``(*batch, in)``."""
+
+    features: int
+
+    @nn.compact
+    def __call__(self, carry: tuple[Array, Array], inputs: Array) -> tuple[tuple, Array]:
+        c, h = carry
+        n = self.features
+        gates = nn.Dense(4 * n, name="input")(inputs) + nn.Dense(
+            4 * n, use_bias=False, kernel_init=nn.initializers.orthogonal(), name="hidden"
+        )(h)
+        i, g, f, o = jnp.split(gates, 4, axis=-1)
+        peep = {k: self.param(k, nn.initializers.zeros_init(), (n,)) for k in ("ci", "cf", "co")}
+        i = nn.sigmoid(i + peep["ci"] * c)
+        f = nn.sigmoid(f + peep["cf"] * c)
+        c = f * c + i * jnp.tanh(g)
+        o = nn.sigmoid(o + peep["co"] * c)
+        h = o * jnp.tanh(c)
+        return (c, h), h
+
+    def initialize_carry(self, rng: PRNGKeyArray, input_shape: tuple[int, ...]) -> tuple:
+        shape = (*input_shape[:-1], self.features)
+        return jnp.zeros(shape, jnp.float32), jnp.zeros(shape, jnp.float32)
+
+    @property
+    def num_feature_axes(self) -> int:
+        return 1
+
+
 class _CharLSTM(nn.Module):
     """Character ids ``(B, L)`` -> embedding ``(B, L, E)`` -> stacked LSTMs -> the last
     step's state ``(B, H)`` -> dense logits over the vocabulary ``(B, V)``."""
@@ -556,6 +592,7 @@ class _CharLSTM(nn.Module):
     vocab_size: int
     embed_dim: int
     hidden: tuple[int, ...]
+    peepholes: bool = False
 
     @nn.compact
     def __call__(self, x: Array) -> Array:
@@ -563,8 +600,9 @@ class _CharLSTM(nn.Module):
         x = x[None] if unbatched else x
         ids = jnp.clip(jnp.round(x).astype(jnp.int32), 0, self.vocab_size - 1)
         h = nn.Embed(self.vocab_size, self.embed_dim)(ids)
+        cell = _PeepholeLSTMCell if self.peepholes else nn.OptimizedLSTMCell
         for width in self.hidden:
-            h = nn.RNN(nn.OptimizedLSTMCell(width))(h)
+            h = nn.RNN(cell(width))(h)
         logits = nn.Dense(self.vocab_size)(h[:, -1])
         return logits[0] if unbatched else logits
 
@@ -576,6 +614,7 @@ def char_lstm(
     hidden: tuple[int, ...] = (256, 256),
     sequence_length: int = 80,
     name: str | None = None,
+    peepholes: bool = False,
 ) -> Model:
     """McMahan et al. 2017's Shakespeare model: each character embedded into ``embed_dim``
     (8) dimensions, two LSTM layers of 256 units, a softmax over the characters (logits out).
@@ -587,10 +626,16 @@ def char_lstm(
     a line, up to 80 unrolled characters, and predicts after each). 817,872 parameters at
     the defaults (80 characters; ``nn.OptimizedLSTMCell``: one bias per gate); the paper's
     866,578 is what peephole cells over 258 byte-level symbols give (docs/shakespeare.md).
+
+    ``peepholes=True`` (not the default: the paper names no cell) uses LSTM cells with
+    diagonal peephole connections (:class:`_PeepholeLSTMCell`, TensorFlow 1.x's
+    ``use_peepholes=True``, 768 more parameters per 256-unit layer):
+    ``char_lstm(258, peepholes=True)`` has the paper's 866,578 parameters exactly.
     """
     hidden = tuple(check_int("hidden width", h, 1) for h in hidden)
     vocab_size = check_int("vocab_size", vocab_size, 2)
-    module = _CharLSTM(vocab_size, check_int("embed_dim", embed_dim, 1), hidden)
+    module = _CharLSTM(vocab_size, check_int("embed_dim", embed_dim, 1), hidden, bool(peepholes))
     shape = (check_int("sequence_length", sequence_length, 1),)
     label = name or "char_lstm_" + "-".join(str(w) for w in (embed_dim, *hidden))
+    label += "_peepholes" if peepholes and name is None else ""
     return from_flax(module, shape, vocab_size, label)

@@ -213,6 +213,27 @@ def test_the_papers_lstm_shapes_and_size():
     assert char_lstm(80, 4, (8,), 5) is small  # cached: runs of equal models share compiles
 
 
+def test_peephole_cells_over_258_ids_give_the_papers_866578_parameters():
+    """The paper's count, 866,578, is what peephole LSTM cells over 258 byte-level ids give
+    (docs/shakespeare.md); the peephole weights start at zero and are trained."""
+    model = char_lstm(258, peepholes=True)
+    assert param_count(jax.eval_shape(model.init, jax.random.key(0))) == 866_578
+    check_model(model, 258, (80,))
+    small = char_lstm(80, 4, (8,), 5, peepholes=True)
+    ids = jnp.asarray([[1, 2, 3, 4, 5], [0, 0, 0, 0, 0]], jnp.float32)
+
+    def init_and_grad(key):  # one compilation
+        p = small.init(key)
+        return p, jax.grad(lambda q: jnp.sum(small.apply(q, ids) ** 2))(p)
+
+    p, grads = jax.jit(init_and_grad)(jax.random.key(0))
+    cell = p["params"]["_PeepholeLSTMCell_0"]
+    assert all(cell[k].shape == (8,) and not cell[k].any() for k in ("ci", "cf", "co"))
+    assert jax.eval_shape(small.apply, p, ids).shape == (2, 80)
+    peep = grads["params"]["_PeepholeLSTMCell_0"]
+    assert all(float(jnp.abs(peep[k]).sum()) > 0 for k in ("ci", "cf", "co"))
+
+
 def _tiny_clients(n_clients=3, per_client=12, length=5):
     rng = np.random.default_rng(0)
     text = "to be or not to be that is the question whether tis nobler in the mind "
