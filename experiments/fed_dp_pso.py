@@ -11,6 +11,9 @@ it ran. Results go to ``results/fed_dp_pso/`` (``cells.csv``, ``rounds.csv``,
 counted, ``summary.json``, PNG figures, ``privacy_ledger.json/.md``: every run as a release,
 see :func:`swarmjax.privacy.ledger.saved_releases`); finished calls are kept under
 ``calls/``, so the same command resumes (``--restart`` runs everything again).
+``--audit N``: an empirical privacy audit of every DP run, ``N`` record-level gradient
+canaries in every client, each run's lower bound printed beside its accounted epsilon and
+written to the ledger and the cells (``epsilon_lower``; docs/audits.md).
 """
 
 from __future__ import annotations
