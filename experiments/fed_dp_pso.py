@@ -197,8 +197,6 @@ def _dp_pso_call(name, part, group, alg, clients, ds, prof: Profile, lr: float, 
     res = simulate(
         alg, clients, test, variants, client_map=prof.client_map, rounds_per_call=1, progress=True
     )
-    if alg.audit is not None:  # the canaries' reports into Result.audit and the record
-        res = alg.audited(res)
     took = time.perf_counter() - t0
     h = res.history.assign(dataset=name, partition=part, method="fed_dp_pso")
     rows, sizes = [], " ".join(map(str, np.asarray(clients.sizes).tolist()))

@@ -93,9 +93,9 @@ def test_real_dp_adam_clients_stay_below_their_epsilon(runs):
     assert 0.0 <= report.epsilon_lower < EPSILON and not report.exceeds
     # every client's canaries saw its own 20 steps: no client's scores are all zero
     assert np.all(np.abs(np.asarray(res.clients.canaries.scores)).sum(axis=-1) > 0)
-    audited = alg.audited(res)
-    assert audited.audit[0] == report and audited.privacy.audit[0] == report.to_dict()
-    release = releases_from_result(audited, algorithm="fed_dp_pso", path="-")[0]
+    # simulate's finish put the reports in (FedDPPSO.audited): Result, record and ledger
+    assert res.audit[0] == report and res.privacy.audit[0] == report.to_dict()
+    release = releases_from_result(res, algorithm="fed_dp_pso", path="-")[0]
     assert release.audit["epsilon_lower"] == report.epsilon_lower
 
 

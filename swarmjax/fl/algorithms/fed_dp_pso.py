@@ -229,8 +229,9 @@ class FedDPPSO(Algorithm):
             every client holds ``audit.canaries`` record-level Dirac gradient canaries
             (:class:`~swarmjax.privacy.canaries.ClientCanaries`, score ``"gradient"``),
             each in by a secret fair coin and drawn into the client's Poisson batches at its
-            rate ``q_i``; :meth:`audited` turns a finished run's canaries into its
-            :class:`~swarmjax.privacy.canaries.CanaryReport` s. The canaries move the
+            rate ``q_i``; :meth:`audited` (which ``simulate`` calls when it finishes) turns
+            a finished run's canaries into its :class:`~swarmjax.privacy.canaries.CanaryReport`
+            s, in ``Result.audit``, the privacy record and the ledger. The canaries move the
             refined models (that is how they are seen), never the scores' data nor the
             accounting. Requires ``training.record_dp``.
     """

@@ -698,6 +698,8 @@ def finish(
         audit=reports,
         algorithm=type(alg).__name__,
     )
+    if run.audit is None and callable(getattr(alg, "audited", None)) and alg.audit is not None:
+        result = alg.audited(result)  # record-level canaries the algorithm itself carries
     if ledger is not None:
         where = "(not written)" if release_path is None else str(release_path)
         ledger.add_result(result, algorithm=type(alg).__name__, path=where)
@@ -724,7 +726,8 @@ def _check_audit(alg: Algorithm, variants: Variants, audit: Any) -> CanaryHook:
     if not callable(make):
         raise ValueError(
             f"audit needs client-level canaries, which {name} does not take (no canary_hook); "
-            "audit record-level DP-SGD with swarmjax.privacy.canaries.GradientCanaries"
+            "audit record-level DP-SGD with swarmjax.privacy.canaries.GradientCanaries, or "
+            "record-level clients by the algorithm's own audit= (e.g. FedDPPSO)"
         )
     hook = make()
     row = jax.tree.map(lambda a: jnp.asarray(a)[0], variants.hyper)
