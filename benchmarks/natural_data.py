@@ -117,6 +117,78 @@ def federation(cfg: dict, data_dir: str) -> dict:
     }
 
 
+def interleaved(data_dir: str, maps: list[str], rounds: int, model_name: str) -> list[str]:
+    """The equal split (buffer read), the power law read by steps and the power law read
+    through the padded buffer, all in THIS process, one round of each in turn
+    (:func:`~swarmjax.fl.runtime.simulator.advance`), so that every ratio is between
+    rounds timed under the same load. Returns the table's markdown lines."""
+    import numpy as np
+
+    from swarmjax.fl.algorithms.fedavg import FedAvg
+    from swarmjax.fl.client.training import LocalTraining
+    from swarmjax.fl.data import load_dataset, partition
+    from swarmjax.fl.data.store import ClientStore
+    from swarmjax.fl.protocol import RunSpec, Variants, run_keys, server_key, variant_identities
+    from swarmjax.fl.runtime.simulator import advance, start
+    from swarmjax.models import mlp, simple_cnn
+
+    data = load_dataset("mnist", data_dir)
+    order = np.random.default_rng(0).permutation(len(data.y_train))
+    equal = np.split(order[: len(order) // 1000 * 1000], 1000)
+    power = partition(data.y_train, 1000, "power_law", seed=0).indices
+    model = (
+        simple_cnn(10, data.input_shape)
+        if model_name == "cnn"
+        else mlp((200, 200), 10, data.input_shape)
+    )
+    alg = FedAvg(model, LocalTraining(batch_size=10), cohort=50, eval_batch_size=250)
+    test = (data.x_test[:1000], data.y_test[:1000])
+    lines = [
+        "| client map (model) | federation | read | s / round | vs equal | steps / round | "
+        "s per 1,000 steps vs equal | load |",
+        "|---|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for cmap in maps:
+        runs = {}
+        for name, idx, read in (
+            ("equal", equal, "buffer"),
+            ("power_law", power, "step"),
+            ("power_law", power, "buffer"),
+        ):
+            store = ClientStore.build(data.x_train, data.y_train, idx).with_read(read)
+            variants = Variants.grid(alg, store, RunSpec(rounds + 1, 1e-5), learning_rate=0.1)
+            run = start(alg, store, test, variants, client_map=None if cmap == "default" else cmap)
+            run, _ = advance(run, 1)  # compiles
+            key = run_keys(list(variants.spec.seeds), variant_identities(alg, variants), False)
+            sizes = np.asarray(store.sizes)
+            select = alg.exchanges[0].select
+            steps = [
+                int(
+                    np.ceil(
+                        sizes[np.asarray(select(None, server_key(key[0], t, 0), 1000))] / 10
+                    ).sum()
+                )
+                for t in range(2, rounds + 2)
+            ]
+            runs[name, read] = [run, steps, []]
+        for _ in range(rounds):  # one round of each in turn
+            for entry in runs.values():
+                t0 = time.perf_counter()
+                entry[0], _ = advance(entry[0], 1)
+                entry[2].append(time.perf_counter() - t0)
+        base = runs["equal", "buffer"]
+        base_round = float(np.mean(base[2]))
+        base_step = sum(base[2]) / sum(base[1])
+        for (name, read), (_, steps, times) in runs.items():
+            lines.append(
+                f"| {cmap} ({model_name}) | {name} | {read} | {np.mean(times):.3f} | "
+                f"{np.mean(times) / base_round:.2f}x | {np.mean(steps):.0f} | "
+                f"{sum(times) / sum(steps) / base_step:.2f}x | {os.getloadavg()[0]:.1f} |"
+            )
+            print(lines[-1], flush=True)
+    return lines
+
+
 @_cli.entry_point
 def main(argv: list[str] | None = None) -> None:
     p = _bcli.parser("natural_data", __doc__.split("\n\n")[0], writes="natural_data")
@@ -138,6 +210,13 @@ def main(argv: list[str] | None = None) -> None:
         help="federation alternatives: all (reads, sorted blocks, a cap of 64) or reads "
         "(buffer against step reads, no cap)",
     )
+    p.add_argument(
+        "--interleaved",
+        action="store_true",
+        help="time the equal split, the power law by steps and by buffer in ONE process, a "
+        "round of each in turn (ratios under the same load; no peak RSS); prints, writes "
+        "nothing",
+    )
     skip = p.add_mutually_exclusive_group()
     skip.add_argument("--skip-experiments", action="store_true", help="federations only")
     skip.add_argument("--skip-federations", action="store_true", help="experiments only")
@@ -152,6 +231,22 @@ def main(argv: list[str] | None = None) -> None:
         return
     _cli.load_dataset("mnist", Path(data_dir), _cli.data_source(args))  # before any work
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    if args.interleaved:
+        lines = interleaved(data_dir, args.maps, args.rounds, args.model)
+        print(
+            "\n".join(
+                [
+                    f"`python -m benchmarks.natural_data --interleaved` on {machine()}, "
+                    f"started {started}: one process, {args.rounds} rounds of each "
+                    "configuration in turn after its compiled first round (FedAvg, cohort "
+                    "50, batch 10, one epoch); 'vs equal': against the equal split's "
+                    "rounds timed between them.",
+                    "",
+                    *lines,
+                ]
+            )
+        )
+        return
     lines: list[str] = []
     if not args.skip_experiments:
         exp = [
