@@ -16,7 +16,10 @@ Measures, each in its own subprocess (its peak RSS is its own, read with ``os.wa
   ``ClientStore.vmap_block``; a per-round cap, ``LocalTraining.max_examples``). Targets:
   peak RSS < 2.5 GiB and the power-law round within 1.5x of the equal split's.
 
-Ratios are against the equal split measured in the same run. ``--write`` writes the
+Ratios are against the equal split measured in the same run. ``--interleaved`` times the
+equal split, the power law read by steps and the power law through its padded buffer in ONE
+process instead, one round of each in turn, so that each ratio is taken under the same load
+(no peak RSS; prints only). ``--write`` writes the
 ``natural_data`` section of benchmarks/RESULTS.md; without it nothing is written.
 """
 
