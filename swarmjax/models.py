@@ -52,6 +52,7 @@ __all__ = [
     "param_bytes",
     "param_count",
     "simple_cnn",
+    "unbatched_orthogonal",
 ]
 
 InitFn = Callable[[PRNGKeyArray], PyTree]
@@ -549,13 +550,44 @@ def param_bytes(params: PyTree) -> int:
     )
 
 
+def unbatched_orthogonal(scale: float = 1.0) -> Callable[..., Array]:
+    """Flax's orthogonal initializer (a QR of a normal draw), drawn one matrix at a time
+    under ``vmap``: the LSTMs' recurrent-kernel init (:func:`char_lstm`, combined learning's
+    LSTM).
+
+    Why: on XLA's CPU runtime (jaxlib 0.10.2, 2 threads) two *batched* QR factorisations in
+    one program deadlock on the intra-op thread pool, so a ``vmap`` of a two-layer LSTM's
+    ``init`` over runs, seeds or particles hung for ever (docs/shakespeare.md).  Under
+    ``vmap`` this initializer maps over the batch (:func:`jax.lax.map`), so every QR stays
+    unbatched; the values are those of the unbatched draw, bit for bit.  Outside ``vmap``
+    it is ``nn.initializers.orthogonal(scale)``.
+    """
+    base = nn.initializers.orthogonal(scale)
+
+    def init(key: PRNGKeyArray, shape: Sequence[int], dtype: Any = jnp.float32) -> Array:
+        @jax.custom_batching.custom_vmap
+        def draw(k: PRNGKeyArray) -> Array:
+            return base(k, shape, dtype)
+
+        @draw.def_vmap
+        def _one_at_a_time(axis_size: int, in_batched: list[bool], k: PRNGKeyArray):
+            if not in_batched[0]:  # one key for the whole batch: one draw, broadcast
+                return draw(k), False
+            return jax.lax.map(draw, k), True
+
+        return draw(key)
+
+    return init
+
+
 class _PeepholeLSTMCell(nn.RNNCellBase):
     """An LSTM cell with diagonal peephole connections (Gers & Schmidhuber 2000; TensorFlow
     1.x's ``LSTMCell(use_peepholes=True)``): the input and forget gates also see the
     previous cell state ``c``, the output gate the new one, each through one weight per
     unit (``3 * features`` parameters more than ``nn.OptimizedLSTMCell``, initialised to
     zero, so the cell starts as a plain LSTM). One bias per gate; input kernel
-    lecun-normal, recurrent kernel ``(features, 4 features)`` orthogonal, as Flax's cells.
+    lecun-normal, recurrent kernel ``(features, 4 features)`` orthogonal, as Flax's cells
+    (:func:`unbatched_orthogonal`).
     Carry ``(c, h)``, each ``(*batch, features)``; input ``(*batch, in)``."""
 
     features: int
@@ -565,7 +597,7 @@ class _PeepholeLSTMCell(nn.RNNCellBase):
         c, h = carry
         n = self.features
         gates = nn.Dense(4 * n, name="input")(inputs) + nn.Dense(
-            4 * n, use_bias=False, kernel_init=nn.initializers.orthogonal(), name="hidden"
+            4 * n, use_bias=False, kernel_init=unbatched_orthogonal(), name="hidden"
         )(h)
         i, g, f, o = jnp.split(gates, 4, axis=-1)
         peep = {k: self.param(k, nn.initializers.zeros_init(), (n,)) for k in ("ci", "cf", "co")}
@@ -600,9 +632,13 @@ class _CharLSTM(nn.Module):
         x = x[None] if unbatched else x
         ids = jnp.clip(jnp.round(x).astype(jnp.int32), 0, self.vocab_size - 1)
         h = nn.Embed(self.vocab_size, self.embed_dim)(ids)
-        cell = _PeepholeLSTMCell if self.peepholes else nn.OptimizedLSTMCell
         for width in self.hidden:
-            h = nn.RNN(cell(width))(h)
+            cell = (
+                _PeepholeLSTMCell(width)
+                if self.peepholes
+                else nn.OptimizedLSTMCell(width, recurrent_kernel_init=unbatched_orthogonal())
+            )
+            h = nn.RNN(cell)(h)
         logits = nn.Dense(self.vocab_size)(h[:, -1])
         return logits[0] if unbatched else logits
 

@@ -6,6 +6,8 @@ message machinery."""
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -27,6 +29,7 @@ from swarmjax.fl.data.shakespeare import (
 from swarmjax.fl.protocol import RunSpec, Variants
 from swarmjax.fl.runtime import simulate
 from swarmjax.models import char_lstm, check_model, param_count
+from tests.conftest import REPO
 
 PLAY = """\
 *** START OF THIS PROJECT GUTENBERG EBOOK KING LEAR ***
@@ -236,6 +239,36 @@ def test_peephole_cells_over_258_ids_give_the_papers_866578_parameters():
     assert jax.eval_shape(small.apply, p, ids).shape == (2, 80)
     peep = grads["params"]["_PeepholeLSTMCell_0"]
     assert all(float(jnp.abs(peep[k]).sum()) > 0 for k in ("ci", "cf", "co"))
+
+
+_VMAPPED_INIT = r"""
+import jax, numpy as np
+from swarmjax.models import char_lstm
+model = char_lstm()
+keys = jax.random.split(jax.random.key(0), 2)
+both = jax.jit(jax.vmap(model.init))(keys)
+for i in range(2):
+    one = jax.jit(model.init)(keys[i])
+    for a, b in zip(jax.tree.leaves(both), jax.tree.leaves(one), strict=True):
+        np.testing.assert_array_equal(np.asarray(a)[i], np.asarray(b))
+print("ok")
+"""
+
+
+def test_a_vmapped_init_of_the_two_layer_lstm_finishes_with_the_unbatched_values():
+    """On XLA's 2-thread CPU runtime two batched QRs in one program deadlocked, so a vmap of
+    the two-layer LSTM's init over runs hung for ever (docs/shakespeare.md); the recurrent
+    kernels' orthogonal init now draws one matrix at a time under vmap
+    (``models.unbatched_orthogonal``), the same values as each key's own init. A fresh
+    process with a time limit, so a regression fails instead of hanging the suite."""
+    proc = subprocess.run(
+        [sys.executable, "-c", _VMAPPED_INIT],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=REPO,
+    )
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]
 
 
 def _tiny_clients(n_clients=3, per_client=12, length=5):

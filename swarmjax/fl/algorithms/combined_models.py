@@ -35,7 +35,7 @@ import flax.linen as nn
 from jaxtyping import Array
 
 from swarmjax._validation import check_choice
-from swarmjax.models import Model, SliceConv, from_flax, mlp, simple_cnn
+from swarmjax.models import Model, SliceConv, from_flax, mlp, simple_cnn, unbatched_orthogonal
 
 __all__ = ["THESIS_MODELS", "thesis_model"]
 
@@ -91,7 +91,8 @@ class _RowLSTM(nn.Module):
         features = math.prod(x.shape[x.ndim - self.example_ndim :]) // self.steps
         seq = x.reshape((-1, self.steps, features))
         for _ in range(self.layers):
-            seq = nn.RNN(nn.OptimizedLSTMCell(self.hidden))(seq)
+            cell = nn.OptimizedLSTMCell(self.hidden, recurrent_kernel_init=unbatched_orthogonal())
+            seq = nn.RNN(cell)(seq)
         out = nn.Dense(self.num_classes)(seq[:, -1])
         return out.reshape((*batch, self.num_classes))
 
