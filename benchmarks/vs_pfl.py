@@ -349,8 +349,6 @@ def main(argv: list[str] | None = None) -> None:
         help="the runs as JSON (results/vs_pfl.json)",
     )
     a = p.parse_args(argv)
-    if a.pfl_python and a.only != "swarmjax" and not Path(a.pfl_python).exists():
-        p.error(f"--pfl-python {a.pfl_python} does not exist (pass '' to skip pfl)")
     if a.only == "swarmjax":
         _cli.refuse_unused(a, ["pfl_python"], "--only swarmjax runs no pfl")
     if a.only == "pfl":
@@ -363,6 +361,10 @@ def main(argv: list[str] | None = None) -> None:
         p.error(f"--write records swarmjax beside pfl; --only {a.only} runs one of them")
     if a.write and not a.pfl_python:
         p.error("--write records swarmjax beside pfl; --pfl-python '' skips pfl")
+    # options that do not apply first: they are wrong on every machine, a missing pfl venv
+    # only on this one
+    if a.pfl_python and a.only != "swarmjax" and not Path(a.pfl_python).exists():
+        p.error(f"--pfl-python {a.pfl_python} does not exist (pass '' to skip pfl)")
     out = _cli.out_file(a)
     source = _cli.data_source(a)
     a.data_dir = _cli.data_dir(a.data_dir)

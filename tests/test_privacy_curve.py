@@ -79,6 +79,24 @@ def test_fast_lookup_is_infinite_when_nothing_holds():
     )
 
 
+def test_a_pmf_without_the_fields_read_falls_back_to_dp_accountings_lookup(monkeypatch):
+    """The fast lookup reads dp-accounting's dense PMF fields, which have no public getter;
+    a version that names them otherwise gives NaN there, and the lookup is dp-accounting's
+    own (the bisection), never an error or a smaller epsilon."""
+    pld = PLDS["poisson_gaussian"]
+
+    class Renamed:
+        def to_dense_pmf(self):
+            return object()  # none of _probs, _infinity_mass, _lower_loss, _discretization
+
+    fast = acc._pmf_epsilon
+    assert math.isnan(fast(Renamed(), DELTA, 0.0))
+    monkeypatch.setattr(acc, "_pmf_epsilon", lambda pmf, d, p: fast(Renamed(), d, p))
+    assert acc._pld_with_overflow(pld, DELTA, 1e-6) == acc._pld_with_overflow_bisection(
+        pld, DELTA, 1e-6
+    )
+
+
 @pytest.mark.parametrize("accountant", ["pld", "rdp"])
 def test_heterogeneous_curve_is_each_prefix_composed(accountant):
     """Rounds of different rates, noise and step counts, a round without a step and a pure-DP

@@ -366,12 +366,16 @@ def _pmf_epsilon(pmf: Any, delta: float, overflow: float) -> float:
     dp-accounting's ``get_epsilon_for_delta``.  The caller checks the value with
     dp-accounting's own ``get_delta_for_epsilon`` (:func:`_pld_with_overflow`).
     """
-    dense = pmf.to_dense_pmf()
-    probs = np.asarray(dense._probs, np.float64)  # dp-accounting has no public getter
-    m_inf = float(dense._infinity_mass)
+    try:  # dp-accounting has no public getter; another version may name these otherwise
+        dense = pmf.to_dense_pmf()
+        probs = np.asarray(dense._probs, np.float64)
+        m_inf = float(dense._infinity_mass)
+        lower_loss, discretization = int(dense._lower_loss), float(dense._discretization)
+    except (AttributeError, TypeError, ValueError):
+        return math.nan  # the caller falls back to dp-accounting's own lookups
     if probs.size == 0:
         return 0.0 if m_inf + 2.0 * overflow <= delta else math.inf
-    losses = (np.arange(probs.size) + dense._lower_loss) * dense._discretization
+    losses = (np.arange(probs.size) + lower_loss) * discretization
     with np.errstate(over="ignore", invalid="ignore"):
         weighted = np.where(probs > 0, probs * np.exp(-losses), 0.0)
     # suffix sums over i >= k for k = 0..n (k = n: the empty tail), accumulated from the top
