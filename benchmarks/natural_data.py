@@ -17,9 +17,9 @@ Measures, each in its own subprocess (its peak RSS is its own, read with ``os.wa
   peak RSS < 2.5 GiB and the power-law round within 1.5x of the equal split's.
 
 Ratios are against the equal split measured in the same run. ``--interleaved`` times the
-equal split, the power law read by steps and the power law through its padded buffer in ONE
-process instead, one round of each in turn, so that each ratio is taken under the same load
-(no peak RSS; prints only). ``--write`` writes the
+equal split (buffer and step reads), the power law read by steps and the power law through
+its padded buffer in ONE process instead, one round of each in turn, so that each ratio is
+taken under the same load (no peak RSS; prints only). ``--write`` writes the
 ``natural_data`` section of benchmarks/RESULTS.md; without it nothing is written.
 """
 
@@ -121,8 +121,8 @@ def federation(cfg: dict, data_dir: str) -> dict:
 
 
 def interleaved(data_dir: str, maps: list[str], rounds: int, model_name: str) -> list[str]:
-    """The equal split (buffer read), the power law read by steps and the power law read
-    through the padded buffer, all in THIS process, one round of each in turn
+    """The equal split (read through its buffer and by steps), the power law read by steps
+    and the power law read through the padded buffer, all in THIS process, one round of each in turn
     (:func:`~swarmjax.fl.runtime.simulator.advance`), so that every ratio is between
     rounds timed under the same load. Returns the table's markdown lines."""
     import numpy as np
@@ -155,6 +155,7 @@ def interleaved(data_dir: str, maps: list[str], rounds: int, model_name: str) ->
         runs = {}
         for name, idx, read in (
             ("equal", equal, "buffer"),
+            ("equal", equal, "step"),
             ("power_law", power, "step"),
             ("power_law", power, "buffer"),
         ):
@@ -216,7 +217,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument(
         "--interleaved",
         action="store_true",
-        help="time the equal split, the power law by steps and by buffer in ONE process, a "
+        help="time the equal split and the power law, by steps and by buffer, in ONE process, a "
         "round of each in turn (ratios under the same load; no peak RSS); prints, writes "
         "nothing",
     )
