@@ -22,7 +22,7 @@ _HEADER = "# Benchmark results\n\nEach section is written by the script named in
 
 def machine() -> str:
     """One line naming the CPU/accelerator, core count, JAX version and date."""
-    cpu = platform.processor() or platform.machine()
+    cpu = ""
     try:
         with open("/proc/cpuinfo") as fh:
             for line in fh:
@@ -31,6 +31,8 @@ def machine() -> str:
                     break
     except OSError:
         pass
+    # platform.processor() runs `uname -p` in a subprocess: only where /proc has no name
+    cpu = cpu or platform.processor() or platform.machine()
     devices = ", ".join(sorted({d.device_kind for d in jax.devices()}))
     return (
         f"{cpu}, {os.cpu_count()} cores; JAX {jax.__version__} on {jax.default_backend()} "

@@ -9,15 +9,27 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
-# The suite is compile-bound: its programs are small and run once or twice, and XLA's CPU
-# backend spends most of a test's time in LLVM (a vmapped threefry draw compiles in 3.4 s at
-# the default -O2, 0.15 s at -O0). LLVM's level changes the speed of the code, not its
-# results beyond float32 rounding (-O2 fuses multiply-adds; test_compile_level.py checks
-# a DP run and a PAASO swarm both ways), so the tests compile at -O0 unless XLA_FLAGS
-# already sets a level. Processes the tests start (SuperNodes, sweep workers) inherit it.
+# The suite is compile-bound: its programs are small and run once or twice, and most of a
+# test's time is XLA's CPU compiler. Two flags cut it without changing results beyond
+# float32 rounding (tests/test_compile_level.py checks a DP run and a PAASO swarm against
+# XLA's defaults; docs/testing.md has the measurements):
+# * LLVM at -O0 (a vmapped threefry draw compiles in 3.4 s at the default -O2, 0.15 s at
+#   -O0; -O2 fuses multiply-adds);
+# * XLA's legacy elemental fusion emitters instead of the MLIR fusion emitters
+#   (``--xla_cpu_use_fusion_emitters=false``): 37-40 % less compile CPU on test_fedavg,
+#   test_dpsgd and test_paaso; fusions may round differently, so two formulations of one
+#   computation that are bitwise equal at XLA's defaults are compared to 1e-6 here.
+# Each is added unless XLA_FLAGS already sets it; processes the tests start (SuperNodes,
+# sweep workers, experiment subprocesses) inherit them. Experiments and benchmarks run at
+# XLA's defaults.
+SUITE_XLA_FLAGS = {
+    "xla_backend_optimization_level": "0",
+    "xla_cpu_use_fusion_emitters": "false",
+}
 _flags = os.environ.get("XLA_FLAGS", "")
-if "xla_backend_optimization_level" not in _flags:
-    os.environ["XLA_FLAGS"] = f"{_flags} --xla_backend_optimization_level=0".strip()
+_added = [f"--{k}={v}" for k, v in SUITE_XLA_FLAGS.items() if k not in _flags]
+if _added:
+    os.environ["XLA_FLAGS"] = " ".join([_flags, *_added]).strip()
 
 
 def shared_data_dir() -> Path | None:

@@ -1,9 +1,10 @@
-"""The suite compiles at LLVM -O0 (``tests/conftest.py``) on the premise that LLVM's level
-changes speed, not results. This checks it: the same DP-Adam FedAvg round (Poisson
-sampling, per-example clipping, Gaussian noise, a matmul model) and the same PAASO voting
-swarm, computed in fresh processes at -O0 and at XLA's default -O2, make the same discrete
-choices and agree to float32 rounding (they are not bit-identical: -O2 fuses multiply-adds;
-measured 1e-7 relative on the model, 5e-7 on the swarms)."""
+"""The suite compiles with its own XLA flags (``tests/conftest.py``: LLVM at -O0 and the
+legacy elemental fusion emitters) on the premise that they change speed, not results. This
+checks it: the same DP-Adam FedAvg round (Poisson sampling, per-example clipping, Gaussian
+noise, a matmul model) and the same PAASO voting swarm, computed in fresh processes with the
+suite's flags and at XLA's defaults (what users run), make the same discrete choices and
+agree to float32 rounding (they are not bit-identical: -O2 fuses multiply-adds, and the two
+emitters fuse differently; measured 1e-7 relative on the model, 5e-7 on the swarms)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tests.conftest import REPO
+from tests.conftest import REPO, SUITE_XLA_FLAGS
 
 _PROGRAM = r"""
 import sys
@@ -46,11 +47,16 @@ np.savez(sys.argv[1], *leaves)
 """
 
 
-def _run(level: int, out: Path) -> list[np.ndarray]:
-    flags = " ".join(
-        f for f in os.environ.get("XLA_FLAGS", "").split() if "optimization_level" not in f
-    )
-    env = {**os.environ, "XLA_FLAGS": f"{flags} --xla_backend_optimization_level={level}"}
+def _run(suite_flags: bool, out: Path) -> list[np.ndarray]:
+    """The program in a fresh process, with the suite's XLA flags or with none of them."""
+    flags = [
+        f
+        for f in os.environ.get("XLA_FLAGS", "").split()
+        if not any(name in f for name in SUITE_XLA_FLAGS)
+    ]
+    if suite_flags:
+        flags += [f"--{k}={v}" for k, v in SUITE_XLA_FLAGS.items()]
+    env = {**os.environ, "XLA_FLAGS": " ".join(flags)}
     proc = subprocess.run(
         [sys.executable, "-c", _PROGRAM, str(out)],
         cwd=REPO,
@@ -64,8 +70,8 @@ def _run(level: int, out: Path) -> list[np.ndarray]:
         return [arrays[k] for k in arrays.files]
 
 
-def test_llvm_level_changes_no_result(tmp_path):
-    fast, default = _run(0, tmp_path / "o0.npz"), _run(2, tmp_path / "o2.npz")
+def test_the_suites_compile_flags_change_no_result(tmp_path):
+    fast, default = _run(True, tmp_path / "suite.npz"), _run(False, tmp_path / "default.npz")
     assert len(fast) == len(default) == 10
     for a, b in zip(fast, default, strict=True):
         assert a.shape == b.shape and a.dtype == b.dtype

@@ -211,7 +211,8 @@ def test_p_c_one_without_cast_draws_is_the_same_mechanism():
 def test_function_and_voting_strategy_as_data_run_the_same_swarms_as_static_ones():
     """One program for every function and voting strategy (``function=None``,
     ``strategy="voting"`` + indices) runs the static programs' swarms up to float rounding
-    (XLA fuses the objective differently inside the switch): here PbDRD on f4 bit for bit,
+    (XLA fuses the objective differently inside the switch): here PbDRD on f4 bit for bit
+    at XLA's defaults (to 1e-6 under the suite's legacy fusion emitters, tests/conftest.py),
     aDRD on f7 (exp, cos) within 1e-4.  Over 1000 iterations rounding differences do
     appear on f4 too (FL at the Fig. 4 setting: from iteration ~880 in 19 of 20 runs)."""
     hyper = paaso.PAASOHyper(w=0.4, phi_p=1.0, phi_g=1.0, w_g=0.1, p_m=0.8)
@@ -226,8 +227,10 @@ def test_function_and_voting_strategy_as_data_run_the_same_swarms_as_static_ones
         data = run_any(keys, paaso.FUNCTIONS.index(name), paaso.VOTING.index(strategy))
         chex.assert_trees_all_equal_shapes(static, data)
         for k, v in static.items():
-            if name == "f4":
-                np.testing.assert_array_equal(data[k], v, err_msg=k)
+            if name == "f4" and not np.issubdtype(np.asarray(v).dtype, np.floating):
+                np.testing.assert_array_equal(data[k], v, err_msg=k)  # the same choices
+            elif name == "f4":  # bitwise at XLA's defaults; the suite's emitters round apart
+                np.testing.assert_allclose(data[k], v, rtol=1e-6, atol=0, err_msg=k)
             else:
                 np.testing.assert_allclose(data[k], v, rtol=1e-4, atol=1e-4, err_msg=k)
 

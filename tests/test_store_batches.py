@@ -58,9 +58,12 @@ def test_a_store_client_reads_the_padded_buffers_rows(digits):
         np.testing.assert_array_equal(one.mask, padded.mask[s])
 
 
-def test_local_training_from_the_store_is_the_padded_training_bitwise(digits):
+def test_local_training_from_the_store_is_the_padded_training(digits):
     """ONE client, its steps jitted alone: plain SGD and record-level DP-SGD (Poisson
-    batches from the same positions)."""
+    batches from the same positions). Bitwise at XLA's defaults; the suite's legacy fusion
+    emitters (tests/conftest.py) round these two programs 1 ulp apart (1.6e-7 relative), so
+    floats are compared to 1e-6 here, the step counts exactly (whole runs in
+    tests/test_work_cap.py stay bitwise)."""
     data, _, store = digits
     model = mlp((16,), 10, data.input_shape)
     params = model.init(jax.random.key(0))
@@ -78,8 +81,8 @@ def test_local_training_from_the_store_is_the_padded_training_bitwise(digits):
         a, b = train(padded), train(step)
         assert int(a.steps) == int(b.steps) > 2 * 2
         for u, v in zip(jax.tree.leaves(a.params), jax.tree.leaves(b.params), strict=True):
-            np.testing.assert_array_equal(u, v)
-        np.testing.assert_array_equal(a.loss, b.loss)
+            np.testing.assert_allclose(u, v, rtol=1e-6, atol=1e-9)
+        np.testing.assert_allclose(a.loss, b.loss, rtol=1e-6)
 
 
 def test_no_round_array_scales_with_the_largest_client(digits):
