@@ -334,10 +334,10 @@ def run_one(
 ) -> tuple[pd.DataFrame, dict]:
     """One algorithm's runs (one per seed of ``prof.seeds``; DP-FedAvg at one target
     ``epsilon``): ``(history, {"rows": summary rows, "releases": ledger releases})`` (what
-    :class:`~swarmjax.resume.CallStore` saves). :func:`main` gives every (epsilon, seed)
-    its own call: two runs of the two-layer LSTM in one call deadlock XLA's CPU runtime on
-    a 2-core machine (their vmapped orthogonal initialisations, docs/shakespeare.md); the
-    calls share their compiled round."""
+    :class:`~swarmjax.resume.CallStore` saves). The seeds are one vmapped call (the LSTM's
+    recurrent init is drawn one matrix at a time under vmap, ``models.unbatched_orthogonal``:
+    batched QRs deadlocked XLA's 2-thread CPU runtime, docs/shakespeare.md); each epsilon
+    is its own call, and the calls share their compiled round."""
     label, alg, grid = algorithm(name, prof, store, epsilon)
     variants = Variants.grid(alg, store, spec(prof, store.num_clients), **grid)
     at = "" if epsilon is None else f" at epsilon {epsilon:g}"
@@ -474,19 +474,16 @@ def main(argv: list[str] | None = None) -> None:
     settings = {"profile": runs_depend_on, "data": counts}
     calls = _cli.call_store(out, settings, __name__, restart=args.restart)
     histories, rows = [], []
-    todo = [  # one call per (algorithm, epsilon, seed): see run_one
-        (name, eps, seed)
+    todo = [  # one call per (algorithm, epsilon), every seed in it: see run_one
+        (name, eps)
         for name in prof.algorithms
         for eps in (prof.epsilons if name == "dp-fedavg" else (None,))
-        for seed in prof.seeds
     ]
-    for name, eps, seed in todo:
-        one = dataclasses.replace(prof, seeds=(seed,))
-        run = lambda name=name, eps=eps, one=one: run_one(
-            name, one, store, test, final_test, str(out / "history.csv"), eps
+    for name, eps in todo:
+        run = lambda name=name, eps=eps: run_one(
+            name, prof, store, test, final_test, str(out / "history.csv"), eps
         )
         key = name if eps is None else f"{name}_eps{eps:g}"
-        key += f"_seed{seed}" if len(prof.seeds) > 1 else ""
         history, payload, reused = calls.fetch_or_run(key, run)
         if reused:
             print(f"{key}: reused the finished run in {calls.folder}", flush=True)
