@@ -69,7 +69,10 @@ def client_job(job: dict) -> dict:
     dp = {**vs_pfl.dp_config(job["rounds"]), "epsilon": job["epsilon"]}
     alg, grid = vs_pfl.algorithm(dp)
     variants = Variants.grid(alg, store, dp["spec"], **grid)
-    audit = CanaryAudit(job["canaries"]) if job["canaries"] else None
+    audit = None
+    if job["canaries"]:  # "haar" with slots = M: the client-level audit before 2026-11-27
+        how = {"directions": job.get("directions", "dirac"), "slots": job.get("slots")}
+        audit = CanaryAudit(job["canaries"], **how)
     t0, c0 = time.perf_counter(), time.process_time()
     res = simulate(alg, store, test, variants, audit=audit)
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0

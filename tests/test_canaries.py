@@ -12,6 +12,9 @@ from __future__ import annotations
 import json
 import math
 
+import jax
+import jax.flatten_util
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -24,7 +27,15 @@ from swarmjax.fl.data.partition import iid_partition
 from swarmjax.fl.protocol import RunSpec, Variants
 from swarmjax.fl.runtime import simulate
 from swarmjax.models import mlp
-from swarmjax.privacy.canaries import CanaryAudit, CanaryReport
+from swarmjax.privacy.canaries import (
+    OVERFLOW_BUDGET,
+    CanaryAudit,
+    CanaryReport,
+    canary_capacity,
+    cosine_scores,
+    dirac_directions,
+    direction_rows,
+)
 from swarmjax.privacy.ledger import Ledger, Release
 
 MODEL = mlp((16,), 10, (8, 8, 1))  # 1,210 parameters
@@ -85,12 +96,70 @@ def test_real_mechanism_stays_below_the_accounted_epsilon(audited):
     assert "empirical epsilon >=" in report.line() and ": ok" in report.line()
 
 
-def test_tenfold_less_noise_is_caught(federation):
-    (report,) = _run(TenfoldLessNoise(MODEL, TRAINING, clipping="fixed"), federation, AUDIT).audit
+@pytest.mark.parametrize(
+    "audit",
+    [AUDIT, CanaryAudit(512, directions="haar", slots=512)],  # 3.76 and 4.00 (in 1.999)
+    ids=["dirac", "haar-every-slot"],
+)
+def test_tenfold_less_noise_is_caught(federation, audit):
+    (report,) = _run(TenfoldLessNoise(MODEL, TRAINING, clipping="fixed"), federation, audit).audit
     assert report.epsilon <= EPSILON  # the accountant still claims the unbroken epsilon
     assert report.epsilon_lower > report.epsilon
     assert report.exceeds and "broken mechanism" in report.line()
     assert report.tpr_at_fpr > 0.9
+    assert report.dropped == 0
+
+
+def test_dirac_directions_are_orthonormal_and_score_by_one_gather():
+    like = MODEL.init(jax.random.key(0))
+    d = sum(int(np.size(a)) for a in jax.tree.leaves(like))
+    dirs = dirac_directions(jax.random.key(3), d, 300)
+    assert len(set(np.asarray(dirs.coordinates).tolist())) == 300
+    assert set(np.asarray(dirs.signs).tolist()) == {-1.0, 1.0}
+    rows = direction_rows(dirs, like, jnp.arange(300))
+    flat = np.stack(
+        [
+            np.asarray(jax.flatten_util.ravel_pytree(jax.tree.map(lambda a, i=i: a[i], rows))[0])
+            for i in range(300)
+        ]
+    )
+    np.testing.assert_array_equal(flat @ flat.T, np.eye(300))
+    change = jax.tree.map(lambda a: jax.random.normal(jax.random.key(1), a.shape), like)
+    vec = np.asarray(jax.flatten_util.ravel_pytree(change)[0], np.float64)
+    want = flat @ vec / np.linalg.norm(vec)
+    np.testing.assert_allclose(np.asarray(cosine_scores(dirs, change)), want, rtol=1e-5)
+
+
+def test_canary_slots_cover_the_participation_tail():
+    # q = 0.8, M = 512, 20 rounds (this file's run): K well under M, chance of overflow
+    # within the budget, and the next smaller K over it
+    k, overflow = canary_capacity(0.8, 512, 20)
+    assert 410 < k < 512 and 0.0 < overflow <= OVERFLOW_BUDGET
+    assert canary_capacity(0.8, 512, 20, slots=k - 1)[1] > OVERFLOW_BUDGET
+    # benchmarks.audit's cross-device rate: about 21 expected of 500; K = 61, not 500
+    k, overflow = canary_capacity(50 / 1200, 500, 25)
+    assert k == 62 and overflow <= OVERFLOW_BUDGET
+    assert canary_capacity(0.8, 512, 20, slots=512) == (512, 0.0)
+
+
+def test_bounded_slots_change_nothing_when_no_canary_sits_out(federation, audited):
+    every = _run(DPFEDAVG, federation, CanaryAudit(512, slots=512))
+    bounded, _ = audited
+    (a,), (b,) = every.audit, bounded.audit
+    assert (a.dropped, b.dropped, a.overflow) == (0, 0, 0.0) and 0 < b.overflow <= 1e-12
+    assert a.included == b.included
+    assert b.epsilon_lower == pytest.approx(a.epsilon_lower, abs=1e-3)
+    np.testing.assert_allclose(
+        every.history["test_loss"], bounded.history["test_loss"], rtol=1e-5, atol=1e-6
+    )
+
+
+def test_canaries_past_the_slots_sit_out_and_are_counted(federation):
+    (report,) = _run(DPFEDAVG, federation, CanaryAudit(512, slots=8)).audit
+    # about 0.8 * 256 in canaries take part each round, 8 slots: the rest sit out
+    assert report.dropped > 20 * 150
+    assert report.overflow == 1.0 and report.epsilon_lower == 0.0  # nothing left to bound
+    assert f"{report.dropped} canary participations" in report.line()
 
 
 def test_canaries_are_outside_the_released_metrics_and_the_accounting(plain, audited):
@@ -142,6 +211,9 @@ def test_release_refuses_an_audit_without_its_bound():
         (lambda: CanaryAudit(8, score="loss"), "unknown audit score 'loss'"),
         (lambda: CanaryAudit(8, confidence=1.0), r"audit confidence must be in \(0.5, 1.0\)"),
         (lambda: CanaryAudit(8, norm=0.5), r"audit norm must be in \[1.0, inf\)"),
+        (lambda: CanaryAudit(8, directions="qr"), "unknown audit directions 'qr'"),
+        (lambda: CanaryAudit(8, slots=0), "audit slots must be >= 1"),
+        (lambda: CanaryAudit(8, slots=9), "audit slots must be <= canaries=8"),
     ],
 )
 def test_bad_audit_settings_name_the_option(make, message):

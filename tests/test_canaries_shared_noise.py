@@ -44,6 +44,7 @@ from swarmjax.privacy.canaries import (
     canary_directions,
     canary_key,
     cosine_scores,
+    dirac_directions,
     inclusion,
 )
 from swarmjax.privacy.ledger import Ledger, releases_from_result
@@ -58,7 +59,16 @@ TRAINING = LocalTraining(epochs=1, batch_size=PER_CLIENT)
 federation = _canaries.federation  # the fixture: 40 clients of 20 digits
 
 
-def _pair(federation, tmp_path, shared: bool, monkeypatch):
+def _directions(audit: CanaryAudit, like):
+    """The directions ``simulate`` draws for ``audit`` on a model like ``like``."""
+    key = jax.random.key(audit.seed)
+    if audit.directions == "dirac":
+        d = sum(int(np.size(a)) for a in jax.tree.leaves(like))
+        return dirac_directions(key, d, audit.canaries)
+    return canary_directions(key, like, audit.canaries)
+
+
+def _pair(federation, tmp_path, shared: bool, monkeypatch, audit: CanaryAudit = AUDIT):
     """The two releases (one variant each, keys shared or independent), the ledger's claim
     for publishing both, and the audit of the pair on run A's canary coins."""
     clients, test = federation
@@ -89,7 +99,7 @@ def _pair(federation, tmp_path, shared: bool, monkeypatch):
             return run_keys(seeds, identities, True)
 
         monkeypatch.setattr(simulator, "run_keys", one_key)
-    result = simulate(alg, clients, test, variants, audit=AUDIT)
+    result = simulate(alg, clients, test, variants, audit=audit)
     ledger = Ledger(tmp_path, "shared-noise")
     for release in releases_from_result(result, algorithm="dp-fedavg", path="runs.csv"):
         ledger.add(release)
@@ -97,8 +107,8 @@ def _pair(federation, tmp_path, shared: bool, monkeypatch):
     # what simulate drew: each run's key, initial model and canary coins; the directions
     keys = run_keys(SPEC.seeds, variant_identities(alg, variants), shared)
     starts = [MODEL.init(server_init_key(k)) for k in keys]
-    coins = [inclusion(canary_key(k), AUDIT.canaries) for k in keys]
-    directions = canary_directions(jax.random.key(AUDIT.seed), starts[0], AUDIT.canaries)
+    coins = [inclusion(canary_key(k), audit.canaries) for k in keys]
+    directions = _directions(audit, starts[0])
     wa, wb = (jax.tree.map(lambda a, r=r: a[r], result.server.params) for r in range(2))
     # sign(z_B - z_A) (z_B d_A - z_A d_B): a shared noise cancels, each in canary keeps
     # |z_B - z_A| C a round along its direction (z_A > z_B here: epsilon 1.0 before 1.5)
@@ -109,10 +119,14 @@ def _pair(federation, tmp_path, shared: bool, monkeypatch):
     report = audit_scores(
         cosine_scores(directions, combined),
         coins[0],
-        audit=AUDIT,
+        audit=audit,
         epsilon=claimed.epsilon,
         delta=claimed.delta,
         unit="client",
+        # both releases' canary slots: participations that sat out, and the union bound
+        # on either run overflowing (the pair's delta takes it)
+        dropped=sum(r.dropped for r in result.audit),
+        overflow=sum(r.overflow for r in result.audit),
     )
     return result, claimed, report, coins
 

@@ -61,6 +61,7 @@ from swarmjax._validation import check_choice, check_int, check_range
 __all__ = [
     "CLIENT_RECORD_SCORES",
     "CLIENT_SCORES",
+    "DIRECTIONS",
     "METHOD",
     "RECORD_SCORES",
     "SCORES",
@@ -68,12 +69,16 @@ __all__ = [
     "CanaryHook",
     "CanaryReport",
     "ClientCanaries",
+    "DiracDirections",
     "GradientCanaries",
     "audit_scores",
+    "canary_capacity",
     "canary_directions",
     "canary_dots",
     "canary_key",
     "cosine_scores",
+    "dirac_directions",
+    "direction_rows",
     "inclusion",
     "participation_key",
     "pooled_record_report",
@@ -100,6 +105,14 @@ METHOD = (
     "CanaryScoreAuditor.epsilon_one_run (Bonferroni over thresholds)"
 )
 """How every :class:`CanaryReport`'s bound is computed."""
+
+DIRECTIONS: tuple[str, ...] = ("dirac", "haar")
+"""Client-level canary frames: ``"dirac"`` (each canary a signed unit vector on its own
+coordinate of the flattened model: ``2 M`` numbers, no QR; the default) and ``"haar"`` (a
+uniformly random orthonormal frame: a QR of a Gaussian ``(d, M)`` matrix, ``M d`` floats)."""
+OVERFLOW_BUDGET = 1e-12
+"""Largest chance, over a whole run, that more canaries take part in a round than the
+round's canary slots hold (:func:`canary_capacity`); it is added to the audit's delta."""
 
 _CANARY_DOMAIN = 0x43414E59  # "CANY": canary keys never coincide with the protocol's domains
 _INCLUSION, _PARTICIPATION, _DIRECTION = 0, 1, 2
@@ -128,6 +141,19 @@ class CanaryAudit:
         seed: seed of the client-level canary directions, shared by every run of a call
             (public: the bound needs only the in/out coins secret, and those come from each
             run's own key).
+        directions: client-level frame (:data:`DIRECTIONS`): ``"dirac"`` (default: signed
+            unit vectors on ``M`` distinct coordinates, no stored frame, score one gather)
+            or ``"haar"`` (a Haar-random orthonormal frame by QR: ``O(d M^2)`` once per
+            call and ``M d`` floats).  Both are exactly orthonormal.  Record-level
+            :class:`GradientCanaries` always use the Haar frame, :class:`ClientCanaries`
+            always Dirac canaries.
+        slots: client level: canary slots per round, ``K``, the most canaries one round's
+            aggregate takes (each a dense reply).  ``None`` (default): sized by
+            :func:`canary_capacity` from the participation rule, so that more than ``K``
+            take part in some round with chance at most :data:`OVERFLOW_BUDGET` over the
+            run; ``M``: every canary's slot every round (never overflows; ``M`` dense
+            replies per round).  Canaries past ``K`` in a round sit it out (counted:
+            :attr:`CanaryReport.dropped`).
     """
 
     canaries: int
@@ -136,6 +162,8 @@ class CanaryAudit:
     norm: float = 1.0
     fpr: float = 0.05
     seed: int = 0
+    directions: str = "dirac"
+    slots: int | None = None
 
     def __post_init__(self) -> None:
         check_int("audit canaries", self.canaries, 2)
@@ -144,6 +172,14 @@ class CanaryAudit:
         check_range("audit norm", self.norm, 1.0, math.inf, high_open=True)
         check_range("audit fpr", self.fpr, 0.0, 1.0, low_open=True, high_open=True)
         check_int("audit seed", self.seed, 0)
+        check_choice("audit directions", self.directions, DIRECTIONS)
+        if self.slots is not None:
+            check_int("audit slots", self.slots, 1)
+            if self.slots > self.canaries:
+                raise ValueError(
+                    f"audit slots must be <= canaries={self.canaries} (one slot per canary "
+                    f"at most); got {self.slots}"
+                )
         object.__setattr__(self, "confidence", float(self.confidence))
         object.__setattr__(self, "norm", float(self.norm))
         object.__setattr__(self, "fpr", float(self.fpr))
@@ -233,8 +269,95 @@ def canary_directions(key: PRNGKeyArray, like: PyTree, canaries: int) -> PyTree:
     )
 
 
+@flax.struct.dataclass
+class DiracDirections:
+    """``M`` client-level Dirac canary directions (a pytree: jit, vmap): canary ``i`` is
+    ``signs[i] e_{coordinates[i]}``, a signed unit vector on one coordinate of the
+    flattened model (``ravel_pytree`` order).  The coordinates are distinct, so the frame
+    is exactly orthonormal, like :func:`canary_directions`' Haar frame, at ``2 M`` numbers
+    instead of ``M d`` floats and no QR.  Public (drawn from :attr:`CanaryAudit.seed`).
+
+    Attributes:
+        coordinates: ``(M,)`` int32 distinct coordinates in ``[0, d)``.
+        signs: ``(M,)`` float32, each ``+1`` or ``-1``.
+    """
+
+    coordinates: Int[Array, " M"]
+    signs: Float[Array, " M"]
+
+    @property
+    def canaries(self) -> int:
+        """``M``."""
+        return int(self.coordinates.shape[-1])
+
+
+def dirac_directions(key: PRNGKeyArray, parameters: int, canaries: int) -> DiracDirections:
+    """``M = canaries`` Dirac directions on a model of ``parameters`` coordinates (``M <=
+    d``: :meth:`CanaryAudit.check_for`): ``M`` distinct coordinates drawn uniformly without
+    replacement and ``M`` fair signs, both from ``key``.  Cost ``O(d)`` once (the draw
+    without replacement); jit with ``parameters`` and ``canaries`` static."""
+    k_coord, k_sign = jax.random.split(jax.random.fold_in(key, _DIRECTION))
+    coords = jax.random.choice(k_coord, parameters, (canaries,), replace=False)
+    signs = jnp.where(jax.random.bernoulli(k_sign, 0.5, (canaries,)), 1.0, -1.0)
+    return DiracDirections(coordinates=coords.astype(jnp.int32), signs=signs.astype(jnp.float32))
+
+
+def direction_rows(
+    directions: PyTree | DiracDirections, like: PyTree, index: Int[Array, " K"]
+) -> PyTree:
+    """The unit directions of canaries ``index`` (``(K,)`` in ``[0, M)``): a pytree like
+    ``like`` (float32) with a leading ``K`` axis (``directions``: a :class:`DiracDirections`
+    or a Haar frame of :func:`canary_directions`).  Cost ``O(K d)``: only those ``K``
+    rows are built (Dirac: a scatter of ``K`` signs into ``K`` zero rows)."""
+    if isinstance(directions, DiracDirections):
+        flat, unravel = jax.flatten_util.ravel_pytree(
+            jax.tree.map(lambda p: jnp.zeros(np.shape(p), jnp.float32), like)
+        )
+        k = index.shape[0]
+        rows = jnp.zeros((k, flat.shape[0]), jnp.float32)
+        rows = rows.at[jnp.arange(k), directions.coordinates[index]].set(directions.signs[index])
+        return jax.vmap(unravel)(rows)
+    return jax.tree.map(lambda d: d[index], directions)
+
+
+def canary_capacity(
+    rate: float,
+    canaries: int,
+    rounds: int,
+    budget: float = OVERFLOW_BUDGET,
+    slots: int | None = None,
+) -> tuple[int, float]:
+    """Canary slots per round ``K`` and the run's overflow chance (host side, scipy).
+
+    Each of ``M = canaries`` canaries takes part in a round with chance at most ``rate``
+    (in canaries by the run's rule, out canaries never), independently, so a round's count
+    is at most ``Binomial(M, rate)`` in distribution.  ``K`` is ``slots`` when given, else
+    the least count with ``rounds * P[Binomial(M, rate) > K] <= budget`` (``M`` at most);
+    the returned chance, ``min(1, rounds * P[Binomial(M, rate) > K])`` (a union bound over
+    rounds; ``0`` at ``K = M``), bounds the chance that any round has more than ``K``
+    taking part."""
+    from scipy.stats import binom
+
+    check_int("canaries", canaries, 1)
+    check_int("rounds", rounds, 1)
+    p = check_range("rate", rate, 0.0, 1.0)
+    tail = rounds * binom.sf(np.arange(canaries + 1), canaries, p)  # tail[k] = P[count > k]
+    tail[canaries] = 0.0
+    if slots is None:
+        k = int(np.argmax(tail <= budget))  # tail is non-increasing and tail[M] = 0
+    else:
+        k = min(check_int("audit slots", slots, 1), canaries)
+    return k, float(min(1.0, tail[k]))
+
+
 def canary_dots(directions: PyTree, vector: PyTree) -> Float[Array, " M"]:
-    """``(M,)``: ``<vector, u_i>`` for every canary (``directions``: leading ``M`` axis)."""
+    """``(M,)``: ``<vector, u_i>`` for every canary (``directions``: leading ``M`` axis, or
+    a :class:`DiracDirections`: then one gather, ``O(d + M)``)."""
+    if isinstance(directions, DiracDirections):
+        flat, _ = jax.flatten_util.ravel_pytree(
+            jax.tree.map(lambda v: jnp.asarray(v, jnp.float32), vector)
+        )
+        return directions.signs * flat[directions.coordinates]
     pairs = zip(jax.tree.leaves(directions), jax.tree.leaves(vector), strict=True)
     return sum(jnp.tensordot(d, jnp.asarray(v, jnp.float32), axes=jnp.ndim(v)) for d, v in pairs)
 
@@ -500,6 +623,15 @@ class CanaryReport:
         tpr_at_fpr: the best threshold attack's true positive rate at false positive rate
             ``fpr`` (in against out canaries); auroc: its area under the ROC curve.
         method: how the bound was computed (:data:`METHOD`).
+        dropped: client level: canary participations that sat their round out because
+            more canaries took part than the round's slots hold (:attr:`CanaryAudit.slots`;
+            ``0`` expected: that chance is at most ``overflow``).  Sitting out only weakens
+            a canary's signal.
+        overflow: the chance, over the run, that any round had more canaries taking part
+            than its slots (:func:`canary_capacity`); the mechanism with slots is then
+            ``(epsilon, delta + (1 + e^epsilon) overflow)``-DP per canary (within that total
+            variation distance of the one without), so the bound is computed at that
+            delta (``delta`` stays the accounted one).
     """
 
     epsilon_lower: float
@@ -514,6 +646,8 @@ class CanaryReport:
     fpr: float
     auroc: float
     method: str = METHOD
+    dropped: int = 0
+    overflow: float = 0.0
 
     @property
     def exceeds(self) -> bool:
@@ -524,6 +658,8 @@ class CanaryReport:
     def line(self) -> str:
         """One line to print beside the accounted epsilon."""
         verdict = "EXCEEDS the accounted epsilon: broken mechanism" if self.exceeds else "ok"
+        if self.dropped:
+            verdict += f" ({self.dropped} canary participations over the round slots sat out)"
         return (
             f"empirical epsilon >= {self.epsilon_lower:.3f} at {self.confidence:.0%} "
             f"confidence ({self.unit}-level, {self.included}/{self.canaries} canaries in, "
@@ -546,6 +682,8 @@ class CanaryReport:
             "fpr": self.fpr,
             "auroc": self.auroc,
             "method": self.method,
+            "dropped": self.dropped,
+            "overflow": self.overflow,
         }
 
     @classmethod
@@ -562,6 +700,8 @@ def audit_scores(
     epsilon: float,
     delta: float,
     unit: str,
+    dropped: int = 0,
+    overflow: float = 0.0,
 ) -> CanaryReport:
     """The one-run lower bound of in against out canary scores (host side, numpy).
 
@@ -572,6 +712,9 @@ def audit_scores(
         audit: the audit's settings (confidence, fpr).
         epsilon, delta: the run's accounted guarantee (the bound is stated at ``delta``).
         unit: ``"client"`` or ``"record"``.
+        dropped, overflow: client level: canary participations that sat out over the
+            round slots, and the run's chance of any (:class:`CanaryReport`); the bound is
+            computed at ``delta + (1 + e^epsilon) overflow``.
 
     Returns:
         The :class:`CanaryReport`; with no in or no out canary (chance ``2^(1 - M)``)
@@ -590,12 +733,19 @@ def audit_scores(
         unit=unit,
         score=audit.score,
         fpr=audit.fpr,
+        dropped=int(dropped),
+        overflow=float(overflow),
     )
     if ins.size == 0 or outs.size == 0:
         return CanaryReport(epsilon_lower=0.0, tpr_at_fpr=0.0, auroc=0.5, **common)
+    audit_delta = float(delta) + (1.0 + math.exp(min(float(epsilon), 700.0))) * float(overflow)
     auditor = CanaryScoreAuditor(ins, outs)
     return CanaryReport(
-        epsilon_lower=float(auditor.epsilon_one_run(1.0 - audit.confidence, float(delta))),
+        epsilon_lower=(
+            float(auditor.epsilon_one_run(1.0 - audit.confidence, audit_delta))
+            if audit_delta < 1.0
+            else 0.0  # an overflow chance that large leaves nothing to bound
+        ),
         tpr_at_fpr=float(auditor.tpr_at_given_fpr(audit.fpr)),
         auroc=float(auditor.attack_auroc()),
         **common,

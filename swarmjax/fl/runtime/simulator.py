@@ -16,6 +16,7 @@ number of clients a deployment would message.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from functools import partial
 from typing import Any, Literal
@@ -53,9 +54,12 @@ from swarmjax.privacy.canaries import (
     CanaryHook,
     CanaryReport,
     audit_scores,
+    canary_capacity,
     canary_directions,
     canary_key,
     cosine_scores,
+    dirac_directions,
+    direction_rows,
     inclusion,
     participation_key,
 )
@@ -172,12 +176,13 @@ def run_exchange(
     clients: PyTree,
     hyper: PyTree,
     client_map: ClientMap = "vmap",
-    canary: tuple[CanaryHook, CanaryAudit, PyTree] | None = None,
-) -> tuple[PyTree, PyTree, Int[Array, ""]]:
+    canary: tuple[CanaryHook, CanaryAudit, PyTree, int] | None = None,
+) -> tuple[PyTree, ...]:
     """One exchange for one run: ``(server, client states, number of clients selected)``;
-    with ``canary`` (the algorithm's hook, the audit and the canaries' directions), the
-    participating canaries' replies join the real ones in ``aggregate`` (never in the
-    selected count)."""
+    with ``canary`` (the algorithm's hook, the audit, the canaries' directions and the
+    round's canary slots ``K``), the participating canaries' replies join the real ones in
+    ``aggregate`` (never in the selected count), and a fourth value is returned: how many
+    taking part sat out over the ``K`` slots (``int32``)."""
     n = num_clients(clients)
     ids = jnp.arange(n)
     mask = ex.select(server, server_key(run_key, round_index, index), n)
@@ -211,16 +216,19 @@ def run_exchange(
         slots = Slots(mask=chosen < n, ids=chosen, num_clients=n)
         if not all(kept):
             states = slots.update(states, new)
+    dropped = None
     if canary is not None:
-        replies, slots = _with_canaries(
+        replies, slots, dropped = _with_canaries(
             canary, server, request, run_key, round_index, index, replies, slots, hyper
         )
     server = ex.aggregate(server, replies, slots, aggregate_key(run_key, round_index, index), hyper)
+    if dropped is not None:
+        return server, states, jnp.sum(mask).astype(jnp.int32), dropped
     return server, states, jnp.sum(mask).astype(jnp.int32)
 
 
 def _with_canaries(
-    canary: tuple[CanaryHook, CanaryAudit, PyTree],
+    canary: tuple[CanaryHook, CanaryAudit, PyTree, int],
     server: PyTree,
     request: PyTree,
     run_key: PRNGKeyArray,
@@ -229,41 +237,58 @@ def _with_canaries(
     replies: PyTree,
     slots: Slots,
     hyper: PyTree,
-) -> tuple[PyTree, Slots]:
-    """``replies`` (``(S, ...)``) and ``slots`` with the ``M`` canaries' replies appended
-    (``(S + M, ...)``; slot ids ``N..N+M-1``, which no client update writes): every canary's
-    reply is computed (vmapped), those not taking part this round are masked out."""
-    hook, audit, directions = canary
+) -> tuple[PyTree, Slots, Int[Array, ""]]:
+    """``replies`` (``(S, ...)``) and ``slots`` with ``K`` canary slots appended (``(S + K,
+    ...)``; slot ids in ``N..N+M-1``, which no client update writes), and how many canaries
+    taking part sat out.  Only the canaries taking part this round (in, and drawn by the
+    hook's rule) get a slot and a reply, lowest index first: ``O(K d)`` per round, not
+    ``O(M d)``.  Past ``K`` (chance at most :attr:`CanaryReport.overflow` over the run)
+    the rest sit the round out, counted: that only weakens their signal."""
+    hook, audit, directions, k = canary
     m = audit.canaries
     key = canary_key(run_key)
     included = inclusion(key, m)
-    taking_part = hook.participate(
+    taking_part = included & hook.participate(
         server, participation_key(key, round_index, index), round_index, included
     )
-    ids = jnp.arange(m, dtype=jnp.int32)
-    scaled = jax.tree.map(lambda d: d * audit.norm, directions)
+    idx = jnp.nonzero(taking_part, size=k, fill_value=m)[0].astype(jnp.int32)
+    valid = idx < m
+    safe = jnp.minimum(idx, m - 1)
+    rows = direction_rows(directions, hook.params(server), safe)
+    scaled = jax.tree.map(lambda d: d * audit.norm, rows)
     extra = jax.vmap(lambda d: hook.reply(request, d, hyper))(scaled)
     joined = jax.tree.map(lambda a, b: jnp.concatenate([a, b.astype(a.dtype)]), replies, extra)
-    return joined, Slots(
-        mask=jnp.concatenate([slots.mask, taking_part & included]),
-        ids=jnp.concatenate([slots.ids.astype(jnp.int32), slots.num_clients + ids]),
-        num_clients=slots.num_clients,
+    dropped = (jnp.sum(taking_part) - jnp.sum(valid)).astype(jnp.int32)
+    return (
+        joined,
+        Slots(
+            mask=jnp.concatenate([slots.mask, valid]),
+            ids=jnp.concatenate([slots.ids.astype(jnp.int32), slots.num_clients + safe]),
+            num_clients=slots.num_clients,
+        ),
+        dropped,
     )
 
 
 def _exchanges(
     alg, exchanges, round_index, run_key, server, states, clients, hyper, cmap, audit=None
 ):
-    """Every exchange of a round; ``audit``: ``(CanaryAudit, directions)`` or ``None``."""
+    """Every exchange of a round; ``audit``: ``(CanaryAudit, directions, slots K)`` or
+    ``None``.  Returns the server, the states, the selected counts and the canary
+    participations that sat out over the slots (``0`` without an audit)."""
     counts = []
+    dropped = jnp.zeros((), jnp.int32)
     hook = alg.canary_hook() if audit is not None else None
     for e, ex in enumerate(exchanges):
         canary = (hook, *audit) if hook is not None and e == hook.exchange else None
-        server, states, c = run_exchange(
+        server, states, c, *extra = run_exchange(
             ex, e, round_index, run_key, server, states, clients, hyper, cmap, canary
         )
         counts.append(c)
-    return server, states, jnp.stack(counts) if counts else jnp.zeros((0,), jnp.int32)
+        if extra:
+            dropped = dropped + extra[0]
+    stacked = jnp.stack(counts) if counts else jnp.zeros((0,), jnp.int32)
+    return server, states, stacked, dropped
 
 
 def _init_one(alg: Algorithm, run_key, hyper, clients: PyTree, cmap: ClientMap):
@@ -279,7 +304,7 @@ def _init_one(alg: Algorithm, run_key, hyper, clients: PyTree, cmap: ClientMap):
     else:
         states = _map_clients(one, (clients, ids), cmap)
     zero = jnp.zeros((), jnp.int32)
-    server, states, _ = _exchanges(
+    server, states, _, _ = _exchanges(
         alg, alg.setup, zero, run_key, server, states, clients, hyper, cmap
     )
     return server, states, zero
@@ -291,7 +316,7 @@ def _rounds_one(
     def body(c, _):
         server, states, t = c
         r = t + 1
-        server, states, counts = _exchanges(
+        server, states, counts, dropped = _exchanges(
             alg, alg.exchanges, r, run_key, server, states, clients, hyper, cmap, audit
         )
         out = {
@@ -299,6 +324,8 @@ def _rounds_one(
             "spend": jax.vmap(lambda s: alg.spend(server, s))(states),
             "selected": counts,
         }
+        if audit is not None:
+            out["canaries_dropped"] = dropped
         if diagnostics:
             out["diagnostics"] = jax.vmap(alg.private_diagnostics)(states)
         return (server, states, r), out
@@ -313,16 +340,31 @@ def init_runs(alg, keys, hypers, clients, cmap):
     return jax.vmap(lambda k, h: _init_one(alg, k, h, clients, cmap))(keys, hypers)
 
 
-@partial(jax.jit, static_argnames=("alg", "rounds", "cmap", "diagnostics", "audit"))
+@partial(jax.jit, static_argnames=("alg", "rounds", "cmap", "diagnostics", "audit", "canary_slots"))
 def run_rounds(
-    alg, carry, keys, hypers, clients, test, rounds, cmap, diagnostics, audit=None, canaries=None
+    alg,
+    carry,
+    keys,
+    hypers,
+    clients,
+    test,
+    rounds,
+    cmap,
+    diagnostics,
+    audit=None,
+    canaries=None,
+    canary_slots=None,
 ):
     """Jitted: ``rounds`` more rounds of every run from ``carry`` (:func:`init_runs`'s
     output); returns ``(carry, per-round outputs)`` (metrics, spend, selected counts).
     ``audit``: a :class:`~swarmjax.privacy.canaries.CanaryAudit` whose canaries, of
-    directions ``canaries`` (a pytree like the model with a leading ``M`` axis, shared by
-    every run), join the algorithm's canary exchange (``alg.canary_hook()``) every round."""
-    with_canaries = None if audit is None else (audit, canaries)
+    directions ``canaries`` (a :class:`~swarmjax.privacy.canaries.DiracDirections`, or a
+    Haar frame: a pytree like the model with a leading ``M`` axis; shared by every run),
+    join the algorithm's canary exchange (``alg.canary_hook()``) every round, at most
+    ``canary_slots`` of them a round (static; ``None``: ``M``); the outputs then also hold
+    ``canaries_dropped`` (participations that sat out over the slots, per round)."""
+    slots = audit.canaries if audit is not None and canary_slots is None else canary_slots
+    with_canaries = None if audit is None else (audit, canaries, slots)
 
     def one(c, k, h):
         return _rounds_one(alg, c, k, h, clients, test, rounds, cmap, diagnostics, with_canaries)
@@ -504,6 +546,8 @@ class Run:
     hook: CanaryHook | None
     initial: PyTree  # the server states at the start (the canaries' reference model)
     directions: PyTree
+    canary_slots: int | None  # K: canary slots per round (None without an audit)
+    canary_overflow: float  # the run's chance that a round's canaries overflow K
     sizes: list[tuple[int, int]]
     carry: Any
     done: int = 0
@@ -569,6 +613,9 @@ def start(
     carry = init_runs(alg, keys, hyper, data, client_map)
     initial = carry[0] if audit is not None else None
     directions = None if audit is None else _directions(alg, audit, initial)
+    slots, overflow = (None, 0.0)
+    if audit is not None:
+        slots, overflow = _canary_slots(alg, audit, initial, keys, variants.spec.rounds)
     return Run(
         alg=alg,
         clients=clients,
@@ -585,6 +632,8 @@ def start(
         hook=hook,
         initial=initial,
         directions=directions,
+        canary_slots=slots,
+        canary_overflow=overflow,
         sizes=_message_bytes(alg, carry, keys, hyper, data),
         carry=carry,
     )
@@ -603,6 +652,7 @@ def _call(run: Run, carry: Any, rounds: int) -> tuple[Any, dict]:
         run.diagnostics,
         run.audit,
         run.directions,
+        run.canary_slots,
     )
 
 
@@ -671,6 +721,7 @@ def finish(
             alg, run.audit, run.keys, run.initial, run.carry[0], run.directions
         )
         scores, included = np.asarray(scores), np.asarray(included)
+        dropped = np.asarray(out["canaries_dropped"]).reshape(runs, -1).sum(axis=1)
         reports = tuple(
             audit_scores(
                 scores[r],
@@ -679,6 +730,8 @@ def finish(
                 epsilon=float(np.max(record.final_epsilon[r])),
                 delta=spec.delta,
                 unit=run.hook.unit,
+                dropped=int(dropped[r]),
+                overflow=run.canary_overflow,
             )
             for r in range(runs)
         )
@@ -737,12 +790,54 @@ def _check_audit(alg: Algorithm, variants: Variants, audit: Any) -> CanaryHook:
 
 
 def _directions(alg: Algorithm, audit: CanaryAudit, servers: PyTree) -> PyTree:
-    """The call's canary directions (shared by its runs), shaped like the released model of
-    the first run's server state (``servers``: leading run axis)."""
+    """The call's canary directions (shared by its runs) for a model like the released
+    model of the first run's server state (``servers``: leading run axis): a
+    :class:`~swarmjax.privacy.canaries.DiracDirections` (``audit.directions == "dirac"``)
+    or a Haar frame (``"haar"``)."""
     hook = alg.canary_hook()
     like = hook.params(jax.tree.map(lambda a: a[0], servers))
+    key = jax.random.key(audit.seed)
+    if audit.directions == "dirac":
+        d = sum(int(np.size(a)) for a in jax.tree.leaves(like))
+        make = jax.jit(dirac_directions, static_argnums=(1, 2))
+        return make(key, d, audit.canaries)
     make = jax.jit(canary_directions, static_argnums=2)
-    return make(jax.random.key(audit.seed), like, audit.canaries)
+    return make(key, like, audit.canaries)
+
+
+_RATE_DRAWS = 64  # public draws of the participation rule per run that size the slots
+_RATE_DOMAIN = 0x52415445  # "RATE": those draws' keys, apart from every draw of the run
+
+
+def _canary_slots(
+    alg: Algorithm, audit: CanaryAudit, servers: PyTree, keys: PRNGKeyArray, rounds: int
+) -> tuple[int, float]:
+    """``(K, overflow chance)``: the canary slots per round and the run's chance that a
+    round has more canaries taking part (:func:`~swarmjax.privacy.canaries.canary_capacity`).
+
+    ``audit.slots`` set: ``K`` is it, and the chance is ``0`` at ``K = M`` (else that of
+    the rule's rate).  The rate is the hook's own rule applied with every canary in, on
+    each run's initial server state, at 64 public keys (a domain apart from the run's
+    draws): its largest per-run mean count over ``M``, plus 6 standard errors of that
+    mean, as each canary's chance of taking part in a round.  Exact for a fixed Poisson
+    rate (DP-FedAvg) up to those 6 errors; for DP-FTRL's schedule the first round's
+    cohort is its largest, so the figure bounds every round's.  Host side, once per call."""
+    m = audit.canaries
+    if audit.slots == m:
+        return m, 0.0
+    hook = alg.canary_hook()
+    every = jnp.ones((m,), bool)
+
+    def counts(server, key):
+        ks = jax.random.split(jax.random.fold_in(canary_key(key), _RATE_DOMAIN), _RATE_DRAWS)
+        one = jnp.ones((), jnp.int32)
+        return jax.vmap(lambda k: jnp.sum(hook.participate(server, k, one, every)))(ks)
+
+    drawn = np.asarray(jax.jit(jax.vmap(counts))(servers, keys), np.float64)
+    n = _RATE_DRAWS * m
+    rate = float(np.max(drawn.mean(axis=1))) / m
+    rate = min(1.0, rate + 6.0 * math.sqrt(rate * (1.0 - rate) / n) + 1.0 / n)
+    return canary_capacity(rate, m, rounds, slots=audit.slots)
 
 
 @partial(jax.jit, static_argnames=("alg", "audit"))
