@@ -13,7 +13,9 @@ see :func:`swarmjax.privacy.ledger.saved_releases`); finished calls are kept und
 ``calls/``, so the same command resumes (``--restart`` runs everything again).
 ``--audit N``: an empirical privacy audit of every DP run, ``N`` record-level gradient
 canaries in every client, each run's lower bound printed beside its accounted epsilon and
-written to the ledger and the cells (``epsilon_lower``; docs/audits.md).
+written to the ledger and the cells (``epsilon_lower``; docs/audits.md); the Fig. 3
+FedAvg + DP-Adam baseline is audited alike (``audit fedavg ...`` lines, ``fig3.csv``'s
+``fedavg_epsilon_lower``).
 """
 
 from __future__ import annotations
@@ -63,7 +65,7 @@ from swarmjax.fl.data.transforms import SCALING_PRIVACY, scale_inputs
 from swarmjax.fl.protocol import RunSpec, Variants, coverage
 from swarmjax.fl.runtime import simulate
 from swarmjax.models import paper_mlp
-from swarmjax.privacy.canaries import CanaryAudit, CanaryReport
+from swarmjax.privacy.canaries import CanaryAudit
 from swarmjax.privacy.ledger import Ledger, Release, saved_releases
 
 EVAL_BATCH = 2000  # particles are scored 2,000 rows at a time
@@ -259,14 +261,8 @@ def run_dataset(name, prof: Profile, data_dir, out, store, cells, rounds_rows, l
 
 
 def print_audits(name: str, part: str, releases: list[dict]) -> None:
-    """One line per audited run of a call (``releases``: its ledger releases): the target,
-    the seed and the canaries' report (the empirical lower bound beside the accounted
-    epsilon of the DP-Adam steps, docs/audits.md)."""
-    for r in releases:
-        if r.get("audit"):
-            report = CanaryReport.from_dict(r["audit"])
-            target = r["variant"].get("epsilon_target")
-            print(f"  audit {name} {part} eps={target} seed={r['seed']}: {report.line()}")
+    """One line per audited Fed-DP-PSO run of a call (:func:`_parts.print_audits`)."""
+    _parts.print_audits(f"{name} {part}", releases)
 
 
 def _partition(ds, part: str, seed: int = 42):
@@ -333,8 +329,9 @@ def check(args: argparse.Namespace, prof: Profile) -> None:
             )
         why = "every target epsilon is inf (no DP): they only label the ledger's records"
         _cli.warn_unused(args, ["delta", "accountant"], why)
-    if prof.audit is not None:
-        for name in prof.datasets:
+    if prof.audit is not None:  # Fig. 3's own dataset too, when --full adds it
+        extra = (FIG3,) if prof.fig3 and args.full and FIG3 not in prof.datasets else ()
+        for name in (*prof.datasets, *extra):
             params = _model_parameters(name)
             if prof.audit > params:
                 raise _cli.UserError(
@@ -356,7 +353,7 @@ def _model_parameters(name: str) -> int:
     from swarmjax.models import param_count
 
     shape = {"pathmnist": (28, 28, 3), "digits": (8, 8, 1)}.get(name, (28, 28, 1))
-    model, _ = paper_model(name, 10, shape)
+    model, _ = paper_model(name, 9 if name == "pathmnist" else 10, shape)
     return param_count(jax.eval_shape(model.init, jax.random.key(0)))
 
 

@@ -10,6 +10,7 @@ the run happens once even when pytest-xdist spreads tests over workers.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import jax
 import numpy as np
@@ -177,3 +178,58 @@ def test_pathmnist_runs_lenet5_and_fig3_uses_it(tmp_path, monkeypatch) -> None:
     assert cells.lr.tolist() == [0.001] and cells.model.tolist() == ["lenet5_valid"]
     fig3 = pd.read_csv(out / "fig3.csv")
     assert fig3.dataset.tolist() == ["pathmnist"] and fig3.fedavg_dp.between(0, 100).all()
+
+
+def test_fig3_baseline_is_audited_beside_its_epsilon(tmp_path, capsys) -> None:
+    """``--audit N`` reaches the Fig. 3 baseline (FedAvg + DP-Adam, ``FedAvg(audit=...)``):
+    its bound is printed beside its accounted epsilon, in ``fig3.csv`` and in its ledger
+    release. Fig. 3 is called directly on 3 random clients (one 1-round FedAvg run, no
+    Fed-DP-PSO run: ``cells`` stands in for its finished table)."""
+    from types import SimpleNamespace
+
+    from experiments import _fed_dp_pso_parts as parts
+    from swarmjax.fl import stack_clients
+    from swarmjax.privacy.ledger import Ledger
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(150, 8, 8, 1)).astype(np.float32)
+    y = rng.integers(0, 10, 150)
+    clients = stack_clients(x, y, [np.arange(i * 40, (i + 1) * 40) for i in range(3)])
+    ds = SimpleNamespace(x_test=x[120:], y_test=y[120:])
+    d = parts.Dataset(ds, clients, mlp((16,), 10, (8, 8, 1)), 20, 0.005, True)
+    prof = replace(fed_dp_pso.PROFILES["quick"], rounds=1, epsilons=(5.0,), seeds=1, audit=16)
+    cells = [dict(dataset="digits", partition="iid", epsilon=5.0, acc_mean=50.0, acc_std=None)]
+    rounds = pd.DataFrame({"dataset": [], "partition": []})
+    store = SimpleNamespace(fetch_or_run=lambda key, run: (*run(), False))
+    ledger = Ledger(tmp_path, "fed_dp_pso")
+    rows, _, _ = parts.fig3("digits", d, prof, cells, rounds, store, tmp_path, ledger)
+    out = capsys.readouterr().out
+    lines = [s for s in out.splitlines() if s.startswith("  audit fedavg digits iid eps=5.0")]
+    assert len(lines) == 1 and "empirical epsilon >=" in lines[0] and "vs accounted" in lines[0]
+    (release,) = ledger.releases
+    assert release.algorithm == "fedavg_dp_adam" and release.audit is not None
+    audit = release.audit
+    assert audit["unit"] == "record" and audit["canaries"] == 16 * 3
+    assert 0.0 <= audit["epsilon_lower"] <= audit["epsilon"] <= 5.0
+    assert rows[0]["fedavg_epsilon_lower"] == audit["epsilon_lower"]
+    assert pd.read_csv(tmp_path / "fig3.csv").fedavg_epsilon_lower.tolist() == [
+        audit["epsilon_lower"]
+    ]
+    # the inf target's baseline is not audited (no noise, no epsilon): no bound, no line
+    unaudited = parts.without_dp(
+        parts.FedAvg(d.model, audit=parts.CanaryAudit(16, score="gradient")), np.inf
+    )
+    assert unaudited.audit is None
+
+
+def test_audit_larger_than_fig3s_model_is_refused_before_any_work(tmp_path, capsys) -> None:
+    """``--full`` adds PathMNIST's LeNet-5 for Fig. 3 (both methods run on it): ``--audit``
+    is checked against its parameters too, before any work."""
+    params = fed_dp_pso._model_parameters("pathmnist")
+    assert params < fed_dp_pso._model_parameters("mnist")  # the full datasets' MLP allows it
+    with pytest.raises(SystemExit) as exit_:
+        fed_dp_pso.main(["--full", "--audit", str(params + 1), "--out", str(tmp_path / "o")])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"exceeds pathmnist's model's {params} parameters" in err[0]
+    assert not (tmp_path / "o").exists()

@@ -10,12 +10,15 @@ learning plugs in :class:`~swarmjax.fl.algorithms.combined.CombinedAggregator`).
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import flax.struct
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from jaxtyping import Array, Float, Int, PRNGKeyArray, PyTree
 
@@ -48,8 +51,14 @@ from swarmjax.fl.protocol import (
     everyone,
 )
 from swarmjax.models import Model
+from swarmjax.privacy.canaries import (
+    CanaryAudit,
+    CanaryReport,
+    ClientCanaries,
+    pooled_record_report,
+)
 
-__all__ = ["FedAvg", "FedAvgHyper"]
+__all__ = ["AuditedTrainer", "FedAvg", "FedAvgHyper"]
 
 
 @flax.struct.dataclass
@@ -67,6 +76,16 @@ class FedAvgHyper:
     server_lr: Float[Array, ""]
 
 
+@flax.struct.dataclass
+class AuditedTrainer(Trainer):
+    """:class:`~swarmjax.fl.algorithms.common.Trainer` of an audited run
+    (``FedAvg(audit=...)``): also the client's record-level canaries, carried across rounds
+    (``M`` coordinates, coins and scores; they never leave the client in a deployment, the
+    simulation reads their scores after the run)."""
+
+    canaries: ClientCanaries
+
+
 @dataclass(frozen=True)
 class FedAvg(Algorithm):
     """FedAvg as a protocol algorithm (static settings; hashable).
@@ -82,6 +101,16 @@ class FedAvg(Algorithm):
         server_optimizer: ``None`` (the new global model is the combination, McMahan et
             al.), or ``"sgd"``, ``"adam"`` (FedAdam), ``"yogi"`` (FedYogi; Reddi et al.
             2021) applied at ``server_lr`` to the pseudo-gradient ``w_t - combination``.
+        audit: an empirical audit of the record-level DP-SGD / DP-Adam steps (``None``:
+            none; docs/audits.md): every client holds ``audit.canaries`` record-level Dirac
+            gradient canaries (:class:`~swarmjax.privacy.canaries.ClientCanaries`, score
+            ``"gradient"``) in its :class:`AuditedTrainer`, each in by a secret fair coin
+            and drawn into the client's Poisson batches at its rate ``q_i``;
+            :meth:`audited` (which ``simulate`` calls when it finishes) turns a finished
+            run's canaries into its :class:`~swarmjax.privacy.canaries.CanaryReport` s, in
+            ``Result.audit``, the privacy record and the ledger. The canaries move the
+            uploaded models (that is how they are seen), never the weights ``|D_i|`` nor
+            the accounting. Requires ``training.record_dp`` and a finite ``epsilon_target``.
     """
 
     model: Model
@@ -90,6 +119,7 @@ class FedAvg(Algorithm):
     eval_batch_size: int | None = None
     cohort: int | None = None
     server_optimizer: Literal["sgd", "adam", "yogi"] | None = None
+    audit: CanaryAudit | None = None
 
     @property
     def privacy_unit(self) -> str | None:
@@ -127,7 +157,6 @@ class FedAvg(Algorithm):
     def client_init(
         self, key: PRNGKeyArray, data: ClientData, hyper: FedAvgHyper, client_id: Int[Array, ""]
     ) -> Trainer:
-        del key
         dp = self.training.record_dp is not None
         spend = Spend.none()
         if dp:
@@ -135,7 +164,17 @@ class FedAvg(Algorithm):
                 sample_rate=sample_rate(data.sizes, self.training.batch_size),
                 noise_multiplier=hyper.noise_multiplier[client_id],
             )
-        return Trainer(spend=spend, loss=jnp.zeros((), jnp.float32))
+        loss = jnp.zeros((), jnp.float32)
+        if self.audit is None:
+            return Trainer(spend=spend, loss=loss)
+        # the client's own coins and coordinates (its secret key)
+        canaries = ClientCanaries.create(key, self.audit.canaries, self._parameters())
+        return AuditedTrainer(spend=spend, loss=loss, canaries=canaries)
+
+    def _parameters(self) -> int:
+        """The model's parameter count (shapes only: no work)."""
+        like = jax.eval_shape(self.model.init, jax.random.key(0))
+        return sum(int(np.prod(a.shape)) for a in jax.tree.leaves(like))
 
     def request(self, server: ModelServer) -> PyTree:
         return server.params
@@ -148,19 +187,20 @@ class FedAvg(Algorithm):
         key: PRNGKeyArray,
         hyper: FedAvgHyper,
     ) -> tuple[Trainer, ModelReply]:
-        res = self.training.train(
-            self.model,
-            params,
-            data,
-            key,
-            hyper.learning_rate,
-            state.spend.noise_multiplier,
-            gradient_transform=self.gradient_transform(hyper),
-        )
+        args = (self.model, params, data, key, hyper.learning_rate, state.spend.noise_multiplier)
+        transform = self.gradient_transform(hyper)
+        if self.audit is None:
+            res = self.training.train(*args, gradient_transform=transform)
+        else:
+            res, canaries = self.training.train_audited(
+                *args, state.canaries, gradient_transform=transform
+            )
         spend = state.spend.replace(steps=state.spend.steps + res.steps)
         weight = self.training.examples(data.sizes).astype(jnp.float32)
         reply = ModelReply(params=res.params, weight=weight)
-        return Trainer(spend=spend, loss=res.loss), reply
+        if self.audit is None:
+            return Trainer(spend=spend, loss=res.loss), reply
+        return AuditedTrainer(spend=spend, loss=res.loss, canaries=canaries), reply
 
     def gradient_transform(self, hyper: FedAvgHyper) -> optax.GradientTransformation | None:
         """A transform of the local gradient before the optimiser (FedAvg: none; FedProx
@@ -217,6 +257,59 @@ class FedAvg(Algorithm):
                     f"cohort must be <= the {clients.num_clients} clients; got {cohort}"
                 )
         check_model_inputs(self.model, clients, test)
+        if self.audit is not None:
+            self.check_audit()
+
+    def check_audit(self) -> None:
+        """One ``ValueError`` line naming the option unless :attr:`audit` can run: a
+        ``CanaryAudit``, a record-level private run (``training.record_dp``; a no-DP or
+        client-level run has no record-level epsilon to audit), score ``"gradient"`` and
+        at most the model's parameter count of canaries (shapes only: no work)."""
+        if not isinstance(self.audit, CanaryAudit):
+            raise ValueError(
+                f"audit must be a CanaryAudit or None; got {type(self.audit).__name__}"
+            )
+        if self.training.record_dp is None:
+            raise ValueError(
+                "audit needs a private run: training.record_dp is None (no record-level DP, "
+                "epsilon inf; client-level runs take simulate(audit=...))"
+            )
+        self.audit.check_for("in-client record", self._parameters())
+
+    def audit_reports(self, result: Any) -> tuple[CanaryReport, ...]:
+        """Each run's :class:`~swarmjax.privacy.canaries.CanaryReport` of a finished
+        :func:`~swarmjax.fl.runtime.simulate` call of this algorithm (``result``): every
+        client's ``M`` canary scores over its public noise scale ``sigma_i sqrt(T_i)``
+        (its noise multiplier and accounted steps ``T_i``, from the privacy record),
+        pooled (``N M`` canaries), against the run's largest client epsilon
+        (:func:`~swarmjax.privacy.canaries.pooled_record_report`). The canaries are
+        records of the local DP steps, the only steps that read the clients' records, so
+        the whole run is ``(eps_i, delta)``-DP with respect to each of them."""
+        if self.audit is None:
+            raise ValueError("audit_reports needs an audited algorithm (audit=CanaryAudit(...))")
+        c = result.clients.canaries
+        scores, included = np.asarray(c.scores), np.asarray(c.included)
+        record = result.privacy
+        steps = np.asarray(record.steps)[:, -1]
+        scale = np.asarray(record.noise_multiplier) * np.sqrt(np.maximum(steps, 1))
+        return tuple(
+            pooled_record_report(
+                scores[r],
+                included[r],
+                scale[r],
+                audit=self.audit,
+                epsilon=float(np.max(record.final_epsilon[r])),
+                delta=float(record.delta),
+            )
+            for r in range(scores.shape[0])
+        )
+
+    def audited(self, result: Any) -> Any:
+        """``result`` with its audit: :meth:`audit_reports` in ``Result.audit`` and their
+        dicts in the privacy record's ``audit`` (so the ledger's releases carry them)."""
+        reports = self.audit_reports(result)
+        record = dataclasses.replace(result.privacy, audit=tuple(r.to_dict() for r in reports))
+        return dataclasses.replace(result, privacy=record, audit=reports)
 
     def default_hyper(self, clients: ClientData, spec: RunSpec) -> FedAvgHyper:
         """Learning rate 0.1, no noise, server learning rate 1."""
@@ -234,6 +327,13 @@ class FedAvg(Algorithm):
         (:func:`~swarmjax.fl.algorithms.common.record_level_noise`)."""
         check_positive("learning_rate", float(hyper.learning_rate))
         check_positive("server_lr", float(hyper.server_lr))
+        if self.audit is not None:
+            self.check_audit()  # record_dp first: the inf check below would hide it
+        if self.audit is not None and (epsilon_target is None or math.isinf(epsilon_target)):
+            raise ValueError(
+                "audit needs a private run: epsilon_target is inf (no noise, no epsilon to "
+                "audit); give a finite epsilon_target"
+            )
         sigma = record_level_noise(self.training, clients.sizes, spec, epsilon_target)
         return hyper.replace(noise_multiplier=jnp.asarray(sigma))
 
