@@ -148,3 +148,17 @@ def test_bad_input_names_the_option(federation):
         Variants.grid(_alg(clients), clients, spec, epsilon_target=[EPSILON, np.inf])
     with pytest.raises(ValueError, match=r"^audit needs a private run: training.record_dp"):
         Variants.grid(_alg(clients, record_dp=False), clients, spec, epsilon_target=[np.inf])
+
+
+def test_a_deployment_refuses_an_audited_algorithm(federation):
+    """An in-client audit's report is built by the simulator's ``finish``; a Flower task
+    would run the canaries and report nothing, so it is refused in one line."""
+    from swarmjax.fl.runtime.flower.task import stacked_task
+
+    clients, test = federation
+    alg = _alg(clients)
+    variants = Variants.grid(
+        alg, clients, RunSpec(ROUNDS, DELTA, (0,)), epsilon_target=[EPSILON], learning_rate=[1e-4]
+    )
+    with pytest.raises(ValueError, match=r"^audit: FedAvg\(audit=\.\.\.\) runs in the simulator"):
+        stacked_task(alg, variants, clients, test)

@@ -183,3 +183,44 @@ def check_model_inputs(model: Model, clients: Any, test: tuple[Array, Array] | N
     (``None``: not checked) against each other: shapes, classes, labels."""
     if isinstance(clients, ClientData | ClientStore):
         check_federated_inputs(model, clients, None if test is None else as_test_set(test))
+
+
+def in_client_audit_reports(audit: Any, result: Any) -> tuple[Any, ...]:
+    """Each run's :class:`~swarmjax.privacy.canaries.CanaryReport` of a finished
+    :func:`~swarmjax.fl.runtime.simulate` call (``result``) whose clients carried record-level
+    canaries (``result.clients.canaries``: a
+    :class:`~swarmjax.privacy.canaries.ClientCanaries` with ``(runs, clients, M)`` scores):
+    every client's ``M`` scores over its public noise scale ``sigma_i sqrt(T_i)`` (its noise
+    multiplier and accounted steps ``T_i``, from the privacy record), pooled (``N M``
+    canaries), against the run's largest client epsilon
+    (:func:`~swarmjax.privacy.canaries.pooled_record_report`)."""
+    from swarmjax.privacy.canaries import pooled_record_report
+
+    if audit is None:
+        raise ValueError("audit_reports needs an audited algorithm (audit=CanaryAudit(...))")
+    c = result.clients.canaries
+    scores, included = np.asarray(c.scores), np.asarray(c.included)
+    record = result.privacy
+    steps = np.asarray(record.steps)[:, -1]
+    scale = np.asarray(record.noise_multiplier) * np.sqrt(np.maximum(steps, 1))
+    return tuple(
+        pooled_record_report(
+            scores[r],
+            included[r],
+            scale[r],
+            audit=audit,
+            epsilon=float(np.max(record.final_epsilon[r])),
+            delta=float(record.delta),
+        )
+        for r in range(scores.shape[0])
+    )
+
+
+def with_audit_reports(result: Any, reports: tuple[Any, ...]) -> Any:
+    """``result`` (a :class:`~swarmjax.fl.runtime.result.Result`) with ``reports`` in
+    ``Result.audit`` and their dicts in the privacy record's ``audit`` (so the ledger's
+    releases carry them, as a client-level ``simulate(audit=...)`` does)."""
+    import dataclasses
+
+    record = dataclasses.replace(result.privacy, audit=tuple(r.to_dict() for r in reports))
+    return dataclasses.replace(result, privacy=record, audit=reports)

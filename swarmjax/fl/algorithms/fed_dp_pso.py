@@ -33,7 +33,6 @@ tensor); the velocity clamp is ``PSOHyperParams.velocity_clamp``.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -54,11 +53,13 @@ from swarmjax._validation import (
 )
 from swarmjax.fl.algorithms.common import (
     check_model_inputs,
+    in_client_audit_reports,
     keep_if,
     public_metrics,
     record_level_noise,
     record_sampling_overflow,
     slot_sum,
+    with_audit_reports,
 )
 from swarmjax.fl.client.training import LocalTraining, RecordDP, sample_rate
 from swarmjax.fl.data.clients import ClientData
@@ -79,7 +80,6 @@ from swarmjax.privacy.canaries import (
     CanaryAudit,
     CanaryReport,
     ClientCanaries,
-    pooled_record_report,
 )
 from swarmjax.privacy.mechanisms import bounded
 
@@ -637,32 +637,13 @@ class FedDPPSO(Algorithm):
         False: not covered by epsilon) the whole run is still ``(eps_i, delta)``-DP with
         respect to each canary, and the bound is stated against the epsilon of the covered
         steps."""
-        if self.audit is None:
-            raise ValueError("audit_reports needs an audited algorithm (audit=CanaryAudit(...))")
-        c = result.clients.canaries
-        scores, included = np.asarray(c.scores), np.asarray(c.included)
-        record = result.privacy
-        steps = np.asarray(record.steps)[:, -1]
-        scale = np.asarray(record.noise_multiplier) * np.sqrt(np.maximum(steps, 1))
-        return tuple(
-            pooled_record_report(
-                scores[r],
-                included[r],
-                scale[r],
-                audit=self.audit,
-                epsilon=float(np.max(record.final_epsilon[r])),
-                delta=float(record.delta),
-            )
-            for r in range(scores.shape[0])
-        )
+        return in_client_audit_reports(self.audit, result)
 
     def audited(self, result: Any) -> Any:
         """``result`` with its audit: :meth:`audit_reports` in ``Result.audit`` and their
         dicts in the privacy record's ``audit`` (so the ledger's releases carry them, as a
         client-level ``simulate(audit=...)`` does)."""
-        reports = self.audit_reports(result)
-        record = dataclasses.replace(result.privacy, audit=tuple(r.to_dict() for r in reports))
-        return dataclasses.replace(result, privacy=record, audit=reports)
+        return with_audit_reports(result, self.audit_reports(result))
 
     def client_data(self, clients: ClientData) -> PSOData:
         """Stacked :class:`PSOData` (the scoring subset drawn once, public randomness)."""

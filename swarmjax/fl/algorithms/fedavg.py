@@ -10,7 +10,6 @@ learning plugs in :class:`~swarmjax.fl.algorithms.combined.CombinedAggregator`).
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -29,12 +28,14 @@ from swarmjax.fl.algorithms.common import (
     ModelServer,
     Trainer,
     check_model_inputs,
+    in_client_audit_reports,
     keep_if,
     masked,
     public_metrics,
     record_level_noise,
     record_sampling_overflow,
     weighted_average,
+    with_audit_reports,
 )
 from swarmjax.fl.client.training import LocalTraining, sample_rate
 from swarmjax.fl.data.clients import ClientData
@@ -55,7 +56,6 @@ from swarmjax.privacy.canaries import (
     CanaryAudit,
     CanaryReport,
     ClientCanaries,
-    pooled_record_report,
 )
 
 __all__ = ["AuditedTrainer", "FedAvg", "FedAvgHyper"]
@@ -285,31 +285,12 @@ class FedAvg(Algorithm):
         (:func:`~swarmjax.privacy.canaries.pooled_record_report`). The canaries are
         records of the local DP steps, the only steps that read the clients' records, so
         the whole run is ``(eps_i, delta)``-DP with respect to each of them."""
-        if self.audit is None:
-            raise ValueError("audit_reports needs an audited algorithm (audit=CanaryAudit(...))")
-        c = result.clients.canaries
-        scores, included = np.asarray(c.scores), np.asarray(c.included)
-        record = result.privacy
-        steps = np.asarray(record.steps)[:, -1]
-        scale = np.asarray(record.noise_multiplier) * np.sqrt(np.maximum(steps, 1))
-        return tuple(
-            pooled_record_report(
-                scores[r],
-                included[r],
-                scale[r],
-                audit=self.audit,
-                epsilon=float(np.max(record.final_epsilon[r])),
-                delta=float(record.delta),
-            )
-            for r in range(scores.shape[0])
-        )
+        return in_client_audit_reports(self.audit, result)
 
     def audited(self, result: Any) -> Any:
         """``result`` with its audit: :meth:`audit_reports` in ``Result.audit`` and their
         dicts in the privacy record's ``audit`` (so the ledger's releases carry them)."""
-        reports = self.audit_reports(result)
-        record = dataclasses.replace(result.privacy, audit=tuple(r.to_dict() for r in reports))
-        return dataclasses.replace(result, privacy=record, audit=reports)
+        return with_audit_reports(result, self.audit_reports(result))
 
     def default_hyper(self, clients: ClientData, spec: RunSpec) -> FedAvgHyper:
         """Learning rate 0.1, no noise, server learning rate 1."""

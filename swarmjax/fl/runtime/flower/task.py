@@ -78,6 +78,11 @@ class Task:
             raise ValueError(f"variants must hold exactly 1 variant; got {self.variants.size}")
         if len(self.variants.spec.seeds) != 1:
             raise ValueError(f"a task runs one seed; got {self.variants.spec.seeds}")
+        if getattr(self.algorithm, "audit", None) is not None:
+            raise ValueError(
+                f"audit: {type(self.algorithm).__name__}(audit=...) runs in the simulator only "
+                "(its report is built by simulate's finish); deploy it with audit=None"
+            )
 
     @property
     def rounds(self) -> int:
