@@ -6,7 +6,9 @@ Two audited settings, each measured without and with canaries in the same script
   users of 50 rows, Poisson cohort of rate 50/1200, one local epoch of SGD, ``simple_cnn``
   of 1,199,882 parameters, fixed clip 0.4, delta 1/1200, PLD accountant; its
   ``load_work``, ``algorithm`` and ``dp_config``) at epsilon 2 and 8, with ``--canaries``
-  client-level canaries (``simulate(..., audit=CanaryAudit(M))``, cosine score);
+  client-level canaries (``simulate(..., audit=CanaryAudit(M))``, cosine score, Dirac
+  directions and sized canary slots by default; a job's ``"directions": "haar"`` with
+  ``"slots": M`` runs the audit as it was before 2026-11-27);
 * **record-level DP-SGD** on MNIST (all 60,000 training rows, Poisson batches of expected
   size 256 in a buffer of :func:`~swarmjax.privacy.sampling.poisson_capacity` slots, its
   overflow charged by the accountant, the 784-32-10 MLP of 25,450 parameters, clip 1,
@@ -295,11 +297,16 @@ def main(argv: list[str] | None = None) -> list[dict] | None:
         raise _cli.UserError(
             f"--record-canaries {sizes['record_canaries']} exceeds the MLP's 25450 parameters"
         )
-    # directions and every canary's reply per round: 2 M d float32
+    # the taking-part canaries' dense replies per round, in K slots (canary_capacity at the
+    # cohort's rate; the Dirac directions are 2 M numbers), and their clipped copies
+    from benchmarks.vs_pfl import COHORT, USERS
+    from swarmjax.privacy.canaries import canary_capacity
+
+    slots, _ = canary_capacity(COHORT / USERS, sizes["canaries"], sizes["rounds"])
     _cli.check_memory(
-        _cli.array_bytes((2, sizes["canaries"], 1_199_882)),
+        _cli.array_bytes((2, slots, 1_199_882)),
         "--canaries",
-        f"{sizes['canaries']} canaries of 1199882 parameters",
+        f"{sizes['canaries']} canaries ({slots} slots a round) of 1199882 parameters",
     )
     data_dir = str(_cli.data_dir(a.data_dir, ("mnist",)))
     rows = measure(sizes, data_dir)

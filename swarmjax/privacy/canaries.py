@@ -13,6 +13,10 @@ released outputs into a **lower bound** on the run's epsilon, with a confidence 
   :class:`CanaryHook`: Poisson rate ``q`` for DP-FedAvg), an out canary never does.  Score:
   ``cos(w_T - w_0, u_i)``, the cosine of the final model's change with the canary's
   direction (Andrew et al. 2024, arXiv 2302.03098).  ``simulate(..., audit=CanaryAudit(N))``.
+  The directions are Dirac by default (:class:`DiracDirections`: a signed unit vector on
+  each canary's own coordinate; the score is one gather) or a Haar frame
+  (:func:`canary_directions`, ``directions="haar"``); each round only the canaries taking
+  part get a reply, in :attr:`CanaryAudit.slots` slots (:func:`canary_capacity`).
 * **record level** (DP-SGD / DP-Adam): ``M`` gradient canaries, records whose clipped
   gradient is ``C u_i`` whatever the model (Steinke, Nasr & Jagielski 2023's "Dirac"
   canaries), each in with probability 1/2 and, when in, drawn into each step's Poisson batch
