@@ -15,8 +15,6 @@ alone, as tests/test_canaries_record_clients.py's.
 
 from __future__ import annotations
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -26,9 +24,9 @@ from swarmjax.fl.algorithms.fedprox import FedProx
 from swarmjax.fl.client.training import LocalTraining, RecordDP
 from swarmjax.fl.protocol import RunSpec, Variants
 from swarmjax.models import mlp
-from swarmjax.privacy import dpsgd
 from swarmjax.privacy.canaries import CanaryAudit
 from swarmjax.privacy.ledger import releases_from_result
+from tests.drills import tenfold_drill
 
 CLIENTS, ROWS, B, ROUNDS, DELTA, CLIP, EPSILON = 4, 50, 40, 10, 1e-5, 1000.0, 2.0
 MODEL = mlp((16,), 10, (4, 5, 1))  # 506 parameters
@@ -63,24 +61,7 @@ def runs(federation):
     clients, test = federation
     alg = _alg(clients)
     spec = RunSpec(ROUNDS, DELTA, (0,))
-    variants = Variants.grid(
-        alg, clients, spec, epsilon_target=[EPSILON, BROKEN], learning_rate=[1e-4]
-    )
-    sigma = np.asarray(variants.hyper.noise_multiplier)
-    cut = float(sigma[1].max() + sigma[0].min()) / 2  # between the two runs' multipliers
-    assert sigma[1].max() < cut < sigma[0].min()
-    real = dpsgd.gaussian_mechanism
-
-    def weak(key, value, *, l2_sensitivity, noise_multiplier):
-        scaled = jnp.where(noise_multiplier < cut, noise_multiplier / 10, noise_multiplier)
-        return real(key, value, l2_sensitivity=l2_sensitivity, noise_multiplier=scaled)
-
-    jax.clear_caches()  # no program compiled with the real mechanism is reused, nor kept
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(dpsgd, "gaussian_mechanism", weak)
-        res = simulate(alg, clients, test, variants)
-    jax.clear_caches()
-    return alg, res
+    return alg, tenfold_drill(alg, clients, test, spec, EPSILON, BROKEN)
 
 
 def test_real_dp_sgd_clients_stay_below_their_epsilon(runs):

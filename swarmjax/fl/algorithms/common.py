@@ -185,6 +185,22 @@ def check_model_inputs(model: Model, clients: Any, test: tuple[Array, Array] | N
         check_federated_inputs(model, clients, None if test is None else as_test_set(test))
 
 
+def check_in_client_audit(audit: Any, training: LocalTraining, model: Model, no_dp: str) -> None:
+    """One ``ValueError`` line naming the option unless an algorithm's own record-level
+    ``audit`` can run: a :class:`~swarmjax.privacy.canaries.CanaryAudit`, a record-level
+    private run (``training.record_dp``; ``no_dp`` says what the run is without it), score
+    ``"gradient"`` and at most the model's parameter count of canaries (shapes only: no
+    work)."""
+    from swarmjax.privacy.canaries import CanaryAudit
+
+    if not isinstance(audit, CanaryAudit):
+        raise ValueError(f"audit must be a CanaryAudit or None; got {type(audit).__name__}")
+    if training.record_dp is None:
+        raise ValueError(f"audit needs a private run: training.record_dp is None ({no_dp})")
+    like = jax.eval_shape(model.init, jax.random.key(0))
+    audit.check_for("in-client record", sum(int(np.prod(a.shape)) for a in jax.tree.leaves(like)))
+
+
 def in_client_audit_reports(audit: Any, result: Any) -> tuple[Any, ...]:
     """Each run's :class:`~swarmjax.privacy.canaries.CanaryReport` of a finished
     :func:`~swarmjax.fl.runtime.simulate` call (``result``) whose clients carried record-level

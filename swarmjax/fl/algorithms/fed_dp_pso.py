@@ -52,6 +52,7 @@ from swarmjax._validation import (
     check_stored,
 )
 from swarmjax.fl.algorithms.common import (
+    check_in_client_audit,
     check_model_inputs,
     in_client_audit_reports,
     keep_if,
@@ -612,18 +613,7 @@ class FedDPPSO(Algorithm):
         """One ``ValueError`` line naming the option unless :attr:`audit` can run: a
         ``CanaryAudit``, a private run (``training.record_dp``), score ``"gradient"`` and
         at most the model's parameter count of canaries (shapes only: no work)."""
-        if not isinstance(self.audit, CanaryAudit):
-            raise ValueError(
-                f"audit must be a CanaryAudit or None; got {type(self.audit).__name__}"
-            )
-        if self.training.record_dp is None:
-            raise ValueError(
-                "audit needs a private run: training.record_dp is None (plain Adam, epsilon inf)"
-            )
-        like = jax.eval_shape(self.model.init, jax.random.key(0))
-        self.audit.check_for(
-            "in-client record", sum(int(np.prod(a.shape)) for a in jax.tree.leaves(like))
-        )
+        check_in_client_audit(self.audit, self.training, self.model, "plain Adam, epsilon inf")
 
     def audit_reports(self, result: Any) -> tuple[CanaryReport, ...]:
         """Each run's :class:`~swarmjax.privacy.canaries.CanaryReport` of a finished

@@ -27,6 +27,7 @@ from swarmjax.fl.algorithms.common import (
     ModelReply,
     ModelServer,
     Trainer,
+    check_in_client_audit,
     check_model_inputs,
     in_client_audit_reports,
     keep_if,
@@ -265,16 +266,12 @@ class FedAvg(Algorithm):
         ``CanaryAudit``, a record-level private run (``training.record_dp``; a no-DP or
         client-level run has no record-level epsilon to audit), score ``"gradient"`` and
         at most the model's parameter count of canaries (shapes only: no work)."""
-        if not isinstance(self.audit, CanaryAudit):
-            raise ValueError(
-                f"audit must be a CanaryAudit or None; got {type(self.audit).__name__}"
-            )
-        if self.training.record_dp is None:
-            raise ValueError(
-                "audit needs a private run: training.record_dp is None (no record-level DP, "
-                "epsilon inf; client-level runs take simulate(audit=...))"
-            )
-        self.audit.check_for("in-client record", self._parameters())
+        check_in_client_audit(
+            self.audit,
+            self.training,
+            self.model,
+            "no record-level DP, epsilon inf; client-level runs take simulate(audit=...)",
+        )
 
     def audit_reports(self, result: Any) -> tuple[CanaryReport, ...]:
         """Each run's :class:`~swarmjax.privacy.canaries.CanaryReport` of a finished
