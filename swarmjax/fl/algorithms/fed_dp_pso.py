@@ -458,28 +458,17 @@ class FedDPPSO(Algorithm):
             j = jnp.argmin(jnp.where(jnp.isfinite(scores), scores, jnp.inf))
             start = _take(s.position, j)
         persistent = self.optimizer_state == "persistent"
-        canaries = state.canaries
-        if self.audit is None:
-            res = self.training.train(
-                self.model,
-                start,
-                data.train,
-                k_train,
-                hyper.learning_rate,
-                state.spend.noise_multiplier,
-                opt_state=state.opt_state if persistent else None,
-            )
-        else:
-            res, canaries = self.training.train_audited(
-                self.model,
-                start,
-                data.train,
-                k_train,
-                hyper.learning_rate,
-                state.spend.noise_multiplier,
-                canaries,
-                opt_state=state.opt_state if persistent else None,
-            )
+        res, canaries = self.training.train_audited(
+            self.model,
+            start,
+            data.train,
+            k_train,
+            hyper.learning_rate,
+            state.spend.noise_multiplier,
+            None if self.audit is None else state.canaries,
+            opt_state=state.opt_state if persistent else None,
+        )
+        canaries = state.canaries if canaries is None else canaries  # () without an audit
         refined = jax.tree.map(lambda leaf: leaf[None], res.params)
         new = self.scores(refined, data.score, k_rescore, state.score_scale)[0]
         position = jax.tree.map(lambda all_, r: all_.at[j].set(r), s.position, res.params)

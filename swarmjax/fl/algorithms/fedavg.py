@@ -190,12 +190,9 @@ class FedAvg(Algorithm):
     ) -> tuple[Trainer, ModelReply]:
         args = (self.model, params, data, key, hyper.learning_rate, state.spend.noise_multiplier)
         transform = self.gradient_transform(hyper)
-        if self.audit is None:
-            res = self.training.train(*args, gradient_transform=transform)
-        else:
-            res, canaries = self.training.train_audited(
-                *args, state.canaries, gradient_transform=transform
-            )
+        res, canaries = self.training.train_audited(  # canaries None without an audit
+            *args, getattr(state, "canaries", None), gradient_transform=transform
+        )
         spend = state.spend.replace(steps=state.spend.steps + res.steps)
         weight = self.training.examples(data.sizes).astype(jnp.float32)
         reply = ModelReply(params=res.params, weight=weight)

@@ -364,17 +364,19 @@ class LocalTraining:
         key: PRNGKeyArray,
         learning_rate: Float[Array, ""],
         noise_multiplier: Float[Array, ""],
-        canaries: ClientCanaries,
+        canaries: ClientCanaries | None,
         opt_state: PyTree | None = None,
         gradient_transform: optax.GradientTransformation | None = None,
-    ) -> tuple[LocalResult, ClientCanaries]:
+    ) -> tuple[LocalResult, ClientCanaries | None]:
         """:meth:`train` with the client's record-level ``canaries`` (requires
         ``record_dp``): each DP step draws the in ones at the client's Poisson rate
         (:func:`sample_rate`) into its clipped sum, and every released noised gradient is
         added to their scores (:func:`~swarmjax.fl.client.record_dp.canary_observer`,
         before ``gradient_transform`` and the optimiser). Returns the result (its
-        ``opt_state`` the optimiser's own, as :meth:`train`'s) and the updated canaries."""
-        if self.record_dp is None:
+        ``opt_state`` the optimiser's own, as :meth:`train`'s) and the updated canaries;
+        ``canaries=None`` is :meth:`train` (and ``None`` back), so an algorithm whose audit
+        is optional makes one call either way."""
+        if canaries is not None and self.record_dp is None:
             raise ValueError("audit needs a private run: record-level canaries need record_dp")
         res, seen = self._train(
             model, params, data, key, learning_rate, noise_multiplier, opt_state,
