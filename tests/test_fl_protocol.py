@@ -578,8 +578,9 @@ def forty_clients():
 
 
 def test_a_capped_exchange_runs_and_aggregates_only_the_cohorts_slots(setup):
-    """With ``max_selected`` the simulator calls ``client`` and hands ``aggregate`` that many
-    slots (not N): a round's cost follows the cohort."""
+    """With ``max_selected`` the simulator calls ``client`` and hands the aggregate that
+    many slots (not N): a round's cost follows the cohort. DP-FedAvg's exchange is summed,
+    so the simulator hands ``aggregate_sum`` the replies' sum, never their stack."""
     _, test = setup
     clients, many, capacity = forty_clients()
     assert capacity < many
@@ -587,9 +588,11 @@ def test_a_capped_exchange_runs_and_aggregates_only_the_cohorts_slots(setup):
 
     @dataclasses.dataclass(frozen=True)
     class Spy(ClientLevelDPFedAvg):
-        def aggregate(self, server, replies, slots, key, hyper):
-            seen.append((jax.tree.leaves(replies)[0].shape[0], slots.num_clients))
-            return super().aggregate(server, replies, slots, key, hyper)
+        def aggregate_sum(self, server, replies, slots, key, hyper):
+            like = jax.tree.leaves(server.params)[0].shape
+            assert jax.tree.leaves(replies.update)[0].shape == like  # a sum: no slot axis
+            seen.append((slots.mask.shape[0], slots.num_clients))
+            return super().aggregate_sum(server, replies, slots, key, hyper)
 
     alg = Spy(MODEL, LocalTraining(batch_size=10), capacity=capacity)
     grid = Variants.grid(alg, clients, RunSpec(1, 1e-3), sample_rate=0.1)

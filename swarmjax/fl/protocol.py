@@ -79,8 +79,10 @@ __all__ = [
     "RunSpec",
     "Slots",
     "Spend",
+    "SummedAggregate",
     "UniformCohort",
     "Variants",
+    "add_reply",
     "aggregate_key",
     "client_init_key",
     "client_key",
@@ -89,9 +91,11 @@ __all__ = [
     "everyone",
     "noised",
     "release_identity",
+    "reply_sum_zeros",
     "run_keys",
     "server_init_key",
     "server_key",
+    "slot_sum",
     "variant_identities",
     "where_selected",
 ]
@@ -281,6 +285,67 @@ def where_selected(mask: Bool[Array, " N"], new: PyTree, old: PyTree) -> PyTree:
     return jax.tree.map(pick, new, old)
 
 
+def add_reply(total: PyTree, reply: PyTree, used: Bool[Array, ""]) -> PyTree:
+    """``total + reply`` leaf by leaf where ``used``, else ``total``: one slot of a reply sum
+    (``total`` float32 or wider). The slot is chosen with ``jnp.where`` before the add, so
+    NaN or inf in an unused slot never reaches it. The one definition of adding a slot:
+    :func:`slot_sum` on a CPU and the simulator's fold of a summed exchange both use it, so
+    the two give the same bits."""
+    return jax.tree.map(
+        lambda t, r: t + jnp.where(used, r.astype(t.dtype), jnp.zeros((), t.dtype)), total, reply
+    )
+
+
+def reply_sum_zeros(like: PyTree) -> PyTree:
+    """The empty sum of replies shaped like ``like`` (one reply, or its shape structure):
+    zeros, float32 or wider."""
+    return jax.tree.map(lambda r: jnp.zeros(r.shape, jnp.promote_types(r.dtype, jnp.float32)), like)
+
+
+def slot_sum(
+    tree: PyTree,
+    mask: Bool[Array, " S"],
+    weights: Float[Array, " S"] | None = None,
+    *,
+    start: PyTree | None = None,
+) -> PyTree:
+    """``start + sum_s [mask_s] w_s x_s`` over the leading slot axis, leaf by leaf, float32
+    or wider (``weights`` ``w``: ``None`` for 1, finite; ``start``: ``None`` for zeros).
+    Every slot is chosen with ``jnp.where`` on its mask bit before any arithmetic: NaN or
+    inf in an unselected slot never reaches it.
+
+    How it sums is the platform's choice, measured: on a CPU a loop over the ``S`` slots in
+    slot order (:func:`add_reply`; the simulator's fold of a summed exchange gives the same
+    bits), with no masked copy of the ``(S, ...)`` stack: 9 ms for 97 slots of the
+    1.2 M-parameter CNN on the 2-core CPU, against 159 ms for a masked copy and a product
+    with a ones vector, and ~0.7 s for XLA's reduction over the leading axis
+    (docs/cross_device.md). On an accelerator, where a loop step is a kernel launch and the
+    copy is cheap, the masked stack times the (weight) vector: one product."""
+    if start is None:
+        start = reply_sum_zeros(jax.tree.map(lambda leaf: leaf[0], tree))
+
+    def wide(v: Array) -> Array:
+        return v.astype(jnp.promote_types(v.dtype, jnp.float32))
+
+    if jax.default_backend() != "cpu":
+        w = jnp.ones(mask.shape, jnp.float32) if weights is None else weights
+        w = jnp.where(mask, w, 0)
+
+        def product(t: Array, leaf: Array) -> Array:
+            chosen = jnp.where(mask.reshape((-1,) + (1,) * (leaf.ndim - 1)), wide(leaf), 0)
+            return t + jnp.tensordot(w.astype(t.dtype), chosen.astype(t.dtype), axes=1)
+
+        return jax.tree.map(product, start, tree)
+
+    def add(s: Int[Array, ""], total: PyTree) -> PyTree:
+        x = jax.tree.map(lambda leaf: leaf[s], tree)
+        if weights is not None:
+            x = jax.tree.map(lambda v: jnp.where(mask[s], wide(v), 0) * weights[s], x)
+        return add_reply(total, x, mask[s])
+
+    return jax.lax.fori_loop(0, mask.shape[0], add, start)
+
+
 def everyone(server: ServerState, key: PRNGKeyArray, num_clients: int) -> Bool[Array, " N"]:
     """``select`` that takes every client."""
     del server, key
@@ -326,6 +391,15 @@ class Exchange:
             number``, when the selection is part of a DP mechanism (secret Poisson sampling
             of clients): the realised count would leak, so released byte counts use this
             expectation and the realised count is only a private diagnostic.
+        aggregate_sum: ``None``, or ``aggregate`` through the replies' sum alone:
+            ``aggregate(server, replies, slots, key, hyper) == aggregate_sum(server,
+            slot_sum(replies, slots.mask), slots, key, hyper)`` (:func:`slot_sum`: the
+            selected slots added in slot order, float32 or wider). Set it when the server
+            needs only the sum of the selected replies (as secure aggregation would give
+            it): a runtime may then add each reply into the sum as it comes
+            (:func:`add_reply`) instead of holding the ``S`` replies. The simulator does
+            under one-at-a-time and blocked client maps: no ``(S, ...)`` stack of replies
+            (466 MB for 97 slots of a 1.2 M-parameter model), the same bits on a CPU.
     """
 
     name: str
@@ -336,6 +410,9 @@ class Exchange:
     protection: Mapping[str, Protection] = field(default_factory=dict)
     max_selected: int | None = None
     expected_selected: Callable[[Hyper, int], Array] | None = None
+    aggregate_sum: (
+        Callable[[ServerState, Reply, Slots, PRNGKeyArray, Hyper], ServerState] | None
+    ) = None
 
     def __hash__(self) -> int:
         return hash(
@@ -348,8 +425,28 @@ class Exchange:
                 tuple(sorted(self.protection.items())),
                 self.max_selected,
                 self.expected_selected,
+                self.aggregate_sum,
             )
         )
+
+
+class SummedAggregate:
+    """Mixin of an algorithm whose server needs only the sum of the selected replies: it
+    defines ``aggregate_sum(server, total, slots, key, hyper)`` (set it as its exchange's
+    ``aggregate_sum``), and ``aggregate`` on stacked replies is that of their
+    :func:`slot_sum` (the contract of :attr:`Exchange.aggregate_sum`)."""
+
+    def aggregate(
+        self, server: ServerState, replies: Reply, slots: Slots, key: PRNGKeyArray, hyper: Hyper
+    ) -> ServerState:
+        """The server's step from the stacked replies: ``aggregate_sum`` of their sum over
+        the selected slots."""
+        return self.aggregate_sum(server, slot_sum(replies, slots.mask), slots, key, hyper)
+
+    def aggregate_sum(
+        self, server: ServerState, total: Reply, slots: Slots, key: PRNGKeyArray, hyper: Hyper
+    ) -> ServerState:
+        raise NotImplementedError
 
 
 class Algorithm:

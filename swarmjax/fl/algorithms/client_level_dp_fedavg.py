@@ -43,11 +43,18 @@ from swarmjax.fl.algorithms.common import (
     check_model_inputs,
     keep_if,
     public_metrics,
-    slot_sum,
 )
 from swarmjax.fl.client.training import LocalTraining, clip_update
 from swarmjax.fl.data.clients import ClientData
-from swarmjax.fl.protocol import Algorithm, Exchange, Protection, RunSpec, Slots, Spend
+from swarmjax.fl.protocol import (
+    Algorithm,
+    Exchange,
+    Protection,
+    RunSpec,
+    Slots,
+    Spend,
+    SummedAggregate,
+)
 from swarmjax.models import Model
 from swarmjax.privacy.canaries import CanaryHook
 from swarmjax.privacy.mechanisms import gaussian_mechanism
@@ -216,7 +223,7 @@ def check_clipping_hyper(hyper: PyTree) -> float:
 
 
 @dataclass(frozen=True)
-class ClientLevelDPFedAvg(Algorithm):
+class ClientLevelDPFedAvg(SummedAggregate, Algorithm):
     """Client-level DP-FedAvg (static settings; hashable).
 
     Attributes:
@@ -261,6 +268,7 @@ class ClientLevelDPFedAvg(Algorithm):
                 protection,
                 max_selected=self.capacity,
                 expected_selected=_expected_clients,
+                aggregate_sum=self.aggregate_sum,
             ),
         )
 
@@ -332,27 +340,29 @@ class ClientLevelDPFedAvg(Algorithm):
 
         return CanaryHook(0, participate, reply, lambda server: server.params)
 
-    def aggregate(
+    def aggregate_sum(
         self,
         server: DPFedAvgServer,
-        replies: ClientUpdate,
+        total: ClientUpdate,
         slots: Slots,
         key: PRNGKeyArray,
         hyper: DPFedAvgHyper,
     ) -> DPFedAvgServer:
+        """The server's step from ``total``, the selected replies' sum (the clipped updates'
+        sum and, adaptive, the count of unclipped bits), over ``S`` slots."""
         n = slots.num_clients
         k_sum, k_count = jax.random.split(key)
         adaptive = self.clipping == "adaptive"
         sum_noise = sum_noise_multiplier(hyper.noise_multiplier, hyper.count_noise)
         sum_noise = sum_noise if adaptive else hyper.noise_multiplier
-        total = slot_sum(replies.update, slots.mask)
         # every coordinate of the clipped sum lies within S * C_t (S reply slots)
-        noisy = self._release(k_sum, total, server.clip, sum_noise, slots.mask.shape[0])
+        noisy = self._release(k_sum, total.update, server.clip, sum_noise, slots.mask.shape[0])
         expected = hyper.sample_rate * n
         neg_mean = jax.tree.map(lambda leaf: -leaf / expected, noisy)
         clip, below = server.clip, server.noisy_unclipped_fraction
         if adaptive:
-            centred = jnp.sum(jnp.where(slots.mask, replies.unclipped - 0.5, 0.0))
+            # sum over the replying slots of (bit - 1/2): exact in float32 (halves)
+            centred = total.unclipped - 0.5 * jnp.sum(slots.mask).astype(jnp.float32)
             # sensitivity 1/2 per client, noise std sigma_b; |centred| <= S / 2
             noisy_count = self._release(
                 k_count, centred, jnp.float32(1.0), hyper.count_noise, slots.mask.shape[0] / 2

@@ -51,10 +51,18 @@ from swarmjax.fl.algorithms.client_level_dp_fedavg import (
     check_clipping_hyper,
     sum_noise_multiplier,
 )
-from swarmjax.fl.algorithms.common import Trainer, slot_sum
+from swarmjax.fl.algorithms.common import Trainer
 from swarmjax.fl.client.training import LocalTraining
 from swarmjax.fl.data.clients import ClientData
-from swarmjax.fl.protocol import Algorithm, Exchange, Protection, RunSpec, Slots, Spend
+from swarmjax.fl.protocol import (
+    Algorithm,
+    Exchange,
+    Protection,
+    RunSpec,
+    Slots,
+    Spend,
+    SummedAggregate,
+)
 from swarmjax.models import Model
 from swarmjax.privacy.canaries import CanaryHook
 from swarmjax.privacy.ftrl import (
@@ -130,7 +138,7 @@ class DPFTRLServer:
 
 
 @dataclass(frozen=True)
-class DPFTRL(Algorithm):
+class DPFTRL(SummedAggregate, Algorithm):
     """User-level DP-FTRL (static settings; hashable).
 
     Attributes:
@@ -287,7 +295,15 @@ class DPFTRL(Algorithm):
             protection["unclipped"] = COUNT
         clients = self._clients  # DP-FedAvg's request and clients
         steps = (self.select, clients.request, clients.client, self.aggregate)
-        return (Exchange("train", *steps, protection, max_selected=self.cohort),)
+        return (
+            Exchange(
+                "train",
+                *steps,
+                protection,
+                max_selected=self.cohort,
+                aggregate_sum=self.aggregate_sum,
+            ),
+        )
 
     @property
     def _clients(self) -> ClientLevelDPFedAvg:
@@ -376,27 +392,29 @@ class DPFTRL(Algorithm):
         hook = self._clients.canary_hook()
         return CanaryHook(0, participate, hook.reply, lambda server: server.params)
 
-    def aggregate(
+    def aggregate_sum(
         self,
         server: DPFTRLServer,
-        replies: ClientUpdate,
+        total: ClientUpdate,
         slots: Slots,
         key: PRNGKeyArray,
         hyper: DPFTRLHyper,
     ) -> DPFTRLServer:
+        """The server's step from ``total``, the selected replies' sum (the clipped
+        updates' sum and, adaptive, the count of unclipped bits)."""
         k_sum, k_count = jax.random.split(key)
         scale = jnp.float32(self.noise_scale)
-        total = slot_sum(replies.update, slots.mask)
         # the mechanism runs on the normalised stream x_t / C_t (contributions of norm <= 1,
         # C_t public from earlier releases): C^{-1} acts on noise of constant std, and the
         # round's output is scaled back by C_t (never C^{-1} of noise scaled by past C_j)
         std = self._sum_multiplier(hyper) * hyper.strategy.sensitivity * scale
-        noise, state = correlated_noise(hyper.strategy, server.noise, k_sum, total, std)
+        noise, state = correlated_noise(hyper.strategy, server.noise, k_sum, total.update, std)
         m = jnp.float32(self.cohort)
-        neg_mean = jax.tree.map(lambda x, e: -(x + server.clip * e) / m, total, noise)
+        neg_mean = jax.tree.map(lambda x, e: -(x + server.clip * e) / m, total.update, noise)
         clip, below = server.clip, server.noisy_unclipped_fraction
         if self.clipping == "adaptive":
-            centred = jnp.sum(jnp.where(slots.mask, replies.unclipped - 0.5, 0.0))
+            # sum over the replying slots of (bit - 1/2): exact in float32 (halves)
+            centred = total.unclipped - 0.5 * jnp.sum(slots.mask).astype(jnp.float32)
             noisy = gaussian_mechanism(
                 k_count, centred, l2_sensitivity=1.0, noise_multiplier=hyper.count_noise * scale
             )

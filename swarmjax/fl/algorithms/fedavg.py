@@ -6,6 +6,11 @@ trains ``E`` local epochs (:class:`~swarmjax.fl.client.training.LocalTraining`) 
 its model with its weight ``|D_i|``; the server combines the uploaded models with
 ``combine`` (default :func:`~swarmjax.fl.algorithms.common.weighted_average`; combined
 learning plugs in :class:`~swarmjax.fl.algorithms.combined.CombinedAggregator`).
+
+Under the default combination the server needs only two sums, ``sum_i |D_i| theta_i`` and
+``sum_i |D_i|``: each client uploads its model already times its weight, and the exchange
+is summed (``Exchange.aggregate_sum``; the simulator adds each reply into the sum as it
+comes, without a stack of the cohort's models, as secure aggregation would allow).
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from swarmjax.fl.algorithms.common import (
     public_metrics,
     record_level_noise,
     record_sampling_overflow,
+    slot_sum,
     weighted_average,
     with_audit_reports,
 )
@@ -95,7 +101,9 @@ class FedAvg(Algorithm):
         model: the ``(init, apply)`` pair.
         training: local training (epochs, batch size, optimiser, record-level DP or not).
         combine: ``(client_params, weights) -> params`` over the uploaded models (stacked);
-            unselected slots are zeroed with weight 0 before it is called.
+            unselected slots are zeroed with weight 0 before it is called. The default,
+            :func:`~swarmjax.fl.algorithms.common.weighted_average`, is computed from sums
+            alone: clients then upload ``|D_i| theta_i`` and the exchange is summed.
         eval_batch_size: chunk size of the test evaluation (None: one pass).
         cohort: clients per round, drawn uniformly without replacement (public); a round
             runs and aggregates only them (``None``: every client, every round).
@@ -139,8 +147,16 @@ class FedAvg(Algorithm):
                 self.aggregate,
                 {"params": params, "weight": weight},
                 max_selected=self.cohort,
+                aggregate_sum=self.aggregate_sum if self._summed else None,
             ),
         )
+
+    @property
+    def _summed(self) -> bool:
+        """The default combination (:func:`weighted_average`) needs only the sums of
+        ``|D_i| theta_i`` and ``|D_i|``: the client sends its model times its weight and
+        the exchange is summed."""
+        return self.combine is weighted_average
 
     # ------------------------------------------------------------------ protocol members
 
@@ -195,7 +211,10 @@ class FedAvg(Algorithm):
         )
         spend = state.spend.replace(steps=state.spend.steps + res.steps)
         weight = self.training.examples(data.sizes).astype(jnp.float32)
-        reply = ModelReply(params=res.params, weight=weight)
+        model = res.params
+        if self._summed:  # |D_i| theta_i: the server adds the replies and divides
+            model = jax.tree.map(lambda p: (p * weight).astype(p.dtype), model)
+        reply = ModelReply(params=model, weight=weight)
         if self.audit is None:
             return Trainer(spend=spend, loss=res.loss), reply
         return AuditedTrainer(spend=spend, loss=res.loss, canaries=canaries), reply
@@ -214,16 +233,38 @@ class FedAvg(Algorithm):
         key: PRNGKeyArray,
         hyper: FedAvgHyper,
     ) -> ModelServer:
-        del key
+        if self._summed:
+            return self.aggregate_sum(server, slot_sum(replies, slots.mask), slots, key, hyper)
         r = masked(replies, slots.mask)
-        new = self.combine(r.params, r.weight)
+        return self._step(server, self.combine(r.params, r.weight), jnp.sum(r.weight) > 0, hyper)
+
+    def aggregate_sum(
+        self,
+        server: ModelServer,
+        total: ModelReply,
+        slots: Slots,
+        key: PRNGKeyArray,
+        hyper: FedAvgHyper,
+    ) -> ModelServer:
+        """The server's step from ``total``, the selected replies' sum under the default
+        combination: ``sum_i |D_i| theta_i`` over ``sum_i |D_i|``."""
+        del slots, key
+        new = jax.tree.map(
+            lambda t, p: (t / total.weight).astype(p.dtype), total.params, server.params
+        )
+        return self._step(server, new, total.weight > 0, hyper)
+
+    def _step(
+        self, server: ModelServer, new: PyTree, replied: Array, hyper: FedAvgHyper
+    ) -> ModelServer:
+        """The server after a round whose clients' combination is ``new``: ``new`` itself,
+        or a server optimiser's step along ``w_t - new``; unchanged when nobody replied."""
         opt = self._server_opt(hyper)
         opt_state = server.opt_state
         if opt is not None:  # a step along the pseudo-gradient w_t - combination
             grads = jax.tree.map(jnp.subtract, server.params, new)
             updates, opt_state = opt.update(grads, server.opt_state, server.params)
             new = optax.apply_updates(server.params, updates)
-        replied = jnp.sum(r.weight) > 0
         return ModelServer(
             params=keep_if(replied, new, server.params),
             opt_state=keep_if(replied, opt_state, server.opt_state),

@@ -86,23 +86,22 @@ def clip_update(
 ) -> tuple[PyTree, Float[Array, ""], Bool[Array, ""]]:
     """Clip a whole-pytree update to L2 norm ``<= clip``: ``(clipped, norm, finite)``.
 
-    A non-finite update (any NaN or inf coordinate) is replaced by zeros (``finite`` False,
-    ``norm`` inf): it contributes nothing, so the L2 sensitivity ``clip`` holds for any
-    input. Selected with ``jnp.where``, never by multiplying the bad values by 0. The
-    clipped leaves are float32 (or wider): a low-precision model's update rounded back to
-    bfloat16 after scaling could exceed ``clip`` (by up to ~0.4 %).
+    An update whose squared norm is not finite (any NaN or inf coordinate, or a norm beyond
+    float32's range) is replaced by zeros (``finite`` False, ``norm`` inf): it contributes
+    nothing, so the L2 sensitivity ``clip`` holds for any input. Selected with
+    ``jnp.where``, never by multiplying the bad values by 0. The squared norm is the only
+    pass over the update before the scaled one (a separate finiteness pass cost 0.3 ms of
+    0.7 ms for the 1.2 M-parameter CNN). The clipped leaves are float32 (or wider): a
+    low-precision model's update rounded back to bfloat16 after scaling could exceed
+    ``clip`` (by up to ~0.4 %).
     """
-    leaves = jax.tree.leaves(update)
-    finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(leaf)) for leaf in leaves]))
-    sq = sum(jnp.sum(jnp.square(jnp.where(finite, leaf, 0).astype(jnp.float32))) for leaf in leaves)
+    wide = jax.tree.map(lambda x: x.astype(jnp.promote_types(x.dtype, jnp.float32)), update)
+    sq = sum(jnp.sum(jnp.square(leaf)) for leaf in jax.tree.leaves(wide))
+    finite = jnp.isfinite(sq)
     norm = jnp.where(finite, jnp.sqrt(sq), jnp.inf)
     scale = jnp.where(finite, jnp.minimum(1.0, clip / jnp.maximum(norm, 1e-12)), 0.0)
-
-    def one(leaf: Array) -> Array:
-        wide = leaf.astype(jnp.promote_types(leaf.dtype, jnp.float32))
-        return jnp.where(finite, wide * scale, jnp.zeros_like(wide))
-
-    return jax.tree.map(one, update), norm, finite
+    clipped = jax.tree.map(lambda leaf: jnp.where(finite, leaf * scale, 0.0), wide)
+    return clipped, norm, finite
 
 
 @dataclass(frozen=True)

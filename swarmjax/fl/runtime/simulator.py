@@ -37,12 +37,15 @@ from swarmjax.fl.protocol import (
     Exchange,
     Slots,
     Variants,
+    add_reply,
     aggregate_key,
     client_init_key,
     client_key,
+    reply_sum_zeros,
     run_keys,
     server_init_key,
     server_key,
+    slot_sum,
     variant_identities,
     where_selected,
 )
@@ -133,16 +136,26 @@ def take_clients(clients: PyTree, ids: Int[Array, " S"], key: PRNGKeyArray | Non
     return take(ids, key) if key is not None and getattr(clients, "sample", False) else take(ids)
 
 
-def _map_clients(fn: Any, args: tuple, client_map: ClientMap, used: Array | None = None) -> Any:
+def _map_clients(
+    fn: Any, args: tuple, client_map: ClientMap, used: Array | None = None, summed: bool = False
+) -> Any:
     """``fn`` over the leading (client) axis of ``args`` as ``client_map`` says.
 
     ``used`` (``(S,)`` bool): slots whose reply counts. Where clients run one at a time or
     in blocks, a block with no used slot is skipped (``lax.cond``) and returns zeros: a
     Poisson cohort's unused capacity, or unselected clients, cost nothing. (Under a batched
     predicate, e.g. several runs vmapped, the cond computes both branches: same numbers.)
+
+    ``summed`` (``fn`` returns ``(state, reply)``; needs ``used``): ``(states, reply sum)``,
+    the used slots' replies added in slot order (:func:`~swarmjax.fl.protocol.add_reply`,
+    what :func:`~swarmjax.fl.protocol.slot_sum` of the stacked replies gives, bit for bit on
+    a CPU; on an accelerator ``slot_sum`` is a product and they agree to rounding).
+    One at a time or in blocks, each reply (block) is added as it comes, inside the loop:
+    no ``(S, ...)`` stack of replies is ever built.
     """
     if client_map == "vmap":
-        return jax.vmap(fn)(*args)
+        out = jax.vmap(fn)(*args)
+        return (out[0], slot_sum(out[1], used)) if summed else out
     k = 1 if client_map == "sequential" else int(client_map)
     if used is None:
         return jax.lax.map(lambda a: fn(*a), args, batch_size=None if k == 1 else k)
@@ -155,9 +168,39 @@ def _map_clients(fn: Any, args: tuple, client_map: ClientMap, used: Array | None
         return jax.lax.cond(jnp.any(u), one, lambda _: skip(), a)
 
     n = int(used.shape[0])
+    full = n // k * k
+    if summed:
+
+        def fold(total: PyTree, a_u: tuple) -> tuple[PyTree, PyTree]:
+            a, u = a_u
+
+            def run(total: PyTree) -> tuple[PyTree, PyTree]:
+                state, reply = one(a)
+                if k == 1:
+                    return add_reply(total, reply, u), state
+                return slot_sum(reply, u, start=total), state
+
+            def skip(total: PyTree) -> tuple[PyTree, PyTree]:  # runs nothing, adds nothing
+                like = jax.eval_shape(one, a)[0]
+                return total, jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), like)
+
+            return jax.lax.cond(jnp.any(u), run, skip, total)
+
+        first = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), args)
+        reply_like = jax.eval_shape(lambda a: fn(*a), first)[1]
+        zeros = reply_sum_zeros(reply_like)
+        if k == 1:
+            total, states = jax.lax.scan(fold, zeros, (args, used))
+            return states, total
+        blocks = jax.tree.map(lambda a: a[:full].reshape(n // k, k, *a.shape[1:]), (args, used))
+        total, states = jax.lax.scan(fold, zeros, blocks)
+        states = jax.tree.map(lambda a: a.reshape(full, *a.shape[2:]), states)
+        if full == n:
+            return states, total
+        total, tail = fold(total, jax.tree.map(lambda a: a[full:], (args, used)))
+        return jax.tree.map(lambda a, b: jnp.concatenate([a, b]), states, tail), total
     if k == 1:
         return jax.lax.map(block, (args, used))
-    full = n // k * k
     blocks = jax.tree.map(lambda a: a[:full].reshape(n // k, k, *a.shape[1:]), (args, used))
     out = jax.tree.map(lambda a: a.reshape(full, *a.shape[2:]), jax.lax.map(block, blocks))
     if full == n:
@@ -198,9 +241,10 @@ def run_exchange(
         return new, reply
 
     rows_key = jax.random.fold_in(server_key(run_key, round_index, index), _ROWS_STREAM)
+    summed = ex.aggregate_sum is not None  # replies folded into their sum as they come
     if ex.max_selected is None or ex.max_selected >= n:
         every = take_clients(clients, ids, rows_key) if _gathers(clients) else clients
-        new, replies = _map_clients(one, (states, every, ids), client_map, mask)
+        new, replies = _map_clients(one, (states, every, ids), client_map, mask, summed)
         states = states if all(kept) else where_selected(mask, new, states)
         slots = Slots.everyone(mask)
     else:  # only the cohort's slots: a round costs the cohort, not the federation
@@ -211,7 +255,11 @@ def run_exchange(
         safe = jnp.minimum(chosen, n - 1)
         take = partial(jax.tree.map, lambda a: a[safe])
         new, replies = _map_clients(
-            one, (take(states), take_clients(clients, safe, rows_key), safe), cmap, chosen < n
+            one,
+            (take(states), take_clients(clients, safe, rows_key), safe),
+            cmap,
+            chosen < n,
+            summed,
         )
         slots = Slots(mask=chosen < n, ids=chosen, num_clients=n)
         if not all(kept):
@@ -219,9 +267,13 @@ def run_exchange(
     dropped = None
     if canary is not None:
         replies, slots, dropped = _with_canaries(
-            canary, server, request, run_key, round_index, index, replies, slots, hyper
+            canary, server, request, run_key, round_index, index, replies, slots, hyper, summed
         )
-    server = ex.aggregate(server, replies, slots, aggregate_key(run_key, round_index, index), hyper)
+    key = aggregate_key(run_key, round_index, index)
+    if summed:
+        server = ex.aggregate_sum(server, replies, slots, key, hyper)
+    else:
+        server = ex.aggregate(server, replies, slots, key, hyper)
     if dropped is not None:
         return server, states, jnp.sum(mask).astype(jnp.int32), dropped
     return server, states, jnp.sum(mask).astype(jnp.int32)
@@ -237,13 +289,17 @@ def _with_canaries(
     replies: PyTree,
     slots: Slots,
     hyper: PyTree,
+    summed: bool = False,
 ) -> tuple[PyTree, Slots, Int[Array, ""]]:
     """``replies`` (``(S, ...)``) and ``slots`` with ``K`` canary slots appended (``(S + K,
     ...)``; slot ids in ``N..N+M-1``, which no client update writes), and how many canaries
     taking part sat out.  Only the canaries taking part this round (in, and drawn by the
     hook's rule) get a slot and a reply, lowest index first: ``O(K d)`` per round, not
     ``O(M d)``.  Past ``K`` (chance at most :attr:`CanaryReport.overflow` over the run)
-    the rest sit the round out, counted: that only weakens their signal."""
+    the rest sit the round out, counted: that only weakens their signal.  ``summed``:
+    ``replies`` is the real slots' reply sum and the canaries' replies are added to it
+    after them, in slot order (what :func:`~swarmjax.fl.protocol.slot_sum` of the
+    appended stack gives)."""
     hook, audit, directions, k = canary
     m = audit.canaries
     key = canary_key(run_key)
@@ -257,7 +313,10 @@ def _with_canaries(
     rows = direction_rows(directions, hook.params(server), safe)
     scaled = jax.tree.map(lambda d: d * audit.norm, rows)
     extra = jax.vmap(lambda d: hook.reply(request, d, hyper))(scaled)
-    joined = jax.tree.map(lambda a, b: jnp.concatenate([a, b.astype(a.dtype)]), replies, extra)
+    if summed:
+        joined = slot_sum(extra, valid, start=replies)
+    else:
+        joined = jax.tree.map(lambda a, b: jnp.concatenate([a, b.astype(a.dtype)]), replies, extra)
     dropped = (jnp.sum(taking_part) - jnp.sum(valid)).astype(jnp.int32)
     return (
         joined,

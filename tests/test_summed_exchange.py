@@ -1,0 +1,104 @@
+"""Summed exchanges (``Exchange.aggregate_sum``): the simulator adds each reply into the sum
+as it comes instead of stacking the cohort's replies; the result is the stacked path's, bit
+for bit, under every client map, and unused slots (NaN included) add nothing."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from swarmjax.fl.algorithms.client_level_dp_fedavg import ClientLevelDPFedAvg
+from swarmjax.fl.algorithms.fedavg import FedAvg
+from swarmjax.fl.client.training import LocalTraining
+from swarmjax.fl.data import load_dataset
+from swarmjax.fl.data.clients import stack_clients
+from swarmjax.fl.data.partition import iid_partition
+from swarmjax.fl.protocol import RunSpec, Variants, slot_sum
+from swarmjax.fl.runtime import simulate
+from swarmjax.fl.runtime import simulator as sim
+from swarmjax.models import mlp
+
+MODEL = mlp((8,), 10, (8, 8, 1))
+
+
+def _client(state, data, cid):
+    """A client whose reply is NaN unless its slot is used (``data`` > 0)."""
+    reply = {
+        "w": jnp.where(data > 0, jnp.sin(jnp.arange(5.0) * data + cid), jnp.nan),
+        "b": jnp.where(data > 0, data * 0.1, jnp.inf),
+    }
+    return state + 1.0, reply
+
+
+@pytest.mark.parametrize("client_map", ["vmap", "sequential", 2, 3])
+def test_the_fold_is_the_stacked_slot_sum_bit_for_bit(client_map):
+    s = 7
+    used = jnp.array([True, False, True, True, False, False, True])
+    data = jnp.where(used, jnp.arange(1.0, s + 1) * 1.37, 0.0)
+    args = (jnp.zeros(s), data, jnp.arange(s))
+    fold = jax.jit(lambda a, u: sim._map_clients(_client, a, client_map, u, summed=True))
+    stack = jax.jit(lambda a, u: sim._map_clients(_client, a, client_map, u))
+    states, total = fold(args, used)
+    states_stacked, replies = stack(args, used)
+    chex.assert_trees_all_equal(total, slot_sum(replies, used))
+    assert np.isfinite(total["w"]).all() and np.isfinite(total["b"])
+    np.testing.assert_array_equal(np.asarray(states)[used], np.asarray(states_stacked)[used])
+    expected = sum(np.sin(np.arange(5.0) * float(d) + i) for i, d in enumerate(data) if d > 0)
+    np.testing.assert_allclose(total["w"], expected, rtol=1e-5)
+
+
+def test_slot_sum_with_weights_and_a_start():
+    tree = {"a": jnp.array([[1.0, 2.0], [jnp.nan, 1.0], [3.0, 4.0]])}
+    mask = jnp.array([True, False, True])
+    out = slot_sum(tree, mask, jnp.array([2.0, 5.0, 0.5]), start={"a": jnp.array([10.0, 0.0])})
+    np.testing.assert_array_equal(out["a"], [10.0 + 2.0 + 1.5, 4.0 + 2.0])
+
+
+@pytest.fixture(scope="module")
+def federation():
+    data = load_dataset("digits")
+    part = iid_partition(data.y_train[:800], 40, seed=0)
+    clients = stack_clients(data.x_train, data.y_train, part.indices)
+    return clients, (data.x_test[:200], data.y_test[:200])
+
+
+def _unsummed(cls, monkeypatch):
+    """``cls`` with its exchanges' ``aggregate_sum`` removed (the stacked path), same type
+    and settings (so the same run keys); compiled programs are dropped first."""
+    summed = cls.exchanges
+
+    def stacked(self):
+        return tuple(dataclasses.replace(ex, aggregate_sum=None) for ex in summed.fget(self))
+
+    jax.clear_caches()
+    monkeypatch.setattr(cls, "exchanges", property(stacked))
+
+
+@pytest.mark.parametrize("client_map", ["sequential", 3])
+@pytest.mark.parametrize("name", ["dp-fedavg", "fedavg"])
+def test_a_summed_run_is_the_stacked_run(federation, monkeypatch, client_map, name):
+    """Whole runs (Poisson cohort of DP-FedAvg with adaptive clipping, FedAvg's uniform
+    cohort): the summed fold and the stacked replies give the same bits."""
+    clients, test = federation
+    training = LocalTraining(batch_size=10)
+    if name == "dp-fedavg":
+        cls = ClientLevelDPFedAvg
+        alg = cls(MODEL, training, capacity=20)
+        grid = {"sample_rate": 0.1, "noise_multiplier": 0.8}
+    else:
+        cls = FedAvg
+        alg = cls(MODEL, training, cohort=6, server_optimizer="sgd")
+        grid = {}
+    assert alg.exchanges[0].aggregate_sum is not None
+    variants = Variants.grid(alg, clients, RunSpec(3, 1e-3, (0, 1)), **grid)
+    summed = simulate(alg, clients, test, variants, client_map=client_map)
+    _unsummed(cls, monkeypatch)
+    assert alg.exchanges[0].aggregate_sum is None
+    stacked = simulate(alg, clients, test, variants, client_map=client_map)
+    chex.assert_trees_all_equal(summed.server, stacked.server)
+    assert np.isfinite(np.asarray(summed.history["test_loss"])).all()
