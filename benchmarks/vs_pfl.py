@@ -155,7 +155,10 @@ def run_swarmjax(
     with DP the accountant's PLD of the run's noise (calibrated per length; ~0.3-0.7 s to
     build once per noise multiplier, then cached); the per-round epsilon curve of the
     privacy record stays in, as users pay it (``record_seconds_per_round``: its share);
-    else the whole run's wall time over its rounds, compilation included."""
+    timing calls also collect the realised cohorts (``diagnostics=True``:
+    ``clients_per_round``), since DP-FedAvg's Poisson cohort of mean 50 makes the clients
+    trained in a four-round marginal vary by about 12 % (one standard deviation) between
+    calls; else the whole run's wall time over its rounds, compilation included."""
     round_test, full_test = tests
     alg, grid = algorithm(dp)
 
@@ -172,6 +175,7 @@ def run_swarmjax(
             client_map=block,
             rounds_per_call=1,
             progress=progress,
+            diagnostics=timing,  # the realised cohorts (DP-FedAvg's Poisson draw varies)
         )
         return time.perf_counter() - t0, time.process_time() - c0, res
 
@@ -182,11 +186,12 @@ def run_swarmjax(
         wall_n, cpu_n, res_n = run(rounds)
         wall_2n, cpu_2n, res = run(2 * rounds)
         wall, cpu = wall_2n - wall_n, cpu_2n - cpu_n
+        trained = _trained(res) - _trained(res_n)
         if dp is not None:
             record = record_seconds(res) - record_seconds(res_n)
     else:
         wall, cpu, res = run(rounds, progress=True)
-        first = math.nan
+        first, trained = math.nan, math.nan
         if dp is not None:
             record = record_seconds(res)
     params = jax.tree.map(lambda a: a[0], res.server.params)
@@ -200,6 +205,7 @@ def run_swarmjax(
         "seconds_per_round": wall / rounds,
         "cpu_seconds_per_round": cpu / rounds,
         "record_seconds_per_round": record / rounds,
+        "clients_per_round": trained / rounds,
         "first_call_s": first,
         "accuracy": float(acc),
         "epsilon": None if dp is None else float(res.privacy.final_epsilon.max()),
@@ -210,6 +216,11 @@ def run_swarmjax(
         "params": param_count(params),
         "load": os.getloadavg()[0],
     }
+
+
+def _trained(res) -> int:
+    """Clients that trained over a run: the realised selections (a private diagnostic)."""
+    return int(np.sum(res.private_diagnostics["selected"]))
 
 
 def interleaved(
@@ -397,15 +408,7 @@ def main(argv: list[str] | None = None) -> None:
     if a.interleave and ours:
         turns = interleaved(store, tests[0], a.interleave, a.block, a.accountants[0])
         summary["interleaved"] = turns
-        print(
-            f"interleaved, {a.interleave} rounds each: DP-FedAvg ({turns['accountant']}) "
-            f"{turns['wall_dp']:.2f} s, FedAvg {turns['wall_plain']:.2f} s a round (median): "
-            f"{turns['wall_ratio']:.3f}x wall, {turns['cpu_ratio']:.3f}x CPU, "
-            f"{turns['cpu_per_client_ratio']:.3f}x CPU per trained client (cohorts "
-            f"{turns['cohorts']['dp']} against {COHORT}); privacy record not included; "
-            f"load {turns['load']:.1f}",
-            flush=True,
-        )
+        print(interleaved_line(turns), flush=True)
     write_json(out, {"summary": summary, "runs": results})
     for line in ratio_lines(results) + dp_cost_lines(results):
         print(line)
@@ -417,6 +420,18 @@ def main(argv: list[str] | None = None) -> None:
         if jax.default_backend() != "cpu":
             name += f"-{device_slug()}"
         write_section(name, report(results, summary, argv, name))
+
+
+def interleaved_line(turns: dict) -> str:
+    """What :func:`interleaved` measured, in one line."""
+    return (
+        f"interleaved, {turns['rounds']} rounds each: DP-FedAvg ({turns['accountant']}) "
+        f"{turns['wall_dp']:.2f} s, FedAvg {turns['wall_plain']:.2f} s a round (median): "
+        f"{turns['wall_ratio']:.3f}x wall, {turns['cpu_ratio']:.3f}x CPU, "
+        f"{turns['cpu_per_client_ratio']:.3f}x CPU per trained client (cohorts "
+        f"{turns['cohorts']['dp']} against {COHORT}); privacy record not included; "
+        f"load {turns['load']:.1f}"
+    )
 
 
 def dp_cost_lines(results: list[dict]) -> list[str]:
@@ -431,10 +446,17 @@ def dp_cost_lines(results: list[dict]) -> list[str]:
             wall = dp["seconds_per_round"] / plain["seconds_per_round"]
             cpu = dp["cpu_seconds_per_round"] / plain["cpu_seconds_per_round"]
             share = dp.get("record_seconds_per_round", math.nan)
-            lines.append(
+            line = (
                 f"{what}: swarmjax DP-FedAvg ({dp.get('accountant')}) / FedAvg round "
-                f"{wall:.3f}x wall, {cpu:.3f}x CPU; its privacy record {share:.4f} s a round"
+                f"{wall:.3f}x wall, {cpu:.3f}x CPU"
             )
+            clients = (dp.get("clients_per_round", math.nan), plain.get("clients_per_round"))
+            if timing and all(c is not None and c > 0 for c in clients):
+                line += (
+                    f", {cpu * clients[1] / clients[0]:.3f}x CPU per trained client "
+                    f"({clients[0]:.1f} clients a round against {clients[1]:.1f})"
+                )
+            lines.append(line + f"; its privacy record {share:.4f} s a round")
     return lines
 
 
@@ -501,6 +523,11 @@ def report(results: list[dict], summary: dict, argv: list[str] | None, name: str
             *(
                 ["", "; ".join(dp_cost_lines(results)) + " (issue 38: within 1.05x)."]
                 if dp_cost_lines(results)
+                else []
+            ),
+            *(
+                ["", interleaved_line(summary["interleaved"]) + "."]
+                if "interleaved" in summary
                 else []
             ),
         ]

@@ -16,12 +16,11 @@ from swarmjax.fl.algorithms.client_level_dp_fedavg import ClientLevelDPFedAvg
 from swarmjax.fl.algorithms.fedavg import FedAvg
 from swarmjax.fl.client.training import LocalTraining
 from swarmjax.fl.data import load_dataset
-from swarmjax.fl.data.clients import stack_clients
-from swarmjax.fl.data.partition import iid_partition
 from swarmjax.fl.protocol import RunSpec, Variants, slot_sum
 from swarmjax.fl.runtime import simulate
 from swarmjax.fl.runtime import simulator as sim
 from swarmjax.models import mlp
+from tests.test_fl_protocol import forty_clients
 
 MODEL = mlp((8,), 10, (8, 8, 1))
 
@@ -61,10 +60,9 @@ def test_slot_sum_with_weights_and_a_start():
 
 @pytest.fixture(scope="module")
 def federation():
-    data = load_dataset("digits")
-    part = iid_partition(data.y_train[:800], 40, seed=0)
-    clients = stack_clients(data.x_train, data.y_train, part.indices)
-    return clients, (data.x_test[:200], data.y_test[:200])
+    clients, _, _ = forty_clients()  # 40 digits clients of 20 rows
+    test = load_dataset("digits")
+    return clients, (test.x_test[:200], test.y_test[:200])
 
 
 def _unsummed(cls, monkeypatch):
