@@ -11,6 +11,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from swarmjax.fl.algorithms.client_level_dp_fedavg import ClientLevelDPFedAvg
 from swarmjax.fl.algorithms.fedavg import FedAvg
@@ -56,6 +58,29 @@ def test_slot_sum_with_weights_and_a_start():
     mask = jnp.array([True, False, True])
     out = slot_sum(tree, mask, jnp.array([2.0, 5.0, 0.5]), start={"a": jnp.array([10.0, 0.0])})
     np.testing.assert_array_equal(out["a"], [10.0 + 2.0 + 1.5, 4.0 + 2.0])
+
+
+def test_slot_sum_of_no_slots_and_of_bfloat16():
+    empty = slot_sum({"a": jnp.zeros((0, 3))}, jnp.zeros((0,), bool))
+    np.testing.assert_array_equal(empty["a"], np.zeros(3))
+    low = slot_sum({"a": jnp.ones((2, 3), jnp.bfloat16)}, jnp.array([True, False]))
+    assert low["a"].dtype == jnp.float32  # summed float32 or wider
+    np.testing.assert_array_equal(low["a"], np.ones(3))
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    st.lists(st.tuples(st.booleans(), st.floats(-1e6, 1e6, width=32)), min_size=1, max_size=9),
+    st.sampled_from([np.nan, np.inf, -np.inf, 1e30]),
+)
+def test_slot_sum_is_the_sum_of_the_selected_slots_whatever_the_others_hold(slots, junk):
+    mask = np.array([m for m, _ in slots])
+    values = np.array([v if m else junk for m, v in slots], np.float32)
+    out = slot_sum({"x": jnp.asarray(values)[:, None]}, jnp.asarray(mask))
+    expected = np.float32(0)
+    for m, v in zip(mask, values, strict=True):  # in slot order, float32, as documented
+        expected = np.float32(expected + v) if m else expected
+    np.testing.assert_array_equal(out["x"], [expected])
 
 
 @pytest.fixture(scope="module")

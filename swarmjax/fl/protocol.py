@@ -321,8 +321,11 @@ def slot_sum(
     with a ones vector, and ~0.7 s for XLA's reduction over the leading axis
     (docs/cross_device.md). On an accelerator, where a loop step is a kernel launch and the
     copy is cheap, the masked stack times the (weight) vector: one product."""
-    if start is None:
-        start = reply_sum_zeros(jax.tree.map(lambda leaf: leaf[0], tree))
+    if start is None:  # from the shapes alone (no slot need exist)
+        like = jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(leaf.shape[1:], leaf.dtype), tree)
+        start = reply_sum_zeros(like)
+    if mask.shape[0] == 0:
+        return start
 
     def wide(v: Array) -> Array:
         return v.astype(jnp.promote_types(v.dtype, jnp.float32))
