@@ -83,6 +83,23 @@ def test_slot_sum_is_the_sum_of_the_selected_slots_whatever_the_others_hold(slot
     np.testing.assert_array_equal(out["x"], [expected])
 
 
+def test_the_accelerator_product_is_the_loop_to_rounding():
+    """On a GPU or TPU ``slot_sum`` is a masked product (not run here otherwise)."""
+    from swarmjax.fl.protocol import _slot_product
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(11, 4, 3)).astype(np.float32)
+    mask = rng.random(11) < 0.6
+    x[~mask] = np.nan  # unselected slots hold junk
+    w = rng.random(11).astype(np.float32)
+    start = {"a": jnp.full((4, 3), 0.25)}
+    for weights in (None, jnp.asarray(w)):
+        loop = slot_sum({"a": jnp.asarray(x)}, jnp.asarray(mask), weights, start=start)
+        product = _slot_product({"a": jnp.asarray(x)}, jnp.asarray(mask), weights, start)
+        assert np.isfinite(product["a"]).all()
+        np.testing.assert_allclose(product["a"], loop["a"], rtol=1e-6, atol=1e-6)
+
+
 @pytest.fixture(scope="module")
 def federation():
     clients, _, _ = forty_clients()  # 40 digits clients of 20 rows

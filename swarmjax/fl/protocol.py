@@ -327,26 +327,35 @@ def slot_sum(
     if mask.shape[0] == 0:
         return start
 
-    def wide(v: Array) -> Array:
-        return v.astype(jnp.promote_types(v.dtype, jnp.float32))
-
     if jax.default_backend() != "cpu":
-        w = jnp.ones(mask.shape, jnp.float32) if weights is None else weights
-        w = jnp.where(mask, w, 0)
-
-        def product(t: Array, leaf: Array) -> Array:
-            chosen = jnp.where(mask.reshape((-1,) + (1,) * (leaf.ndim - 1)), wide(leaf), 0)
-            return t + jnp.tensordot(w.astype(t.dtype), chosen.astype(t.dtype), axes=1)
-
-        return jax.tree.map(product, start, tree)
+        return _slot_product(tree, mask, weights, start)
 
     def add(s: Int[Array, ""], total: PyTree) -> PyTree:
         x = jax.tree.map(lambda leaf: leaf[s], tree)
         if weights is not None:
-            x = jax.tree.map(lambda v: jnp.where(mask[s], wide(v), 0) * weights[s], x)
+            x = jax.tree.map(lambda v: jnp.where(mask[s], _wide(v), 0) * weights[s], x)
         return add_reply(total, x, mask[s])
 
     return jax.lax.fori_loop(0, mask.shape[0], add, start)
+
+
+def _wide(v: Array) -> Array:
+    return v.astype(jnp.promote_types(v.dtype, jnp.float32))
+
+
+def _slot_product(
+    tree: PyTree, mask: Bool[Array, " S"], weights: Float[Array, " S"] | None, start: PyTree
+) -> PyTree:
+    """:func:`slot_sum` on an accelerator: the stack with its unselected slots zeroed
+    (``jnp.where``) times the weight vector, one product a leaf."""
+    w = jnp.ones(mask.shape, jnp.float32) if weights is None else weights
+    w = jnp.where(mask, w, 0)
+
+    def product(t: Array, leaf: Array) -> Array:
+        chosen = jnp.where(mask.reshape((-1,) + (1,) * (leaf.ndim - 1)), _wide(leaf), 0)
+        return t + jnp.tensordot(w.astype(t.dtype), chosen.astype(t.dtype), axes=1)
+
+    return jax.tree.map(product, start, tree)
 
 
 def everyone(server: ServerState, key: PRNGKeyArray, num_clients: int) -> Bool[Array, " N"]:
