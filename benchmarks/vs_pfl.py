@@ -451,8 +451,8 @@ def dp_cost_lines(results: list[dict]) -> list[str]:
                 f"{what}: swarmjax DP-FedAvg ({dp.get('accountant')}) / FedAvg round "
                 f"{wall:.3f}x wall, {cpu:.3f}x CPU"
             )
-            clients = (dp.get("clients_per_round", math.nan), plain.get("clients_per_round"))
-            if all(c is not None and c > 0 for c in clients):
+            clients = [r.get("clients_per_round", math.nan) for r in (dp, plain)]
+            if all(c > 0 for c in clients):  # NaN (not recorded): no per-client ratio
                 line += (
                     f", {cpu * clients[1] / clients[0]:.3f}x CPU per trained client "
                     f"({clients[0]:.1f} clients a round against {clients[1]:.1f})"

@@ -161,17 +161,14 @@ def _map_clients(
         return jax.lax.map(lambda a: fn(*a), args, batch_size=None if k == 1 else k)
     one = (lambda a: fn(*a)) if k == 1 else (lambda a: jax.vmap(fn)(*a))
 
-    def block(a_u: tuple) -> Any:
-        a, u = a_u
-        like = jax.eval_shape(one, a)
-        skip = partial(jax.tree.map, lambda s: jnp.zeros(s.shape, s.dtype), like)
-        return jax.lax.cond(jnp.any(u), one, lambda _: skip(), a)
+    def nothing(a: tuple) -> Any:  # what a skipped block gives: zeros shaped like its output
+        return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), jax.eval_shape(one, a))
 
-    n = int(used.shape[0])
-    full = n // k * k
     if summed:
+        first = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), args)
+        start = reply_sum_zeros(jax.eval_shape(lambda a: fn(*a), first)[1])
 
-        def fold(total: PyTree, a_u: tuple) -> tuple[PyTree, PyTree]:
+        def step(total: PyTree, a_u: tuple) -> tuple[PyTree, PyTree]:
             a, u = a_u
 
             def run(total: PyTree) -> tuple[PyTree, PyTree]:
@@ -180,33 +177,28 @@ def _map_clients(
                     return add_reply(total, reply, u), state
                 return slot_sum(reply, u, start=total), state
 
-            def skip(total: PyTree) -> tuple[PyTree, PyTree]:  # runs nothing, adds nothing
-                like = jax.eval_shape(one, a)[0]
-                return total, jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), like)
+            # a skipped block runs nothing and adds nothing
+            return jax.lax.cond(jnp.any(u), run, lambda t: (t, nothing(a)[0]), total)
 
-            return jax.lax.cond(jnp.any(u), run, skip, total)
+    else:
+        start = ()
 
-        first = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), args)
-        reply_like = jax.eval_shape(lambda a: fn(*a), first)[1]
-        zeros = reply_sum_zeros(reply_like)
-        if k == 1:
-            total, states = jax.lax.scan(fold, zeros, (args, used))
-            return states, total
-        blocks = jax.tree.map(lambda a: a[:full].reshape(n // k, k, *a.shape[1:]), (args, used))
-        total, states = jax.lax.scan(fold, zeros, blocks)
-        states = jax.tree.map(lambda a: a.reshape(full, *a.shape[2:]), states)
-        if full == n:
-            return states, total
-        total, tail = fold(total, jax.tree.map(lambda a: a[full:], (args, used)))
-        return jax.tree.map(lambda a, b: jnp.concatenate([a, b]), states, tail), total
+        def step(total: PyTree, a_u: tuple) -> tuple[PyTree, PyTree]:
+            a, u = a_u
+            return total, jax.lax.cond(jnp.any(u), one, nothing, a)
+
+    n = int(used.shape[0])
     if k == 1:
-        return jax.lax.map(block, (args, used))
-    blocks = jax.tree.map(lambda a: a[:full].reshape(n // k, k, *a.shape[1:]), (args, used))
-    out = jax.tree.map(lambda a: a.reshape(full, *a.shape[2:]), jax.lax.map(block, blocks))
-    if full == n:
-        return out
-    tail = block(jax.tree.map(lambda a: a[full:], (args, used)))
-    return jax.tree.map(lambda a, b: jnp.concatenate([a, b]), out, tail)
+        total, out = jax.lax.scan(step, start, (args, used))
+    else:
+        full = n // k * k
+        blocks = jax.tree.map(lambda a: a[:full].reshape(n // k, k, *a.shape[1:]), (args, used))
+        total, out = jax.lax.scan(step, start, blocks)
+        out = jax.tree.map(lambda a: a.reshape(full, *a.shape[2:]), out)
+        if full < n:
+            total, tail = step(total, jax.tree.map(lambda a: a[full:], (args, used)))
+            out = jax.tree.map(lambda a, b: jnp.concatenate([a, b]), out, tail)
+    return (out, total) if summed else out
 
 
 def run_exchange(
