@@ -5,10 +5,8 @@ test, never by a production flag: one run of the same compiled call), the one-ru
 of the real mechanism below its accounted epsilon, the report in the privacy record and
 the ledger, and bad input.
 
-4 clients of 50 random records, B 40 (Poisson rate 0.8, 2 steps a round), 10 rounds:
-20 DP-Adam steps per client at claimed epsilon 2; 128 Dirac canaries per client, pooled
-(512).  The clip (1000) is large against the records' gradients, so the drill measures the
-noise alone, as tests/test_canaries_record.py's.
+The federation, its DP settings and the report checks are tests/drills.py's (shared with
+the other in-client audit's tests).
 """
 
 from __future__ import annotations
@@ -18,74 +16,43 @@ import pytest
 
 from swarmjax.fl import stack_clients
 from swarmjax.fl.algorithms.fed_dp_pso import FedDPPSO
-from swarmjax.fl.client.training import LocalTraining, RecordDP
-from swarmjax.fl.protocol import RunSpec
-from swarmjax.models import mlp
+from swarmjax.fl.client.training import LocalTraining
 from swarmjax.privacy.canaries import CanaryAudit
-from swarmjax.privacy.ledger import releases_from_result
-from tests.drills import tenfold_drill
-
-CLIENTS, ROWS, B, ROUNDS, DELTA, CLIP, EPSILON = 4, 50, 40, 10, 1e-5, 1000.0, 2.0
-MODEL = mlp((16,), 10, (4, 5, 1))  # 506 parameters
-AUDIT = CanaryAudit(128, score="gradient")
-
-
-@pytest.fixture(scope="module")
-def federation():
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(CLIENTS * ROWS, 4, 5, 1)).astype(np.float32)
-    y = rng.integers(0, 10, CLIENTS * ROWS)
-    parts = [np.arange(i * ROWS, (i + 1) * ROWS) for i in range(CLIENTS)]
-    return stack_clients(x, y, parts), (x[:20], y[:20])
+from tests.drills import (
+    AUDIT,
+    EPSILON,
+    MODEL,
+    B,
+    check_caught,
+    check_real_report,
+    drill_federation,
+    drill_record_dp,
+    drill_runs,
+)
 
 
 def _alg(clients, audit=AUDIT, record_dp=True) -> FedDPPSO:
-    dp = None
-    if record_dp:
-        dp = RecordDP.for_run(
-            [clients.sizes], B, rounds=ROUNDS, epsilons=[EPSILON], delta=DELTA, clip_norm=CLIP
-        )
+    dp = drill_record_dp(clients, [EPSILON]) if record_dp else None
     training = LocalTraining(batch_size=B, optimizer="adam", weight_decay=1e-4, record_dp=dp)
     return FedDPPSO(MODEL, training, particles=2, audit=audit)
 
 
-BROKEN = 2.5  # the run claiming this epsilon gets a tenth of its noise
+@pytest.fixture(scope="module")
+def federation():
+    return drill_federation()
 
 
 @pytest.fixture(scope="module")
 def runs(federation):
-    """ONE compiled call of two runs: target epsilon 2 with the real mechanism, and target
-    2.5 whose Gaussian noise the test scales down tenfold (picked by its smaller noise
-    multiplier, so both runs share one program; the record still claims 2.5)."""
-    clients, test = federation
-    alg = _alg(clients)
-    spec = RunSpec(ROUNDS, DELTA, (0,))
-    return alg, tenfold_drill(alg, clients, test, spec, EPSILON, BROKEN)
+    return drill_runs(_alg, federation)
 
 
 def test_real_dp_adam_clients_stay_below_their_epsilon(runs):
-    alg, res = runs
-    report = alg.audit_reports(res)[0]
-    assert res.runs["epsilon_target"].tolist() == [EPSILON, BROKEN]
-    assert report.unit == "record" and report.score == "gradient"
-    assert report.canaries == CLIENTS * AUDIT.canaries
-    assert report.epsilon == pytest.approx(float(np.max(res.privacy.final_epsilon[0])))
-    assert report.epsilon == pytest.approx(EPSILON, abs=0.01)
-    assert 0.0 <= report.epsilon_lower < EPSILON and not report.exceeds
-    # every client's canaries saw its own 20 steps: no client's scores are all zero
-    assert np.all(np.abs(np.asarray(res.clients.canaries.scores)).sum(axis=-1) > 0)
-    # simulate's finish put the reports in (FedDPPSO.audited): Result, record and ledger
-    assert res.audit[0] == report and res.privacy.audit[0] == report.to_dict()
-    release = releases_from_result(res, algorithm="fed_dp_pso", path="-")[0]
-    assert release.audit["epsilon_lower"] == report.epsilon_lower
+    check_real_report(*runs, "fed_dp_pso")
 
 
 def test_tenfold_less_noise_is_caught(runs):
-    alg, res = runs
-    report = alg.audit_reports(res)[1]
-    assert report.epsilon == pytest.approx(BROKEN, abs=0.01)  # the record still claims it
-    assert report.epsilon_lower > BROKEN and report.exceeds
-    assert report.tpr_at_fpr > 0.9
+    check_caught(*runs)
 
 
 def test_bad_input_names_the_option(federation):
