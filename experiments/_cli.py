@@ -17,7 +17,10 @@ Every script builds its parser with :func:`parser` and wraps ``main`` in :func:`
 * DP experiments (``privacy=True``) take ``--accountant pld|rdp`` (default ``pld``: it
   calibrates the noise and composes the records) and ``--delta`` (default: the one default
   of :func:`swarmjax.privacy.plan.default_delta`, ``0.1 / units``), and write a privacy
-  ledger (:mod:`swarmjax.privacy.ledger`) beside their results.
+  ledger (:mod:`swarmjax.privacy.ledger`) beside their results.  Their noise comes from a
+  fresh 256-bit secret per call (operating-system entropy, kept under the call store's
+  ``secret/`` folder, which the ledger lists as not released); ``--secret-file`` supplies
+  one instead (reproducible mode, :func:`supplied_secret`).
 * Every argument is checked before any work starts.  A user error prints one line
   ``<prog>: error: <what>`` on stderr and exits with status 2 (no traceback).  Options that
   select nothing to run (no dataset found, no model for the chosen datasets) are user
@@ -44,11 +47,13 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, TypeVar
 
+from swarmjax.privacy.secret import Secret
 from swarmjax.resume import CallStore
 
 __all__ = [
     "REPO",
     "RESULTS",
+    "SECRET_NOT_RELEASED",
     "UNREADABLE",
     "UserError",
     "array_bytes",
@@ -72,6 +77,7 @@ __all__ = [
     "refuse_unused",
     "seeds",
     "setting",
+    "supplied_secret",
     "unreadable",
     "warn_unused",
 ]
@@ -211,7 +217,29 @@ def parser(
             type=probability("--delta"),
             help=f"delta of every epsilon (default 0.1 / {privacy}, swarmjax's one default)",
         )
+        p.add_argument(
+            "--secret-file",
+            type=_secret_file,
+            help="reproducible mode: draw every call's noise from this secret (a file of at "
+            "least 16 bytes of secret randomness, e.g. `head -c 32 /dev/urandom > key`); the "
+            "guarantee then holds only while the file is kept secret. Default: each call draws "
+            "a fresh 256-bit secret from the operating system, kept under "
+            "<out>/calls/<id>/secret/ (not released) so an interrupted run resumes",
+        )
     return p
+
+
+def _secret_file(text: str) -> Secret:
+    """argparse ``type`` of ``--secret-file``: the file read now, before any work."""
+    try:
+        return Secret.from_file(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def supplied_secret(args: argparse.Namespace) -> Secret | None:
+    """``--secret-file``'s secret (reproducible mode), else ``None`` (fresh secrets)."""
+    return getattr(args, "secret_file", None)
 
 
 def probability(name: str) -> Callable[[str], float]:
@@ -443,11 +471,31 @@ def call_store(
     *,
     restart: bool,
     parts: Sequence[ModuleType] = (),
+    secret: Secret | None = None,
+    ledger: Any = None,
 ) -> CallStore:
     """The saved-calls store ``<out>/calls/``, keyed by ``settings`` and the source of the
-    package, of ``experiment`` (a module or its name) and of its helper modules ``parts``."""
+    package, of ``experiment`` (a module or its name) and of its helper modules ``parts``.
+
+    ``secret``: the supplied secret of ``--secret-file`` (:func:`supplied_secret`), else
+    each call draws its own (:meth:`~swarmjax.resume.CallStore.secret`). ``ledger``: the
+    experiment's :class:`~swarmjax.privacy.ledger.Ledger`, told that the store's secret
+    folder is not released."""
     module = sys.modules[experiment] if isinstance(experiment, str) else experiment
-    return CallStore(out / "calls", settings, restart=restart, code=(module, *parts))
+    store = CallStore(
+        out / "calls", settings, restart=restart, code=(module, *parts), secret=secret
+    )
+    if ledger is not None:
+        ledger.mark_not_released(store.secret_folder, SECRET_NOT_RELEASED)
+    return store
+
+
+SECRET_NOT_RELEASED = (
+    "the calls' secrets: the 256-bit roots of every random number of their runs (noise, "
+    "cohorts, batches); whoever holds one can regenerate that call's noise and subtract it, "
+    "so never publish, share or commit this folder"
+)
+"""Why a call store's secret folder is never released."""
 
 
 def entry_point(main: Callable[..., T]) -> Callable[..., T]:

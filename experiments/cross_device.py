@@ -61,6 +61,7 @@ from swarmjax.privacy.canaries import CanaryAudit
 from swarmjax.privacy.ftrl import FACTORIZATIONS, SCHEDULES
 from swarmjax.privacy.ledger import Ledger, releases_from_result
 from swarmjax.privacy.plan import default_delta
+from swarmjax.privacy.secret import Secret
 
 ALGORITHMS = registry.names(cross_device=True)
 DP_ALGORITHMS = registry.names(cross_device=True, user_dp=True)
@@ -494,10 +495,12 @@ def run_one(
     ledger: Ledger | None = None,
     epsilon: float | None = None,
     label: str | None = None,
+    secret: Secret | None = None,
 ) -> dict:
     """One run of ``name`` (a DP algorithm at target ``epsilon``; checkpointed per round
     under ``label``): its history and summary row; its runs go into ``ledger`` as releases
-    written to ``history.csv``."""
+    written to ``history.csv``. ``secret``: the supplied secret (``--secret-file``; this
+    run's is derived from it by ``label``), else a fresh one saved with the checkpoints."""
     label = name if label is None else label
     alg, grid = algorithm(name, prof, clients, epsilon)
     variants = Variants.grid(alg, clients, spec(prof), **grid)
@@ -513,6 +516,7 @@ def run_one(
         progress=True,
         checkpoint_dir=out / "checkpoints" / label,
         audit=audit,
+        secret=None if secret is None else secret.derive(f"cross_device/{label}"),
     )
     what = guarantee(prof, name)
     if ledger is not None:  # under the experiment's name for the algorithm
@@ -635,7 +639,18 @@ def main(argv: list[str] | None = None) -> None:
     )
     histories, rows = [], []
     for name, eps, label in runs(prof):
-        got = run_one(name, prof, clients, test, full_test, out, ledger, eps, label)
+        got = run_one(
+            name,
+            prof,
+            clients,
+            test,
+            full_test,
+            out,
+            ledger,
+            eps,
+            label,
+            secret=_cli.supplied_secret(args),
+        )
         histories.append(got["history"])
         rows.append(got["row"])
         print(

@@ -14,6 +14,14 @@ made with different ones, and neither does a rerun after the code changed, becau
 store adds :func:`code_fingerprint` (a hash of every ``.py`` file of the installed
 ``swarmjax`` package and of the modules passed as ``code``, e.g. the experiment script) to
 the settings.  Settings must be JSON-serialisable (``str`` is used for anything else).
+
+Secrets: :meth:`CallStore.secret` gives each call its own secret
+(:class:`~swarmjax.privacy.secret.Secret`, operating-system entropy), saved under
+``<folder>/secret/`` (:data:`SECRET_FOLDER`; the experiment's ledger lists it as not
+released) so that a rerun resuming an unfinished call draws the same noise, while a call run
+anew (``restart``, other settings or code: another folder) draws a fresh one.  With a
+supplied secret (reproducible mode) each call's secret is derived from it by the folder's
+settings id and the call key.
 """
 
 from __future__ import annotations
@@ -30,7 +38,19 @@ from typing import Any, NamedTuple
 import numpy as np
 import pandas as pd
 
-__all__ = ["CallStore", "Fetched", "code_fingerprint", "settings_id", "write_atomic"]
+from swarmjax.privacy.secret import Secret
+
+__all__ = [
+    "SECRET_FOLDER",
+    "CallStore",
+    "Fetched",
+    "code_fingerprint",
+    "settings_id",
+    "write_atomic",
+]
+
+SECRET_FOLDER = "secret"
+"""Sub-folder of a store's folder holding its calls' secrets (never released)."""
 
 _KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.=+-]*$")
 
@@ -99,6 +119,8 @@ class CallStore:
         restart: ignore (and overwrite) finished calls instead of reusing them.
         code: modules (or source files) besides the ``swarmjax`` package whose source the
             results depend on; their fingerprint joins ``settings`` as ``"code"``.
+        secret: a supplied secret (reproducible mode): every call's secret is derived from
+            it; ``None`` (default): each call draws its own from operating-system entropy.
 
     Attributes:
         folder: where this store reads and writes.
@@ -112,6 +134,7 @@ class CallStore:
         *,
         restart: bool = False,
         code: Sequence[ModuleType | str | os.PathLike[str]] = (),
+        secret: Secret | None = None,
     ) -> None:
         if "code" in settings:
             raise ValueError("settings must not have a 'code' key: the store sets it")
@@ -122,6 +145,8 @@ class CallStore:
         write_atomic(self.folder / "settings.json", lambda p: p.write_text(text))
         self.restart = restart
         self.reused: list[str] = []
+        self.supplied = secret
+        self._secrets: dict[str, Secret] = {}
 
     def _paths(self, key: str) -> tuple[Path, Path]:
         if not isinstance(key, str) or not _KEY.match(key):
@@ -156,6 +181,34 @@ class CallStore:
         write_atomic(table_path, lambda p: table.to_csv(p, index=False))
         write_atomic(payload_path, lambda p: p.write_text(text))
         return Fetched(table, json.loads(text)["payload"], False)  # as a rerun will see it
+
+    @property
+    def secret_folder(self) -> Path:
+        """Where the calls' secrets are kept (list it as not released)."""
+        return self.folder / SECRET_FOLDER
+
+    def secret(self, key: str) -> Secret:
+        """The secret of call ``key``: the one saved for it when it is resumed, else a fresh
+        one (saved before it is returned, so an interrupted call resumes with it).
+
+        With ``restart`` a call draws a fresh secret once per store (the same one for every
+        request of ``key`` in this process).  With a supplied secret it is
+        ``supplied.derive("<settings id>/<key>")`` and nothing is saved.
+        """
+        self._paths(key)  # checks the key
+        if key in self._secrets:
+            return self._secrets[key]
+        if self.supplied is not None:
+            made = self.supplied.derive(f"{self.folder.name}/{key}")
+        else:
+            path = self.secret_folder / f"{key}.key"
+            if path.exists() and not self.restart:
+                made = Secret.load(path)
+            else:
+                made = Secret.generate()
+                made.save(path)
+        self._secrets[key] = made
+        return made
 
     def fetch_or_run_table(self, key: str, run: Callable[[], pd.DataFrame]) -> pd.DataFrame:
         """:meth:`fetch_or_run` for a call whose whole result is one table."""

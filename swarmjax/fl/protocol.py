@@ -32,13 +32,15 @@ particular the aggregate's noise keys are never among the redraw keys
 ``fold_in(select_key, attempt)`` of a Poisson selection (in this JAX,
 ``split(k)[i] == fold_in(k, i)``, so that holds for split children too).
 
-A run key is derived from the run's seed AND its release identity
+A run key is the call's secret (:class:`~swarmjax.privacy.secret.Secret`: 256 bits of
+operating-system entropy unless the caller supplies them) with the run's release identity
 (:func:`release_identity`: the algorithm's type and static settings, every hyper-parameter
-value of the variant and its labels; :func:`run_keys`), so two releases that differ in
-anything but the seed never share noise or cohorts, whether they come from one call or
-from two (two algorithms of one experiment run with equal seeds and labels included),
-while the same configuration and seed always gets the same key (reproducible runs, exact
-resumes, a deployment that matches the simulator).
+value of the variant and its labels) and its seed folded in (:func:`run_keys`), as a
+256-bit ChaCha20 key: nothing published (seed, settings, data) determines any draw; two
+variants of a call never share a draw; two calls share one only if the caller gave both the
+same secret, and the ledger refuses to compose runs whose keys coincide (public key
+fingerprints); the same secret, configuration and seed give the same key (exact resumes,
+a deployment that matches the simulator).
 
 The contract, in one place: a runtime calls only the members of :class:`Algorithm` (every
 host-side one has a default here), builds the variant axis with :meth:`Variants.grid` and
@@ -68,6 +70,7 @@ import numpy as np
 from jaxtyping import Array, ArrayLike, Bool, Float, Int, PRNGKeyArray, PyTree
 
 from swarmjax.fl.data.cohort import fixed_cohort
+from swarmjax.privacy.secret import Secret
 
 __all__ = [
     "ACCOUNTED",
@@ -702,7 +705,7 @@ def _axis(name: str, values: float | Iterable[Any]) -> list[Any]:
 
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 _IDENTITY_VERSION = b"swarmjax.release_identity/1"
-_IDENTITY_WORDS = 4  # 32-bit words of the digest folded into a run key (128 bits)
+_IDENTITY_WORDS = 8  # 32-bit words of the digest folded into a run key (all 256 bits)
 
 
 def describe(value: Any) -> Any:
@@ -843,31 +846,39 @@ def variant_identities(alg: Algorithm, variants: Variants) -> tuple[bytes, ...]:
 
 
 def run_keys(
-    seeds: Sequence[int], identities: Sequence[bytes], common_random_numbers: bool
+    secret: Secret,
+    seeds: Sequence[int],
+    identities: Sequence[bytes],
+    common_random_numbers: bool,
 ) -> PRNGKeyArray:
     """One key per (variant, seed), variant-major: the root of every random number a run
     draws (:func:`server_key`, :func:`client_key`, ...).
 
     Args:
-        seeds: the seeds (each ``>= 0``).
+        secret: the call's :class:`~swarmjax.privacy.secret.Secret` (256 secret bits;
+            :meth:`~swarmjax.privacy.secret.Secret.generate` draws them from the operating
+            system). Nothing published (seed, settings, data) determines a key without it.
+        seeds: the seeds (each ``>= 0``): labels of repeated runs.
         identities: one :func:`release_identity` per variant (:func:`variant_identities`),
-            bytes of at least 16.
-        common_random_numbers: give every variant ``key(seed)`` (shared draws).
+            32 bytes each.
+        common_random_numbers: give every variant of a seed the same key (shared draws).
 
     Returns:
-        ``(variants * seeds,)`` typed PRNG keys, variant-major.
+        ``(variants * seeds,)`` typed ChaCha20 keys, variant-major
+        (:func:`~swarmjax.privacy.secret.keys_for_runs`).
 
-    Independent by default: run ``(v, s)`` uses ``key(s)`` folded in turn with the first
-    four little-endian 32-bit words of identity ``v`` (``fold_in`` takes 32 bits; four
-    folds carry 128 bits, so two different configurations share a key only by a hash
-    collision, chance about ``2^-64`` per pair given the key's 64-bit state). Different
-    algorithms, settings, hyper values or labels thus draw independent noise and cohorts,
-    in one call or across calls, and a run's numbers do not depend on what else is in the
-    batch. Two variants with equal identity (the same run twice) would release the same
-    noise twice: ``ValueError``. ``common_random_numbers=True`` gives every variant
-    ``key(s)``: the variants then share every draw on purpose (paired comparisons; not
-    independent samples, and not independent of any other call with that seed).
+    Independent by default: run ``(v, s)`` folds identity ``v`` and seed ``s`` into the
+    secret's key, so the runs of a call differ in every draw, a run's numbers do not depend
+    on what else is in the call, and calls with different secrets share nothing. Two
+    variants with equal identity (the same run twice) would release the same noise twice:
+    ``ValueError``. ``common_random_numbers=True`` gives every variant of a seed one key:
+    the variants then share every draw on purpose (paired comparisons; the ledger refuses
+    to compose them).
     """
+    if not isinstance(secret, Secret):
+        raise TypeError(
+            f"run_keys takes a swarmjax.privacy.secret.Secret first; got {type(secret).__name__}"
+        )
     ids = list(identities)
     if not ids:
         raise ValueError("run_keys needs at least one identity (one per variant)")
@@ -890,16 +901,4 @@ def run_keys(
     seed_list = [int(s) for s in seeds]
     if not seed_list or min(seed_list) < 0:
         raise ValueError(f"seeds must be one or more integers >= 0; got {list(seeds)!r}")
-    runs_seeds = np.tile(np.asarray(seed_list, np.uint32), len(ids))
-    base = jax.vmap(jax.random.key)(jnp.asarray(runs_seeds))
-    if common_random_numbers:
-        return base
-    words = np.stack([np.frombuffer(i[: 4 * _IDENTITY_WORDS], "<u4") for i in ids])
-    words = np.repeat(words, len(seed_list), axis=0)
-
-    def fold(key: PRNGKeyArray, w: Array) -> PRNGKeyArray:
-        for j in range(_IDENTITY_WORDS):
-            key = jax.random.fold_in(key, w[j])
-        return key
-
-    return jax.vmap(fold)(base, jnp.asarray(words))
+    return secret.run_keys(seed_list, ids, common_random_numbers)

@@ -29,8 +29,16 @@ import orbax.checkpoint as ocp
 from jaxtyping import PRNGKeyArray, PyTree
 
 from swarmjax.fl.protocol import describe
+from swarmjax.privacy.secret import Secret
 
-__all__ = ["NOT_RELEASED", "Checkpoints", "fingerprint", "not_released"]
+__all__ = [
+    "NOT_RELEASED",
+    "SECRET_FILE",
+    "Checkpoints",
+    "checkpoint_secret",
+    "fingerprint",
+    "not_released",
+]
 
 NOT_RELEASED = "NOT_RELEASED.txt"
 """Name of the marker file in every checkpoint folder (see :func:`not_released`)."""
@@ -60,6 +68,25 @@ def _mark_not_released(folder: Path) -> None:
         tmp = folder / f".{NOT_RELEASED}.tmp"
         tmp.write_text(_NOT_RELEASED_TEXT)
         os.replace(tmp, marker)
+
+
+SECRET_FILE = "secret.key"
+"""The run's secret inside its checkpoint folder (never released)."""
+
+
+def checkpoint_secret(folder: str | os.PathLike) -> Secret:
+    """The secret of the run checkpointed in ``folder``: the one saved there (a resume draws
+    the same numbers), else a fresh one from operating-system entropy, saved there (owner
+    read/write only) before any round runs. The folder is marked not released."""
+    where = Path(folder).resolve()
+    where.mkdir(parents=True, exist_ok=True)
+    _mark_not_released(where)
+    path = where / SECRET_FILE
+    if path.exists():
+        return Secret.load(path)
+    made = Secret.generate()
+    made.save(path)
+    return made
 
 
 def fingerprint(alg: Any, variants: Any, data: PyTree, keys: PRNGKeyArray) -> str:

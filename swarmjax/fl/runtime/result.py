@@ -15,12 +15,40 @@ from swarmjax.fl.protocol import Exchange, Spend, coverage
 from swarmjax.privacy.accounting import PureDpEvent, epsilon_curve, poisson_gaussian_event
 from swarmjax.privacy.canaries import CanaryReport
 from swarmjax.privacy.plan import RELATIONS
+from swarmjax.privacy.secret import GENERATOR
 
-__all__ = ["RELATIONS", "PrivacyRecord", "Result", "privacy_record", "relation"]
+__all__ = [
+    "RELATIONS",
+    "SUPPLIED_CONDITION",
+    "PrivacyRecord",
+    "Result",
+    "privacy_record",
+    "randomness",
+    "relation",
+]
 
 ClientGroup = tuple[tuple[int, ...] | None, dp_accounting.DpEvent, float]
 """Clients with identical accounting in one run: (their ids, ``None`` for every client; the
 whole run's dp-accounting event; the summed overflow chance ``P`` charged to delta)."""
+
+
+def randomness(secret_source: str, common_random_numbers: bool) -> dict[str, Any]:
+    """What drew a call's random numbers, for its privacy record: the generator, where the
+    secret came from (``"entropy"``: operating-system entropy, known to nobody but the
+    run; ``"supplied"``: the caller's, reproducible, private only while it is kept) and
+    whether its variants share draws (common random numbers)."""
+    return {
+        "generator": GENERATOR,
+        "secret": secret_source,
+        "common_random_numbers": bool(common_random_numbers),
+        "condition": SUPPLIED_CONDITION if secret_source == "supplied" else None,
+    }
+
+
+SUPPLIED_CONDITION = (
+    "the noise was drawn from a secret the caller supplied (reproducible mode): every "
+    "epsilon holds only while that secret is kept from whoever sees the releases"
+)
 
 SHARED_RANDOMNESS = (
     "these runs share their random numbers (common_random_numbers=True): each epsilon holds "
@@ -61,6 +89,11 @@ class PrivacyRecord:
         audit: per run, its canary audit as a dict
             (:meth:`~swarmjax.privacy.canaries.CanaryReport.to_dict`: ``epsilon_lower``,
             ``confidence``, ...); empty when the run was not audited.
+        randomness: what drew the runs' numbers (:func:`randomness`: generator, secret
+            source, common random numbers, the condition a supplied secret puts on every
+            epsilon); ``None`` for a record built outside a runtime.
+        key_fingerprints: per run, a public 128-bit commitment to its key
+            (:func:`~swarmjax.privacy.secret.fingerprint`): equal fingerprints, equal draws.
     """
 
     unit: str | None
@@ -77,6 +110,8 @@ class PrivacyRecord:
     groups: tuple[tuple[ClientGroup, ...], ...] = ()
     floating_point: str | None = None
     audit: tuple[dict[str, Any], ...] = ()
+    randomness: dict[str, Any] | None = None
+    key_fingerprints: tuple[str, ...] = ()
 
     def __repr__(self) -> str:
         """One line: unit, relation, the final epsilon over runs and clients, delta and what
@@ -129,6 +164,8 @@ def privacy_record(
     accountant: str = "pld",
     shares_randomness: bool = False,
     floating_point: str | None = None,
+    randomness: dict[str, Any] | None = None,
+    key_fingerprints: tuple[str, ...] = (),
 ) -> PrivacyRecord:
     """The privacy record of a run: epsilon per (run, round, client) by ``accountant``.
 
@@ -145,6 +182,8 @@ def privacy_record(
         accountant: ``"pld"`` or ``"rdp"`` (:mod:`swarmjax.privacy.accounting`).
         shares_randomness: the runs used common random numbers (stated in the record).
         floating_point: what the exact released values reveal (stated in the record).
+        randomness: what drew the runs' numbers (:func:`randomness`).
+        key_fingerprints: per run, the public fingerprint of its key.
 
     Returns:
         A :class:`PrivacyRecord`; clients with equal per-round ``(q, sigma, steps,
@@ -217,6 +256,8 @@ def privacy_record(
         shares_randomness=bool(shares_randomness),
         groups=tuple(groups),
         floating_point=floating_point if unit is not None else None,
+        randomness=randomness,
+        key_fingerprints=tuple(key_fingerprints),
     )
 
 
@@ -245,6 +286,8 @@ def _privacy_line(p: PrivacyRecord) -> str:
         line += f"; NOT covered: {len(p.not_covered)} message fields (privacy.not_covered)"
     if p.shares_randomness:
         line += "; runs share their random numbers"
+    if p.randomness is not None and p.randomness.get("secret") == "supplied":
+        line += "; noise from a supplied secret: holds only while it is kept"
     return line
 
 

@@ -49,8 +49,8 @@ from swarmjax.fl.protocol import (
     variant_identities,
     where_selected,
 )
-from swarmjax.fl.runtime.checkpoint import Checkpoints, fingerprint
-from swarmjax.fl.runtime.result import Result, privacy_record
+from swarmjax.fl.runtime.checkpoint import Checkpoints, checkpoint_secret, fingerprint
+from swarmjax.fl.runtime.result import Result, privacy_record, randomness
 from swarmjax.models import param_bytes
 from swarmjax.privacy.canaries import (
     CanaryAudit,
@@ -67,6 +67,7 @@ from swarmjax.privacy.canaries import (
     participation_key,
 )
 from swarmjax.privacy.ledger import Ledger
+from swarmjax.privacy.secret import Secret, fingerprints
 
 __all__ = [
     "CHECKPOINT_NOT_RELEASED",
@@ -471,6 +472,7 @@ def simulate(
     ledger: Ledger | None = None,
     release_path: str | os.PathLike | None = None,
     audit: CanaryAudit | None = None,
+    secret: Secret | None = None,
 ) -> Result:
     """Run ``alg`` for every (variant, seed) at once and return the one :class:`Result`.
 
@@ -517,7 +519,16 @@ def simulate(
             (docs/audits.md). Checked before any work: a non-private run, an algorithm
             without a canary hook, a score it cannot compute or more canaries than the
             model has parameters raise one ``ValueError`` naming the option.
+        secret: the call's :class:`~swarmjax.privacy.secret.Secret`, the root of every
+            random number of its runs (noise, cohorts, client batches). ``None``
+            (default): 256 fresh bits of operating-system entropy, so two calls never share
+            a draw; with ``checkpoint_dir`` they are saved there (a folder never released)
+            and a resumed run draws the same numbers. Pass one (reproducible mode, e.g.
+            ``Secret.from_file(path)``) to replay a run: its guarantee then holds only while
+            that secret is kept, and the record and ledger say so.
     """
+    if secret is None and checkpoint_dir is not None:
+        secret = checkpoint_secret(checkpoint_dir)
     run = start(
         alg,
         clients,
@@ -527,6 +538,7 @@ def simulate(
         client_map=client_map,
         diagnostics=diagnostics,
         audit=audit,
+        secret=secret,
     )
     rounds = variants.spec.rounds
     per_call = (
@@ -593,6 +605,7 @@ class Run:
     client_map: ClientMap
     diagnostics: bool
     common_random_numbers: bool
+    secret_source: str  # "entropy" or "supplied" (the secret itself is not kept here)
     audit: CanaryAudit | None
     hook: CanaryHook | None
     initial: PyTree  # the server states at the start (the canaries' reference model)
@@ -632,9 +645,17 @@ def start(
     client_map: ClientMap | None = "vmap",
     diagnostics: bool = False,
     audit: CanaryAudit | None = None,
+    secret: Secret | None = None,
 ) -> Run:
     """Check the call and initialise every run (:func:`simulate`'s arguments of the same
-    names); no round is run. Bad input is one ``ValueError`` line here, before any work."""
+    names; ``secret=None`` draws a fresh one from operating-system entropy, never saved);
+    no round is run. Bad input is one ``ValueError`` line here, before any work."""
+    if secret is None:
+        secret = Secret.generate()
+    elif not isinstance(secret, Secret):
+        raise ValueError(
+            f"secret must be a swarmjax.privacy.secret.Secret or None; got {type(secret).__name__}"
+        )
     test = as_test_set(test)
     alg.check(clients, test)
     data = alg.client_data(clients)
@@ -654,7 +675,7 @@ def start(
                 f"variants.labels[{name!r}] must have {n_var} values; got {len(values)}"
             )
     seed_list = list(variants.spec.seeds)
-    keys = run_keys(seed_list, variant_identities(alg, variants), common_random_numbers)
+    keys = run_keys(secret, seed_list, variant_identities(alg, variants), common_random_numbers)
     hyper = jax.tree.map(
         lambda a: jnp.repeat(jnp.asarray(a), len(seed_list), axis=0), variants.hyper
     )
@@ -679,6 +700,7 @@ def start(
         client_map=client_map,
         diagnostics=bool(diagnostics),
         common_random_numbers=bool(common_random_numbers),
+        secret_source=secret.source,
         audit=audit,
         hook=hook,
         initial=initial,
@@ -758,6 +780,8 @@ def finish(
         accountant=spec.accountant,
         shares_randomness=run.common_random_numbers and run.variants.size > 1,
         floating_point=alg.floating_point(),
+        randomness=randomness(run.secret_source, run.common_random_numbers),
+        key_fingerprints=fingerprints(run.keys),
         overflow_prob=alg.sampling_overflow(
             out["spend"],
             n_clients,

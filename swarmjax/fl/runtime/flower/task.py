@@ -31,6 +31,7 @@ from swarmjax.fl.protocol import (
     variant_identities,
 )
 from swarmjax.fl.runtime.simulator import num_clients, simulate
+from swarmjax.privacy.secret import Secret
 
 __all__ = [
     "DEFAULT_CACHE",
@@ -62,6 +63,11 @@ class Task:
         test: the public ``(x, y)`` test set of ``algorithm.evaluate``.
         stacked: all clients' stacked ``ClientData`` (the simulator's input), when the task
             was built from it (:func:`stacked_task`); a deployment never sends it anywhere.
+        secret: the run's supplied secret (reproducible mode: every process given the same
+            one draws the simulator's numbers, and the guarantee holds only while it is
+            kept), or ``None``: each process draws its own from operating-system entropy
+            (the server's noise and cohorts from the ServerApp's, each client's draws from
+            its SuperNode's, so no process can regenerate another's noise).
     """
 
     algorithm: Algorithm
@@ -72,6 +78,7 @@ class Task:
     test: tuple[Array, Array]
 
     stacked: PyTree = None
+    secret: Secret | None = None
 
     def __post_init__(self) -> None:
         if self.variants.size != 1:
@@ -106,10 +113,12 @@ class Task:
 
     @functools.cached_property
     def run_key(self) -> PRNGKeyArray:
-        """The simulator's key of this (variant, seed) run (from the seed and the variant's
-        :func:`~swarmjax.fl.protocol.release_identity`)."""
+        """This process's key of the (variant, seed) run: the simulator's key under the
+        task's secret (:func:`~swarmjax.fl.protocol.run_keys`), or under a secret this
+        process draws once from operating-system entropy when the task has none."""
+        secret = Secret.generate() if self.secret is None else self.secret
         identities = variant_identities(self.algorithm, self.variants)
-        return run_keys([self.seed], identities, common_random_numbers=False)[0]
+        return run_keys(secret, [self.seed], identities, common_random_numbers=False)[0]
 
     @functools.cached_property
     def server_like(self) -> PyTree:
@@ -176,7 +185,11 @@ def load_task(run_config: Mapping[str, Any]) -> Task:
 
 
 def stacked_task(
-    algorithm: Algorithm, variants: Variants, clients: PyTree, test: tuple[Array, Array]
+    algorithm: Algorithm,
+    variants: Variants,
+    clients: PyTree,
+    test: tuple[Array, Array],
+    secret: Secret | None = None,
 ) -> Task:
     """A deployment's task from the simulator's inputs.
 
@@ -185,6 +198,7 @@ def stacked_task(
         variants: ONE variant with ONE seed (its spec gives rounds, delta and seed).
         clients: stacked client data (usually ``ClientData``, a leading client axis).
         test: the public ``(x, y)`` test set.
+        secret: the run's supplied secret (:attr:`Task.secret`), or ``None``.
 
     Returns:
         A :class:`Task` in which client ``i`` holds slice ``i`` of
@@ -197,7 +211,7 @@ def stacked_task(
         return jax.tree.map(lambda a: a[pid], data)
 
     like = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), data)
-    return Task(algorithm, variants, num_clients(data), one, like, test, clients)
+    return Task(algorithm, variants, num_clients(data), one, like, test, clients, secret)
 
 
 def simulate_task(task: Task) -> Any:
@@ -205,4 +219,4 @@ def simulate_task(task: Task) -> Any:
     task's stacked clients): the reference a deployment is compared with."""
     if task.stacked is None:
         raise ValueError("task.stacked is None: build the task with stacked_task to simulate it")
-    return simulate(task.algorithm, task.stacked, task.test, task.variants)
+    return simulate(task.algorithm, task.stacked, task.test, task.variants, secret=task.secret)

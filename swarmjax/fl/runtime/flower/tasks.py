@@ -6,7 +6,10 @@ of :mod:`swarmjax.fl.algorithms.registry` the Flower tasks run: ``fedavg``; ``fe
 ``dp-fedavg``: client-level DP-FedAvg with adaptive clipping; ``dp-ftrl``; ``fed-dp-pso``:
 Fed-DP-PSO with DP-Adam at ``target-epsilon``), ``num-clients`` (3), ``rounds`` (2),
 ``seed`` (0), ``partition-seed`` (0), ``train-size`` (examples used, 600), ``hidden`` (32),
-``learning-rate`` (0.1), ``epochs`` (1), ``batch-size`` (32), ``delta`` (``""``: swarmjax's one
+``learning-rate`` (0.1), ``epochs`` (1), ``batch-size`` (32), ``secret-file`` (``""``:
+every process draws its own secret from operating-system entropy; a path: reproducible
+mode, every process reads the run's secret from that file, which each node must keep
+private: :meth:`~swarmjax.privacy.secret.Secret.from_file`), ``delta`` (``""``: swarmjax's one
 default, ``0.1 / records``), ``accountant`` (``pld``); for ``fedprox`` also ``mu`` (the
 proximal weight, 0.01); for
 ``dp-fedavg`` also ``client-rate`` (Poisson rate of clients, 0.7), ``noise-multiplier``
@@ -56,6 +59,7 @@ from swarmjax.fl.protocol import RunSpec, Variants
 from swarmjax.fl.runtime.flower.task import Task, stacked_task
 from swarmjax.models import mlp
 from swarmjax.privacy.plan import default_delta
+from swarmjax.privacy.secret import Secret
 
 __all__ = ["ALGORITHMS", "digits", "digits_clients", "fed_dp_pso_reading"]
 
@@ -168,7 +172,9 @@ def digits(config: dict[str, Any]) -> Task:
             initial_clip=float(config.get("clip", 0.1)),
             client_lr=lr,
         )
-    return stacked_task(alg, variants, clients, test)
+    secret_file = str(config.get("secret-file", ""))
+    secret = Secret.from_file(secret_file) if secret_file else None
+    return stacked_task(alg, variants, clients, test, secret)
 
 
 def fed_dp_pso_reading(config: dict[str, Any]) -> Reading:
