@@ -479,23 +479,25 @@ def call_store(
 
     ``secret``: the supplied secret of ``--secret-file`` (:func:`supplied_secret`), else
     each call draws its own (:meth:`~swarmjax.resume.CallStore.secret`). ``ledger``: the
-    experiment's :class:`~swarmjax.privacy.ledger.Ledger`, told that the store's secret
-    folder is not released."""
+    experiment's :class:`~swarmjax.privacy.ledger.Ledger`, told that the store's folder
+    (its cache and, under ``secret/``, the calls' secrets) is not released."""
     module = sys.modules[experiment] if isinstance(experiment, str) else experiment
     store = CallStore(
         out / "calls", settings, restart=restart, code=(module, *parts), secret=secret
     )
     if ledger is not None:
-        ledger.mark_not_released(store.secret_folder, SECRET_NOT_RELEASED)
+        ledger.mark_not_released(store.folder, SECRET_NOT_RELEASED)
     return store
 
 
 SECRET_NOT_RELEASED = (
-    "the calls' secrets: the 256-bit roots of every random number of their runs (noise, "
-    "cohorts, batches); whoever holds one can regenerate that call's noise and subtract it, "
-    "so never publish, share or commit this folder"
+    "the experiment's cache of finished calls (raw payloads, which may hold statistics of "
+    "private data that no epsilon covers) and, under secret/, the calls' secrets: the 256-bit "
+    "roots of every random number of their runs (noise, cohorts, batches); whoever holds "
+    "one can regenerate that call's noise and subtract it, so never publish, share or "
+    "commit this folder"
 )
-"""Why a call store's secret folder is never released."""
+"""Why a call store's folder is never released."""
 
 
 def entry_point(main: Callable[..., T]) -> Callable[..., T]:

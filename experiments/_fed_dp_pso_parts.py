@@ -27,6 +27,7 @@ from swarmjax.fl.runtime import simulate
 from swarmjax.privacy.canaries import CanaryAudit, CanaryReport
 from swarmjax.privacy.ledger import Ledger, saved_releases
 from swarmjax.privacy.plan import default_delta
+from swarmjax.privacy.secret import Secret
 
 if TYPE_CHECKING:
     from experiments.fed_dp_pso import Profile
@@ -179,9 +180,19 @@ def print_audits(label: str, releases: list[dict]) -> None:
             print(f"  audit {label} eps={target} seed={r['seed']}: {report.line()}")
 
 
-def _fedavg(d: Dataset, eps: float, rounds: int, seeds: int, prof: Profile, path: str):
+def _fedavg(
+    d: Dataset,
+    eps: float,
+    rounds: int,
+    seeds: int,
+    prof: Profile,
+    path: str,
+    *,
+    secret: Secret | None = None,
+):
     """FedAvg + DP-Adam (plain Adam at ``inf``) on ``d``'s clients: (history, ``{"epsilon_max",
-    "epsilon_lower", "releases": its runs as ledger releases written at path}``). With
+    "epsilon_lower", "releases": its runs as ledger releases written at path}``); ``secret``:
+    the call's (:meth:`~swarmjax.resume.CallStore.secret`). With
     ``prof.audit`` every DP run carries ``prof.audit`` record-level gradient canaries per
     client (``FedAvg(audit=...)``); ``epsilon_lower`` is the largest bound over the seeds
     (``None``: not audited)."""
@@ -193,7 +204,9 @@ def _fedavg(d: Dataset, eps: float, rounds: int, seeds: int, prof: Profile, path
     alg = without_dp(FedAvg(d.model, training, audit=audit), eps)
     spec = RunSpec(rounds, delta, tuple(range(seeds)), accountant=prof.accountant)
     variants = Variants.grid(alg, d.clients, spec, epsilon_target=[eps], learning_rate=[d.lr])
-    res = simulate(alg, d.clients, (d.ds.x_test, d.ds.y_test), variants, progress=True)
+    res = simulate(
+        alg, d.clients, (d.ds.x_test, d.ds.y_test), variants, progress=True, secret=secret
+    )
     releases = saved_releases(res, algorithm="fedavg_dp_adam", path=path)
     lower = max((r.epsilon_lower for r in res.audit), default=None) if res.audit else None
     privacy = {"epsilon_max": eps_of(res, eps)[0], "epsilon_lower": lower}
@@ -216,7 +229,7 @@ def fig3(
     rows, histories = [], []
     for eps in prof.epsilons:
         run = partial(_fedavg, d, eps, prof.rounds, prof.seeds, prof, str(out / "fig3.csv"))
-        history, privacy, _ = store.fetch_or_run(f"fig3_{name}_eps{eps:g}", run)
+        history, privacy, _ = store.fetch_or_run(f"fig3_{name}_eps{eps:g}", run, with_secret=True)
         ledger.add_saved(privacy["releases"])
         print_audits(f"fedavg {name} iid", privacy["releases"])
         histories.append(history.assign(dataset=name, method="fedavg"))
@@ -255,7 +268,7 @@ def _comm(
     round of FedAvg without DP, which goes into ``ledger`` as written at ``path``)."""
     if fedavg is None:
         run = partial(_fedavg, d, math.inf, 1, 1, prof, path)
-        fedavg, payload, _ = store.fetch_or_run(f"comm_{name}", run)
+        fedavg, payload, _ = store.fetch_or_run(f"comm_{name}", run, with_secret=True)
         ledger.add_saved(payload["releases"])
     row = {"dataset": name}
     for method, h in (("pso", pso), ("fedavg", fedavg)):

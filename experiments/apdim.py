@@ -46,6 +46,7 @@ from tqdm import tqdm
 from experiments import _cli, _report
 from swarmjax.privacy import apdim
 from swarmjax.privacy.ledger import Ledger, Release
+from swarmjax.privacy.secret import Secret
 
 EPSILONS = (0.01, 0.05, 0.1, 0.5, 1.0, 5.0)
 # mode -> (allocation, sensitivity)
@@ -237,11 +238,11 @@ def release_seed(name: str, mode: str, mechanism: str, seed: int) -> int:
 
 
 def run_utility(
-    split: Split, plans: dict, name: str, profile: Profile, bar: tqdm
+    split: Split, plans: dict, name: str, profile: Profile, bar: tqdm, *, secret: Secret
 ) -> tuple[pd.DataFrame, list[dict]]:
     """F1 per (mode, mechanism, epsilon, seed, classifier), and the attack accuracy rows;
-    ``plans`` is ``make_plans(split)``; the noise of ``seed`` comes from
-    :func:`release_seed`."""
+    ``plans`` is ``make_plans(split)``; the noise of ``seed`` comes from the call's
+    ``secret`` (:meth:`~swarmjax.resume.CallStore.secret`) at :func:`release_seed`."""
     majority = float(np.bincount(split.sensitive).max() / len(split.sensitive))
 
     def labels(mode: str, mechanism: str, epsilon: float, seed: int) -> dict:
@@ -269,7 +270,8 @@ def run_utility(
     for (mode, mechanism), plan in plans.items():
         draws = [release_seed(name, mode, mechanism, s) for s in seeds]
         released = np.asarray(
-            apdim.privatize_sweep(split.X_train, plan, profile.epsilons, draws), np.float32
+            apdim.privatize_sweep(split.X_train, plan, profile.epsilons, draws, secret=secret),
+            np.float32,
         )
         for e, epsilon in enumerate(profile.epsilons):
             for s in seeds:
@@ -288,18 +290,22 @@ def run_utility(
     return pd.DataFrame(rows), attacks
 
 
-def run_params(split: Split, profile: Profile, epsilon: float = 1.0) -> tuple[pd.DataFrame, dict]:
+def run_params(
+    split: Split, profile: Profile, epsilon: float = 1.0, *, secret: Secret
+) -> tuple[pd.DataFrame, dict]:
     """Fig. 3: random-forest F1 over (theta, alpha) on one dataset at one epsilon, and
     ``{"noise": per run, its labels and the Laplace scales it drew with}`` (for the ledger,
     saved with the call: refitting the plans on a rerun would cost the MI estimates again).
-    Each run draws from its own key (``PARAMS_STREAM`` folded with the run's index)."""
+    Each run draws from its own key (the call's secret folded with ``PARAMS_STREAM`` and
+    the run's index)."""
+    root = jax.random.fold_in(secret.key(), PARAMS_STREAM)
     rows, noise = [], []
     for theta in profile.thetas:
         for alpha in profile.alphas:
             plans = make_plans(split, theta=theta, alpha=alpha)
             for mode in MODES:
                 plan = plans[(mode, "apdim")]
-                key = jax.random.fold_in(jax.random.key(PARAMS_STREAM), len(rows))
+                key = jax.random.fold_in(root, len(rows))
                 noisy = apdim.privatize(key, split.X_train, plan, epsilon)
                 model = classifiers(profile, 0)["RF"]()
                 score = f1(model, np.asarray(noisy), split.y_train, split.X_test, split.y_test)
@@ -330,7 +336,7 @@ def run_timing(data_dir: Path, profile: Profile) -> pd.DataFrame:
         idx = rng.integers(0, len(X_all), size)
         X, y = X_all[idx], y_all[idx]
         for epsilon in profile.timing_epsilons:
-            key = jax.random.key(0)
+            key = Secret.generate().key()  # the timed noise is never published, and secret
 
             def apdim_batch(X=X, y=y, epsilon=epsilon, key=key):
                 plan = apdim.fit_apdim(X, y, discrete=encoder.categorical)
@@ -668,7 +674,14 @@ def main(argv: list[str] | None = None) -> None:
     # every noised table is a release of its rows (docs/ledger.md); checked writable now
     ledger = Ledger(out, "apdim", accountant=args.accountant)
     settings = dataclasses.asdict(profile)
-    store = _cli.call_store(out, settings, __name__, restart=args.restart)
+    store = _cli.call_store(
+        out,
+        settings,
+        __name__,
+        restart=args.restart,
+        secret=_cli.supplied_secret(args),
+        ledger=ledger,
+    )
     warnings.filterwarnings("ignore", category=ConvergenceWarning)
     started = time.perf_counter()
 
@@ -684,7 +697,7 @@ def main(argv: list[str] | None = None) -> None:
             bar.set_postfix(dataset=ds)
             plans = make_plans(split)
             run = partial(run_utility, split, plans, ds, profile, bar)
-            f1_ds, attacks, reused = store.fetch_or_run(f"utility_{ds}", run)
+            f1_ds, attacks, reused = store.fetch_or_run(f"utility_{ds}", run, with_secret=True)
             if reused:
                 bar.update(n_fits // len(splits))
             for release in table_releases(ds, plans, profile, out, **on_ledger):
@@ -712,7 +725,7 @@ def main(argv: list[str] | None = None) -> None:
 
     params_ds = "adult" if "adult" in splits else next(iter(splits))
     params, noise, _ = store.fetch_or_run(
-        f"params_{params_ds}", partial(run_params, splits[params_ds], profile)
+        f"params_{params_ds}", partial(run_params, splits[params_ds], profile), with_secret=True
     )
     for release in params_releases(params_ds, noise["noise"], out, **on_ledger):
         ledger.add(release)

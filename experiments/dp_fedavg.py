@@ -61,6 +61,7 @@ from swarmjax.models import cross_entropy, mlp, param_count
 from swarmjax.privacy.audit import membership_inference_advantage
 from swarmjax.privacy.canaries import CanaryAudit, CanaryReport
 from swarmjax.privacy.ledger import Ledger, saved_releases
+from swarmjax.privacy.secret import Secret
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,8 +125,20 @@ def make_clients(data, scheme: str, num_clients: int):
     return stack_clients(data.x_train, data.y_train, part.indices)
 
 
+PRIVATE = "private"
+"""Sub-folder of ``--out`` for outputs computed on training records without noise."""
+MIA_NOT_RELEASED = (
+    "membership-inference advantage of each run: a loss-threshold attack scored on training "
+    "records, an unnoised statistic of private data that no epsilon covers; for the "
+    "experimenter only, never published"
+)
+
+
 def mia_advantage(model, params, data, n: int, seed: int) -> float:
-    """Loss-threshold attack on the final global model: n training vs n test examples."""
+    """Loss-threshold attack on the final global model: n training vs n test examples.
+
+    It reads training records, so its value is a statistic of private data that no epsilon
+    covers: the experiment keeps it in ``<out>/private/`` (listed as not released)."""
     rng = np.random.default_rng(seed)
     n = min(n, data.y_train.size, data.y_test.size)
     mem = rng.choice(data.y_train.size, n, replace=False)
@@ -174,10 +187,15 @@ def run_one(
     spec: RunSpec,
     release_path: str = "history.csv",
     audit: CanaryAudit | None = None,
+    *,
+    secret: Secret | None = None,
 ):
     """One method at one epsilon, all seeds in one call: (per-round history, ``{"row":
     summary row, "releases": its runs as privacy-ledger releases written at
-    release_path}``).  ``audit``: client-level canaries in every private run of the call
+    release_path, "private": statistics of training records that no epsilon covers (the
+    membership-inference advantage), kept out of the released files}``). ``secret``: the
+    call's secret (:meth:`~swarmjax.resume.CallStore.secret`).  ``audit``: client-level
+    canaries in every private run of the call
     (docs/audits.md): each run's :class:`~swarmjax.privacy.canaries.CanaryReport` goes to
     its release's ``audit`` and the row's ``epsilon_lower`` is the largest over seeds; the
     non-private run (noise 0, no epsilon) is never audited."""
@@ -195,7 +213,7 @@ def run_one(
         **kwargs,
     )
     private = float(kwargs["noise_multiplier"][0]) > 0
-    res = simulate(alg, clients, test, variants, audit=audit if private else None)
+    res = simulate(alg, clients, test, variants, audit=audit if private else None, secret=secret)
     seconds = time.perf_counter() - t0
     releases = saved_releases(res, algorithm=method, path=release_path)
     h = res.history
@@ -230,13 +248,18 @@ def run_one(
         "seeds_reaching_target": int(reach.notna().sum()),
         "bits_volume": float(last["cum_bytes_up"].mean()) * 8,
         "mb_up": float(last["cum_bytes_up"].mean()) / 1e6,
-        "mia_advantage": float(np.mean(mias)),
-        "mia_advantage_std": float(np.std(mias)),
         "seconds": seconds,
     }
     if audit is not None:
         row["epsilon_lower"] = max((r.epsilon_lower for r in res.audit), default=math.nan)
-    return h.assign(method=method, epsilon_target=eps_target), {"row": row, "releases": releases}
+    hidden = {
+        "method": method,
+        "epsilon_target": eps_target,
+        "mia_advantage": float(np.mean(mias)),
+        "mia_advantage_std": float(np.std(mias)),
+    }
+    payload = {"row": row, "releases": releases, "private": hidden}
+    return h.assign(method=method, epsilon_target=eps_target), payload
 
 
 def plot(summary: pd.DataFrame, history: pd.DataFrame, out: Path) -> None:
@@ -439,7 +462,16 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
         "audit": None if args.audit is None else repr(CanaryAudit(args.audit)),
     }
     _report.write_json(out / "config.json", meta)
-    store = _cli.call_store(out, _call_settings(meta), __name__, restart=args.restart)
+    store = _cli.call_store(
+        out,
+        _call_settings(meta),
+        __name__,
+        restart=args.restart,
+        secret=_cli.supplied_secret(args),
+        ledger=ledger,
+    )
+    ledger.mark_not_released(out / PRIVATE, MIA_NOT_RELEASED)
+    private_rows = []
     bar = tqdm(total=n_runs, desc="dp_fedavg runs", unit="run")
     for ds in profile.datasets:
         data = subsample(loaded[ds], profile.n_train, profile.n_test, seed=0)
@@ -471,8 +503,9 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
                     str(out / "history.csv"),
                     None if args.audit is None else CanaryAudit(args.audit),
                 )
-                hist, payload, _ = store.fetch_or_run(key, run)
+                hist, payload, _ = store.fetch_or_run(key, run, with_secret=True)
                 row = payload["row"]
+                private_rows.append({"dataset": ds, "partition": scheme, **payload["private"]})
                 ledger.add_saved(payload["releases"])
                 audits += [(ds, scheme, name, r["audit"]) for r in payload["releases"]]
                 rows.append({"dataset": ds, "partition": scheme, **row})
@@ -494,7 +527,6 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
         "accuracy_std",
         "final_clip",
         "rounds_to_target",
-        "mia_advantage",
         "bits_volume",
     ]
     shown = summary.assign(
@@ -505,6 +537,13 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     _report.write_table(shown, out / "summary_table", columns=cols[:5] + cols[6:], floatfmt=".4g")
     with pd.option_context("display.width", 200, "display.max_rows", 500):
         print(summary[cols].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    hidden = pd.DataFrame(private_rows)
+    (out / PRIVATE).mkdir(exist_ok=True)
+    hidden.to_csv(out / PRIVATE / "mia_advantage.csv", index=False)
+    print(
+        f"membership-inference advantage (a loss-threshold attack on training records: an "
+        f"unnoised statistic of private data, NOT released): {out / PRIVATE / 'mia_advantage.csv'}"
+    )
     print_audits(audits)
     _report.write_ledger(ledger)
     if store.reused:

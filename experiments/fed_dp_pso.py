@@ -185,7 +185,9 @@ def _load() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
-def _dp_pso_call(name, part, group, alg, clients, ds, prof: Profile, lr: float, path: str):
+def _dp_pso_call(
+    name, part, group, alg, clients, ds, prof: Profile, lr: float, path: str, *, secret=None
+):
     """One compiled Fed-DP-PSO call (every epsilon of ``group`` x every seed): the per-round
     history and ``{"rows": one results-table row per epsilon, "releases": its runs as
     privacy-ledger releases written at path}``."""
@@ -197,7 +199,14 @@ def _dp_pso_call(name, part, group, alg, clients, ds, prof: Profile, lr: float, 
     variants = Variants.grid(alg, clients, spec, epsilon_target=group, learning_rate=lr, **hyper)
     test = (ds.x_test, ds.y_test)
     res = simulate(
-        alg, clients, test, variants, client_map=prof.client_map, rounds_per_call=1, progress=True
+        alg,
+        clients,
+        test,
+        variants,
+        client_map=prof.client_map,
+        rounds_per_call=1,
+        progress=True,
+        secret=secret,
     )
     took = time.perf_counter() - t0
     h = res.history.assign(dataset=name, partition=part, method="fed_dp_pso")
@@ -245,7 +254,7 @@ def run_dataset(name, prof: Profile, data_dir, out, store, cells, rounds_rows, l
             key = f"{name}_{part}_eps" + "-".join(f"{e:g}" for e in group)
             path = str(out / "rounds.csv")
             run = partial(_dp_pso_call, name, part, group, alg, clients, ds, prof, lr, path)
-            h, payload, reused = store.fetch_or_run(key, run)
+            h, payload, reused = store.fetch_or_run(key, run, with_secret=True)
             rows = payload["rows"]
             ledger.add_saved(payload["releases"])
             rounds_rows.append(h)
@@ -491,8 +500,15 @@ def main(argv: list[str] | None = None) -> None:
     # every run is a release of the clients' data (docs/ledger.md); checked writable now
     ledger = Ledger(out, "fed_dp_pso", delta=prof.delta, accountant=prof.accountant)
     print(f"Privacy: {_covers()}.\n{_header(prof)}\nload at start: {_load()}", flush=True)
+    supplied = _cli.supplied_secret(args)
     store = _cli.call_store(
-        out, prof.call_settings(), __name__, restart=args.restart, parts=[_parts]
+        out,
+        prof.call_settings(),
+        __name__,
+        restart=args.restart,
+        parts=[_parts],
+        secret=supplied,
+        ledger=ledger,
     )
     stores, cells, rounds_rows, walls, kept = [store], [], [], {}, {}
     load_start = _load()
@@ -505,7 +521,13 @@ def main(argv: list[str] | None = None) -> None:
     if prof.fig3 and FIG3 not in kept and args.full:
         iid = replace(prof, partitions=("iid",))  # own settings: partitions fix the padding
         iid_store = _cli.call_store(
-            out, iid.call_settings(), __name__, restart=args.restart, parts=[_parts]
+            out,
+            iid.call_settings(),
+            __name__,
+            restart=args.restart,
+            parts=[_parts],
+            secret=supplied,
+            ledger=ledger,
         )
         try:  # the paper's Fig. 3 dataset, IID only, when its files are found
             _, kept[FIG3] = run_dataset(

@@ -181,15 +181,18 @@ def _variability(acc: np.ndarray) -> dict:
     )
 
 
-def _call(alg, reading: Reading, clients, ds, plan: dict, lr: float, eps: float, path: str):
+def _call(
+    alg, reading: Reading, clients, ds, plan: dict, lr: float, eps: float, path: str, *, secret
+):
     """One simulator call of ``alg`` at target ``eps`` x every seed: (history,
-    ``{"releases": its runs as privacy-ledger releases written at path}``)."""
+    ``{"releases": its runs as privacy-ledger releases written at path}``); ``secret``: the
+    call's (:meth:`~swarmjax.resume.CallStore.secret`)."""
     t0 = time.perf_counter()
     delta = record_delta(plan["delta"], clients.sizes)
     spec = RunSpec(plan["rounds"], delta, tuple(range(plan["seeds"])), plan["accountant"])
     hyper = reading_hyper(reading)
     variants = Variants.grid(alg, clients, spec, epsilon_target=[eps], learning_rate=lr, **hyper)
-    res = simulate(alg, clients, (ds.x_test, ds.y_test), variants, progress=True)
+    res = simulate(alg, clients, (ds.x_test, ds.y_test), variants, progress=True, secret=secret)
     h = res.history.rename(columns={"test_accuracy": "val_accuracy"})
     h = h.assign(epsilon_max=res.privacy.final_epsilon.max(), seconds=time.perf_counter() - t0)
     return h, {"releases": saved_releases(res, algorithm="fed_dp_pso", path=path)}
@@ -289,7 +292,14 @@ def main(argv: list[str] | None = None) -> None:
             _cli.load_dataset(name, args.data_dir, source)
     # every run is a release of the clients' data (docs/ledger.md); checked writable now
     ledger = Ledger(out, "fed_dp_pso_study", delta=plan["delta"], accountant=plan["accountant"])
-    store = _cli.call_store(out, plan, __name__, restart=args.restart)
+    store = _cli.call_store(
+        out,
+        plan,
+        __name__,
+        restart=args.restart,
+        secret=_cli.supplied_secret(args),
+        ledger=ledger,
+    )
     print(_header(plan), flush=True)
     runs: list[dict] = []
     rounds: list[pd.DataFrame] = []
@@ -347,7 +357,7 @@ def _study_reading(
         clients = stack_clients(data.x_train, data.y_train, p.indices, pad_to=pad_to)
         key = f"{name}_{label}_{part}_eps{eps:g}"
         run = partial(_call, alg, reading, clients, data, plan, lr, eps, str(out / "rounds.csv"))
-        fetched = store.fetch_or_run(key, run)
+        fetched = store.fetch_or_run(key, run, with_secret=True)
         h, reused = fetched.table, fetched.reused
         first = len(ledger.releases)
         ledger.add_saved(fetched.payload["releases"])

@@ -68,6 +68,7 @@ from swarmjax.fl.runtime import simulate
 from swarmjax.models import char_lstm, evaluate
 from swarmjax.privacy.ledger import Ledger, saved_releases
 from swarmjax.privacy.plan import default_delta
+from swarmjax.privacy.secret import Secret
 
 ALGORITHMS = ("fedsgd", "fedavg", "dp-fedavg")
 PAPER_TARGET = 0.54
@@ -331,10 +332,13 @@ def run_one(
     final_test: Arrays,
     release_path: str,
     epsilon: float | None = None,
+    *,
+    secret: Secret | None = None,
 ) -> tuple[pd.DataFrame, dict]:
     """One algorithm's runs (one per seed of ``prof.seeds``; DP-FedAvg at one target
     ``epsilon``): ``(history, {"rows": summary rows, "releases": ledger releases})`` (what
-    :class:`~swarmjax.resume.CallStore` saves). The seeds are one vmapped call (the LSTM's
+    :class:`~swarmjax.resume.CallStore` saves); ``secret``: the call's
+    (:meth:`~swarmjax.resume.CallStore.secret`). The seeds are one vmapped call (the LSTM's
     recurrent init is drawn one matrix at a time under vmap, ``models.unbatched_orthogonal``:
     batched QRs deadlocked XLA's 2-thread CPU runtime, docs/shakespeare.md); each epsilon
     is its own call, and the calls share their compiled round."""
@@ -345,7 +349,16 @@ def run_one(
     t0 = time.perf_counter()
     # the device's client map: one client at a time on a CPU (an LSTM cohort ran 2.2x
     # slower vmapped there), vmapped on an accelerator
-    res = simulate(alg, store, test, variants, rounds_per_call=1, client_map=None, progress=True)
+    res = simulate(
+        alg,
+        store,
+        test,
+        variants,
+        rounds_per_call=1,
+        client_map=None,
+        progress=True,
+        secret=secret,
+    )
     wall = time.perf_counter() - t0
     history = res.history.assign(algorithm=name, label=label)
     if "epsilon_target" not in history:
@@ -472,7 +485,14 @@ def main(argv: list[str] | None = None) -> None:
     ledger = Ledger(out, "shakespeare", accountant=prof.accountant)
     runs_depend_on = {k: v for k, v in dataclasses.asdict(prof).items() if k != "targets"}
     settings = {"profile": runs_depend_on, "data": counts}
-    calls = _cli.call_store(out, settings, __name__, restart=args.restart)
+    calls = _cli.call_store(
+        out,
+        settings,
+        __name__,
+        restart=args.restart,
+        secret=_cli.supplied_secret(args),
+        ledger=ledger,
+    )
     histories, rows = [], []
     todo = [  # one call per (algorithm, epsilon), every seed in it: see run_one
         (name, eps)
@@ -480,11 +500,11 @@ def main(argv: list[str] | None = None) -> None:
         for eps in (prof.epsilons if name == "dp-fedavg" else (None,))
     ]
     for name, eps in todo:
-        run = lambda name=name, eps=eps: run_one(
-            name, prof, store, test, final_test, str(out / "history.csv"), eps
+        run = lambda name=name, eps=eps, secret=None: run_one(
+            name, prof, store, test, final_test, str(out / "history.csv"), eps, secret=secret
         )
         key = name if eps is None else f"{name}_eps{eps:g}"
-        history, payload, reused = calls.fetch_or_run(key, run)
+        history, payload, reused = calls.fetch_or_run(key, run, with_secret=True)
         if reused:
             print(f"{key}: reused the finished run in {calls.folder}", flush=True)
         ledger.add_saved(payload["releases"])

@@ -161,8 +161,17 @@ class CallStore:
         table, payload = self._paths(key)
         return payload.exists() and table.exists()
 
-    def fetch_or_run(self, key: str, run: Callable[[], tuple[pd.DataFrame, Any]]) -> Fetched:
+    def fetch_or_run(
+        self,
+        key: str,
+        run: Callable[..., tuple[pd.DataFrame, Any]],
+        *,
+        with_secret: bool = False,
+    ) -> Fetched:
         """The saved ``(table, payload)`` of ``key``, or ``run()``'s, saved before returning.
+
+        ``with_secret``: call ``run(secret=self.secret(key))`` (a private call's noise from
+        its own secret, :meth:`secret`) instead of ``run()``.
 
         ``payload`` is anything :func:`json.dumps` accepts, plus NumPy scalars and arrays;
         it is returned as decoded from its JSON (NumPy values as Python numbers and lists,
@@ -175,7 +184,7 @@ class CallStore:
             saved = json.loads(payload_path.read_text())
             table = pd.read_csv(table_path).astype(saved["dtypes"])
             return Fetched(table, saved["payload"], True)
-        table, payload = run()
+        table, payload = run(secret=self.secret(key)) if with_secret else run()
         dtypes = {str(col): str(dtype) for col, dtype in table.dtypes.items()}
         text = json.dumps({"payload": payload, "dtypes": dtypes}, default=_plain)
         write_atomic(table_path, lambda p: table.to_csv(p, index=False))

@@ -55,6 +55,7 @@ from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 
 from swarmjax._validation import check_choice, check_int, check_positive, check_range
 from swarmjax.privacy.mechanisms import bounded, laplace_mechanism
+from swarmjax.privacy.secret import Secret
 
 __all__ = [
     "ALLOCATIONS",
@@ -515,7 +516,11 @@ def privatize(
     plan: APDIMPlan,
     epsilon: float,
 ) -> Float[Array, "*rows d"]:
-    """Release ``X`` (clipped to [0, 1]) with ``Lap(Delta_i / (epsilon * share_i))`` noise."""
+    """Release ``X`` (clipped to [0, 1]) with ``Lap(Delta_i / (epsilon * share_i))`` noise.
+
+    ``key`` must be secret (e.g. ``Secret.generate().key()`` with the release's index
+    folded in, :mod:`swarmjax.privacy.secret`) and used for one release only: a key
+    derived from anything published lets a reader regenerate the noise."""
     check_positive("epsilon", epsilon)
     x = jnp.asarray(X, jnp.float32)
     if x.shape[-1] != plan.num_features:
@@ -529,16 +534,24 @@ def privatize(
     )
 
 
-def _run_key(seed: Array, epsilon: Array) -> PRNGKeyArray:
-    # Derived from the run's own (seed, epsilon) only, so a run is batch-invariant.
+def _run_key(root: PRNGKeyArray, seed: Array, epsilon: Array) -> PRNGKeyArray:
+    # The secret root with the run's own (seed, epsilon) folded in: batch-invariant, and
+    # nothing published (seed, epsilon) determines it without the root.
     bits = jax.lax.bitcast_convert_type(epsilon.astype(jnp.float32), jnp.uint32)
-    return jax.random.fold_in(jax.random.key(seed), bits)
+    return jax.random.fold_in(jax.random.fold_in(root, seed), bits)
 
 
 @jax.jit
-def _sweep(x: Array, shares: Array, sensitivity: Array, epsilons: Array, seeds: Array) -> Array:
+def _sweep(
+    root: PRNGKeyArray,
+    x: Array,
+    shares: Array,
+    sensitivity: Array,
+    epsilons: Array,
+    seeds: Array,
+) -> Array:
     def one(epsilon: Array, seed: Array) -> Array:
-        return _noise(_run_key(seed, epsilon), x, shares, sensitivity, epsilon)
+        return _noise(_run_key(root, seed, epsilon), x, shares, sensitivity, epsilon)
 
     per_seed = jax.vmap(one, in_axes=(None, 0))
     return jax.vmap(per_seed, in_axes=(0, None))(epsilons, seeds)
@@ -549,11 +562,18 @@ def privatize_sweep(
     plan: APDIMPlan,
     epsilons: Sequence[float] | ArrayLike,
     seeds: Sequence[int] | ArrayLike,
+    *,
+    secret: Secret | None = None,
 ) -> Float[Array, "eps seeds n d"]:
     """Noised copies of ``X`` for every (total epsilon, seed) pair in one jit-compiled call.
 
-    Output ``[e, s]`` is the release at ``epsilons[e]`` with randomness from
-    ``fold_in(key(seeds[s]), bits(epsilons[e]))``: identical whatever else is in the sweep.
+    Output ``[e, s]`` is the release at ``epsilons[e]`` with randomness from the secret's
+    ChaCha20 key with ``seeds[s]`` and the bits of ``epsilons[e]`` folded in: identical
+    whatever else is in the sweep, and never a function of the seed alone. ``secret``:
+    ``None`` (default) draws a fresh one from operating-system entropy (two calls never
+    share noise); pass one (:class:`~swarmjax.privacy.secret.Secret`) to reproduce a
+    release, which is then private only while that secret is kept. Seeds must differ
+    between releases drawn under one secret (equal seeds and epsilons give equal noise).
     """
     eps = np.atleast_1d(np.asarray(epsilons, np.float64))
     check_positive("epsilons", eps)
@@ -563,7 +583,10 @@ def privatize_sweep(
     arr = _numeric_matrix("X", X)
     if arr.shape[1] != plan.num_features:
         raise ValueError(f"X has {arr.shape[1]} features; the plan has {plan.num_features}")
+    if secret is None:
+        secret = Secret.generate()
     return _sweep(
+        secret.key(),
         jnp.asarray(arr, jnp.float32),
         jnp.asarray(plan.shares, jnp.float32),
         jnp.asarray(plan.sensitivity, jnp.float32),
