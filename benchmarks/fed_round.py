@@ -41,6 +41,7 @@ from swarmjax.fl.protocol import RunSpec, Variants, release_identity, run_keys
 from swarmjax.fl.runtime import simulator
 from swarmjax.models import cross_entropy, evaluate, loss, mlp
 from swarmjax.privacy.dpsgd import dp_step
+from swarmjax.privacy.secret import Secret
 
 N, S = 5, 5
 
@@ -288,7 +289,9 @@ def main(argv: list[str] | None = None) -> None:
     alg, hypers, hyper, clients, test = _setup(args.rounds)
     key = jax.random.key(0)
     data = alg.client_data(clients)
-    keys = run_keys([0], [release_identity(alg, hyper, {})], common_random_numbers=False)
+    keys = run_keys(
+        Secret.generate(), [0], [release_identity(alg, hyper, {})], common_random_numbers=False
+    )
     carry = simulator.init_runs(alg, keys, hypers, data, "vmap")
 
     def vround():

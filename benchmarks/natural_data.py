@@ -65,6 +65,7 @@ def federation(cfg: dict, data_dir: str) -> dict:
     from swarmjax.fl.protocol import RunSpec, Variants, run_keys, server_key, variant_identities
     from swarmjax.fl.runtime import simulate
     from swarmjax.models import mlp, simple_cnn
+    from swarmjax.privacy.secret import Secret
 
     data = load_dataset("mnist", data_dir)
     n = cfg["clients"]
@@ -88,11 +89,12 @@ def federation(cfg: dict, data_dir: str) -> dict:
     alg = FedAvg(model, training, cohort=cfg["cohort"], eval_batch_size=250)
     test = (data.x_test[:1000], data.y_test[:1000])
     cmap = None if cfg["client_map"] == "default" else cfg["client_map"]
+    secret = Secret.generate()  # one for every call: the cohorts are redrawn from it below
 
     def run(rounds: int) -> float:
         variants = Variants.grid(alg, store, RunSpec(rounds, 1e-5), learning_rate=0.1)
         t0 = time.perf_counter()
-        simulate(alg, store, test, variants, client_map=cmap, rounds_per_call=1)
+        simulate(alg, store, test, variants, client_map=cmap, rounds_per_call=1, secret=secret)
         return time.perf_counter() - t0
 
     r = cfg["rounds"]
@@ -102,7 +104,8 @@ def federation(cfg: dict, data_dir: str) -> dict:
     sizes = np.asarray(store.sizes)
     # the rows the marginal rounds r+1..2r trained on (their cohorts, redrawn from the keys)
     variants = Variants.grid(alg, store, RunSpec(2 * r, 1e-5), learning_rate=0.1)
-    key = run_keys(list(variants.spec.seeds), variant_identities(alg, variants), False)[0]
+    ids = variant_identities(alg, variants)
+    key = run_keys(secret, list(variants.spec.seeds), ids, False)[0]
     select = alg.exchanges[0].select
     rows = [
         int(sizes[np.asarray(select(None, server_key(key, t, 0), len(sizes)))].sum())
@@ -134,6 +137,7 @@ def interleaved(data_dir: str, maps: list[str], rounds: int, model_name: str) ->
     from swarmjax.fl.protocol import RunSpec, Variants, run_keys, server_key, variant_identities
     from swarmjax.fl.runtime.simulator import advance, start
     from swarmjax.models import mlp, simple_cnn
+    from swarmjax.privacy.secret import Secret
 
     data = load_dataset("mnist", data_dir)
     order = np.random.default_rng(0).permutation(len(data.y_train))
@@ -161,9 +165,12 @@ def interleaved(data_dir: str, maps: list[str], rounds: int, model_name: str) ->
         ):
             store = ClientStore.build(data.x_train, data.y_train, idx).with_read(read)
             variants = Variants.grid(alg, store, RunSpec(rounds + 1, 1e-5), learning_rate=0.1)
-            run = start(alg, store, test, variants, client_map=None if cmap == "default" else cmap)
+            secret = Secret.generate()  # the run's, and the cohorts redrawn from it below
+            cm = None if cmap == "default" else cmap
+            run = start(alg, store, test, variants, client_map=cm, secret=secret)
             run, _ = advance(run, 1)  # compiles
-            key = run_keys(list(variants.spec.seeds), variant_identities(alg, variants), False)
+            ids = variant_identities(alg, variants)
+            key = run_keys(secret, list(variants.spec.seeds), ids, False)
             sizes = np.asarray(store.sizes)
             select = alg.exchanges[0].select
             steps = [

@@ -37,6 +37,7 @@ def _sweep(
     args: argparse.Namespace, name: str, grid: dict[str, Any]
 ) -> tuple[pd.DataFrame, np.ndarray]:
     out = args.sweeps / name  # resumable, per code fingerprint (experiments/paaso.py)
+    supplied = getattr(args, "secret_file", None)
     run_sweep(
         TASK,
         expand_phi(grid),
@@ -46,6 +47,8 @@ def _sweep(
         progress=not args.no_progress,
         ledger=getattr(args, "ledger", None),  # every configuration, resumed ones too
         release_path=release_path(args, name),
+        # the sweep's own secret, saved in its folder (not released), unless --secret-file
+        secret=None if supplied is None else supplied.derive(f"paaso/{name}"),
     )
     rows, traj = load_trajectories(out)
     WORK["runs"] += len(rows)

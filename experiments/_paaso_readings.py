@@ -10,6 +10,10 @@ leaves (one compiled program per strategy, position clip and FL rule, vmapped ov
 readings x seeds), and returns one row per reading with the statistics that decide the
 paper's findings.  ``python -m experiments.paaso --readings`` writes it to
 ``readings.csv``; docs/paaso.md discusses the numbers.
+
+Every (configuration, run) draws from its own key: the study's secret with the
+configuration's index and the run's folded in, so no two configurations share noise (each
+is a release in the experiment's ledger, composed as independent).
 """
 
 from __future__ import annotations
@@ -24,12 +28,26 @@ import numpy as np
 import pandas as pd
 
 from swarmjax import paaso
+from swarmjax.privacy.secret import Secret
 
 INERTIA = {"literal": 4.0, "typo": 0.4}  # the paper's printed w, and its search grid's 0.4
 VMAX_FACTORS = (1.0, 0.25, 0.1, math.inf)
 SPEEDS = (1.0, 2.0, 5.0, 10.0)
 CHECKPOINTS = (100, 250, 500, 1000)
 CONVERGED = 1.0  # f4 value under which a run (or the mean over runs) counts as converged
+
+
+def study_keys(secret: Secret | None, first: int, configs: int, runs: int) -> jax.Array:
+    """``(configs, runs)`` keys: ``secret``'s key (a fresh secret when ``None``) with the
+    configuration index ``first + c`` and then the run ``r`` folded in."""
+    root = (Secret.generate() if secret is None else secret).key()
+    index = jnp.arange(first, first + configs, dtype=jnp.uint32)
+
+    def config(c: jax.Array) -> jax.Array:
+        k = jax.random.fold_in(root, c)
+        return jax.vmap(lambda r: jax.random.fold_in(k, r))(jnp.arange(runs, dtype=jnp.uint32))
+
+    return jax.jit(jax.vmap(config))(index)
 
 
 def _stats(objective: np.ndarray) -> dict[str, float]:
@@ -58,14 +76,16 @@ def run_readings(
     fl_rules: Sequence[str] = paaso.FL_RULES,
     clip_positions: Sequence[bool] = (True, False),
     base: dict[str, float] | None = None,
+    secret: Secret | None = None,
 ) -> pd.DataFrame:
     """One row per (strategy, reading): statistics over ``runs`` seeds of ``f(pG)`` / ``f(g)``.
+    ``secret``: the study's (:func:`study_keys`; ``None``: a fresh one).
 
     ``base``: the other numerics (default the Fig. 2 setting).  Readings a strategy ignores
     (``speed`` for PSO and FL, ``fl_rule`` for PSO) are not repeated.
     """
     base = base or {"phi_p": 2.0, "phi_g": 2.0, "w_g": 0.005, "p_c": 1.0, "p_m": 0.9}
-    keys = jax.vmap(jax.random.key)(jnp.arange(runs))
+    secret = Secret.generate() if secret is None else secret
     rows = []
     for strategy, clip, rule in itertools.product(strategies, clip_positions, fl_rules):
         if strategy == "pso" and rule != fl_rules[0]:
@@ -88,10 +108,12 @@ def run_readings(
             **{k: jnp.full(len(grid), v) for k, v in base.items()},
         )
 
-        def over_seeds(h: paaso.PAASOHyper, cfg: paaso.PAASOConfig = cfg) -> jax.Array:
-            return jax.vmap(lambda key: paaso.run(key, cfg, h)["objective"])(keys)
+        keys = study_keys(secret, len(rows), len(grid), runs)
 
-        objective = np.asarray(jax.jit(jax.vmap(over_seeds))(hyper), dtype=np.float64)
+        def over_seeds(h: paaso.PAASOHyper, ks, cfg: paaso.PAASOConfig = cfg) -> jax.Array:
+            return jax.vmap(lambda key: paaso.run(key, cfg, h)["objective"])(ks)
+
+        objective = np.asarray(jax.jit(jax.vmap(over_seeds))(hyper, keys), dtype=np.float64)
         for ((name, w), vmax, speed), obj in zip(grid, objective, strict=True):
             obj = np.where(np.isfinite(obj), obj, np.inf)
             rows.append(
@@ -118,6 +140,7 @@ def run_agents_study(
     agents: Sequence[int] = (50, 100, 200),
     readings: Sequence[tuple[float, float]] = AGENT_READINGS,
     early: int = 300,
+    secret: Secret | None = None,
 ) -> pd.DataFrame:
     """Fig. 5 (bDRD, f4, w 0.005, phi 2, wG 0.01) under each (clamp, voted step) reading.
 
@@ -127,20 +150,21 @@ def run_agents_study(
     """
     from scipy import stats
 
-    keys = jax.vmap(jax.random.key)(jnp.arange(runs))
+    secret = Secret.generate() if secret is None else secret
     vmax = jnp.array([v for v, _ in readings])
     speed = jnp.array([s for _, s in readings])
     areas = {}
-    for n in agents:
+    for a, n in enumerate(agents):
         cfg = paaso.PAASOConfig(strategy="bdrd", function="f4", iterations=iterations, num_agents=n)
+        keys = study_keys(secret, a * len(readings), len(readings), runs)
 
-        def over_seeds(v, s, cfg: paaso.PAASOConfig = cfg) -> jax.Array:
+        def over_seeds(v, s, ks, cfg: paaso.PAASOConfig = cfg) -> jax.Array:
             hyper = paaso.PAASOHyper(
                 w=0.005, phi_p=2.0, phi_g=2.0, w_g=0.01, p_c=1.0, vmax_factor=v, speed=s
             )
-            return jax.vmap(lambda key: paaso.run(key, cfg, hyper)["objective"])(keys)
+            return jax.vmap(lambda key: paaso.run(key, cfg, hyper)["objective"])(ks)
 
-        areas[n] = np.asarray(jax.jit(jax.vmap(over_seeds))(vmax, speed), dtype=np.float64)
+        areas[n] = np.asarray(jax.jit(jax.vmap(over_seeds))(vmax, speed, keys), np.float64)
     rows = []
     for i, (v, s) in enumerate(readings):
         base = areas[agents[0]][i, :, :early].mean(axis=1)
@@ -164,22 +188,26 @@ def run_agents_study(
 
 
 def run_fl_step_study(
-    runs: int = 20, iterations: int = 1000, speeds: Sequence[float] = (1.0, 5.0, 10.0)
+    runs: int = 20,
+    iterations: int = 1000,
+    speeds: Sequence[float] = (1.0, 5.0, 10.0),
+    secret: Secret | None = None,
 ) -> pd.DataFrame:
     """FL with ``fl_step="unit"`` (pG moves ``wG * speed`` toward the agents' mean velocity)
     at the Fig. 2 (w 0.4) and Fig. 4 settings, clamp 0.1 widths; one row per speed."""
-    keys = jax.vmap(jax.random.key)(jnp.arange(runs))
+    secret = Secret.generate() if secret is None else secret
     cfg = paaso.PAASOConfig(strategy="fl", function="f4", iterations=iterations, fl_step="unit")
     rows = []
-    for setting, w, w_g in (("Fig. 2", 0.4, 0.005), ("Fig. 4", 0.005, 0.01)):
+    for i, (setting, w, w_g) in enumerate((("Fig. 2", 0.4, 0.005), ("Fig. 4", 0.005, 0.01))):
+        keys = study_keys(secret, i * len(speeds), len(speeds), runs)
 
-        def over_seeds(speed, w=w, w_g=w_g) -> jax.Array:
+        def over_seeds(speed, ks, w=w, w_g=w_g) -> jax.Array:
             hyper = paaso.PAASOHyper(
                 w=w, phi_p=2.0, phi_g=2.0, w_g=w_g, vmax_factor=0.1, speed=speed
             )
-            return jax.vmap(lambda key: paaso.run(key, cfg, hyper)["objective"])(keys)
+            return jax.vmap(lambda key: paaso.run(key, cfg, hyper)["objective"])(ks)
 
-        objective = np.asarray(jax.jit(jax.vmap(over_seeds))(jnp.array(speeds)), np.float64)
+        objective = np.asarray(jax.jit(jax.vmap(over_seeds))(jnp.array(speeds), keys), np.float64)
         for speed, obj in zip(speeds, objective, strict=True):
             rows.append({"setting": setting, "w": w, "w_g": w_g, "speed": speed, **_stats(obj)})
     return pd.DataFrame(rows)

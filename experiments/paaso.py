@@ -264,8 +264,10 @@ def _readings_study(args: argparse.Namespace, settings: dict) -> None:
                                                              "num_agents"]),
         ("readings_fl_step.csv", run_fl_step_study, runs, ["setting", "w", "w_g", "speed"]),
     ]  # fmt: skip
+    supplied = _cli.supplied_secret(args)
     for name, study, seeds, labels in studies:
-        frame = study(seeds, iterations)
+        secret = None if supplied is None else supplied.derive(f"paaso/{name}")
+        frame = study(seeds, iterations, secret=secret)
         frame.to_csv(args.out / name, index=False)
         if name == "readings_fl_step.csv":
             frame = frame.assign(strategy="fl")

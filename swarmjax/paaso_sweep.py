@@ -12,11 +12,12 @@ The static ``draw_casts`` is derived: off when ``p_c = 1`` (no casting randomnes
 Privacy ledger (``run_sweep(..., ledger=...)``, :meth:`PAASOTask.releases`): each
 configuration of a voting strategy is one agent-level release (:data:`AGENT_RELATION`,
 the ledger's ``"client"`` unit) covering its runs; PSO and FL share positions or
-directions in the clear and are listed as not private.  Every run's key is
-``jax.random.key(seed)``, shared by all configurations with that seed (common random
-numbers, :data:`COMMON_RANDOMNESS`), so the ledger states no finite joint epsilon for two
-or more voting configurations.  The sweep folder itself holds unnoised counts of the
-agents' state (:data:`NOT_RELEASED`) and is listed as not released.
+directions in the clear and are listed as not private.  Every run draws from its own key,
+the sweep's secret with the run's id folded in (:mod:`swarmjax.sweep`), so configurations
+never share noise and the ledger composes them; a sweep with common random numbers (runs of
+one seed sharing draws across configurations, :data:`COMMON_RANDOMNESS`) is refused a
+ledger.  The sweep folder itself holds unnoised counts of the agents' state
+(:data:`NOT_RELEASED`) and its secret, and is listed as not released.
 """
 
 from __future__ import annotations
@@ -62,12 +63,12 @@ AGENT_RELATION = (
 """The neighbouring relation of a voting strategy's release (:func:`run_release`)."""
 
 COMMON_RANDOMNESS = (
-    "crn:paaso: every run's key is jax.random.key(seed), shared by every configuration "
-    "with that seed"
+    "crn:paaso: runs with one seed share their random streams across configurations "
+    "(run_sweep(common_random_numbers=True))"
 )
-"""The randomness tag of every PAASO release: runs with one seed share their random
-streams across configurations (:mod:`swarmjax.sweep`), so two or more voting
-configurations have no finite joint epsilon."""
+"""The randomness tag of PAASO releases drawn with common random numbers (``run_release(...,
+common_random_numbers=True)``): two or more such voting configurations have no finite
+joint epsilon."""
 
 NOT_RELEASED = (
     "raw sweep rows: per-run mean_voters, drd_eps_mean and nonfinite are unnoised counts of "
@@ -103,6 +104,7 @@ def run_release(
     *,
     delta: float,
     accountant: str,
+    common_random_numbers: bool = False,
 ) -> Release:
     """The release of one PAASO configuration run for every seed of ``seeds``.
 
@@ -110,9 +112,11 @@ def run_release(
     other labels, e.g. the function and the numerics; ``p_m`` gives PbDRD's per-vote PRAM
     epsilon).  A voting strategy is an agent-level DP release (:data:`AGENT_RELATION`; its
     event is the DRD bound self-composed over the iterations, its epsilon that event's at
-    ``delta`` by ``accountant``); PSO and FL are not private.  Every release carries the
-    common-random-numbers tag :data:`COMMON_RANDOMNESS`.
+    ``delta`` by ``accountant``); PSO and FL are not private.  Runs drawn with common
+    random numbers carry the tag :data:`COMMON_RANDOMNESS` (the ledger then refuses to
+    compose two of them).
     """
+    tag = COMMON_RANDOMNESS if common_random_numbers else None
     if not seeds:
         raise ValueError("seeds must name at least one run of the configuration")
     strategy = check_choice("strategy", config.get("strategy"), paaso.STRATEGIES)
@@ -120,7 +124,7 @@ def run_release(
     labels |= {"runs": len(seeds), "seeds": _seeds_text(seeds)}
     if strategy not in paaso.VOTING:
         return Release(f"paaso_{strategy}", labels, None, None, None, delta, math.inf,
-                       accountant, path, randomness=COMMON_RANDOMNESS)  # fmt: skip
+                       accountant, path, randomness=tag)  # fmt: skip
     agents = check_int("num_agents", int(config["num_agents"]), minimum=1)
     k_alpha = check_int("k_alpha", int(config["k_alpha"]), minimum=2)
     iterations = check_int("iterations", int(config["iterations"]), minimum=1)
@@ -138,7 +142,7 @@ def run_release(
         accountant=accountant,
         path=path,
         groups=((None, _drd_event(agents, k_alpha, iterations), 0.0),),
-        randomness=COMMON_RANDOMNESS,
+        randomness=tag,
     )
 
 
@@ -231,9 +235,9 @@ class PAASOTask:
         cfg = self.config(program)
         every = self.trajectory_every
 
-        def one(numeric: dict[str, jax.Array], seed: jax.Array, data) -> dict[str, jax.Array]:
+        def one(numeric: dict[str, jax.Array], key: jax.Array, data) -> dict[str, jax.Array]:
             hyper = paaso.PAASOHyper(**numeric)
-            out = paaso.run(jax.random.key(seed), cfg, hyper, **data)
+            out = paaso.run(key, cfg, hyper, **data)
             out["objective"] = out["objective"][every - 1 :: every]
             return out
 

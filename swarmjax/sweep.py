@@ -24,15 +24,20 @@ Several processes (``jax.distributed``): process ``i`` of ``N`` owns the ``i``-t
 contiguous slices of every group's runs (a function of the grid only), runs them on its
 own devices and writes into the same folder; the union is the one-process sweep.
 
-Every run's key is ``jax.random.key(seed)`` from its own ``seed`` grid value, and every
-run of a program is computed in a block of the same shape, so on a given backend and block
-size a run's result does not depend on what else is in its chunk, on the chunking or on the
-device count (batch invariance, bit for bit: XLA rounds some reductions and transcendentals
+Every run's key is the sweep's secret (:class:`~swarmjax.privacy.secret.Secret`: 256 bits
+of operating-system entropy, saved as ``secret.key`` in the sweep folder, which is never
+released, so a resumed sweep draws the same numbers; or the caller's, reproducible mode) as
+a ChaCha20 key with the run's ``run_id`` folded in: no run's draws follow from its seed or
+settings, and no two runs share them.  ``common_random_numbers=True`` folds in the seed
+instead, so runs with the same seed in different configurations share random streams
+(paired comparisons; a ledger then states no finite joint epsilon for them).  Every run of
+a program is computed in a block of the same shape, so on a given backend and block size a
+run's result does not depend on what else is in its chunk, on the chunking or on the device
+count (batch invariance, bit for bit: XLA rounds some reductions and transcendentals
 differently at other batch widths, since it tiles and vectorises them by shape, so a fixed
 block is what makes this exact; another block size or backend may differ at float
 rounding).  The default block depends only on the task's per-run footprint and the device,
-never on the rest of the sweep; runs with the same seed in different
-configurations share random streams (common random numbers).
+never on the rest of the sweep.
 
 Privacy ledger: ``run_sweep(..., ledger=...)`` adds the sweep's runs to an experiment's
 :class:`swarmjax.privacy.ledger.Ledger` through the task's optional
@@ -57,11 +62,13 @@ import jax
 import numpy as np
 import pandas as pd
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jaxtyping import PRNGKeyArray
 from tqdm.auto import tqdm
 
 from swarmjax import device
 from swarmjax._validation import check_int, check_positive
 from swarmjax.privacy.ledger import Ledger
+from swarmjax.privacy.secret import Secret
 from swarmjax.resume import write_atomic
 
 __all__ = [
@@ -96,8 +103,9 @@ class SweepTask(Protocol):
         ones share it) and the scalar data the group passes to that program."""
 
     def batched(self, program: Mapping[str, Any]) -> Callable[..., dict[str, jax.Array]]:
-        """``fn(numeric: dict[str, (B,)], seeds: (B,), data: dict[str, ()]) -> dict of
-        (B, ...)`` (jit-able) for a ``program`` from :meth:`program`."""
+        """``fn(numeric: dict[str, (B,)], keys: (B,) typed PRNG keys, data: dict[str, ()])
+        -> dict of (B, ...)`` (jit-able) for a ``program`` from :meth:`program`; run ``b``
+        draws every random number from ``keys[b]``."""
 
     def bytes_per_run(self, static: Mapping[str, Any]) -> int:
         """Device memory one run needs, for chunk sizing."""
@@ -336,8 +344,10 @@ class _Compiled:
     """Runs chunks as calls of one compiled block per program (:meth:`SweepTask.program`),
     each call sharded over this process's devices."""
 
-    def __init__(self, task: SweepTask) -> None:
+    def __init__(self, task: SweepTask, root: PRNGKeyArray, common_random_numbers: bool) -> None:
         self.task = task
+        self.root = root
+        self.common_random_numbers = common_random_numbers
         devices = jax.local_devices()
         self.ndev = len(devices)
         self.sharding = (
@@ -346,8 +356,19 @@ class _Compiled:
             else None
         )
 
-    def _args(self, numeric: Outputs, seeds: np.ndarray, data: Any) -> tuple[Any, ...]:
-        return (*jax.device_put((numeric, seeds), self.sharding), data)
+    def _args(self, numeric: Outputs, keys: PRNGKeyArray, data: Any) -> tuple[Any, ...]:
+        return (*jax.device_put((numeric, keys), self.sharding), data)
+
+    def keys(self, chunk: Chunk, size: int) -> PRNGKeyArray:
+        """The chunk's run keys, padded to ``size``: the root with each run's ``run_id``
+        (64 bits, two words) or, under common random numbers, its seed folded in."""
+        if self.common_random_numbers:
+            words = _pad(chunk.seeds, size).astype(np.uint32)[:, None]
+        else:
+            ids = np.asarray([int(r, 16) for r in chunk.run_ids], np.uint64)
+            words = np.stack([ids & 0xFFFFFFFF, ids >> np.uint64(32)], axis=1)
+            words = _pad(words.astype(np.uint32), size)
+        return _fold_words(self.root, jax.numpy.asarray(words))
 
     def __call__(self, chunk: Chunk) -> Outputs:
         program, data = self.task.program(chunk.static)
@@ -355,12 +376,10 @@ class _Compiled:
         key = (id(self.task), _group_id(program), block)
         calls = -(-chunk.size // block)
         numeric = {k: _pad(v, calls * block) for k, v in chunk.numeric.items()}
-        seeds = _pad(chunk.seeds, calls * block).astype(np.uint32)
+        keys = self.keys(chunk, calls * block)
         data = jax.device_put(data)
         args = [
-            self._args(
-                {k: v[i : i + block] for k, v in numeric.items()}, seeds[i : i + block], data
-            )
+            self._args({k: v[i : i + block] for k, v in numeric.items()}, keys[i : i + block], data)
             for i in range(0, calls * block, block)
         ]
         if key not in _COMPILED:
@@ -375,6 +394,62 @@ class _Compiled:
         STATS.kernel_seconds += time.perf_counter() - start
         STATS.runs += chunk.size
         return {k: np.concatenate([o[k] for o in out])[: chunk.size] for k in out[0]}
+
+
+@jax.jit
+def _fold_words(root: PRNGKeyArray, words: jax.Array) -> PRNGKeyArray:
+    """``(n,)`` keys: ``root`` with each row of ``words`` ``(n, w)`` folded in, in order."""
+
+    def one(row: jax.Array) -> PRNGKeyArray:
+        key = root
+        for j in range(row.shape[0]):
+            key = jax.random.fold_in(key, row[j])
+        return key
+
+    return jax.vmap(one)(words)
+
+
+SWEEP_SECRET = "secret.key"
+"""The sweep's secret inside its folder (the folder is never released)."""
+
+
+def _sweep_secret(out: Path, secret: Secret | None, rank: int) -> Secret:
+    """The caller's secret, else the one saved in ``out`` (a resume), else a fresh one that
+    process 0 saves there (the others read it after a barrier)."""
+    if secret is not None:
+        if not isinstance(secret, Secret):
+            raise ValueError(
+                f"secret must be a swarmjax.privacy.secret.Secret or None; got "
+                f"{type(secret).__name__}"
+            )
+        return secret
+    path = out / SWEEP_SECRET
+    if rank == 0 and not path.exists():
+        if finished_run_ids(out):
+            raise ValueError(
+                f"out_dir {str(out)!r} holds finished runs but no {SWEEP_SECRET} (a sweep of "
+                "an older version, or its secret was deleted): its runs cannot be resumed "
+                "with the same noise; give another folder or delete it"
+            )
+        Secret.generate().save(path)
+    _barrier(f"sweep-secret:{out}")
+    return Secret.load(path)
+
+
+def _check_randomness(out: Path, common: bool, rank: int) -> None:
+    """Refuse to resume a sweep folder whose runs were drawn with the other
+    ``common_random_numbers`` (their keys differ); record the choice on a first run."""
+    path = out / "randomness.json"
+    if path.exists():
+        saved = json.loads(path.read_text()).get("common_random_numbers")
+        if saved is not None and bool(saved) != common:
+            raise ValueError(
+                f"out_dir {str(out)!r} holds a sweep run with common_random_numbers={saved}; "
+                f"this call has {common}: pass the same, or give another folder"
+            )
+    elif rank == 0:
+        text = json.dumps({"common_random_numbers": common})
+        write_atomic(path, lambda p: p.write_text(text))
 
 
 def _barrier(name: str) -> None:
@@ -428,8 +503,16 @@ def run_sweep(
     block: int | None = None,
     ledger: Ledger | None = None,
     release_path: str | os.PathLike[str] | None = None,
+    secret: Secret | None = None,
+    common_random_numbers: bool = False,
 ) -> pd.DataFrame:
     """Run (or resume) a sweep, writing each chunk to ``out_dir/parts/`` as it finishes.
+
+    ``secret``: the root of every run's random numbers (``None``: the one saved in
+    ``out_dir``, else a fresh one from operating-system entropy, saved there; pass one for
+    reproducible mode). ``common_random_numbers``: runs of one seed share their draws
+    across configurations (see the module docstring); refused with a ``ledger`` that would
+    compose two or more private configurations of the sweep.
 
     ``memory_budget``: bytes of runs per chunk (default
     :func:`swarmjax.device.chunk_budget_bytes`: 1 GiB on the CPU, a share of the devices'
@@ -455,6 +538,12 @@ def run_sweep(
     rank, processes = jax.process_index(), jax.process_count()
     memory_budget, block = _sizes(memory_budget, block)
     _check_ledger(task, ledger)
+    if common_random_numbers and ledger is not None:
+        raise ValueError(
+            "common_random_numbers: runs of one seed would share their noise across "
+            "configurations, which the ledger cannot compose; pass ledger=None or "
+            "common_random_numbers=False"
+        )
     groups = _expand(task, grid)  # validate before touching the folder
     parts = out / "parts"
     if rank == 0:
@@ -463,10 +552,12 @@ def run_sweep(
     _barrier(f"sweep-start:{out}")
     if rank != 0:
         _check_manifest(out, task, grid, write=False)
+    root = _sweep_secret(out, secret, rank).key()
+    _check_randomness(out, bool(common_random_numbers), rank)
     done = finished_run_ids(out)
     chunks = _chunks(task, groups, memory_budget, None, done, rank, processes, block)
     todo = chunks[:max_chunks] if max_chunks is not None else chunks
-    compiled = _Compiled(task)
+    compiled = _Compiled(task, root, bool(common_random_numbers))
     bar = tqdm(
         total=sum(c.size for c in chunks),
         unit="run",

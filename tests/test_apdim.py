@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from swarmjax.privacy import apdim
+from tests.reproducible import SECRET
 
 # ----------------------------------------------------------------------------------------
 # helpers
@@ -186,11 +187,14 @@ def test_adult_csv_is_cleaned(data_dir):
 def test_sweep_shapes_scales_and_batch_invariance():
     X, y = informative_table(n=4000)
     plan = apdim.fit_apdim(X, y, theta=0.99)
-    out = apdim.privatize_sweep(X, plan, [0.5, 2.0], [0, 7, 9])
+    out = apdim.privatize_sweep(X, plan, [0.5, 2.0], [0, 7, 9], secret=SECRET)
     assert out.shape == (2, 3, 4000, 3)
-    alone = apdim.privatize_sweep(X, plan, [2.0], [7])
+    alone = apdim.privatize_sweep(X, plan, [2.0], [7], secret=SECRET)
     np.testing.assert_allclose(alone[0, 0], out[1, 1], rtol=1e-6)
     assert not np.allclose(out[1, 0], out[1, 1])
+    # without a secret every call draws a fresh one: the same (epsilon, seed) differs
+    fresh = apdim.privatize_sweep(X, plan, [2.0], [7])
+    assert not np.allclose(fresh[0, 0], out[1, 1])
     # Laplace(b) has mean absolute deviation b = Delta_i / (eps * share_i).
     mad = np.abs(np.asarray(out[1]) - X[None]).mean(axis=(0, 1))
     np.testing.assert_allclose(mad, plan.noise_scale(2.0), rtol=0.08)

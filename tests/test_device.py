@@ -12,6 +12,7 @@ import pytest
 from experiments import paaso as paaso_cli
 from swarmjax import device, sweep
 from swarmjax.paaso_sweep import PAASOTask, expand_phi
+from tests.reproducible import SECRET
 
 GIB = 2**30
 H100 = 79 * GIB  # an H100's bytes_limit is about this
@@ -129,11 +130,11 @@ def test_batch_invariance_is_exact_for_each_block(tmp_path, block):
     sweep cut into small chunks (other calls, other positions), bit for bit."""
     task = PAASOTask()
     grid = expand_phi({**ROUNDING, "seed": [3, 4, 50]})
-    alone = sweep.run_sweep(task, grid, tmp_path / "a", progress=False, block=block)
+    alone = sweep.run_sweep(task, grid, tmp_path / "a", progress=False, secret=SECRET, block=block)
     budget = 40 * task.bytes_per_run(ROUNDING | {"strategy": "fl", "function": "f4"})
     grid = expand_phi({**ROUNDING, "seed": list(range(100))})
     inside = sweep.run_sweep(
-        task, grid, tmp_path / "b", progress=False, block=block, memory_budget=budget
+        task, grid, tmp_path / "b", progress=False, secret=SECRET, block=block, memory_budget=budget
     )
     assert len(alone) == 12 and len(inside) == 400 and inside.chunk.nunique() > 4
     plans = sweep.plan(task, expand_phi({**ROUNDING, "seed": [0]}), block=block)
@@ -149,10 +150,17 @@ def test_resume_under_another_block_finishes_every_run_once(tmp_path):
     grid = expand_phi({**ROUNDING, "strategy": "pso", "function": "f4", "seed": list(range(30))})
     budget = 10 * task.bytes_per_run(ROUNDING | {"strategy": "pso", "function": "f4"})
     first = sweep.run_sweep(
-        task, grid, tmp_path, memory_budget=budget, block=16, max_chunks=1, progress=False
+        task,
+        grid,
+        tmp_path,
+        memory_budget=budget,
+        block=16,
+        max_chunks=1,
+        progress=False,
+        secret=SECRET,
     )
     assert len(first) == 10
-    done = sweep.run_sweep(task, grid, tmp_path, block=32, progress=False)
+    done = sweep.run_sweep(task, grid, tmp_path, block=32, progress=False, secret=SECRET)
     assert len(done) == 30 and done.run_id.is_unique
 
 

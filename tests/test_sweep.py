@@ -13,6 +13,7 @@ import pytest
 
 from swarmjax import sweep
 from swarmjax.paaso_sweep import PAASOTask, expand_phi
+from tests.reproducible import SECRET
 
 
 class CountingTask(PAASOTask):
@@ -48,9 +49,16 @@ def test_batch_invariance_alone_vs_inside_10000_runs(tmp_path):
     }
     big_runs = 26 * 4 * 4 * 2 * 12
     assert big_runs >= 9984
-    a = sweep.run_sweep(PAASOTask(), expand_phi(alone), tmp_path / "a", progress=False)
+    a = sweep.run_sweep(
+        PAASOTask(), expand_phi(alone), tmp_path / "a", progress=False, secret=SECRET
+    )
     b = sweep.run_sweep(
-        PAASOTask(), expand_phi(big), tmp_path / "b", progress=False, memory_budget=2**22
+        PAASOTask(),
+        expand_phi(big),
+        tmp_path / "b",
+        progress=False,
+        secret=SECRET,
+        memory_budget=2**22,
     )
     assert len(b) == big_runs
     row = b[
@@ -88,6 +96,7 @@ def test_one_compilation_per_program_whatever_the_function_voting_strategy_or_k(
         tmp_path,
         memory_budget=200 * task.bytes_per_run(SMALL),
         progress=False,
+        secret=SECRET,
     )
     assert len(df) == (1 + 2 * 2) * 2 * 25 * 2 * 20
     assert sorted(task.traces.values()) == [1, 1]
@@ -122,10 +131,10 @@ def test_runs_alone_equal_the_same_runs_inside_a_larger_sweep_bit_for_bit(tmp_pa
     task = PAASOTask()
     before = sweep.STATS.compilations
     grid = expand_phi({**ROUNDING, "seed": list(range(5))})
-    sweep.run_sweep(task, grid, tmp_path / "a", progress=False)
+    sweep.run_sweep(task, grid, tmp_path / "a", progress=False, secret=SECRET)
     assert sweep.STATS.compilations == before + 2  # pso, fl: the function is data
     grid = expand_phi({**ROUNDING, "seed": list(range(300))})
-    sweep.run_sweep(task, grid, tmp_path / "b", progress=False)
+    sweep.run_sweep(task, grid, tmp_path / "b", progress=False, secret=SECRET)
     assert sweep.STATS.compilations == before + 2
     alone, inside = (_trajectories_by_run_id(tmp_path / d) for d in "ab")
     assert len(alone) == 20 and len(inside) == 1200
@@ -139,13 +148,15 @@ def test_runs_alone_equal_the_same_runs_inside_a_larger_sweep_bit_for_bit(tmp_pa
 def test_two_xla_devices_give_the_numbers_of_one(tmp_path):
     """A block sharded over two CPU devices computes each run as one device alone does."""
     grid = expand_phi({**ROUNDING, "seed": list(range(6))})
-    sweep.run_sweep(PAASOTask(), grid, tmp_path / "one", progress=False)
+    sweep.run_sweep(PAASOTask(), grid, tmp_path / "one", progress=False, secret=SECRET)
     flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=2"
     code = (
         "import jax, sys; from swarmjax import sweep; from swarmjax.paaso_sweep import PAASOTask;"
         f"assert jax.local_device_count() == 2; sweep.run_sweep(PAASOTask(), {grid!r}, "
         "sys.argv[1], progress=False)"
     )
+    (tmp_path / "two").mkdir()  # the same secret: a sweep folder holding one draws with it
+    SECRET.save(tmp_path / "two" / sweep.SWEEP_SECRET)
     subprocess.run(
         [sys.executable, "-c", code, str(tmp_path / "two")],
         check=True,
@@ -182,7 +193,7 @@ def test_resume_after_interruption_loses_and_duplicates_nothing(tmp_path, monkey
     task = PAASOTask()
     budget = 10 * task.bytes_per_run(SMALL)
     partial = sweep.run_sweep(
-        task, grid, tmp_path, memory_budget=budget, max_chunks=3, progress=False
+        task, grid, tmp_path, memory_budget=budget, max_chunks=3, progress=False, secret=SECRET
     )
     assert len(partial) == 30
     first = sorted((tmp_path / "parts").glob("*.csv"))
@@ -199,17 +210,21 @@ def test_resume_after_interruption_loses_and_duplicates_nothing(tmp_path, monkey
 
     monkeypatch.setattr(PAASOTask, "rows", crash_on_second)
     with pytest.raises(KeyboardInterrupt):
-        sweep.run_sweep(task, grid, tmp_path, memory_budget=budget, progress=False)
+        sweep.run_sweep(task, grid, tmp_path, memory_budget=budget, progress=False, secret=SECRET)
     monkeypatch.setattr(PAASOTask, "rows", original)
     assert len(sweep.load_results(tmp_path)) == 40
     assert not list((tmp_path / "parts").glob("*.tmp"))
 
-    full = sweep.run_sweep(task, grid, tmp_path, memory_budget=budget, progress=False)
+    full = sweep.run_sweep(
+        task, grid, tmp_path, memory_budget=budget, progress=False, secret=SECRET
+    )
     assert len(full) == 100
     assert not full.duplicated(["w", "seed"]).any()
     for p in first:
         assert p.stat().st_mtime_ns == stamps[p.name]  # finished chunks were not rerun
-    fresh = sweep.run_sweep(task, grid, tmp_path / "fresh", memory_budget=budget, progress=False)
+    fresh = sweep.run_sweep(
+        task, grid, tmp_path / "fresh", memory_budget=budget, progress=False, secret=SECRET
+    )
     pd.testing.assert_series_equal(
         full.sort_values(["w", "seed"]).final_objective.reset_index(drop=True),
         fresh.sort_values(["w", "seed"]).final_objective.reset_index(drop=True),
@@ -222,14 +237,26 @@ def test_resume_under_other_chunking_keeps_every_run_exactly_once(tmp_path):
     grid = expand_phi({**SMALL, "w": list(np.linspace(0.1, 0.9, 10)), "seed": list(range(10))})
     task = PAASOTask()
     per_run = task.bytes_per_run(SMALL)
-    sweep.run_sweep(task, grid, tmp_path, memory_budget=7 * per_run, max_chunks=3, progress=False)
+    sweep.run_sweep(
+        task, grid, tmp_path, memory_budget=7 * per_run, max_chunks=3, progress=False, secret=SECRET
+    )
     assert len(sweep.load_results(tmp_path)) == 21
-    sweep.run_sweep(task, grid, tmp_path, memory_budget=16 * per_run, max_chunks=2, progress=False)
+    sweep.run_sweep(
+        task,
+        grid,
+        tmp_path,
+        memory_budget=16 * per_run,
+        max_chunks=2,
+        progress=False,
+        secret=SECRET,
+    )
     assert len(sweep.finished_run_ids(tmp_path)) == 53
-    resumed = sweep.run_sweep(task, grid, tmp_path, memory_budget=2**30, progress=False)
+    resumed = sweep.run_sweep(
+        task, grid, tmp_path, memory_budget=2**30, progress=False, secret=SECRET
+    )
     assert len(resumed) == 100 and resumed.run_id.is_unique
     assert not resumed.duplicated(["w", "seed"]).any()
-    fresh = sweep.run_sweep(task, grid, tmp_path / "fresh", progress=False)
+    fresh = sweep.run_sweep(task, grid, tmp_path / "fresh", progress=False, secret=SECRET)
     merged = resumed.merge(fresh, on="run_id", suffixes=("", "_fresh"))
     assert len(merged) == 100
     np.testing.assert_array_equal(merged.final_objective, merged.final_objective_fresh)
@@ -241,9 +268,9 @@ def test_resume_under_other_chunking_keeps_every_run_exactly_once(tmp_path):
 
 def test_a_different_grid_in_the_same_directory_is_refused(tmp_path):
     grid = {**SMALL, "strategy": "pso", "iterations": 5, "seed": [0]}
-    sweep.run_sweep(PAASOTask(), grid, tmp_path, progress=False)
+    sweep.run_sweep(PAASOTask(), grid, tmp_path, progress=False, secret=SECRET)
     with pytest.raises(ValueError, match="out_dir"):
-        sweep.run_sweep(PAASOTask(), {**grid, "seed": [1]}, tmp_path, progress=False)
+        sweep.run_sweep(PAASOTask(), {**grid, "seed": [1]}, tmp_path, progress=False, secret=SECRET)
 
 
 @pytest.mark.parametrize(
@@ -264,5 +291,44 @@ def test_a_different_grid_in_the_same_directory_is_refused(tmp_path):
 def test_invalid_grids_fail_before_compiling(tmp_path, grid, name):
     task = CountingTask()
     with pytest.raises(ValueError, match=name):
-        sweep.run_sweep(task, grid, tmp_path, progress=False)
+        sweep.run_sweep(task, grid, tmp_path, progress=False, secret=SECRET)
     assert task.traces == {}
+
+
+def test_runs_draw_from_the_sweep_secret_not_the_seed(tmp_path):
+    """Two sweeps of one grid in two folders draw from two fresh secrets (different numbers
+    for equal seeds); a folder's saved secret (owner-only) is reused on a resume; common
+    random numbers are refused a ledger before any work, and a folder keeps its choice."""
+    grid = expand_phi({**SMALL, "w": [0.3, 0.6], "seed": [0, 1]})
+    a = sweep.run_sweep(PAASOTask(), grid, tmp_path / "a", progress=False)
+    b = sweep.run_sweep(PAASOTask(), grid, tmp_path / "b", progress=False)
+    merged = a.merge(b, on="run_id", suffixes=("_a", "_b"))
+    assert len(merged) == 4
+    assert not np.any(merged.final_objective_a.to_numpy() == merged.final_objective_b.to_numpy())
+    path = tmp_path / "a" / sweep.SWEEP_SECRET
+    saved = path.read_bytes()
+    assert oct(path.stat().st_mode)[-3:] == "600"
+    again = sweep.run_sweep(PAASOTask(), grid, tmp_path / "a", progress=False)  # all reused
+    assert path.read_bytes() == saved
+    pd.testing.assert_frame_equal(
+        again.sort_values("run_id", ignore_index=True), a.sort_values("run_id", ignore_index=True)
+    )
+    crn = sweep.run_sweep(
+        PAASOTask(), grid, tmp_path / "c", progress=False, common_random_numbers=True
+    )
+    assert len(crn) == 4
+    from swarmjax.privacy.ledger import Ledger
+
+    ledger = Ledger(tmp_path / "ledger", "t", delta=1e-5)
+    with pytest.raises(ValueError, match="common_random_numbers"):
+        sweep.run_sweep(
+            PAASOTask(),
+            grid,
+            tmp_path / "d",
+            progress=False,
+            common_random_numbers=True,
+            ledger=ledger,
+        )
+    assert not (tmp_path / "d").exists()
+    with pytest.raises(ValueError, match="common_random_numbers"):
+        sweep.run_sweep(PAASOTask(), grid, tmp_path / "c", progress=False)

@@ -81,6 +81,10 @@ def test_two_process_sweep_equals_one_process(tmp_path):
     # one slice of each group (bdrd, fl) per process
     assert len(parts) == 4 and sorted(map(len, written)) == [7, 7, 8, 8]
 
+    # the shared folder's secret (process 0 drew and saved it; process 1 read it): the
+    # one-process sweep seeded with it draws the same numbers
+    (tmp_path / "one").mkdir()
+    (tmp_path / "one" / sweep.SWEEP_SECRET).write_bytes((out / sweep.SWEEP_SECRET).read_bytes())
     sweep.run_sweep(PAASOTask(), expand_phi(GRID), tmp_path / "one", progress=False)
     rows, traj = sweep.load_trajectories(out)
     rows_1, traj_1 = sweep.load_trajectories(tmp_path / "one")
