@@ -527,6 +527,12 @@ def simulate(
             ``Secret.from_file(path)``) to replay a run: its guarantee then holds only while
             that secret is kept, and the record and ledger say so.
     """
+    if common_random_numbers and ledger is not None and variants.size > 1:
+        raise ValueError(
+            "common_random_numbers: the variants would share their noise, and the ledger "
+            "composes every run it is given; pass ledger=None (publish at most one variant) "
+            "or common_random_numbers=False"
+        )
     if secret is None and checkpoint_dir is not None:
         secret = checkpoint_secret(checkpoint_dir)
     run = start(
