@@ -42,13 +42,14 @@ import math
 import os
 import struct
 import sys
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any, TypeVar
 
 from swarmjax.privacy.secret import Secret
-from swarmjax.resume import CallStore
+from swarmjax.resume import CallStore, OutputConflict
 
 __all__ = [
     "REPO",
@@ -105,6 +106,7 @@ class _Parser(argparse.ArgumentParser):
         """argparse's parse, then the same command line again with every default suppressed:
         the options left are the ones given (kept for :func:`given`)."""
         parsed, rest = super().parse_known_args(args, namespace)
+        self._refuse_repeats(list(sys.argv[1:] if args is None else args), parsed)
         saved = [(a, a.default) for a in self._actions]
         defaults, self._defaults = self._defaults, {}
         try:
@@ -117,6 +119,50 @@ class _Parser(argparse.ArgumentParser):
             self._defaults = defaults
         setattr(parsed, _GIVEN, frozenset(vars(bare)))
         return parsed, rest
+
+    def _action_of(self, token: str) -> argparse.Action | None:
+        """The action an option token (``--name`` or ``--name=value``, or a unique prefix
+        of a long option, as argparse accepts) stands for; ``None`` for a value."""
+        if not token.startswith("-") or token == "-" or token == "--":
+            return None
+        name = token.split("=", 1)[0]
+        if name in self._option_string_actions:
+            return self._option_string_actions[name]
+        found = {a for o, a in self._option_string_actions.items() if o.startswith(name)}
+        return found.pop() if len(found) == 1 else None
+
+    def _refuse_repeats(self, argv: list[str], parsed: argparse.Namespace) -> None:
+        """One line for an option given twice (argparse keeps the last silently) and for a
+        list option that names one value twice (e.g. ``--epsilons 5 5``)."""
+        seen: dict[argparse.Action, str] = {}
+        for token in argv:
+            if token == "--":
+                break
+            action = self._action_of(token)
+            if action is None or isinstance(action, argparse._HelpAction):
+                continue
+            if isinstance(action, argparse._AppendAction | argparse._CountAction):
+                continue
+            if action in seen:
+                several = action.nargs in ("+", "*") or isinstance(action.nargs, int)
+                hint = " with all its values after one flag" if several else ""
+                self.error(f"{action.option_strings[-1]} is given twice; give it once{hint}")
+            seen[action] = token
+        for action in seen:
+            value = getattr(parsed, action.dest, None)
+            if action.nargs in ("+", "*") and isinstance(value, list):
+                repeated = sorted(
+                    {
+                        f"{v:g}" if isinstance(v, float) else str(v)
+                        for v in value
+                        if value.count(v) > 1
+                    }
+                )
+                if repeated:
+                    self.error(
+                        f"{action.option_strings[-1]} lists {', '.join(repeated)} more than "
+                        "once; give each value once"
+                    )
 
 
 _GIVEN = "_options_given"
@@ -461,7 +507,37 @@ def out_dir(args: argparse.Namespace) -> Path:
             f"{name} is not a writable folder (results and the privacy ledger go there): "
             f"{reason}; give --out a folder you can write"
         ) from None
+    _lock(out, name)
     return out
+
+
+_LOCKS: dict[Path, Any] = {}  # --out folders this process holds, kept open until it exits
+
+
+def _lock(out: Path, name: str) -> None:
+    """Hold ``<out>/.lock`` (an exclusive ``flock``) for the rest of the process, so that a
+    second run into the same folder is refused in one line instead of mixing results."""
+    import fcntl
+
+    folder = out.resolve()
+    if folder in _LOCKS:
+        return
+    handle = open(folder / ".lock", "a+")
+    try:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.seek(0)
+        holder = handle.read().strip() or "another process"
+        handle.close()
+        raise UserError(
+            f"{name} is in use by another run ({holder}); wait for it to finish, or give "
+            "--out another folder"
+        ) from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"pid {os.getpid()}, started {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+    handle.flush()
+    _LOCKS[folder] = handle
 
 
 def call_store(
@@ -501,7 +577,10 @@ SECRET_NOT_RELEASED = (
 
 
 def entry_point(main: Callable[..., T]) -> Callable[..., T]:
-    """Wrap ``main(argv)``: a :class:`UserError` prints one line on stderr and exits 2."""
+    """Wrap ``main(argv)``: a :class:`UserError` or an output folder that cannot be used
+    (:class:`~swarmjax.resume.OutputConflict`: a corrupt saved call, a folder holding
+    another run) prints one line on stderr and exits 2; Ctrl-C prints one line saying how
+    to resume and exits 130 (no traceback)."""
 
     @functools.wraps(main)
     def wrapped(argv: Sequence[str] | None = None) -> T:
@@ -509,8 +588,15 @@ def entry_point(main: Callable[..., T]) -> Callable[..., T]:
         prog = f"python -m {spec.name if spec else main.__module__}"
         try:
             return main(argv)
-        except UserError as exc:
+        except (UserError, OutputConflict) as exc:
             print(f"{prog}: error: {exc}", file=sys.stderr)
             raise SystemExit(2) from None
+        except KeyboardInterrupt:
+            print(
+                f"\n{prog}: interrupted. Finished calls and checkpoints are kept in the --out "
+                "folder: rerun the same command to resume from them (--restart starts over).",
+                file=sys.stderr,
+            )
+            raise SystemExit(130) from None
 
     return wrapped

@@ -44,6 +44,7 @@ __all__ = [
     "SECRET_FOLDER",
     "CallStore",
     "Fetched",
+    "OutputConflict",
     "code_fingerprint",
     "settings_id",
     "write_atomic",
@@ -53,6 +54,12 @@ SECRET_FOLDER = "secret"
 """Sub-folder of a store's folder holding its calls' secrets (never released)."""
 
 _KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.=+-]*$")
+
+
+class OutputConflict(ValueError):
+    """An output folder holds something this run cannot use: a corrupt saved call, or a run
+    with other settings. The message is one line naming the file or folder and the way out
+    (``--restart``, another folder); experiments print it without a traceback."""
 
 
 def write_atomic(path: Path, write: Callable[[Path], None]) -> None:
@@ -181,8 +188,16 @@ class CallStore:
         table_path, payload_path = self._paths(key)
         if not self.restart and self.finished(key):
             self.reused.append(key)
-            saved = json.loads(payload_path.read_text())
-            table = pd.read_csv(table_path).astype(saved["dtypes"])
+            try:
+                saved = json.loads(payload_path.read_text())
+                table = pd.read_csv(table_path).astype(saved["dtypes"])
+            except (ValueError, KeyError, TypeError, OSError, pd.errors.ParserError) as err:
+                why = (str(err).splitlines() or [""])[0][:120]
+                raise OutputConflict(
+                    f"the saved call {str(payload_path)!r} (or its table) cannot be read "
+                    f"({type(err).__name__}: {why}); rerun with --restart to recompute every "
+                    "call, or delete that file"
+                ) from None
             return Fetched(table, saved["payload"], True)
         table, payload = run(secret=self.secret(key)) if with_secret else run()
         dtypes = {str(col): str(dtype) for col, dtype in table.dtypes.items()}

@@ -69,7 +69,7 @@ from swarmjax import device
 from swarmjax._validation import check_int, check_positive
 from swarmjax.privacy.ledger import Ledger
 from swarmjax.privacy.secret import Secret
-from swarmjax.resume import write_atomic
+from swarmjax.resume import OutputConflict, write_atomic
 
 __all__ = [
     "BLOCK",
@@ -426,7 +426,7 @@ def _sweep_secret(out: Path, secret: Secret | None, rank: int) -> Secret:
     path = out / SWEEP_SECRET
     if rank == 0 and not path.exists():
         if finished_run_ids(out):
-            raise ValueError(
+            raise OutputConflict(
                 f"out_dir {str(out)!r} holds finished runs but no {SWEEP_SECRET} (a sweep of "
                 "an older version, or its secret was deleted): its runs cannot be resumed "
                 "with the same noise; give another folder or delete it"
@@ -443,7 +443,7 @@ def _check_randomness(out: Path, common: bool, rank: int) -> None:
     if path.exists():
         saved = json.loads(path.read_text()).get("common_random_numbers")
         if saved is not None and bool(saved) != common:
-            raise ValueError(
+            raise OutputConflict(
                 f"out_dir {str(out)!r} holds a sweep run with common_random_numbers={saved}; "
                 f"this call has {common}: pass the same, or give another folder"
             )
@@ -484,9 +484,9 @@ def _check_manifest(
     text = json.dumps(manifest, sort_keys=True, default=str, indent=1)
     path = out_dir / "sweep.json"
     if path.exists() and path.read_text() != text:
-        raise ValueError(
+        raise OutputConflict(
             f"out_dir {str(out_dir)!r} holds results of a different sweep; "
-            "choose another directory or delete it"
+            "choose another directory, delete it, or rerun with --restart"
         )
     if write:
         write_atomic(path, lambda p: p.write_text(text))

@@ -104,7 +104,7 @@ class Secret:
         data = bytes(data)
         if len(data) < MIN_SECRET_BYTES:
             raise ValueError(
-                f"secret: {len(data)} bytes is too short; at least {MIN_SECRET_BYTES} "
+                f"secret: {len(data)} bytes is too short; at least {MIN_SECRET_BYTES} bytes "
                 f"(128 bits) of secret randomness, e.g. `head -c 32 /dev/urandom > key`"
             )
         bits = data if len(data) == SECRET_BYTES else hashlib.sha256(_FROM_FILE + data).digest()

@@ -30,6 +30,7 @@ from jaxtyping import PRNGKeyArray, PyTree
 
 from swarmjax.fl.protocol import describe
 from swarmjax.privacy.secret import Secret
+from swarmjax.resume import OutputConflict
 
 __all__ = [
     "NOT_RELEASED",
@@ -144,15 +145,15 @@ class Checkpoints:
             saved_options = saved.get("options", {})
             for name, value in options.items():
                 if name in saved_options and saved_options[name] != value:
-                    raise ValueError(
+                    raise OutputConflict(
                         f"checkpoint_dir {self.folder} holds a run with {name}="
                         f"{saved_options[name]!r}, this call has {name}={value!r}: pass "
                         f"the same {name} to resume it, or give another folder"
                     )
             if saved["fingerprint"] != digest or saved_options != options:
-                raise ValueError(
+                raise OutputConflict(
                     f"checkpoint_dir {self.folder} holds a run with other settings; give "
-                    "another folder (or delete it to start over)"
+                    "another folder, delete it, or rerun with --restart"
                 )
         else:
             stamp.write_text(json.dumps({"fingerprint": digest, "options": options}))
