@@ -235,7 +235,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     p.add_argument(
         "--epsilons",
-        type=_cli.positive_float("--epsilons"),
+        type=_cli.epsilon_target("--epsilons"),
         nargs="+",
         default=[2.0, 8.0],
         help="user-level epsilons (2 8)",

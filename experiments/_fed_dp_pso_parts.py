@@ -78,7 +78,7 @@ def _reading_flag(name: str) -> dict:
 _OPTIONS = {  # the other flags: argparse keywords
     "--datasets": dict(nargs="+", choices=DATASETS, help="e.g. mnist (Table 1 only); pathmnist "
                        "(colour: LeNet-5) when its .npz is found"),
-    "--epsilons": dict(nargs="+", type=_cli.positive_float("--epsilons", allow_inf=True),
+    "--epsilons": dict(nargs="+", type=_cli.epsilon_target("--epsilons", allow_inf=True),
                        help="target epsilons, 'inf' for no DP (--full: 5 8 10 inf; else 5 inf)"),
     "--partitions": dict(nargs="+", choices=PARTITIONS, help="column groups (quick: iid; "
                          "default: iid dir1; full: all); they share one padded shape"),

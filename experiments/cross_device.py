@@ -179,7 +179,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--epsilon",
         nargs="+",
-        type=_cli.positive_float("--epsilon"),
+        type=_cli.epsilon_target("--epsilon"),
         help="user-level target epsilon(s) of the DP algorithms, one run each (default 2; "
         "quick 8; full 2 8)",
     )

@@ -384,7 +384,7 @@ def parse_args(argv: list[str] | None = None):
     parser.add_argument(
         "--epsilons",
         nargs="+",
-        type=_cli.positive_float("--epsilons"),
+        type=_cli.epsilon_target("--epsilons"),
         help="target client-level epsilons (z found per target)",
     )
     parser.add_argument(

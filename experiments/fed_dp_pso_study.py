@@ -93,7 +93,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--datasets", nargs="+", choices=("digits", "mnist", "fashion_mnist"))
     p.add_argument("--readings", nargs="+", choices=tuple(STUDY_READINGS))
-    p.add_argument("--epsilons", nargs="+", type=_cli.positive_float("--epsilons", allow_inf=True))
+    p.add_argument("--epsilons", nargs="+", type=_cli.epsilon_target("--epsilons", allow_inf=True))
     p.add_argument("--rounds", type=_cli.count("--rounds", 2), help="R (default 5)")
     p.add_argument("--n-train", type=_cli.count("--n-train", 10), help="client rows in all")
     p.add_argument("--val-rows", type=_cli.count("--val-rows"), help="validation rows")

@@ -193,7 +193,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--epsilon",
         nargs="+",
-        type=_cli.positive_float("--epsilon"),
+        type=_cli.epsilon_target("--epsilon"),
         help="user-level target epsilons of DP-FedAvg (default 2 8)",
     )
     return p

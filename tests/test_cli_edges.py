@@ -52,6 +52,7 @@ def _refused(main, argv: list[str], capsys) -> str:
         (["--rounds", "3", "--rounds", "5"], "--rounds is given twice"),
         (["--epsilon", "5", "5"], "--epsilon lists 5 more than once"),
         (["--algorithm", "fedavg", "fedavg"], "--algorithm lists fedavg more than once"),
+        (["--epsilon", "1e9"], "--epsilon: must be at most 700"),
     ],
 )
 def test_an_option_twice_or_a_value_twice_is_one_line(argv, named, tmp_path, capsys):
