@@ -97,6 +97,7 @@ def test_a_second_run_into_a_folder_in_use_is_refused(tmp_path):
         proc.kill()
         proc.wait()
     assert _cli.out_dir(_ns(tmp_path)) == tmp_path  # free again once the holder is gone
+    _cli.release_out_dir(tmp_path)
 
 
 def _ns(out: Path):
@@ -140,3 +141,31 @@ def test_entry_point_turns_conflicts_and_ctrl_c_into_one_line(capsys):
     err = capsys.readouterr().err.strip()
     assert "interrupted" in err and "rerun the same command to resume" in err
     assert "Traceback" not in err and "KeyboardInterrupt" not in err
+
+
+def test_client_inputs_on_another_scale_than_the_test_set_are_warned_about():
+    """Raw 0-255 pixels in the clients beside a test set in [0, 1]: one warning line;
+    matching scales: none."""
+    import numpy as np
+
+    from swarmjax.fl.data.clients import stack_clients
+    from swarmjax.fl.runtime.simulator import warn_input_mismatch
+
+    x = np.random.default_rng(0).integers(0, 256, (40, 4, 4, 1)).astype(np.float32)
+    y = np.zeros(40, np.int32)
+    clients = stack_clients(x, y, [np.arange(20), np.arange(20, 40)])
+    with pytest.warns(UserWarning, match="differ in kind or scale"):
+        warn_input_mismatch(clients, (x / 255, y))
+    assert warn_input_mismatch(clients, (x, y)) is None
+
+
+def test_a_dirichlet_refusal_summarises_the_client_sizes():
+    import numpy as np
+
+    from swarmjax.fl.data.partition import dirichlet_partition
+
+    y = np.random.default_rng(0).integers(0, 10, 20000)
+    with pytest.raises(ValueError) as info:
+        dirichlet_partition(y, 1500, 0.05, min_partition_size=10, max_attempts=1)
+    message = str(info.value)
+    assert len(message) < 400 and "clients below 10" in message and "median" in message

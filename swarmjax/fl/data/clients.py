@@ -87,7 +87,8 @@ def stack_clients(
     sizes = np.array([len(i) for i in idx], dtype=np.int32)
     if (sizes == 0).any():
         raise ValueError(
-            f"every client needs at least one example; empty: {np.flatnonzero(sizes == 0).tolist()}"
+            f"every client needs at least one example; {_ids_text(np.flatnonzero(sizes == 0))} "
+            "are empty"
         )
     for i in idx:
         if i.min() < 0 or i.max() >= x.shape[0]:
@@ -161,3 +162,12 @@ def check_federated_inputs(
             f"labels must be in [0, {model.num_classes - 1}] for model {model.name!r} with "
             f"{model.num_classes} outputs; got [{labels.min()}, {labels.max()}]"
         )
+
+
+def _ids_text(ids: np.ndarray, shown: int = 8) -> str:
+    """``clients 3, 7, 9`` or ``412 clients (3, 7, 9, ... 1203)``: a list of any length in
+    a few words."""
+    ids = [int(i) for i in ids]
+    if len(ids) <= shown:
+        return "clients " + ", ".join(map(str, ids))
+    return f"{len(ids)} clients ({', '.join(map(str, ids[: shown - 1]))}, ... {ids[-1]})"

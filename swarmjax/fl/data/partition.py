@@ -183,6 +183,16 @@ def iid_partition(
     return _finish(parts, y, c, "iid(stratified)")
 
 
+def _size_summary(sizes: np.ndarray, below: int) -> str:
+    """Client sizes in a few words, however many clients: smallest, median, largest and how
+    many fall short of ``below`` (a refusal stays one readable line)."""
+    short = int(np.sum(sizes < below))
+    return (
+        f"{short} of {sizes.size} clients below {below}; sizes {int(sizes.min())} to "
+        f"{int(sizes.max())}, median {float(np.median(sizes)):g}"
+    )
+
+
 def dirichlet_partition(
     labels: ArrayLike,
     num_clients: int,
@@ -237,9 +247,9 @@ def dirichlet_partition(
             return _finish(merged, y, c, f"dirichlet(alpha={_fmt_alpha(alpha_vec)})")
     raise ValueError(
         f"dirichlet_partition: no draw in {max_attempts} attempts gave every one of the "
-        f"{num_clients} clients >= min_partition_size={min_size} examples (last sizes "
-        f"{sizes.tolist()}); lower min_partition_size or num_clients, raise alpha or "
-        "max_attempts, or use self_balancing=True"
+        f"{num_clients} clients >= min_partition_size={min_size} examples (last draw: "
+        f"{_size_summary(sizes, min_size)}); lower min_partition_size or num_clients, raise "
+        "alpha or max_attempts, or use self_balancing=True"
     )
 
 

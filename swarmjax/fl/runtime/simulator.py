@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import warnings
 from functools import partial
 from typing import Any, Literal
 
@@ -664,6 +665,7 @@ def start(
         )
     test = as_test_set(test)
     alg.check(clients, test)
+    warn_input_mismatch(clients, test)
     data = alg.client_data(clients)
     if client_map is None:
         client_map = default_client_map()
@@ -838,6 +840,34 @@ def finish(
         where = "(not written)" if release_path is None else str(release_path)
         ledger.add_result(result, algorithm=type(alg).__name__, path=where)
     return result
+
+
+def warn_input_mismatch(clients: Any, test: tuple[Array, Array]) -> str | None:
+    """Warn (one line, ``UserWarning``) when the clients' inputs and the test set's differ
+    in kind: integer against floating dtype, or scales apart by more than 10x (e.g. raw
+    0-255 pixels in the clients beside a test set in [0, 1], which trains silently to
+    chance). Reads at most 4,096 rows of each; returns the warning's text, or ``None``."""
+    x = getattr(clients, "x", None)
+    if x is None or test is None:
+        return None
+    b = np.asarray(test[0][:4096])
+    rows = x.reshape(-1, *x.shape[2:]) if x.ndim == b.ndim + 1 else x  # (clients, rows, ...)
+    a = np.asarray(rows[:4096])
+    if a.size == 0 or b.size == 0:
+        return None
+    kind_a, kind_b = np.issubdtype(a.dtype, np.floating), np.issubdtype(b.dtype, np.floating)
+    scale_a = float(np.max(np.abs(a.astype(np.float64))))
+    scale_b = float(np.max(np.abs(b.astype(np.float64))))
+    apart = min(scale_a, scale_b) > 0 and max(scale_a, scale_b) / min(scale_a, scale_b) > 10
+    if kind_a == kind_b and not apart:
+        return None
+    text = (
+        f"client inputs ({a.dtype}, largest |x| {scale_a:.3g}) and test inputs ({b.dtype}, "
+        f"largest |x| {scale_b:.3g}) differ in kind or scale: scale both the same way "
+        "(e.g. pixels / 255 as float32) or the model trains on one and is scored on the other"
+    )
+    warnings.warn(text, UserWarning, stacklevel=3)
+    return text
 
 
 def _check_audit(alg: Algorithm, variants: Variants, audit: Any) -> CanaryHook:
