@@ -71,6 +71,7 @@ def check_real_report(alg: Any, res: Any, algorithm: str) -> CanaryReport:
     assert report.epsilon == pytest.approx(float(np.max(res.privacy.final_epsilon[0])))
     assert report.epsilon == pytest.approx(EPSILON, abs=0.01)
     assert 0.0 <= report.epsilon_lower < EPSILON and not report.exceeds
+    assert report.verdict in ("ok", "cannot tell") and report.power_epsilon is not None
     # every client's canaries saw its own 20 steps: no client's scores are all zero
     assert np.all(np.abs(np.asarray(res.clients.canaries.scores)).sum(axis=-1) > 0)
     # simulate's finish put the reports in (the algorithm's audited): Result, record, ledger
@@ -85,6 +86,7 @@ def check_caught(alg: Any, res: Any) -> None:
     report = alg.audit_reports(res)[1]
     assert report.epsilon == pytest.approx(BROKEN, abs=0.01)  # the record still claims it
     assert report.epsilon_lower > BROKEN and report.exceeds
+    assert report.verdict == "violation"
     assert report.tpr_at_fpr > 0.9
 
 

@@ -37,6 +37,7 @@ from swarmjax.privacy.canaries import (
     direction_rows,
 )
 from swarmjax.privacy.ledger import Ledger, Release
+from swarmjax.privacy.secret import Secret
 
 MODEL = mlp((16,), 10, (8, 8, 1))  # 1,210 parameters
 NUM_CLIENTS, PER_CLIENT = 40, 20
@@ -65,10 +66,15 @@ def federation():
     return clients, (data.x_test, data.y_test)
 
 
+SECRET = Secret.from_bytes(b"test_canaries: one secret, so runs compare draw for draw")
+
+
 def _run(alg, federation, audit, **kw):
+    """One call; every call of this file shares :data:`SECRET` (reproducible mode), so the
+    runs it compares draw the same coins and noise."""
     clients, test = federation
     variants = Variants.grid(alg, clients, SPEC, **SETTINGS)
-    return simulate(alg, clients, test, variants, audit=audit, **kw)
+    return simulate(alg, clients, test, variants, audit=audit, secret=SECRET, **kw)
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +99,13 @@ def test_real_mechanism_stays_below_the_accounted_epsilon(audited):
     assert report.confidence == 0.95 and report.delta == DELTA
     assert 0.0 <= report.epsilon_lower < report.epsilon
     assert not report.exceeds
-    assert "empirical epsilon >=" in report.line() and ": ok" in report.line()
+    # never "violation"; "ok" only when it could have seen one; its power always stated
+    assert report.verdict in ("ok", "cannot tell")
+    assert report.power_epsilon > report.epsilon_lower and report.detectable_noise_factor >= 1
+    assert report.audit_delta is not None and report.epsilon_audit_delta is not None
+    line = report.line()
+    assert "empirical epsilon >=" in line and "power: at most" in line
+    assert f": {report.verdict}" in line and "VIOLATION" not in line
 
 
 @pytest.mark.parametrize(
@@ -106,6 +118,7 @@ def test_tenfold_less_noise_is_caught(federation, audit):
     assert report.epsilon <= EPSILON  # the accountant still claims the unbroken epsilon
     assert report.epsilon_lower > report.epsilon
     assert report.exceeds and "broken mechanism" in report.line()
+    assert report.verdict == "violation"
     assert report.tpr_at_fpr > 0.9
     assert report.dropped == 0
 
@@ -159,6 +172,7 @@ def test_canaries_past_the_slots_sit_out_and_are_counted(federation):
     # about 0.8 * 256 in canaries take part each round, 8 slots: the rest sit out
     assert report.dropped > 20 * 150
     assert report.overflow == 1.0 and report.epsilon_lower == 0.0  # nothing left to bound
+    assert report.power_epsilon == 0.0 and report.verdict == "cannot tell"
     assert f"{report.dropped} canary participations" in report.line()
 
 

@@ -47,6 +47,7 @@ clients' or records' accounting; they do move the model (that is how they are se
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -63,29 +64,44 @@ from jaxtyping import Array, ArrayLike, Bool, Float, Int, PRNGKeyArray, PyTree
 from swarmjax._validation import check_choice, check_int, check_range
 
 __all__ = [
+    "AUDIT_DELTAS",
     "CLIENT_RECORD_SCORES",
     "CLIENT_SCORES",
+    "DEFAULT_AUDIT_DELTA",
+    "DEFAULT_CANARIES",
+    "DETECT_FACTOR",
     "DIRECTIONS",
+    "GDP_METHOD",
+    "MAX_NOISE_FACTOR",
     "METHOD",
     "RECORD_SCORES",
     "SCORES",
+    "VERDICTS",
     "CanaryAudit",
     "CanaryHook",
     "CanaryReport",
     "ClientCanaries",
     "DiracDirections",
     "GradientCanaries",
+    "accounted_curve",
     "audit_scores",
     "canary_capacity",
     "canary_directions",
     "canary_dots",
     "canary_key",
+    "choose_audit_delta",
     "cosine_scores",
+    "detectable_noise_factor",
     "dirac_directions",
     "direction_rows",
+    "gdp_delta",
+    "gdp_epsilon",
+    "gdp_mu",
     "inclusion",
     "participation_key",
     "pooled_record_report",
+    "power_epsilon",
+    "power_gdp_mu",
 ]
 
 SCORES: tuple[str, ...] = ("cosine", "gradient")
@@ -158,6 +174,15 @@ class CanaryAudit:
             run; ``M``: every canary's slot every round (never overflows; ``M`` dense
             replies per round).  Canaries past ``K`` in a round sit it out (counted:
             :attr:`CanaryReport.dropped`).
+        delta: the audit's OWN delta, at which the one-run bound is computed and compared
+            with the accounted epsilon at that same delta (never the run's delta by
+            default: the bound collapses when ``delta * canaries`` is large).  ``None``
+            (default, :data:`DEFAULT_AUDIT_DELTA`): chosen per run by
+            :func:`choose_audit_delta`, the candidate of :data:`AUDIT_DELTAS` (at most the
+            run's delta) where the most the canaries could certify exceeds the accounted
+            epsilon there by the most.  Needs the run's accounted epsilon as a function of
+            delta (``accounted=`` of :func:`audit_scores`); without it the run's delta is
+            used and the report says so (:attr:`CanaryReport.accounted_curve`).
     """
 
     canaries: int
@@ -168,6 +193,7 @@ class CanaryAudit:
     seed: int = 0
     directions: str = "dirac"
     slots: int | None = None
+    delta: float | None = None
 
     def __post_init__(self) -> None:
         check_int("audit canaries", self.canaries, 2)
@@ -184,6 +210,9 @@ class CanaryAudit:
                     f"audit slots must be <= canaries={self.canaries} (one slot per canary "
                     f"at most); got {self.slots}"
                 )
+        if self.delta is not None:
+            check_range("audit delta", self.delta, 0.0, 1.0, low_open=True, high_open=True)
+            object.__setattr__(self, "delta", float(self.delta))
         object.__setattr__(self, "confidence", float(self.confidence))
         object.__setattr__(self, "norm", float(self.norm))
         object.__setattr__(self, "fpr", float(self.fpr))
@@ -608,20 +637,292 @@ def pooled_record_report(
     )
 
 
+# ------------------------------------------------------------------------------ power
+
+
+DEFAULT_CANARIES = 1000
+"""Canaries an experiment's ``--audit`` should default to (docs/audits.md, "Power"): at the
+shipped profiles' settings their certified bound can exceed every epsilon-2 profile's
+accounted epsilon at the chosen audit delta and the GDP estimate detects a noise multiplier
+divided by :data:`DETECT_FACTOR` on every profile (the ideal-canary model of
+:func:`detectable_noise_factor`)."""
+DEFAULT_AUDIT_DELTA: float | None = None
+"""The audit's own delta by default: ``None``, chosen per run by :func:`choose_audit_delta`
+among :data:`AUDIT_DELTAS` (a float fixes it for every run)."""
+AUDIT_DELTAS: tuple[float, ...] = (1e-4, 1e-5, 1e-6, 1e-7, 1e-8, 1e-10, 1e-12)
+"""Candidate audit deltas below the run's own (which is always a candidate)."""
+ENVELOPE_DELTAS: tuple[float, ...] = (0.5, 0.3, 0.1, 0.03, 1e-2, 1e-3, *AUDIT_DELTAS)
+"""Deltas at which the accounted privacy profile is read to find the Gaussian curve that
+covers it (:attr:`CanaryReport.gdp_mu_accounted`): from the centre of the tradeoff curve
+(large delta: what the AUROC sees) to its tails."""
+DETECT_FACTOR = 4.0
+"""The noise error (noise multiplier divided by this) the default sizes are meant to see."""
+MAX_NOISE_FACTOR = 1000.0
+"""Largest noise factor :func:`detectable_noise_factor` searches; beyond it: ``inf``."""
+VERDICTS: tuple[str, ...] = ("ok", "cannot tell", "suspect", "violation")
+"""A report's verdicts, strongest first when several apply: ``"violation"`` (the certified
+one-run bound exceeds the accounted epsilon at the audit delta); ``"suspect"`` (not
+certified, but the scores reject the Gaussian curve covering the accounted guarantee: the
+f-DP estimate, or the AUROC's lower confidence bound above the largest AUROC that curve
+allows); ``"ok"`` (the audit could have certified a violation, :attr:`CanaryReport.sees`,
+an ideal canary would show the noise divided by :data:`DETECT_FACTOR`, and nothing was
+seen); ``"cannot tell"`` (otherwise: silence means nothing)."""
+GDP_METHOD = (
+    "one-run f-DP audit (Mahloujifar et al. 2024) of the same scores by jax-privacy's "
+    "CanaryScoreAuditor.epsilon_one_run_fdp (Bonferroni over thresholds): the largest "
+    "Gaussian tradeoff curve (mu-GDP) the scores reject; ASSUMES the mechanism's tradeoff "
+    "curve is Gaussian, so it is compared with the Gaussian curve covering the accounted "
+    "privacy profile"
+)
+"""How every :class:`CanaryReport`'s second estimate (``epsilon_gdp``) is computed."""
+
+
+def gdp_delta(epsilon: float, mu: float) -> float:
+    """The delta at which ``mu``-GDP is ``(epsilon, delta)``-DP (Dong, Roth & Su 2022,
+    Corollary 2.13): ``Phi(-eps/mu + mu/2) - e^eps Phi(-eps/mu - mu/2)``; both unitless."""
+    from scipy.stats import norm
+
+    if mu <= 0.0:
+        return 0.0
+    a = norm.logcdf(-epsilon / mu + mu / 2)
+    b = epsilon + norm.logcdf(-epsilon / mu - mu / 2)
+    return float(math.exp(a) * -math.expm1(b - a)) if b < a else 0.0
+
+
+def gdp_mu(epsilon: float, delta: float) -> float:
+    """The ``mu`` whose Gaussian-DP privacy profile passes through ``(epsilon, delta)``:
+    the Gaussian tradeoff curve that makes exactly that claim (``inf`` for an infinite
+    epsilon; ``0`` for a zero one).  Bisection on :func:`gdp_delta`, increasing in mu."""
+    from scipy.optimize import brentq
+
+    if not math.isfinite(epsilon):
+        return math.inf
+    if epsilon <= 0.0 and delta >= 1.0:
+        return 0.0
+    hi = 1.0
+    while gdp_delta(epsilon, hi) < delta:
+        hi *= 2.0
+        if hi > 1e4:
+            return math.inf
+    return float(brentq(lambda m: gdp_delta(epsilon, m) - delta, 1e-9, hi, xtol=1e-10))
+
+
+def gdp_epsilon(mu: float, delta: float) -> float:
+    """Epsilon of ``mu``-GDP at ``delta`` (``0`` when ``mu``-GDP is already
+    ``(0, delta)``-DP; ``inf`` for an infinite mu)."""
+    from scipy.optimize import brentq
+
+    if not math.isfinite(mu):
+        return math.inf
+    if gdp_delta(0.0, mu) <= delta:
+        return 0.0
+    hi = 1.0
+    while gdp_delta(hi, mu) > delta:
+        hi *= 2.0
+    return float(brentq(lambda e: gdp_delta(e, mu) - delta, 0.0, hi, xtol=1e-10))
+
+
+def _auditor_bound(ins: np.ndarray, outs: np.ndarray, significance: float, delta: float) -> float:
+    """jax-privacy's one-run bound of these scores (``0`` when ``delta`` leaves nothing)."""
+    if delta >= 1.0 or ins.size == 0 or outs.size == 0:
+        return 0.0
+    return float(CanaryScoreAuditor(ins, outs).epsilon_one_run(significance, delta))
+
+
+def _gdp_mu_estimate(ins: np.ndarray, outs: np.ndarray, significance: float, delta: float) -> float:
+    """The largest Gaussian ``mu`` these scores reject at ``1 - significance``: jax-privacy's
+    ``epsilon_one_run_fdp`` at ``delta`` (the epsilon at ``delta`` of that Gaussian curve),
+    mapped back to its mu (``0``: none rejected)."""
+    if ins.size == 0 or outs.size == 0:
+        return 0.0
+    eps = float(CanaryScoreAuditor(ins, outs).epsilon_one_run_fdp(significance, delta))
+    return 0.0 if eps <= 0.0 else gdp_mu(eps, delta)
+
+
+def _separated(included: int, excluded: int) -> tuple[np.ndarray, np.ndarray]:
+    """Perfectly separated distinct scores: every in canary above every out canary."""
+    return np.arange(included, dtype=np.float64) + excluded, np.arange(excluded, dtype=np.float64)
+
+
+def _ideal(mu: float, included: int, excluded: int) -> tuple[np.ndarray, np.ndarray]:
+    """Typical scores of an ideal canary at Gaussian separation ``mu``: the mid-quantiles
+    of ``N(mu, 1)`` (in) and ``N(0, 1)`` (out), deterministic."""
+    from scipy.stats import norm
+
+    ins = mu + norm.ppf((np.arange(included) + 0.5) / max(included, 1))
+    outs = norm.ppf((np.arange(excluded) + 0.5) / max(excluded, 1))
+    return ins, outs
+
+
+@functools.lru_cache(maxsize=4096)
+def power_epsilon(included: int, excluded: int, delta: float, confidence: float = 0.95) -> float:
+    """The largest one-run bound ``included`` in and ``excluded`` out canaries can give at
+    ``delta`` and ``confidence``: jax-privacy's bound of perfectly separated scores (every
+    in canary scored above every out canary, all distinct, so the Bonferroni correction
+    over thresholds is the one real scores get).  About ``log(M / 2) - log log(M / alpha)``
+    once ``delta * M`` is small; it collapses towards 0 as ``delta * M`` grows."""
+    ins, outs = _separated(included, excluded)
+    return _auditor_bound(ins, outs, 1.0 - confidence, delta)
+
+
+@functools.lru_cache(maxsize=4096)
+def power_gdp_mu(included: int, excluded: int, delta: float, confidence: float = 0.95) -> float:
+    """The largest Gaussian ``mu`` the GDP estimate can give with these canaries
+    (perfectly separated scores; :data:`GDP_METHOD`)."""
+    ins, outs = _separated(included, excluded)
+    return _gdp_mu_estimate(ins, outs, 1.0 - confidence, delta)
+
+
+@functools.lru_cache(maxsize=65536)
+def _ideal_bound(mu: float, included: int, excluded: int, delta: float, confidence: float) -> float:
+    return _auditor_bound(*_ideal(mu, included, excluded), 1.0 - confidence, delta)
+
+
+@functools.lru_cache(maxsize=65536)
+def _ideal_gdp(mu: float, included: int, excluded: int, delta: float, confidence: float) -> float:
+    return _gdp_mu_estimate(*_ideal(mu, included, excluded), 1.0 - confidence, delta)
+
+
+def _smallest_factor(seen: Callable[[float], bool]) -> float:
+    """Smallest ``f`` in ``[1, MAX_NOISE_FACTOR]`` with ``seen(f)`` (assumed monotone), to 2 %
+    (``inf`` when even the largest is not seen)."""
+    if seen(1.0):
+        return 1.0
+    lo, hi = 1.0, MAX_NOISE_FACTOR
+    if not seen(hi):
+        return math.inf
+    while hi / lo > 1.02:
+        mid = math.sqrt(lo * hi)
+        lo, hi = (lo, mid) if seen(mid) else (mid, hi)
+    return float(hi)
+
+
+def detectable_noise_factor(
+    mu: float,
+    target: float,
+    *,
+    canaries: int,
+    delta: float,
+    confidence: float = 0.95,
+    estimate: str = "one-run",
+) -> float:
+    """The factor by which the noise would have to be too small for the audit to see it.
+
+    Model (docs/audits.md, "Power"): the correct mechanism is ``mu``-GDP towards each
+    canary (``mu``: :func:`gdp_mu` of its accounted ``(epsilon, delta)``).  Dividing the
+    noise multiplier by ``f`` makes a Gaussian mechanism (and its compositions) ``f mu``-GDP,
+    and a Poisson-subsampled one at least that (``mu = q sqrt(T (e^{1/sigma^2} - 1))`` grows
+    faster than ``1 / sigma``), so ``f mu`` understates the broken mechanism.  An *ideal*
+    canary's scores are then ``N(f mu, 1)`` in and ``N(0, 1)`` out; with half of
+    ``canaries`` in, their typical (mid-quantile) scores give a typical estimate.  The
+    result is the least ``f`` whose typical estimate exceeds ``target``:
+
+    * ``estimate="one-run"``: the one-run bound at ``delta`` against ``target``, the
+      accounted epsilon at that delta;
+    * ``estimate="gdp"``: the GDP estimate's ``mu`` (at ``delta``) against ``target``, the
+      accounted ``mu``.
+
+    Real scores separate in from out canaries less than the ideal canary's (other clients'
+    updates, a final-model score), so this is the best the audit could do; the drills
+    measure what it does.  Returns ``1`` when even the correct noise would show, ``inf``
+    when no factor up to :data:`MAX_NOISE_FACTOR` would (or ``mu`` is 0 or ``target`` inf).
+    """
+    check_choice("estimate", estimate, ("one-run", "gdp"))
+    if not (mu > 0.0 and math.isfinite(mu) and math.isfinite(target)):
+        return math.inf
+    half = canaries // 2
+    args = (half, canaries - half, float(delta), float(confidence))
+    if estimate == "one-run":
+        if power_epsilon(*args) <= target:
+            return math.inf
+        return _smallest_factor(lambda f: _ideal_bound(float(f * mu), *args) > target)
+    if power_gdp_mu(*args) <= target:
+        return math.inf
+    return _smallest_factor(lambda f: _ideal_gdp(float(f * mu), *args) > target)
+
+
+def _candidates(run_delta: float) -> list[float]:
+    """The run's delta, then every :data:`AUDIT_DELTAS` below it."""
+    return [float(run_delta)] + [d for d in AUDIT_DELTAS if d < run_delta]
+
+
+def _shifted(delta: float, epsilon: float, overflow: float) -> float:
+    """``delta + (1 + e^epsilon) overflow``: the delta of the mechanism with canary slots."""
+    if overflow <= 0.0:
+        return float(delta)
+    return float(delta) + (1.0 + math.exp(min(float(epsilon), 700.0))) * float(overflow)
+
+
+def choose_audit_delta(
+    accounted: Callable[[float], float],
+    run_delta: float,
+    canaries: int,
+    *,
+    confidence: float = 0.95,
+    overflow: float = 0.0,
+) -> float:
+    """The audit delta of a run, among the run's delta and :data:`AUDIT_DELTAS` below it.
+
+    A smaller delta lifts the one-run bound's ceiling (its ``delta * M`` term) but also the
+    accounted epsilon it must beat (``accounted(delta)``).  This picks the candidate with
+    the smallest :func:`detectable_noise_factor` (half of ``canaries`` in, the correct
+    mechanism's mu from the run's own ``(epsilon, delta)``); when no candidate can see any
+    factor, the one where :func:`power_epsilon` exceeds the accounted epsilon by the most.
+    Settings only, never the scores or the coins, so the bound at the chosen delta keeps
+    its confidence."""
+    half = canaries // 2
+    mu = gdp_mu(float(accounted(run_delta)), run_delta)
+    best, key = float(run_delta), (math.inf, math.inf)
+    for d in _candidates(run_delta):
+        eps = float(accounted(d))
+        if not math.isfinite(eps):
+            continue
+        shifted = _shifted(d, eps, overflow)
+        margin = power_epsilon(half, canaries - half, shifted, confidence) - eps
+        factor = detectable_noise_factor(
+            mu, eps, canaries=canaries, delta=shifted, confidence=confidence
+        )
+        if (factor, -margin) < key:
+            best, key = d, (factor, -margin)
+    return best
+
+
+def accounted_curve(record: Any, run: int) -> Callable[[float], float]:
+    """``delta -> epsilon``: run ``run``'s accounted epsilon at any delta, by the record's
+    own accountant on its clients' whole-run events (the worst client, each group's
+    sampler overflow charged as the record does).  ``record``: a
+    :class:`~swarmjax.fl.runtime.PrivacyRecord` (``run_events``, ``accountant``).  Pass it
+    as :func:`audit_scores`' ``accounted=``.  Cached per delta."""
+    from swarmjax.privacy.accounting import event_epsilon
+
+    groups = tuple(record.run_events(run))
+    accountant = record.accountant
+
+    @functools.lru_cache(maxsize=64)
+    def at(delta: float) -> float:
+        return max(
+            (event_epsilon(ev, delta, accountant=accountant, overflow=p) for _, ev, p in groups),
+            default=0.0,
+        )
+
+    return at
+
+
 # ------------------------------------------------------------------------------ report
 
 
 @dataclass(frozen=True)
 class CanaryReport:
-    """One run's audit: the empirical lower bound beside the accounted epsilon.
+    """One run's audit: the empirical lower bound beside the accounted epsilon, with the
+    audit's power and a verdict that says "cannot tell" when the audit could not see.
 
     Attributes:
-        epsilon_lower: with probability ``>= confidence`` the run's true epsilon (at
-            ``delta``) is at least this (``0``: nothing detected).  A lower bound, not an
-            estimate: a correct mechanism usually shows far less than ``epsilon``.
+        epsilon_lower: with probability ``>= confidence`` the run's true epsilon at
+            ``audit_delta`` is at least this (``0``: nothing detected).  A lower bound, not
+            an estimate: a correct mechanism usually shows far less than its epsilon.
         confidence: the bound's confidence level.
-        epsilon: the accounted epsilon it is compared to (the run's largest over clients).
-        delta: the delta both are stated at.
+        epsilon: the accounted epsilon at ``delta`` (the run's largest over clients).
+        delta: the run's delta, at which ``epsilon`` is stated.
         canaries: canaries inserted (in and out); included: how many were in.
         unit: ``"client"`` or ``"record"``; score: how canaries were scored.
         tpr_at_fpr: the best threshold attack's true positive rate at false positive rate
@@ -633,9 +934,41 @@ class CanaryReport:
             a canary's signal.
         overflow: the chance, over the run, that any round had more canaries taking part
             than its slots (:func:`canary_capacity`); the mechanism with slots is then
-            ``(epsilon, delta + (1 + e^epsilon) overflow)``-DP per canary (within that total
-            variation distance of the one without), so the bound is computed at that
-            delta (``delta`` stays the accounted one).
+            ``(eps, delta' + (1 + e^eps) overflow)``-DP per canary at every ``delta'``, so
+            the bound is computed at that shifted delta.
+        audit_delta: the audit's own delta (:attr:`CanaryAudit.delta`): ``epsilon_lower``
+            and ``power_epsilon`` hold at it (shifted by the overflow as above).
+        epsilon_audit_delta: the accounted epsilon at ``audit_delta``, what
+            ``epsilon_lower`` is compared with (``epsilon`` when ``audit_delta == delta``).
+        accounted_curve: whether the accountant was asked for the epsilon at
+            ``audit_delta`` (``False``: no ``accounted=`` was given, so ``audit_delta`` is
+            the run's delta).
+        power_epsilon: the largest bound these canaries could certify at ``audit_delta``
+            (perfectly separated scores: :func:`power_epsilon`).
+        detectable_noise_factor: the least factor by which the noise multiplier would have
+            to be too small for an ideal canary's typical bound to exceed
+            ``epsilon_audit_delta`` (:func:`detectable_noise_factor`; ``inf``: none).
+        verdict: :data:`VERDICTS`: ``"violation"`` when ``epsilon_lower >
+            epsilon_audit_delta``; else ``"suspect"`` when ``gdp_verdict`` is a violation
+            or ``auroc_lower > auroc_accounted``; else ``"ok"`` when ``power_epsilon >
+            epsilon_audit_delta`` and ``detectable_noise_factor <= DETECT_FACTOR``; else
+            ``"cannot tell"``.
+        epsilon_gdp: the second estimate from the same scores (:data:`GDP_METHOD`):
+            epsilon at ``delta`` of the Gaussian tradeoff curve the scores show, at
+            ``confidence``.  An estimate under an assumption, not a bound.
+        gdp_mu: that curve's ``mu`` (lower confidence); gdp_mu_accounted: the ``mu`` of the
+            accounted guarantee (the largest :func:`gdp_mu` over the candidate deltas: the
+            Gaussian curve that covers the accounted privacy profile there);
+            gdp_power_mu: the largest ``mu`` these canaries can show;
+            gdp_detectable_noise_factor: as above, for ``gdp_mu`` against
+            ``gdp_mu_accounted``; gdp_verdict: :data:`VERDICTS` for ``gdp_mu`` against
+            ``gdp_mu_accounted`` and ``gdp_power_mu``; gdp_method: :data:`GDP_METHOD`.
+        auroc_lower: the AUROC's lower confidence bound at ``confidence`` (Hoeffding's for
+            a two-sample U-statistic: ``auroc - sqrt(ln(1 / (1 - confidence)) / (2 min(in,
+            out)))``; assumes independent scores); auroc_accounted: the largest AUROC a
+            mechanism with the accounted Gaussian curve allows, ``Phi(gdp_mu_accounted /
+            sqrt 2)`` (any test of a ``mu``-GDP mechanism has AUROC at most that).
+        Reports written before these fields load with them ``None``.
     """
 
     epsilon_lower: float
@@ -652,48 +985,113 @@ class CanaryReport:
     method: str = METHOD
     dropped: int = 0
     overflow: float = 0.0
+    audit_delta: float | None = None
+    epsilon_audit_delta: float | None = None
+    accounted_curve: bool | None = None
+    power_epsilon: float | None = None
+    detectable_noise_factor: float | None = None
+    verdict: str | None = None
+    epsilon_gdp: float | None = None
+    gdp_mu: float | None = None
+    gdp_mu_accounted: float | None = None
+    gdp_power_mu: float | None = None
+    gdp_detectable_noise_factor: float | None = None
+    gdp_verdict: str | None = None
+    gdp_method: str | None = None
+    auroc_lower: float | None = None
+    auroc_accounted: float | None = None
 
     @property
     def exceeds(self) -> bool:
-        """True when the lower bound is above the accounted epsilon: the mechanism is broken
-        (with probability ``>= confidence``)."""
-        return self.epsilon_lower > self.epsilon
+        """True when the lower bound is above the accounted epsilon at the audit's delta:
+        the mechanism is broken (with probability ``>= confidence``)."""
+        against = self.epsilon if self.epsilon_audit_delta is None else self.epsilon_audit_delta
+        return self.epsilon_lower > against
+
+    @property
+    def sees(self) -> bool:
+        """True when the audit could have certified a violation (``power_epsilon`` above
+        the accounted epsilon at the audit's delta): only then does silence mean "ok"."""
+        if self.power_epsilon is None:
+            return False
+        against = self.epsilon if self.epsilon_audit_delta is None else self.epsilon_audit_delta
+        return self.power_epsilon > against
 
     def line(self) -> str:
-        """One line to print beside the accounted epsilon."""
-        verdict = "EXCEEDS the accounted epsilon: broken mechanism" if self.exceeds else "ok"
+        """One line to print beside the accounted epsilon: the bound, the power, the
+        verdict, and the GDP estimate."""
+        verdict = self.verdict or ("violation" if self.exceeds else "cannot tell")
+        word = {
+            "violation": "VIOLATION: EXCEEDS the accounted epsilon: broken mechanism",
+            "cannot tell": "cannot tell (the audit is too weak to see a violation here)",
+            "suspect": "SUSPECT: the scores reject the accounted Gaussian curve (not certified)",
+            "ok": "ok",
+        }[verdict]
         if self.dropped:
-            verdict += f" ({self.dropped} canary participations over the round slots sat out)"
-        return (
+            word += f" ({self.dropped} canary participations over the round slots sat out)"
+        a_delta = self.delta if self.audit_delta is None else self.audit_delta
+        a_eps = self.epsilon if self.epsilon_audit_delta is None else self.epsilon_audit_delta
+        text = (
             f"empirical epsilon >= {self.epsilon_lower:.3f} at {self.confidence:.0%} "
-            f"confidence ({self.unit}-level, {self.included}/{self.canaries} canaries in, "
-            f"{self.score} score; TPR {self.tpr_at_fpr:.3f} at FPR {self.fpr:g}) vs "
-            f"accounted ({self.epsilon:.3f}, {self.delta:g}): {verdict}"
+            f"confidence, audit delta {a_delta:g} ({self.unit}-level, {self.included}/"
+            f"{self.canaries} canaries in, {self.score} score; TPR {self.tpr_at_fpr:.3f} at "
+            f"FPR {self.fpr:g}, AUROC {self.auroc:.3f}) vs accounted ({self.epsilon:.3f}, "
+            f"{self.delta:g})"
         )
+        if a_delta != self.delta:
+            text += f" = ({a_eps:.3f}, {a_delta:g})"
+        if self.power_epsilon is not None:
+            text += (
+                f"; power: at most {self.power_epsilon:.3f} certifiable, sees noise divided "
+                f"by {_factor(self.detectable_noise_factor)}"
+            )
+        text += f": {word}"
+        if self.epsilon_gdp is not None:
+            text += (
+                "; GDP estimate (assumes a Gaussian tradeoff curve): epsilon "
+                f"{self.epsilon_gdp:.3f}, mu {self.gdp_mu:.3f}"
+            )
+            if self.gdp_mu_accounted is not None:
+                text += (
+                    f" vs accounted mu {self.gdp_mu_accounted:.3f} (at most "
+                    f"{self.gdp_power_mu:.3f} visible, sees noise divided by "
+                    f"{_factor(self.gdp_detectable_noise_factor)}): {self.gdp_verdict}"
+                    f"; AUROC >= {self.auroc_lower:.3f} vs at most "
+                    f"{self.auroc_accounted:.3f} under the accounted Gaussian curve"
+                )
+            else:
+                text += " (no accounted curve given: not compared)"
+        return text
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-able fields (the privacy record's and the ledger's ``audit``)."""
-        return {
-            "epsilon_lower": self.epsilon_lower,
-            "confidence": self.confidence,
-            "epsilon": self.epsilon,
-            "delta": self.delta,
-            "canaries": self.canaries,
-            "included": self.included,
-            "unit": self.unit,
-            "score": self.score,
-            "tpr_at_fpr": self.tpr_at_fpr,
-            "fpr": self.fpr,
-            "auroc": self.auroc,
-            "method": self.method,
-            "dropped": self.dropped,
-            "overflow": self.overflow,
-        }
+        """JSON-able fields (the privacy record's and the ledger's ``audit``): every
+        attribute by name (``inf`` stays a float; the ledger writes it as ``"inf"``)."""
+        return {name: getattr(self, name) for name in self.__dataclass_fields__}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> CanaryReport:
-        """The report :meth:`to_dict` described."""
-        return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
+        """The report :meth:`to_dict` described (``"inf"`` text read back as a float;
+        fields it lacks, from reports written before them, are ``None``)."""
+
+        def value(v: Any) -> Any:
+            return float(v) if v in ("inf", "-inf") else v
+
+        return cls(**{k: value(data[k]) for k in cls.__dataclass_fields__ if k in data})
+
+
+def _factor(value: float | None) -> str:
+    """A noise factor for a line: ``"4.2x"``, or ``"no factor up to 1000x"``."""
+    if value is None:
+        return "?"
+    return f"{value:.1f}x" if math.isfinite(value) else f"no factor up to {MAX_NOISE_FACTOR:g}x"
+
+
+def _verdict(estimate: float, against: float, power: float, factor: float = 1.0) -> str:
+    """:data:`VERDICTS` of one estimate against the accounted value, its power and the
+    noise factor it could detect."""
+    if estimate > against:
+        return "violation"
+    return "ok" if power > against and factor <= DETECT_FACTOR else "cannot tell"
 
 
 def audit_scores(
@@ -706,51 +1104,138 @@ def audit_scores(
     unit: str,
     dropped: int = 0,
     overflow: float = 0.0,
+    accounted: Callable[[float], float] | None = None,
 ) -> CanaryReport:
-    """The one-run lower bound of in against out canary scores (host side, numpy).
+    """The one-run lower bound of in against out canary scores, its power, its verdict and
+    the GDP estimate (host side, numpy).
 
     Args:
         scores: ``(M,)`` canary scores, higher for canaries more visible in the output; a
             non-finite score (a diverged model) counts as the lowest possible.
         included: ``(M,)`` the secret coins (True: in).
-        audit: the audit's settings (confidence, fpr).
-        epsilon, delta: the run's accounted guarantee (the bound is stated at ``delta``).
+        audit: the audit's settings (confidence, fpr, its own delta).
+        epsilon, delta: the run's accounted guarantee.
         unit: ``"client"`` or ``"record"``.
         dropped, overflow: client level: canary participations that sat out over the
-            round slots, and the run's chance of any (:class:`CanaryReport`); the bound is
-            computed at ``delta + (1 + e^epsilon) overflow``.
+            round slots, and the run's chance of any (:class:`CanaryReport`); every delta
+            the bound is computed at is shifted by ``(1 + e^eps) overflow``.
+        accounted: ``delta -> epsilon``, the run's accounted epsilon at any delta
+            (:func:`accounted_curve` of its privacy record).  Needed for an audit delta
+            other than the run's (:attr:`CanaryAudit.delta`, :func:`choose_audit_delta`);
+            without it the run's delta is used and ``accounted_curve`` is ``False``.
 
     Returns:
         The :class:`CanaryReport`; with no in or no out canary (chance ``2^(1 - M)``)
-        nothing can be detected: ``epsilon_lower = 0``, ``tpr_at_fpr = 0``, ``auroc = 0.5``.
+        nothing can be detected: ``epsilon_lower = 0``, ``tpr_at_fpr = 0``, ``auroc = 0.5``,
+        power 0, verdict ``"cannot tell"``.
     """
     s = np.asarray(scores, np.float64).reshape(-1)
     inc = np.asarray(included, bool).reshape(-1)
     s = np.where(np.isfinite(s), s, np.finfo(np.float64).min)
     ins, outs = s[inc], s[~inc]
+    epsilon, delta, overflow = float(epsilon), float(delta), float(overflow)
+    significance = 1.0 - audit.confidence
+    m = int(s.size)
+    # the audit's delta and the accounted epsilon there (settings only, never the scores)
+    if accounted is None:
+        a_delta, a_eps, candidates = delta, epsilon, []
+    else:
+        a_delta = audit.delta
+        if a_delta is None:
+            a_delta = choose_audit_delta(
+                accounted, delta, m, confidence=audit.confidence, overflow=overflow
+            )
+        a_eps = epsilon if a_delta == delta else float(accounted(a_delta))
+        candidates = sorted({*ENVELOPE_DELTAS, *_candidates(delta), a_delta}, reverse=True)
+
+    def curve(d: float) -> float:
+        return epsilon if d == delta else a_eps if d == a_delta else float(accounted(d))
+
+    bound_delta = _shifted(a_delta, a_eps, overflow)
+    # the correct mechanism's Gaussian mu (at the run's delta: the smallest fit, so the
+    # noise factor is not flattered), and the Gaussian curve covering the accounted profile
+    mu_run = gdp_mu(epsilon, delta)
+    # without the accountant's curve only one point of the profile is known: no Gaussian
+    # curve can be said to cover it, so the GDP and AUROC comparisons are not made
+    known = accounted is not None
+    mu_accounted = max(gdp_mu(curve(d), d) for d in candidates) if known else None
+    power = power_epsilon(int(ins.size), int(outs.size), bound_delta, audit.confidence)
+    gdp_power = power_gdp_mu(int(ins.size), int(outs.size), delta, audit.confidence)
     common = dict(
         confidence=audit.confidence,
-        epsilon=float(epsilon),
-        delta=float(delta),
-        canaries=int(s.size),
+        epsilon=epsilon,
+        delta=delta,
+        canaries=m,
         included=int(ins.size),
         unit=unit,
         score=audit.score,
         fpr=audit.fpr,
         dropped=int(dropped),
-        overflow=float(overflow),
+        overflow=overflow,
+        audit_delta=float(a_delta),
+        epsilon_audit_delta=float(a_eps),
+        accounted_curve=accounted is not None,
+        power_epsilon=power,
+        detectable_noise_factor=detectable_noise_factor(
+            mu_run, a_eps, canaries=m, delta=bound_delta, confidence=audit.confidence
+        ),
+        gdp_mu_accounted=mu_accounted,
+        gdp_power_mu=gdp_power,
+        gdp_detectable_noise_factor=None
+        if mu_accounted is None
+        else detectable_noise_factor(
+            mu_run,
+            mu_accounted,
+            canaries=m,
+            delta=delta,
+            confidence=audit.confidence,
+            estimate="gdp",
+        ),
+        gdp_method=GDP_METHOD,
+        auroc_accounted=None if mu_accounted is None else _auroc_of(mu_accounted),
     )
     if ins.size == 0 or outs.size == 0:
-        return CanaryReport(epsilon_lower=0.0, tpr_at_fpr=0.0, auroc=0.5, **common)
-    audit_delta = float(delta) + (1.0 + math.exp(min(float(epsilon), 700.0))) * float(overflow)
+        return CanaryReport(
+            epsilon_lower=0.0,
+            tpr_at_fpr=0.0,
+            auroc=0.5,
+            verdict="cannot tell",
+            epsilon_gdp=0.0,
+            gdp_mu=0.0,
+            gdp_verdict="cannot tell",
+            auroc_lower=0.0,
+            **common,
+        )
     auditor = CanaryScoreAuditor(ins, outs)
+    lower = _auditor_bound(ins, outs, significance, bound_delta)
+    mu_hat = _gdp_mu_estimate(ins, outs, significance, delta)
+    auroc = float(auditor.attack_auroc())
+    auroc_lower = auroc - math.sqrt(math.log(1.0 / significance) / (2 * min(ins.size, outs.size)))
+    gdp_verdict = "cannot tell"  # without the accounted curve: nothing to compare with
+    verdict = _verdict(lower, a_eps, power, common["detectable_noise_factor"])
+    if mu_accounted is not None:
+        gdp_verdict = _verdict(
+            mu_hat, mu_accounted, gdp_power, common["gdp_detectable_noise_factor"]
+        )
+        rejected = gdp_verdict == "violation" or auroc_lower > common["auroc_accounted"]
+        if verdict != "violation" and rejected:
+            verdict = "suspect"
     return CanaryReport(
-        epsilon_lower=(
-            float(auditor.epsilon_one_run(1.0 - audit.confidence, audit_delta))
-            if audit_delta < 1.0
-            else 0.0  # an overflow chance that large leaves nothing to bound
-        ),
+        epsilon_lower=lower,
         tpr_at_fpr=float(auditor.tpr_at_given_fpr(audit.fpr)),
-        auroc=float(auditor.attack_auroc()),
+        auroc=auroc,
+        verdict=verdict,
+        epsilon_gdp=gdp_epsilon(mu_hat, delta),
+        gdp_mu=float(mu_hat),
+        gdp_verdict=gdp_verdict,
+        auroc_lower=float(auroc_lower),
         **common,
     )
+
+
+def _auroc_of(mu: float) -> float:
+    """``Phi(mu / sqrt 2)``: the AUROC of ``N(mu, 1)`` against ``N(0, 1)``, the largest any
+    test of a ``mu``-GDP mechanism reaches."""
+    from scipy.stats import norm
+
+    return 1.0 if not math.isfinite(mu) else float(norm.cdf(mu / math.sqrt(2.0)))
