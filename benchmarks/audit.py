@@ -23,12 +23,21 @@ training call (the second last column; ``nan`` at client level, where ``simulate
 them).  The cost of auditing is the audited run's figure over the same run without
 canaries (target: at most 1.2x).
 
+Every report states its power and verdict (docs/audits.md, "Power"): the largest bound its
+canaries can certify at the audit's own delta, the noise error an ideal canary would show,
+and "ok", "cannot tell", "suspect" or "violation".  The record-level runs pass their
+accounted curve (epsilon at any delta), so their audit delta is chosen per run; the
+client-level runs get the simulator's report.  Every run draws its noise from a fresh
+secret (:class:`~swarmjax.privacy.secret.Secret`), so a plain run and its audited twin
+never share noise.
+
 ``python -m benchmarks.audit [--quick] [--rounds R] [--steps S] [--canaries M]
 [--record-canaries M] [--data-dir DIR] [--write]``: prints a table and writes the runs to
 ``results/audit.json``; ``--write`` also writes the ``audit`` section of
-benchmarks/RESULTS.md (which names the sizes cut from the full ones).  ``--quick``: 3
-rounds, 64 client-level canaries, 100 DP-SGD steps, 256 gradient canaries (minutes on a
-CPU).
+benchmarks/RESULTS.md (which names the sizes cut from the full ones).  Full sizes: 50
+rounds and 2,000 DP-SGD steps, :data:`~swarmjax.privacy.canaries.DEFAULT_CANARIES`
+canaries at both levels.  ``--quick``: 3 rounds, 64 client-level canaries, 100 DP-SGD
+steps, 256 gradient canaries (minutes on a CPU; their power is stated as low).
 """
 
 from __future__ import annotations
@@ -45,11 +54,17 @@ import time
 from benchmarks import _cli as _bcli
 from experiments import _cli
 from experiments._report import write_json
+from swarmjax.privacy.canaries import DEFAULT_CANARIES
 
 EPSILONS = (2.0, 8.0)
 SGD_BATCH, SGD_CLIP, SGD_LR, SGD_DELTA, SGD_HIDDEN = 256, 1.0, 0.5, 1e-5, (32,)
 QUICK = {"rounds": 3, "canaries": 64, "steps": 100, "record_canaries": 256}
-DEFAULT = {"rounds": 50, "canaries": 1000, "steps": 2000, "record_canaries": 1000}
+DEFAULT = {
+    "rounds": 50,
+    "canaries": DEFAULT_CANARIES,
+    "steps": 2000,
+    "record_canaries": DEFAULT_CANARIES,
+}
 
 
 def _peak_mib() -> float:
@@ -103,6 +118,7 @@ def record_job(job: dict) -> dict:
     from swarmjax.privacy.canaries import CanaryAudit, GradientCanaries
     from swarmjax.privacy.plan import OVERFLOW_SHARE
     from swarmjax.privacy.sampling import overflow_probability, poisson_capacity, poisson_sample
+    from swarmjax.privacy.secret import Secret
 
     ds = load_dataset("mnist", job["data_dir"])
     x, y = jnp.asarray(ds.x_train), jnp.asarray(ds.y_train)
@@ -129,12 +145,15 @@ def record_job(job: dict) -> dict:
     canaries = jax.block_until_ready(canaries)
     setup_wall, setup_cpu = time.perf_counter() - t0, time.process_time() - c0
     opt = optax.sgd(SGD_LR)
+    # the noise (and the sampling and canary draws) from a fresh secret, never a published
+    # constant: this run's noise cannot be regenerated, nor shared with its plain twin
+    root = Secret.generate().key()
 
     @jax.jit
-    def train(params, canaries):
+    def train(params, canaries, root):
         def step(carry, t):
             p, state, c = carry
-            k = dpsgd.noise_key(jax.random.key(2), t)
+            k = dpsgd.noise_key(root, t)  # the step folded into the secret key
             ids, mask, _ = poisson_sample(jax.random.fold_in(k, 0), q, jnp.ones(n, bool), capacity)
             extra = None
             if c is not None:
@@ -159,13 +178,19 @@ def record_job(job: dict) -> dict:
         return jax.lax.scan(step, (params, opt.init(params), canaries), jnp.arange(steps))[0]
 
     t0, c0 = time.perf_counter(), time.process_time()
-    final, _, canaries = jax.block_until_ready(train(params, canaries))
+    final, _, canaries = jax.block_until_ready(train(params, canaries, root))
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     _, acc = models.evaluate(model.apply, final, ds.x_test, ds.y_test, batch_size=2000)
     epsilon = accounting.epsilon(q, sigma, steps, SGD_DELTA, overflow_prob=overflow)
     report = None
     if audit is not None:
-        report = canaries.report(audit, epsilon=epsilon, delta=SGD_DELTA).to_dict()
+
+        def accounted(d: float) -> float:  # the run's epsilon at any delta (audit delta)
+            return accounting.epsilon(q, sigma, steps, d, overflow_prob=overflow)
+
+        report = canaries.report(
+            audit, epsilon=epsilon, delta=SGD_DELTA, accounted=accounted
+        ).to_dict()
     return {
         "wall_s": wall,
         "cpu_s": cpu,
@@ -218,11 +243,25 @@ def measure(sizes: dict, data_dir: str) -> list[dict]:
     return rows
 
 
+def _power(r: dict) -> str:
+    """The report's power: the most it could certify at its audit delta (against the
+    accounted epsilon there) and the noise factor an ideal canary would show."""
+    if r.get("power_epsilon") is None:
+        return "not stated"
+    factor = r["detectable_noise_factor"]
+    seen = "none up to 1000x" if not math.isfinite(float(factor)) else f"{float(factor):.1f}x"
+    return (
+        f"{r['power_epsilon']:.2f} vs {r['epsilon_audit_delta']:.2f} at delta "
+        f"{r['audit_delta']:.0e}; noise / {seen}"
+    )
+
+
 def _line(row: dict) -> str:
     a, p, r = row["audited"], row["plain"], row["audited"]["audit"]
     what = "user-level DP-FedAvg (vs_pfl)" if row["unit"] == "client" else "DP-SGD (MNIST)"
     return (
         f"| {what}, {row['length']} | {a['epsilon']:.3f} | {r['epsilon_lower']:.3f} | "
+        f"{_power(r)} | {r.get('verdict')} | "
         f"{r['included']}/{r['canaries']} | {r['tpr_at_fpr']:.3f} | {r['auroc']:.3f} | "
         f"{p['wall_s']:.1f} / {a['wall_s']:.1f} ({a['wall_s'] / p['wall_s']:.2f}x) | "
         f"{p['cpu_s']:.1f} / {a['cpu_s']:.1f} ({a['cpu_s'] / p['cpu_s']:.2f}x) | "
@@ -254,9 +293,10 @@ def report(rows: list[dict], sizes: dict, argv: list[str] | None) -> str:
         + "): "
         + ("none cut." if not cut else "CUT, so the bounds have little power (docs/audits.md)."),
         "",
-        "| run | accounted epsilon | empirical bound | canaries in | TPR at FPR 0.05 | AUROC "
+        "| run | accounted epsilon | empirical bound | power: most certifiable vs accounted, "
+        "noise error seen | verdict | canaries in | TPR at FPR 0.05 | AUROC "
         "| wall s | CPU s | peak MiB | directions' QR, CPU s | load |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     return "\n".join(head + [_line(r) for r in rows]) + "\n"
 
@@ -269,15 +309,17 @@ def main(argv: list[str] | None = None) -> list[dict] | None:
     p.add_argument("--rounds", type=count("--rounds"), help="DP-FedAvg rounds (50; quick 3)")
     p.add_argument("--steps", type=count("--steps"), help="DP-SGD steps (2000; quick 100)")
     p.add_argument(
-        "--canaries", type=count("--canaries", 2), help="client-level canaries (1000; quick 64)"
+        "--canaries",
+        type=count("--canaries", 2),
+        help=f"client-level canaries ({DEFAULT_CANARIES}; quick 64)",
     )
     p.add_argument(
         "--record-canaries",
         type=count("--record-canaries", 2),
-        help="record-level canaries (1000; quick 256)",
+        help=f"record-level canaries ({DEFAULT_CANARIES}; quick 256)",
     )
     p.add_argument(
-        "--data-dir", help="folder with mnist/ (default: $SWARMJAX_DATA, else ../shared/data)"
+        "--data-dir", help="holds mnist/ (default: $SWARMJAX_DATA, else ~/.cache/swarmjax/data)"
     )
     p.add_argument("--job", help=argparse.SUPPRESS)  # internal: one run's JSON settings
     a = p.parse_args(argv)
