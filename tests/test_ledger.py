@@ -453,13 +453,17 @@ def test_statement_and_markdown_name_the_composed_epsilon(tmp_path):
     ledger.add(release([everyone(BIG)], seed=1))
     ledger.write()
     eps = ledger.composed()["record"].epsilon
-    shown = f"{math.ceil(eps * 1000) / 1000:.3f}"  # rounded up, never down
+    shown = f"{math.ceil(eps * 100) / 100:.2f}"  # rounded up, never down
     data = json.loads((tmp_path / JSON_NAME).read_text())
+    short = data["composed"]["record"]["short_statement"]
+    assert short == f"({shown}, 1e-05)-DP, record-level zero-out (test relation), PLD accountant"
     statement = data["composed"]["record"]["statement"]
-    assert statement.startswith("All 2 record-level DP releases of experiment 'exp'")
-    assert f"({shown}, 1e-05)-DP under {RECORD}, by PLD composition" in statement
+    assert statement.startswith(f"{short}: all 2 record-level DP releases of experiment 'exp'")
+    assert f"under {RECORD}, by PLD composition" in statement
+    # records built without keys: the statement says their noise's source is not stated
+    assert "Releases [0, 1] do not state where their noise came from" in statement
     markdown = (tmp_path / MARKDOWN_NAME).read_text()
-    assert shown in markdown and f"{eps:.6g}" in markdown and "| dp_fedavg |" in markdown
+    assert short in markdown and f"{eps:.6g}" in markdown and "| dp_fedavg |" in markdown
 
 
 def test_load_refuses_a_non_strict_or_foreign_file(tmp_path):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import dp_accounting
@@ -9,12 +10,20 @@ import pytest
 from scipy import stats
 
 from swarmjax.privacy import accounting
-from swarmjax.privacy.plan import RELATIONS, PrivacyPlan, check_delta, default_delta
+from swarmjax.privacy.plan import (
+    COMPOSED_EPSILON,
+    RELATIONS,
+    PrivacyPlan,
+    check_delta,
+    default_delta,
+)
 
 
-def test_default_delta_is_one_tenth_over_the_units():
-    assert default_delta(1200) == pytest.approx(0.1 / 1200)
+def test_default_delta_is_a_tenth_over_the_units_and_at_most_1e_5():
+    assert default_delta(100) == 1e-5  # 0.1 / 100 = 1e-3 is too loose for a small dataset
+    assert default_delta(1200) == 1e-5
     assert default_delta(60000) == pytest.approx(0.1 / 60000)
+    assert default_delta(10_000) == pytest.approx(1e-5)  # where the two rules meet
     with pytest.raises(ValueError, match="units"):
         default_delta(0)
 
@@ -43,7 +52,8 @@ def test_overflow_is_charged_on_the_worse_neighbour():
 
 
 def test_sized_buffer_bounds_the_charge_and_never_goes_below_the_floor():
-    plan = PrivacyPlan("client", 1200, 50 / 1200, 100, 1 / 1200).sized(2.0)
+    # sized for the run's own epsilon alone (composed_epsilon no larger): the old rule
+    plan = PrivacyPlan("client", 1200, 50 / 1200, 100, 1 / 1200).sized(2.0, composed_epsilon=2.0)
     assert plan.capacity == 97
     assert plan.steps * plan.overflow_prob * (1 + math.exp(2.0)) <= 1e-3 * plan.delta
     smaller = PrivacyPlan("client", 1200, 50 / 1200, 100, 1 / 1200, capacity=96)
@@ -53,6 +63,27 @@ def test_sized_buffer_bounds_the_charge_and_never_goes_below_the_floor():
     )
     with pytest.raises(ValueError, match="capacity must be >= 97"):
         PrivacyPlan("client", 1200, 50 / 1200, 2, 1 / 1200, capacity=91).check_capacity()
+
+
+def test_default_buffer_keeps_the_charge_negligible_up_to_a_composed_epsilon_of_64():
+    """vs_pfl's work: the charge at any composed epsilon up to 64 is at most 1e-3 delta;
+    the buffer grows from 97 to 158 slots (expected cohort 50)."""
+    base = PrivacyPlan("client", 1200, 50 / 1200, 100, 1 / 1200)
+    plan = base.sized(2.0)
+    assert COMPOSED_EPSILON == 64.0 and plan.capacity == 158
+    assert plan.overflow * (1 + math.exp(64.0)) <= 1e-3 * plan.delta
+    shorter = dataclasses.replace(plan, capacity=157)
+    assert shorter.overflow * (1 + math.exp(64.0)) > 1e-3 * plan.delta
+    # a run whose own bound is larger is sized for it; infinite bounds get the floor
+    assert base.sized(100.0).capacity > plan.capacity
+    assert base.sized(math.inf).capacity == base.floor_capacity() == 97
+    # the noise is calibrated as before: the old buffer's charge was 1e-3 delta at most
+    assert (
+        plan.calibrate(2.0).noise_multiplier
+        == base.sized(2.0, composed_epsilon=2.0).calibrate(2.0).noise_multiplier
+    )
+    with pytest.raises(ValueError, match="composed_epsilon"):
+        base.sized(2.0, composed_epsilon=0.0)
 
 
 @pytest.mark.parametrize("accountant", ["pld", "rdp"])

@@ -210,7 +210,7 @@ def test_sampler_delta_over_a_run_and_the_capacity_that_bounds_it():
     assert 0 < per_step < 1e-9 and sampling.sampler_delta(per_step, steps, eps) > delta
     from swarmjax.privacy.plan import PrivacyPlan
 
-    cap = PrivacyPlan("record", n, q, steps, delta).sized(eps).capacity
+    cap = PrivacyPlan("record", n, q, steps, delta).sized(eps, composed_epsilon=eps).capacity
     assert sampling.sampler_delta(sampling.overflow_probability(n, q, cap), steps, eps) <= (
         1e-3 * delta
     )

@@ -11,9 +11,15 @@ together: for each client, the composition of the events of every release that t
 
 Selections (picking a best configuration by a metric) are recorded with :meth:`Ledger.select`:
 a score of public data is post-processing; a score of private data is charged by plain
-composition of its own DP event, and is refused without one.  Runs that used common random
-numbers share noise, so their events do not compose: the ledger states no finite epsilon
-for them.  docs/ledger.md explains the file and how a paper's privacy section reads it.
+composition of its own DP event, and is refused without one.  Two releases whose keys have
+one public fingerprint drew the same noise: the second is refused when it is added (one
+line naming both); releases tagged as sharing random numbers without fingerprints get no
+finite joint epsilon.  Releases are composed per (unit, data source): different private
+datasets are stated separately.  Each composition gives a short statement (``(epsilon,
+delta)-DP, unit, accountant``, rounded up for reading) and a full one that says which
+randomness is secret, the condition a supplied secret puts on the guarantee and every
+release's floating-point caveat.  docs/ledger.md explains the file and how a paper's
+privacy section reads it.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
+import decimal
 import json
 import math
 import os
@@ -187,12 +194,24 @@ def _text_to_inf(value: Any) -> Any:
     return value
 
 
-def _round_up(value: float, digits: int = 3) -> str:
-    """``value`` rounded UP to ``digits`` decimals (a stated epsilon never understates)."""
+def _round_up(value: float, digits: int = 2) -> str:
+    """``value`` rounded UP to ``digits`` decimals (a stated epsilon never understates it),
+    decided in decimal arithmetic on the float's shortest repr (``3.0`` stays ``3.00``)."""
     if not math.isfinite(value):
         return "inf"
-    scale = 10.0**digits
-    return f"{math.ceil(value * scale) / scale:.{digits}f}"
+    step = decimal.Decimal(1).scaleb(-digits)
+    return str(decimal.Decimal(repr(float(value))).quantize(step, decimal.ROUND_CEILING))
+
+
+def _round_up_delta(value: float, digits: int = 3) -> str:
+    """``value`` rounded UP to ``digits`` significant digits, for reading: ``6.96e-05`` for
+    ``6.958942240779402e-05``, ``1e-05`` for ``1e-05`` (a stated delta never understates)."""
+    if value == 0.0 or not math.isfinite(value):
+        return repr(float(value))
+    exact = decimal.Decimal(repr(float(value)))
+    step = decimal.Decimal(1).scaleb(exact.adjusted() - digits + 1)
+    rounded = float(exact.quantize(step, decimal.ROUND_CEILING))
+    return f"{rounded:.{digits}g}"
 
 
 def _refuse(path: Path, why: str) -> ValueError:
@@ -256,6 +275,57 @@ def _strict_constant(name: str) -> float:
     raise ValueError(f"the ledger file holds the non-JSON constant {name}")
 
 
+_FINGERPRINT_DIGITS = 32  # hex digits of a key fingerprint (128 bits)
+
+
+def _check_randomness(value: Any) -> dict[str, Any] | str | None:
+    """A release's ``randomness``: ``None``, a non-empty tag, or a dict of plain values
+    whose ``secret`` (if any) is ``"entropy"`` or ``"supplied"`` and whose ``fingerprint``
+    (if any) is 32 lower-case hex digits."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return _check_text("release randomness", value)
+    if not isinstance(value, dict):
+        raise ValueError(f"release randomness must be a dict, a tag or None; got {value!r}")
+    out = {str(k): _plain(v) for k, v in value.items()}
+    if out.get("secret") is not None:
+        check_choice("release randomness secret", out["secret"], ("entropy", "supplied"))
+    fp = out.get("fingerprint")
+    if fp is not None and (
+        not isinstance(fp, str)
+        or len(fp) != _FINGERPRINT_DIGITS
+        or any(c not in "0123456789abcdef" for c in fp)
+    ):
+        raise ValueError(
+            f"release randomness fingerprint must be {_FINGERPRINT_DIGITS} lower-case hex "
+            f"digits; got {fp!r}"
+        )
+    if out.get("shared") is not None:
+        _check_text("release randomness shared", out["shared"])
+    return out
+
+
+def _plain_randomness(value: dict[str, Any] | str | None) -> dict[str, Any] | str | None:
+    return dict(value) if isinstance(value, dict) else value
+
+
+def _record_randomness(record: Any, run: int, runs: int, tag: str) -> dict | str | None:
+    """Run ``run``'s randomness from its privacy record: the record's ``randomness`` dict
+    with the run's key ``fingerprint``; without fingerprints, runs of a call with common
+    random numbers get the shared ``tag`` (their keys cannot be compared)."""
+    described = getattr(record, "randomness", None)
+    prints = tuple(getattr(record, "key_fingerprints", ()) or ())
+    out: dict[str, Any] = dict(described) if described else {}
+    if prints:
+        out["fingerprint"] = str(prints[run])
+    elif bool(getattr(record, "shares_randomness", False)) and runs > 1:
+        if not out:
+            return tag
+        out["shared"] = tag
+    return out or None
+
+
 # ------------------------------------------------------------------------------ release
 
 
@@ -276,12 +346,28 @@ class Release:
         groups: ``((clients or None, event, overflow), ...)``: clients with identical
             accounting (``None``: every client), their whole-run dp-accounting event and
             their summed per-step overflow chance ``P``; empty without DP.
-        randomness: a tag shared by releases that share random numbers (common random
-            numbers of one call); ``None``: its noise is independent of every other run's.
+        randomness: what drew its random numbers, as a dict: the privacy record's
+            ``randomness`` (``generator``, ``secret``: ``"entropy"`` or ``"supplied"``,
+            ``common_random_numbers``, ``condition``) plus this run's key ``fingerprint``
+            (32 hex digits, :func:`swarmjax.privacy.secret.fingerprint`); a ``"shared"``
+            entry tags releases known to share random numbers without fingerprints.  A
+            plain string is such a tag alone (older ledgers, PAASO sweeps); ``None``:
+            nothing is known of it.  :meth:`Ledger.add` refuses two releases with one
+            fingerprint (one of them private): they drew the same noise.
         audit: its empirical privacy audit, if it had one: the fields of a
             :class:`~swarmjax.privacy.canaries.CanaryReport` (``epsilon_lower`` with its
             ``confidence``, beside the accounted ``epsilon``; docs/audits.md). A measured
             lower bound, never composed: the composition uses the events only.
+        floating_point: what its exact released float values reveal beyond epsilon (the
+            privacy record's ``floating_point`` caveat); carried into the composed statement.
+        snapping_tail: the summed tail probability of its snapped sampler, ``coordinate
+            releases x 2^-63`` (:func:`swarmjax.privacy.snapping.snapping_cost`'s ``delta``
+            times the count), charged to delta like an overflow, ``P (1 + e^eps)``
+            (docs/floating_point.md, step 5); ``None``: not stated (a snapped release's
+            caveat then says so in the composed statement).
+        data: the name of the private dataset it was computed from (e.g. ``"mnist"``; two
+            partitions of one dataset are ONE source).  Releases of one unit are composed
+            per data source; ``None``: unnamed (then every release of its unit must be).
     """
 
     algorithm: str
@@ -294,8 +380,11 @@ class Release:
     accountant: str
     path: str
     groups: tuple[Group, ...] = ()
-    randomness: str | None = None
+    randomness: dict[str, Any] | str | None = None
     audit: dict[str, Any] | None = None
+    floating_point: str | None = None
+    snapping_tail: float | None = None
+    data: str | None = None
 
     def __post_init__(self) -> None:
         _check_text("release algorithm", self.algorithm)
@@ -309,8 +398,14 @@ class Release:
             check_range("release delta", self.delta, 0.0, 1.0, low_open=True, high_open=True)
         check_range("release epsilon", self.epsilon, 0.0, math.inf)
         check_accountant(self.accountant)
-        if self.randomness is not None:
-            _check_text("release randomness", self.randomness)
+        object.__setattr__(self, "randomness", _check_randomness(self.randomness))
+        if self.floating_point is not None:
+            _check_text("release floating_point", self.floating_point)
+        if self.snapping_tail is not None:
+            check_range("release snapping_tail", self.snapping_tail, 0.0, 1.0)
+            object.__setattr__(self, "snapping_tail", float(self.snapping_tail))
+        if self.data is not None:
+            _check_text("release data", self.data)
         if self.seed is not None and (
             isinstance(self.seed, bool) or not isinstance(self.seed, int)
         ):
@@ -326,13 +421,33 @@ class Release:
             object.__setattr__(self, "audit", _check_audit(self.audit))
 
     @property
+    def fingerprint(self) -> str | None:
+        """The public fingerprint of the run's key (``None`` when not known)."""
+        r = self.randomness
+        return r.get("fingerprint") if isinstance(r, dict) else None
+
+    @property
+    def shared_tag(self) -> str | None:
+        """The tag of releases known to share random numbers (``None``: none)."""
+        r = self.randomness
+        return r if isinstance(r, str) else (r or {}).get("shared")
+
+    @property
+    def secret(self) -> str | None:
+        """Where its noise's secret came from: ``"entropy"``, ``"supplied"`` or ``None``."""
+        r = self.randomness
+        return r.get("secret") if isinstance(r, dict) else None
+
+    @property
     def private(self) -> bool:
         """True when the run is a DP release: it has a privacy unit and a finite epsilon (a
         DP algorithm run without noise, e.g. a non-private baseline, is not one)."""
         return self.unit is not None and math.isfinite(self.epsilon)
 
     @classmethod
-    def from_result(cls, result: Any, run: int, *, algorithm: str, path: Any) -> Release:
+    def from_result(
+        cls, result: Any, run: int, *, algorithm: str, path: Any, data: str | None = None
+    ) -> Release:
         """Release of run ``run`` of a ``Result`` (its ``.privacy`` record and ``.runs``).
 
         Args:
@@ -341,11 +456,13 @@ class Release:
             run: index of the run, in ``[0, runs)``.
             algorithm: the algorithm's name.
             path: where the run's outputs were written.
+            data: the private dataset's name (``None``: unnamed).
 
         Returns:
-            Its :class:`Release`; runs of one call with common random numbers share the
-            randomness tag ``"crn:<algorithm>@<path>"``. A run whose record is not end to
-            end (``not_covered``: an exact private statistic reached the server, e.g.
+            Its :class:`Release`, with the record's ``randomness`` and this run's key
+            fingerprint; runs of one call with common random numbers whose record has no
+            fingerprints share the tag ``"crn:<algorithm>@<path>"``. A run whose record is
+            not end to end (``not_covered``: an exact private statistic reached the server, e.g.
             Fed-DP-PSO's paper reading) is listed as NOT private, its covered epsilon and
             the uncovered fields kept as labels.
         """
@@ -363,8 +480,9 @@ class Release:
             row["epsilon_of_covered_steps"] = float(np.max(record.final_epsilon[int(run)]))
             row["not_covered"] = "; ".join(uncovered)
             private = False
-        shared = bool(record.shares_randomness) and runs > 1
+        randomness = _record_randomness(record, int(run), runs, f"crn:{algorithm}@{path}")
         audits = tuple(getattr(record, "audit", ()) or ())
+        tails = getattr(record, "snapping_tail", None)
         return cls(
             algorithm=algorithm,
             variant=row,
@@ -376,8 +494,11 @@ class Release:
             accountant=record.accountant,
             path=str(path),
             groups=tuple(record.run_events(int(run))) if private else (),
-            randomness=f"crn:{algorithm}@{path}" if shared else None,
+            randomness=randomness,
             audit=dict(audits[int(run)]) if audits else None,
+            floating_point=getattr(record, "floating_point", None) if private else None,
+            snapping_tail=None if tails is None or not private else float(tails[int(run)]),
+            data=data,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -393,7 +514,10 @@ class Release:
             "delta": self.delta,
             "accountant": self.accountant,
             "path": self.path,
-            "randomness": self.randomness,
+            "randomness": _plain_randomness(self.randomness),
+            "data": self.data,
+            "floating_point": self.floating_point,
+            "snapping_tail": self.snapping_tail,
             "groups": [_group_dict(g) for g in self.groups],
             "audit": None if self.audit is None else dict(self.audit),
         }
@@ -416,24 +540,36 @@ class Release:
             accountant=data["accountant"],
             path=data["path"],
             groups=groups,
-            randomness=data["randomness"],
+            randomness=data["randomness"],  # a tag or None in ledgers written before keys
             audit=data.get("audit"),  # absent from ledgers written before audits
+            # absent from ledgers written before issue 45
+            floating_point=data.get("floating_point"),
+            snapping_tail=data.get("snapping_tail"),
+            data=data.get("data"),
         )
 
 
-def releases_from_result(result: Any, *, algorithm: str, path: Any) -> list[Release]:
-    """A :class:`Release` for every run of ``result`` (variants x seeds), in run order."""
+def releases_from_result(
+    result: Any, *, algorithm: str, path: Any, data: str | None = None
+) -> list[Release]:
+    """A :class:`Release` for every run of ``result`` (variants x seeds), in run order;
+    ``data`` names the private dataset (:attr:`Release.data`)."""
     runs = int(np.asarray(result.privacy.final_epsilon).shape[0])
-    return [Release.from_result(result, r, algorithm=algorithm, path=path) for r in range(runs)]
+    return [
+        Release.from_result(result, r, algorithm=algorithm, path=path, data=data)
+        for r in range(runs)
+    ]
 
 
-def saved_releases(result: Any, *, algorithm: str, path: Any, **labels: Any) -> list[dict]:
+def saved_releases(
+    result: Any, *, algorithm: str, path: Any, data: str | None = None, **labels: Any
+) -> list[dict]:
     """:func:`releases_from_result` as JSON-able dicts (:meth:`Release.to_dict`), with
     ``labels`` beside each run's own: what a cached experiment call saves with its payload,
     so that reusing the call adds the same releases (:meth:`Ledger.add_saved`)."""
     return [
         dataclasses.replace(r, variant={**labels, **r.variant}).to_dict()
-        for r in releases_from_result(result, algorithm=algorithm, path=path)
+        for r in releases_from_result(result, algorithm=algorithm, path=path, data=data)
     ]
 
 
@@ -452,6 +588,7 @@ class Selection:
         unit: the privacy unit ``event`` is charged to (``None`` for a public score).
         event: the noised score's own dp-accounting event (``None`` for a public score).
         clients: clients the score touched (``None``: every client).
+        data: the data source of the candidates ``event`` is charged to (``None``: unnamed).
     """
 
     name: str
@@ -460,6 +597,7 @@ class Selection:
     unit: str | None = None
     event: dp_accounting.DpEvent | None = None
     clients: tuple[int, ...] | None = None
+    data: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able description."""
@@ -470,6 +608,7 @@ class Selection:
             "unit": self.unit,
             "event": None if self.event is None else event_to_dict(self.event),
             "clients": None if self.clients is None else list(self.clients),
+            "data": self.data,
         }
 
 
@@ -478,17 +617,27 @@ class Selection:
 
 @dataclass(frozen=True)
 class Composition:
-    """The privacy of publishing every DP release of one unit together.
+    """The privacy of publishing every DP release of one unit and one data source together.
 
     Attributes:
         unit: ``"record"`` or ``"client"``.
         relation: the neighbouring relation of every release of the unit.
-        delta: the delta ``epsilon`` is stated at.
+        delta: the delta ``epsilon`` is stated at; it includes the samplers' overflow and
+            the snapped samplers' stated tails (``P (1 + e^epsilon)``).
         accountant: the accountant that composed the events.
         epsilon: max over clients of the composed epsilon (``inf`` with ``reason``).
         releases: indices of the releases composed.
         selections: names of the private selections charged.
         reason: why ``epsilon`` is ``inf`` (``None`` when finite).
+        data: the private dataset the releases were computed from (``None``: unnamed).
+        randomness: which randomness is secret: ``generator`` (what drew the noise, or
+            ``None`` when no release says), ``entropy`` / ``supplied`` / ``unstated``
+            (indices of the releases whose secret came from operating-system entropy, from
+            the caller, or is not stated).
+        floating_point: ``((caveat, release indices), ...)``: each distinct floating-point
+            caveat of the releases, with the releases it applies to.
+        snapping_tail: the snapped samplers' summed stated tail probability (charged, as
+            part of delta); ``unstated_tails`` the snapped releases that state none.
     """
 
     unit: str
@@ -499,27 +648,83 @@ class Composition:
     releases: tuple[int, ...]
     selections: tuple[str, ...]
     reason: str | None = None
+    data: str | None = None
+    randomness: dict[str, Any] = dataclasses.field(default_factory=dict)
+    floating_point: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    snapping_tail: float = 0.0
+    unstated_tails: tuple[int, ...] = ()
+
+    @property
+    def supplied(self) -> tuple[int, ...]:
+        """Releases whose noise came from a secret the caller supplied (reproducible mode)."""
+        return tuple(self.randomness.get("supplied", ()))
+
+    def short_statement(self) -> str:
+        """The guarantee in one short line: ``(epsilon, delta)-DP, unit, accountant``,
+        epsilon rounded up to 2 decimals and delta up to 3 significant digits (e.g.
+        ``(18.92, 1e-05)-DP, client-level add/remove, PLD accountant``); the data source
+        and a supplied secret's condition are added when they apply."""
+        unit = self.relation.split(":")[0].replace(", ", " ")
+        where = f" on {self.data}" if self.data is not None else ""
+        delta = _round_up_delta(self.delta)
+        if self.reason is not None:
+            line = f"no finite epsilon at delta {delta}, {unit}{where}, {self.accountant.upper()}"
+            return line + " accountant (see the reason)"
+        line = (
+            f"({_round_up(self.epsilon)}, {delta})-DP, {unit}{where}, "
+            f"{self.accountant.upper()} accountant"
+        )
+        if self.supplied:
+            line += ", while the supplied secret is kept"
+        return line
 
     def statement(self, experiment: str, file: str) -> str:
-        """The sentence a paper's privacy section can quote (epsilon rounded up)."""
+        """What a paper's privacy section can quote: the short statement
+        (:meth:`short_statement`), then what it covers and how it was composed, which
+        randomness is secret, any supplied secret's condition and every floating-point
+        caveat of the releases."""
         n = len(self.releases)
         extra = f" and {len(self.selections)} private selection(s)" if self.selections else ""
+        where = f" on data {self.data!r}" if self.data is not None else ""
         if self.reason is not None:
             return (
-                f"The {n} {self.unit}-level releases of experiment {experiment!r} have no "
-                f"finite joint epsilon: {self.reason} (ledger file {file})."
+                f"{self.short_statement()}. The {n} {self.unit}-level releases{where} of "
+                f"experiment {experiment!r} have no finite joint epsilon: {self.reason} "
+                f"(ledger file {file})."
             )
-        return (
-            f"All {n} {self.unit}-level DP releases{extra} of experiment {experiment!r} "
-            f"together satisfy ({_round_up(self.epsilon)}, {self.delta!r})-DP under "
-            f"{self.relation}, by {self.accountant.upper()} composition of their dp-accounting "
-            f"events (ledger file {file})."
-        )
+        parts = [
+            f"{self.short_statement()}: all {n} {self.unit}-level DP releases{extra}{where} "
+            f"of experiment {experiment!r} together, under {self.relation}, by "
+            f"{self.accountant.upper()} composition of their dp-accounting events (ledger "
+            f"file {file})."
+        ]
+        parts.append(_randomness_sentence(self.randomness))
+        if self.supplied:
+            parts.append(
+                f"The guarantee holds only while the supplied secret is kept: releases "
+                f"{list(self.supplied)} drew their noise from a secret the caller supplied "
+                "(reproducible mode), and whoever holds it can regenerate that noise."
+            )
+        for caveat, ids in self.floating_point:
+            parts.append(f"Floating point (releases {list(ids)}): {caveat}.")
+        if self.snapping_tail > 0.0:
+            parts.append(
+                f"The snapped samplers' tails ({self.snapping_tail:.3g} in total) are "
+                "charged to delta."
+            )
+        if self.unstated_tails:
+            parts.append(
+                f"Releases {list(self.unstated_tails)} are snapped but state no sampler tail "
+                "count: their tails (2^-63 per coordinate-release, times 1 + e^epsilon; "
+                "docs/floating_point.md) are not in delta."
+            )
+        return " ".join(p.rstrip(".") + "." for p in parts if p)
 
     def to_dict(self, experiment: str, file: str) -> dict[str, Any]:
-        """JSON-able description with the statement."""
+        """JSON-able description with the short and the full statement."""
         return {
             "unit": self.unit,
+            "data": self.data,
             "relation": self.relation,
             "epsilon": self.epsilon,
             "delta": self.delta,
@@ -527,8 +732,55 @@ class Composition:
             "releases": list(self.releases),
             "selections": list(self.selections),
             "reason": self.reason,
+            "randomness": {
+                k: list(v) if isinstance(v, tuple) else v for k, v in self.randomness.items()
+            },
+            "floating_point": [
+                {"caveat": caveat, "releases": list(ids)} for caveat, ids in self.floating_point
+            ],
+            "snapping_tail": self.snapping_tail,
+            "short_statement": self.short_statement(),
             "statement": self.statement(experiment, file),
         }
+
+
+def _label(release: Release) -> str:
+    """A release in a few words for a refusal: algorithm, seed, data and path."""
+    data = f", data {release.data}" if release.data is not None else ""
+    return f"{release.algorithm}, seed {release.seed}{data}, {release.path}"
+
+
+def _snapped(release: Release) -> bool:
+    """Whether the release's floating-point caveat says its noise is snapped to a grid."""
+    return (release.floating_point or "").lstrip().lower().startswith("snapped")
+
+
+def _randomness_sentence(randomness: dict[str, Any]) -> str:
+    """Which randomness is secret, in one sentence (empty when nothing is known)."""
+    if not randomness:
+        return ""
+    keyed = []
+    if randomness.get("entropy"):
+        keyed.append(
+            f"keyed by operating-system entropy that no one holds (releases "
+            f"{list(randomness['entropy'])})"
+        )
+    if randomness.get("supplied"):
+        keyed.append(f"keyed by a supplied secret (releases {list(randomness['supplied'])})")
+    text = ""
+    if keyed:
+        generator = randomness.get("generator") or "an unstated generator"
+        text = (
+            f"Secret randomness: every noise draw and secret sample, drawn by {generator}, "
+            f"{'; '.join(keyed)}; the seeds, settings and code are public and do not "
+            "determine them."
+        )
+    if randomness.get("unstated"):
+        text += (
+            f" Releases {list(randomness['unstated'])} do not state where their noise came "
+            "from: their guarantee assumes it was drawn from a secret no reader holds."
+        )
+    return text.strip()
 
 
 def _client_classes(groups: Sequence[Group]) -> list[np.ndarray]:
@@ -646,11 +898,23 @@ class Ledger:
         """Indices of the releases without DP (not private releases)."""
         return tuple(i for i, r in enumerate(self._releases) if not r.private)
 
-    def _unit_releases(self, unit: str) -> list[int]:
-        return [i for i, r in enumerate(self._releases) if r.unit == unit and r.private]
+    def _unit_releases(self, unit: str, data: Any = ...) -> list[int]:
+        """Indices of the DP releases of ``unit`` (and of data source ``data`` if given)."""
+        return [
+            i
+            for i, r in enumerate(self._releases)
+            if r.unit == unit and r.private and (data is ... or r.data == data)
+        ]
+
+    def _sources(self) -> list[tuple[str, str | None]]:
+        """Every ``(unit, data)`` with DP releases, units in :data:`UNITS` order, data
+        sources in the order of their first release."""
+        seen = dict.fromkeys((r.unit, r.data) for r in self._releases if r.private)
+        return [(u, d) for u in UNITS for (v, d) in seen if v == u]
 
     def _check_fits(self, release: Release) -> None:
-        """Refuse a release whose relation or delta disagrees with its unit's releases."""
+        """Refuse a release whose relation, data naming or delta disagrees with its unit's
+        releases (the delta: with those of its data source)."""
         for i in self._unit_releases(release.unit):
             other = self._releases[i]
             if other.relation != release.relation:
@@ -658,19 +922,48 @@ class Ledger:
                     f"release relation {release.relation!r} differs from release {i}'s "
                     f"{other.relation!r}; every {release.unit}-level release must share one"
                 )
-            if self.delta is None and other.delta != release.delta:
+            if (other.data is None) != (release.data is None):
+                raise ValueError(
+                    f"release data {release.data!r} beside release {i}'s {other.data!r}: name "
+                    f"the private dataset of every {release.unit}-level release or of none "
+                    "(an unnamed release could be on any of them)"
+                )
+            if self.delta is None and other.data == release.data and other.delta != release.delta:
                 raise ValueError(
                     f"ledger delta is None but release delta {release.delta} differs from "
                     f"release {i}'s {other.delta}; pass Ledger(..., delta=...) to state "
                     "their composition at one delta"
                 )
 
+    def _check_fresh_noise(self, release: Release) -> None:
+        """Refuse ``release`` when an already-listed release drew from the same key (equal
+        fingerprints) and either of the two is private: publishing both lets a reader
+        subtract the shared noise."""
+        fp = release.fingerprint
+        if fp is None:
+            return
+        for i, other in enumerate(self._releases):
+            if other.fingerprint == fp and (release.private or other.private):
+                new = len(self._releases)
+                raise ValueError(
+                    f"releases {i} ({_label(other)}) and {new} ({_label(release)}) drew the "
+                    f"same noise (key fingerprint {fp}): publishing both lets anyone subtract "
+                    "it, and no epsilon covers them together; draw each release from its own "
+                    "secret (no common random numbers, no reused keys across data, audits or "
+                    "settings), or publish only one of them"
+                )
+
     def add(self, release: Release) -> int:
-        """Add ``release``; returns its index (its id in selections and the file)."""
+        """Add ``release``; returns its index (its id in selections and the file).
+
+        Refused (one ``ValueError`` line) when its relation, data naming or delta does not
+        fit its unit's releases, or when its key fingerprint equals an already-listed
+        release's and either is private (they drew the same noise)."""
         if not isinstance(release, Release):
             raise ValueError(f"release must be a Release; got {type(release).__name__}")
         if release.private:
             self._check_fits(release)
+        self._check_fresh_noise(release)
         self._releases.append(release)
         return len(self._releases) - 1
 
@@ -678,9 +971,12 @@ class Ledger:
         """Add releases saved by :func:`saved_releases` (e.g. a reused call's payload)."""
         return [self.add(Release.from_dict(r)) for r in releases]
 
-    def add_result(self, result: Any, *, algorithm: str, path: Any) -> list[int]:
-        """Add every run of ``result`` (:func:`releases_from_result`); returns their indices."""
-        new = releases_from_result(result, algorithm=algorithm, path=path)
+    def add_result(
+        self, result: Any, *, algorithm: str, path: Any, data: str | None = None
+    ) -> list[int]:
+        """Add every run of ``result`` (:func:`releases_from_result`; ``data``: the private
+        dataset's name) and return their indices: all of them, or none (``ValueError``)."""
+        new = releases_from_result(result, algorithm=algorithm, path=path, data=data)
         saved = list(self._releases)
         try:
             return [self.add(r) for r in new]
@@ -709,14 +1005,25 @@ class Ledger:
             raise ValueError(f"selection candidates must be distinct; got {idx!r}")
         return tuple(int(i) for i in idx)
 
-    def _selection_unit(self, candidates: tuple[int, ...]) -> str:
+    def _selection_unit(self, candidates: tuple[int, ...]) -> tuple[str, str | None]:
+        """``(unit, data)`` of a private selection's candidates (one of each, or refused)."""
         units = {self._releases[i].unit for i in candidates}
-        if None in units or len(units) != 1:
+        if (
+            None in units
+            or len(units) != 1
+            or any(not self._releases[i].private for i in candidates)
+        ):
             raise ValueError(
                 "a private selection's candidates must be DP releases of one unit; got units "
                 f"{sorted(map(str, units))}"
             )
-        return units.pop()
+        sources = {self._releases[i].data for i in candidates}
+        if len(sources) != 1:
+            raise ValueError(
+                "a private selection's candidates must be releases on one data source; got "
+                f"{sorted(map(str, sources))}"
+            )
+        return units.pop(), sources.pop()
 
     def select(
         self,
@@ -762,8 +1069,8 @@ class Ledger:
                     "selection by an unnoised score of private data has no DP guarantee "
                     "(noise the score, or select on public data with score='public')"
                 )
-            unit = self._selection_unit(idx)
-            chosen = Selection(name, idx, score, unit, event, _check_clients(clients))
+            unit, data = self._selection_unit(idx)
+            chosen = Selection(name, idx, score, unit, event, _check_clients(clients), data)
         self._selections.append(chosen)
         return chosen
 
@@ -774,10 +1081,11 @@ class Ledger:
         return self.delta if self.delta is not None else self._releases[releases[0]].delta
 
     def _shared_randomness(self, releases: Sequence[int]) -> str | None:
-        """Why ``releases`` have no finite joint epsilon (shared noise), or ``None``."""
+        """Why ``releases`` have no finite joint epsilon (tagged as sharing random numbers,
+        without fingerprints to tell which draws), or ``None``."""
         tags: dict[str, list[int]] = {}
         for i in releases:
-            tag = self._releases[i].randomness
+            tag = self._releases[i].shared_tag
             if tag is not None:
                 tags.setdefault(tag, []).append(i)
         shared = {t: ids for t, ids in tags.items() if len(ids) > 1}
@@ -795,12 +1103,40 @@ class Ledger:
         events = _composed_event([g[1] for g in groups])
         if math.isinf(event_epsilon(events, delta, accountant=self.accountant)):
             return "an event has a non-private part (e.g. noise multiplier 0)"
-        return f"the samplers' summed overflow chance P = {overflow:.3g} leaves no delta"
+        return (
+            f"the samplers' summed overflow (and stated snapping tail) chance P = "
+            f"{overflow:.3g} leaves no delta"
+        )
 
-    def _compose_unit(self, unit: str) -> Composition:
-        releases = self._unit_releases(unit)
-        charged = [s for s in self._selections if s.unit == unit]
+    def _randomness(self, releases: Sequence[int]) -> dict[str, Any]:
+        """Which randomness of ``releases`` is secret: the generator(s) and the releases by
+        the source of their secret (``entropy``, ``supplied``, ``unstated``)."""
+        generators = dict.fromkeys(
+            g
+            for i in releases
+            if isinstance(self._releases[i].randomness, dict)
+            and (g := self._releases[i].randomness.get("generator"))
+        )
+        out: dict[str, Any] = {"generator": "; ".join(generators) or None}
+        for source in ("entropy", "supplied"):
+            out[source] = tuple(i for i in releases if self._releases[i].secret == source)
+        out["unstated"] = tuple(i for i in releases if self._releases[i].secret is None)
+        return out
+
+    def _caveats(self, releases: Sequence[int]) -> tuple[tuple[str, tuple[int, ...]], ...]:
+        """Each distinct floating-point caveat of ``releases`` with the releases it covers."""
+        caveats: dict[str, list[int]] = {}
+        for i in releases:
+            caveat = self._releases[i].floating_point
+            if caveat is not None:
+                caveats.setdefault(caveat, []).append(i)
+        return tuple((c, tuple(ids)) for c, ids in caveats.items())
+
+    def _compose(self, unit: str, data: str | None) -> Composition:
+        releases = self._unit_releases(unit, data)
+        charged = [s for s in self._selections if s.unit == unit and s.data == data]
         delta = self._unit_delta(releases)
+        snapped = [i for i in releases if _snapped(self._releases[i])]
         common = dict(
             unit=unit,
             relation=self._releases[releases[0]].relation,
@@ -808,11 +1144,21 @@ class Ledger:
             accountant=self.accountant,
             releases=tuple(releases),
             selections=tuple(s.name for s in charged),
+            data=data,
+            randomness=self._randomness(releases),
+            floating_point=self._caveats(releases),
+            snapping_tail=float(sum(self._releases[i].snapping_tail or 0.0 for i in releases)),
+            unstated_tails=tuple(i for i in snapped if self._releases[i].snapping_tail is None),
         )
         reason = self._shared_randomness(releases)
         if reason is not None:
             return Composition(epsilon=math.inf, reason=reason, **common)
-        groups = [g for i in releases for g in self._releases[i].groups]
+        groups: list[Group] = []
+        for i in releases:
+            # a snapped sampler's stated tail is a total-variation term like an overflow: it
+            # is charged to every client the release covers (each is in one of its groups)
+            tail = self._releases[i].snapping_tail or 0.0
+            groups += [(c, e, p + tail) for c, e, p in self._releases[i].groups]
         groups += [(s.clients, s.event, 0.0) for s in charged]
         eps, overflow = _worst_client_epsilon(groups, delta, self.accountant)
         if math.isinf(eps):
@@ -820,15 +1166,27 @@ class Ledger:
         return Composition(epsilon=eps, reason=reason, **common)
 
     def composed(self) -> dict[str, Composition]:
-        """Per privacy unit with DP releases: the epsilon of publishing all of them together.
+        """Per privacy unit and data source with DP releases: the epsilon of publishing all
+        of them together.
 
-        For each client, the events of every group covering it (across the unit's releases
-        and charged private selections) are composed with the summed overflow ``P`` at the
-        ledger's delta by its accountant; the max over clients is reported.  Record- and
-        client-level releases are composed separately (different neighbouring relations).
+        For each client, the events of every group covering it (across the releases of the
+        unit and data source, and the private selections charged to them) are composed with
+        the summed overflow ``P`` at the ledger's delta by its accountant; the max over
+        clients is reported.  Record- and client-level releases are composed separately
+        (different neighbouring relations), and so are releases on different private
+        datasets (:attr:`Release.data`: a unit of one dataset is not a unit of another).
         Runs without DP are not composed (see :attr:`non_private`).
+
+        Returns:
+            ``{key: Composition}``: the key is the unit (``"record"``, ``"client"``) when
+            its releases are on one data source, else ``"<unit>:<data>"`` per source.
         """
-        return {u: self._compose_unit(u) for u in UNITS if self._unit_releases(u)}
+        sources = self._sources()
+        out = {}
+        for unit, data in sources:
+            several = sum(u == unit for u, _ in sources) > 1
+            out[f"{unit}:{data}" if several else unit] = self._compose(unit, data)
+        return out
 
     # ------------------------------------------------------------------------ writing
 
@@ -914,11 +1272,23 @@ def _cell(value: Any) -> str:
     return str(value).replace("|", "\\|")
 
 
+def _randomness_cells(randomness: Any) -> dict[str, Any]:
+    """The ``secret`` (source), ``key`` (fingerprint, first 12 hex digits) and ``shared``
+    (tag) cells of a release's randomness."""
+    if isinstance(randomness, str):
+        return {"secret": None, "key": None, "shared": randomness}
+    r = randomness or {}
+    fp = r.get("fingerprint")
+    return {"secret": r.get("secret"), "key": fp[:12] if fp else None, "shared": r.get("shared")}
+
+
 def _release_table(releases: Sequence[dict[str, Any]]) -> list[str]:
-    cols = "algorithm variant seed unit epsilon delta accountant randomness path".split()
+    cols = "algorithm variant seed unit data epsilon delta accountant secret key shared path"
+    cols = cols.split()
     lines = ["| # | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
     for i, r in enumerate(releases):
-        lines.append(f"| {i} | " + " | ".join(_cell(r[c]) for c in cols) + " |")
+        row = {**r, **_randomness_cells(r.get("randomness"))}
+        lines.append(f"| {i} | " + " | ".join(_cell(row.get(c)) for c in cols) + " |")
     return lines
 
 
@@ -934,7 +1304,12 @@ def _markdown(data: dict[str, Any]) -> str:
     ]
     composed = data["composed"]
     for c in composed.values():
-        lines.append(f"* **{c['unit']}-level**: epsilon = {_cell(c['epsilon'])}. {c['statement']}")
+        where = f" on {c['data']}" if c.get("data") is not None else ""
+        lines.append(
+            f"* **{c['unit']}-level{where}**: {c['short_statement']} "
+            f"(epsilon = {_cell(c['epsilon'])}, delta = {_cell(c['delta'])})"
+        )
+        lines.append(f"  * {c['statement']}")
     if not composed:
         lines.append("No DP releases.")
     non_private = data["non_private_releases"]["releases"]

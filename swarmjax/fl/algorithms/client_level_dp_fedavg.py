@@ -517,9 +517,10 @@ class ClientLevelDPFedAvg(SummedAggregate, Algorithm):
         **settings,
     ) -> ClientLevelDPFedAvg:
         """This algorithm with the Poisson buffer its plan sizes for the run: overflow over
-        ``spec.rounds`` rounds adds at most ``1e-3 delta`` to an ``(epsilon_target, delta)``
-        guarantee (:meth:`~swarmjax.privacy.plan.PrivacyPlan.sized`; example: 1,200
-        clients at rate 50/1200, 100 rounds, delta 1/1200, epsilon 2 -> 97 slots). No buffer
+        ``spec.rounds`` rounds adds at most ``1e-3 delta`` to an ``(eps, delta)`` guarantee
+        for any eps up to a composed epsilon of 64 (or ``epsilon_target`` if larger;
+        :meth:`~swarmjax.privacy.plan.PrivacyPlan.sized`; example: 1,200 clients at rate
+        50/1200, 100 rounds, delta 1/1200, epsilon 2 -> 158 slots). No buffer
         (``capacity=None``) when it would hold every client anyway. ``settings``: the other
         fields (``training``, ``clipping``, ...)."""
         probe = cls(model=model, capacity=None, **settings)
