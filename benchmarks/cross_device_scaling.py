@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> None:
         help="clients per vmapped block (device's choice)",
     )
     p.add_argument(
-        "--data-dir", help="folder with mnist/ (default: $SWARMJAX_DATA, else ../shared/data)"
+        "--data-dir", help="holds mnist/ (default: $SWARMJAX_DATA, else ~/.cache/swarmjax/data)"
     )
     p.add_argument("--one", help=argparse.SUPPRESS)  # internal: one configuration, as JSON
     args = p.parse_args(argv)

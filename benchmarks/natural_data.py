@@ -232,7 +232,7 @@ def main(argv: list[str] | None = None) -> None:
     skip.add_argument("--skip-experiments", action="store_true", help="federations only")
     skip.add_argument("--skip-federations", action="store_true", help="experiments only")
     p.add_argument(
-        "--data-dir", help="folder with mnist/ (default: $SWARMJAX_DATA, else ../shared/data)"
+        "--data-dir", help="holds mnist/ (default: $SWARMJAX_DATA, else ~/.cache/swarmjax/data)"
     )
     p.add_argument("--one", help=argparse.SUPPRESS)  # internal: one federation, as JSON
     args = p.parse_args(argv)

@@ -316,7 +316,7 @@ def main(argv: list[str] | None = None) -> None:
     p = _bcli.parser("vs_pfl", __doc__.split("\n\n")[0], writes="vs_pfl")
     count = _cli.count
     p.add_argument(
-        "--data-dir", help="folder with mnist/ (default: $SWARMJAX_DATA, else ../shared/data)"
+        "--data-dir", help="holds mnist/ (default: $SWARMJAX_DATA, else ~/.cache/swarmjax/data)"
     )
     p.add_argument(
         "--timing-rounds",

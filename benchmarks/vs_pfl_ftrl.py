@@ -225,7 +225,7 @@ def report(results: list[dict], argv: list[str] | None, name: str) -> str:
 def main(argv: list[str] | None = None) -> None:
     p = _bcli.parser("vs_pfl_ftrl", __doc__.split("\n\n")[0], writes="vs_pfl_ftrl")
     p.add_argument(
-        "--data-dir", help="folder with mnist/ (default: $SWARMJAX_DATA, else ../shared/data)"
+        "--data-dir", help="holds mnist/ (default: $SWARMJAX_DATA, else ~/.cache/swarmjax/data)"
     )
     p.add_argument(
         "--rounds",

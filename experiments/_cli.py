@@ -5,10 +5,12 @@ Every script builds its parser with :func:`parser` and wraps ``main`` in :func:`
 * Profiles: ``--quick`` (CI smoke run), no flag (the default slice), ``--full`` (the paper's
   grid); they are mutually exclusive.
 * ``--seeds N`` is a COUNT everywhere: the runs use seeds ``0 .. N-1`` (``N >= 1``).
-* ``--data-dir DIR``: the folder holding the offline datasets.  Looked up as ``--data-dir``,
-  else ``$SWARMJAX_DATA``, else ``../shared/data`` beside the checkout; whichever is chosen
-  must exist (a missing folder is an error, never a fallback to the next), and it is
-  exported as ``$SWARMJAX_DATA`` so that no loader looks anywhere else.
+* ``--data-dir DIR``: the folder holding the datasets.  Looked up as ``--data-dir``, else
+  ``$SWARMJAX_DATA``, else the user's cache folder (``~/.cache/swarmjax/data``, see
+  :mod:`swarmjax.data`), where ``python -m swarmjax.data fetch NAME`` stages them; whichever
+  is chosen must exist (a missing folder is an error, never a fallback to the next), and it
+  is exported as ``$SWARMJAX_DATA`` so that no loader looks anywhere else.  Every message
+  about missing or unreadable data names the fetch command.
 * ``--out DIR``: results go to ``<repository>/results/<experiment>/`` unless ``--out`` says
   otherwise (never relative to the current directory).  Finished calls are kept under
   ``<out>/calls/<settings id>/`` (:class:`swarmjax.resume.CallStore`); the settings id
@@ -85,7 +87,6 @@ __all__ = [
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "results"
-_SHARED_DATA = REPO.parent / "shared" / "data"
 
 T = TypeVar("T")
 
@@ -242,7 +243,8 @@ def parser(
     if data is not None:
         p.add_argument(
             "--data-dir",
-            help=f"folder with {data} (default: $SWARMJAX_DATA, else ../shared/data)",
+            help=f"folder with {data} (default: $SWARMJAX_DATA, else ~/.cache/swarmjax/data; "
+            "python -m swarmjax.data fetch NAME stages them)",
         )
     if seeds is not None:
         p.add_argument(
@@ -366,28 +368,48 @@ def data_dir(given: str | os.PathLike[str] | None, needs: Iterable[str] = ()) ->
     Raises :class:`UserError` naming where the folder came from when it is missing or lacks
     a needed file.  The result is exported as ``$SWARMJAX_DATA``.
     """
+    from swarmjax.data import default_data_dir, fetch_command
+
     env = os.environ.get("SWARMJAX_DATA")
+    needs = list(needs)
+    named = " ".join(_fetch_names(needs)) or "NAME"
     if given is not None:
         source, path = "--data-dir", Path(given)
     elif env:
         source, path = "$SWARMJAX_DATA", Path(env)
     else:
-        source, path = "default data folder", _SHARED_DATA
+        source, path = "default data folder", default_data_dir()
         if not path.is_dir():
             raise UserError(
-                f"no data folder: the default {str(path)!r} does not exist; pass --data-dir DIR "
-                "or set SWARMJAX_DATA (../shared/data/README.md: how to stage the datasets)"
+                f"no data staged yet: the default data folder {str(path)!r} does not exist; "
+                f"run `{fetch_command(named)}` (`python -m swarmjax.data list` names the "
+                "datasets), or pass --data-dir DIR or set SWARMJAX_DATA"
             )
     if not path.is_dir():
         raise UserError(f"{source} {str(path)!r} is not a folder")
     missing = [n for n in needs if not (path / n).exists()]
     if missing:
+        folder = path if source == "--data-dir" else None
         raise UserError(
-            f"{source} {str(path)!r} lacks {', '.join(missing)} (how to stage the datasets: "
-            "../shared/data/README.md)"
+            f"{source} {str(path)!r} lacks {', '.join(missing)} (stage it with "
+            f"`{fetch_command(' '.join(_fetch_names(missing)) or 'NAME', folder)}`)"
         )
     os.environ["SWARMJAX_DATA"] = str(path.resolve())
     return path
+
+
+def _fetch_names(paths: Iterable[str]) -> list[str]:
+    """The ``python -m swarmjax.data`` names that stage the data-folder ``paths`` (e.g.
+    ``"tabular"`` or ``"mnist/"``)."""
+    from swarmjax.data import SOURCES
+
+    folders = {s.folder: s.name for s in SOURCES.values()}
+    names = []
+    for path in paths:
+        name = folders.get(Path(path).parts[0]) if Path(path).parts else None
+        if name is not None and name not in names:
+            names.append(name)
+    return names
 
 
 # how each dataset is staged (one line; the loaders' own message lists every folder looked in)
@@ -402,6 +424,7 @@ def load_dataset(name: str, folder: Path | None, source: str = "--data-dir", **k
     """:func:`swarmjax.fl.data.load_dataset` without downloading, its failures as one-line
     :class:`UserError` s: a dataset not staged says where it looked and how to stage it; a
     file that cannot be read (truncated, wrong format) says which dataset is incomplete."""
+    from swarmjax.data import SOURCES, fetch_command
     from swarmjax.fl.data import DatasetNotFoundError
     from swarmjax.fl.data import load_dataset as load
 
@@ -410,25 +433,47 @@ def load_dataset(name: str, folder: Path | None, source: str = "--data-dir", **k
     try:
         return load(name, folder, download=False, **kw)
     except DatasetNotFoundError:
+        if name in SOURCES:
+            named = folder if source == "--data-dir" else None
+            get = f"fetch it with `{fetch_command(name, named)}` (or put {how})"
+        else:
+            get = f"put {how}"
         raise UserError(
-            f"dataset {name!r} is not staged in {where}: put {how} (see ../shared/data/"
-            "README.md), or choose another dataset"
+            f"dataset {name!r} is not staged in {where}: {get}, or choose another dataset"
         ) from None
     except UNREADABLE as err:
-        raise unreadable(f"dataset {name!r} in {where}", err, how) from None
+        named = folder if source == "--data-dir" else None
+        raise unreadable(f"dataset {name!r} in {where}", err, how, name, named) from None
 
 
 # what reading a truncated, empty or malformed data file raises
 UNREADABLE = (OSError, ValueError, EOFError, KeyError, IndexError, struct.error)
 
 
-def unreadable(what: str, err: BaseException, how: str) -> UserError:
+def unreadable(
+    what: str,
+    err: BaseException,
+    how: str,
+    dataset: str | None = None,
+    folder: Path | None = None,
+) -> UserError:
     """The one-line error of a data file that cannot be read: ``what`` is incomplete or
-    unreadable (the first line of ``err``); stage it again (``how``)."""
+    unreadable (the first line of ``err``); stage it again (``how``), with the fetch command
+    of ``dataset`` (default: the dataset whose folder ``how`` names) into ``folder`` (default:
+    the data folder), which checks every file against its pinned checksum."""
+    from swarmjax.data import SOURCES, fetch_command
+
     first = str(err).splitlines()[0] if str(err) else type(err).__name__
+    names = (
+        [dataset] if dataset in SOURCES else _fetch_names(how.replace("<data dir>/", "").split())
+    )
+    again = (
+        f"`{fetch_command(names[0], folder)} --force`"
+        if names
+        else "`python -m swarmjax.data list`"
+    )
     return UserError(
-        f"{what} is incomplete or unreadable ({first}): stage it again ({how}; "
-        "../shared/data/README.md has the checksums)"
+        f"{what} is incomplete or unreadable ({first}): stage it again with {again} (or {how})"
     )
 
 

@@ -660,7 +660,9 @@ def main(argv: list[str] | None = None) -> None:
     data_dir = find_tables(args.data_dir)
     requested = args.datasets or list(DATASETS)
     missing = [ds for ds in requested if not (data_dir / DATASETS[ds].file).is_file()]
-    stage = "stage the APDIM tables as <data dir>/tabular/*.csv (../shared/data/README.md)"
+    from swarmjax.data import fetch_command
+
+    stage = f"stage them with `{fetch_command('tabular', args.data_dir)}`"
     if missing and args.datasets:
         files = ", ".join(DATASETS[ds].file for ds in missing)
         raise _cli.UserError(f"--datasets: {files} not found in {str(data_dir)!r}: {stage}")

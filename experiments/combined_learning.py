@@ -408,9 +408,11 @@ def load_all(args, profile: Profile) -> tuple[dict[str, Any], list[str]]:
             loaded[dataset] = load(dataset, data_dir)
         except DatasetNotFoundError:
             if args.datasets:
+                from swarmjax.data import fetch_command
+
                 raise _cli.UserError(
-                    f"--datasets: {dataset!r} is not staged under {str(data_dir)!r}: put its "
-                    f"files in {str(data_dir)!r}/{dataset}/ (../shared/data/README.md)"
+                    f"--datasets: {dataset!r} is not staged under {str(data_dir)!r}: fetch it "
+                    f"with `{fetch_command(dataset, args.data_dir)}`"
                 ) from None
             skipped.append(f"{dataset}: not found under {data_dir}")
             print(f"skipping {dataset}: its files are not available")

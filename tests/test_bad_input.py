@@ -141,13 +141,15 @@ def test_benchmark_out_file(blocked, capsys):
 def test_empty_data_folder_says_where_and_how_to_stage(main, argv, tmp_path, capsys):
     empty = str(tmp_path / "empty-data")
     err = _refused(main, _out(argv, tmp_path), capsys)
-    assert "not staged" in err and empty in err and "IDX files" in err and "README" in err
+    assert "not staged" in err and empty in err and "IDX files" in err
+    assert "python -m swarmjax.data fetch mnist" in err  # the command that stages it
 
 
 def test_apdim_and_combined_learning_name_the_missing_files(tmp_path, capsys):
     empty = str(tmp_path / "empty-data")
     err = _refused(apdim.main, ["--quick", "--out", str(tmp_path / "o")], capsys)
     assert "none of the APDIM tables" in err and empty in err and "stage" in err
+    assert "python -m swarmjax.data fetch tabular" in err
     argv = ["--datasets", "mnist", "--out", str(tmp_path / "o")]
     err = _refused(combined_learning.main, argv, capsys)
     assert "--datasets" in err and "not staged" in err and empty in err
@@ -161,6 +163,7 @@ def test_an_unreadable_dataset_is_one_line(tmp_path, capsys):
             (mnist / f"{split}.gz").write_bytes(gzip.compress(b"\x00\x00"))  # truncated
     err = _refused(cross_device.main, ["--quick", "--out", str(tmp_path / "o")], capsys)
     assert "incomplete or unreadable" in err and "'mnist'" in err
+    assert "python -m swarmjax.data fetch mnist --force" in err
 
 
 def test_a_missing_data_folder_from_the_environment(monkeypatch, capsys, tmp_path):

