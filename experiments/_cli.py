@@ -67,6 +67,7 @@ __all__ = [
     "data_source",
     "delta",
     "entry_point",
+    "epsilon_target",
     "given",
     "load_dataset",
     "option_named",
@@ -78,6 +79,7 @@ __all__ = [
     "probability",
     "profile_name",
     "refuse_unused",
+    "release_out_dir",
     "seeds",
     "setting",
     "supplied_secret",
@@ -352,6 +354,29 @@ def positive_float(
     return parse
 
 
+EPSILON_LIMIT = 700.0
+"""The largest epsilon target the library calibrates a run for (its Poisson buffers are
+sized through ``e^epsilon``, which float64 holds up to about 709)."""
+
+
+def epsilon_target(name: str, *, allow_inf: bool = False) -> Callable[[str], float]:
+    """argparse ``type`` of an epsilon target: a number in ``(0, EPSILON_LIMIT]`` (``inf``
+    too with ``allow_inf``: no DP), checked when the command line is read."""
+    number = positive_float(name, allow_inf=allow_inf)
+
+    def parse(text: str) -> float:
+        value = number(text)
+        if math.isfinite(value) and value > EPSILON_LIMIT:
+            raise argparse.ArgumentTypeError(
+                f"must be at most {EPSILON_LIMIT:g} (the largest target swarmjax calibrates; "
+                f"beyond it no noise is added in any meaningful sense); got {text}"
+            )
+        return value
+
+    parse.__name__ = name
+    return parse
+
+
 def profile_name(args: argparse.Namespace) -> str:
     """``"quick"``, ``"full"`` or ``"default"``."""
     return "quick" if args.quick else "full" if args.full else "default"
@@ -583,6 +608,14 @@ def _lock(out: Path, name: str) -> None:
     handle.write(f"pid {os.getpid()}, started {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
     handle.flush()
     _LOCKS[folder] = handle
+
+
+def release_out_dir(out: str | os.PathLike[str]) -> None:
+    """Let go of ``out``'s lock before the process ends (a long-lived caller that runs one
+    experiment after another into the same folder need not)."""
+    handle = _LOCKS.pop(Path(out).resolve(), None)
+    if handle is not None:
+        handle.close()
 
 
 def call_store(

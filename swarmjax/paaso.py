@@ -446,6 +446,11 @@ def _vote_directions(velocity: Coords, k_alpha: int | Int[Array, ""]) -> Int[Arr
     return above % k_alpha
 
 
+TRIANGLE_MAX = 1024
+"""Largest ballot pool whose casters are ranked by a product with an ``s x s`` triangular
+matrix (4 MiB at 1,024); larger pools use ``cumsum``."""
+
+
 def _dictator(
     u: Float[Array, ""], cast: Bool[Array, " s"], k_alpha: int | Int[Array, ""]
 ) -> tuple[Int[Array, ""], Bool[Array, ""], Int[Array, ""]]:
@@ -457,11 +462,16 @@ def _dictator(
     does not matter).  Returns ``(who, real, voters)``: ``who`` is the dictator's agent index
     if ``real``, else the dummy's direction.  Casters' ranks come from a product with a
     triangular matrix of ones (exact: integers below 2^24), on the CPU backend cheaper than
-    ``cumsum``, and much cheaper than binning and counting every agent's vote.
+    ``cumsum``, and much cheaper than binning and counting every agent's vote; that matrix
+    holds ``s^2`` numbers, so pools above :data:`TRIANGLE_MAX` agents count with ``cumsum``
+    instead (the same integers, memory linear in the pool).
     """
     s = cast.shape[-1]
-    upper = np.triu(np.ones((s, s), np.float32))  # upper[i, j] = [i <= j]
-    rank = jnp.dot(cast.astype(jnp.float32), upper).astype(jnp.int32)  # casters in 0..j
+    if s > TRIANGLE_MAX:
+        rank = jnp.cumsum(cast.astype(jnp.int32), axis=-1)
+    else:
+        upper = np.triu(np.ones((s, s), np.float32))  # upper[i, j] = [i <= j]
+        rank = jnp.dot(cast.astype(jnp.float32), upper).astype(jnp.int32)  # casters in 0..j
     voters = rank[-1]
     pool = voters + k_alpha
     position = jnp.minimum(jnp.floor(u * pool).astype(jnp.int32), pool - 1)
