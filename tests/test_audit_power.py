@@ -186,6 +186,14 @@ def test_accounted_curve_of_a_record_and_a_fixed_audit_delta():
     )  # fmt: skip
     assert report.audit_delta == 1e-7 and report.accounted_curve is True
     assert report.epsilon_audit_delta == pytest.approx(curve(1e-7), rel=1e-6)
+    # a curve that is infinite at tiny deltas (an overflow charge eating them) still has
+    # a finite Gaussian cover and a finite verdict
+    capped = audit_scores(
+        scores, included, audit=CanaryAudit(600), epsilon=EPS, delta=DELTA, unit="client",
+        accounted=lambda d: curve(d) if d >= 1e-7 else math.inf,
+    )  # fmt: skip
+    assert math.isfinite(capped.gdp_mu_accounted) and capped.audit_delta >= 1e-7
+    assert capped.verdict in ("ok", "cannot tell")
     with pytest.raises(ValueError, match=r"audit delta must be in \(0.0, 1.0\)"):
         CanaryAudit(8, delta=0.0)
 

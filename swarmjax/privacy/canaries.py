@@ -668,7 +668,8 @@ AUDIT_DELTAS: tuple[float, ...] = (1e-4, 1e-5, 1e-6, 1e-7, 1e-8, 1e-10, 1e-12)
 ENVELOPE_DELTAS: tuple[float, ...] = (0.5, 0.3, 0.1, 0.03, 1e-2, 1e-3, *AUDIT_DELTAS)
 """Deltas at which the accounted privacy profile is read to find the Gaussian curve that
 covers it (:attr:`CanaryReport.gdp_mu_accounted`): from the centre of the tradeoff curve
-(large delta: what the AUROC sees) to its tails."""
+(large delta: what the AUROC sees) to its tails; deltas where the accounted epsilon is
+infinite (an overflow charge eating the delta) are skipped."""
 DETECT_FACTOR = 4.0
 """The noise error (noise multiplier divided by this) the default sizes are meant to see."""
 MAX_NOISE_FACTOR = 1000.0
@@ -1172,7 +1173,10 @@ def audit_scores(
     # without the accountant's curve only one point of the profile is known: no Gaussian
     # curve can be said to cover it, so the GDP and AUROC comparisons are not made
     known = accounted is not None
-    mu_accounted = max(gdp_mu(curve(d), d) for d in candidates) if known else None
+    # (deltas where the accountant's epsilon is infinite, e.g. a sampler's overflow charge
+    # eating a tiny delta, are skipped: no Gaussian curve covers them)
+    fits = [gdp_mu(e, d) for d in candidates if math.isfinite(e := float(curve(d)))]
+    mu_accounted = max(fits) if known and fits else None
     power = power_epsilon(int(ins.size), int(outs.size), bound_delta, audit.confidence)
     gdp_power = power_gdp_mu(int(ins.size), int(outs.size), delta, audit.confidence)
     common = dict(
