@@ -78,7 +78,8 @@ def test_plan_sizes_the_cohort_buffer_for_the_larger_neighbour():
     from swarmjax.privacy.plan import PrivacyPlan
 
     n, q, rounds, delta, eps = 1200, 50 / 1200, 100, 1 / 1200, 2.0
-    plan = PrivacyPlan("client", n, q, rounds, delta).sized(eps)
+    # sized for this run's own epsilon as the composed one (the default sizes for 64)
+    plan = PrivacyPlan("client", n, q, rounds, delta).sized(eps, composed_epsilon=eps)
     cap = plan.capacity
     per_round = lambda c: stats.binom.sf(c, n + 1, q)
     assert rounds * per_round(cap) * (1 + math.exp(eps)) <= 1e-3 * delta
@@ -87,7 +88,7 @@ def test_plan_sizes_the_cohort_buffer_for_the_larger_neighbour():
     assert cap == 97
     plan.check_capacity()
     # a short run: never below the per-round floor DP-FedAvg's resolve requires
-    short = PrivacyPlan("client", n, q, 2, delta).sized(eps)
+    short = PrivacyPlan("client", n, q, 2, delta).sized(eps, composed_epsilon=eps)
     assert short.capacity == poisson_capacity(n, q, add_one=True) == cap  # > the 2-round 91
     with pytest.raises(ValueError, match=r"capacity must be >= 97 .* got 91"):
         PrivacyPlan("client", n, q, 2, delta, capacity=91).check_capacity()

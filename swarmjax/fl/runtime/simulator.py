@@ -474,6 +474,7 @@ def simulate(
     release_path: str | os.PathLike | None = None,
     audit: CanaryAudit | None = None,
     secret: Secret | None = None,
+    data_source: str | None = None,
 ) -> Result:
     """Run ``alg`` for every (variant, seed) at once and return the one :class:`Result`.
 
@@ -527,6 +528,8 @@ def simulate(
             and a resumed run draws the same numbers. Pass one (reproducible mode, e.g.
             ``Secret.from_file(path)``) to replay a run: its guarantee then holds only while
             that secret is kept, and the record and ledger say so.
+        data_source: the private dataset's name for the ledger (releases on different data
+            sources are composed apart; partitions of one dataset are one source).
     """
     if common_random_numbers and ledger is not None and variants.size > 1:
         raise ValueError(
@@ -581,7 +584,7 @@ def simulate(
                 saved.save(run.done, run.carry, run.outputs[0])
     if saved is not None:
         saved.close()
-    result = finish(run, ledger=ledger, release_path=release_path)
+    result = finish(run, ledger=ledger, release_path=release_path, data_source=data_source)
     if ledger is not None and checkpoint_dir is not None:
         ledger.mark_not_released(checkpoint_dir, CHECKPOINT_NOT_RELEASED)
     return result
@@ -764,7 +767,11 @@ def _joined(outputs: tuple[dict, ...]) -> dict:
 
 
 def finish(
-    run: Run, *, ledger: Ledger | None = None, release_path: str | os.PathLike | None = None
+    run: Run,
+    *,
+    ledger: Ledger | None = None,
+    release_path: str | os.PathLike | None = None,
+    data_source: str | None = None,
 ) -> Result:
     """The :class:`Result` of the rounds done (history, metrics, final states, the privacy
     record accounting those rounds, the audit's reports); with ``ledger``, its runs are
@@ -838,7 +845,7 @@ def finish(
         result = alg.audited(result)  # record-level canaries the algorithm itself carries
     if ledger is not None:
         where = "(not written)" if release_path is None else str(release_path)
-        ledger.add_result(result, algorithm=type(alg).__name__, path=where)
+        ledger.add_result(result, algorithm=type(alg).__name__, path=where, data=data_source)
     return result
 
 
