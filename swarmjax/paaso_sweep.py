@@ -23,6 +23,8 @@ ledger.  The sweep folder itself holds unnoised counts of the agents' state
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
@@ -47,6 +49,7 @@ __all__ = [
     "PAASOTask",
     "expand_phi",
     "run_release",
+    "swarm_source",
 ]
 
 AGENT_RELATION = (
@@ -117,6 +120,7 @@ def run_release(
     compose two of them).
     """
     tag = COMMON_RANDOMNESS if common_random_numbers else None
+    data = swarm_source(config, path)
     if not seeds:
         raise ValueError("seeds must name at least one run of the configuration")
     strategy = check_choice("strategy", config.get("strategy"), paaso.STRATEGIES)
@@ -124,7 +128,7 @@ def run_release(
     labels |= {"runs": len(seeds), "seeds": _seeds_text(seeds)}
     if strategy not in paaso.VOTING:
         return Release(f"paaso_{strategy}", labels, None, None, None, delta, math.inf,
-                       accountant, path, randomness=tag)  # fmt: skip
+                       accountant, path, randomness=tag, data=data)  # fmt: skip
     agents = check_int("num_agents", int(config["num_agents"]), minimum=1)
     k_alpha = check_int("k_alpha", int(config["k_alpha"]), minimum=2)
     iterations = check_int("iterations", int(config["iterations"]), minimum=1)
@@ -143,7 +147,20 @@ def run_release(
         path=path,
         groups=((None, _drd_event(agents, k_alpha, iterations), 0.0),),
         randomness=tag,
+        data=data,
     )
+
+
+def swarm_source(config: Mapping[str, Any], path: str) -> str:
+    """The ledger's data source of one configuration's runs: their own swarms.
+
+    A PAASO run's private data are its agents, which the run itself creates from its own
+    secret key, so the swarms of two configurations (or of one configuration in two sweeps)
+    share no agent and their releases compose in parallel, not in sequence: each is its own
+    data source in the ledger, named by a digest of the configuration and where it was
+    published."""
+    text = json.dumps({str(k): str(v) for k, v in config.items()}, sort_keys=True) + path
+    return f"paaso swarms {hashlib.sha256(text.encode()).hexdigest()[:10]}"
 
 
 _NUMERIC = {f.name: f.default for f in fields(paaso.PAASOHyper)}

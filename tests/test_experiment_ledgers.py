@@ -317,10 +317,15 @@ def test_paaso_ledger(tmp_path, monkeypatch):
         assert r["variant"]["runs"] == 2
         if voting:
             assert r["unit"] == "client" and r["relation"] == AGENT_RELATION
-    composed = data["composed"]["client"]
+    # each configuration's swarms are its own data source (parallel composition): one
+    # finite statement per configuration, equal to its release's epsilon
     voting = [r for r in data["releases"] if r["private"]]
-    assert math.isfinite(float(composed["epsilon"]))
-    assert float(composed["epsilon"]) >= max(float(r["epsilon"]) for r in voting)
+    composed = data["composed"]
+    assert len(composed) == len(voting) == len({r["data"] for r in voting})
+    by_source = {r["data"]: float(r["epsilon"]) for r in voting}
+    for key, statement in composed.items():
+        assert key.startswith("client:paaso swarms ")
+        assert float(statement["epsilon"]) == pytest.approx(by_source[key.split(":", 1)[1]])
     summary = pd.read_csv(tmp_path / "summary.csv")
     assert len(data["selections"]) == len(summary) == 5
     for selection, strategy in zip(data["selections"], sorted(summary.strategy), strict=True):
@@ -401,6 +406,7 @@ def test_run_sweep_adds_one_release_per_configuration(tmp_path):
     assert bdrd.groups == ((None, event, 0.0),)
     assert bdrd.epsilon == pytest.approx(event_epsilon(event, 1e-3, accountant="rdp"))
     assert ledger.composed()["client"].epsilon == pytest.approx(bdrd.epsilon)
+    assert bdrd.data.startswith("paaso swarms ") and bdrd.data != pso.data
     assert bdrd.path == str(tmp_path / "a")
     assert ledger.not_released == ({"folder": str(tmp_path / "a"), "why": NOT_RELEASED},)
     grid = expand_phi({**GRID, "strategy": "pbdrd", "p_m": 0.8})
@@ -409,8 +415,10 @@ def test_run_sweep_adds_one_release_per_configuration(tmp_path):
     )
     pbdrd = ledger.releases[-1]
     assert pbdrd.path == "fig.csv" and pbdrd.variant["pram_epsilon_per_vote"] > 0
-    both = ledger.composed()["client"].epsilon
-    assert math.isfinite(both) and both > bdrd.epsilon
+    # two configurations: two sets of swarms, composed apart (parallel composition)
+    both = ledger.composed()
+    assert sorted(both) == sorted(f"client:{r.data}" for r in (bdrd, pbdrd))
+    assert both[f"client:{bdrd.data}"].epsilon == pytest.approx(bdrd.epsilon)
 
 
 def test_run_sweep_refuses_a_ledger_it_cannot_fill_before_any_work(tmp_path):
