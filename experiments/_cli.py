@@ -18,7 +18,7 @@ Every script builds its parser with :func:`parser` and wraps ``main`` in :func:`
   never reuses a stale result.  ``--restart`` recomputes them.
 * DP experiments (``privacy=True``) take ``--accountant pld|rdp`` (default ``pld``: it
   calibrates the noise and composes the records) and ``--delta`` (default: the one default
-  of :func:`swarmjax.privacy.plan.default_delta`, ``0.1 / units``), and write a privacy
+  of :func:`swarmjax.privacy.plan.default_delta`, ``min(1e-5, 0.1 / units)``), and write a privacy
   ledger (:mod:`swarmjax.privacy.ledger`) beside their results.  Their noise comes from a
   fresh 256-bit secret per call (operating-system entropy, kept under the call store's
   ``secret/`` folder, which the ledger lists as not released); ``--secret-file`` supplies
@@ -265,7 +265,8 @@ def parser(
         p.add_argument(
             "--delta",
             type=probability("--delta"),
-            help=f"delta of every epsilon (default 0.1 / {privacy}, swarmjax's one default)",
+            help=f"delta of every epsilon (default min(1e-5, 0.1 / {privacy}), swarmjax's one "
+            "default)",
         )
         p.add_argument(
             "--secret-file",
@@ -391,26 +392,21 @@ def data_dir(given: str | os.PathLike[str] | None, needs: Iterable[str] = ()) ->
     """The data folder (see the module docs); ``needs``: paths it must contain.
 
     Raises :class:`UserError` naming where the folder came from when it is missing or lacks
-    a needed file.  The result is exported as ``$SWARMJAX_DATA``.
+    a needed file (with the command that fetches it).  The default folder may not exist yet
+    (nothing fetched): then every dataset is "not staged" there, and the loaders' messages
+    name the fetch command.  The result is exported as ``$SWARMJAX_DATA``.
     """
     from swarmjax.data import default_data_dir, fetch_command
 
     env = os.environ.get("SWARMJAX_DATA")
     needs = list(needs)
-    named = " ".join(_fetch_names(needs)) or "NAME"
     if given is not None:
         source, path = "--data-dir", Path(given)
     elif env:
         source, path = "$SWARMJAX_DATA", Path(env)
-    else:
+    else:  # the fetch cache: absent until the first fetch, so the datasets' checks speak
         source, path = "default data folder", default_data_dir()
-        if not path.is_dir():
-            raise UserError(
-                f"no data staged yet: the default data folder {str(path)!r} does not exist; "
-                f"run `{fetch_command(named)}` (`python -m swarmjax.data list` names the "
-                "datasets), or pass --data-dir DIR or set SWARMJAX_DATA"
-            )
-    if not path.is_dir():
+    if source != "default data folder" and not path.is_dir():
         raise UserError(f"{source} {str(path)!r} is not a folder")
     missing = [n for n in needs if not (path / n).exists()]
     if missing:

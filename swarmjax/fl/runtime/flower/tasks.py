@@ -10,7 +10,8 @@ Fed-DP-PSO with DP-Adam at ``target-epsilon``), ``num-clients`` (3), ``rounds`` 
 every process draws its own secret from operating-system entropy; a path: reproducible
 mode, every process reads the run's secret from that file, which each node must keep
 private: :meth:`~swarmjax.privacy.secret.Secret.from_file`), ``delta`` (``""``: swarmjax's one
-default, ``0.1 / records``), ``accountant`` (``pld``); for ``fedprox`` also ``mu`` (the
+default, ``min(1e-5, 0.1 / records)``), ``accountant`` (``pld``); for ``fedprox`` also
+``mu`` (the
 proximal weight, 0.01); for
 ``dp-fedavg`` also ``client-rate`` (Poisson rate of clients, 0.7), ``noise-multiplier``
 (1.0) and ``clip`` (initial clip norm, 0.1); for ``dp-ftrl`` (user-level DP-FTRL with
