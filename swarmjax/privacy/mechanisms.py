@@ -1,8 +1,12 @@
 """Differential-privacy mechanisms with their epsilon functions.
 
-Every mechanism draws its randomness from ``jax.random`` (counter-based Threefry): the cheap
+Every mechanism draws its randomness from ``jax.random`` with the key it is given: the cheap
 hash generator of :mod:`swarmjax.random` is for swarm coefficients only, never for privacy.
 All samplers are pure functions of an explicit key and work under ``jit`` and ``vmap``.
+The key must be secret and used for one release: a ChaCha20 key of a
+:class:`~swarmjax.privacy.secret.Secret` (``Secret.generate().key()``, the release's index
+folded in), as every runtime of swarmjax passes; a key derived from anything published (a
+seed, ``jax.random.key(0)``) lets a reader regenerate the noise (docs/privacy.md).
 
 Mechanisms here:
 
