@@ -22,6 +22,7 @@ from swarmjax.fl.algorithms.fedprox import FedProx
 from swarmjax.fl.client.training import LocalTraining
 from swarmjax.fl.protocol import RunSpec, Variants
 from swarmjax.privacy.canaries import CanaryAudit
+from swarmjax.privacy.secret import Secret
 from tests.drills import (
     AUDIT,
     BROKEN,
@@ -68,8 +69,10 @@ def test_tenfold_less_noise_is_caught(runs):
 
 def test_fedprox_takes_the_same_route(federation):
     """FedProx inherits the audit: at ``mu = 0`` and with common random numbers (the same
-    keys for both algorithms) its canaries' scores are FedAvg's, draw for draw."""
+    keys for both algorithms, from one supplied secret: each call would otherwise draw its
+    own) its canaries' scores are FedAvg's, draw for draw."""
     clients, test = federation
+    secret = Secret.from_bytes(b"fedprox takes fedavg's route, draw for draw")
     spec = RunSpec(2, DELTA, (0,))
     scores = []
     for cls, mu in ((FedAvg, {}), (FedProx, {"mu": [0.0]})):
@@ -77,7 +80,7 @@ def test_fedprox_takes_the_same_route(federation):
         grid = dict(epsilon_target=[EPSILON], learning_rate=[1e-4], **mu)
         res = simulate(
             alg, clients, test, Variants.grid(alg, clients, spec, **grid),
-            common_random_numbers=True,
+            common_random_numbers=True, secret=secret,
         )  # fmt: skip
         assert res.audit[0].canaries == CLIENTS * AUDIT.canaries
         scores.append(np.asarray(res.clients.canaries.scores))
