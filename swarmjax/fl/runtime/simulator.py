@@ -18,7 +18,9 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import sys
 import warnings
+from collections.abc import Sequence
 from functools import partial
 from typing import Any, Literal
 
@@ -50,6 +52,7 @@ from swarmjax.fl.protocol import (
     variant_identities,
     where_selected,
 )
+from swarmjax.fl.runtime.callbacks import RoundCallback, notify
 from swarmjax.fl.runtime.checkpoint import Checkpoints, checkpoint_secret, fingerprint
 from swarmjax.fl.runtime.result import Result, privacy_record, randomness
 from swarmjax.models import param_bytes
@@ -467,7 +470,7 @@ def simulate(
     common_random_numbers: bool = False,
     client_map: ClientMap | None = "vmap",
     rounds_per_call: int | None = None,
-    progress: bool = False,
+    progress: bool | None = None,
     diagnostics: bool = False,
     checkpoint_dir: str | os.PathLike | None = None,
     ledger: Ledger | None = None,
@@ -475,6 +478,7 @@ def simulate(
     audit: CanaryAudit | None = None,
     secret: Secret | None = None,
     data_source: str | None = None,
+    callbacks: Sequence[RoundCallback] = (),
 ) -> Result:
     """Run ``alg`` for every (variant, seed) at once and return the one :class:`Result`.
 
@@ -499,7 +503,7 @@ def simulate(
             flat store of clients of different sizes runs a vmapped cohort sorted by size in
             blocks of its ``vmap_block`` (:meth:`~swarmjax.fl.data.store.ClientStore.schedule`).
         rounds_per_call: scan this many rounds per compiled call (same result).
-        progress: show a progress bar.
+        progress: show a progress bar (``None``, the default: when stderr is a terminal).
         diagnostics: also collect ``alg.private_diagnostics`` and the realised selections
             (statistics of private data, NOT covered by epsilon) into
             ``Result.private_diagnostics``.
@@ -530,6 +534,9 @@ def simulate(
             that secret is kept, and the record and ledger say so.
         data_source: the private dataset's name for the ledger (releases on different data
             sources are composed apart; partitions of one dataset are one source).
+        callbacks: called once per finished round with that round's public metrics of
+            every run (:mod:`~swarmjax.fl.runtime.callbacks`: ``JsonLines``, ``CsvRows``,
+            ``TensorBoard``, or any ``callback(round, metrics, runs)``).
     """
     if common_random_numbers and ledger is not None and variants.size > 1:
         raise ValueError(
@@ -572,13 +579,17 @@ def simulate(
         like = jax.eval_shape(lambda c: _call(run, c, 1)[1], run.carry)
         carry, first = saved.restore(done, run.carry, like)
         run = dataclasses.replace(run, carry=carry, outputs=(first,), done=done)
+    if progress is None:
+        progress = sys.stderr.isatty()
+    labels = pd.DataFrame(dict(run.labels))
     with tqdm(
         total=rounds, initial=run.done, disable=not progress, unit="round", desc=type(alg).__name__
     ) as bar:
         while run.done < rounds:
             n = min(per_call, rounds - run.done)
-            run, _ = advance(run, n)
+            run, metrics = advance(run, n)
             bar.update(n)
+            notify(callbacks, run.done - n + 1, metrics, labels)
             if saved is not None:
                 run = dataclasses.replace(run, outputs=(_joined(run.outputs),))
                 saved.save(run.done, run.carry, run.outputs[0])
