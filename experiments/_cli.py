@@ -415,7 +415,8 @@ def data_dir(given: str | os.PathLike[str] | None, needs: Iterable[str] = ()) ->
             f"{source} {str(path)!r} lacks {', '.join(missing)} (stage it with "
             f"`{fetch_command(' '.join(_fetch_names(missing)) or 'NAME', folder)}`)"
         )
-    os.environ["SWARMJAX_DATA"] = str(path.resolve())
+    if path.is_dir():  # an unfetched default stays unexported: the loaders default to it too
+        os.environ["SWARMJAX_DATA"] = str(path.resolve())
     return path
 
 

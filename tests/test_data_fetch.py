@@ -81,9 +81,12 @@ def serve(tmp_path):
 
 @pytest.fixture(autouse=True)
 def _no_default_folders(monkeypatch, tmp_path):
-    """No test reads or writes the user's own cache or data folder."""
-    monkeypatch.delenv("SWARMJAX_DATA", raising=False)
-    monkeypatch.delenv(data.MIRROR_ENV, raising=False)
+    """No test reads or writes the user's own cache or data folder; the experiments'
+    resolver exports ``$SWARMJAX_DATA``, so both variables are restored afterwards (setenv
+    first: delenv alone records nothing for a variable that was not set)."""
+    for name in ("SWARMJAX_DATA", data.MIRROR_ENV):
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))
 
 
@@ -130,8 +133,9 @@ def test_the_default_folder_is_the_user_cache_and_the_resolver_reads_it(
     monkeypatch.setenv(data.MIRROR_ENV, mirror)  # the mirror from the environment
     cache = tmp_path / "xdg-cache" / "swarmjax" / "data"
     assert data.default_data_dir() == cache and data.data_dir() == cache
-    with pytest.raises(_cli.UserError, match=re.escape("python -m swarmjax.data fetch")):
-        _cli.data_dir(None)  # nothing fetched yet: the message names the command
+    assert _cli.data_dir(None) == cache  # nothing fetched yet: not an error by itself, but
+    with pytest.raises(_cli.UserError, match=re.escape("python -m swarmjax.data fetch tabular")):
+        _cli.data_dir(None, needs=["tabular"])  # a missing dataset names its fetch command
     code, _, err = _run(["fetch", "apdim"], capsys)  # an alias of tabular
     assert code == 0, err
     assert (cache / "tabular" / "adults.csv").is_file()

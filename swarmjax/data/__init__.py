@@ -70,7 +70,7 @@ def search_folders(given: str | os.PathLike[str] | None = None) -> list[Path]:
     default folder only when neither is set (a named folder never falls back to it)."""
     folders = [Path(given).expanduser()] if given is not None else []
     env = os.environ.get(DATA_ENV)
-    if env:
+    if env and Path(env).expanduser() not in folders:
         folders.append(Path(env).expanduser())
     return folders or [default_data_dir()]
 
