@@ -7,10 +7,11 @@ Every script builds its parser with :func:`parser` and wraps ``main`` in :func:`
 * ``--seeds N`` is a COUNT everywhere: the runs use seeds ``0 .. N-1`` (``N >= 1``).
 * ``--data-dir DIR``: the folder holding the datasets.  Looked up as ``--data-dir``, else
   ``$SWARMJAX_DATA``, else the user's cache folder (``~/.cache/swarmjax/data``, see
-  :mod:`swarmjax.data`), where ``python -m swarmjax.data fetch NAME`` stages them; whichever
-  is chosen must exist (a missing folder is an error, never a fallback to the next), and it
-  is exported as ``$SWARMJAX_DATA`` so that no loader looks anywhere else.  Every message
-  about missing or unreadable data names the fetch command.
+  :mod:`swarmjax.data`), where ``python -m swarmjax.data fetch NAME`` stages them.  A named
+  folder must exist (a missing one is an error, never a fallback to the next); the default
+  may be absent until the first fetch.  The folder is exported as ``$SWARMJAX_DATA`` so that
+  no loader looks anywhere else.  Every message about missing or unreadable data names the
+  fetch command.
 * ``--out DIR``: results go to ``<repository>/results/<experiment>/`` unless ``--out`` says
   otherwise (never relative to the current directory).  Finished calls are kept under
   ``<out>/calls/<settings id>/`` (:class:`swarmjax.resume.CallStore`); the settings id
