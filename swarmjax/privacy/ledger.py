@@ -1292,6 +1292,25 @@ def _release_table(releases: Sequence[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def _audit_power(audit: dict[str, Any]) -> str:
+    """``; verdict V (power P at audit delta D, noise errors of Fx detectable)`` from a
+    report's power fields, empty for reports written before they existed."""
+    verdict = audit.get("verdict")
+    if verdict is None:
+        return ""
+    parts = []
+    if audit.get("power_epsilon") is not None:
+        at = audit.get("audit_delta")
+        parts.append(
+            f"power {_cell(audit['power_epsilon'])}"
+            + (f" at audit delta {_cell(at)}" if at is not None else "")
+        )
+    factor = audit.get("detectable_noise_factor")
+    if factor is not None:
+        parts.append(f"noise errors of {_cell(factor)}x or more detectable")
+    return f"; verdict **{verdict}**" + (f" ({', '.join(parts)})" if parts else "")
+
+
 def _markdown(data: dict[str, Any]) -> str:
     """The human-readable ``privacy_ledger.md`` of a ledger's :meth:`Ledger.to_dict`."""
     lines = [
@@ -1322,7 +1341,7 @@ def _markdown(data: dict[str, Any]) -> str:
         lines += [
             f"* release {i}: empirical epsilon >= {_cell(a['epsilon_lower'])} at "
             f"{_cell(a['confidence'])} confidence ({a['canaries']} canaries; {a['method']}) "
-            f"vs accounted {_cell(data['releases'][i]['epsilon'])}"
+            f"vs accounted {_cell(data['releases'][i]['epsilon'])}{_audit_power(a)}"
             for i, a in audited
         ]
     if data["selections"]:

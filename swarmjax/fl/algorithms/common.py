@@ -200,7 +200,7 @@ def in_client_audit_reports(audit: Any, result: Any) -> tuple[Any, ...]:
     multiplier and accounted steps ``T_i``, from the privacy record), pooled (``N M``
     canaries), against the run's largest client epsilon
     (:func:`~swarmjax.privacy.canaries.pooled_record_report`)."""
-    from swarmjax.privacy.canaries import pooled_record_report
+    from swarmjax.privacy.canaries import accounted_curve, pooled_record_report
 
     if audit is None:
         raise ValueError("audit_reports needs an audited algorithm (audit=CanaryAudit(...))")
@@ -217,6 +217,7 @@ def in_client_audit_reports(audit: Any, result: Any) -> tuple[Any, ...]:
             audit=audit,
             epsilon=float(np.max(record.final_epsilon[r])),
             delta=float(record.delta),
+            accounted=accounted_curve(record, r),
         )
         for r in range(scores.shape[0])
     )

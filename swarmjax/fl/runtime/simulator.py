@@ -60,6 +60,7 @@ from swarmjax.privacy.canaries import (
     CanaryAudit,
     CanaryHook,
     CanaryReport,
+    accounted_curve,
     audit_scores,
     canary_capacity,
     canary_directions,
@@ -833,6 +834,7 @@ def finish(
                 unit=run.hook.unit,
                 dropped=int(dropped[r]),
                 overflow=run.canary_overflow,
+                accounted=accounted_curve(record, r),
             )
             for r in range(runs)
         )
