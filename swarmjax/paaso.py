@@ -1,6 +1,6 @@
 """PAASO: privacy-aware agent swarm optimisation (seed 001) on the swarm core.
 
-Five strategies, from least to most private (spec section 1.2):
+Five strategies, from least to most private (docs/algorithms.md section 1.2):
 
 * ``pso``   positions shared; ``v_i <- w v_i + phi_p r_p (p_i - x_i) + phi_g r_g (g - x_i)``.
 * ``fl``    only directions shared; a public centre ``pG`` moves by ``wG`` times the mean
@@ -38,7 +38,7 @@ FL moves ``pG`` by ``wG`` times the agents' mean velocity (the paper's l5.2-l5.3
 strategies' step ``wG * speed`` in that direction, FL as noiseless voting.
 
 The paper sets neither the clamp nor the voted step's length; :data:`READINGS` names the
-two sets of values the experiments use (``"spec"``: ALGORITHMS.md's defaults, which are
+two sets of values the experiments use (``"spec"``: docs/algorithms.md's defaults, which are
 :class:`PAASOHyper`'s; ``"stable"``: the values under which the paper's Figs. 1-2 findings
 reproduce best; docs/paaso.md has the study).
 
@@ -118,7 +118,7 @@ FUNCTIONS: tuple[str, ...] = tuple(OBJECTIVES)
 
 # Named readings of the numerics the paper leaves open (PAASOHyper fields).
 READINGS: dict[str, dict[str, float]] = {
-    # ALGORITHMS.md: velocities clamped to one domain width, the voted step wG long.
+    # docs/algorithms.md: velocities clamped to one domain width, the voted step wG long.
     "spec": {"vmax_factor": 1.0, "speed": 1.0},
     # The usual PSO clamp (a tenth of the domain) and a voted step of 5 wG.
     "stable": {"vmax_factor": 0.1, "speed": 5.0},

@@ -1,4 +1,5 @@
-"""APDIM (spec section 5): allocation rules, grouping, preprocessing, noise, audit, errors."""
+"""APDIM (docs/algorithms.md section 5): allocation rules, grouping, preprocessing, noise,
+audit, errors."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Combined learning (spec section 6): the combination against explicit numpy loops, the
+"""Combined learning (algorithms.md section 6): the combination against explicit numpy loops, the
 FedAvg reduction, pytrees, properties, and a short end-to-end run."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """APDIM: mutual-information-guided adaptive Laplace noise for tabular data (seed 003).
 
-Pipeline (spec section 5): :func:`fit_encoder` / :meth:`TabularEncoder.transform` encode,
+Pipeline (algorithms.md section 5): :func:`fit_encoder` / :meth:`TabularEncoder.transform` encode,
 impute, clip and min-max normalise a table; :func:`feature_importance` scores each feature by
 its mutual information with the label; :func:`correlation_groups` groups features greedily by
 Pearson correlation; :func:`budget_shares` splits the budget; :func:`privatize` and

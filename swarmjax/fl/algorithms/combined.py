@@ -1,4 +1,4 @@
-"""Combined learning (CL, seed 004, spec section 6): a non-convex elementwise combination.
+"""Combined learning (CL, seed 004, algorithms.md section 6): a non-convex elementwise combination.
 
 Clients ``h = 1..K`` with relevances ``r_h = |D_h| / |D|`` and a parameter ``c`` ("conv")
 combine every leaf ``a`` of their parameter pytrees (stacked: ``a_h = a[h]``) elementwise::
@@ -112,7 +112,7 @@ def combine(
     *,
     variant: Variant = "code",
 ) -> PyTree:
-    """Combined-learning combination of every leaf of ``client_params`` (spec section 6).
+    """Combined-learning combination of every leaf of ``client_params`` (algorithms.md section 6).
 
     Args:
         client_params: pytree whose leaves have a leading client axis ``K`` (any shapes).

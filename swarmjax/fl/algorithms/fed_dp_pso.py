@@ -1,4 +1,4 @@
-"""Fed-DP-PSO (seed 000; ALGORITHMS.md section 2) and FedPSO on the protocol.
+"""Fed-DP-PSO (seed 000; docs/algorithms.md section 2) and FedPSO on the protocol.
 
 Every client holds a swarm of ``S`` particles (full models) in its own state. A round is
 two exchanges:
