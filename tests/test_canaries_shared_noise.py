@@ -25,6 +25,8 @@ canaries on a 1,210-parameter model.
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import numpy as np
 import pytest
@@ -50,6 +52,7 @@ from swarmjax.privacy.canaries import (
 )
 from swarmjax.privacy.ledger import Ledger, releases_from_result
 from tests import test_canaries as _canaries
+from tests.reproducible import SECRET
 from tests.test_canaries import MODEL, NUM_CLIENTS, PER_CLIENT
 
 Q = 0.8
@@ -96,17 +99,26 @@ def _pair(federation, tmp_path, shared: bool, monkeypatch, audit: CanaryAudit = 
     )
     if shared:  # test-only break: one key for both variants, recorded as independent
 
-        def one_key(seeds, identities, common_random_numbers):
-            return run_keys(seeds, identities, True)
+        def one_key(secret, seeds, identities, common_random_numbers):
+            return run_keys(secret, seeds, identities, True)
 
         monkeypatch.setattr(simulator, "run_keys", one_key)
-    result = simulate(alg, clients, test, variants, audit=audit)
+    result = simulate(alg, clients, test, variants, audit=audit, secret=SECRET)
+    releases = releases_from_result(result, algorithm="dp-fedavg", path="runs.csv")
+    if shared:
+        # the ledger sees the pair's equal key fingerprints and refuses to compose it ...
+        with pytest.raises(ValueError, match="drew the same noise"):
+            refusing = Ledger(tmp_path / "refusing", "shared-noise")
+            for release in releases:
+                refusing.add(release)
+        # ... so the audit is checked against a ledger that cannot tell (no fingerprints)
+        releases = [dataclasses.replace(r, randomness=None) for r in releases]
     ledger = Ledger(tmp_path, "shared-noise")
-    for release in releases_from_result(result, algorithm="dp-fedavg", path="runs.csv"):
+    for release in releases:
         ledger.add(release)
     claimed = ledger.composed()["client"]
     # what simulate drew: each run's key, initial model and canary coins; the directions
-    keys = run_keys(SPEC.seeds, variant_identities(alg, variants), shared)
+    keys = run_keys(SECRET, SPEC.seeds, variant_identities(alg, variants), shared)
     starts = [MODEL.init(server_init_key(k)) for k in keys]
     coins = [inclusion(canary_key(k), audit.canaries) for k in keys]
     directions = _directions(audit, starts[0])
