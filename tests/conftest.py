@@ -33,10 +33,13 @@ if _added:
 
 
 def shared_data_dir() -> Path | None:
-    """``$SWARMJAX_DATA`` if set, else ``../shared/data`` beside the checkout, if present."""
+    """``$SWARMJAX_DATA`` if set, else ``../shared/data`` beside the checkout, else the
+    user's data cache (``python -m swarmjax.data fetch``), whichever is present first."""
+    from swarmjax.data import default_data_dir
+
     env = os.environ.get("SWARMJAX_DATA")
     candidates = [Path(env)] if env else []
-    candidates.append(REPO.parent / "shared" / "data")
+    candidates += [REPO.parent / "shared" / "data", default_data_dir()]
     for path in candidates:
         if path.is_dir():
             return path
@@ -48,7 +51,10 @@ def data_dir() -> Path:
     """The offline data folder; tests that need it skip with a reason when it is absent."""
     path = shared_data_dir()
     if path is None:
-        pytest.skip("offline datasets not found: set SWARMJAX_DATA or place ../shared/data")
+        pytest.skip(
+            "offline datasets not found: run `python -m swarmjax.data fetch all` or set "
+            "SWARMJAX_DATA"
+        )
     return path
 
 
