@@ -38,6 +38,7 @@ from swarmjax.fl.protocol import (
 from swarmjax.fl.runtime import simulate
 from swarmjax.fl.runtime import simulator as sim
 from swarmjax.models import mlp, param_bytes
+from tests.reproducible import OTHER, SECRET
 
 N, ROUNDS, SEEDS = 3, 2, [0, 1]
 MODEL = mlp((8,), 10, (8, 8, 1))
@@ -98,6 +99,9 @@ NAMES = [
 
 
 def _run(alg, kwargs, clients, test, **extra):
+    """One ``simulate`` call under the tests' supplied secret (reproducible mode), so that
+    runs of separate calls can be compared draw for draw."""
+    extra.setdefault("secret", SECRET)
     return simulate(alg, clients, test, _variants(alg, kwargs, clients), **extra)
 
 
@@ -421,14 +425,17 @@ def test_keys_are_fold_in_only_and_distinct_per_party():
 
 def test_variants_draw_independent_noise_unless_common_random_numbers(setup, results):
     """Two target epsilons with the same seed: different keys (independent noise); a run's
-    numbers do not depend on the rest of its batch; common random numbers share keys."""
+    numbers do not depend on the rest of its batch (same secret); common random numbers
+    share keys; another secret gives other keys."""
     clients, test = setup
     alg, kwargs = _algorithms(clients)["fedavg_record_dp"]
     two = _variants(alg, {**kwargs, "epsilon_target": [1.0, 8.0]}, clients)
-    keys = jax.random.key_data(run_keys([0], variant_identities(alg, two), False))
+    keys = jax.random.key_data(run_keys(SECRET, [0], variant_identities(alg, two), False))
     assert not np.array_equal(keys[0], keys[1])
-    crn = jax.random.key_data(run_keys([0], variant_identities(alg, two), True))
+    crn = jax.random.key_data(run_keys(SECRET, [0], variant_identities(alg, two), True))
     np.testing.assert_array_equal(crn[0], crn[1])
+    other = jax.random.key_data(run_keys(OTHER, [0], variant_identities(alg, two), False))
+    assert not np.array_equal(other[0], keys[0]) and not np.array_equal(other[1], keys[1])
     both = _run(alg, {**kwargs, "epsilon_target": [1.0, 8.0]}, clients, test)
     alone = results["fedavg_record_dp"].history  # target 8 only, same seeds
     at8 = both.history[both.history["epsilon_target"] == 8.0].reset_index(drop=True)
@@ -482,7 +489,9 @@ def test_bad_input_fails_before_any_work(setup):
     with pytest.raises(ValueError, match="no hyper-parameter 'lr'"):
         Variants.grid(FedAvg(MODEL), clients, spec, lr=0.1)
     with pytest.raises(ValueError, match="are the same run"):
-        run_keys([0], [bytes(32)] * 2, common_random_numbers=False)
+        run_keys(SECRET, [0], [bytes(32)] * 2, common_random_numbers=False)
+    with pytest.raises(TypeError, match="Secret first"):
+        run_keys(0, [0], [bytes(32)], common_random_numbers=False)  # the old (seeds, ...) order
     small = FedAvg(mlp((8,), 3, (8, 8, 1)))  # 3 outputs, digits labels go to 9
     with pytest.raises(ValueError, match="labels must be in"):
         Variants.grid(small, clients, spec)
@@ -618,11 +627,13 @@ def test_clients_in_turn_skip_unused_slots_and_give_the_vmapped_numbers(setup, c
 
     alg = Counted(MODEL, LocalTraining(batch_size=10), capacity=capacity)
     grid = Variants.grid(alg, clients, RunSpec(3, 1e-3), sample_rate=0.1)
-    turns = simulate(alg, clients, test, grid, client_map=client_map, diagnostics=True)
+    turns = simulate(
+        alg, clients, test, grid, client_map=client_map, diagnostics=True, secret=SECRET
+    )
     selected = np.asarray(turns.private_diagnostics["selected"]).reshape(-1)
     k = 1 if client_map == "sequential" else client_map
     blocks = -(-selected // k)  # the used slots come first: ceil(selected / k) blocks run
     # (a callback in a vmapped block runs once for the block)
     assert selected.max() < capacity and len(trained) == int(np.sum(blocks))
-    everyone = simulate(alg, clients, test, grid, client_map="vmap")
+    everyone = simulate(alg, clients, test, grid, client_map="vmap", secret=SECRET)
     np.testing.assert_allclose(turns.history["test_loss"], everyone.history["test_loss"], rtol=1e-5)

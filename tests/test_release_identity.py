@@ -1,8 +1,8 @@
-"""Issue 35 (items 3-5): run keys are derived from the seed AND the release identity (the
-algorithm, its static settings, every hyper value of the variant and its labels), so two
-different releases never share noise by accident; keys of different purposes never
-coincide; checkpoint folders refuse a changed ``common_random_numbers`` and are marked as
-not released."""
+"""Issue 35 (items 3-5) and 45: run keys are derived from the call's secret, the release
+identity (the algorithm, its static settings, every hyper value of the variant and its
+labels) and the seed, so two different releases never share noise by accident and nothing
+published regenerates it; keys of different purposes never coincide; checkpoint folders
+refuse a changed ``common_random_numbers`` and are marked as not released."""
 
 from __future__ import annotations
 
@@ -41,6 +41,7 @@ from swarmjax.fl.runtime.checkpoint import NOT_RELEASED, Checkpoints, fingerprin
 from swarmjax.fl.runtime.flower.task import stacked_task
 from swarmjax.models import mlp
 from tests.conftest import REPO
+from tests.reproducible import OTHER, SECRET
 
 MODEL = mlp((8,), 10, (8, 8, 1))
 SPEC = RunSpec(rounds=1, delta=1e-5, seeds=(0,))
@@ -55,7 +56,7 @@ def digits():
 
 
 def _kd(keys) -> np.ndarray:
-    """Key data, ``(..., 2)`` uint32."""
+    """Key data, ``(..., words)`` uint32 (2 for Threefry, 8 for ChaCha20)."""
     return np.asarray(jax.random.key_data(keys))
 
 
@@ -99,7 +100,7 @@ def test_aggregate_keys_are_never_select_redraw_or_client_keys():
     """For every round/exchange, the aggregate key and its split/fold_in children are none
     of the select keys' draw keys ``fold_in(select_key, attempt)``, attempts 0..64 (the
     sampler's ``_MAX_DRAWS`` redraws), nor the select keys, client keys or init keys."""
-    run = run_keys([3], [b"\x01" * 32], False)[0]
+    run = run_keys(SECRET, [3], [b"\x01" * 32], False)[0]
     rounds, exchanges, clients = range(4), range(2), range(6)
     forbidden = {tuple(_kd(server_init_key(run)))}
     for r in rounds:
@@ -126,8 +127,9 @@ def test_aggregate_keys_are_never_select_redraw_or_client_keys():
 
 def test_two_dp_algorithms_with_equal_seeds_and_labels_draw_independent_noise(digits):
     """The audit's case: fixed and adaptive DP-FedAvg, two ``simulate`` calls with the same
-    seed and labels. Their round-1 noise must be independent (from two correlated noises
-    the exact clipped sum comes back); with common random numbers it is shared on
+    seed and labels, under the same supplied secret (two fresh secrets would make them
+    independent trivially). Their round-1 noise must be independent (from two correlated
+    noises the exact clipped sum comes back); with common random numbers it is shared on
     purpose, which the same measurement sees (the test can fail)."""
     clients, test = digits
     moved = {}
@@ -135,8 +137,8 @@ def test_two_dp_algorithms_with_equal_seeds_and_labels_draw_independent_noise(di
         for clipping in ("fixed", "adaptive"):
             alg = _dp(clipping)
             variants = Variants.grid(alg, clients, SPEC, **NOISE_ONLY)
-            res = simulate(alg, clients, test, variants, common_random_numbers=crn)
-            key = run_keys(SPEC.seeds, variant_identities(alg, variants), crn)[0]
+            res = simulate(alg, clients, test, variants, common_random_numbers=crn, secret=SECRET)
+            key = run_keys(SECRET, SPEC.seeds, variant_identities(alg, variants), crn)[0]
             start = MODEL.init(server_init_key(key))
             moved[crn, clipping] = np.concatenate(
                 [
@@ -191,22 +193,25 @@ def test_rows_differing_in_one_hyper_value_get_different_keys_with_equal_labels(
     alg = FedAvg(MODEL, LocalTraining(batch_size=40))
     grid = Variants.grid(alg, clients, SPEC, learning_rate=[0.1, 0.2])
     variants = Variants(hyper=grid.hyper, labels={}, spec=SPEC)
-    keys = _kd(run_keys([0, 1], variant_identities(alg, variants), False))
+    keys = _kd(run_keys(SECRET, [0, 1], variant_identities(alg, variants), False))
     assert len({tuple(k) for k in keys}) == 4
     twice = jax.tree.map(lambda a: jnp.stack([a[0], a[0]]), grid.hyper)
     repeated = variant_identities(alg, Variants(hyper=twice, labels={}, spec=SPEC))
     with pytest.raises(ValueError, match="variants 0 and 1 are the same run"):
-        run_keys([0], repeated, False)
-    shared = _kd(run_keys([5], repeated, True))
+        run_keys(SECRET, [0], repeated, False)
+    shared = _kd(run_keys(SECRET, [5], repeated, True))
     np.testing.assert_array_equal(shared[0], shared[1])
     with pytest.raises(TypeError, match="release identities"):
-        run_keys([0], [{}], False)
+        run_keys(SECRET, [0], [{}], False)
 
 
 def test_same_configuration_and_seed_give_the_same_keys_in_any_batch(digits):
-    """Reproducible: the same configuration built anew gives the same keys; a variant's key
-    does not depend on the other variants of its call; common random numbers give every
-    variant ``key(seed)``; the Flower task derives the simulator's key."""
+    """Reproducible under one secret: the same secret and configuration built anew give the
+    same keys; a variant's key does not depend on the other variants of its call; another
+    secret gives other keys for every run; common random numbers give every variant of a
+    seed one key (a different one per seed, and none of them the seed's public Threefry
+    key); the Flower task given the secret derives the simulator's key, one without a
+    secret a key of its own."""
     clients, test = digits
 
     def build(lrs):
@@ -214,25 +219,36 @@ def test_same_configuration_and_seed_give_the_same_keys_in_any_batch(digits):
         return alg, Variants.grid(alg, clients, RunSpec(1, 1e-5, (0, 3)), learning_rate=lrs)
 
     alg, both = build([0.1, 0.2])
-    keys = _kd(run_keys(both.spec.seeds, variant_identities(alg, both), False))
+    ids = variant_identities(alg, both)
+    keys = _kd(run_keys(SECRET, both.spec.seeds, ids, False))
+    assert keys.shape == (4, 8) and len({tuple(k) for k in keys}) == 4
     alg2, again = build([0.1, 0.2])
     np.testing.assert_array_equal(
-        keys, _kd(run_keys(again.spec.seeds, variant_identities(alg2, again), False))
+        keys, _kd(run_keys(SECRET, again.spec.seeds, variant_identities(alg2, again), False))
     )
     _, alone = build([0.2])
     np.testing.assert_array_equal(
-        keys[2:], _kd(run_keys(alone.spec.seeds, variant_identities(alg, alone), False))
+        keys[2:], _kd(run_keys(SECRET, alone.spec.seeds, variant_identities(alg, alone), False))
     )
-    crn = _kd(run_keys([0, 3], variant_identities(alg, both), True))
-    expected = np.stack([_kd(jax.random.key(s)) for s in (0, 3)] * 2)
-    np.testing.assert_array_equal(crn, expected)
+    other = _kd(run_keys(OTHER, both.spec.seeds, ids, False))
+    assert not any(np.array_equal(a, b) for a in other for b in keys)
+    crn = _kd(run_keys(SECRET, [0, 3], ids, True))
+    np.testing.assert_array_equal(crn[:2], crn[2:])  # variants of a seed share the key
+    assert not np.array_equal(crn[0], crn[1])  # seeds still differ
+    assert not any(np.array_equal(c, k) for c in crn for k in keys)
+    assert not np.array_equal(_kd(run_keys(OTHER, [0, 3], ids, True)), crn)
+    for s in (0, 3):  # the seed's public key is not the run's, even in its first words
+        public = _kd(jax.random.key(s))
+        assert not any(np.array_equal(c[: public.size], public) for c in crn)
     one = Variants(
         hyper=jax.tree.map(lambda a: a[1:], both.hyper),
         labels={"learning_rate": [0.2]},
         spec=RunSpec(1, 1e-5, (3,)),
     )
-    task = stacked_task(alg, one, clients, test)
+    task = stacked_task(alg, one, clients, test, secret=SECRET)
     np.testing.assert_array_equal(_kd(task.run_key), keys[3])
+    own = stacked_task(alg, one, clients, test)  # no secret: this process draws its own
+    assert not np.array_equal(_kd(own.run_key), keys[3])
 
 
 def test_describe_sees_partial_arguments_and_closures_but_not_addresses():
@@ -298,6 +314,7 @@ def test_resuming_with_another_common_random_numbers_is_refused(digits, tmp_path
     variants = Variants.grid(alg, clients, SPEC, learning_rate=[0.1, 0.2])
     folder = tmp_path / "ckpt"
     simulate(alg, clients, test, variants, checkpoint_dir=folder)
+    assert (folder / "secret.key").exists()  # the run's secret, kept for a resume
     assert (folder / "outputs_1.npz").exists()
     with pytest.raises(ValueError, match="common_random_numbers") as err:
         simulate(alg, clients, test, variants, checkpoint_dir=folder, common_random_numbers=True)
@@ -306,11 +323,12 @@ def test_resuming_with_another_common_random_numbers_is_refused(digits, tmp_path
     data = alg.client_data(clients)
     ids = variant_identities(alg, variants)
     digests = {
-        fingerprint(alg, variants, data, run_keys(seeds, ids, crn))
+        fingerprint(alg, variants, data, run_keys(secret, seeds, ids, crn))
+        for secret in (SECRET, OTHER)
         for seeds in ((0,), (1,))
         for crn in (False, True)
     }
-    assert len(digests) == 4
+    assert len(digests) == 8
 
 
 def test_a_checkpoint_folder_is_marked_not_released(tmp_path):

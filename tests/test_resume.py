@@ -85,3 +85,37 @@ def test_a_table_only_call(tmp_path) -> None:
     pd.testing.assert_frame_equal(store.fetch_or_run_table("t", lambda: table), table)
     again = CallStore(tmp_path, {"n": 1}).fetch_or_run_table("t", lambda: 1 / 0)
     pd.testing.assert_frame_equal(again, table)
+
+
+def test_each_call_gets_its_own_secret_kept_for_a_resume(tmp_path) -> None:
+    """``CallStore.secret``: a fresh secret per call (OS entropy), saved owner-only under the
+    store's secret folder before it is used, so a rerun resuming the call draws the same
+    numbers; another call, other settings or ``restart`` draw a fresh one; a supplied
+    secret derives each call's (reproducible mode) and nothing is saved."""
+    import stat
+
+    from swarmjax.privacy.secret import Secret
+    from tests.reproducible import OTHER, SECRET
+
+    store = CallStore(tmp_path, {"lr": 0.005})
+    first = store.secret("a")
+    assert first.source == "entropy" and store.secret("a") is first
+    saved = store.secret_folder / "a.key"
+    assert saved.parent.name == "secret" and saved.parent.parent == store.folder
+    assert stat.S_IMODE(saved.stat().st_mode) == 0o600
+    assert store.secret("b") != first
+    resumed = CallStore(tmp_path, {"lr": 0.005}).secret("a")
+    assert resumed == first and resumed.source == "entropy"
+    assert CallStore(tmp_path, {"lr": 0.01}).secret("a") != first  # another folder
+    restarted = CallStore(tmp_path, {"lr": 0.005}, restart=True)
+    fresh = restarted.secret("a")
+    assert fresh != first and restarted.secret("a") is fresh
+    assert Secret.load(saved) == fresh  # the restart's secret replaced the old one
+    supplied = CallStore(tmp_path / "r", {"lr": 0.005}, secret=SECRET)
+    derived = supplied.secret("a")
+    assert derived.source == "supplied" and derived not in (SECRET, supplied.secret("b"))
+    assert CallStore(tmp_path / "r", {"lr": 0.005}, secret=SECRET).secret("a") == derived
+    assert CallStore(tmp_path / "r", {"lr": 0.005}, secret=OTHER).secret("a") != derived
+    assert not supplied.secret_folder.exists()
+    with pytest.raises(ValueError, match="key"):
+        store.secret("../escape")
