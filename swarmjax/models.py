@@ -254,6 +254,7 @@ class _NnxInit:
     factory: Callable[..., nnx.Module] | None
     params: PyTree
     eval_mode: bool
+    trainable: Any = None  # an nnx filter; None: nnx.Param
 
     def __call__(self, key: PRNGKeyArray) -> PyTree:
         if self.factory is None:
@@ -261,7 +262,8 @@ class _NnxInit:
         from flax import nnx
 
         module = _nnx_build(self.factory, nnx.Rngs(key), self.eval_mode)
-        return nnx.to_pure_dict(nnx.state(module, nnx.Param))
+        trainable = nnx.Param if self.trainable is None else self.trainable
+        return nnx.to_pure_dict(nnx.state(module, trainable))
 
 
 @dataclass(frozen=True, eq=False)  # identity hash: it holds arrays
@@ -273,13 +275,15 @@ class _NnxApply:
     graphdef: Any
     fixed: PyTree
     name: str
+    trainable: Any = None  # the nnx filter of the trained variables; None: nnx.Param
 
     def __call__(self, params: PyTree, x: Array) -> Array:
         from flax import nnx
 
         module = nnx.merge(self.graphdef, params, self.fixed)
         logits = module(x)
-        _, trained, fixed = nnx.split(module, nnx.Param, ...)
+        trainable = nnx.Param if self.trainable is None else self.trainable
+        _, trained, fixed = nnx.split(module, trainable, ...)
         before = jax.tree_util.tree_flatten_with_path({"params": params, "fixed": self.fixed})[0]
         after = jax.tree.leaves(
             {"params": nnx.to_pure_dict(trained), "fixed": nnx.to_pure_dict(fixed)}
@@ -324,6 +328,7 @@ def from_nnx(
     name: str | None = None,
     *,
     eval_mode: bool = False,
+    trainable: Any = None,
 ) -> Model:
     """Wrap a Flax NNX model as a :class:`Model` (``nnx.split`` / ``nnx.merge`` under the hood).
 
@@ -339,11 +344,17 @@ def from_nnx(
         name: a label for tables (default: the module's class name).
         eval_mode: call ``module.eval()`` first: dropout off, BatchNorm normalising with its
             running averages.
+        trainable: an nnx filter naming the variables that are trained (default ``None``:
+            ``nnx.Param``, every parameter). ``nnx.LoRAParam`` makes only the LoRA adapters
+            (``nnx.LoRA`` / ``nnx.LoRALinear``) the parameter pytree: the base weights become
+            fixed state, one constant shared by every client and run (never vmapped, clipped,
+            noised, averaged or sent); :mod:`swarmjax.lora` builds such models.
 
     Returns:
-        A :class:`Model` whose ``params`` are the module's ``nnx.Param`` variables as a nested
-        dict of arrays (``nnx.to_pure_dict``): what algorithms train, clip, noise, average
-        and send. Every other variable (BatchNorm's running statistics, RNG state,
+        A :class:`Model` whose ``params`` are the module's ``trainable`` variables (default
+        its ``nnx.Param`` variables) as a nested dict of arrays (``nnx.to_pure_dict``): what
+        algorithms train, clip, noise, average and send. Every other variable (the frozen
+        base under ``trainable=nnx.LoRAParam``, BatchNorm's running statistics, RNG state,
         constants) is fixed state taken from the wrapped module (a factory's: built with
         ``nnx.Rngs(0)``): held inside ``apply``, never trained, averaged or sent.
 
@@ -372,13 +383,18 @@ def from_nnx(
             "from_nnx takes an nnx.Module or a factory rngs -> nnx.Module; got "
             f"{type(module_or_factory).__name__}"
         )
-    graphdef, trained, fixed = nnx.split(module, nnx.Param, ...)
+    graphdef, trained, fixed = nnx.split(module, nnx.Param if trainable is None else trainable, ...)
     params = nnx.to_pure_dict(trained)
+    if trainable is not None and not jax.tree.leaves(params):
+        raise ValueError(
+            f"from_nnx: trainable={trainable!r} selects no variable of "
+            f"{type(module).__name__}: nothing would be trained"
+        )
     label = type(module).__name__ if name is None else name
-    apply = _NnxApply(graphdef, nnx.to_pure_dict(fixed), label)
+    apply = _NnxApply(graphdef, nnx.to_pure_dict(fixed), label, trainable)
     jax.eval_shape(apply, params, jax.ShapeDtypeStruct((1, *shape), jnp.float32))  # the check
     return Model(
-        init=_NnxInit(factory, None if factory is not None else params, bool(eval_mode)),
+        init=_NnxInit(factory, None if factory is not None else params, bool(eval_mode), trainable),
         apply=apply,
         num_classes=num_classes,
         input_shape=shape,
