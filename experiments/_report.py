@@ -37,6 +37,7 @@ __all__ = [
     "grid",
     "mean_std",
     "mean_std_text",
+    "not_covered",
     "peak_memory_gib",
     "per_round",
     "save",
@@ -166,6 +167,32 @@ def write_ledger(ledger) -> Path:
         print(f"{len(ledger.non_private)} run(s) without DP are listed there as not private")
     print(f"privacy ledger: {path}")
     return path
+
+
+def not_covered(
+    ledger, what: str, path: Path | str, why: str, *, delta: float | None = None, **labels
+) -> int:
+    """List in ``ledger`` (a :class:`swarmjax.privacy.ledger.Ledger`) an output that no
+    epsilon covers, an exact statistic of the private data or of a run's secret randomness
+    (e.g. wall-clock time that follows the secret Poisson cohorts), as a release that is NOT
+    private: ``what`` names it, ``why`` says what it reads (the variant's ``not_covered``),
+    ``path`` is where it is written, ``labels`` say more.  ``delta`` is a label only
+    (default: the ledger's, else its first release's).  Returns its index."""
+    from swarmjax.privacy.ledger import Release
+
+    if delta is None:
+        delta = (
+            ledger.delta
+            if ledger.delta is not None
+            else next((r.delta for r in ledger.releases), None)
+        )
+    if delta is None:
+        raise ValueError(f"not_covered({what!r}): the ledger has no delta yet; pass delta=")
+    variant = {**labels, "not_covered": why}
+    release = Release(
+        what, variant, None, None, None, delta, math.inf, ledger.accountant, str(path)
+    )
+    return ledger.add(release)
 
 
 NULL_REASONS = {  # why a number is null in our JSON, by its value (a caller may say more)

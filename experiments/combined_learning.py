@@ -303,6 +303,19 @@ def plot(
     _report.save(fig, path, suptitle=f"{dataset} {model}: CL vs FedAvg", dpi=110)
 
 
+PUBLIC_FILES = {
+    "summary.csv": "final and best test accuracy per (dataset, model, split, K): from "
+    "history.csv and central.csv (every run listed as not private)",
+    "summary.md": "summary.csv as markdown",
+    "summary.json": "the settings, what was skipped, summary.csv, wall seconds and peak memory "
+    "(runs that are all listed as not private)",
+    "*_*.png": "figures of history.csv and central.csv, one per dataset and model",
+}
+"""Files under ``--out`` besides the ledger's release paths and not-released folders: each
+holds public settings, or is computed only from the releases and public data (so it is as
+private as the releases it repeats); tests/test_released_files.py checks every file."""
+
+
 FILE_DATASETS = ("mnist", "cifar10")  # read from the data folder; breast_cancer ships with sklearn
 
 
@@ -463,7 +476,11 @@ def main(argv: list[str] | None = None) -> None:
             data = shrink(full_data, dataset, mprof)
             t0 = time.perf_counter()
             store = _cli.call_store(
-                out, _call_settings(dataset, model, mprof), __name__, restart=args.restart
+                out,
+                _call_settings(dataset, model, mprof),
+                __name__,
+                restart=args.restart,
+                ledger=ledger,
             )
             central = partial(run_central, data, dataset, model, mprof, str(out / "central.csv"))
             centrals.append(_fetch(store, "central", central, ledger))

@@ -134,6 +134,24 @@ MIA_NOT_RELEASED = (
 )
 
 
+PUBLIC_FILES = {
+    "config.json": "the settings, the calibrated noise multipliers and the buffer capacity "
+    "(functions of the public settings)",
+    "summary.csv": "per run: test metrics of the released models on the public test split, the "
+    "accounting, expected bytes, the canary audit's lower bounds (scores of the released "
+    "models on synthetic canaries) and wall seconds (vmapped runs of static shapes compute "
+    "every cohort slot, so the time does not follow the secret cohorts)",
+    "summary.json": "summary.csv as strict JSON, and the peak memory (static shapes)",
+    "summary_table.csv": "summary.csv, the accuracy as text",
+    "summary_table.md": "summary.csv, the accuracy as text",
+    "accuracy_vs_epsilon.png": "figure of summary.csv",
+    "clip_norm.png": "figure of history.csv's clip norms (released: noised counts set them)",
+}
+"""Files under ``--out`` besides the ledger's release paths and not-released folders: each
+holds public settings, or is computed only from the releases and public data (so it is as
+private as the releases it repeats); tests/test_released_files.py checks every file."""
+
+
 def mia_advantage(model, params, data, n: int, seed: int) -> float:
     """Loss-threshold attack on the final global model: n training vs n test examples.
 

@@ -431,9 +431,32 @@ def flower_config(args: argparse.Namespace) -> dict:
     }
 
 
+PUBLIC_FILES = {
+    "cells.csv": "one row per (dataset, partition, epsilon): test accuracy of rounds.csv's runs "
+    "(listed as not private), the paper's numbers, the accounting (public settings), the "
+    "clients' sizes (public under the zero-out relation, which keeps every |D_i|: "
+    "docs/privacy.md) and the call's wall seconds (static shapes, full Poisson buffers)",
+    "table_*.csv": "cells.csv of one dataset with the cells as text",
+    "table_*.md": "cells.csv of one dataset as markdown, with the plan it ran",
+    "comm.csv": "bytes per round of each method: message shapes (public settings)",
+    "summary.json": "the settings, cells.csv, fig3.csv, comm.csv, wall seconds, load averages "
+    "and peak memory",
+    "fig2_accuracy_per_round_*.png": "figure of rounds.csv",
+    "fig3_vs_fedavg_dp.png": "figure of rounds.csv and fig3.csv's runs",
+}
+"""Files under ``--out`` besides the ledger's release paths and not-released folders: each
+holds public settings, or is computed only from the releases and public data (so it is as
+private as the releases it repeats); tests/test_released_files.py checks every file."""
+
 FLOWER_OPERATOR = (
     "operator-only outputs of the Flower deployment (realised cohorts, per-round wall "
     "seconds): statistics of the run that no epsilon covers"
+)
+
+
+FLOWER_JAX_CACHE = (
+    "the SuperNodes' JAX compilation cache: compiled programs, which may hold constants "
+    "(client data a jitted function closed over)"
 )
 
 
@@ -473,6 +496,7 @@ def _flower_ledger(ledger: Ledger, config: dict, summary: dict, out: Path) -> No
             )
         )
     ledger.mark_not_released(out / "flower" / "operator", FLOWER_OPERATOR)
+    ledger.mark_not_released(out / "jax", FLOWER_JAX_CACHE)
 
 
 @_cli.entry_point

@@ -15,7 +15,8 @@ Results go to ``results/fed_dp_pso_study/``: ``runs.csv`` (one row per run and s
 ``rounds.csv`` (per round), ``table.csv`` and ``table.md`` (grow as calls finish) and the
 privacy ledger ``privacy_ledger.json/.md`` (every run as a release; the readings compared
 per cell are recorded as selections by a public score: the validation split is held out of
-the client pool, so no client's data is read); calls are saved under ``calls/`` and reused
+the client pool, so no client's data is read; the partitions' coverage and label skew, exact
+statistics of the clients' labels, as not covered); calls are saved under ``calls/`` and reused
 on a rerun (``--restart`` recomputes).
 """
 
@@ -256,6 +257,23 @@ def _header(plan: dict) -> str:
     )
 
 
+PARTITION_NOT_COVERED = (
+    "each client's class counts, read from the client pool's labels without noise (the "
+    "coverage of the validation classes and the label skew of every partition)"
+)
+PUBLIC_FILES = {
+    "table.csv": "per (dataset, partition, epsilon, reading): runs.csv's means over seeds "
+    "(validation accuracy of the runs, listed as not private; the partitions' coverage, "
+    "listed as not covered) and the paper's numbers",
+    "table.md": "table.csv as markdown, with the plan it ran",
+    "pivot.md": "table.csv's final accuracy, one column per reading",
+    "summary.json": "the settings and the table's header, the peak memory",
+}
+"""Files under ``--out`` besides the ledger's release paths and not-released folders: each
+holds public settings, or is computed only from the releases and public data (so it is as
+private as the releases it repeats); tests/test_released_files.py checks every file."""
+
+
 TRAIN_ROWS = {"digits": 1_437, "mnist": 60_000, "fashion_mnist": 60_000}
 
 
@@ -315,6 +333,10 @@ def main(argv: list[str] | None = None) -> None:
                 pd.concat(rounds).to_csv(out / "rounds.csv", index=False)
                 _table(pd.DataFrame(runs), out, _header(plan))
     _select_readings(ledger, cells)
+    _report.not_covered(
+        ledger, "partition statistics", out / "runs.csv", PARTITION_NOT_COVERED,
+        columns="coverage, label_skew (runs.csv; coverage in table.csv, table.md)",
+    )  # fmt: skip
     print((out / "table.md").read_text())
     _report.write_ledger(ledger)
     _report.write_json(out / "summary.json", {"plan": plan, "header": _header(plan)})

@@ -26,8 +26,10 @@ and the speed-up of FedAvg over FedSGD, beside the paper's Table 2 (role split =
 non-IID column). Results go to ``results/shakespeare/``: ``dataset.json`` (counts),
 ``history.csv`` (test accuracy per round), ``summary.csv``/``.json``, ``rounds_to_target.md``
 / ``.csv`` (the comparison with the paper), ``accuracy_per_round.png`` and the privacy
-ledger ``privacy_ledger.json``/``.md``. Finished runs are kept under ``calls/`` and reused
-by a rerun with the same settings and code (``--restart`` recomputes).
+ledger ``privacy_ledger.json``/``.md``, which lists as NOT covered by any epsilon the
+dataset's counts, every metric on the roles' held-out lines (the protected users' own text)
+and DP-FedAvg's wall time (:func:`list_not_covered`). Finished runs are kept under
+``calls/`` and reused by a rerun with the same settings and code (``--restart`` recomputes).
 
 Profiles (what is cut on a CPU is in docs/shakespeare.md): ``--quick`` (CI, < 60 s): two
 plays, a 16-unit LSTM, 10-character windows, 2 rounds. Default (minutes on 2 CPU cores):
@@ -455,6 +457,50 @@ def figure(history: pd.DataFrame, out: Path) -> None:
     )
 
 
+COUNTS_NOT_COVERED = (
+    "exact counts of the users' text (lines, characters, training windows), sums over the "
+    "speaking roles that change when one role is added or removed"
+)
+HELD_OUT_NOT_COVERED = (
+    "test accuracy and loss on held-out lines of the same speaking roles the models trained "
+    "on (each role's last 20 %): under user-level add/remove a role's held-out lines leave "
+    "with it, so these numbers read the protected users' text without noise"
+)
+TIMING_NOT_COVERED = (
+    "the wall time of a DP-FedAvg run follows its secret Poisson cohorts (one client at a "
+    "time skips the unused slots) and the selected roles' sizes, which the accounting "
+    "assumes hidden"
+)
+PUBLIC_FILES = {
+    "summary.json": "the settings, dataset.json's counts and summary.csv's rows (listed as not "
+    "covered), the wall seconds and the peak memory",
+    "rounds_by_run.csv": "per run, the first round history.csv's test accuracy reaches each "
+    "target (held-out-line metrics: listed as not covered)",
+    "rounds_to_target.csv": "rounds_by_run.csv beside the paper's numbers",
+    "rounds_to_target.md": "rounds_to_target.csv as markdown",
+    "accuracy_per_round.png": "figure of history.csv",
+}
+"""Files under ``--out`` besides the ledger's release paths and not-released folders: each
+holds public settings, or is computed only from the releases and public data (so it is as
+private as the releases it repeats); tests/test_released_files.py checks every file."""
+
+
+def list_not_covered(ledger: Ledger, prof: Profile, out: Path) -> None:
+    """List in ``ledger`` what the experiment writes that no epsilon covers: the dataset's
+    counts, the metrics on the roles' held-out lines and (with DP-FedAvg) the wall time."""
+    _report.not_covered(ledger, "dataset counts", out / "dataset.json", COUNTS_NOT_COVERED)
+    _report.not_covered(
+        ledger, "held-out-line metrics", out / "summary.csv", HELD_OUT_NOT_COVERED,
+        columns="history.csv test_accuracy, test_loss; summary.csv final_accuracy; "
+        "rounds_by_run.csv, rounds_to_target.csv/.md, accuracy_per_round.png",
+    )  # fmt: skip
+    if "dp-fedavg" in prof.algorithms:
+        _report.not_covered(
+            ledger, "wall-clock timing", out / "summary.csv", TIMING_NOT_COVERED,
+            columns="wall_seconds, seconds_per_round (summary.csv/.json), wall_s (summary.json)",
+        )  # fmt: skip
+
+
 def _run_line(row: dict) -> str:
     return (
         f"{row['label']} eps {row['epsilon']:.3g}: final accuracy {row['final_accuracy']:.4f} "
@@ -534,6 +580,7 @@ def main(argv: list[str] | None = None) -> None:
     print(md)
     cols = ["label", "epsilon_target", "epsilon", "final_accuracy", "seconds_per_round"]
     print(summary[cols].to_markdown(index=False, floatfmt=".4g"))
+    list_not_covered(ledger, prof, out)
     _report.write_ledger(ledger)
     print(f"wall time {wall:.0f} s")
     _report.finish(out, out / "summary.json")

@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 
 from experiments import cross_device
+from tests.test_released_files import check_released_files
 
 ARGS = [
     "--quick",
@@ -41,8 +42,9 @@ def test_runs_writes_its_results_and_resumes(tmp_path):
     assert (out / "accuracy_vs_epsilon.png").stat().st_size > 0
     assert (out / "checkpoints" / "fedavg" / "outputs_2.npz").exists()
     ledger = json.loads((out / "privacy_ledger.json").read_text())
-    assert [r["algorithm"] for r in ledger["releases"]] == ["fedavg", "dp-fedavg"]
-    assert ledger["non_private_releases"]["releases"] == [0]
+    names = ["fedavg", "dp-fedavg", "wall-clock timing"]  # the wall time: not covered
+    assert [r["algorithm"] for r in ledger["releases"]] == names
+    assert ledger["non_private_releases"]["releases"] == [0, 2]
     client = ledger["composed"]["client"]
     assert client["releases"] == [1] and client["accountant"] == "pld"
     assert client["epsilon"] == pytest.approx(runs["dp-fedavg"]["epsilon"], rel=1e-6)
@@ -53,6 +55,7 @@ def test_runs_writes_its_results_and_resumes(tmp_path):
     cross_device.main([*ARGS, "--out", str(out)])  # resumes: both runs are finished
     again = pd.read_csv(out / "history.csv")
     pd.testing.assert_frame_equal(history, again)
+    check_released_files(out, cross_device)  # each file a release, public or kept back
 
 
 @pytest.mark.parametrize(

@@ -54,8 +54,9 @@ def test_dp_ftrl_beside_dp_fedavg_at_two_epsilons(tmp_path, capsys):
     }
     assert (out / "checkpoints" / "dp-ftrl-epsilon-8").is_dir()
     ledger = json.loads((out / "privacy_ledger.json").read_text())
-    releases = ledger["releases"]
+    *releases, timing = ledger["releases"]
     assert [(r["algorithm"], r["variant"]["epsilon_target"]) for r in releases] == list(runs)
+    assert timing["algorithm"] == "wall-clock timing" and not timing["private"]
     client = ledger["composed"]["client"]
     assert client["releases"] == [0, 1, 2, 3]
     assert client["epsilon"] > 8.0  # the four releases published together
@@ -87,12 +88,13 @@ def test_the_noise_cohort_is_a_guarantee_for_another_deployment_only(tmp_path, c
     printed = capsys.readouterr().out
     assert "holds ONLY for a deployment with cohorts of 20 clients" in printed
     ledger = json.loads((out / "privacy_ledger.json").read_text())
-    (release,) = ledger["releases"]
+    release, timing = ledger["releases"]
+    assert timing["algorithm"] == "wall-clock timing"
     assert release["epsilon"] in ("inf", None)  # no epsilon covers this run: never composed
     assert release["variant"]["deployment_epsilon"] == pytest.approx(row["epsilon"])
     assert release["variant"]["guarantee"] == row["guarantee"]
     assert "client" not in ledger["composed"]
-    assert ledger["non_private_releases"]["releases"] == [0]
+    assert ledger["non_private_releases"]["releases"] == [0, 1]
 
 
 @pytest.mark.parametrize(

@@ -14,6 +14,7 @@ import pytest
 from experiments import dp_fedavg
 from swarmjax.privacy import accounting
 from swarmjax.privacy.ledger import Ledger
+from tests.test_released_files import check_released_files
 
 
 def _strict(name: str) -> float:
@@ -78,6 +79,9 @@ def test_clients_103_runs_and_writes_its_ledger(tmp_path, capsys, data_dir) -> N
     again = json.loads((tmp_path / "privacy_ledger.json").read_text(), parse_constant=_strict)
     assert len(again["releases"]) == 3
     assert again["composed"]["client"]["epsilon"] == data["composed"]["client"]["epsilon"]
+    # every file written is a release, public or kept back (the MIA under private/)
+    seen = check_released_files(tmp_path, dp_fedavg)
+    assert seen["private/mia_advantage.csv"] == "not released"
 
 
 @pytest.mark.parametrize(

@@ -38,6 +38,7 @@ from swarmjax.paaso_sweep import (
 from swarmjax.privacy.accounting import PureDpEvent, event_epsilon
 from swarmjax.privacy.ledger import JSON_NAME, MARKDOWN_NAME, Ledger, saved_releases
 from swarmjax.privacy.mechanisms import random_dictatorship_epsilon
+from tests.test_released_files import check_released_files
 
 
 @pytest.fixture(autouse=True)
@@ -110,6 +111,7 @@ def test_fed_dp_pso_ledger(tmp_path, monkeypatch):
     monkeypatch.setattr(_fed_dp_pso_parts, "simulate", _must_not_run)
     fed_dp_pso.main(argv)
     _same_entries(data, _ledger(tmp_path, "rdp"))
+    check_released_files(tmp_path, fed_dp_pso)  # each file a release, public or kept back
 
 
 def test_fed_dp_pso_study_ledger(tmp_path, monkeypatch):
@@ -120,8 +122,11 @@ def test_fed_dp_pso_study_ledger(tmp_path, monkeypatch):
     study.main(argv)
     data = _ledger(tmp_path, "rdp")
     runs = pd.read_csv(tmp_path / "runs.csv")  # one row per run and seed
-    assert len(data["releases"]) == len(runs) == 6
+    *releases, partitions = data["releases"]  # and the partitions' label statistics
+    assert len(releases) == len(runs) == 6
     assert not any(r["private"] for r in data["releases"])
+    assert partitions["algorithm"] == "partition statistics"
+    assert "class counts" in partitions["variant"]["not_covered"]
     cells = runs.groupby(["dataset", "partition", "epsilon"]).size()
     assert len(data["selections"]) == len(cells) == 3
     for selection in data["selections"]:
@@ -131,6 +136,7 @@ def test_fed_dp_pso_study_ledger(tmp_path, monkeypatch):
     monkeypatch.setattr(study, "simulate", _must_not_run)
     study.main(argv)
     _same_entries(data, _ledger(tmp_path, "rdp"))
+    check_released_files(tmp_path, study)
 
 
 def test_fed_dp_pso_lists_runs_that_are_not_end_to_end_as_not_private():
@@ -211,6 +217,11 @@ def test_combined_learning_ledger(tmp_path, monkeypatch):
     monkeypatch.setattr(combined_learning, "run_central", _must_not_run)
     combined_learning.main(argv)
     _same_entries(data, _ledger(tmp_path, "pld"))
+    # no run draws a secret (no DP); the call store is kept back all the same
+    assert [n["folder"] for n in data["not_released"]] == [
+        str(p) for p in (tmp_path / "calls").iterdir()
+    ]
+    check_released_files(tmp_path, combined_learning, secrets=False)
 
 
 # ----------------------------------------------------------------------------------- apdim
@@ -229,7 +240,7 @@ def test_apdim_ledger(tmp_path, monkeypatch, data_dir):
     params = pd.read_csv(tmp_path / "params.csv")
     tables = len(noised.drop_duplicates()) + len(params)
     releases = data["releases"]
-    assert len(releases) == tables + 3 == 19  # + clean baseline, attack scores, plans
+    assert len(releases) == tables + 4 == 20  # + clean baseline, attack scores, plans, seconds
     private = [r for r in releases if r["private"]]
     correct = len(noised.query("mode == 'correct'").drop_duplicates())
     assert len(private) == correct + len(params.query("mode == 'correct'")) == 8
@@ -247,6 +258,7 @@ def test_apdim_ledger(tmp_path, monkeypatch, data_dir):
     monkeypatch.setattr(apdim, "run_params", _must_not_run)
     apdim.main(argv)
     _same_entries(data, _ledger(tmp_path, "pld"))
+    check_released_files(tmp_path, apdim)  # each file a release, public or kept back
 
 
 def test_apdim_releases_never_share_noise():

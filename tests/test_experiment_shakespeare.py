@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 
 from experiments import shakespeare
+from tests.test_released_files import check_released_files
 
 
 @pytest.fixture
@@ -48,7 +49,12 @@ def test_quick_runs_and_writes_its_results(plays_dir, tmp_path, capsys):
     assert (out / "accuracy_per_round.png").stat().st_size > 0
     ledger = json.loads((out / "privacy_ledger.json").read_text())
     assert ledger["composed"]["client"]["releases"] == [2, 3]
-    assert ledger["non_private_releases"]["releases"] == [0, 1]
+    # FedSGD, FedAvg; then what no epsilon covers: the counts, the metrics on the roles'
+    # held-out lines (the protected users' text) and DP-FedAvg's wall time
+    assert ledger["non_private_releases"]["releases"] == [0, 1, 4, 5, 6]
+    listed = [r["algorithm"] for r in ledger["releases"][4:]]
+    assert listed == ["dataset counts", "held-out-line metrics", "wall-clock timing"]
+    check_released_files(out, shakespeare)  # each file a release, public or kept back
 
 
 def _error(argv, capsys) -> str:
