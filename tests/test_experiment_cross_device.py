@@ -58,6 +58,18 @@ def test_runs_writes_its_results_and_resumes(tmp_path):
     check_released_files(out, cross_device)  # each file a release, public or kept back
 
 
+def _override(base: list[str], extra: list[str]) -> list[str]:
+    """``base`` with each option ``extra`` gives replaced (an option given twice is refused)."""
+    given = {a for a in extra if a.startswith("--")}
+    out, skip = [], False
+    for a in base:
+        if a.startswith("--"):
+            skip = a in given
+        if not skip:
+            out.append(a)
+    return [*out, *extra]
+
+
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
@@ -70,7 +82,7 @@ def test_runs_writes_its_results_and_resumes(tmp_path):
 )
 def test_bad_input_is_one_line_before_any_work(tmp_path, capsys, extra, message):
     with pytest.raises(SystemExit) as exc:
-        cross_device.main([*ARGS, *extra, "--out", str(tmp_path / "bad")])
+        cross_device.main([*_override(ARGS, extra), "--out", str(tmp_path / "bad")])
     assert exc.value.code == 2
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1

@@ -97,6 +97,18 @@ def test_the_noise_cohort_is_a_guarantee_for_another_deployment_only(tmp_path, c
     assert ledger["non_private_releases"]["releases"] == [0, 1]
 
 
+def _override(base: list[str], extra: list[str]) -> list[str]:
+    """``base`` with each option ``extra`` gives replaced (an option given twice is refused)."""
+    given = {a for a in extra if a.startswith("--")}
+    out, skip = [], False
+    for a in base:
+        if a.startswith("--"):
+            skip = a in given
+        if not skip:
+            out.append(a)
+    return [*out, *extra]
+
+
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
@@ -114,7 +126,7 @@ def test_the_noise_cohort_is_a_guarantee_for_another_deployment_only(tmp_path, c
         (["--algorithm", "dp-ftrl", "--schedule", "single", "--rounds", "9"],
          "--cohort 5 must be <= num_clients // min_separation"),
         (["--algorithm", "dp-ftrl", "--factorization", "tree"], "--factorization: invalid choice"),
-        (["--algorithm", "dp-ftrl", "--epsilon", "2", "2"], "--epsilon gives a value twice"),
+        (["--algorithm", "dp-ftrl", "--epsilon", "2", "2"], "--epsilon lists 2 more than once"),
         (["--algorithm", "fedsgd"], "--algorithm: invalid choice: 'fedsgd'"),
         (["--algorithm", "fedavg", "--audit", "8"], "--audit does not apply"),
         (["--algorithm", "dp-ftrl", "--noise-cohort", "50", "--audit", "8"],
@@ -131,7 +143,7 @@ def test_bad_input_is_one_line_before_any_work(tmp_path, capsys, monkeypatch, ex
     monkeypatch.setattr(cross_device, "partition", no_work)
     monkeypatch.setattr(cross_device, "simulate", no_work)
     with pytest.raises(SystemExit) as exc:
-        cross_device.main([*SMALL, *extra, "--out", str(tmp_path / "bad")])
+        cross_device.main([*_override(SMALL, extra), "--out", str(tmp_path / "bad")])
     assert exc.value.code == 2
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1
