@@ -1,9 +1,10 @@
 """Mid-run checkpoints: a simulation killed (SIGKILL) after round 2 of 5 resumes from its
-orbax checkpoint and ends with exactly the numbers of an uninterrupted run; a folder of
-another run is refused."""
+orbax checkpoint (and the secret saved beside it) and ends with exactly the numbers of an
+uninterrupted run under that secret; a folder of another run is refused."""
 
 from __future__ import annotations
 
+import stat
 import subprocess
 import sys
 
@@ -12,6 +13,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from swarmjax.fl.runtime.checkpoint import SECRET_FILE
+from swarmjax.privacy.secret import Secret
 from tests.conftest import REPO
 
 SETUP = r"""
@@ -65,17 +68,24 @@ def test_a_killed_run_resumes_and_ends_as_an_uninterrupted_one(tmp_path):
     )
     assert proc.returncode == -9, proc.stderr[-2000:]
     assert (folder / "outputs_2.npz").exists() and not (folder / "outputs_3.npz").exists()
+    # no secret was passed: the run drew one from OS entropy and kept it, owner-only
+    key_file = folder / SECRET_FILE
+    assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
+    secret = Secret.load(key_file)
+    assert secret.source == "entropy"
 
     ns = _namespace()
     run = ns["simulate"]
     args = (ns["alg"], ns["clients"], ns["test"], ns["variants"])
     resumed = run(*args, rounds_per_call=1, checkpoint_dir=folder)
-    whole = run(*args, rounds_per_call=1)
+    whole = run(*args, rounds_per_call=1, secret=secret)  # uninterrupted, the folder's secret
     pd.testing.assert_frame_equal(resumed.history, whole.history)
     for a, b in zip(jax.tree.leaves(resumed.server), jax.tree.leaves(whole.server), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     np.testing.assert_array_equal(resumed.privacy.epsilon, whole.privacy.epsilon)
     assert (folder / "outputs_5.npz").exists()
+    assert resumed.privacy.key_fingerprints == whole.privacy.key_fingerprints
+    assert resumed.privacy.randomness["secret"] == "entropy"
 
     other = ns["Variants"].grid(ns["alg"], ns["clients"], ns["RunSpec"](5, 1e-5, (0, 1)))
     with pytest.raises(ValueError, match="holds a run with other settings"):

@@ -160,6 +160,7 @@ def test_the_simulator_runs_a_store_as_it_runs_stacked_clients():
     from swarmjax.fl.protocol import RunSpec, Variants
     from swarmjax.fl.runtime import simulate
     from swarmjax.models import mlp
+    from tests.reproducible import SECRET
 
     data = load_dataset("digits")
     part = partition(data.y_train, 30, "dirichlet", alpha=1.0, seed=0)
@@ -173,7 +174,8 @@ def test_the_simulator_runs_a_store_as_it_runs_stacked_clients():
         grid = Variants.grid(
             alg, clients, RunSpec(3, 1e-5), epsilon_target=[math.inf], learning_rate=[0.2]
         )
-        runs.append(simulate(alg, clients, test, grid, client_map="sequential"))
+        # the same supplied secret in both calls: the same cohorts and batches
+        runs.append(simulate(alg, clients, test, grid, client_map="sequential", secret=SECRET))
     np.testing.assert_allclose(
         runs[0].history["test_loss"], runs[1].history["test_loss"], rtol=1e-6
     )

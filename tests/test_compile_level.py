@@ -29,6 +29,7 @@ from swarmjax.fl.data.partition import iid_partition
 from swarmjax.fl.protocol import RunSpec, Variants
 from swarmjax.fl.runtime import simulate
 from swarmjax.models import mlp
+from tests.reproducible import SECRET  # both processes draw the same noise
 
 data = load_dataset("digits")
 part = iid_partition(data.y_train[:200], 2, seed=0)
@@ -36,7 +37,7 @@ clients = stack_clients(data.x_train, data.y_train, part.indices)
 dp = LocalTraining(batch_size=16, optimizer="adam", record_dp=RecordDP.for_sizes(clients.sizes, 16))
 alg = FedAvg(mlp((8,), 10, (8, 8, 1)), dp)
 variants = Variants.grid(alg, clients, RunSpec(1, 1e-5), learning_rate=[0.01], epsilon_target=[8.0])
-res = simulate(alg, clients, (data.x_test[:100], data.y_test[:100]), variants)
+res = simulate(alg, clients, (data.x_test[:100], data.y_test[:100]), variants, secret=SECRET)
 cfg = paaso.PAASOConfig(strategy="voting", function="f5", iterations=50)
 pbdrd = paaso.VOTING.index("pbdrd")
 swarms = jax.jit(jax.vmap(lambda k: paaso.run(k, cfg, paaso.PAASOHyper(), voting=pbdrd)))(

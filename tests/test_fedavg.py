@@ -21,6 +21,7 @@ from swarmjax.fl.protocol import RunSpec, Variants
 from swarmjax.fl.runtime import simulate
 from swarmjax.fl.runtime import simulator as sim
 from swarmjax.models import from_haiku, mlp, paper_mlp, param_bytes
+from tests.reproducible import SECRET
 
 ROUNDS = 12
 MODEL = mlp((32,), 10, (8, 8, 1))
@@ -36,6 +37,8 @@ def digits():
 
 
 def _fedavg(clients, test, *, rounds=ROUNDS, seeds=(0, 1), **kw):
+    """FedAvg's runs under the tests' supplied secret, so calls compare draw for draw."""
+    kw.setdefault("secret", SECRET)
     spec = RunSpec(rounds, 1e-5, tuple(seeds))
     variants = Variants.grid(ALG, clients, spec, epsilon_target=[math.inf], learning_rate=[0.3])
     return simulate(ALG, clients, test, variants, **kw)
@@ -184,9 +187,15 @@ def test_server_optimisers_step_along_the_pseudo_gradient(digits, fed):
     spec = RunSpec(ROUNDS, 1e-5, (0, 1))
     grid = {"epsilon_target": [math.inf], "learning_rate": [0.3]}
     sgd = FedAvg(MODEL, LocalTraining(epochs=1, batch_size=32), server_optimizer="sgd")
-    # two algorithms are two releases with independent keys: pair them on purpose
+    # two algorithms are two releases with independent keys: pair them on purpose (one
+    # supplied secret and common random numbers)
     res = simulate(
-        sgd, clients, test, Variants.grid(sgd, clients, spec, **grid), common_random_numbers=True
+        sgd,
+        clients,
+        test,
+        Variants.grid(sgd, clients, spec, **grid),
+        common_random_numbers=True,
+        secret=SECRET,
     )
     plain = _fedavg(clients, test, common_random_numbers=True)
     np.testing.assert_allclose(
@@ -194,7 +203,8 @@ def test_server_optimisers_step_along_the_pseudo_gradient(digits, fed):
     )
     for name in ("adam", "yogi"):
         alg = FedAvg(MODEL, LocalTraining(batch_size=32), server_optimizer=name)
-        out = simulate(alg, clients, test, Variants.grid(alg, clients, spec, server_lr=0.01))
+        grid = Variants.grid(alg, clients, spec, server_lr=0.01)
+        out = simulate(alg, clients, test, grid, secret=SECRET)  # deterministic, as before
         assert out.history["test_accuracy"].iloc[-1] > 0.5, name
         assert jax.tree.leaves(out.server.opt_state)  # the optimiser's moments are kept
 

@@ -19,6 +19,7 @@ from swarmjax.fl.protocol import RunSpec, Variants
 from swarmjax.fl.runtime import simulate
 from swarmjax.models import mlp
 from tests.conftest import REPO
+from tests.reproducible import SECRET
 
 MODEL = mlp((16,), 10, (8, 8, 1))
 SPEC = RunSpec(2, 1e-5, (0, 1))
@@ -33,7 +34,10 @@ def digits():
 
 def _run(alg, clients, test, common_random_numbers=False, **hyper):
     variants = Variants.grid(alg, clients, SPEC, epsilon_target=[math.inf], **hyper)
-    return simulate(alg, clients, test, variants, common_random_numbers=common_random_numbers)
+    # one supplied secret for every call: FedAvg and FedProx are compared draw for draw
+    return simulate(
+        alg, clients, test, variants, common_random_numbers=common_random_numbers, secret=SECRET
+    )
 
 
 def test_mu_zero_is_fedavg_and_a_large_mu_holds_the_model(digits):

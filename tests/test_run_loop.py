@@ -15,6 +15,7 @@ from swarmjax.fl.data.partition import iid_partition
 from swarmjax.fl.protocol import RunSpec, Variants
 from swarmjax.fl.runtime import Run, advance, finish, simulate, start
 from swarmjax.models import mlp
+from tests.reproducible import SECRET
 
 ROUNDS = 6
 ALG = ClientLevelDPFedAvg(mlp((16,), 10, (8, 8, 1)), LocalTraining(epochs=1, batch_size=35))
@@ -38,8 +39,9 @@ def _same(a, b) -> None:
 
 def test_a_user_loop_gives_simulates_numbers(call):
     clients, test, variants = call
-    whole = simulate(ALG, clients, test, variants, rounds_per_call=1)
-    run = start(ALG, clients, test, variants)
+    # one supplied secret: the loop and simulate draw the same numbers
+    whole = simulate(ALG, clients, test, variants, rounds_per_call=1, secret=SECRET)
+    run = start(ALG, clients, test, variants, secret=SECRET)
     assert isinstance(run, Run) and run.runs == 4 and run.done == 0 and run.metrics == {}
     seen = []
     for n in (1, 2, 1, 2):  # any split of the rounds; the first compiled call is reused
@@ -58,7 +60,7 @@ def test_a_user_loop_gives_simulates_numbers(call):
 
 def test_early_stopping_accounts_only_the_rounds_done(call):
     clients, test, variants = call
-    run, best, stale = start(ALG, clients, test, variants), -1.0, 0
+    run, best, stale = start(ALG, clients, test, variants, secret=SECRET), -1.0, 0
     while run.done < ROUNDS:
         run, metrics = advance(run)
         acc = float(metrics["test_accuracy"].mean())
@@ -67,7 +69,7 @@ def test_early_stopping_accounts_only_the_rounds_done(call):
             break
     early = finish(run)
     assert early.history["round"].max() == run.done
-    full = simulate(ALG, clients, test, variants)
+    full = simulate(ALG, clients, test, variants, secret=SECRET)
     eps_early = early.privacy.final_epsilon.max(axis=1)
     eps_full = full.privacy.final_epsilon.max(axis=1)
     if run.done < ROUNDS:
