@@ -207,7 +207,7 @@ def _fedavg(
     res = simulate(
         alg, d.clients, (d.ds.x_test, d.ds.y_test), variants, progress=True, secret=secret
     )
-    releases = saved_releases(res, algorithm="fedavg_dp_adam", path=path)
+    releases = saved_releases(res, algorithm="fedavg_dp_adam", path=path, data=d.ds.name)
     lower = max((r.epsilon_lower for r in res.audit), default=None) if res.audit else None
     privacy = {"epsilon_max": eps_of(res, eps)[0], "epsilon_lower": lower}
     return res.history, {**privacy, "releases": releases}

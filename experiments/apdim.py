@@ -1,4 +1,4 @@
-"""APDIM vs uniform Laplace on Adult, MGM, CMC and Heart (seed 003, spec section 5).
+"""APDIM vs uniform Laplace on Adult, MGM, CMC and Heart (seed 003, docs/algorithms.md section 5).
 
     python -m experiments.apdim            # default slice: all datasets and epsilons, 2 seeds
     python -m experiments.apdim --quick    # CI smoke run (< 1 minute)

@@ -12,7 +12,7 @@ and arbitrary K = 2 (two classes); mmlp, lmlp and lstm on uniform K = 5. ``--ful
 every model on every split x K.
 
 For every (dataset, model, split, K): clients train E local epochs per round; CL combines
-them with :class:`swarmjax.fl.algorithms.combined.CombinedAggregator` (spec section 6,
+them with :class:`swarmjax.fl.algorithms.combined.CombinedAggregator` (docs/algorithms.md section 6,
 c = 0.01 as the authors ran), FedAvg with the weighted mean; "alone" clients never combine;
 the centralised model trains on all the data (E epochs per round, so round t matches E*t
 epochs). Test
@@ -197,10 +197,10 @@ def run_setting(
             alg, clients, test, profile.rounds, seeds, epsilon_target=[math.inf], learning_rate=[lr]
         )
         frames.append(res.history[["seed", "round", "test_accuracy"]].assign(method=method))
-        releases += saved_releases(res, algorithm=method, path=path, **labels)
+        releases += saved_releases(res, algorithm=method, path=path, data=dataset, **labels)
     alone = LocalOnly(model, training, eval_batch_size=1000)
     alone = _simulate(alone, clients, test, profile.rounds, seeds, learning_rate=[lr])
-    releases += saved_releases(alone, algorithm="alone", path=path, **labels)
+    releases += saved_releases(alone, algorithm="alone", path=path, data=dataset, **labels)
     acc = alone.metrics["test_accuracy"]  # (seeds, rounds, clients)
     s_idx, t_idx, c_idx = np.meshgrid(
         np.asarray(seeds), np.arange(1, profile.rounds + 1), np.arange(k), indexing="ij"
@@ -240,7 +240,7 @@ def run_central(
         round=hist["epoch"] // e, method="central", dataset=dataset, model=model_name
     )[["seed", "round", "test_accuracy", "method", "dataset", "model"]]
     releases = saved_releases(
-        res, algorithm="central", path=path, dataset=dataset, model=model_name
+        res, algorithm="central", path=path, data=dataset, dataset=dataset, model=model_name
     )
     return hist, {"releases": releases}
 

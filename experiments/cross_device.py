@@ -58,7 +58,7 @@ from swarmjax.fl.protocol import RunSpec, Variants
 from swarmjax.fl.runtime import simulate
 from swarmjax.fl.runtime.simulator import CHECKPOINT_NOT_RELEASED
 from swarmjax.models import evaluate, simple_cnn
-from swarmjax.privacy.canaries import CanaryAudit
+from swarmjax.privacy.canaries import DEFAULT_CANARIES, CanaryAudit
 from swarmjax.privacy.ftrl import FACTORIZATIONS, SCHEDULES
 from swarmjax.privacy.ledger import Ledger, releases_from_result
 from swarmjax.privacy.plan import default_delta
@@ -226,9 +226,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--audit",
         type=_cli.count("--audit", 2),
+        nargs="?",
+        const=DEFAULT_CANARIES,
         metavar="N",
-        help="empirical privacy audit: N client-level canaries in every DP run (docs/audits.md); "
-        "each run's lower bound is printed beside its accounted epsilon and written to the "
+        help="empirical privacy audit: N client-level canaries in every DP run (--audit alone: "
+        f"{DEFAULT_CANARIES}, sized to see a 4x noise error; docs/audits.md); each run's lower "
+        "bound, power and verdict are printed beside its accounted epsilon and written to the "
         "ledger",
     )
     return p
@@ -492,15 +495,17 @@ def spec(prof: Profile) -> RunSpec:
     return RunSpec(prof.rounds, _delta(prof), prof.seeds, accountant=prof.accountant)
 
 
-def add_to_ledger(ledger: Ledger, res, name: str, what: str, path: str) -> None:
-    """Every run of ``res`` into ``ledger`` under ``name``. A run whose epsilon holds only
-    for a simulated deployment (``--noise-cohort``) goes in with no epsilon covering it
-    (``inf``: listed, never composed) and ``what`` beside it, so the experiment's composed
-    statement claims nothing this run lacks."""
+def add_to_ledger(
+    ledger: Ledger, res, name: str, what: str, path: str, data: str | None = None
+) -> None:
+    """Every run of ``res`` into ``ledger`` under ``name`` (``data``: the dataset's name).
+    A run whose epsilon holds only for a simulated deployment (``--noise-cohort``) goes in
+    with no epsilon covering it (``inf``: listed, never composed) and ``what`` beside it,
+    so the experiment's composed statement claims nothing this run lacks."""
     if not what.startswith(NOT_THIS_RUN):
-        ledger.add_result(res, algorithm=name, path=path)
+        ledger.add_result(res, algorithm=name, path=path, data=data)
         return
-    for r in releases_from_result(res, algorithm=name, path=path):
+    for r in releases_from_result(res, algorithm=name, path=path, data=data):
         deployment = {"deployment_epsilon": r.epsilon, "guarantee": what}
         ledger.add(dataclasses.replace(r, epsilon=math.inf, variant={**r.variant, **deployment}))
 
@@ -540,7 +545,7 @@ def run_one(
     )
     what = guarantee(prof, name)
     if ledger is not None:  # under the experiment's name for the algorithm
-        add_to_ledger(ledger, res, name, what, str(out / "history.csv"))
+        add_to_ledger(ledger, res, name, what, str(out / "history.csv"), prof.dataset)
         ledger.mark_not_released(out / "checkpoints" / label, CHECKPOINT_NOT_RELEASED)
     wall = time.perf_counter() - t0
     params = res.server.params

@@ -1,4 +1,5 @@
-"""Client-level DP-FedAvg: fixed vs adaptive clipping at equal epsilon (seed 002, spec section 4).
+"""Client-level DP-FedAvg: fixed vs adaptive clipping at equal epsilon (seed 002; docs/algorithms.md
+section 4).
 
     python -m experiments.dp_fedavg            # default slice: MNIST + Fashion-MNIST, IID +
                                                # Dirichlet(0.5), 1000 clients, T = 50,
@@ -59,7 +60,7 @@ from swarmjax.fl.protocol import RunSpec, Variants
 from swarmjax.fl.runtime import simulate
 from swarmjax.models import cross_entropy, mlp, param_count
 from swarmjax.privacy.audit import membership_inference_advantage
-from swarmjax.privacy.canaries import CanaryAudit, CanaryReport
+from swarmjax.privacy.canaries import DEFAULT_CANARIES, CanaryAudit, CanaryReport
 from swarmjax.privacy.ledger import Ledger, saved_releases
 from swarmjax.privacy.secret import Secret
 
@@ -233,7 +234,7 @@ def run_one(
     private = float(kwargs["noise_multiplier"][0]) > 0
     res = simulate(alg, clients, test, variants, audit=audit if private else None, secret=secret)
     seconds = time.perf_counter() - t0
-    releases = saved_releases(res, algorithm=method, path=release_path)
+    releases = saved_releases(res, algorithm=method, path=release_path, data=data.name)
     h = res.history
     last = h[h["round"] == profile.rounds]
     reach = rounds_to_target(h, profile.target_accuracy)
@@ -408,9 +409,12 @@ def parse_args(argv: list[str] | None = None):
     parser.add_argument(
         "--audit",
         type=_cli.count("--audit", 2),
+        nargs="?",
+        const=DEFAULT_CANARIES,
         metavar="N",
         help="empirical privacy audit: N client-level canaries in every private run "
-        "(docs/audits.md); each run's lower bound is printed beside its accounted epsilon "
+        f"(--audit alone: {DEFAULT_CANARIES}, sized to see a 4x noise error; docs/audits.md); "
+        "each run's lower bound, power and verdict are printed beside its accounted epsilon "
         "and written to the privacy ledger",
     )
     return parser.parse_args(argv)

@@ -224,7 +224,8 @@ def _dp_pso_call(
         if res.audit:  # the largest lower bound over the seeds of this target
             at = np.flatnonzero(res.runs["epsilon_target"].to_numpy() == eps)
             rows[-1]["epsilon_lower"] = max(res.audit[int(i)].epsilon_lower for i in at)
-    return h, {"rows": rows, "releases": saved_releases(res, algorithm="fed_dp_pso", path=path)}
+    releases = saved_releases(res, algorithm="fed_dp_pso", path=path, data=ds.name)
+    return h, {"rows": rows, "releases": releases}
 
 
 def run_dataset(name, prof: Profile, data_dir, out, store, cells, rounds_rows, ledger: Ledger):

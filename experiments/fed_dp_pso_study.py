@@ -196,7 +196,7 @@ def _call(
     res = simulate(alg, clients, (ds.x_test, ds.y_test), variants, progress=True, secret=secret)
     h = res.history.rename(columns={"test_accuracy": "val_accuracy"})
     h = h.assign(epsilon_max=res.privacy.final_epsilon.max(), seconds=time.perf_counter() - t0)
-    return h, {"releases": saved_releases(res, algorithm="fed_dp_pso", path=path)}
+    return h, {"releases": saved_releases(res, algorithm="fed_dp_pso", path=path, data=ds.name)}
 
 
 def _summarise(h: pd.DataFrame) -> list[dict]:

@@ -382,7 +382,7 @@ def run_one(
                 "seconds_per_round": wall / prof.rounds,
             }
         )
-    releases = saved_releases(res, algorithm=name, path=release_path)
+    releases = saved_releases(res, algorithm=name, path=release_path, data="shakespeare")
     return history, {"rows": rows, "releases": releases}
 
 

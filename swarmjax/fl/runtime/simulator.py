@@ -93,7 +93,8 @@ _ROWS_STREAM = 0x726F7773  # fold_in constant of a round's capped-rows draw (Cli
 
 CHECKPOINT_NOT_RELEASED = (
     "checkpoints: the run's carry (client states, per-client spend) and per-round outputs with "
-    "the realised cohorts, statistics of private data covered by no epsilon"
+    "the realised cohorts, statistics of private data covered by no epsilon, and secret.key, "
+    "the run's secret, from which its noise can be regenerated"
 )
 
 
