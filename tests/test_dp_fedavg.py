@@ -29,6 +29,7 @@ from swarmjax.fl.protocol import RunSpec, Slots, Variants
 from swarmjax.fl.runtime import simulate
 from swarmjax.models import mlp, param_bytes
 from swarmjax.privacy import accounting
+from tests.reproducible import SECRET
 
 MODEL = mlp((16,), 10, (8, 8, 1))
 NUM_CLIENTS, PER_CLIENT = 10, 140
@@ -52,10 +53,18 @@ def digits():
 
 
 def _run(alg, clients, test, rounds, **kw):
-    """``rounds`` rounds of both seeds; common random numbers, so equal seeds start from the
-    same model whatever the algorithm."""
+    """``rounds`` rounds of both seeds; one supplied secret and common random numbers, so
+    equal seeds start from the same model whatever the algorithm and the call."""
     variants = Variants.grid(alg, clients, RunSpec(rounds, DELTA, tuple(SEEDS)), **kw)
-    return simulate(alg, clients, test, variants, rounds_per_call=1, common_random_numbers=True)
+    return simulate(
+        alg,
+        clients,
+        test,
+        variants,
+        rounds_per_call=1,
+        common_random_numbers=True,
+        secret=SECRET,
+    )
 
 
 def _full_participation(**kw):
@@ -66,8 +75,9 @@ def _initial_params(alg, clients, test):
     """The runs' initial global models (leading run axis): the algorithm's own init."""
     from swarmjax.fl.protocol import release_identity, run_keys, server_init_key
 
-    # common random numbers: every variant's run key is key(seed), whatever its identity
-    keys = run_keys(SEEDS, [release_identity(alg, None, {})], True)
+    # common random numbers: every variant's run key is the secret's key with the seed folded
+    # in, whatever its identity
+    keys = run_keys(SECRET, SEEDS, [release_identity(alg, None, {})], True)
     return jax.vmap(lambda k: alg.model.init(server_init_key(k)))(keys)
 
 

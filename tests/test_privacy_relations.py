@@ -29,6 +29,7 @@ from swarmjax.fl.protocol import (
 from swarmjax.fl.runtime import simulate
 from swarmjax.fl.runtime.result import RELATIONS
 from swarmjax.models import mlp
+from tests.reproducible import SECRET
 
 MODEL = mlp((8,), 10, (8, 8, 1))
 
@@ -143,9 +144,11 @@ def test_a_bfloat16_model_gets_float32_server_noise_through_simulate(digits):
     spec = RunSpec(rounds=1, delta=1e-5)
     hyper = dict(sample_rate=1.0, noise_multiplier=10.0, initial_clip=1.0, client_lr=1e-9)
     variants = Variants.grid(dp, clients, spec, **hyper)
-    res = simulate(dp, clients, test, variants)
+    # a supplied secret: the test rebuilds the run's initial model from its key
+    res = simulate(dp, clients, test, variants, secret=SECRET)
     assert np.isfinite(res.privacy.final_epsilon).all()
-    start = model.init(server_init_key(run_keys([0], variant_identities(dp, variants), False)[0]))
+    key = run_keys(SECRET, [0], variant_identities(dp, variants), False)[0]
+    start = model.init(server_init_key(key))
     moved = np.concatenate(
         [
             (np.asarray(a[0], np.float32) - np.asarray(b, np.float32)).ravel()

@@ -22,6 +22,7 @@ from swarmjax.fl.protocol import RunSpec, Variants, slot_sum
 from swarmjax.fl.runtime import simulate
 from swarmjax.fl.runtime import simulator as sim
 from swarmjax.models import mlp
+from tests.reproducible import SECRET
 from tests.test_fl_protocol import forty_clients
 
 MODEL = mlp((8,), 10, (8, 8, 1))
@@ -136,9 +137,10 @@ def test_a_summed_run_is_the_stacked_run(federation, monkeypatch, client_map, na
         grid = {}
     assert alg.exchanges[0].aggregate_sum is not None
     variants = Variants.grid(alg, clients, RunSpec(3, 1e-3, (0, 1)), **grid)
-    summed = simulate(alg, clients, test, variants, client_map=client_map)
+    # one supplied secret for both calls: the same cohorts, batches and noise
+    summed = simulate(alg, clients, test, variants, client_map=client_map, secret=SECRET)
     _unsummed(cls, monkeypatch)
     assert alg.exchanges[0].aggregate_sum is None
-    stacked = simulate(alg, clients, test, variants, client_map=client_map)
+    stacked = simulate(alg, clients, test, variants, client_map=client_map, secret=SECRET)
     chex.assert_trees_all_equal(summed.server, stacked.server)
     assert np.isfinite(np.asarray(summed.history["test_loss"])).all()

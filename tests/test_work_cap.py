@@ -22,6 +22,7 @@ from swarmjax.fl.data.store import VMAP_BLOCK, ClientStore
 from swarmjax.fl.protocol import RunSpec, Variants
 from swarmjax.fl.runtime import simulate
 from swarmjax.models import mlp
+from tests.reproducible import SECRET
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +35,17 @@ def digits():
 
 def _run(alg, clients, test, client_map="vmap", rounds=3):
     grid = Variants.grid(alg, clients, RunSpec(rounds, 1e-5), learning_rate=[0.2])
-    return simulate(alg, clients, test, grid, client_map=client_map, common_random_numbers=True)
+    # one supplied secret and common random numbers: calls with different algorithms (caps)
+    # draw the same cohorts and batches
+    return simulate(
+        alg,
+        clients,
+        test,
+        grid,
+        client_map=client_map,
+        common_random_numbers=True,
+        secret=SECRET,
+    )
 
 
 def _leaves(res):
@@ -100,14 +111,18 @@ def test_a_cap_no_client_exceeds_changes_nothing_bitwise(digits):
             model, store.num_clients, 0.25, spec, 8.0, training=training
         )
         grid = Variants.grid(dp, store, spec, sample_rate=0.25, epsilon_target=8.0)
-        res = simulate(dp, store, test, grid, client_map="vmap", common_random_numbers=True)
+        res = simulate(
+            dp, store, test, grid, client_map="vmap", common_random_numbers=True, secret=SECRET
+        )
         if training.max_examples is None:
             base = res
     for a, b in zip(_leaves(base), _leaves(res), strict=True):
         np.testing.assert_array_equal(a, b)
     # user-level DP-FedAvg, vmapped in sorted blocks, from a padded buffer: the same bits
     padded = store.with_read("buffer")
-    res = simulate(dp, padded, test, grid, client_map="vmap", common_random_numbers=True)
+    res = simulate(
+        dp, padded, test, grid, client_map="vmap", common_random_numbers=True, secret=SECRET
+    )
     for a, b in zip(_leaves(base), _leaves(res), strict=True):
         np.testing.assert_array_equal(a, b)
 
