@@ -35,6 +35,7 @@ from swarmjax.fl.data.clients import client
 from swarmjax.fl.protocol import RunSpec, Variants
 from swarmjax.models import cross_entropy, mlp
 from swarmjax.privacy.accounting import epsilon
+from tests.reproducible import SECRET
 
 TARGETS = [4.0, 6.0]
 DELTA = 1e-5
@@ -80,7 +81,10 @@ def uneven():
 def _plain_run(uneven, client_map: str):
     ds, clients, alg = uneven
     variants = Variants.grid(alg, clients, RunSpec(3, DELTA, (3,)), learning_rate=0.01)
-    return simulate(alg, clients, (ds.x_test, ds.y_test), variants, client_map=client_map)
+    # one supplied secret: the vmapped and sequential calls are compared draw for draw
+    return simulate(
+        alg, clients, (ds.x_test, ds.y_test), variants, client_map=client_map, secret=SECRET
+    )
 
 
 @pytest.fixture(scope="module")

@@ -20,6 +20,7 @@ from swarmjax.fl.data import load_dataset, partition, stack_clients
 from swarmjax.fl.protocol import RunSpec, Variants
 from swarmjax.fl.runtime import simulate
 from swarmjax.models import Model, check_model, from_flax, from_nnx, mlp
+from tests.reproducible import SECRET, secret_file
 
 SHAPE, CLASSES, HIDDEN = (8, 8, 1), 10, 8
 
@@ -70,12 +71,12 @@ def digits():
 
 
 def run(model: Model, clients, test, training: LocalTraining, epsilon: float | None = None):
-    """Two FedAvg rounds; common random numbers, so two models draw the same batches and
-    noise whatever their release identities."""
+    """Two FedAvg rounds; one supplied secret and common random numbers, so two models
+    (two calls) draw the same batches and noise whatever their release identities."""
     alg = FedAvg(model, training)
     spec = RunSpec(rounds=2, delta=1e-5)
     variants = Variants.grid(alg, clients, spec, epsilon_target=epsilon, learning_rate=0.2)
-    return simulate(alg, clients, test, variants, common_random_numbers=True)
+    return simulate(alg, clients, test, variants, common_random_numbers=True, secret=SECRET)
 
 
 def assert_same(a, b, atol: float) -> None:
@@ -138,11 +139,14 @@ def nnx_task(config: dict):
     with the NNX MLP on the digits clients the ready-made tasks build."""
     from swarmjax.fl.runtime.flower.task import stacked_task
     from swarmjax.fl.runtime.flower.tasks import digits_clients
+    from swarmjax.privacy.secret import Secret
 
     clients, test = digits_clients(config)
     alg = FedAvg(from_nnx(TinyMLP, SHAPE, CLASSES), LocalTraining(batch_size=25))
     spec = RunSpec(rounds=int(config["rounds"]), delta=1e-5)
-    return stacked_task(alg, Variants.grid(alg, clients, spec, learning_rate=0.2), clients, test)
+    grid = Variants.grid(alg, clients, spec, learning_rate=0.2)
+    secret = Secret.from_file(config["secret-file"]) if config.get("secret-file") else None
+    return stacked_task(alg, grid, clients, test, secret)
 
 
 def test_an_nnx_model_on_the_flower_runtime_matches_the_simulator():
@@ -152,7 +156,13 @@ def test_an_nnx_model_on_the_flower_runtime_matches_the_simulator():
     from swarmjax.fl.runtime.flower.server import ServerSettings, drive
     from swarmjax.fl.runtime.flower.task import load_task, simulate_task
 
-    config = {"task": f"{__name__}:nnx_task", "rounds": 2, "train-size": 150}
+    # every process and the simulator read one supplied secret: the same draws
+    config = {
+        "task": f"{__name__}:nnx_task",
+        "rounds": 2,
+        "train-size": 150,
+        "secret-file": secret_file(),
+    }
     grid = LoopbackGrid.with_partitions(make_client_app(), config, (0, 1, 2))
     task = load_task(config)
     flower = drive(grid, task, ServerSettings(join_timeout=1.0, reply_timeout=1.0))
