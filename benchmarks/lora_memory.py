@@ -17,10 +17,11 @@ expected size ``cohort``, its buffer sized by the plan) for:
 Memory is XLA's buffer assignment of the compiled program (``compiled.memory_analysis()``):
 arguments (the model or adapters, the client store, the test set) + outputs + temporaries
 - aliased bytes: the peak the program holds on its device, measured without running it, the
-same way on a CPU or a GPU. The clients of a round run one at a time (``sequential``, the
-CPU default) and, for the cohort-50 rows, all vmapped at once (``vmap``, the accelerator
-default). ``--write`` appends the section ``lora_memory-<device>`` to
-``benchmarks/RESULTS.md`` with the machine and date.
+same way on a CPU or a GPU. A round also evaluates the server's model on the test set (in
+batches of the training batch, so evaluation needs no more than a training step). The
+clients of a round run one at a time (``sequential``, the CPU default) and, for the
+cohort-50 rows, all vmapped at once (``vmap``, the accelerator default). ``--write`` appends
+the section ``lora_memory-<device>`` to ``benchmarks/RESULTS.md`` with the machine and date.
 """
 
 from __future__ import annotations
@@ -115,7 +116,15 @@ def dp_round(config, base, store, test, training, trainable, rank, cohort, cmap,
         model = lora.full_transformer(config, base)
     spec = RunSpec(rounds=10, delta=1e-5, accountant="rdp")
     run = registry.CrossDeviceRun(
-        model, store.num_clients, cohort, spec, training, epsilon=8.0, client_lr=0.1, clip=0.1
+        model,
+        store.num_clients,
+        cohort,
+        spec,
+        training,
+        epsilon=8.0,
+        client_lr=0.1,
+        clip=0.1,
+        eval_batch_size=training.batch_size,  # the round's evaluation: one batch at a time
     )
     alg, grid = registry.cross_device("dp-fedavg", run)
     variants = Variants.grid(alg, store, spec, **grid)
