@@ -29,6 +29,7 @@ from swarmjax.models import mlp
 from swarmjax.privacy import accounting
 from swarmjax.privacy.ftrl import correlated_noise, noise_state
 from swarmjax.privacy.mechanisms import gaussian_mechanism
+from tests.reproducible import SECRET
 
 CONFIG = {
     "task": "swarmjax.fl.runtime.flower.tasks:digits",
@@ -53,12 +54,16 @@ SMALL = {"train-size": 60, "num-clients": 6}
 
 
 @pytest.fixture(scope="module")
-def deployed():
+def deployed(tmp_path_factory):
     """The task on the Flower runtime (LoopbackGrid: the real ServerApp and ClientApps) and
-    in the simulator."""
-    deployment = flower_task.load_task(CONFIG)
+    in the simulator, all reading one supplied secret (``secret-file``) so that they draw
+    the same numbers."""
+    key = SECRET.save(tmp_path_factory.mktemp("secret") / "secret.key")
+    config = {**CONFIG, "secret-file": str(key)}
+    deployment = flower_task.load_task(config)
+    assert deployment.secret == SECRET
     app = flower_client.make_client_app()
-    grid = loopback.LoopbackGrid.with_partitions(app, CONFIG, (0, 1, 2))
+    grid = loopback.LoopbackGrid.with_partitions(app, config, (0, 1, 2))
     fast = flower_server.ServerSettings(join_timeout=1.0, reply_timeout=1.0)
     run = flower_server.drive(grid, deployment, fast)
     return deployment, run, flower_task.simulate_task(deployment)

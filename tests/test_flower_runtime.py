@@ -17,6 +17,7 @@ from swarmjax.fl.runtime.flower.client import make_client_app
 from swarmjax.fl.runtime.flower.loopback import LoopbackGrid
 from swarmjax.fl.runtime.flower.server import ServerSettings, drive
 from swarmjax.fl.runtime.flower.task import load_task, simulate_task
+from tests.reproducible import SECRET, secret_file
 
 # The smallest settings that still run every code path: 150 digits rows (50 per client, the
 # Poisson batch of 32 stays below them), an 8-unit hidden layer, 2 rounds (1 for
@@ -31,8 +32,16 @@ FAST = ServerSettings(join_timeout=1.0, reply_timeout=1.0)
 
 def config(algorithm: str, **extra: object) -> dict:
     """The run config of ``algorithm`` at the suite's sizes. Tests that use the same config
-    share one Task, so its functions compile once per process."""
-    return {**BASE, "algorithm": algorithm, **SIZES.get(algorithm, {}), **extra}
+    share one Task, so its functions compile once per process. Every process (server,
+    clients) and the simulator read the tests' supplied secret (``secret-file``), so they
+    draw the same numbers; ``**{"secret-file": ""}`` lets each process draw its own."""
+    return {
+        **BASE,
+        "algorithm": algorithm,
+        "secret-file": secret_file(),
+        **SIZES.get(algorithm, {}),
+        **extra,
+    }
 
 
 def _grid(config, partitions=(0, 1, 2)):
@@ -224,6 +233,26 @@ def test_a_partition_claimed_twice_is_refused(caplog):
     ok = run.operator.messages[run.operator.messages["status"] == "ok"]
     assert ok.groupby("round")["client"].apply(sorted).tolist() == [[0, 1], [0, 1]]
     assert set(ok["node"]) == {100, 101}
+
+
+def test_a_task_reads_its_secret_file_or_draws_its_own():
+    """``secret-file`` names the supplied secret every process reads (reproducible mode,
+    the simulator's keys); without it each process draws its own from OS entropy, so
+    its run key is neither the simulator's under the supplied secret nor another
+    process's."""
+    from swarmjax.fl.runtime.flower.tasks import digits
+
+    supplied = load_task(config("fedavg"))
+    assert supplied.secret == SECRET
+    assert supplied.run_key is supplied.run_key  # one key per Task (per process)
+    own = [digits(config("fedavg", **{"secret-file": ""})) for _ in range(2)]
+    assert own[0].secret is None and own[1].secret is None
+    words = [np.asarray(jax.random.key_data(t.run_key)) for t in (supplied, *own)]
+    assert words[0].shape == (8,)  # a 256-bit ChaCha20 key
+    assert not np.array_equal(words[0], words[1]) and not np.array_equal(words[1], words[2])
+    with pytest.raises(ValueError, match="secret file") as err:
+        load_task(config("fedavg", **{"secret-file": "/nonexistent/secret.key"}))
+    assert "\n" not in str(err.value)
 
 
 def test_bad_settings_fail_before_any_work():

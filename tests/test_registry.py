@@ -120,6 +120,7 @@ def test_fedprox_on_flower_gives_the_simulator_numbers():
     from swarmjax.fl.runtime.flower.loopback import LoopbackGrid
     from swarmjax.fl.runtime.flower.server import ServerSettings, drive
     from swarmjax.fl.runtime.flower.task import load_task, simulate_task
+    from tests.reproducible import secret_file
 
     cfg = {
         "task": "swarmjax.fl.runtime.flower.tasks:digits",
@@ -128,6 +129,7 @@ def test_fedprox_on_flower_gives_the_simulator_numbers():
         "rounds": 2,
         "train-size": 150,
         "hidden": 8,
+        "secret-file": secret_file(),  # every process and the simulator: the same draws
     }
     grid = LoopbackGrid.with_partitions(make_client_app(), cfg, (0, 1, 2))
     run = drive(grid, load_task(cfg), ServerSettings(join_timeout=1.0, reply_timeout=1.0))

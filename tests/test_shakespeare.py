@@ -306,11 +306,13 @@ def test_trains_in_the_simulator_with_record_level_dp():
 def lstm_task(config):
     """A Flower task: FedAvg of the tiny LSTM on 3 clients of synthetic text."""
     from swarmjax.fl.runtime.flower.task import stacked_task
+    from swarmjax.privacy.secret import Secret
 
     clients, test = _tiny_clients()
     alg = FedAvg(MODEL, LocalTraining(epochs=1, batch_size=4))
     variants = Variants.grid(alg, clients, RunSpec(int(config["rounds"]), 1e-3, (0,)))
-    return stacked_task(alg, variants, clients, test)
+    secret = Secret.from_file(config["secret-file"]) if config.get("secret-file") else None
+    return stacked_task(alg, variants, clients, test, secret)
 
 
 def test_runs_over_flowers_message_machinery():
@@ -319,8 +321,10 @@ def test_runs_over_flowers_message_machinery():
     from swarmjax.fl.runtime.flower.loopback import LoopbackGrid
     from swarmjax.fl.runtime.flower.server import ServerSettings, drive
     from swarmjax.fl.runtime.flower.task import load_task, simulate_task
+    from tests.reproducible import secret_file
 
-    cfg = {"task": f"{__name__}:lstm_task", "rounds": 2}
+    # every process and the simulator read one supplied secret: the same draws
+    cfg = {"task": f"{__name__}:lstm_task", "rounds": 2, "secret-file": secret_file()}
     grid = LoopbackGrid.with_partitions(make_client_app(), cfg, (0, 1, 2))
     run = drive(grid, load_task(cfg), ServerSettings(join_timeout=1.0, reply_timeout=1.0))
     sim = simulate_task(load_task(cfg))
