@@ -70,7 +70,7 @@ from swarmjax.fl.data.shakespeare import (
 from swarmjax.fl.data.store import ClientStore
 from swarmjax.fl.protocol import RunSpec, Variants
 from swarmjax.fl.runtime import advance, finish, start
-from swarmjax.models import Model, evaluate
+from swarmjax.models import Model, evaluate, param_count
 from swarmjax.privacy.ledger import Ledger, Release, saved_releases
 from swarmjax.privacy.plan import default_delta
 from swarmjax.privacy.secret import Secret
@@ -520,9 +520,7 @@ def run_one(
             "final_accuracy": float(acc[i]),
             "final_loss": float(loss[i]),
             "final_perplexity": float(np.exp(loss[i])),
-            "trained_params": int(
-                sum(np.size(a) for a in jax.tree.leaves(model.init(jax.random.key(0))))
-            ),
+            "trained_params": param_count(jax.eval_shape(model.init, jax.random.key(0))),
             "bytes_up_per_client": per_client_up,
             "seconds_per_round": float(np.mean(seconds[1:] or seconds)),
             "first_round_seconds": float(seconds[0]),
@@ -559,10 +557,11 @@ def _label(name: str, trainable: str, eps: float) -> str:
 
 
 def figures(history: pd.DataFrame, summary: pd.DataFrame, pre: dict, out: Path) -> None:
-    """Column-sized figures (3.4 in wide): test accuracy per round, one panel per trainable
-    (the pretrained model's accuracy dashed); final accuracy against epsilon, one line per
-    (trainable, DP algorithm), no DP and the pretrained model as horizontal lines. Legends
-    sit below the axes, never over the data."""
+    """Column-sized figures (3.4 in wide): test accuracy per round (``--test-size``
+    windows), one panel per trainable, the pretrained model's accuracy on the same windows
+    dashed; final accuracy against epsilon, one line per (trainable, DP algorithm), no DP
+    and the pretrained model as horizontal lines. Legends sit below the axes, never over
+    the data."""
     import matplotlib.pyplot as plt
 
     trainables = list(dict.fromkeys(history["trainable"]))
@@ -577,7 +576,7 @@ def figures(history: pd.DataFrame, summary: pd.DataFrame, pre: dict, out: Path) 
             (line,) = ax.plot(mean.index, mean.values, marker=".", lw=1.2)
             handles.setdefault(_label(name, trainable, eps), line)
             line.set_color(handles[_label(name, trainable, eps)].get_color())
-        ref = ax.axhline(pre["private_test"]["accuracy"], color="0.4", ls="--", lw=1)
+        ref = ax.axhline(pre["per_round_test"]["accuracy"], color="0.4", ls="--", lw=1)
         handles.setdefault("pretrained", ref)
         ax.set_title("LoRA adapters" if trainable == "lora" else "Full fine-tuning", fontsize=9)
         ax.set_ylabel("test accuracy", fontsize=8)
@@ -585,9 +584,10 @@ def figures(history: pd.DataFrame, summary: pd.DataFrame, pre: dict, out: Path) 
     axes[-1, 0].set_xlabel("round", fontsize=8)
     axes[-1, 0].xaxis.get_major_locator().set_params(integer=True)
     fig.legend(
-        handles.values(), handles.keys(), loc="lower center", ncol=3, fontsize=6.5, frameon=False
+        handles.values(), handles.keys(), loc="lower center", ncol=2, fontsize=6.5, frameon=False
     )
-    fig.tight_layout(rect=(0, 0.13 if len(handles) > 3 else 0.08, 1, 1))
+    rows = -(-len(handles) // 2)  # legend rows, below the panels
+    fig.tight_layout(rect=(0, 0.02 + 0.028 * rows, 1, 1))
     fig.savefig(out / "accuracy_per_round.png", dpi=150)
     plt.close(fig)
 
@@ -616,11 +616,13 @@ def figures(history: pd.DataFrame, summary: pd.DataFrame, pre: dict, out: Path) 
         )
     ax.axhline(pre["private_test"]["accuracy"], color="0.4", ls="--", lw=1, label="pretrained")
     ax.set_xscale("log", base=2)
+    ticks = sorted(set(dp["epsilon_target"]))
+    ax.set_xticks(ticks, [f"{t:g}" for t in ticks])
     ax.set_xlabel("epsilon (user-level)", fontsize=8)
     ax.set_ylabel("final test accuracy", fontsize=8)
     ax.set_title("Accuracy vs epsilon", fontsize=9)
     ax.tick_params(labelsize=7)
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=2, fontsize=6.5, frameon=False)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.3), ncol=2, fontsize=6.5, frameon=False)
     fig.tight_layout()
     fig.savefig(out / "accuracy_vs_epsilon.png", dpi=150, bbox_inches="tight")
     plt.close(fig)
@@ -680,13 +682,12 @@ def main(argv: list[str] | None = None) -> None:
         )
     )
     plain = lora.full_transformer(config, base)
-    pre = {
-        "private_test": lora.next_token_metrics(plain, plain.init(jax.random.key(0)), *final_test)
-    }
-    if public_test is not None:
-        pre["public_test"] = lora.next_token_metrics(
-            plain, plain.init(jax.random.key(0)), *public_test
-        )
+    start_params = jax.tree.map(lambda a: a[None], plain.init(jax.random.key(0)))
+    sets = {"private_test": final_test, "per_round_test": test, "public_test": public_test}
+    pre = {}  # the final test set, the per-round one (the curves' reference), the public one
+    for where, (tx, ty) in ((k, v) for k, v in sets.items() if v is not None):
+        loss, acc = (float(a[0]) for a in _final(plain.apply, start_params, tx, ty))
+        pre[where] = {"accuracy": acc, "loss": loss, "perplexity": math.exp(loss)}
     sizes = lora.describe(config, prof.rank, prof.lora_layers)
     print(
         f"{n} private clients ({int(store.sizes.min())}-{int(store.sizes.max())} windows of "
