@@ -92,8 +92,8 @@ def test_deployment_gives_the_simulators_numbers_and_survives_a_killed_supernode
     deployment, tmp_path
 ):
     seconds = [
-        *_assert_deployment_equals_simulator(  # seed 1: its round-1 Poisson draw selects
-            # two of the three clients (seed 0's selects none under the release-identity keys)
+        *_assert_deployment_equals_simulator(  # seed 1: under the tests' SECRET (the
+            # config's secret-file) its round-1 Poisson draw selects two of the three clients
             deployment,
             config("dp-fedavg", rounds=1, seed=1),
             tmp_path / "dp-fedavg",
