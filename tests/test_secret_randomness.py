@@ -176,6 +176,12 @@ SPEC = RunSpec(rounds=2, delta=1e-3, seeds=(7,))
 # z C / (q N) per coordinate and round, summed over rounds
 HYPER = dict(sample_rate=1.0, noise_multiplier=Z, initial_clip=CLIP, client_lr=0.1)
 CLAIMED = float(np.sqrt(SPEC.rounds) * Z * CLIP / NUM_CLIENTS)
+# Two independent noises differ by sqrt(2) CLAIMED per coordinate (measured 1.01-1.06x of
+# it with the training's own differences). The sample std of the model's 610 coordinates
+# is within ~3% of that, so 0.8x is more than 6 standard errors below it: fresh secrets
+# never trip it, while a regenerated noise leaves 0 (or the snapping grid's ~3%: the
+# audit's 0.011 against 0.366).
+NOISE_FLOOR = 0.8 * np.sqrt(2) * CLAIMED
 
 
 @pytest.fixture(scope="module")
@@ -219,7 +225,7 @@ def test_two_calls_without_a_secret_release_different_models(fresh):
     a, b = fresh
     assert not _same_release(a, b)
     diff = _flat(a.server.params) - _flat(b.server.params)
-    assert diff.std() > np.sqrt(2) * CLAIMED * 0.9  # independent noise in each
+    assert diff.std() > NOISE_FLOOR  # independent noise in each
     assert a.privacy.key_fingerprints != b.privacy.key_fingerprints
     for res in (a, b):
         assert res.privacy.randomness == {
@@ -381,7 +387,7 @@ def test_nothing_published_regenerates_the_noise(digits, tmp_path, monkeypatch):
         r = residual(_release(clients, test, secret=candidate))
         # what is left is at least the release's own noise (and the rebuilt run's): of the
         # claimed scale, never the grid-sized remainder the old keys left
-        assert r.std() > 0.9 * np.sqrt(2) * CLAIMED, (name, r.std(), CLAIMED)
+        assert r.std() > NOISE_FLOOR, (name, r.std(), CLAIMED)
     for name, derivation in (
         ("the pre-issue-45 Threefry keys of the seed", _threefry_run_keys),
         ("ChaCha20 keyed by the public seed", _public_chacha_run_keys),
@@ -391,7 +397,7 @@ def test_nothing_published_regenerates_the_noise(digits, tmp_path, monkeypatch):
         monkeypatch.undo()
         assert rebuilt.privacy.key_fingerprints != published["key_fingerprints"], name
         r = residual(rebuilt)
-        assert r.std() > 0.9 * np.sqrt(2) * CLAIMED, (name, r.std(), CLAIMED)
+        assert r.std() > NOISE_FLOOR, (name, r.std(), CLAIMED)
 
 
 # ---------------------------------------------------------------------- 4. Secret
