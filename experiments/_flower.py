@@ -20,6 +20,7 @@ from experiments._report import write_json
 from swarmjax.fl.runtime.flower.deployment import LocalDeployment
 from swarmjax.fl.runtime.flower.server import RELEASED, FlowerRun, read_run
 from swarmjax.fl.runtime.flower.task import Task, load_task, simulate_task
+from swarmjax.privacy.secret import Secret
 
 Runner = Callable[[dict, Task, Path], FlowerRun]
 
@@ -51,6 +52,13 @@ def run_over_flower(config: dict, out: Path, runner: Runner = deployed) -> dict:
         **config,
         "out-dir": str(run_dir),
     }
+    if not config.get("secret-file"):
+        # the deployment is compared with the simulator draw for draw, so both read one
+        # secret (reproducible mode: the record says so), kept with the operator-only
+        # outputs, which are never released
+        where = run_dir / "operator" / "secret.key"
+        Secret.generate().save(where)
+        config["secret-file"] = str(where)
     task = load_task(config)
     run = runner(config, task, out)
     sim = simulate_task(task)
