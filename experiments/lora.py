@@ -32,9 +32,10 @@ is covered, what is public and what is private), ``accuracy_per_round.png``,
 ``accuracy_vs_epsilon.png`` and the privacy ledger ``privacy_ledger.json`` / ``.md`` (every
 run as a release, the pretraining listed as computed from public plays only).
 
-Profiles: ``--quick`` (CI, ~1-2 min on 2 CPU cores): 2 public and 2 private plays, a
-1-block transformer of width 32 on 16-character windows, 100 pretraining steps, 2 rounds.
-Default (minutes on 2 cores): the 8 tragedies private (298 roles), the 29 other plays
+Profiles: ``--quick`` (CI; 164 s on 2 shared CPU cores at load 4-5): 2 public and 2
+private plays, a 1-block transformer of width 32 on 16-character windows, 100 pretraining
+steps, 2 rounds. Default (10 min on 2 shared cores with the base cached, + 4.5 min to
+pretrain it): the 8 tragedies private (298 roles), the 29 other plays
 public, a 2-block transformer of width 64 on 64-character windows, 1,500 pretraining steps,
 cohort 30, 15 rounds. ``--full`` (an accelerator): a 4-block transformer of width 128 on
 80-character windows, 20,000 pretraining steps, cohort 60, 200 rounds, every training
@@ -207,7 +208,7 @@ def _parser() -> argparse.ArgumentParser:
     p = _cli.parser(
         "lora",
         __doc__,
-        quick="CI (~1-2 min on 2 cores): 2 public and 2 private plays, a 1-block transformer "
+        quick="CI (~3 min on 2 shared cores): 2 public and 2 private plays, a 1-block transformer "
         "of width 32, 16-character windows, 100 pretraining steps, 2 rounds",
         full="for an accelerator: a 4-block transformer of width 128, 80-character windows, "
         "20,000 pretraining steps, cohort 60, 200 rounds, every window, 2 seeds",
