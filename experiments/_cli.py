@@ -620,22 +620,26 @@ def call_store(
     out: Path,
     settings: Mapping[str, Any],
     experiment: ModuleType | str,
+    args: argparse.Namespace,
     *,
-    restart: bool,
     parts: Sequence[ModuleType] = (),
-    secret: Secret | None = None,
     ledger: Any = None,
 ) -> CallStore:
     """The saved-calls store ``<out>/calls/``, keyed by ``settings`` and the source of the
     package, of ``experiment`` (a module or its name) and of its helper modules ``parts``.
 
-    ``secret``: the supplied secret of ``--secret-file`` (:func:`supplied_secret`), else
-    each call draws its own (:meth:`~swarmjax.resume.CallStore.secret`). ``ledger``: the
+    From ``args``: ``--restart`` (recompute every call) and ``--secret-file``
+    (:func:`supplied_secret`: every call's secret derived from it; without it each call
+    draws its own, :meth:`~swarmjax.resume.CallStore.secret`). ``ledger``: the
     experiment's :class:`~swarmjax.privacy.ledger.Ledger`, told that the store's folder
     (its cache and, under ``secret/``, the calls' secrets) is not released."""
     module = sys.modules[experiment] if isinstance(experiment, str) else experiment
     store = CallStore(
-        out / "calls", settings, restart=restart, code=(module, *parts), secret=secret
+        out / "calls",
+        settings,
+        restart=bool(getattr(args, "restart", False)),
+        code=(module, *parts),
+        secret=supplied_secret(args),
     )
     if ledger is not None:
         ledger.mark_not_released(store.folder, SECRET_NOT_RELEASED)

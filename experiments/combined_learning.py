@@ -479,7 +479,7 @@ def main(argv: list[str] | None = None) -> None:
                 out,
                 _call_settings(dataset, model, mprof),
                 __name__,
-                restart=args.restart,
+                args,
                 ledger=ledger,
             )
             central = partial(run_central, data, dataset, model, mprof, str(out / "central.csv"))

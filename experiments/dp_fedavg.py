@@ -488,8 +488,7 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
         out,
         _call_settings(meta),
         __name__,
-        restart=args.restart,
-        secret=_cli.supplied_secret(args),
+        args,
         ledger=ledger,
     )
     ledger.mark_not_released(out / PRIVATE, MIA_NOT_RELEASED)

@@ -525,14 +525,12 @@ def main(argv: list[str] | None = None) -> None:
     # every run is a release of the clients' data (docs/ledger.md); checked writable now
     ledger = Ledger(out, "fed_dp_pso", delta=prof.delta, accountant=prof.accountant)
     print(f"Privacy: {_covers()}.\n{_header(prof)}\nload at start: {_load()}", flush=True)
-    supplied = _cli.supplied_secret(args)
     store = _cli.call_store(
         out,
         prof.call_settings(),
         __name__,
-        restart=args.restart,
+        args,
         parts=[_parts],
-        secret=supplied,
         ledger=ledger,
     )
     stores, cells, rounds_rows, walls, kept = [store], [], [], {}, {}
@@ -549,9 +547,8 @@ def main(argv: list[str] | None = None) -> None:
             out,
             iid.call_settings(),
             __name__,
-            restart=args.restart,
+            args,
             parts=[_parts],
-            secret=supplied,
             ledger=ledger,
         )
         try:  # the paper's Fig. 3 dataset, IID only, when its files are found

@@ -314,8 +314,7 @@ def main(argv: list[str] | None = None) -> None:
         out,
         plan,
         __name__,
-        restart=args.restart,
-        secret=_cli.supplied_secret(args),
+        args,
         ledger=ledger,
     )
     print(_header(plan), flush=True)

@@ -709,8 +709,7 @@ def main(argv: list[str] | None = None) -> None:
         out,
         settings,
         __name__,
-        restart=args.restart,
-        secret=_cli.supplied_secret(args),
+        args,
         ledger=ledger,
     )
     where = {"base": base_text, "private": private_name, "path": str(out / "history.csv")}

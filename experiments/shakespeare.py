@@ -535,8 +535,7 @@ def main(argv: list[str] | None = None) -> None:
         out,
         settings,
         __name__,
-        restart=args.restart,
-        secret=_cli.supplied_secret(args),
+        args,
         ledger=ledger,
     )
     histories, rows = [], []

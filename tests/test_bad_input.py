@@ -36,6 +36,7 @@ from experiments import (
     fed_dp_pso_study,
     paaso,
 )
+from tests.argv import refused
 
 HUGE = "100000000"
 OUT = ("--out", "<a fresh folder>")  # replaced by one under tmp_path
@@ -74,14 +75,7 @@ def _forbid_work(monkeypatch, tmp_path):
     monkeypatch.setenv("SWARMJAX_DATA", str(empty))
 
 
-def _refused(main, argv: list[str], capsys) -> str:
-    """``main(argv)`` exits 2 with one line on stderr (returned), no traceback."""
-    with pytest.raises(SystemExit) as exit_info:
-        main(argv)
-    assert exit_info.value.code == 2
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
-    return err
+_refused = refused
 
 
 def _out(argv: list[str], tmp_path: Path) -> list[str]:

@@ -19,6 +19,7 @@ import pytest
 
 from experiments import _cli, cross_device, dp_fedavg
 from swarmjax.resume import CallStore, OutputConflict
+from tests.argv import refused
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -35,13 +36,7 @@ def _forbid_work(monkeypatch):
     monkeypatch.setattr(dp_fedavg, "make_clients", _no_work)
 
 
-def _refused(main, argv: list[str], capsys) -> str:
-    with pytest.raises(SystemExit) as exit_info:
-        main(argv)
-    assert exit_info.value.code == 2
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
-    return err
+_refused = refused
 
 
 @pytest.mark.parametrize(

@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 
 from experiments import cross_device
+from tests.argv import override
 from tests.test_released_files import check_released_files
 
 ARGS = [
@@ -58,16 +59,7 @@ def test_runs_writes_its_results_and_resumes(tmp_path):
     check_released_files(out, cross_device)  # each file a release, public or kept back
 
 
-def _override(base: list[str], extra: list[str]) -> list[str]:
-    """``base`` with each option ``extra`` gives replaced (an option given twice is refused)."""
-    given = {a for a in extra if a.startswith("--")}
-    out, skip = [], False
-    for a in base:
-        if a.startswith("--"):
-            skip = a in given
-        if not skip:
-            out.append(a)
-    return [*out, *extra]
+_override = override
 
 
 @pytest.mark.parametrize(

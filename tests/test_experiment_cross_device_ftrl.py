@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 
 from experiments import cross_device
+from tests.argv import override
 
 SMALL = [
     "--quick",
@@ -97,16 +98,7 @@ def test_the_noise_cohort_is_a_guarantee_for_another_deployment_only(tmp_path, c
     assert ledger["non_private_releases"]["releases"] == [0, 1]
 
 
-def _override(base: list[str], extra: list[str]) -> list[str]:
-    """``base`` with each option ``extra`` gives replaced (an option given twice is refused)."""
-    given = {a for a in extra if a.startswith("--")}
-    out, skip = [], False
-    for a in base:
-        if a.startswith("--"):
-            skip = a in given
-        if not skip:
-            out.append(a)
-    return [*out, *extra]
+_override = override
 
 
 @pytest.mark.parametrize(

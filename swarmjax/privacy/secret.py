@@ -115,12 +115,7 @@ class Secret:
         """A supplied secret (reproducible mode) read from ``path``: a file written by
         :meth:`save`, or any file of at least 16 bytes of secret randomness (raw bytes)."""
         where = Path(path)
-        try:
-            data = where.read_bytes()
-        except OSError as err:
-            raise ValueError(
-                f"secret file {str(where)!r} cannot be read ({err.strerror or err})"
-            ) from None
+        data = _read(where, "secret file")
         saved = _parse_saved(data)
         if saved is not None:
             return cls(saved, "supplied")
@@ -133,12 +128,7 @@ class Secret:
     def load(cls, path: str | os.PathLike[str]) -> Secret:
         """A secret that :meth:`save` wrote to resume a run, keeping its ``source``."""
         where = Path(path)
-        try:
-            data = where.read_bytes()
-        except OSError as err:
-            raise ValueError(
-                f"saved secret {str(where)!r} cannot be read ({err.strerror or err})"
-            ) from None
+        data = _read(where, "saved secret")
         bits = _parse_saved(data)
         if bits is None:
             raise ValueError(
@@ -184,6 +174,14 @@ class Secret:
     ) -> PRNGKeyArray:
         """One ChaCha20 key per (variant, seed), variant-major (:func:`keys_for_runs`)."""
         return keys_for_runs(self.key(), seeds, identities, common_random_numbers)
+
+
+def _read(where: Path, what: str) -> bytes:
+    """The bytes of ``where``, or one ``ValueError`` line naming ``what`` and the file."""
+    try:
+        return where.read_bytes()
+    except OSError as err:
+        raise ValueError(f"{what} {str(where)!r} cannot be read ({err.strerror or err})") from None
 
 
 def _parse_saved(data: bytes) -> bytes | None:

@@ -67,6 +67,18 @@ def _label(runs: pd.DataFrame, r: int) -> str:
     return ",".join(parts) or f"run{r}"
 
 
+def _rows(
+    round: int, metrics: Mapping[str, np.ndarray], runs: pd.DataFrame
+) -> Iterable[dict[str, Any]]:
+    """One plain dict per run: ``round``, the run's labels, its metrics (non-finite as
+    ``None``)."""
+    for r in range(len(runs)):
+        row = {"round": int(round)}
+        row |= {str(k): _plain(v) for k, v in runs.iloc[r].items()}
+        row |= {k: _plain(np.asarray(v)[r]) for k, v in metrics.items()}
+        yield row
+
+
 def _plain(value: Any) -> Any:
     value = value.item() if isinstance(value, np.generic) else value
     if isinstance(value, float) and not math.isfinite(value):
@@ -84,10 +96,7 @@ class JsonLines:
         self._file = open(self.path, "a", encoding="utf-8")
 
     def __call__(self, round: int, metrics: Mapping[str, np.ndarray], runs: pd.DataFrame) -> None:
-        for r in range(len(runs)):
-            line = {"round": int(round)}
-            line |= {str(k): _plain(v) for k, v in runs.iloc[r].items()}
-            line |= {k: _plain(np.asarray(v)[r]) for k, v in metrics.items()}
+        for line in _rows(round, metrics, runs):
             self._file.write(json.dumps(line, allow_nan=False) + "\n")
         self._file.flush()
 
@@ -111,10 +120,7 @@ class CsvRows:
         self._writer: csv.DictWriter | None = None
 
     def __call__(self, round: int, metrics: Mapping[str, np.ndarray], runs: pd.DataFrame) -> None:
-        for r in range(len(runs)):
-            row = {"round": int(round)}
-            row |= {str(k): _plain(v) for k, v in runs.iloc[r].items()}
-            row |= {k: _plain(np.asarray(v)[r]) for k, v in metrics.items()}
+        for row in _rows(round, metrics, runs):
             if self._writer is None:
                 self._writer = csv.DictWriter(self._file, fieldnames=list(row))
                 if self._file.tell() == 0:
