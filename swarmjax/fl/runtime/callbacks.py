@@ -86,22 +86,17 @@ def _plain(value: Any) -> Any:
     return value
 
 
-class JsonLines:
-    """One JSON object per (round, run) appended to ``path``: ``{"round", <labels>,
-    <metrics>}`` (non-finite numbers as ``null``), flushed after every round."""
+class _AppendedFile:
+    """A text file opened for appending (its folder created), closed by :meth:`close` or
+    when the object is collected."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = open(self.path, "a", encoding="utf-8")
-
-    def __call__(self, round: int, metrics: Mapping[str, np.ndarray], runs: pd.DataFrame) -> None:
-        for line in _rows(round, metrics, runs):
-            self._file.write(json.dumps(line, allow_nan=False) + "\n")
-        self._file.flush()
+        self._file = open(self.path, "a", newline="", encoding="utf-8")
 
     def close(self) -> None:
-        """Close the file (also done when the object is collected)."""
+        """Close the file."""
         self._file.close()
 
     def __del__(self) -> None:
@@ -109,14 +104,22 @@ class JsonLines:
             self._file.close()
 
 
-class CsvRows:
+class JsonLines(_AppendedFile):
+    """One JSON object per (round, run) appended to ``path``: ``{"round", <labels>,
+    <metrics>}`` (non-finite numbers as ``null``), flushed after every round."""
+
+    def __call__(self, round: int, metrics: Mapping[str, np.ndarray], runs: pd.DataFrame) -> None:
+        for line in _rows(round, metrics, runs):
+            self._file.write(json.dumps(line, allow_nan=False) + "\n")
+        self._file.flush()
+
+
+class CsvRows(_AppendedFile):
     """One CSV row per (round, run) appended to ``path`` (header from the first round: round,
     the runs' labels, the metrics), flushed after every round."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
-        self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = open(self.path, "a", newline="", encoding="utf-8")
+        super().__init__(path)
         self._writer: csv.DictWriter | None = None
 
     def __call__(self, round: int, metrics: Mapping[str, np.ndarray], runs: pd.DataFrame) -> None:
@@ -127,14 +130,6 @@ class CsvRows:
                     self._writer.writeheader()
             self._writer.writerow(row)
         self._file.flush()
-
-    def close(self) -> None:
-        """Close the file."""
-        self._file.close()
-
-    def __del__(self) -> None:
-        if not self._file.closed:
-            self._file.close()
 
 
 class TensorBoard:
