@@ -22,6 +22,7 @@ from swarmjax.fl.algorithms.fed_dp_pso import paper_model, reading_hyper
 from swarmjax.fl.protocol import Variants
 from swarmjax.fl.runtime.flower.task import load_task
 from swarmjax.models import mlp, param_bytes
+from swarmjax.privacy.secret import Secret
 
 
 def test_quick_run_writes_its_results_and_states_its_plan(tmp_path, monkeypatch, capsys) -> None:
@@ -115,8 +116,10 @@ def test_partitions_select_column_groups_in_table_order() -> None:
         return fed_dp_pso.profile(fed_dp_pso.parse_args(list(argv))).partitions
 
     assert parts("--full") == ("iid", "dir0.3", "dir1")
-    assert parts("--full", "--partitions", "dir1", "iid", "dir1") == ("iid", "dir1")
+    assert parts("--full", "--partitions", "dir1", "iid") == ("iid", "dir1")
     assert parts("--partitions", "dir0.3") == ("dir0.3",)
+    with pytest.raises(SystemExit):  # a value named twice is one line (tests/test_cli_edges.py)
+        parts("--full", "--partitions", "dir1", "iid", "dir1")
 
 
 @pytest.mark.parametrize(
@@ -195,12 +198,18 @@ def test_fig3_baseline_is_audited_beside_its_epsilon(tmp_path, capsys) -> None:
     x = rng.normal(size=(150, 8, 8, 1)).astype(np.float32)
     y = rng.integers(0, 10, 150)
     clients = stack_clients(x, y, [np.arange(i * 40, (i + 1) * 40) for i in range(3)])
-    ds = SimpleNamespace(x_test=x[120:], y_test=y[120:])
+    ds = SimpleNamespace(name="digits", x_test=x[120:], y_test=y[120:])
     d = parts.Dataset(ds, clients, mlp((16,), 10, (8, 8, 1)), 20, 0.005, True)
     prof = replace(fed_dp_pso.PROFILES["quick"], rounds=1, epsilons=(5.0,), seeds=1, audit=16)
     cells = [dict(dataset="digits", partition="iid", epsilon=5.0, acc_mean=50.0, acc_std=None)]
     rounds = pd.DataFrame({"dataset": [], "partition": []})
-    store = SimpleNamespace(fetch_or_run=lambda key, run: (*run(), False))
+    secret = Secret.generate()
+    store = SimpleNamespace(
+        fetch_or_run=lambda key, run, with_secret=False: (
+            *(run(secret=secret) if with_secret else run()),
+            False,
+        )
+    )
     ledger = Ledger(tmp_path, "fed_dp_pso")
     rows, _, _ = parts.fig3("digits", d, prof, cells, rounds, store, tmp_path, ledger)
     out = capsys.readouterr().out
