@@ -106,3 +106,17 @@ def test_a_loop_of_ones_own_notifies_the_same_rounds(setting):
         run, metrics = sim.advance(run, 1)
         notify([lambda r, m, runs: seen.append(r)], run.done, metrics, labels)
     assert seen == [1, 2, 3]
+
+
+def test_a_run_longer_than_an_hour_is_announced(setting, monkeypatch):
+    """After the second compiled call, a run whose rounds left take more than an hour at the
+    measured pace gets one warning line (here the clock is made to run 1,000 s a call)."""
+    clients, test, variants = setting
+    assert not sim.long_run_warning(10.0, 100)
+    with pytest.warns(UserWarning, match="hours left"):
+        assert sim.long_run_warning(10.0, 1000)
+    clock = iter(range(0, 10**6, 1000))
+    monkeypatch.setattr(sim.time, "perf_counter", lambda: float(next(clock)))
+    with pytest.warns(UserWarning, match="hours left"):
+        monkeypatch.setattr(sim, "LONG_RUN_SECONDS", 500.0)
+        simulate(ALG, clients, test, variants, rounds_per_call=1)

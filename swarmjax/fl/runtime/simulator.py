@@ -19,6 +19,7 @@ import dataclasses
 import math
 import os
 import sys
+import time
 import warnings
 from collections.abc import Sequence
 from functools import partial
@@ -587,9 +588,14 @@ def simulate(
     with tqdm(
         total=rounds, initial=run.done, disable=not progress, unit="round", desc=type(alg).__name__
     ) as bar:
+        calls, warned = 0, False
         while run.done < rounds:
             n = min(per_call, rounds - run.done)
+            started = time.perf_counter()
             run, metrics = advance(run, n)
+            calls += 1
+            if calls == 2 and not warned:  # the first call compiles: time the second
+                warned = long_run_warning((time.perf_counter() - started) / n, rounds - run.done)
             bar.update(n)
             notify(callbacks, run.done - n + 1, metrics, labels)
             if saved is not None:
@@ -861,6 +867,27 @@ def finish(
         where = "(not written)" if release_path is None else str(release_path)
         ledger.add_result(result, algorithm=type(alg).__name__, path=where, data=data_source)
     return result
+
+
+LONG_RUN_SECONDS = 3600.0
+"""A run expected to take longer than this after its second compiled call is warned about."""
+
+
+def long_run_warning(seconds_per_round: float, rounds_left: int) -> bool:
+    """Warn (one line, ``UserWarning``) when ``rounds_left`` rounds at ``seconds_per_round``
+    (measured on a compiled call, compilation excluded) exceed :data:`LONG_RUN_SECONDS`;
+    returns whether it warned."""
+    left = seconds_per_round * rounds_left
+    if left <= LONG_RUN_SECONDS:
+        return False
+    warnings.warn(
+        f"about {left / 3600:.1f} hours left ({rounds_left} rounds at {seconds_per_round:.2f} s "
+        "a round on this machine); Ctrl-C stops it (with checkpoint_dir it resumes), or "
+        "lower the rounds, clients or model",
+        UserWarning,
+        stacklevel=3,
+    )
+    return True
 
 
 def warn_input_mismatch(clients: Any, test: tuple[Array, Array]) -> str | None:
