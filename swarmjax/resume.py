@@ -225,12 +225,7 @@ class CallStore:
         if self.supplied is not None:
             made = self.supplied.derive(f"{self.folder.name}/{key}")
         else:
-            path = self.secret_folder / f"{key}.key"
-            if path.exists() and not self.restart:
-                made = Secret.load(path)
-            else:
-                made = Secret.generate()
-                made.save(path)
+            made = Secret.kept_in(self.secret_folder / f"{key}.key", fresh=self.restart)
         self._secrets[key] = made
         return made
 

@@ -151,6 +151,18 @@ class Secret:
         os.replace(tmp, where)
         return where
 
+    @classmethod
+    def kept_in(cls, path: str | os.PathLike[str], *, fresh: bool = False) -> Secret:
+        """The secret saved at ``path`` (a resume draws the same numbers), else a fresh one
+        from operating-system entropy, saved there (owner-only) before it is returned;
+        ``fresh=True`` draws and saves a new one whatever is there (a restart)."""
+        where = Path(path)
+        if where.exists() and not fresh:
+            return cls.load(where)
+        made = cls.generate()
+        made.save(where)
+        return made
+
     @property
     def reproducible(self) -> bool:
         """Whether the caller supplied the secret (and can therefore replay the runs)."""

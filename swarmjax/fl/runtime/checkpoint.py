@@ -82,12 +82,7 @@ def checkpoint_secret(folder: str | os.PathLike) -> Secret:
     where = Path(folder).resolve()
     where.mkdir(parents=True, exist_ok=True)
     _mark_not_released(where)
-    path = where / SECRET_FILE
-    if path.exists():
-        return Secret.load(path)
-    made = Secret.generate()
-    made.save(path)
-    return made
+    return Secret.kept_in(where / SECRET_FILE)
 
 
 def fingerprint(alg: Any, variants: Any, data: PyTree, keys: PRNGKeyArray) -> str:
