@@ -68,7 +68,7 @@ from tqdm.auto import tqdm
 from swarmjax import device
 from swarmjax._validation import check_int, check_positive
 from swarmjax.privacy.ledger import Ledger
-from swarmjax.privacy.secret import Secret
+from swarmjax.privacy.secret import Secret, fold_words
 from swarmjax.resume import OutputConflict, write_atomic
 
 __all__ = [
@@ -368,7 +368,7 @@ class _Compiled:
             ids = np.asarray([int(r, 16) for r in chunk.run_ids], np.uint64)
             words = np.stack([ids & 0xFFFFFFFF, ids >> np.uint64(32)], axis=1)
             words = _pad(words.astype(np.uint32), size)
-        return _fold_words(self.root, jax.numpy.asarray(words))
+        return fold_words(self.root, jax.numpy.asarray(words))
 
     def __call__(self, chunk: Chunk) -> Outputs:
         program, data = self.task.program(chunk.static)
@@ -394,19 +394,6 @@ class _Compiled:
         STATS.kernel_seconds += time.perf_counter() - start
         STATS.runs += chunk.size
         return {k: np.concatenate([o[k] for o in out])[: chunk.size] for k in out[0]}
-
-
-@jax.jit
-def _fold_words(root: PRNGKeyArray, words: jax.Array) -> PRNGKeyArray:
-    """``(n,)`` keys: ``root`` with each row of ``words`` ``(n, w)`` folded in, in order."""
-
-    def one(row: jax.Array) -> PRNGKeyArray:
-        key = root
-        for j in range(row.shape[0]):
-            key = jax.random.fold_in(key, row[j])
-        return key
-
-    return jax.vmap(one)(words)
 
 
 SWEEP_SECRET = "secret.key"

@@ -47,6 +47,7 @@ __all__ = [
     "Secret",
     "fingerprint",
     "fingerprints",
+    "fold_words",
     "keys_for_runs",
 ]
 
@@ -243,20 +244,26 @@ def keys_for_runs(
                 "run keys take release identities (32 bytes from release_identity or "
                 f"variant_identities), not {type(ident).__name__}"
             )
-    words = np.stack([np.frombuffer(i[: 4 * _IDENTITY_WORDS], "<u4") for i in ids])
+    seed_words = np.tile(np.asarray(seed_list, np.uint32), len(ids))[:, None]
     if common_random_numbers:
-        words = np.zeros_like(words)
+        return fold_words(root, jnp.asarray(seed_words))
+    words = np.stack([np.frombuffer(i[: 4 * _IDENTITY_WORDS], "<u4") for i in ids])
     words = np.repeat(words, len(seed_list), axis=0)
-    seed_words = np.tile(np.asarray(seed_list, np.uint32), len(ids))
+    return fold_words(root, jnp.asarray(np.concatenate([words, seed_words], axis=1)))
 
-    def one(w: jax.Array, s: jax.Array) -> PRNGKeyArray:
+
+@jax.jit
+def fold_words(root: PRNGKeyArray, words: jax.Array) -> PRNGKeyArray:
+    """``(n,)`` keys: ``root`` with each row of ``words`` ``(n, w)`` (uint32) folded in, in
+    order (compiled once per ``(n, w)``)."""
+
+    def one(row: jax.Array) -> PRNGKeyArray:
         key = root
-        if not common_random_numbers:
-            for j in range(_IDENTITY_WORDS):
-                key = jax.random.fold_in(key, w[j])
-        return jax.random.fold_in(key, s)
+        for j in range(row.shape[0]):
+            key = jax.random.fold_in(key, row[j])
+        return key
 
-    return jax.jit(jax.vmap(one))(jnp.asarray(words), jnp.asarray(seed_words))
+    return jax.vmap(one)(words)
 
 
 def fingerprint(key: PRNGKeyArray) -> str:
