@@ -8,8 +8,9 @@ Federated learning (``docs/federated.md``)
     (``ClientStore`` for thousands of clients, ``docs/cross_device.md``).
     ``from swarmjax.models import from_nnx, from_flax, from_haiku, mlp``: a model as an
     ``(init, apply)`` pair (Flax NNX, Flax linen, Haiku, the papers' models).
-    ``from swarmjax.fl import FedAvg, ClientLevelDPFedAvg, LocalTraining, RecordDP``:
-    algorithms (``swarmjax.fl.algorithms``: FedProx, Fed-DP-PSO, ...) and local training
+    ``from swarmjax.fl import FedAvg, dp_fedavg, private, LocalTraining, RecordDP``:
+    algorithms (``swarmjax.fl.algorithms``: FedProx, Fed-DP-PSO, ...), user-level DP as a
+    plan on any summed algorithm (``private(alg, UserLevelDP(...))``) and local training
     with record-level DP-SGD.
     ``from swarmjax.fl import RunSpec, Variants, simulate``: state a call once, sweep
     hyper-parameters and targets, run; ``simulate`` returns a ``Result`` (``history``,
@@ -18,8 +19,9 @@ Federated learning (``docs/federated.md``)
     algorithm; ``swarmjax.fl.runtime.flower`` runs it on Flower (``docs/flower.md``).
 
 Privacy (``docs/privacy.md``, ``docs/ledger.md``)
-    ``from swarmjax.privacy import PrivacyPlan, default_delta``: participation, buffers,
-    calibration; ``from swarmjax.privacy import Ledger``: every release of an experiment,
+    ``from swarmjax.privacy.user_level import UserLevelDP``: participation, clipping,
+    noise and accounting of user-level DP as one plan; ``from swarmjax.privacy import
+    PrivacyPlan, default_delta``: buffers, calibration; ``from swarmjax.privacy import Ledger``: every release of an experiment,
     composed; ``swarmjax.privacy.dpsgd``: DP-SGD steps for your own loop.
 
 Swarms (``docs/paaso.md``)

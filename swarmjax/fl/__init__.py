@@ -5,9 +5,11 @@
 * :mod:`~swarmjax.fl.protocol`: the contract between algorithms and runtimes (exchanges,
   message protection, keys, variants);
 * :mod:`~swarmjax.fl.algorithms`: one file per algorithm (FedAvg with record-level DP and
-  combined learning, FedProx, client-level DP-FedAvg, user-level DP-FTRL, Fed-DP-PSO and
-  FedPSO, clients alone), and the one registry of their names
+  combined learning, FedProx, Fed-DP-PSO and FedPSO, clients alone; user-level DP-FedAvg
+  and DP-FTRL as FedAvg plus a privacy plan), and the one registry of their names
   (:mod:`~swarmjax.fl.algorithms.registry`);
+* :mod:`~swarmjax.fl.private`: a user-level privacy plan
+  (:class:`~swarmjax.privacy.user_level.UserLevelDP`) applied around any summed exchange;
 * :mod:`~swarmjax.fl.runtime`: the simulator, its one :class:`Result`, and the Flower runtime
   (:mod:`~swarmjax.fl.runtime.flower`).
 
@@ -30,8 +32,11 @@ _LAZY = {
     "server_key": "protocol",
     "FedAvg": "algorithms.fedavg",
     "FedProx": "algorithms.fedprox",
-    "ClientLevelDPFedAvg": "algorithms.client_level_dp_fedavg",
-    "DPFTRL": "algorithms.dp_ftrl",
+    "dp_fedavg": "algorithms.client_level_dp_fedavg",
+    "dp_ftrl": "algorithms.dp_ftrl",
+    "private": "private",
+    "Private": "private",
+    "Update": "protocol",
     "FedDPPSO": "algorithms.fed_dp_pso",
     "fedpso": "algorithms.fed_dp_pso",
     "LocalOnly": "algorithms.local_only",

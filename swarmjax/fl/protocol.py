@@ -84,6 +84,7 @@ __all__ = [
     "Spend",
     "SummedAggregate",
     "UniformCohort",
+    "Update",
     "Variants",
     "add_reply",
     "aggregate_key",
@@ -275,6 +276,23 @@ class Slots:
             return old.at[self.ids].set(jnp.where(mask, new, old[safe]), mode="drop")
 
         return jax.tree.map(one, per_client, values)
+
+
+@flax.struct.dataclass
+class Update:
+    """A client's reply in a summed model exchange: its model update ``delta`` (a pytree,
+    e.g. ``theta_i - w_t``) times its public ``weight``, and that weight; the server sees
+    ``Update(sum_i w_i delta_i, sum_i w_i)``. A user-level privacy plan
+    (:func:`swarmjax.fl.private.private`) clips ``delta`` as sent, sums with weight 1 and
+    hands the server ``Update(noised sum, public denominator)``.
+
+    Attributes:
+        delta: the (weighted) update, a pytree; float32 or wider once summed.
+        weight: ``()`` the client's weight (1 under a privacy plan).
+    """
+
+    delta: PyTree
+    weight: Float[Array, ""]
 
 
 def where_selected(mask: Bool[Array, " N"], new: PyTree, old: PyTree) -> PyTree:
@@ -657,11 +675,13 @@ class Variants:
         """
         alg.check(clients)
         base = alg.default_hyper(clients, spec)
-        names = {f.name for f in dataclasses.fields(base)}
+        names = _hyper_names(base)
         for name in values:
             if name not in names:
                 raise ValueError(
-                    f"{type(alg).__name__} has no hyper-parameter {name!r}; it has {sorted(names)}"
+                    f"{type(alg).__name__} has no hyper-parameter {name!r}"
+                    + _renamed(name, names)
+                    + f"; it has {sorted(names)}"
                 )
         axes: dict[str, list[Any]] = {}
         if epsilon_target is not None:
@@ -672,13 +692,13 @@ class Variants:
                 axes[name] = _axis(name, v)
             else:
                 fixed[name] = v
-        base = base.replace(**fixed) if fixed else base
+        base = _with_values(base, fixed) if fixed else base
         rows = []
         combos = list(itertools.product(*axes.values())) if axes else [()]
         for combo in combos:
             row = dict(zip(axes, combo, strict=True))
             eps = row.pop("epsilon_target", None)
-            hyper = base.replace(**row) if row else base
+            hyper = _with_values(base, row) if row else base
             rows.append(alg.resolve(hyper, clients, spec, None if eps is None else float(eps)))
         hyper = jax.tree.map(lambda *xs: jnp.stack([jnp.asarray(x) for x in xs]), *rows)
         labels = {name: [combo[i] for combo in combos] for i, name in enumerate(axes)}
@@ -689,6 +709,29 @@ class Variants:
         hyper = jax.tree.map(lambda a: a[index : index + 1], self.hyper)
         labels = {k: [v[index]] for k, v in self.labels.items()}
         return Variants(hyper=hyper, labels=labels, spec=self.spec)
+
+
+RENAMED: dict[str, str] = {"client_lr": "learning_rate"}
+"""Hyper-parameter names that changed, old -> new (refused with the new name)."""
+
+
+def _renamed(name: str, names: set[str]) -> str:
+    new = RENAMED.get(name)
+    return f" (renamed: it is now {new!r})" if new in names else ""
+
+
+def _hyper_names(hyper: Hyper) -> set[str]:
+    """Every name a grid may set: the dataclass's fields, or ``hyper.names()`` for a
+    composite hyper (a privacy plan's and its algorithm's)."""
+    if callable(getattr(hyper, "names", None)):
+        return set(hyper.names())
+    return {f.name for f in dataclasses.fields(hyper)}
+
+
+def _with_values(hyper: Hyper, values: Mapping[str, Any]) -> Hyper:
+    if callable(getattr(hyper, "with_values", None)):
+        return hyper.with_values(**values)
+    return hyper.replace(**values)
 
 
 def _axis(name: str, values: float | Iterable[Any]) -> list[Any]:

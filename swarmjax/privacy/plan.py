@@ -362,7 +362,10 @@ class PrivacyPlan:
 
     def check_capacity(self) -> None:
         """One-line ``ValueError`` naming ``capacity`` when the buffer's per-step overflow
-        exceeds :data:`FLOOR_OVERFLOW`."""
+        exceeds :data:`FLOOR_OVERFLOW` (a fixed or min-separation cohort is its own buffer:
+        nothing to check)."""
+        if self.participation != "poisson":
+            return
         if self.capacity is not None and self.capacity < self.floor_capacity():
             raise ValueError(
                 f"capacity must be >= {self.floor_capacity()} (overflow below "

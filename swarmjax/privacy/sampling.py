@@ -62,6 +62,7 @@ from scipy import stats
 from swarmjax._validation import check_int, check_range
 
 __all__ = [
+    "fixed_cohort",
     "gather",
     "geometric_gaps",
     "geometric_ranks",
@@ -277,3 +278,39 @@ def gather(data: PyTree, indices: Int[ArrayLike, "..."]) -> PyTree:
     """Rows ``indices`` of every leaf of ``data`` (leading axis = rows)."""
     indices = jnp.asarray(indices)
     return jax.tree_util.tree_map(lambda leaf: jnp.asarray(leaf)[indices], data)
+
+
+def fixed_cohort(key: PRNGKeyArray, num_clients: int, size: int) -> Int[Array, " size"]:
+    """``size`` distinct client ids in ``[0, num_clients)``, uniform without replacement.
+
+    Floyd's algorithm (``size`` steps, each an ``O(size)`` membership test) followed by a
+    uniform shuffle of the ``size`` ids. Raises ``ValueError`` if ``size > num_clients``.
+    """
+    num_clients = check_int("num_clients", num_clients, 1)
+    size = check_int("cohort_size", size, 1)
+    if size > num_clients:
+        raise ValueError(
+            f"cohort_size must be <= num_clients ({num_clients}); got {size}: lower "
+            "cohort_size or add clients"
+        )
+    if num_clients >= 2**31:
+        raise ValueError(f"num_clients must be < 2**31; got {num_clients}")
+    return _floyd(key, num_clients, size)
+
+
+def _floyd(key: PRNGKeyArray, n: int, size: int) -> Array:
+    draw_key, shuffle_key = jax.random.split(key)
+    return jax.random.permutation(shuffle_key, floyd_draw(draw_key, n, size))
+
+
+def floyd_draw(draw_key: PRNGKeyArray, n: Int[ArrayLike, ""], size: int) -> Array:
+    """Floyd's ``size`` distinct values of ``[0, n)`` (``n`` may be traced, ``>= size``)."""
+    slots = jnp.arange(size, dtype=jnp.int32)
+
+    def step(i: Array, chosen: Array) -> Array:
+        j = n - size + i  # draw t uniform in [0, j]; take j instead if t is already chosen
+        t = jax.random.randint(jax.random.fold_in(draw_key, i), (), 0, j + 1, jnp.int32)
+        taken = jnp.any((chosen == t) & (slots < i))
+        return chosen.at[i].set(jnp.where(taken, j, t))
+
+    return jax.lax.fori_loop(0, size, step, jnp.zeros(size, jnp.int32))

@@ -7,10 +7,13 @@ its model with its weight ``|D_i|``; the server combines the uploaded models wit
 ``combine`` (default :func:`~swarmjax.fl.algorithms.common.weighted_average`; combined
 learning plugs in :class:`~swarmjax.fl.algorithms.combined.CombinedAggregator`).
 
-Under the default combination the server needs only two sums, ``sum_i |D_i| theta_i`` and
-``sum_i |D_i|``: each client uploads its model already times its weight, and the exchange
-is summed (``Exchange.aggregate_sum``; the simulator adds each reply into the sum as it
-comes, without a stack of the cohort's models, as secure aggregation would allow).
+Under the default combination the server needs only two sums, ``sum_i w_i (theta_i - w_t)``
+and ``sum_i w_i`` (``w_i = |D_i|``, or 1 with ``weighting="uniform"``): each client uploads
+its update already times its weight (:class:`~swarmjax.fl.protocol.Update`), the exchange is
+summed (``Exchange.aggregate_sum``; the simulator adds each reply into the sum as it comes,
+without a stack of the cohort's models, as secure aggregation would allow) and the server
+steps along the mean update. That summed exchange is what a user-level privacy plan wraps
+(:func:`swarmjax.fl.private.private`): central DP-FedAvg and DP-FTRL are FedAvg plus a plan.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import numpy as np
 import optax
 from jaxtyping import Array, Float, Int, PRNGKeyArray, PyTree
 
-from swarmjax._validation import check_choice, check_int, check_positive
+from swarmjax._validation import check_choice, check_int, check_positive, check_range
 from swarmjax.fl.algorithms.common import (
     Aggregator,
     ModelReply,
@@ -56,6 +59,7 @@ from swarmjax.fl.protocol import (
     Slots,
     Spend,
     UniformCohort,
+    Update,
     everyone,
 )
 from swarmjax.models import Model
@@ -109,7 +113,8 @@ class FedAvg(Algorithm):
             runs and aggregates only them (``None``: every client, every round).
         server_optimizer: ``None`` (the new global model is the combination, McMahan et
             al.), or ``"sgd"``, ``"adam"`` (FedAdam), ``"yogi"`` (FedYogi; Reddi et al.
-            2021) applied at ``server_lr`` to the pseudo-gradient ``w_t - combination``.
+            2021) applied at ``server_lr`` to the pseudo-gradient ``w_t - combination``
+            (minus the mean update).
         audit: an empirical audit of the record-level DP-SGD / DP-Adam steps (``None``:
             none; docs/audits.md): every client holds ``audit.canaries`` record-level Dirac
             gradient canaries (:class:`~swarmjax.privacy.canaries.ClientCanaries`, score
@@ -120,6 +125,11 @@ class FedAvg(Algorithm):
             ``Result.audit``, the privacy record and the ledger. The canaries move the
             uploaded models (that is how they are seen), never the weights ``|D_i|`` nor
             the accounting. Requires ``training.record_dp`` and a finite ``epsilon_target``.
+        server_momentum: momentum of the server SGD (``server_optimizer="sgd"`` only; 0: a
+            plain step).
+        weighting: each client's weight in the mean update: ``"examples"`` (default,
+            ``|D_i|``, McMahan et al.) or ``"uniform"`` (1 each: what user-level DP needs,
+            since a client's size is private at the client level).
     """
 
     model: Model
@@ -129,6 +139,8 @@ class FedAvg(Algorithm):
     cohort: int | None = None
     server_optimizer: Literal["sgd", "adam", "yogi"] | None = None
     audit: CanaryAudit | None = None
+    server_momentum: float = 0.0
+    weighting: Literal["examples", "uniform"] = "examples"
 
     @property
     def privacy_unit(self) -> str | None:
@@ -138,6 +150,8 @@ class FedAvg(Algorithm):
     def exchanges(self) -> tuple[Exchange, ...]:
         params = ACCOUNTED if self.training.record_dp is not None else UNPROTECTED
         weight = Protection("public", None, "|D_i|, public (as q_i = B/|D_i| assumes)")
+        if self.weighting == "uniform":
+            weight = Protection("public", None, "1 for every client")
         return (
             Exchange(
                 "train",
@@ -145,7 +159,7 @@ class FedAvg(Algorithm):
                 self.request,
                 self.client,
                 self.aggregate,
-                {"params": params, "weight": weight},
+                {"delta" if self._summed else "params": params, "weight": weight},
                 max_selected=self.cohort,
                 aggregate_sum=self.aggregate_sum if self._summed else None,
             ),
@@ -154,8 +168,8 @@ class FedAvg(Algorithm):
     @property
     def _summed(self) -> bool:
         """The default combination (:func:`weighted_average`) needs only the sums of
-        ``|D_i| theta_i`` and ``|D_i|``: the client sends its model times its weight and
-        the exchange is summed."""
+        ``w_i (theta_i - w_t)`` and ``w_i``: the client sends its update times its weight
+        and the exchange is summed."""
         return self.combine is weighted_average
 
     # ------------------------------------------------------------------ protocol members
@@ -168,7 +182,9 @@ class FedAvg(Algorithm):
     def _server_opt(self, hyper: FedAvgHyper) -> optax.GradientTransformation | None:
         if self.server_optimizer is None:
             return None
-        make = {"sgd": optax.sgd, "adam": optax.adam, "yogi": optax.yogi}
+        if self.server_optimizer == "sgd":
+            return optax.sgd(hyper.server_lr, momentum=self.server_momentum or None)
+        make = {"adam": optax.adam, "yogi": optax.yogi}
         return make[self.server_optimizer](hyper.server_lr)
 
     def client_init(
@@ -211,10 +227,15 @@ class FedAvg(Algorithm):
         )
         spend = state.spend.replace(steps=state.spend.steps + res.steps)
         weight = self.training.examples(data.sizes).astype(jnp.float32)
-        model = res.params
-        if self._summed:  # |D_i| theta_i: the server adds the replies and divides
-            model = jax.tree.map(lambda p: (p * weight).astype(p.dtype), model)
-        reply = ModelReply(params=model, weight=weight)
+        if self.weighting == "uniform":
+            weight = jnp.ones((), jnp.float32)
+        if self._summed:  # w_i (theta_i - w_t): the server adds the replies and divides
+            delta = jax.tree.map(jnp.subtract, res.params, params)
+            if self.weighting != "uniform":
+                delta = jax.tree.map(lambda d: (d * weight).astype(d.dtype), delta)
+            reply = Update(delta=delta, weight=weight)
+        else:
+            reply = ModelReply(params=res.params, weight=weight)
         if self.audit is None:
             return Trainer(spend=spend, loss=res.loss), reply
         return AuditedTrainer(spend=spend, loss=res.loss, canaries=canaries), reply
@@ -236,33 +257,37 @@ class FedAvg(Algorithm):
         if self._summed:
             return self.aggregate_sum(server, slot_sum(replies, slots.mask), slots, key, hyper)
         r = masked(replies, slots.mask)
-        return self._step(server, self.combine(r.params, r.weight), jnp.sum(r.weight) > 0, hyper)
+        new = self.combine(r.params, r.weight)
+        grads = jax.tree.map(jnp.subtract, server.params, new)  # w_t - combination
+        return self._step(server, new, grads, jnp.sum(r.weight) > 0, hyper)
 
     def aggregate_sum(
         self,
         server: ModelServer,
-        total: ModelReply,
+        total: Update,
         slots: Slots,
         key: PRNGKeyArray,
         hyper: FedAvgHyper,
     ) -> ModelServer:
         """The server's step from ``total``, the selected replies' sum under the default
-        combination: ``sum_i |D_i| theta_i`` over ``sum_i |D_i|``."""
+        combination: the mean update ``sum_i w_i delta_i / sum_i w_i`` (under a privacy
+        plan: the noised sum over the public denominator)."""
         del slots, key
-        new = jax.tree.map(
-            lambda t, p: (t / total.weight).astype(p.dtype), total.params, server.params
+        mean = jax.tree.map(
+            lambda t, p: (t / total.weight).astype(p.dtype), total.delta, server.params
         )
-        return self._step(server, new, total.weight > 0, hyper)
+        new = jax.tree.map(jnp.add, server.params, mean)
+        return self._step(server, new, jax.tree.map(jnp.negative, mean), total.weight > 0, hyper)
 
     def _step(
-        self, server: ModelServer, new: PyTree, replied: Array, hyper: FedAvgHyper
+        self, server: ModelServer, new: PyTree, grads: PyTree, replied: Array, hyper: FedAvgHyper
     ) -> ModelServer:
-        """The server after a round whose clients' combination is ``new``: ``new`` itself,
-        or a server optimiser's step along ``w_t - new``; unchanged when nobody replied."""
+        """The server after a round whose clients' combination is ``new`` (pseudo-gradient
+        ``grads = w_t - new``, minus the mean update): ``new`` itself, or a server
+        optimiser's step along ``grads``; unchanged when nobody replied."""
         opt = self._server_opt(hyper)
         opt_state = server.opt_state
-        if opt is not None:  # a step along the pseudo-gradient w_t - combination
-            grads = jax.tree.map(jnp.subtract, server.params, new)
+        if opt is not None:  # a step along the pseudo-gradient
             updates, opt_state = opt.update(grads, server.opt_state, server.params)
             new = optax.apply_updates(server.params, updates)
         return ModelServer(
@@ -289,6 +314,13 @@ class FedAvg(Algorithm):
     def check(self, clients: ClientData, test: tuple[Array, Array] | None = None) -> None:
         self.training.check(clients.sizes)
         check_choice("server_optimizer", self.server_optimizer, (None, "sgd", "adam", "yogi"))
+        check_choice("weighting", self.weighting, ("examples", "uniform"))
+        check_range("server_momentum", self.server_momentum, 0.0, 1.0, high_open=True)
+        if self.server_momentum and self.server_optimizer != "sgd":
+            raise ValueError(
+                "server_momentum applies to server_optimizer='sgd' only; got "
+                f"server_optimizer={self.server_optimizer!r}"
+            )
         if self.cohort is not None:
             cohort = check_int("cohort", self.cohort, 1)
             if cohort > clients.num_clients:

@@ -16,18 +16,22 @@ one ``ValueError`` line listing the allowed ones (:func:`lookup`).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from swarmjax.fl.algorithms.client_level_dp_fedavg import ClientLevelDPFedAvg
-from swarmjax.fl.algorithms.dp_ftrl import DPFTRL
+from swarmjax.fl.algorithms.client_level_dp_fedavg import dp_fedavg
+from swarmjax.fl.algorithms.dp_ftrl import dp_ftrl
 from swarmjax.fl.algorithms.fed_dp_pso import FedDPPSO
 from swarmjax.fl.algorithms.fedavg import FedAvg
 from swarmjax.fl.algorithms.fedprox import FedProx
 from swarmjax.fl.client.training import LocalTraining
+from swarmjax.fl.private import Private
 from swarmjax.fl.protocol import Algorithm, RunSpec
 from swarmjax.models import Model
+from swarmjax.privacy.noise import CorrelatedNoise
+from swarmjax.privacy.participation import MinSeparation, Poisson
 
 __all__ = [
     "REGISTRY",
@@ -54,7 +58,7 @@ class CrossDeviceRun:
         training: local training (no record-level DP).
         epsilon: user-level target epsilon of a DP algorithm (required by them, unused by
             the others).
-        client_lr: local learning rate.
+        learning_rate: local learning rate.
         server_lr: server learning rate of FedAvg, FedProx and the DP algorithms.
         adaptive_server_lr: server learning rate of FedAdam and FedYogi.
         clip: the (initial) user-level clip norm of the DP algorithms.
@@ -71,7 +75,7 @@ class CrossDeviceRun:
     spec: RunSpec
     training: LocalTraining
     epsilon: float | None = None
-    client_lr: float = 0.1
+    learning_rate: float = 0.1
     server_lr: float = 1.0
     adaptive_server_lr: float = 0.01
     clip: float = 0.4
@@ -86,7 +90,8 @@ class Entry:
 
     Attributes:
         name: the name every command line and run configuration uses.
-        algorithm: the class it builds.
+        algorithm: the class it builds (:class:`~swarmjax.fl.private.Private` for the
+            user-level DP ones: FedAvg plus a privacy plan).
         description: one line: what it is.
         user_dp: whether it is user-level (client-level) DP (needs a target epsilon).
         options: the :attr:`CrossDeviceRun.options` it takes (its own settings).
@@ -114,20 +119,20 @@ def _fedavg(server_optimizer: str | None) -> Callable[[CrossDeviceRun], tuple[Al
             eval_batch_size=run.eval_batch_size,
         )
         slr = run.server_lr if server_optimizer is None else run.adaptive_server_lr
-        return alg, {"learning_rate": run.client_lr, "server_lr": slr}
+        return alg, {"learning_rate": run.learning_rate, "server_lr": slr}
 
     return build
 
 
 def _fedprox(run: CrossDeviceRun) -> tuple[Algorithm, Grid]:
     alg = FedProx(run.model, run.training, cohort=run.cohort, eval_batch_size=run.eval_batch_size)
-    return alg, {"learning_rate": run.client_lr, "mu": run.mu}
+    return alg, {"learning_rate": run.learning_rate, "mu": run.mu}
 
 
 def _dp_grid(run: CrossDeviceRun) -> Grid:
     return {
         "initial_clip": run.clip,
-        "client_lr": run.client_lr,
+        "learning_rate": run.learning_rate,
         "server_lr": run.server_lr,
         "epsilon_target": [run.epsilon],
     }
@@ -136,13 +141,14 @@ def _dp_grid(run: CrossDeviceRun) -> Grid:
 def _dp_fedavg(clipping: str) -> Callable[[CrossDeviceRun], tuple[Algorithm, Grid]]:
     def build(run: CrossDeviceRun) -> tuple[Algorithm, Grid]:
         rate = run.cohort / run.num_clients
-        # the algorithm's privacy plan sizes the Poisson buffer for this run
-        alg = ClientLevelDPFedAvg.for_run(
+        s = run.spec
+        # the Poisson participation sizes its buffer for this run
+        poisson = Poisson.for_run(
+            run.num_clients, rate, s.rounds, s.delta, run.epsilon, s.accountant
+        )
+        alg = dp_fedavg(
             run.model,
-            run.num_clients,
-            rate,
-            run.spec,
-            run.epsilon,
+            participation=poisson,
             training=run.training,
             clipping=clipping,
             eval_batch_size=run.eval_batch_size,
@@ -153,18 +159,22 @@ def _dp_fedavg(clipping: str) -> Callable[[CrossDeviceRun], tuple[Algorithm, Gri
 
 
 def _dp_ftrl(run: CrossDeviceRun) -> tuple[Algorithm, Grid]:
+    options = dict(run.options)
+    factorization = options.pop("factorization", "blt")
+    noise_cohort = options.pop("noise_cohort", None)
     # for_run makes b and k explicit and refuses a scheme that cannot hold, before any work
-    alg = DPFTRL.for_run(
+    schedule = MinSeparation(run.cohort, **options).for_run(run.num_clients, run.spec.rounds)
+    alg = dp_ftrl(
         run.model,
-        run.num_clients,
-        run.cohort,
-        run.spec,
-        run.epsilon,
+        schedule,
+        noise=CorrelatedNoise(factorization),
         training=run.training,
         clipping="fixed",
+        noise_cohort=noise_cohort,
         eval_batch_size=run.eval_batch_size,
-        **run.options,
     )
+    if run.epsilon is not None and math.isfinite(run.epsilon):  # the target is reachable
+        alg.plan.privacy_plan(run.num_clients, 1.0, run.spec).calibrate(float(run.epsilon))
     return alg, _dp_grid(run)
 
 
@@ -203,7 +213,7 @@ REGISTRY: dict[str, Entry] = {
         ),
         Entry(
             "dp-fedavg",
-            ClientLevelDPFedAvg,
+            Private,
             "user-level DP-FedAvg (McMahan et al. 2018): a secret Poisson cohort, fixed clipping "
             "in cross-device runs (the Flower task clips adaptively), amplified by sampling",
             user_dp=True,
@@ -212,14 +222,14 @@ REGISTRY: dict[str, Entry] = {
         ),
         Entry(
             "dp-fedavg-adaptive",
-            ClientLevelDPFedAvg,
+            Private,
             "user-level DP-FedAvg with adaptive clipping (Andrew et al. 2021)",
             user_dp=True,
             build=_dp_fedavg("adaptive"),
         ),
         Entry(
             "dp-ftrl",
-            DPFTRL,
+            Private,
             "user-level DP-FTRL (Kairouz et al. 2021): public cohorts, each client at most k "
             "times b rounds apart, correlated matrix-factorization noise, no amplification "
             "(fixed clipping in cross-device runs; the Flower task clips adaptively)",

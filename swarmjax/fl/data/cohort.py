@@ -24,50 +24,13 @@ cap trains on (``LocalTraining.max_examples``; :meth:`ClientStore.with_cap
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Bool, Int, PRNGKeyArray
 
 from swarmjax._validation import check_int, check_range
-from swarmjax.privacy.sampling import poisson_sample
+from swarmjax.privacy.sampling import fixed_cohort, floyd_draw, poisson_sample
 
 __all__ = ["fixed_cohort", "poisson_cohort", "subset_rows"]
-
-
-def fixed_cohort(key: PRNGKeyArray, num_clients: int, size: int) -> Int[Array, " size"]:
-    """``size`` distinct client ids in ``[0, num_clients)``, uniform without replacement.
-
-    Floyd's algorithm (``size`` steps, each an ``O(size)`` membership test) followed by a
-    uniform shuffle of the ``size`` ids. Raises ``ValueError`` if ``size > num_clients``.
-    """
-    num_clients = check_int("num_clients", num_clients, 1)
-    size = check_int("cohort_size", size, 1)
-    if size > num_clients:
-        raise ValueError(
-            f"cohort_size must be <= num_clients ({num_clients}); got {size}: lower "
-            "cohort_size or add clients"
-        )
-    if num_clients >= 2**31:
-        raise ValueError(f"num_clients must be < 2**31; got {num_clients}")
-    return _floyd(key, num_clients, size)
-
-
-def _floyd(key: PRNGKeyArray, n: int, size: int) -> Array:
-    draw_key, shuffle_key = jax.random.split(key)
-    return jax.random.permutation(shuffle_key, _floyd_draw(draw_key, n, size))
-
-
-def _floyd_draw(draw_key: PRNGKeyArray, n: Int[ArrayLike, ""], size: int) -> Array:
-    """Floyd's ``size`` distinct values of ``[0, n)`` (``n`` may be traced, ``>= size``)."""
-    slots = jnp.arange(size, dtype=jnp.int32)
-
-    def step(i: Array, chosen: Array) -> Array:
-        j = n - size + i  # draw t uniform in [0, j]; take j instead if t is already chosen
-        t = jax.random.randint(jax.random.fold_in(draw_key, i), (), 0, j + 1, jnp.int32)
-        taken = jnp.any((chosen == t) & (slots < i))
-        return chosen.at[i].set(jnp.where(taken, j, t))
-
-    return jax.lax.fori_loop(0, size, step, jnp.zeros(size, jnp.int32))
 
 
 def subset_rows(key: PRNGKeyArray, n: Int[ArrayLike, ""], size: int) -> Int[Array, " size"]:
@@ -81,7 +44,7 @@ def subset_rows(key: PRNGKeyArray, n: Int[ArrayLike, ""], size: int) -> Int[Arra
     size = check_int("size", size, 1)
     n = jnp.asarray(n, jnp.int32)
     every = jnp.arange(size, dtype=jnp.int32)
-    drawn = jnp.sort(_floyd_draw(key, jnp.maximum(n, size), size))
+    drawn = jnp.sort(floyd_draw(key, jnp.maximum(n, size), size))
     return jnp.where(n > size, drawn, every)
 
 

@@ -40,8 +40,8 @@ import jax.numpy as jnp
 
 from swarmjax._validation import check_choice, check_int
 from swarmjax.fl.algorithms import registry
-from swarmjax.fl.algorithms.client_level_dp_fedavg import ClientLevelDPFedAvg
-from swarmjax.fl.algorithms.dp_ftrl import DPFTRL
+from swarmjax.fl.algorithms.client_level_dp_fedavg import dp_fedavg
+from swarmjax.fl.algorithms.dp_ftrl import dp_ftrl
 from swarmjax.fl.algorithms.fed_dp_pso import (
     DEFAULT_READING,
     READINGS,
@@ -59,6 +59,8 @@ from swarmjax.fl.data.transforms import scale_inputs
 from swarmjax.fl.protocol import RunSpec, Variants
 from swarmjax.fl.runtime.flower.task import Task, stacked_task
 from swarmjax.models import mlp
+from swarmjax.privacy.noise import CorrelatedNoise
+from swarmjax.privacy.participation import MinSeparation
 from swarmjax.privacy.plan import default_delta
 from swarmjax.privacy.secret import Secret
 
@@ -139,20 +141,22 @@ def digits(config: dict[str, Any]) -> Task:
             **reading_hyper(reading),
         )
     elif name == "dp-ftrl":
-        alg = DPFTRL.for_run(
+        ints = {
+            field: int(raw)
+            for field in ("buffers", "bands", "min_separation", "max_participations")
+            if (raw := config.get(field.replace("_", "-"), "")) != ""
+        }
+        noise = {k: ints.pop(k) for k in ("buffers", "bands") if k in ints}
+        schedule = MinSeparation(
+            int(config.get("cohort", 1)), schedule=str(config.get("schedule", "cyclic")), **ints
+        ).for_run(clients.num_clients, spec.rounds)
+        factorization = str(config.get("factorization", "blt"))
+        alg = dp_ftrl(
             model,
-            clients.num_clients,
-            int(config.get("cohort", 1)),
-            spec,
+            schedule,
+            noise=CorrelatedNoise(factorization, **noise),
             training=training,
             clipping="adaptive",
-            factorization=str(config.get("factorization", "blt")),
-            schedule=str(config.get("schedule", "cyclic")),
-            **{
-                field: int(raw)
-                for field in ("buffers", "bands", "min_separation", "max_participations")
-                if (raw := config.get(field.replace("_", "-"), "")) != ""
-            },
         )
         variants = Variants.grid(
             alg,
@@ -160,10 +164,10 @@ def digits(config: dict[str, Any]) -> Task:
             spec,
             noise_multiplier=[float(config.get("noise-multiplier", 1.0))],
             initial_clip=float(config.get("clip", 0.1)),
-            client_lr=lr,
+            learning_rate=lr,
         )
     else:  # dp-fedavg
-        alg = ClientLevelDPFedAvg(model, training, clipping="adaptive")
+        alg = dp_fedavg(model, training=training, clipping="adaptive")
         variants = Variants.grid(
             alg,
             clients,
@@ -171,7 +175,7 @@ def digits(config: dict[str, Any]) -> Task:
             sample_rate=float(config.get("client-rate", 0.7)),
             noise_multiplier=[float(config.get("noise-multiplier", 1.0))],
             initial_clip=float(config.get("clip", 0.1)),
-            client_lr=lr,
+            learning_rate=lr,
         )
     secret_file = str(config.get("secret-file", ""))
     secret = Secret.from_file(secret_file) if secret_file else None
