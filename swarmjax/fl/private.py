@@ -59,6 +59,17 @@ class PrivateHyper:
     inner: PyTree
     plan: PlanHyper
 
+    def __getattr__(self, name: str) -> Any:
+        """Reads of a field of neither fall through to the plan's, then the algorithm's
+        (``hyper.noise_multiplier`` is the plan's ``z``)."""
+        if name.startswith("__"):
+            raise AttributeError(name)
+        for part in ("plan", "inner"):
+            value = object.__getattribute__(self, part)
+            if name in {f.name for f in dataclasses.fields(value)}:
+                return getattr(value, name)
+        raise AttributeError(name)
+
     def names(self) -> tuple[str, ...]:
         """Every hyper-parameter name a grid may set."""
         inner = [f.name for f in dataclasses.fields(self.inner)]

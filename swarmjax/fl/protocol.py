@@ -61,7 +61,7 @@ import re
 import types
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import flax.struct
 import jax
@@ -71,6 +71,9 @@ from jaxtyping import Array, ArrayLike, Bool, Float, Int, PRNGKeyArray, PyTree
 
 from swarmjax.fl.data.cohort import fixed_cohort
 from swarmjax.privacy.secret import Secret
+
+if TYPE_CHECKING:
+    from swarmjax.privacy.canaries import CanaryHook
 
 __all__ = [
     "ACCOUNTED",
@@ -543,7 +546,18 @@ class Algorithm:
             "(Mironov 2012; docs/floating_point.md)"
         )
 
+    def canary_hook(self) -> CanaryHook | None:
+        """How the algorithm takes client-level canaries for ``simulate(audit=...)``
+        (:class:`~swarmjax.privacy.canaries.CanaryHook`), or ``None`` (default: it takes
+        none; a privacy plan's :class:`~swarmjax.fl.private.Private` does)."""
+        return None
+
     # -------------------------------------------------------------------- host side
+
+    def audited(self, result: Any) -> Any:
+        """A finished run's result with the algorithm's own audit added (record-level
+        canaries it carries in its clients; default: ``result`` unchanged)."""
+        return result
 
     def client_data(self, clients: Any) -> PyTree:
         """What each client holds, stacked over clients, from stacked

@@ -622,6 +622,8 @@ class FedDPPSO(Algorithm):
         """``result`` with its audit: :meth:`audit_reports` in ``Result.audit`` and their
         dicts in the privacy record's ``audit`` (so the ledger's releases carry them, as a
         client-level ``simulate(audit=...)`` does)."""
+        if self.audit is None:  # not audited: the result as it is
+            return result
         return with_audit_reports(result, self.audit_reports(result))
 
     def client_data(self, clients: ClientData) -> PSOData:

@@ -357,6 +357,8 @@ class FedAvg(Algorithm):
     def audited(self, result: Any) -> Any:
         """``result`` with its audit: :meth:`audit_reports` in ``Result.audit`` and their
         dicts in the privacy record's ``audit`` (so the ledger's releases carry them)."""
+        if self.audit is None:  # not audited: the result as it is
+            return result
         return with_audit_reports(result, self.audit_reports(result))
 
     def default_hyper(self, clients: ClientData, spec: RunSpec) -> FedAvgHyper:

@@ -861,7 +861,7 @@ def finish(
         audit=reports,
         algorithm=type(alg).__name__,
     )
-    if run.audit is None and callable(getattr(alg, "audited", None)) and alg.audit is not None:
+    if run.audit is None:
         result = alg.audited(result)  # record-level canaries the algorithm itself carries
     if ledger is not None:
         where = "(not written)" if release_path is None else str(release_path)
@@ -934,14 +934,13 @@ def _check_audit(alg: Algorithm, variants: Variants, audit: Any) -> CanaryHook:
             f"audit needs a private run: noise_multiplier is 0 in variant(s) "
             f"{np.flatnonzero(np.asarray(noise).reshape(-1) <= 0).tolist()} (epsilon inf)"
         )
-    make = getattr(alg, "canary_hook", None)
-    if not callable(make):
+    hook = alg.canary_hook()
+    if hook is None:
         raise ValueError(
             f"audit needs client-level canaries, which {name} does not take (no canary_hook); "
             "audit record-level DP-SGD with swarmjax.privacy.canaries.GradientCanaries, or "
             "record-level clients by the algorithm's own audit= (e.g. FedDPPSO)"
         )
-    hook = make()
     row = jax.tree.map(lambda a: jnp.asarray(a)[0], variants.hyper)
     like = jax.eval_shape(lambda h: hook.params(alg.server_init(jax.random.key(0), h)), row)
     audit.check_for(hook.unit, sum(int(np.prod(a.shape)) for a in jax.tree.leaves(like)))
