@@ -20,10 +20,10 @@ Federated learning (``docs/federated.md``)
 
 Privacy (``docs/privacy.md``, ``docs/ledger.md``)
     ``from swarmjax.privacy.user_level import UserLevelDP``: participation, clipping,
-    noise and accounting of user-level DP as one plan; ``from swarmjax.privacy import
-    PrivacyPlan, default_delta``: buffers, calibration; ``from swarmjax.privacy import
-    Ledger``: every release of an experiment, composed; ``swarmjax.privacy.dpsgd``:
-    DP-SGD steps for your own loop.
+    noise and accounting of user-level DP as one plan, applied to any summed algorithm by
+    ``swarmjax.fl.private``; ``from swarmjax.privacy import PrivacyPlan, default_delta``:
+    buffers, calibration; ``from swarmjax.privacy import Ledger``: every release of an
+    experiment, composed; ``swarmjax.privacy.dpsgd``: DP-SGD steps for your own loop.
 
 Swarms (``docs/paaso.md``)
     ``swarmjax.swarm`` (PSO as pure functions), ``swarmjax.paaso`` (the PAASO strategies),

@@ -37,9 +37,9 @@ def page():
         del sys.modules[name]
 
 
-def test_the_page_has_its_six_steps_in_code():
+def test_the_page_has_its_seven_steps_in_code():
     blocks = code_blocks(PAGE.read_text())
-    assert len(blocks) == 7
+    assert len(blocks) == 8
     joined = "\n".join(blocks)
     for needed in (
         "power_law",
@@ -47,6 +47,7 @@ def test_the_page_has_its_six_steps_in_code():
         "for_run",
         "Ledger",
         "class FedAvgM(Algorithm)",
+        "private(FedAvgM(",
         "LoopbackGrid",
     ):
         assert needed in joined, needed
@@ -54,10 +55,12 @@ def test_the_page_has_its_six_steps_in_code():
 
 def test_the_quickstart_runs_end_to_end(page):
     res = page["res"]
-    assert page["dp_fedavg"].capacity is not None  # the plan sized the Poisson buffer
+    assert page["dp_alg"].plan.participation.capacity is not None  # sized for the run
     assert res.privacy.unit == "client" and res.privacy.final_epsilon.max() <= 3.0 + 1e-6
     assert (page["out"] / "privacy_ledger.json").exists()
     assert page["res_m"].privacy.not_covered  # FedAvgM declares its uploads unprotected
+    dp = page["res_dp"].privacy  # the same algorithm under a plan: user-level, end to end
+    assert dp.unit == "client" and dp.end_to_end and dp.final_epsilon.max() <= 3.0 + 1e-6
     assert page["gap"] < 1e-5
 
 

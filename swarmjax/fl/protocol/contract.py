@@ -1,0 +1,357 @@
+"""The contract between algorithms and runtimes: :class:`Algorithm` (every member a
+runtime may call, with defaults), :class:`Exchange` (one server -> clients -> server
+exchange), how each reply field is protected (:class:`Protection`), what a client's
+accountant counted (:class:`Spend`) and the reply of a summed model exchange
+(:class:`Update`). The overview is :mod:`swarmjax.fl.protocol`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+import flax.struct
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray, PyTree
+
+from swarmjax.fl.data.cohort import fixed_cohort
+from swarmjax.fl.protocol.slots import Slots, slot_sum
+
+if TYPE_CHECKING:
+    from swarmjax.fl.protocol.variants import RunSpec
+    from swarmjax.privacy.canaries import CanaryHook
+
+__all__ = [
+    "ACCOUNTED",
+    "PUBLIC",
+    "UNPROTECTED",
+    "Algorithm",
+    "Exchange",
+    "Protection",
+    "Spend",
+    "SummedAggregate",
+    "UniformCohort",
+    "Update",
+    "coverage",
+    "everyone",
+    "noised",
+]
+
+ServerState = PyTree
+ClientState = PyTree
+Request = PyTree
+Reply = PyTree
+Hyper = PyTree
+
+
+@dataclass(frozen=True)
+class Protection:
+    """How one Reply field computed by a client is protected.
+
+    Attributes:
+        kind: ``"accounted"``: produced by DP steps the client's accountant counts (its
+            :class:`Spend`), or, with ``unit="client"``, released only through the server's
+            accounted client-level mechanism; ``"noised"``: a noised release whose epsilon
+            the client adds to ``Spend.extra_epsilon``; ``"public"``: not computed from
+            private data; ``"unprotected"``: an exact private statistic (a paper-faithful
+            mode), never covered by any epsilon.
+        unit: the privacy unit: ``"record"`` (one example of a client) or ``"client"``
+            (a whole client); ``None`` for public and unprotected fields.
+        note: one line saying what the protection is.
+    """
+
+    kind: Literal["accounted", "noised", "public", "unprotected"]
+    unit: Literal["record", "client"] | None = "record"
+    note: str = ""
+
+
+ACCOUNTED = Protection("accounted", "record", "DP steps counted by the client's accountant")
+PUBLIC = Protection("public", None, "not computed from private data")
+UNPROTECTED = Protection("unprotected", None, "exact statistic of private data")
+
+
+def noised(note: str, unit: Literal["record", "client"] = "record") -> Protection:
+    """A noised release (its epsilon is added to the client's ``Spend.extra_epsilon``)."""
+    return Protection("noised", unit, note)
+
+
+@flax.struct.dataclass
+class Spend:
+    """What a client's privacy accountant has counted so far (one client; stacked over
+    clients, seeds and rounds by the simulator).
+
+    Attributes:
+        sample_rate: Poisson rate ``q`` of the accounted steps (records per client for
+            record-level DP, clients for client-level DP).
+        noise_multiplier: ``sigma`` of the accounted steps (0: no noise, epsilon = inf).
+        steps: accounted steps taken so far.
+        extra_epsilon: epsilon of other noised releases, added by basic composition.
+    """
+
+    sample_rate: Float[Array, ""]
+    noise_multiplier: Float[Array, ""]
+    steps: Int[Array, ""]
+    extra_epsilon: Float[Array, ""]
+
+    @classmethod
+    def none(cls) -> Spend:
+        """Nothing accounted (a non-private algorithm)."""
+        z = jnp.zeros((), jnp.float32)
+        return cls(
+            sample_rate=z, noise_multiplier=z, steps=jnp.zeros((), jnp.int32), extra_epsilon=z
+        )
+
+
+def coverage(exchanges: tuple[Exchange, ...]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """``(covered, not_covered)``: one line per Reply field of ``exchanges`` saying how it is
+    protected; ``not_covered`` lists the ``unprotected`` fields (exact private statistics
+    that no epsilon covers)."""
+    covered, uncovered = [], []
+    for ex in exchanges:
+        for name, p in ex.protection.items():
+            line = f"{ex.name}.{name}: {p.kind}" + (f" ({p.unit}-level)" if p.unit else "")
+            line += f": {p.note}" if p.note else ""
+            (uncovered if p.kind == "unprotected" else covered).append(line)
+    return tuple(dict.fromkeys(covered)), tuple(dict.fromkeys(uncovered))
+
+
+@flax.struct.dataclass
+class Update:
+    """A client's reply in a summed model exchange: its model update ``delta`` (a pytree,
+    e.g. ``theta_i - w_t``) times its public ``weight``, and that weight; the server sees
+    ``Update(sum_i w_i delta_i, sum_i w_i)``. A user-level privacy plan
+    (:func:`swarmjax.fl.private.private`) clips ``delta`` as sent, sums with weight 1 and
+    hands the server ``Update(noised sum, public denominator)``.
+
+    Attributes:
+        delta: the (weighted) update, a pytree; float32 or wider once summed.
+        weight: ``()`` the client's weight (1 under a privacy plan).
+    """
+
+    delta: PyTree
+    weight: Float[Array, ""]
+
+
+def everyone(server: ServerState, key: PRNGKeyArray, num_clients: int) -> Bool[Array, " N"]:
+    """``select`` that takes every client."""
+    del server, key
+    return jnp.ones((num_clients,), bool)
+
+
+@dataclass(frozen=True)
+class UniformCohort:
+    """``select`` that draws ``min(size, N)`` clients uniformly without replacement
+    (public: the server's key only; :func:`~swarmjax.fl.data.cohort.fixed_cohort`, whose
+    cost is O(size), not O(N)). Use it with ``max_selected=size``: a round then runs and
+    aggregates only the cohort."""
+
+    size: int
+
+    def __post_init__(self) -> None:
+        if isinstance(self.size, bool) or not isinstance(self.size, int) or self.size < 1:
+            raise ValueError(f"cohort size must be an integer >= 1; got {self.size!r}")
+
+    def __call__(self, server: ServerState, key: PRNGKeyArray, num_clients: int) -> Array:
+        del server
+        ids = fixed_cohort(key, num_clients, min(self.size, num_clients))
+        return jnp.zeros((num_clients,), bool).at[ids].set(True)
+
+
+@dataclass(frozen=True)
+class Exchange:
+    """One server -> clients -> server exchange (all functions pure; see the module docs).
+
+    Attributes:
+        name: short name (used in the privacy record and byte counts).
+        select: ``(server, key, num_clients) -> Bool[num_clients]``.
+        request: ``server -> Request`` (sent to every selected client).
+        client: ``(client_state, data, request, key, hyper) -> (client_state, Reply)``.
+        aggregate: ``(server, replies, slots, key, hyper) -> server``; ``replies`` stacked
+            over the :class:`Slots`, unused slots arbitrary (combine with ``jnp.where``).
+        protection: Reply field name -> :class:`Protection`, one entry per Reply field.
+        max_selected: a static bound on how many clients ``select`` can pick (``None``: all);
+            a runtime then runs only that many client calls and ``aggregate`` gets that
+            many slots.
+        expected_selected: ``None`` when the selection is public (released byte counts use
+            the realised number of clients). Set it, ``(hyper, num_clients) -> expected
+            number``, when the selection is part of a DP mechanism (secret Poisson sampling
+            of clients): the realised count would leak, so released byte counts use this
+            expectation and the realised count is only a private diagnostic.
+        aggregate_sum: ``None``, or ``aggregate`` through the replies' sum alone:
+            ``aggregate(server, replies, slots, key, hyper) == aggregate_sum(server,
+            slot_sum(replies, slots.mask), slots, key, hyper)`` (:func:`slot_sum`: the
+            selected slots added in slot order, float32 or wider). Set it when the server
+            needs only the sum of the selected replies (as secure aggregation would give
+            it): a runtime may then add each reply into the sum as it comes
+            (:func:`add_reply`) instead of holding the ``S`` replies. The simulator does
+            under one-at-a-time and blocked client maps: no ``(S, ...)`` stack of replies
+            (466 MB for 97 slots of a 1.2 M-parameter model), the same bits on a CPU.
+    """
+
+    name: str
+    select: Callable[[ServerState, PRNGKeyArray, int], Bool[Array, " N"]]
+    request: Callable[[ServerState], Request]
+    client: Callable[..., tuple[ClientState, Reply]]
+    aggregate: Callable[[ServerState, Reply, Slots, PRNGKeyArray, Hyper], ServerState]
+    protection: Mapping[str, Protection] = field(default_factory=dict)
+    max_selected: int | None = None
+    expected_selected: Callable[[Hyper, int], Array] | None = None
+    aggregate_sum: (
+        Callable[[ServerState, Reply, Slots, PRNGKeyArray, Hyper], ServerState] | None
+    ) = None
+
+    def __hash__(self) -> int:
+        return hash(
+            (
+                self.name,
+                self.select,
+                self.request,
+                self.client,
+                self.aggregate,
+                tuple(sorted(self.protection.items())),
+                self.max_selected,
+                self.expected_selected,
+                self.aggregate_sum,
+            )
+        )
+
+
+class SummedAggregate:
+    """Mixin of an algorithm whose server needs only the sum of the selected replies: it
+    defines ``aggregate_sum(server, total, slots, key, hyper)`` (set it as its exchange's
+    ``aggregate_sum``), and ``aggregate`` on stacked replies is that of their
+    :func:`slot_sum` (the contract of :attr:`Exchange.aggregate_sum`)."""
+
+    def aggregate(
+        self, server: ServerState, replies: Reply, slots: Slots, key: PRNGKeyArray, hyper: Hyper
+    ) -> ServerState:
+        """The server's step from the stacked replies: ``aggregate_sum`` of their sum over
+        the selected slots."""
+        return self.aggregate_sum(server, slot_sum(replies, slots.mask), slots, key, hyper)
+
+    def aggregate_sum(
+        self, server: ServerState, total: Reply, slots: Slots, key: PRNGKeyArray, hyper: Hyper
+    ) -> ServerState:
+        raise NotImplementedError
+
+
+class Algorithm:
+    """Base class of every federated algorithm: what a runtime may call, with defaults.
+
+    Subclasses are frozen dataclasses (hashable: a jit static argument; equal algorithms
+    compile once). Device-side members, written for ONE client or the server:
+
+    * ``server_init(key, hyper) -> ServerState`` and
+      ``client_init(key, data, hyper, client_id) -> ClientState`` (``data``: one client's
+      slice of :meth:`client_data`), both required;
+    * ``setup`` (exchanges run once before round 1) and ``exchanges`` (one round);
+    * ``evaluate(server, test) -> dict[str, Array]``: public metrics on the public test set
+      (the history's columns), required;
+    * ``spend(server, client_state) -> Spend``: what that client's accountant counted;
+    * ``private_diagnostics(client_state)``: statistics of private data, collected only on
+      request, never released.
+
+    Host-side members (called before any work, never traced): :meth:`client_data`,
+    :meth:`check`, :meth:`default_hyper`, :meth:`resolve` and :meth:`sampling_overflow`.
+    ``privacy_unit`` is ``"record"``, ``"client"`` or ``None`` (no DP).
+    """
+
+    setup: ClassVar[tuple[Exchange, ...]] = ()
+    exchanges: ClassVar[tuple[Exchange, ...]] = ()
+    privacy_unit: ClassVar[Literal["record", "client"] | None] = None
+
+    # ------------------------------------------------------------------ device side
+
+    def server_init(self, key: PRNGKeyArray, hyper: Hyper) -> ServerState:
+        raise NotImplementedError
+
+    def client_init(
+        self, key: PRNGKeyArray, data: Any, hyper: Hyper, client_id: Int[Array, ""]
+    ) -> ClientState:
+        raise NotImplementedError
+
+    def evaluate(self, server: ServerState, test: tuple[Array, Array]) -> dict[str, Array]:
+        raise NotImplementedError
+
+    def spend(self, server: ServerState, client_state: ClientState) -> Spend:
+        """What the client's accountant counted (default: nothing, a non-private algorithm)."""
+        del server, client_state
+        return Spend.none()
+
+    def private_diagnostics(self, client_state: ClientState) -> dict[str, Array]:
+        """Statistics of a client's private data for debugging (default: none)."""
+        del client_state
+        return {}
+
+    def floating_point(self) -> str | None:
+        """What the exact released float values reveal beyond epsilon (the privacy record
+        states it; docs/floating_point.md). Default: ``None`` without DP; with DP, plain
+        float32 noise (whose low bits can reveal the secret, Mironov 2012) unless the
+        algorithm releases its noised values snapped to a grid."""
+        if self.privacy_unit is None:
+            return None
+        return (
+            "float: noise is added in float32 (inside the clients' DP steps or by the server); "
+            "the exact low bits of a released value can reveal the secret beyond epsilon "
+            "(Mironov 2012; docs/floating_point.md)"
+        )
+
+    def canary_hook(self) -> CanaryHook | None:
+        """How the algorithm takes client-level canaries for ``simulate(audit=...)``
+        (:class:`~swarmjax.privacy.canaries.CanaryHook`), or ``None`` (default: it takes
+        none; a privacy plan's :class:`~swarmjax.fl.private.Private` does)."""
+        return None
+
+    # -------------------------------------------------------------------- host side
+
+    def audited(self, result: Any) -> Any:
+        """A finished run's result with the algorithm's own audit added (record-level
+        canaries it carries in its clients; default: ``result`` unchanged)."""
+        return result
+
+    def client_data(self, clients: Any) -> PyTree:
+        """What each client holds, stacked over clients, from stacked
+        :class:`~swarmjax.fl.data.clients.ClientData` (default: the data itself)."""
+        return clients
+
+    def check(self, clients: Any, test: tuple[Array, Array] | None = None) -> None:
+        """``ValueError`` naming the setting unless the algorithm fits ``clients`` (stacked
+        ``ClientData``) and the public ``test`` set (``None``: not checked); default: no
+        check. :meth:`Variants.grid` and the runtimes call it before any work."""
+        del clients, test
+
+    def default_hyper(self, clients: Any, spec: RunSpec) -> Hyper:
+        """The hyper pytree of one variant (no variant axis) before :meth:`resolve`."""
+        raise NotImplementedError
+
+    def resolve(
+        self, hyper: Hyper, clients: Any, spec: RunSpec, epsilon_target: float | None
+    ) -> Hyper:
+        """One variant's final hyper-parameters: derived values filled in (e.g. the noise
+        calibrated to ``epsilon_target``), every value checked (``ValueError`` naming it).
+        Default: an algorithm without DP accepts no finite ``epsilon_target``."""
+        del clients, spec
+        if epsilon_target is not None and math.isfinite(epsilon_target):
+            raise ValueError(
+                f"{type(self).__name__} makes no DP claim here: epsilon_target must be inf; "
+                f"got {epsilon_target}"
+            )
+        return hyper
+
+    def sampling_overflow(
+        self,
+        spend: Spend,
+        num_clients: int,
+        sizes: np.ndarray | None = None,
+        padded: int | None = None,
+    ) -> np.ndarray | None:
+        """Per-step chance that a static-size Poisson draw the privacy rests on overflowed
+        (charged to delta by the privacy record), broadcastable to the spend's
+        ``(runs, rounds, clients)``; ``sizes``/``padded``: the clients' real and padded row
+        counts, ``None`` in a deployment (the server holds no data). Default: nothing can
+        overflow."""
+        del spend, num_clients, sizes, padded
+        return None
