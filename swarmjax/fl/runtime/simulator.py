@@ -22,6 +22,7 @@ import sys
 import time
 import warnings
 from collections.abc import Sequence
+from dataclasses import dataclass
 from functools import partial
 from typing import Any, Literal
 
@@ -209,23 +210,45 @@ def _map_clients(
     return (out, total) if summed else out
 
 
+@dataclass(frozen=True)
+class CanaryRound:
+    """An audit's canaries inside one traced round: the algorithm's hook, the audit, the
+    canaries' directions (shared by every run) and the round's canary slots ``K``."""
+
+    hook: CanaryHook
+    audit: CanaryAudit
+    directions: PyTree
+    slots: int
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """What every exchange of ONE run reads while it is traced: the algorithm, the clients'
+    data, the run's hyper-parameters and key, the client map and the audit's canaries
+    (``None`` without an audit). Built inside the compiled call; never a jit argument."""
+
+    alg: Algorithm
+    clients: PyTree
+    hyper: PyTree
+    run_key: PRNGKeyArray
+    client_map: ClientMap = "vmap"
+    canaries: CanaryRound | None = None
+
+
 def run_exchange(
+    ctx: RunContext,
     ex: Exchange,
     index: int,
     round_index: Int[Array, ""],
-    run_key: PRNGKeyArray,
     server: PyTree,
     states: PyTree,
-    clients: PyTree,
-    hyper: PyTree,
-    client_map: ClientMap = "vmap",
-    canary: tuple[CanaryHook, CanaryAudit, PyTree, int] | None = None,
+    canaries: CanaryRound | None = None,
 ) -> tuple[PyTree, ...]:
     """One exchange for one run: ``(server, client states, number of clients selected)``;
-    with ``canary`` (the algorithm's hook, the audit, the canaries' directions and the
-    round's canary slots ``K``), the participating canaries' replies join the real ones in
+    with ``canaries``, the participating canaries' replies join the real ones in
     ``aggregate`` (never in the selected count), and a fourth value is returned: how many
     taking part sat out over the ``K`` slots (``int32``)."""
+    clients, hyper, run_key, client_map = ctx.clients, ctx.hyper, ctx.run_key, ctx.client_map
     n = num_clients(clients)
     ids = jnp.arange(n)
     mask = ex.select(server, server_key(run_key, round_index, index), n)
@@ -265,9 +288,9 @@ def run_exchange(
         if not all(kept):
             states = slots.update(states, new)
     dropped = None
-    if canary is not None:
+    if canaries is not None:
         replies, slots, dropped = _with_canaries(
-            canary, server, request, run_key, round_index, index, replies, slots, hyper, summed
+            ctx, canaries, (server, request), (round_index, index), replies, slots, summed
         )
     key = aggregate_key(run_key, round_index, index)
     if summed:
@@ -280,29 +303,29 @@ def run_exchange(
 
 
 def _with_canaries(
-    canary: tuple[CanaryHook, CanaryAudit, PyTree, int],
-    server: PyTree,
-    request: PyTree,
-    run_key: PRNGKeyArray,
-    round_index: Int[Array, ""],
-    index: int,
+    ctx: RunContext,
+    canaries: CanaryRound,
+    sent: tuple[PyTree, PyTree],
+    when: tuple[Int[Array, ""], int],
     replies: PyTree,
     slots: Slots,
-    hyper: PyTree,
     summed: bool = False,
 ) -> tuple[PyTree, Slots, Int[Array, ""]]:
     """``replies`` (``(S, ...)``) and ``slots`` with ``K`` canary slots appended (``(S + K,
     ...)``; slot ids in ``N..N+M-1``, which no client update writes), and how many canaries
-    taking part sat out.  Only the canaries taking part this round (in, and drawn by the
-    hook's rule) get a slot and a reply, lowest index first: ``O(K d)`` per round, not
-    ``O(M d)``.  Past ``K`` (chance at most :attr:`CanaryReport.overflow` over the run)
-    the rest sit the round out, counted: that only weakens their signal.  ``summed``:
-    ``replies`` is the real slots' reply sum and the canaries' replies are added to it
-    after them, in slot order (what :func:`~swarmjax.fl.protocol.slot_sum` of the
-    appended stack gives)."""
-    hook, audit, directions, k = canary
+    taking part sat out.  ``sent``: the server state and the exchange's request; ``when``:
+    the round and the exchange index.  Only the canaries taking part this round (in, and
+    drawn by the hook's rule) get a slot and a reply, lowest index first: ``O(K d)`` per
+    round, not ``O(M d)``.  Past ``K`` (chance at most :attr:`CanaryReport.overflow` over
+    the run) the rest sit the round out, counted: that only weakens their signal.
+    ``summed``: ``replies`` is the real slots' reply sum and the canaries' replies are
+    added to it after them, in slot order (what :func:`~swarmjax.fl.protocol.slot_sum` of
+    the appended stack gives)."""
+    hook, audit, k = canaries.hook, canaries.audit, canaries.slots
+    server, request = sent
+    round_index, index = when
     m = audit.canaries
-    key = canary_key(run_key)
+    key = canary_key(ctx.run_key)
     included = inclusion(key, m)
     taking_part = included & hook.participate(
         server, participation_key(key, round_index, index), round_index, included
@@ -310,9 +333,9 @@ def _with_canaries(
     idx = jnp.nonzero(taking_part, size=k, fill_value=m)[0].astype(jnp.int32)
     valid = idx < m
     safe = jnp.minimum(idx, m - 1)
-    rows = direction_rows(directions, hook.params(server), safe)
+    rows = direction_rows(canaries.directions, hook.params(server), safe)
     scaled = jax.tree.map(lambda d: d * audit.norm, rows)
-    extra = jax.vmap(lambda d: hook.reply(request, d, hyper))(scaled)
+    extra = jax.vmap(lambda d: hook.reply(request, d, ctx.hyper))(scaled)
     if summed:
         joined = slot_sum(extra, valid, start=replies)
     else:
@@ -329,19 +352,17 @@ def _with_canaries(
     )
 
 
-def _exchanges(
-    alg, exchanges, round_index, run_key, server, states, clients, hyper, cmap, audit=None
-):
-    """Every exchange of a round; ``audit``: ``(CanaryAudit, directions, slots K)`` or
-    ``None``.  Returns the server, the states, the selected counts and the canary
+def _exchanges(ctx: RunContext, exchanges, round_index, server, states):
+    """Every exchange of a round; the audit's canaries (``ctx.canaries``) join the hook's
+    exchange.  Returns the server, the states, the selected counts and the canary
     participations that sat out over the slots (``0`` without an audit)."""
     counts = []
     dropped = jnp.zeros((), jnp.int32)
-    hook = alg.canary_hook() if audit is not None else None
+    canaries = ctx.canaries
     for e, ex in enumerate(exchanges):
-        canary = (hook, *audit) if hook is not None and e == hook.exchange else None
+        with_canaries = canaries if canaries is not None and e == canaries.hook.exchange else None
         server, states, c, *extra = run_exchange(
-            ex, e, round_index, run_key, server, states, clients, hyper, cmap, canary
+            ctx, ex, e, round_index, server, states, with_canaries
         )
         counts.append(c)
         if extra:
@@ -350,7 +371,8 @@ def _exchanges(
     return server, states, stacked, dropped
 
 
-def _init_one(alg: Algorithm, run_key, hyper, clients: PyTree, cmap: ClientMap):
+def _init_one(ctx: RunContext):
+    alg, run_key, hyper, clients = ctx.alg, ctx.run_key, ctx.hyper, ctx.clients
     server = alg.server_init(server_init_key(run_key), hyper)
     ids = jnp.arange(num_clients(clients))
 
@@ -361,29 +383,25 @@ def _init_one(alg: Algorithm, run_key, hyper, clients: PyTree, cmap: ClientMap):
         batch = min(int(ids.shape[0]), 256)
         states = jax.lax.map(lambda i: one(_one_client(clients, i), i), ids, batch_size=batch)
     else:
-        states = _map_clients(one, (clients, ids), cmap)
+        states = _map_clients(one, (clients, ids), ctx.client_map)
     zero = jnp.zeros((), jnp.int32)
-    server, states, _, _ = _exchanges(
-        alg, alg.setup, zero, run_key, server, states, clients, hyper, cmap
-    )
+    server, states, _, _ = _exchanges(ctx, alg.setup, zero, server, states)
     return server, states, zero
 
 
-def _rounds_one(
-    alg: Algorithm, carry, run_key, hyper, clients, test, rounds, cmap, diagnostics, audit=None
-):
+def _rounds_one(ctx: RunContext, carry, test, rounds: int, diagnostics: bool):
+    alg = ctx.alg
+
     def body(c, _):
         server, states, t = c
         r = t + 1
-        server, states, counts, dropped = _exchanges(
-            alg, alg.exchanges, r, run_key, server, states, clients, hyper, cmap, audit
-        )
+        server, states, counts, dropped = _exchanges(ctx, alg.exchanges, r, server, states)
         out = {
             "metrics": alg.evaluate(server, test),
             "spend": jax.vmap(lambda s: alg.spend(server, s))(states),
             "selected": counts,
         }
-        if audit is not None:
+        if ctx.canaries is not None:
             out["canaries_dropped"] = dropped
         if diagnostics:
             out["diagnostics"] = jax.vmap(alg.private_diagnostics)(states)
@@ -396,37 +414,43 @@ def _rounds_one(
 def init_runs(alg, keys, hypers, clients, cmap):
     """Jitted: init + setup of every run; ``(server, client states, rounds done)`` with a run
     axis (``keys (runs,)``, ``hypers`` with a run axis; ``cmap``: the client map)."""
-    return jax.vmap(lambda k, h: _init_one(alg, k, h, clients, cmap))(keys, hypers)
+    return jax.vmap(lambda k, h: _init_one(RunContext(alg, clients, h, k, cmap)))(keys, hypers)
 
 
-@partial(jax.jit, static_argnames=("alg", "rounds", "cmap", "diagnostics", "audit", "canary_slots"))
-def run_rounds(
-    alg,
-    carry,
-    keys,
-    hypers,
-    clients,
-    test,
-    rounds,
-    cmap,
-    diagnostics,
-    audit=None,
-    canaries=None,
-    canary_slots=None,
-):
-    """Jitted: ``rounds`` more rounds of every run from ``carry`` (:func:`init_runs`'s
+@dataclass(frozen=True)
+class Rounds:
+    """The static part of a compiled call of rounds (a jit static argument: equal values
+    compile once): the algorithm, how many rounds, the client map, whether to collect the
+    private diagnostics, the audit (or ``None``) and its canary slots per round ``K``
+    (``None``: every canary, ``M``)."""
+
+    alg: Algorithm
+    rounds: int
+    client_map: ClientMap = "vmap"
+    diagnostics: bool = False
+    audit: CanaryAudit | None = None
+    canary_slots: int | None = None
+
+
+@partial(jax.jit, static_argnames=("call",))
+def run_rounds(call: Rounds, carry, keys, hypers, clients, test, canaries=None):
+    """Jitted: ``call.rounds`` more rounds of every run from ``carry`` (:func:`init_runs`'s
     output); returns ``(carry, per-round outputs)`` (metrics, spend, selected counts).
-    ``audit``: a :class:`~swarmjax.privacy.canaries.CanaryAudit` whose canaries, of
+    With ``call.audit`` (a :class:`~swarmjax.privacy.canaries.CanaryAudit`), canaries of
     directions ``canaries`` (a :class:`~swarmjax.privacy.canaries.DiracDirections`, or a
-    Haar frame: a pytree like the model with a leading ``M`` axis; shared by every run),
+    Haar frame: a pytree like the model with a leading ``M`` axis; shared by every run)
     join the algorithm's canary exchange (``alg.canary_hook()``) every round, at most
-    ``canary_slots`` of them a round (static; ``None``: ``M``); the outputs then also hold
-    ``canaries_dropped`` (participations that sat out over the slots, per round)."""
-    slots = audit.canaries if audit is not None and canary_slots is None else canary_slots
-    with_canaries = None if audit is None else (audit, canaries, slots)
+    ``call.canary_slots`` of them a round; the outputs then also hold ``canaries_dropped``
+    (participations that sat out over the slots, per round)."""
+    audit = call.audit
+    round_canaries = None
+    if audit is not None:
+        slots = audit.canaries if call.canary_slots is None else call.canary_slots
+        round_canaries = CanaryRound(call.alg.canary_hook(), audit, canaries, slots)
 
     def one(c, k, h):
-        return _rounds_one(alg, c, k, h, clients, test, rounds, cmap, diagnostics, with_canaries)
+        ctx = RunContext(call.alg, clients, h, k, call.client_map, round_canaries)
+        return _rounds_one(ctx, c, test, call.rounds, call.diagnostics)
 
     if keys.shape[0] == 1:  # one run: unbatched, so a cond can skip unused client blocks
         single = jax.tree.map(lambda a: a[0], (carry, keys, hypers))
@@ -743,20 +767,8 @@ def start(
 
 
 def _call(run: Run, carry: Any, rounds: int) -> tuple[Any, dict]:
-    return run_rounds(
-        run.alg,
-        carry,
-        run.keys,
-        run.hyper,
-        run.data,
-        run.test,
-        rounds,
-        run.client_map,
-        run.diagnostics,
-        run.audit,
-        run.directions,
-        run.canary_slots,
-    )
+    call = Rounds(run.alg, rounds, run.client_map, run.diagnostics, run.audit, run.canary_slots)
+    return run_rounds(call, carry, run.keys, run.hyper, run.data, run.test, run.directions)
 
 
 def advance(run: Run, rounds: int = 1) -> tuple[Run, dict[str, np.ndarray]]:
