@@ -39,8 +39,8 @@ from swarmjax.fl.protocol import (
     RunSpec,
     Slots,
     Spend,
+    SummedAggregate,
     Update,
-    slot_sum,
 )
 from swarmjax.privacy.canaries import CanaryHook
 from swarmjax.privacy.user_level import ClippedUpdate, PlanHyper, PlanState, UserLevelDP
@@ -103,7 +103,7 @@ class PrivateServer:
 
 
 @dataclass(frozen=True)
-class Private(Algorithm):
+class Private(SummedAggregate, Algorithm):
     """``algorithm`` under the user-level ``plan`` (static settings; hashable). Build it
     with :func:`private`, which checks the pair before any work.
 
@@ -174,17 +174,6 @@ class Private(Algorithm):
                 f"weight) to take a privacy plan; got {type(reply).__name__}"
             )
         return state, self.plan.clip(reply.delta, clip)
-
-    def aggregate(
-        self,
-        server: PrivateServer,
-        replies: ClippedUpdate,
-        slots: Slots,
-        key: PRNGKeyArray,
-        hyper: PrivateHyper,
-    ) -> PrivateServer:
-        """``aggregate_sum`` of the stacked replies' sum over the selected slots."""
-        return self.aggregate_sum(server, slot_sum(replies, slots.mask), slots, key, hyper)
 
     def aggregate_sum(
         self,
