@@ -7,6 +7,7 @@ Small on purpose: 12 digits clients, a 16-unit MLP, two rounds, one compiled cal
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import jax
@@ -89,6 +90,11 @@ def test_dp_fedavg_is_fedavg_plus_a_plan(dp_fedavg_run, digits):
     ):
         np.testing.assert_array_equal(a, b)
     assert float(np.max(res.privacy.final_epsilon)) <= EPS + 1e-9
+    # one event: the plan that calibrated z states the record's final epsilon
+    plan = alg.plan.privacy_plan(N, RATE, SPEC)
+    z = float(res.privacy.noise_multiplier[0, 0])
+    stated = dataclasses.replace(plan, noise_multiplier=z).epsilon()
+    np.testing.assert_allclose(res.privacy.final_epsilon, stated, rtol=1e-9)
 
 
 @pytest.mark.parametrize("inner", ["fedadam", "fedprox"])
