@@ -10,9 +10,10 @@ Two audited settings, each measured without and with canaries in the same script
   directions and sized canary slots by default; a job's ``"directions": "haar"`` with
   ``"slots": M`` runs the audit as it was before 2026-11-27);
 * **record-level DP-SGD** on MNIST (all 60,000 training rows, Poisson batches of expected
-  size 256 in a buffer of :func:`~swarmjax.privacy.sampling.poisson_capacity` slots, its
-  overflow charged by the accountant, the 784-32-10 MLP of 25,450 parameters, clip 1,
-  SGD lr 0.5, delta 1e-5) at epsilon 2 and 8, with ``--record-canaries`` gradient canaries
+  size 256 in a buffer its record-level :class:`~swarmjax.privacy.plan.PrivacyPlan` sizes
+  and whose overflow it charges, the noise it calibrates, the 784-32-10 MLP of 25,450
+  parameters, clip 1, SGD lr 0.5, delta 1e-5) at epsilon 2 and 8, with
+  ``--record-canaries`` gradient canaries
   (:class:`~swarmjax.privacy.canaries.GradientCanaries`, white-box ``"gradient"`` score).
 
 Every measured run is its own subprocess, so its peak memory (``ru_maxrss``: the whole
@@ -43,6 +44,7 @@ steps, 256 gradient canaries (minutes on a CPU; their power is stated as low).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -114,25 +116,22 @@ def record_job(job: dict) -> dict:
 
     from swarmjax import models
     from swarmjax.fl.data import load_dataset
-    from swarmjax.privacy import accounting, dpsgd
+    from swarmjax.privacy import dpsgd
     from swarmjax.privacy.canaries import CanaryAudit, GradientCanaries
-    from swarmjax.privacy.plan import OVERFLOW_SHARE
-    from swarmjax.privacy.sampling import overflow_probability, poisson_capacity, poisson_sample
+    from swarmjax.privacy.plan import PrivacyPlan
+    from swarmjax.privacy.sampling import poisson_sample
     from swarmjax.privacy.secret import Secret
 
     ds = load_dataset("mnist", job["data_dir"])
     x, y = jnp.asarray(ds.x_train), jnp.asarray(ds.y_train)
     n, steps = int(x.shape[0]), job["steps"]
     q = SGD_BATCH / n
-    # a buffer sized for the run (as PrivacyPlan.sized): its overflow over every step adds at
-    # most OVERFLOW_SHARE * delta at the target; the per-step 1e-9 buffer caps the reachable
-    # epsilon at ln(delta / (1e-9 steps) - 1), 1.39 at 2,000 steps
-    per_step = OVERFLOW_SHARE * SGD_DELTA / (steps * (1.0 + math.exp(job["epsilon"])))
-    capacity = poisson_capacity(n, q, min(1e-9, per_step), add_one=True)
-    overflow = overflow_probability(n, q, capacity, add_one=True)
-    sigma = accounting.sigma_for_epsilon(
-        job["epsilon"], q, steps, SGD_DELTA, overflow_prob=overflow
-    )
+    # the record-level plan sizes the batch buffer for the run (its overflow charged to
+    # delta) and calibrates the noise to the target: no DP arithmetic here. Each run is
+    # reported alone (no ledger composes them), so its buffer is sized for its own epsilon
+    plan = PrivacyPlan("record", n, q, steps, SGD_DELTA)
+    plan = plan.sized(job["epsilon"], composed_epsilon=job["epsilon"]).calibrate(job["epsilon"])
+    capacity, sigma = int(plan.capacity), plan.noise_multiplier
     model = models.mlp(SGD_HIDDEN, 10, (28, 28, 1))
     params = model.init(jax.random.key(0))
     audit = CanaryAudit(job["canaries"], score="gradient") if job["canaries"] else None
@@ -181,12 +180,12 @@ def record_job(job: dict) -> dict:
     final, _, canaries = jax.block_until_ready(train(params, canaries, root))
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     _, acc = models.evaluate(model.apply, final, ds.x_test, ds.y_test, batch_size=2000)
-    epsilon = accounting.epsilon(q, sigma, steps, SGD_DELTA, overflow_prob=overflow)
+    epsilon = plan.epsilon()
     report = None
     if audit is not None:
 
         def accounted(d: float) -> float:  # the run's epsilon at any delta (audit delta)
-            return accounting.epsilon(q, sigma, steps, d, overflow_prob=overflow)
+            return dataclasses.replace(plan, delta=d).epsilon()
 
         report = canaries.report(
             audit, epsilon=epsilon, delta=SGD_DELTA, accounted=accounted

@@ -5,11 +5,13 @@ shuffle, consecutive chunks: ``partition(..., "consecutive", size=50)``), cohort
 uniformly, 1 local epoch of SGD (lr 0.1, batch 10), central SGD lr 1.0 on the mean delta,
 pfl's ``simple_cnn`` (1,199,882 parameters), without and with user-level DP (clip 0.4,
 epsilon 2, delta 1/1200, each system's own accountant: pfl's PLD accountant at sampling
-rate 50/1200; swarmjax's RDP accountant for a Poisson cohort of rate 50/1200 in a buffer
-sized by :func:`swarmjax.fl.data.cohort.cohort_capacity`, its overflow charged to delta).
+rate 50/1200; swarmjax's (PLD by default, ``--accountants``) for a Poisson cohort of rate
+50/1200 in a buffer its user-level privacy plan sizes, its overflow charged to delta).
 
-swarmjax runs through :func:`swarmjax.fl.runtime.simulate`, as a user would: ``FedAvg``
-(``cohort=50``) and ``ClientLevelDPFedAvg`` (fixed clipping, Poisson cohort), the clients in
+swarmjax runs through :func:`swarmjax.fl.runtime.simulate`, as a user would: the registry's
+``fedavg`` (``cohort=50``) and ``dp-fedavg`` (FedAvg under a user-level plan: fixed
+clipping, Poisson cohort; :func:`~swarmjax.fl.algorithms.client_level_dp_fedavg.dp_fedavg`),
+the clients in
 a flat :class:`~swarmjax.fl.data.store.ClientStore`, clients mapped as the device chooses
 (one at a time on a CPU, vmapped on an accelerator) or in blocks of ``--block`` (unused
 buffer slots are skipped). Each round evaluates on the
@@ -98,17 +100,22 @@ def dp_config(rounds: int, accountant: str = "pld") -> dict:
     return {"rate": COHORT / USERS, "spec": spec, "accountant": accountant}
 
 
+def model():
+    """pfl's ``simple_cnn`` on MNIST's 28x28x1 images (every run's)."""
+    return simple_cnn(10, (28, 28, 1))
+
+
 def algorithm(dp: dict | None, block_eval: int = 250):
     """``(algorithm, grid values)`` from the algorithm registry: ``fedavg`` with a cohort of
     50, or ``dp-fedavg`` (fixed clipping) with the Poisson buffer its plan sizes for the run."""
     run = registry.CrossDeviceRun(
-        simple_cnn(10, (28, 28, 1)),
+        model(),
         USERS,
         COHORT,
         RunSpec(1, 1.0 / USERS, (0,)) if dp is None else dp["spec"],
         LocalTraining(epochs=1, batch_size=10, optimizer="sgd"),
         epsilon=None if dp is None else dp.get("epsilon", EPSILON),
-        client_lr=0.1,
+        learning_rate=0.1,
         server_lr=1.0,
         clip=CLIP,
         eval_batch_size=block_eval,
@@ -196,7 +203,7 @@ def run_swarmjax(
         if dp is not None:
             record = record_seconds(res)
     params = jax.tree.map(lambda a: a[0], res.server.params)
-    _, acc = evaluate(alg.model.apply, params, *full_test, batch_size=1000)
+    _, acc = evaluate(model().apply, params, *full_test, batch_size=1000)
     return {
         "system": "swarmjax",
         "formulation": f"simulate:{'device' if block is None else f'block {block}'}",
@@ -213,7 +220,7 @@ def run_swarmjax(
         "accountant": None if dp is None else res.privacy.accountant,
         "noise_multiplier": None
         if dp is None
-        else float(np.asarray(res.server.noise_multiplier).reshape(-1)[0]),
+        else float(np.asarray(res.server.plan.noise_multiplier).reshape(-1)[0]),
         "params": param_count(params),
         "load": os.getloadavg()[0],
     }

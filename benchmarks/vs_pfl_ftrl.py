@@ -52,32 +52,33 @@ from benchmarks.vs_pfl import (
     algorithm,
     dp_config,
     load_work,
+    model,
     run_pfl,
 )
 from experiments import _cli
 from experiments._report import write_json
 from swarmjax.fl.algorithms import registry
-from swarmjax.fl.algorithms.dp_ftrl import DPFTRL
 from swarmjax.fl.client.training import LocalTraining
+from swarmjax.fl.private import Private
 from swarmjax.fl.protocol import RunSpec, Variants
 from swarmjax.fl.runtime import simulate
-from swarmjax.models import evaluate, simple_cnn
+from swarmjax.models import evaluate
 from swarmjax.privacy.ftrl import FACTORIZATIONS
 
 SEPARATION = USERS // COHORT  # 24: a user's turn in the cycle comes every 24 rounds
 
 
-def ftrl_algorithm(factorization: str, rounds: int, epsilon: float) -> tuple[DPFTRL, dict]:
+def ftrl_algorithm(factorization: str, rounds: int, epsilon: float) -> tuple[Private, dict]:
     """``(DP-FTRL for the run, grid values)`` from the algorithm registry: the users in a
     fixed cycle, fixed clip 0.4, the rest as ``vs_pfl``'s DP-FedAvg."""
     run = registry.CrossDeviceRun(
-        simple_cnn(10, (28, 28, 1)),
+        model(),
         USERS,
         COHORT,
         RunSpec(rounds, 1.0 / USERS, (0,), accountant="pld"),
         LocalTraining(epochs=1, batch_size=10, optimizer="sgd"),
         epsilon=epsilon,
-        client_lr=0.1,
+        learning_rate=0.1,
         server_lr=1.0,
         clip=CLIP,
         eval_batch_size=250,
@@ -93,16 +94,16 @@ def _bytes(tree) -> int:
 def run_ours(store, tests, rounds: int, epsilon: float, mechanism: str, block) -> dict:
     """One swarmjax run: ``mechanism`` ``"dp-fedavg"`` or a DP-FTRL factorization. Runs the
     same compiled program twice: the second run's wall time over its rounds is the seconds
-    per round; the first's (compilation and, for DP-FTRL, the strategy included) is kept."""
+    per round; the first's (the build, compilation and, for DP-FTRL, the strategy's
+    optimisation by jax-privacy, cached for the second) is kept. The participations ``k``
+    and the noise state are the plan's (none for DP-FedAvg's i.i.d. noise)."""
     round_test, full_test = tests
     spec = RunSpec(rounds, 1.0 / USERS, (0,), accountant="pld")
     t0 = time.perf_counter()
     if mechanism == "dp-fedavg":
-        cfg = {**dp_config(rounds, "pld"), "epsilon": epsilon}
-        alg, grid = algorithm(cfg)
+        alg, grid = algorithm({**dp_config(rounds, "pld"), "epsilon": epsilon})
     else:
         alg, grid = ftrl_algorithm(mechanism, rounds, epsilon)
-        alg.strategy(USERS, rounds)  # jax-privacy's optimisation (cached for the runs)
     setup = time.perf_counter() - t0
 
     def once(progress: bool):
@@ -115,8 +116,8 @@ def run_ours(store, tests, rounds: int, epsilon: float, mechanism: str, block) -
     first, _, _ = once(progress=True)
     wall, cpu, res = once(progress=False)
     params = jax.tree.map(lambda a: a[0], res.server.params)
-    _, acc = evaluate(alg.model.apply, params, *full_test, batch_size=1000)
-    ftrl = mechanism != "dp-fedavg"
+    _, acc = evaluate(model().apply, params, *full_test, batch_size=1000)
+    plan = res.server.plan  # the plan's state: accounted z, noise state (BLT buffers or none)
     return {
         "system": "swarmjax",
         "mechanism": mechanism,
@@ -127,9 +128,9 @@ def run_ours(store, tests, rounds: int, epsilon: float, mechanism: str, block) -
         "first_run_s": first + setup,
         "accuracy": float(acc),
         "epsilon": float(res.privacy.final_epsilon.max()),
-        "noise_multiplier": float(np.asarray(res.server.noise_multiplier).reshape(-1)[0]),
-        "participations": alg.participation(USERS, rounds).participations if ftrl else None,
-        "noise_state_bytes": _bytes(res.server.noise) if ftrl else 0,  # DP-FedAvg keeps none
+        "noise_multiplier": float(np.asarray(plan.noise_multiplier).reshape(-1)[0]),
+        "participations": alg.plan.settings(USERS, rounds).get("max_participations"),
+        "noise_state_bytes": _bytes(plan.noise),
         "load": os.getloadavg()[0],
     }
 

@@ -54,18 +54,21 @@ from swarmjax.fl.algorithms import registry
 from swarmjax.fl.client.training import LocalTraining
 from swarmjax.fl.data import partition
 from swarmjax.fl.data.store import ClientStore
-from swarmjax.fl.protocol import RunSpec, Variants
+from swarmjax.fl.private import Private
+from swarmjax.fl.protocol import Algorithm, RunSpec, Variants
 from swarmjax.fl.runtime import simulate
 from swarmjax.fl.runtime.simulator import CHECKPOINT_NOT_RELEASED
 from swarmjax.models import evaluate, simple_cnn
 from swarmjax.privacy.canaries import DEFAULT_CANARIES, CanaryAudit
 from swarmjax.privacy.ftrl import FACTORIZATIONS, SCHEDULES
 from swarmjax.privacy.ledger import Ledger, releases_from_result
-from swarmjax.privacy.plan import default_delta
 from swarmjax.privacy.secret import Secret
+from swarmjax.privacy.user_level import UserLevelDP
 
 ALGORITHMS = registry.names(cross_device=True)
 DP_ALGORITHMS = registry.names(cross_device=True, user_dp=True)
+OPTIONS = tuple(dict.fromkeys(o for n in ALGORITHMS for o in registry.lookup(n).options))
+"""Options of one algorithm only (the registry's :attr:`~registry.Entry.options`: DP-FTRL's)."""
 PARTITIONS = ("consecutive", "dirichlet", "shards", "power_law")
 EVAL_BATCH = 125  # test rows per evaluation chunk: a one-pass CNN evaluation of 1,000 rows
 # holds ~0.8 GiB of activations (measured); chunks keep a run's peak memory to the cohort's
@@ -84,12 +87,12 @@ class Profile:
     rounds: int
     algorithms: tuple[str, ...]
     epsilons: tuple[float, ...]  # one run of each DP algorithm per target
-    delta: float | None  # None: default_delta(clients) = 0.1 / clients
+    delta: float | None  # None: the plan's default for clients (UserLevelDP.delta_for)
     seeds: tuple[int, ...]
     partition: str
     test_size: int
     accountant: str = "pld"
-    client_lr: float = 0.1
+    learning_rate: float = 0.1
     server_lr: float = 1.0
     clip: float = 0.4
     mu: float = 0.01
@@ -102,9 +105,10 @@ class Profile:
     noise_cohort: int | None = None  # pfl's noise_cohort_size: never the default
     audit: int | None = None  # client-level canaries in every DP run (docs/audits.md)
 
-    def ftrl_options(self) -> dict:
-        """DP-FTRL's settings (:data:`registry.FTRL_OPTIONS`) as the registry takes them."""
-        return {k: getattr(self, k) for k in registry.FTRL_OPTIONS}
+    def options(self, name: str) -> dict:
+        """The settings of algorithm ``name`` alone (its registry entry's
+        :attr:`~registry.Entry.options`: DP-FTRL's) as the registry takes them."""
+        return {k: getattr(self, k) for k in registry.lookup(name).options}
 
 
 PROFILES = {
@@ -254,7 +258,7 @@ def profile(args: argparse.Namespace) -> Profile:
         "partition": args.partition,
         "test_size": args.test_size,
         "seeds": tuple(range(args.seeds)) if args.seeds else None,
-        **{k: getattr(args, k) for k in registry.FTRL_OPTIONS},
+        **{k: getattr(args, k) for k in OPTIONS},
         "audit": args.audit,
     }
     prof = dataclasses.replace(base, **{k: v for k, v in given.items() if v is not None})
@@ -281,12 +285,18 @@ def profile(args: argparse.Namespace) -> Profile:
         )
     if len(set(prof.epsilons)) != len(prof.epsilons):
         raise _cli.UserError(f"--epsilon gives a value twice: {' '.join(map(str, args.epsilon))}")
-    if "dp-ftrl" not in prof.algorithms:
+    for option in OPTIONS:  # an algorithm's own option without that algorithm
+        takers = [n for n in ALGORITHMS if option in registry.lookup(n).options]
+        if not set(takers) & set(prof.algorithms):
+            what = " or ".join(n.upper() for n in takers)
+            add = " or ".join(takers)
+            _cli.refuse_unused(args, [option], f"it is a {what} option (add {add} to --algorithm)")
+    if prof.schedule == "single":
         _cli.refuse_unused(
-            args, registry.FTRL_OPTIONS, "it is a DP-FTRL option (add dp-ftrl to --algorithm)"
+            args,
+            ["min_separation", "max_participations"],
+            "--schedule single takes each client at most once (b = rounds, k = 1)",
         )
-    else:
-        check_ftrl(args, prof)
     if prof.dataset == "digits":
         _cli.refuse_unused(args, ["data_dir"], "--dataset digits ships with scikit-learn")
     _cli.check_memory(memory_estimate(prof), *_memory_option(args, prof))
@@ -368,8 +378,8 @@ def clients_and_test(prof: Profile, data_dir: Path | None, args: argparse.Namesp
     return store, test, (data.x_test, data.y_test)
 
 
-_FTRL_FIELDS = {  # DPFTRL's fields that start its refusals: the Profile field (and the
-    # option's dest) of the same name, as a message names a value the user did not give
+_FIELDS = {  # settings that start a library refusal: the Profile field (and the option's
+    # dest) of the same name, as a message names a value the user did not give
     "min_separation": "min separation",
     "max_participations": "max participations",
     "noise_cohort": "noise cohort",
@@ -378,39 +388,70 @@ _FTRL_FIELDS = {  # DPFTRL's fields that start its refusals: the Profile field (
 }
 
 
-def check_ftrl(args: argparse.Namespace, prof: Profile) -> None:
-    """DP-FTRL's scheme for ``prof``, checked before any work (the registry's build through
-    ``DPFTRL.for_run`` at every ``--epsilon``): a refusal is one line naming the option
-    (the one given, or the profile's value and the option that changes it)."""
-    if prof.schedule == "single":
-        _cli.refuse_unused(
-            args,
-            ["min_separation", "max_participations"],
-            "--schedule single takes each client at most once (b = rounds, k = 1)",
-        )
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """One run of the experiment, its algorithm built before any work.
+
+    Attributes:
+        name: the registry's name of the algorithm.
+        epsilon: its target epsilon (``None`` without DP).
+        label: what names its checkpoints and its rows.
+        setup: the registry's :class:`~swarmjax.fl.algorithms.registry.CrossDeviceRun`.
+        algorithm: the algorithm (a :class:`~swarmjax.fl.private.Private` for a DP one).
+        grid: its values for :meth:`~swarmjax.fl.protocol.Variants.grid`.
+    """
+
+    name: str
+    epsilon: float | None
+    label: str
+    setup: registry.CrossDeviceRun
+    algorithm: Algorithm
+    grid: dict
+
+    @property
+    def plan(self) -> UserLevelDP | None:
+        """The run's user-level privacy plan (``None`` without DP): what its epsilon covers,
+        its settings and its ledger entry are the plan's answers."""
+        return self.algorithm.plan if isinstance(self.algorithm, Private) else None
+
+
+def planned(args: argparse.Namespace, prof: Profile) -> list[Run]:
+    """Every run of ``prof`` (:func:`runs`), its algorithm built by the registry before any
+    work (a DP-FTRL scheme checked, a DP-FedAvg buffer sized, a target's reachability
+    checked): a refusal is one line naming the option (the one given, or the profile's
+    value and the option that changes it)."""
     shape = EXAMPLE[prof.dataset]
-    for eps in prof.epsilons:
+    out = []
+    for name, eps, label in runs(prof):
+        setup = cross_device_run(prof, shape, name, eps)
         try:
-            registry.cross_device("dp-ftrl", cross_device_run(prof, shape, "dp-ftrl", eps))
+            alg, grid = registry.cross_device(name, setup)
         except ValueError as err:
-            dest, _, rest = str(err).partition(" ")
-            what = _FTRL_FIELDS.get(dest)
-            if what is None:
-                raise _cli.UserError(f"--algorithm dp-ftrl: {err}") from None
-            value = getattr(prof, dest)
-            named = _cli.setting(args, dest, value, what)
-            if value is None:  # the default: the most the cohort allows / as many as fit
-                named = f"the default {what} ({_cli.option_named(args, [dest])} changes it)"
-            rest = re.sub(r"; got [^;]*$", "", rest)  # the value is named already
-            raise _cli.UserError(f"--algorithm dp-ftrl: {named} {rest}") from None
+            raise _cli.UserError(_refusal(args, prof, name, err)) from None
+        out.append(Run(name, eps, label, setup, alg, grid))
+    return out
+
+
+def _refusal(args: argparse.Namespace, prof: Profile, name: str, err: ValueError) -> str:
+    """The library's refusal ``err`` of algorithm ``name``'s build, naming the option."""
+    dest, _, rest = str(err).partition(" ")
+    what = _FIELDS.get(dest)
+    if what is None:
+        return f"--algorithm {name}: {err}"
+    value = getattr(prof, dest)
+    named = _cli.setting(args, dest, value, what)
+    if value is None:  # the default: the most the cohort allows / as many as fit
+        named = f"the default {what} ({_cli.option_named(args, [dest])} changes it)"
+    rest = re.sub(r"; got [^;]*$", "", rest)  # the value is named already
+    return f"--algorithm {name}: {named} {rest}"
 
 
 def cross_device_run(
     prof: Profile, shape: tuple[int, ...], name: str, epsilon: float | None
 ) -> registry.CrossDeviceRun:
     """The registry's :class:`~swarmjax.fl.algorithms.registry.CrossDeviceRun` of ``prof``
-    for algorithm ``name`` (its own options: DP-FTRL's) at target ``epsilon`` (``None`` for
-    the non-DP algorithms), on examples of ``shape``."""
+    for algorithm ``name`` (with its own options: DP-FTRL's) at target ``epsilon``
+    (``None`` for the non-DP algorithms), on examples of ``shape``."""
     return registry.CrossDeviceRun(
         simple_cnn(10, shape),
         prof.clients,
@@ -418,20 +459,14 @@ def cross_device_run(
         spec(prof),
         LocalTraining(epochs=1, batch_size=10, optimizer="sgd"),
         epsilon=epsilon,
-        client_lr=prof.client_lr,
+        learning_rate=prof.learning_rate,
         server_lr=prof.server_lr,
         adaptive_server_lr=prof.adaptive_server_lr,
         clip=prof.clip,
         mu=prof.mu,
         eval_batch_size=EVAL_BATCH,
-        options=prof.ftrl_options() if name == "dp-ftrl" else {},
+        options=prof.options(name),
     )
-
-
-def algorithm(name: str, prof: Profile, clients, epsilon: float | None = None) -> tuple:
-    """``(algorithm, grid values)`` of ``name`` under ``prof`` from the registry (a DP
-    algorithm at target ``epsilon``)."""
-    return registry.cross_device(name, cross_device_run(prof, clients.example_shape, name, epsilon))
 
 
 def runs(prof: Profile) -> list[tuple[str, float | None, str]]:
@@ -468,71 +503,54 @@ PUBLIC_FILES = {
 holds public settings, or is computed only from the releases and public data (so it is as
 private as the releases it repeats); tests/test_released_files.py checks every file."""
 
-NOT_THIS_RUN = "holds ONLY for a deployment"  # how a noise-cohort run's guarantee starts
 
-
-def guarantee(prof: Profile, name: str) -> str:
-    """What a run's epsilon means: the run's own user-level guarantee; none (no DP); or,
-    with ``--noise-cohort M``, one for a deployment with cohorts of ``M`` only."""
-    if name not in DP_ALGORITHMS:
-        return "none (no DP)"
-    if name == "dp-ftrl" and prof.noise_cohort is not None:
-        m, big = prof.cohort, prof.noise_cohort
-        return (
-            f"{NOT_THIS_RUN} with cohorts of {big} clients (--noise-cohort {big}); "
-            f"this run trained cohorts of {m} with {m}/{big} of that noise and has no such "
-            "guarantee"
-        )
-    return "this run's own (user-level)"
+def guarantee(run: Run) -> str:
+    """What a run's epsilon means, as its plan says (:meth:`UserLevelDP.guarantee`: its own
+    user-level guarantee, or with ``--noise-cohort M`` one for a deployment with cohorts of
+    ``M`` only); none without DP."""
+    return "none (no DP)" if run.plan is None else run.plan.guarantee()
 
 
 def _delta(prof: Profile) -> float:
-    return default_delta(prof.clients) if prof.delta is None else prof.delta
+    return UserLevelDP.delta_for(prof.clients, prof.delta)
 
 
 def spec(prof: Profile) -> RunSpec:
-    """Rounds, delta, seeds and accountant of every run of ``prof``."""
+    """Rounds, delta (``--delta``, else the user-level plan's default for the clients),
+    seeds and accountant of every run of ``prof``."""
     return RunSpec(prof.rounds, _delta(prof), prof.seeds, accountant=prof.accountant)
 
 
-def add_to_ledger(
-    ledger: Ledger, res, name: str, what: str, path: str, data: str | None = None
-) -> None:
-    """Every run of ``res`` into ``ledger`` under ``name`` (``data``: the dataset's name).
-    A run whose epsilon holds only for a simulated deployment (``--noise-cohort``) goes in
-    with no epsilon covering it (``inf``: listed, never composed) and ``what`` beside it,
-    so the experiment's composed statement claims nothing this run lacks."""
-    if not what.startswith(NOT_THIS_RUN):
-        ledger.add_result(res, algorithm=name, path=path, data=data)
-        return
-    for r in releases_from_result(res, algorithm=name, path=path, data=data):
-        deployment = {"deployment_epsilon": r.epsilon, "guarantee": what}
-        ledger.add(dataclasses.replace(r, epsilon=math.inf, variant={**r.variant, **deployment}))
+def add_to_ledger(ledger: Ledger, res, run: Run, path: str, data: str | None = None) -> None:
+    """Every run of ``res`` into ``ledger`` under the algorithm's name (``data``: the
+    dataset's name), each as its plan says a ledger must list it
+    (:meth:`UserLevelDP.released`: a ``--noise-cohort`` run with no epsilon covering it,
+    so the experiment's composed statement claims nothing this run lacks)."""
+    releases = releases_from_result(res, algorithm=run.name, path=path, data=data)
+    for r in releases:
+        ledger.add(r if run.plan is None else run.plan.released(r))
 
 
 def run_one(
-    name: str,
+    run: Run,
     prof: Profile,
     clients,
     test,
     full_test,
     out: Path,
     ledger: Ledger | None = None,
-    epsilon: float | None = None,
-    label: str | None = None,
     secret: Secret | None = None,
 ) -> dict:
-    """One run of ``name`` (a DP algorithm at target ``epsilon``; checkpointed per round
-    under ``label``): its history and summary row; its runs go into ``ledger`` as releases
-    written to ``history.csv``. ``secret``: the supplied secret (``--secret-file``; this
-    run's is derived from it by ``label``), else a fresh one saved with the checkpoints."""
-    label = name if label is None else label
-    alg, grid = algorithm(name, prof, clients, epsilon)
-    variants = Variants.grid(alg, clients, spec(prof), **grid)
-    audit = None if prof.audit is None or name not in DP_ALGORITHMS else CanaryAudit(prof.audit)
+    """One run (checkpointed per round under its label): its history and summary row; its
+    runs go into ``ledger`` as releases written to ``history.csv``. ``secret``: the
+    supplied secret (``--secret-file``; this run's is derived from it by the label), else a
+    fresh one saved with the checkpoints."""
+    name, label, plan = run.name, run.label, run.plan
+    variants = Variants.grid(run.algorithm, clients, spec(prof), **run.grid)
+    audit = None if prof.audit is None or plan is None else CanaryAudit(prof.audit)
     t0 = time.perf_counter()
     res = simulate(
-        alg,
+        run.algorithm,
         clients,
         test,
         variants,
@@ -543,17 +561,17 @@ def run_one(
         audit=audit,
         secret=None if secret is None else secret.derive(f"cross_device/{label}"),
     )
-    what = guarantee(prof, name)
     if ledger is not None:  # under the experiment's name for the algorithm
-        add_to_ledger(ledger, res, name, what, str(out / "history.csv"), prof.dataset)
+        add_to_ledger(ledger, res, run, str(out / "history.csv"), prof.dataset)
         ledger.mark_not_released(out / "checkpoints" / label, CHECKPOINT_NOT_RELEASED)
     wall = time.perf_counter() - t0
     params = res.server.params
     # in EVAL_BATCH chunks: one chunk of 2,000 rows held 1.3 GB of the CNN's activations,
     # the experiment's peak (issue 38)
+    apply = run.setup.model.apply
     pick = [jax.tree.map(lambda a, i=i: a[i], params) for i in range(len(prof.seeds))]
-    finals = [float(evaluate(alg.model.apply, p, *full_test, EVAL_BATCH)[1]) for p in pick]
-    target = math.nan if epsilon is None else epsilon
+    finals = [float(evaluate(apply, p, *full_test, EVAL_BATCH)[1]) for p in pick]
+    target = math.nan if run.epsilon is None else run.epsilon
     history = res.history.assign(algorithm=name, run=label, epsilon_target=target)
     eps = res.privacy.final_epsilon.max(axis=1)
     row = {
@@ -571,29 +589,26 @@ def run_one(
         "wall_seconds": wall,
         "covers": list(res.privacy.covers),
         "not_covered": list(res.privacy.not_covered),
-        "guarantee": what,
+        "guarantee": guarantee(run),
     }
-    if name == "dp-ftrl":  # the scheme that holds (for_run made b and k explicit)
-        row.update(
-            factorization=alg.factorization,
-            schedule=alg.schedule,
-            min_separation=alg.participation(prof.clients, prof.rounds).min_separation,
-            max_participations=alg.participation(prof.clients, prof.rounds).participations,
-            noise_cohort=alg.noise_cohort,
-        )
+    if plan is not None:  # the plan's settings as they hold (a DP-FTRL's b and k)
+        row.update(plan.settings(prof.clients, prof.rounds))
     if audit is not None:  # the largest lower bound over the seeds (each seed's in the ledger)
         row["epsilon_lower"] = max(r.epsilon_lower for r in res.audit)
-    return {"history": history, "row": row, "audit": res.audit}
+    own = plan is None or plan.own_guarantee
+    return {"history": history, "row": row, "audit": res.audit, "own_guarantee": own}
 
 
-def setting_text(prof: Profile) -> str:
+def setting_text(prof: Profile, rows: list[dict] = ()) -> str:
     """The run's setting as figure titles state it: dataset, clients, cohort, rounds,
-    epsilon (and a noise cohort's caveat)."""
+    epsilon (and, for a run whose plan calibrated the noise for another cohort, that its
+    epsilon holds only there)."""
     dp = [a for a in prof.algorithms if a in DP_ALGORITHMS]
     targets = ", ".join(f"{e:g}" for e in prof.epsilons)
     eps = f", DP at epsilon {targets} (user-level)" if dp else ", no DP"
-    if "dp-ftrl" in dp and prof.noise_cohort is not None:
-        eps += f"; DP-FTRL's epsilon only for cohorts of {prof.noise_cohort}"
+    elsewhere = {(r["algorithm"], r["noise_cohort"]) for r in rows if r.get("noise_cohort")}
+    for name, cohort in sorted(elsewhere):
+        eps += f"; {name}'s epsilon only for cohorts of {cohort}"
     return (
         f"{prof.dataset}, {prof.clients} clients ({prof.partition}), cohort {prof.cohort}, "
         f"{prof.rounds} rounds{eps}"
@@ -621,7 +636,8 @@ def figures(
         line="run",
         ylabel=ylabel,
         panel_title=lambda _: "Accuracy per round",
-        suptitle=f"Cross-device: {setting_text(prof)}; curve on {curve_test_set(prof, test_rows)}",
+        suptitle=f"Cross-device: {setting_text(prof, rows)}; curve on "
+        f"{curve_test_set(prof, test_rows)}",
     )
     dp = [r for r in rows if r["algorithm"] in DP_ALGORITHMS]
     if dp:
@@ -636,7 +652,9 @@ def figures(
         ax.set(
             xlabel="epsilon (user-level, accounted)",
             ylabel=f"final test accuracy (all {prof.dataset} test rows)",
-            title=_report.title(f"Cross-device accuracy vs epsilon: {setting_text(prof)}", 60),
+            title=_report.title(
+                f"Cross-device accuracy vs epsilon: {setting_text(prof, rows)}", 60
+            ),
         )
         ax.legend(fontsize=8)
         _report.save(fig, out / "accuracy_vs_epsilon.png")
@@ -646,6 +664,7 @@ def figures(
 def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
     prof = profile(args)
+    todo = planned(args, prof)  # every run's algorithm, built (and refused) before any work
     out = _cli.out_dir(args)
     data_dir = None if prof.dataset == "digits" else _cli.data_dir(args.data_dir)
     if args.restart:
@@ -662,22 +681,16 @@ def main(argv: list[str] | None = None) -> None:
         f"({prof.partition}), cohort {prof.cohort}, {prof.rounds} rounds, seeds {prof.seeds}",
         flush=True,
     )
-    histories, rows = [], []
-    for name, eps, label in runs(prof):
+    histories, rows, elsewhere = [], [], []
+    for run in todo:
+        label = run.label
         got = run_one(
-            name,
-            prof,
-            clients,
-            test,
-            full_test,
-            out,
-            ledger,
-            eps,
-            label,
-            secret=_cli.supplied_secret(args),
+            run, prof, clients, test, full_test, out, ledger, secret=_cli.supplied_secret(args)
         )
         histories.append(got["history"])
         rows.append(got["row"])
+        if not got["own_guarantee"]:  # its epsilon is a simulated deployment's (the plan's)
+            elsewhere.append(got["row"])
         print(
             f"{label}: accuracy {got['row']['final_accuracy']:.4f}, epsilon "
             f"{got['row']['epsilon']:.3g}, {got['row']['seconds_per_round']:.2f} s/round",
@@ -722,11 +735,10 @@ def main(argv: list[str] | None = None) -> None:
     figures(history, rows, out, prof, len(test[1]))
     cols = ["run", "final_accuracy", "epsilon", "seconds_per_round"]
     print(table[cols].to_markdown(index=False, floatfmt=".4g"))
-    for r in rows:
-        if r["guarantee"].startswith(NOT_THIS_RUN):
-            print(f"{r['run']}: epsilon {r['epsilon']:.3g} {r['guarantee']}")
+    for r in elsewhere:
+        print(f"{r['run']}: epsilon {r['epsilon']:.3g} {r['guarantee']}")
     print(f"per-round curve: {test_sets['history']}; summary: {test_sets['summary']}")
-    if any(name in DP_ALGORITHMS for name in prof.algorithms):
+    if any(run.plan is not None for run in todo):
         _report.not_covered(
             ledger, "wall-clock timing", out / "summary.csv", TIMING_NOT_COVERED,
             delta=_delta(prof), columns="seconds_per_round, wall_seconds (summary.csv/.json)",

@@ -9,11 +9,11 @@ section 4).
 
 For every dataset x partition x epsilon, the noise multiplier z is the smallest one whose
 client-level epsilon after T rounds (Poisson client sampling at rate q_c, the PLD accountant
-or ``--accountant rdp``, delta = 0.1 / N, swarmjax's one default; the paper's N^-1.1 with
-``--delta``) is <= the target; fixed clipping (several C) and adaptive clipping (target
-quantile 0.5, start C_0 = 0.1) run with the SAME z, hence the same epsilon (the adaptive run
-folds its clipped-count query into z and pays with a larger noise on the sum). A
-non-private FedAvg-style run (z = 0, no clipping) is the ceiling.
+or ``--accountant rdp``, delta = min(1e-5, 0.1 / N), the user-level plan's default; the
+paper's N^-1.1 with ``--delta``) is <= the target; fixed clipping (several C) and adaptive
+clipping (target quantile 0.5, start C_0 = 0.1) run with the SAME z, hence the same epsilon
+(the adaptive run folds its clipped-count query into z and pays with a larger noise on the
+sum). A non-private FedAvg-style run (z = 0, no clipping) is the ceiling.
 
 Why N = 1000 clients: the noise on the averaged update has std sigma C / (q_c N) per
 coordinate while the signal is at most C, so at fixed epsilon the signal-to-noise ratio grows
@@ -47,22 +47,21 @@ import pandas as pd
 from tqdm import tqdm
 
 from experiments import _cli, _report
-from swarmjax.fl.algorithms.client_level_dp_fedavg import (
-    ClientLevelDPFedAvg,
-    rounds_to_target,
-    sum_noise_multiplier,
-)
+from swarmjax.fl.algorithms.client_level_dp_fedavg import dp_fedavg, rounds_to_target
 from swarmjax.fl.client.training import LocalTraining
 from swarmjax.fl.data import subsample
 from swarmjax.fl.data.clients import stack_clients
 from swarmjax.fl.data.partition import dirichlet_partition, iid_partition
+from swarmjax.fl.private import Private
 from swarmjax.fl.protocol import RunSpec, Variants
 from swarmjax.fl.runtime import simulate
 from swarmjax.models import cross_entropy, mlp, param_count
 from swarmjax.privacy.audit import membership_inference_advantage
 from swarmjax.privacy.canaries import DEFAULT_CANARIES, CanaryAudit, CanaryReport
 from swarmjax.privacy.ledger import Ledger, saved_releases
+from swarmjax.privacy.participation import Poisson
 from swarmjax.privacy.secret import Secret
+from swarmjax.privacy.user_level import UserLevelDP
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,9 +110,22 @@ PROFILES = {
 
 MODEL_HIDDEN = (32,)  # 784-32-10, d = 25,450: small d keeps the noise norm sigma C sqrt(d) low
 LOCAL = LocalTraining(epochs=1, batch_size=10, optimizer="sgd")
-CLIENT_LR, SERVER_LR, SERVER_MOMENTUM = 0.05, 1.0, 0.9
+LEARNING_RATE, SERVER_LR, SERVER_MOMENTUM = 0.05, 1.0, 0.9
 DIRICHLET_ALPHA = 0.5
 INITIAL_CLIP, TARGET_QUANTILE, CLIP_LR = 0.1, 0.5, 0.2
+
+
+def algorithm(model, participation: Poisson, clipping: str) -> Private:
+    """DP-FedAvg with ``clipping`` (``"fixed"`` or ``"adaptive"``) on the experiment's
+    local training and server momentum, its Poisson ``participation`` sized for the run."""
+    return dp_fedavg(
+        model,
+        participation=participation,
+        training=LOCAL,
+        clipping=clipping,
+        server_momentum=SERVER_MOMENTUM,
+        eval_batch_size=2500,
+    )
 
 
 def make_clients(data, scheme: str, num_clients: int):
@@ -195,7 +207,7 @@ def methods(profile: Profile, z: float) -> list[tuple[str, dict]]:
 
 
 def run_one(
-    config,
+    participation: Poisson,
     clients,
     test,
     data,
@@ -209,7 +221,8 @@ def run_one(
     *,
     secret: Secret | None = None,
 ):
-    """One method at one epsilon, all seeds in one call: (per-round history, ``{"row":
+    """One method at one epsilon, all seeds in one call (DP-FedAvg with the Poisson
+    ``participation`` sized for the run): (per-round history, ``{"row":
     summary row, "releases": its runs as privacy-ledger releases written at
     release_path, "private": statistics of training records that no epsilon covers (the
     membership-inference advantage), kept out of the released files}``). ``secret``: the
@@ -220,14 +233,15 @@ def run_one(
     non-private run (noise 0, no epsilon) is never audited."""
     t0 = time.perf_counter()
     kwargs = dict(kwargs)
-    alg = dataclasses.replace(config, clipping=kwargs.pop("clipping"))
+    model = mlp(MODEL_HIDDEN, 10, (28, 28, 1))
+    alg = algorithm(model, participation, kwargs.pop("clipping"))
     kwargs["noise_multiplier"] = [float(kwargs["noise_multiplier"])]  # the one label
     variants = Variants.grid(
         alg,
         clients,
         spec,
         sample_rate=profile.sample_rate,
-        client_lr=CLIENT_LR,
+        learning_rate=LEARNING_RATE,
         server_lr=SERVER_LR,
         **kwargs,
     )
@@ -240,7 +254,7 @@ def run_one(
     reach = rounds_to_target(h, profile.target_accuracy)
     mias = [
         mia_advantage(
-            config.model,
+            model,
             jax.tree.map(lambda a, i=i: a[i], res.server.params),
             data,
             profile.mia_examples,
@@ -248,16 +262,15 @@ def run_one(
         )
         for i, seed in enumerate(res.runs["seed"])
     ]
-    z = float(variants.hyper.noise_multiplier[0])
-    count_noise = float(variants.hyper.count_noise[0])
-    adaptive = alg.clipping == "adaptive"
+    plan = variants.hyper.plan  # the resolved numbers of the plan
+    z, count_noise = float(plan.noise_multiplier[0]), float(plan.count_noise[0])
     row = {
         "method": method,
         "epsilon_target": eps_target,
         "epsilon": float(last["epsilon_max"].iloc[0]),
         "delta": res.privacy.delta,
         "noise_multiplier": z,
-        "sum_noise": float(sum_noise_multiplier(z, count_noise)) if adaptive else z,
+        "sum_noise": float(alg.plan.sum_noise(plan)[0]),  # the plan's noise on the sum
         "count_noise": count_noise,
         "accuracy": float(last["test_accuracy"].mean()),
         "accuracy_std": float(last["test_accuracy"].std(ddof=0)),
@@ -324,10 +337,12 @@ NULLS = {  # why a summary number is null (strict JSON)
 TRAIN_ROWS = 60_000  # MNIST and Fashion-MNIST
 
 
-def check(args: argparse.Namespace, profile: Profile) -> None:
+def check(args: argparse.Namespace, profile: Profile, spec: RunSpec) -> Poisson:
     """The derived settings of ``profile`` and its memory, checked before any work: every
     client needs a row, the expected cohort ``q N`` at least one client, and the run's arrays
-    (the stacked clients, per seed the Poisson buffer's model-sized arrays) must fit."""
+    (the stacked clients, per seed the Poisson buffer's model-sized arrays) must fit.
+    Returns the Poisson participation with the buffer the privacy plan sizes for the run
+    (at the largest target: one compiled program serves every target)."""
     clients = _cli.setting(args, "clients", profile.num_clients, "number of clients")
     rows = profile.n_train or TRAIN_ROWS
     if profile.num_clients > rows:
@@ -342,7 +357,15 @@ def check(args: argparse.Namespace, profile: Profile) -> None:
             f"noise is scaled to it): give --clients {least} or more"
         )
     params = 784 * MODEL_HIDDEN[0] + MODEL_HIDDEN[0] + MODEL_HIDDEN[0] * 10 + 10
-    buffer = 2 * math.ceil(profile.sample_rate * profile.num_clients) + 10
+    participation = Poisson.for_run(
+        profile.num_clients,
+        profile.sample_rate,
+        spec.rounds,
+        spec.delta,
+        max(profile.epsilons),
+        spec.accountant,
+    )
+    buffer = participation.max_selected(profile.num_clients) or profile.num_clients
     need = _cli.array_bytes((2, rows, 784), (len(profile.seeds), buffer, 4, params))
     option = _cli.option_named(args, ["clients", "seeds"])
     what = f"{profile.num_clients} clients, {len(profile.seeds)} seed(s), cohort buffer {buffer}"
@@ -355,6 +378,7 @@ def check(args: argparse.Namespace, profile: Profile) -> None:
     if args.audit is not None:  # the directions, and every canary's reply in each round
         need = _cli.array_bytes((len(profile.seeds) + 1, args.audit, params))
         _cli.check_memory(need, "--audit", f"{args.audit} canaries of {params} parameters")
+    return participation
 
 
 def print_audits(audits: list[tuple[str, str, str, dict | None]]) -> None:
@@ -432,7 +456,10 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
         if getattr(args, field):
             profile = dataclasses.replace(profile, **{field: tuple(getattr(args, field))})
     profile = dataclasses.replace(profile, seeds=tuple(_cli.seeds(args, len(profile.seeds))))
-    check(args, profile)
+    # --delta, else the user-level plan's default for the clients
+    delta = UserLevelDP.delta_for(profile.num_clients, args.delta)
+    spec = RunSpec(profile.rounds, delta, profile.seeds, accountant=args.accountant)
+    participation = check(args, profile, spec)
     out = _cli.out_dir(args)  # results and the privacy ledger: checked before any work
     data_dir = _cli.data_dir(args.data_dir)
     ledger = Ledger(out, "dp_fedavg", accountant=args.accountant)
@@ -440,21 +467,10 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     # every dataset before any work: a missing or incomplete one fails now
     loaded = {ds: _cli.load_dataset(ds, data_dir, source) for ds in profile.datasets}
     model = mlp(MODEL_HIDDEN, 10, (28, 28, 1))
-    delta = _cli.delta(args, profile.num_clients)
-    spec = RunSpec(profile.rounds, delta, profile.seeds, accountant=args.accountant)
-    # the algorithm's privacy plan sizes the Poisson buffer (for the largest target) and
-    # calibrates z for every target: nothing here does DP arithmetic itself
-    config = ClientLevelDPFedAvg.for_run(
-        model,
-        profile.num_clients,
-        profile.sample_rate,
-        spec,
-        max(profile.epsilons),
-        training=LOCAL,
-        server_momentum=SERVER_MOMENTUM,
-        eval_batch_size=2500,
-    )
-    privacy_plan = config.plan(profile.num_clients, profile.sample_rate, spec)
+    # the algorithm's privacy plan sized the Poisson buffer (check) and calibrates z for
+    # every target, the same z for both clippings: nothing here does DP arithmetic itself
+    user_level = algorithm(model, participation, "adaptive").plan
+    privacy_plan = user_level.privacy_plan(profile.num_clients, profile.sample_rate, spec)
     zs = {e: privacy_plan.calibrate(e).noise_multiplier for e in profile.epsilons}
     n_runs = (
         len(profile.datasets)
@@ -467,7 +483,7 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
         "model": model.name,
         "params": param_count(jax.eval_shape(model.init, jax.random.key(0))),
         "local": LOCAL,
-        "client_lr": CLIENT_LR,
+        "learning_rate": LEARNING_RATE,
         "server_lr": SERVER_LR,
         "server_momentum": SERVER_MOMENTUM,
         "dirichlet_alpha": DIRICHLET_ALPHA,
@@ -478,7 +494,7 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
         },
         "delta": delta,
         "accountant": spec.accountant,
-        "capacity": config.capacity,
+        "capacity": participation.capacity,
         "noise_multipliers": zs,
         "epsilon_covers": privacy_plan.relation,
         "audit": None if args.audit is None else repr(CanaryAudit(args.audit)),
@@ -512,7 +528,7 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
                 key = re.sub(r"[^A-Za-z0-9_.=+-]", "-", f"{ds}_{scheme}_{name}_eps{eps_target:g}")
                 run = partial(
                     run_one,
-                    config,
+                    participation,
                     clients,
                     test,
                     data,

@@ -56,7 +56,7 @@ import numpy as np
 import pandas as pd
 
 from experiments import _cli, _report
-from swarmjax.fl.algorithms.client_level_dp_fedavg import ClientLevelDPFedAvg
+from swarmjax.fl.algorithms.client_level_dp_fedavg import dp_fedavg
 from swarmjax.fl.algorithms.fedavg import FedAvg
 from swarmjax.fl.client.training import LocalTraining
 from swarmjax.fl.data.shakespeare import (
@@ -67,10 +67,11 @@ from swarmjax.fl.data.shakespeare import (
 from swarmjax.fl.data.store import ClientStore
 from swarmjax.fl.protocol import Algorithm, RunSpec, Variants
 from swarmjax.fl.runtime import simulate
-from swarmjax.models import char_lstm, evaluate
+from swarmjax.models import Model, char_lstm, evaluate
 from swarmjax.privacy.ledger import Ledger, saved_releases
-from swarmjax.privacy.plan import default_delta
+from swarmjax.privacy.participation import Poisson
 from swarmjax.privacy.secret import Secret
+from swarmjax.privacy.user_level import UserLevelDP
 
 ALGORITHMS = ("fedsgd", "fedavg", "dp-fedavg")
 PAPER_TARGET = 0.54
@@ -111,7 +112,7 @@ class Profile:
     seeds: tuple[int, ...]
     learning_rate: float = 1.47  # the paper's fixed FedAvg rate (its Figure 3, B = 10)
     accountant: str = "pld"
-    delta: float | None = None  # None: default_delta(clients) = 0.1 / clients
+    delta: float | None = None  # None: the plan's default for clients (UserLevelDP.delta_for)
     initial_clip: float = 0.5
 
 
@@ -275,31 +276,38 @@ def clients_and_test(
 
 
 def _delta(prof: Profile, clients: int) -> float:
-    return default_delta(clients) if prof.delta is None else prof.delta
+    return UserLevelDP.delta_for(clients, prof.delta)
+
+
+def model(prof: Profile) -> Model:
+    """The character LSTM of ``prof`` (every algorithm's)."""
+    return char_lstm(80, 8, prof.hidden, prof.sequence_length)
 
 
 def algorithm(
     name: str, prof: Profile, store: ClientStore, epsilon: float | None = None
 ) -> tuple[str, Algorithm, dict]:
     """``(label, algorithm, grid values)`` of ``name`` (DP-FedAvg: at target ``epsilon``)."""
-    model = char_lstm(80, 8, prof.hidden, prof.sequence_length)
+    lstm = model(prof)
     cohort = _cohort(prof, store.num_clients)
     lr = prof.learning_rate
     if name == "fedsgd":  # one full-batch step per client: B >= the largest client
         local = LocalTraining(epochs=1, batch_size=int(store.sizes.max()))
-        alg = FedAvg(model, local, cohort=cohort, eval_batch_size=EVAL_BATCH)
+        alg = FedAvg(lstm, local, cohort=cohort, eval_batch_size=EVAL_BATCH)
         return "FedSGD (E=1, B=inf)", alg, {"learning_rate": lr}
     local = LocalTraining(epochs=prof.epochs, batch_size=prof.batch_size)
     if name == "fedavg":
-        alg = FedAvg(model, local, cohort=cohort, eval_batch_size=EVAL_BATCH)
+        alg = FedAvg(lstm, local, cohort=cohort, eval_batch_size=EVAL_BATCH)
         return f"FedAvg (E={prof.epochs}, B={prof.batch_size})", alg, {"learning_rate": lr}
     q = cohort / store.num_clients
-    alg = ClientLevelDPFedAvg.for_run(
-        model,
-        store.num_clients,
-        q,
-        spec(prof, store.num_clients),
-        max(prof.epsilons),  # the largest target sizes the buffer for every target
+    run = spec(prof, store.num_clients)
+    # the plan sizes the Poisson buffer; the largest target sizes it for every target
+    poisson = Poisson.for_run(
+        store.num_clients, q, run.rounds, run.delta, max(prof.epsilons), run.accountant
+    )
+    alg = dp_fedavg(
+        lstm,
+        participation=poisson,
         training=local,
         clipping="adaptive",
         eval_batch_size=EVAL_BATCH,
@@ -307,7 +315,7 @@ def algorithm(
     grid = {
         "sample_rate": q,
         "initial_clip": prof.initial_clip,
-        "client_lr": lr,
+        "learning_rate": lr,
         "server_lr": 1.0,
         "epsilon_target": [epsilon],
     }
@@ -367,7 +375,7 @@ def run_one(
         history = history.assign(epsilon_target=math.inf)
     eps = np.asarray(res.privacy.final_epsilon).max(axis=1).reshape(-1)  # per run
     targets = history["epsilon_target"].drop_duplicates().tolist()
-    acc = np.asarray(final_accuracy(alg.model.apply, res.server.params, *final_test))
+    acc = np.asarray(final_accuracy(model(prof).apply, res.server.params, *final_test))
     rows = []
     for run, target in enumerate(np.repeat(targets, len(prof.seeds))):
         rows.append(

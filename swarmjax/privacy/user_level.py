@@ -27,10 +27,11 @@ min-separation); fixed clipping makes no count and ``sigma_Delta = z``.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import flax.struct
 import jax
@@ -50,7 +51,10 @@ from swarmjax.privacy.clipping import (
 from swarmjax.privacy.ftrl import Strategy, build_strategy, check_schedule
 from swarmjax.privacy.noise import CorrelatedNoise, GaussianNoise
 from swarmjax.privacy.participation import FixedCohort, MinSeparation, Poisson
-from swarmjax.privacy.plan import PrivacyPlan, check_delta, draw_overflow
+from swarmjax.privacy.plan import PrivacyPlan, check_delta, default_delta, draw_overflow
+
+if TYPE_CHECKING:
+    from swarmjax.privacy.ledger import Release
 
 __all__ = ["ClippedUpdate", "PlanHyper", "PlanState", "UserLevelDP"]
 
@@ -329,6 +333,95 @@ class UserLevelDP:
     def floating_point(self) -> str:
         """What the exact released values reveal beyond epsilon (docs/floating_point.md)."""
         return self.noise.floating_point()
+
+    # ------------------------------------------------------------------ what a record says
+
+    @staticmethod
+    def delta_for(num_clients: int, delta: float | None = None) -> float:
+        """The delta of a user-level guarantee over ``num_clients`` clients: ``delta``
+        checked (a one-line ``ValueError`` outside ``(0, 1)``), else
+        :func:`~swarmjax.privacy.plan.default_delta` of the clients (the plan's unit is the
+        client, so its default counts clients, never records). A static method: a run's
+        :class:`~swarmjax.fl.protocol.RunSpec` needs it before any plan is built.
+
+        Example: ``UserLevelDP.delta_for(1200)`` -> ``1e-5``;
+        ``UserLevelDP.delta_for(1200, 1 / 1200)`` -> ``1 / 1200``."""
+        n = check_int("num_clients", num_clients, 1)
+        return default_delta(n) if delta is None else check_delta(delta)
+
+    @property
+    def own_guarantee(self) -> bool:
+        """Whether the accounted epsilon is this run's own guarantee: ``False`` under
+        ``noise_cohort``, whose epsilon belongs to a simulated deployment only."""
+        return self.noise_cohort is None
+
+    def guarantee(self) -> str:
+        """What the accounted epsilon covers, in one line for a summary: ``"this run's own
+        (user-level)"``, or, under ``noise_cohort``, a guarantee that ``"holds ONLY for a
+        deployment with cohorts of M clients"`` and that this run lacks."""
+        if self.own_guarantee:
+            return "this run's own (user-level)"
+        m, big = self.participation.public_cohort, self.noise_cohort
+        return (
+            f"holds ONLY for a deployment with cohorts of {big} clients (noise_cohort={big}); "
+            f"this run trained cohorts of {m} with {m}/{big} of that noise and has no such "
+            "guarantee"
+        )
+
+    def released(self, release: Release) -> Release:
+        """``release`` (a :class:`~swarmjax.privacy.ledger.Release` of a run under this
+        plan) as a privacy ledger must list it: unchanged when the epsilon is the run's own;
+        under ``noise_cohort`` with no epsilon covering it (``inf``: listed, never composed)
+        and the deployment's epsilon and :meth:`guarantee` kept in its ``variant``
+        (``deployment_epsilon``, ``guarantee``), so a composed statement claims nothing the
+        run lacks."""
+        if self.own_guarantee:
+            return release
+        deployment = {"deployment_epsilon": release.epsilon, "guarantee": self.guarantee()}
+        return dataclasses.replace(
+            release, epsilon=math.inf, variant={**release.variant, **deployment}
+        )
+
+    def settings(self, num_clients: int, rounds: int) -> dict[str, Any]:
+        """The plan's settings as a summary row states them (flat; JSON-able values):
+        ``participation`` (its name) and its fields (a fixed cohort's ``size`` as
+        ``cohort``; a min-separation's ``min_separation`` ``b`` and ``max_participations``
+        ``k`` as they hold for ``num_clients`` and ``rounds``), ``clipping`` (``"fixed"`` or
+        ``"adaptive"``), ``noise`` (``"gaussian"`` or ``"correlated"``) and its fields (a
+        Gaussian's ``release`` as ``noise_release``), and ``noise_cohort``. Keys of a
+        strategy the plan does not use are absent (no ``factorization`` under Gaussian
+        noise)."""
+        rename = {"size": "cohort", "release": "noise_release"}
+
+        def fields(obj: Any) -> dict[str, Any]:
+            return {
+                rename.get(f.name, f.name): getattr(obj, f.name) for f in dataclasses.fields(obj)
+            }
+
+        p = self.participation
+        out: dict[str, Any] = {"participation": p.name, **fields(p)}
+        if isinstance(p, MinSeparation):
+            scheme = p.scheme(num_clients, rounds)
+            out.update(
+                min_separation=scheme.min_separation, max_participations=scheme.participations
+            )
+        out["clipping"] = "adaptive" if self.adaptive else "fixed"
+        out["noise"] = "correlated" if self.noise.correlated else "gaussian"
+        out.update(fields(self.noise))
+        out["noise_cohort"] = self.noise_cohort
+        return out
+
+    def sum_noise(self, hyper: PlanHyper) -> Array:
+        """The multiplier of the noise :meth:`release` adds to the sum, over ``C_t`` (any
+        variant axis kept): ``z`` under fixed clipping; under adaptive clipping
+        ``sigma_Delta`` of ``z`` and the count's std per accounted event
+        (:func:`~swarmjax.privacy.clipping.sum_noise_multiplier`); times
+        :attr:`noise_scale` (``m / noise_cohort``)."""
+        z = jnp.asarray(hyper.noise_multiplier, jnp.float32)
+        if self.adaptive:
+            per_event = hyper.count_noise / jnp.sqrt(hyper.participations)
+            z = sum_noise_multiplier(z, per_event)
+        return z * jnp.float32(self.noise_scale)
 
     # ------------------------------------------------------------------ device side
 
