@@ -152,6 +152,16 @@ def test_client_inputs_on_another_scale_than_the_test_set_are_warned_about():
     with pytest.warns(UserWarning, match="differ in kind or scale"):
         warn_input_mismatch(clients, (x / 255, y))
     assert warn_input_mismatch(clients, (x, y)) is None
+    # a flat store keeps uint8 codes and their float values: compared by value, no warning
+    from swarmjax.fl.data import ClientStore
+
+    pixels = np.random.default_rng(1).integers(0, 256, (40, 4, 4, 1)).astype(np.uint8)
+    store = ClientStore.build(
+        pixels.astype(np.float32) / 255, y, [np.arange(20), np.arange(20, 40)]
+    )
+    assert warn_input_mismatch(store, (pixels.astype(np.float32) / 255, y)) is None
+    with pytest.warns(UserWarning, match="differ in kind or scale"):
+        warn_input_mismatch(store, (pixels.astype(np.float32), y))
 
 
 def test_a_dirichlet_refusal_summarises_the_client_sizes():

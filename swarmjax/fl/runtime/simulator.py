@@ -913,6 +913,9 @@ def warn_input_mismatch(clients: Any, test: tuple[Array, Array]) -> str | None:
     b = np.asarray(test[0][:4096])
     rows = x.reshape(-1, *x.shape[2:]) if x.ndim == b.ndim + 1 else x  # (clients, rows, ...)
     a = np.asarray(rows[:4096])
+    table = getattr(clients, "x_table", None)  # a store's uint8 codes and their values
+    if table is not None:
+        a = np.asarray(table)[a]
     if a.size == 0 or b.size == 0:
         return None
     kind_a, kind_b = np.issubdtype(a.dtype, np.floating), np.issubdtype(b.dtype, np.floating)
