@@ -42,7 +42,7 @@ from swarmjax.fl.client.training import LocalTraining
 from swarmjax.fl.data.store import ClientStore
 from swarmjax.fl.protocol import RunSpec, Variants
 from swarmjax.fl.runtime import start
-from swarmjax.fl.runtime.simulator import run_rounds
+from swarmjax.fl.runtime.simulator import Rounds, run_rounds
 from swarmjax.privacy.secret import Secret
 
 MiB = 2**20
@@ -122,7 +122,7 @@ def dp_round(config, base, store, test, training, trainable, rank, cohort, cmap,
         spec,
         training,
         epsilon=8.0,
-        client_lr=0.1,
+        learning_rate=0.1,
         clip=0.1,
         eval_batch_size=training.batch_size,  # the round's evaluation: one batch at a time
     )
@@ -130,8 +130,9 @@ def dp_round(config, base, store, test, training, trainable, rank, cohort, cmap,
     variants = Variants.grid(alg, store, spec, **grid)
     state = start(alg, store, test, variants, client_map=cmap, secret=Secret.generate())
     t0 = time.perf_counter()
+    call = Rounds(alg, 1, cmap)  # one round, no private diagnostics
     compiled = run_rounds.lower(
-        alg, state.carry, state.keys, state.hyper, state.data, state.test, 1, cmap, False
+        call, state.carry, state.keys, state.hyper, state.data, state.test
     ).compile()
     args, out, temp, total = _bytes(compiled)
     n = sum(int(np.size(a)) for a in jax.tree.leaves(model.init(jax.random.key(0))))

@@ -456,7 +456,7 @@ def build(name: str, trainable: str, model: Model, prof: Profile, store: ClientS
         spec(prof, store.num_clients),
         LocalTraining(epochs=prof.epochs, batch_size=prof.batch_size),
         epsilon=eps,
-        client_lr=prof.client_lr[trainable],
+        learning_rate=prof.client_lr[trainable],
         server_lr=prof.server_lr,
         clip=prof.clip[trainable],
         eval_batch_size=EVAL_BATCH,
@@ -509,7 +509,9 @@ def run_one(
         peak_rss_gib=np.tile(peaks, res.history.shape[0] // prof.rounds),
         bytes_up_per_client=per_client_up,
     )
-    loss, acc = (np.asarray(a) for a in _final(alg.model.apply, res.server.params, *final_test))
+    # the released model on the final test windows (``model``: the one every algorithm of
+    # the call trains; a DP algorithm is FedAvg under a plan, whose model is ``model`` too)
+    loss, acc = (np.asarray(a) for a in _final(model.apply, res.server.params, *final_test))
     eps_run = np.asarray(res.privacy.final_epsilon).max(axis=1)
     rows = [
         {

@@ -13,12 +13,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from swarmjax.fl.algorithms.client_level_dp_fedavg import (
-    ClientLevelDPFedAvg,
-    ClientUpdate,
-)
+from swarmjax.fl.algorithms.client_level_dp_fedavg import dp_fedavg
 from swarmjax.fl.algorithms.combined import CombinedAggregator
-from swarmjax.fl.algorithms.common import ModelReply, ModelServer
+from swarmjax.fl.algorithms.common import ModelServer
 from swarmjax.fl.algorithms.fed_dp_pso import FedDPPSO, fedpso
 from swarmjax.fl.algorithms.fedavg import FedAvg
 from swarmjax.fl.algorithms.local_only import LocalOnly, centralised_clients
@@ -26,9 +23,11 @@ from swarmjax.fl.client.training import LocalTraining, RecordDP, clip_update
 from swarmjax.fl.data import load_dataset
 from swarmjax.fl.data.clients import stack_clients
 from swarmjax.fl.data.partition import iid_partition
+from swarmjax.fl.private import Private
 from swarmjax.fl.protocol import (
     RunSpec,
     Slots,
+    Update,
     Variants,
     client_key,
     run_keys,
@@ -38,6 +37,8 @@ from swarmjax.fl.protocol import (
 from swarmjax.fl.runtime import simulate
 from swarmjax.fl.runtime import simulator as sim
 from swarmjax.models import mlp, param_bytes
+from swarmjax.privacy.participation import Poisson
+from swarmjax.privacy.user_level import ClippedUpdate
 from tests.reproducible import OTHER, SECRET
 
 N, ROUNDS, SEEDS = 3, 2, [0, 1]
@@ -70,7 +71,7 @@ def _algorithms(clients):
             {"learning_rate": 0.3},
         ),
         "client_level_dp_fedavg": (
-            ClientLevelDPFedAvg(MODEL, LocalTraining(batch_size=32), capacity=None),
+            dp_fedavg(MODEL, training=LocalTraining(batch_size=32), participation=Poisson(None)),
             {"sample_rate": 0.7, "noise_multiplier": 0.8, "initial_clip": 0.5},
         ),
         "fed_dp_pso": (
@@ -256,7 +257,7 @@ def test_client_level_sampling_overflow_is_charged_to_delta(setup):
     from swarmjax.privacy.sampling import overflow_probability
 
     n, q = 1000, 0.05
-    alg = ClientLevelDPFedAvg(MODEL, capacity=90)
+    alg = dp_fedavg(MODEL, participation=Poisson(90))
     spend = _uniform_spend(runs=2, rounds=3, clients=n, sample_rate=q, noise_multiplier=1.0)
     over = alg.sampling_overflow(spend, n)
     chex.assert_shape(over, (2, 1, n))
@@ -267,10 +268,10 @@ def test_client_level_sampling_overflow_is_charged_to_delta(setup):
     want = accounted(q, 1.0, 3, 1e-6, overflow_prob=p)
     np.testing.assert_allclose(record.final_epsilon, want)
     assert want > accounted(q, 1.0, 3, 1e-6)
-    assert ClientLevelDPFedAvg(MODEL).sampling_overflow(spend, n) is None
-    assert ClientLevelDPFedAvg(MODEL, capacity=n + 1).sampling_overflow(spend, n) is None
+    assert dp_fedavg(MODEL).sampling_overflow(spend, n) is None
+    assert dp_fedavg(MODEL, participation=Poisson(n + 1)).sampling_overflow(spend, n) is None
     # a capacity of exactly N overflows on the add-one neighbour (N + 1 clients): charged
-    exactly_n = ClientLevelDPFedAvg(MODEL, capacity=n).sampling_overflow(spend, n)
+    exactly_n = dp_fedavg(MODEL, participation=Poisson(n)).sampling_overflow(spend, n)
     np.testing.assert_allclose(exactly_n, q ** (n + 1), rtol=1e-6)
 
 
@@ -283,7 +284,7 @@ def test_client_level_plan_calibration_meets_the_target_of_the_charged_record():
     from swarmjax.privacy.sampling import poisson_capacity
 
     n, q, rounds, delta = 1000, 0.1, 50, 1000**-1.1
-    alg = ClientLevelDPFedAvg(MODEL, capacity=poisson_capacity(n, q))
+    alg = dp_fedavg(MODEL, participation=Poisson(poisson_capacity(n, q)))
     spec = RunSpec(rounds, delta)
 
     def recorded(z: float, accountant: str = "pld") -> float:
@@ -295,16 +296,18 @@ def test_client_level_plan_calibration_meets_the_target_of_the_charged_record():
         return float(record.final_epsilon.max())
 
     for target in (2.0, 8.0):
-        z = alg.plan(n, q, spec).calibrate(target).noise_multiplier
+        z = alg.plan.privacy_plan(n, q, spec).calibrate(target).noise_multiplier
         assert target * 0.99 <= recorded(z) <= target
-    z_rdp = alg.plan(n, q, RunSpec(rounds, delta, accountant="rdp")).calibrate(8.0)
+    z_rdp = alg.plan.privacy_plan(n, q, RunSpec(rounds, delta, accountant="rdp")).calibrate(8.0)
     assert 8.0 * 0.99 <= recorded(z_rdp.noise_multiplier, "rdp") <= 8.0
-    assert z_rdp.noise_multiplier > alg.plan(n, q, spec).calibrate(8.0).noise_multiplier
-    assert recorded(sigma_for_epsilon(8.0, q, rounds, delta)) > 8.2  # the uncharged calibration
-    unbounded = ClientLevelDPFedAvg(MODEL)  # no capacity: nothing to charge
-    assert unbounded.plan(n, q, spec).calibrate(8.0).noise_multiplier == sigma_for_epsilon(
-        8.0, q, rounds, delta
+    assert (
+        z_rdp.noise_multiplier > alg.plan.privacy_plan(n, q, spec).calibrate(8.0).noise_multiplier
     )
+    assert recorded(sigma_for_epsilon(8.0, q, rounds, delta)) > 8.2  # the uncharged calibration
+    unbounded = dp_fedavg(MODEL)  # no capacity: nothing to charge
+    assert unbounded.plan.privacy_plan(n, q, spec).calibrate(
+        8.0
+    ).noise_multiplier == sigma_for_epsilon(8.0, q, rounds, delta)
 
 
 def test_fed_dp_pso_private_selection_adds_its_budget_end_to_end(setup, results):
@@ -351,11 +354,11 @@ def test_unselected_slots_contribute_exactly_nothing(setup, bad):
     key = jax.random.key(1)
     fedavg = FedAvg(MODEL)
     server = ModelServer(params=params)
-    reply = ModelReply(params=stacked, weight=jnp.array([10.0, 20.0, 30.0]))
+    reply = Update(delta=stacked, weight=jnp.array([10.0, 20.0, 30.0]))
     agg = [
         fedavg.aggregate(
             server,
-            ModelReply(poison(stacked, v), reply.weight.at[2].set(v)),
+            Update(poison(stacked, v), reply.weight.at[2].set(v)),
             Slots.everyone(mask),
             key,
             None,
@@ -364,17 +367,17 @@ def test_unselected_slots_contribute_exactly_nothing(setup, bad):
     ]
     chex.assert_trees_all_equal(*agg)
 
-    dp = ClientLevelDPFedAvg(MODEL, capacity=None)
+    dp = dp_fedavg(MODEL, participation=Poisson(None))
     spec = RunSpec(1, 1e-3)
     hyper = dp.resolve(
-        dp.default_hyper(clients, spec).replace(sample_rate=0.5), clients, spec, None
+        dp.default_hyper(clients, spec).with_values(sample_rate=0.5), clients, spec, None
     )
     dserver = dp.server_init(jax.random.key(0), hyper)
-    upd = ClientUpdate(update=stacked, unclipped=jnp.array([1.0, 0.0, 1.0]))
+    upd = ClippedUpdate(update=stacked, unclipped=jnp.array([1.0, 0.0, 1.0]))
     out = [
         dp.aggregate(
             dserver,
-            ClientUpdate(poison(stacked, v), upd.unclipped.at[2].set(v)),
+            ClippedUpdate(poison(stacked, v), upd.unclipped.at[2].set(v)),
             Slots.everyone(mask),
             key,
             hyper,
@@ -478,7 +481,7 @@ def test_bad_input_fails_before_any_work(setup):
     clients, _ = setup
     spec = RunSpec(1, 1e-5)
     with pytest.raises(ValueError, match="capacity"):
-        Variants.grid(ClientLevelDPFedAvg(MODEL, capacity=1), clients, spec, sample_rate=0.9)
+        Variants.grid(dp_fedavg(MODEL, participation=Poisson(1)), clients, spec, sample_rate=0.9)
     with pytest.raises(ValueError, match="learning_rate"):
         Variants.grid(FedAvg(MODEL), clients, spec, learning_rate=-1.0)
     with pytest.raises(ValueError, match="epsilon_target"):
@@ -596,14 +599,15 @@ def test_a_capped_exchange_runs_and_aggregates_only_the_cohorts_slots(setup):
     seen = []
 
     @dataclasses.dataclass(frozen=True)
-    class Spy(ClientLevelDPFedAvg):
+    class Spy(Private):
         def aggregate_sum(self, server, replies, slots, key, hyper):
             like = jax.tree.leaves(server.params)[0].shape
             assert jax.tree.leaves(replies.update)[0].shape == like  # a sum: no slot axis
             seen.append((slots.mask.shape[0], slots.num_clients))
             return super().aggregate_sum(server, replies, slots, key, hyper)
 
-    alg = Spy(MODEL, LocalTraining(batch_size=10), capacity=capacity)
+    dp = dp_fedavg(MODEL, training=LocalTraining(batch_size=10), participation=Poisson(capacity))
+    alg = Spy(dp.algorithm, dp.plan)
     grid = Variants.grid(alg, clients, RunSpec(1, 1e-3), sample_rate=0.1)
     res = simulate(alg, clients, test, grid)
     assert seen and all(s == (capacity, many) for s in seen)
@@ -620,12 +624,13 @@ def test_clients_in_turn_skip_unused_slots_and_give_the_vmapped_numbers(setup, c
     trained = []
 
     @dataclasses.dataclass(frozen=True)
-    class Counted(ClientLevelDPFedAvg):
+    class Counted(Private):
         def client(self, state, data, request, key, hyper):
             jax.debug.callback(lambda: trained.append(1))
             return super().client(state, data, request, key, hyper)
 
-    alg = Counted(MODEL, LocalTraining(batch_size=10), capacity=capacity)
+    dp = dp_fedavg(MODEL, training=LocalTraining(batch_size=10), participation=Poisson(capacity))
+    alg = Counted(dp.algorithm, dp.plan)
     grid = Variants.grid(alg, clients, RunSpec(3, 1e-3), sample_rate=0.1)
     turns = simulate(
         alg, clients, test, grid, client_map=client_map, diagnostics=True, secret=SECRET

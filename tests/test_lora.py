@@ -69,7 +69,7 @@ def data():
     return toy_clients()
 
 
-def dp_fedavg(model, clients, *, epsilon=4.0, rounds=1, client_lr=0.5, clip=0.1):
+def dp_fedavg(model, clients, *, epsilon=4.0, rounds=1, learning_rate=0.5, clip=0.1):
     """Registry-built user-level DP-FedAvg (fixed clipping), expected cohort 3 of 6."""
     spec = RunSpec(rounds=rounds, delta=1e-3, accountant="rdp")
     run = registry.CrossDeviceRun(
@@ -79,7 +79,7 @@ def dp_fedavg(model, clients, *, epsilon=4.0, rounds=1, client_lr=0.5, clip=0.1)
         spec,
         LocalTraining(batch_size=4),
         epsilon=epsilon,
-        client_lr=client_lr,
+        learning_rate=learning_rate,
         server_lr=1.0,
         clip=clip,
     )
@@ -157,7 +157,7 @@ def test_adapter_updates_are_clipped_and_the_sum_noised_as_the_plan_says(base, d
     model = shared_model()
     clip = 0.05
     # clipping: one client's reply after a large local step has norm exactly the clip
-    alg, variants = dp_fedavg(model, clients, client_lr=5.0, clip=clip)
+    alg, variants = dp_fedavg(model, clients, learning_rate=5.0, clip=clip)
     ex = alg.exchanges[0]
     hyper = jax.tree.map(lambda a: a[0], variants.hyper)
     server = alg.server_init(jax.random.key(0), hyper)
@@ -168,7 +168,7 @@ def test_adapter_updates_are_clipped_and_the_sum_noised_as_the_plan_says(base, d
     assert norm == pytest.approx(clip, rel=1e-4)
     # noise: with a zero client learning rate every update is zero, so one round moves the
     # adapters by the noise alone: std z C / (q N) per coordinate (server lr 1)
-    alg, variants = dp_fedavg(model, clients, client_lr=1e-12, clip=clip)
+    alg, variants = dp_fedavg(model, clients, learning_rate=1e-12, clip=clip)
     res = simulate(alg, clients, test, variants, secret=SECRET)
     # every B starts at zero, so after the round it holds the noise alone
     moved = np.concatenate(

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from swarmjax.fl.algorithms.client_level_dp_fedavg import ClientLevelDPFedAvg
+from swarmjax.fl.algorithms.client_level_dp_fedavg import dp_fedavg
 from swarmjax.fl.algorithms.fed_dp_pso import FedDPPSO
 from swarmjax.fl.client.training import LocalTraining, RecordDP
 from swarmjax.fl.data import load_dataset
@@ -29,6 +29,7 @@ from swarmjax.fl.protocol import (
 from swarmjax.fl.runtime import simulate
 from swarmjax.fl.runtime.result import RELATIONS
 from swarmjax.models import mlp
+from swarmjax.privacy.participation import Poisson
 from tests.reproducible import SECRET
 
 MODEL = mlp((8,), 10, (8, 8, 1))
@@ -62,7 +63,7 @@ def test_every_privacy_record_states_its_one_relation(digits):
     eps1 = pso.selection_epsilon / (2 + 1 * (2 + 1))  # S at setup + S + 1 per round
     scale = np.asarray(res.clients.score_scale)[0]
     np.testing.assert_allclose(scale, pso.loss_bound / (20 * eps1), rtol=1e-6)
-    dp = ClientLevelDPFedAvg(MODEL, LocalTraining(batch_size=30), clipping="fixed")
+    dp = dp_fedavg(MODEL, training=LocalTraining(batch_size=30), clipping="fixed")
     res = simulate(dp, clients, test, Variants.grid(dp, clients, spec, sample_rate=0.5))
     assert res.privacy.relation == RELATIONS["client"]
     assert res.privacy.relation.startswith("client-level, add/remove")
@@ -140,9 +141,9 @@ def test_a_bfloat16_model_gets_float32_server_noise_through_simulate(digits):
         init=lambda key: jax.tree.map(lambda a: a.astype(jnp.bfloat16), base.init(key)),
         name="mlp-bf16",
     )
-    dp = ClientLevelDPFedAvg(model, LocalTraining(batch_size=60), clipping="fixed")
+    dp = dp_fedavg(model, training=LocalTraining(batch_size=60), clipping="fixed")
     spec = RunSpec(rounds=1, delta=1e-5)
-    hyper = dict(sample_rate=1.0, noise_multiplier=10.0, initial_clip=1.0, client_lr=1e-9)
+    hyper = dict(sample_rate=1.0, noise_multiplier=10.0, initial_clip=1.0, learning_rate=1e-9)
     variants = Variants.grid(dp, clients, spec, **hyper)
     # a supplied secret: the test rebuilds the run's initial model from its key
     res = simulate(dp, clients, test, variants, secret=SECRET)
@@ -180,7 +181,7 @@ def test_client_level_overflow_is_charged_for_the_add_one_neighbour():
     assert 1.08 < worse / same < 8
     np.testing.assert_allclose(client_draw_overflow(cap, n, q), worse, rtol=1e-12)
     np.testing.assert_allclose(overflow_probability(n, q, cap, add_one=True), worse, rtol=1e-12)
-    alg = ClientLevelDPFedAvg(MODEL, capacity=cap)
+    alg = dp_fedavg(MODEL, participation=Poisson(cap))
     shape = (1, 3, n)
     spend = Spend(
         sample_rate=np.full(shape, q),
@@ -196,7 +197,7 @@ def test_client_level_overflow_is_charged_for_the_add_one_neighbour():
     cap = 30
     worse = stats.binom.sf(cap, n + 1, q)
     assert worse > 1.08 * stats.binom.sf(cap, n, q)
-    plan = ClientLevelDPFedAvg(MODEL, capacity=cap).plan(n, q, RunSpec(20, 1e-3))
+    plan = dp_fedavg(MODEL, participation=Poisson(cap)).plan.privacy_plan(n, q, RunSpec(20, 1e-3))
     z = plan.calibrate(4.0).noise_multiplier
     assert z == sigma_for_epsilon(4.0, q, 20, 1e-3, overflow_prob=worse)
     # the capacity helpers size for the add-one neighbour
@@ -273,7 +274,7 @@ def test_privacy_parameters_are_checked_as_stored_in_float32(digits):
     with pytest.raises(ValueError, match=r"x \(as float32\)"):
         check_stored("x", 1e-46, 0.0, 1.0, low_open=True)
     # adaptive clipping needs 2 sigma_b > z on the device's values: 0.50000001 is 0.5
-    adaptive = ClientLevelDPFedAvg(MODEL, LocalTraining(batch_size=30))
+    adaptive = dp_fedavg(MODEL, training=LocalTraining(batch_size=30))
     with pytest.raises(ValueError, match="count_noise"):
         Variants.grid(
             adaptive, clients, spec, sample_rate=0.5, noise_multiplier=1.0, count_noise=0.50000001

@@ -70,8 +70,9 @@ def test_each_name_builds_its_class_and_a_grid_the_algorithm_takes(name):
     if registry.lookup(name).user_dp:
         assert grid["epsilon_target"] == [4.0]
     if name == "dp-ftrl":  # for_run made the scheme explicit: b = 40 // 5 = 8 > 4 rounds
-        assert (alg.min_separation, alg.max_participations, alg.clipping) == (4, 1, "fixed")
-        assert alg.factorization == "prefix-sum"
+        p = alg.plan.participation
+        assert (p.min_separation, p.max_participations, alg.plan.adaptive) == (4, 1, False)
+        assert alg.plan.noise.factorization == "prefix-sum"
 
 
 def test_misplaced_options_and_a_missing_epsilon_are_one_line():
@@ -99,14 +100,14 @@ def test_fedprox_in_the_namespace_and_on_flower():
 
 def test_the_benchmark_builds_through_the_registry():
     from benchmarks import vs_pfl
-    from swarmjax.fl.algorithms.client_level_dp_fedavg import ClientLevelDPFedAvg
     from swarmjax.fl.algorithms.fedavg import FedAvg
+    from swarmjax.fl.private import Private
 
     alg, grid = vs_pfl.algorithm(None)
     assert type(alg) is FedAvg and alg.cohort == vs_pfl.COHORT
     assert grid == {"learning_rate": 0.1, "server_lr": 1.0}
     alg, grid = vs_pfl.algorithm(vs_pfl.dp_config(10))
-    assert type(alg) is ClientLevelDPFedAvg and alg.clipping == "fixed"
+    assert type(alg) is Private and type(alg.algorithm) is FedAvg and not alg.plan.adaptive
     assert grid["sample_rate"] == vs_pfl.COHORT / vs_pfl.USERS
     assert grid["initial_clip"] == vs_pfl.CLIP and grid["epsilon_target"] == [vs_pfl.EPSILON]
     assert math.isfinite(grid["epsilon_target"][0])

@@ -17,12 +17,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from swarmjax.fl.algorithms.client_level_dp_fedavg import ClientLevelDPFedAvg
+from swarmjax.fl.algorithms.client_level_dp_fedavg import dp_fedavg
 from swarmjax.fl.algorithms.fedavg import FedAvg
 from swarmjax.fl.client.training import LocalTraining
 from swarmjax.fl.data import load_dataset
 from swarmjax.fl.data.clients import stack_clients
 from swarmjax.fl.data.partition import iid_partition
+from swarmjax.fl.private import Private
 from swarmjax.fl.protocol import (
     RunSpec,
     Variants,
@@ -40,6 +41,7 @@ from swarmjax.fl.runtime import simulate
 from swarmjax.fl.runtime.checkpoint import NOT_RELEASED, Checkpoints, fingerprint, not_released
 from swarmjax.fl.runtime.flower.task import stacked_task
 from swarmjax.models import mlp
+from swarmjax.privacy.participation import Poisson
 from tests.conftest import REPO
 from tests.reproducible import OTHER, SECRET
 
@@ -60,13 +62,13 @@ def _kd(keys) -> np.ndarray:
     return np.asarray(jax.random.key_data(keys))
 
 
-def _dp(clipping: str) -> ClientLevelDPFedAvg:
-    return ClientLevelDPFedAvg(MODEL, LocalTraining(batch_size=40), clipping=clipping)
+def _dp(clipping: str, **settings) -> Private:
+    return dp_fedavg(MODEL, training=LocalTraining(batch_size=40), clipping=clipping, **settings)
 
 
-# Every client takes part, local steps do nothing (client_lr ~ 0): the round-1 model minus
+# Every client takes part, local steps do nothing (learning_rate ~ 0): the round-1 model minus
 # the initial one is the server's Gaussian noise alone (scaled by the server step).
-NOISE_ONLY = dict(sample_rate=1.0, noise_multiplier=10.0, initial_clip=1.0, client_lr=1e-9)
+NOISE_ONLY = dict(sample_rate=1.0, noise_multiplier=10.0, initial_clip=1.0, learning_rate=1e-9)
 
 
 # ------------------------------------------------------------------------- JAX facts
@@ -165,15 +167,24 @@ def test_identities_tell_algorithms_settings_values_and_labels_apart(digits):
     assert isinstance(base, bytes) and len(base) == 32
     others = {
         "algorithm": release_identity(adaptive, row, labels),
-        "setting": release_identity(dataclasses.replace(fixed, capacity=3), row, labels),
+        "setting": release_identity(_dp("fixed", participation=Poisson(3)), row, labels),
         "model": release_identity(
-            dataclasses.replace(fixed, model=mlp((9,), 10, (8, 8, 1))), row, labels
+            dataclasses.replace(
+                fixed,
+                algorithm=dataclasses.replace(fixed.algorithm, model=mlp((9,), 10, (8, 8, 1))),
+            ),
+            row,
+            labels,
         ),
         "one hyper value": release_identity(
-            fixed, row.replace(client_lr=jnp.nextafter(row.client_lr, 1.0)), labels
+            fixed,
+            row.with_values(learning_rate=jnp.nextafter(row.inner.learning_rate, 1.0)),
+            labels,
         ),
         "hyper dtype": release_identity(
-            fixed, row.replace(client_lr=np.asarray(row.client_lr, np.float64)), labels
+            fixed,
+            row.with_values(learning_rate=np.asarray(row.inner.learning_rate, np.float64)),
+            labels,
         ),
         "labels": release_identity(fixed, row, {"epsilon_target": 4.0}),
         "label names": release_identity(fixed, row, {"eps": 8.0}),
@@ -273,13 +284,13 @@ def test_describe_sees_partial_arguments_and_closures_but_not_addresses():
 
 IDENTITY_SCRIPT = r"""
 import numpy as np
-from swarmjax.fl.algorithms.client_level_dp_fedavg import ClientLevelDPFedAvg
+from swarmjax.fl.algorithms.client_level_dp_fedavg import dp_fedavg
 from swarmjax.fl.client.training import LocalTraining
 from swarmjax.fl.protocol import describe, release_identity
 from swarmjax.models import mlp
 
-alg = ClientLevelDPFedAvg(mlp((8,), 10, (8, 8, 1)), LocalTraining(batch_size=40), clipping="fixed")
-row = {"client_lr": np.float32(0.5), "noise_multiplier": np.float32(1.25)}
+alg = dp_fedavg(mlp((8,), 10, (8, 8, 1)), training=LocalTraining(batch_size=40), clipping="fixed")
+row = {"learning_rate": np.float32(0.5), "noise_multiplier": np.float32(1.25)}
 out = release_identity(alg, row, {"epsilon_target": 8.0, "tag": {"a", "b", "c", "d"}}).hex()
 print(out)
 """

@@ -7,7 +7,7 @@ import jax
 import numpy as np
 import pytest
 
-from swarmjax.fl.algorithms.client_level_dp_fedavg import ClientLevelDPFedAvg
+from swarmjax.fl.algorithms.client_level_dp_fedavg import dp_fedavg
 from swarmjax.fl.client.training import LocalTraining
 from swarmjax.fl.data import load_dataset
 from swarmjax.fl.data.clients import stack_clients
@@ -18,7 +18,7 @@ from swarmjax.models import mlp
 from tests.reproducible import SECRET
 
 ROUNDS = 6
-ALG = ClientLevelDPFedAvg(mlp((16,), 10, (8, 8, 1)), LocalTraining(epochs=1, batch_size=35))
+ALG = dp_fedavg(mlp((16,), 10, (8, 8, 1)), training=LocalTraining(epochs=1, batch_size=35))
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +27,7 @@ def call():
     x, y = data.x_train[:700], data.y_train[:700]
     clients = stack_clients(x, y, iid_partition(y, 10, seed=0).indices)
     spec = RunSpec(ROUNDS, 1e-3, (0, 1))
-    kw = dict(sample_rate=0.5, noise_multiplier=[0.8, 1.2], initial_clip=0.2, client_lr=0.3)
+    kw = dict(sample_rate=0.5, noise_multiplier=[0.8, 1.2], initial_clip=0.2, learning_rate=0.3)
     variants = Variants.grid(ALG, clients, spec, **kw)
     return clients, (data.x_test, data.y_test), variants
 
@@ -55,7 +55,8 @@ def test_a_user_loop_gives_simulates_numbers(call):
     np.testing.assert_array_equal(run.metrics["test_accuracy"], whole.metrics["test_accuracy"])
     assert mine.history.equals(whole.history)
     np.testing.assert_array_equal(mine.privacy.epsilon, whole.privacy.epsilon)
-    assert mine.algorithm == whole.algorithm == "ClientLevelDPFedAvg"
+    # DP-FedAvg is FedAvg under a plan: the result names the class, Private
+    assert mine.algorithm == whole.algorithm == "Private"
 
 
 def test_early_stopping_accounts_only_the_rounds_done(call):

@@ -30,7 +30,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from swarmjax.fl.algorithms.client_level_dp_fedavg import ClientLevelDPFedAvg
+from swarmjax.fl.algorithms.client_level_dp_fedavg import dp_fedavg
 from swarmjax.fl.client.training import LocalTraining
 from swarmjax.fl.data import load_dataset
 from swarmjax.fl.data.clients import stack_clients
@@ -169,12 +169,12 @@ def test_the_bytes_look_uniform():
 # ------------------------------------------------------------------------- 2. runs
 
 MODEL = mlp((8,), 10, (8, 8, 1))
-ALG = ClientLevelDPFedAvg(MODEL, LocalTraining(batch_size=40), clipping="fixed")
+ALG = dp_fedavg(MODEL, training=LocalTraining(batch_size=40), clipping="fixed")
 NUM_CLIENTS, Z, CLIP = 4, 2.0, 1.0
 SPEC = RunSpec(rounds=2, delta=1e-3, seeds=(7,))
 # every client each round (q = 1), server step 1: the released model carries the noise
 # z C / (q N) per coordinate and round, summed over rounds
-HYPER = dict(sample_rate=1.0, noise_multiplier=Z, initial_clip=CLIP, client_lr=0.1)
+HYPER = dict(sample_rate=1.0, noise_multiplier=Z, initial_clip=CLIP, learning_rate=0.1)
 CLAIMED = float(np.sqrt(SPEC.rounds) * Z * CLIP / NUM_CLIENTS)
 # Two independent noises differ by sqrt(2) CLAIMED per coordinate (measured 1.01-1.06x of
 # it with the training's own differences). The sample std of the model's 610 coordinates

@@ -14,14 +14,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from swarmjax.fl.algorithms.client_level_dp_fedavg import ClientLevelDPFedAvg
+from swarmjax.fl.algorithms.client_level_dp_fedavg import dp_fedavg
 from swarmjax.fl.algorithms.fedavg import FedAvg
 from swarmjax.fl.client.training import LocalTraining
 from swarmjax.fl.data import load_dataset
+from swarmjax.fl.private import Private
 from swarmjax.fl.protocol import RunSpec, Variants, slot_sum
 from swarmjax.fl.runtime import simulate
 from swarmjax.fl.runtime import simulator as sim
 from swarmjax.models import mlp
+from swarmjax.privacy.participation import Poisson
 from tests.reproducible import SECRET
 from tests.test_fl_protocol import forty_clients
 
@@ -128,8 +130,8 @@ def test_a_summed_run_is_the_stacked_run(federation, monkeypatch, client_map, na
     clients, test = federation
     training = LocalTraining(batch_size=10)
     if name == "dp-fedavg":
-        cls = ClientLevelDPFedAvg
-        alg = cls(MODEL, training, capacity=20)
+        cls = Private  # DP-FedAvg is FedAvg under a plan: the plan's exchange is summed
+        alg = dp_fedavg(MODEL, training=training, participation=Poisson(20))
         grid = {"sample_rate": 0.1, "noise_multiplier": 0.8}
     else:
         cls = FedAvg

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from swarmjax.fl.algorithms.client_level_dp_fedavg import ClientLevelDPFedAvg
+from swarmjax.fl.algorithms.client_level_dp_fedavg import dp_fedavg
 from swarmjax.fl.algorithms.fedavg import FedAvg
 from swarmjax.fl.client.training import LocalTraining, RecordDP
 from swarmjax.fl.data import load_dataset, partition, stack_clients
@@ -22,6 +22,7 @@ from swarmjax.fl.data.store import VMAP_BLOCK, ClientStore
 from swarmjax.fl.protocol import RunSpec, Variants
 from swarmjax.fl.runtime import simulate
 from swarmjax.models import mlp
+from swarmjax.privacy.participation import Poisson
 from tests.reproducible import SECRET
 
 
@@ -107,9 +108,10 @@ def test_a_cap_no_client_exceeds_changes_nothing_bitwise(digits):
         LocalTraining(batch_size=10),
         LocalTraining(batch_size=10, max_examples=largest),
     ):
-        dp = ClientLevelDPFedAvg.for_run(
-            model, store.num_clients, 0.25, spec, 8.0, training=training
+        poisson = Poisson.for_run(
+            store.num_clients, 0.25, spec.rounds, spec.delta, 8.0, spec.accountant
         )
+        dp = dp_fedavg(model, participation=poisson, training=training)
         grid = Variants.grid(dp, store, spec, sample_rate=0.25, epsilon_target=8.0)
         res = simulate(
             dp, store, test, grid, client_map="vmap", common_random_numbers=True, secret=SECRET
