@@ -56,7 +56,7 @@ def test_a_user_loop_gives_simulates_numbers(call):
     assert mine.history.equals(whole.history)
     np.testing.assert_array_equal(mine.privacy.epsilon, whole.privacy.epsilon)
     # DP-FedAvg is FedAvg under a plan: the result names the class, Private
-    assert mine.algorithm == whole.algorithm == "Private"
+    assert mine.algorithm == whole.algorithm == "Private(FedAvg)"
 
 
 def test_early_stopping_accounts_only_the_rounds_done(call):

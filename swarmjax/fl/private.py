@@ -45,7 +45,7 @@ from swarmjax.fl.protocol import (
 from swarmjax.privacy.canaries import CanaryHook
 from swarmjax.privacy.user_level import ClippedUpdate, PlanHyper, PlanState, UserLevelDP
 
-__all__ = ["Private", "PrivateHyper", "PrivateServer", "private"]
+__all__ = ["Private", "PrivateHyper", "PrivateServer", "algorithm_name", "private"]
 
 _INNER_KEY = 0x696E6E72  # fold_in tag of the wrapped algorithm's aggregate key
 
@@ -338,3 +338,11 @@ def private(algorithm: Algorithm, plan: UserLevelDP | None = None) -> Private:
         )
     """
     return Private(algorithm, UserLevelDP() if plan is None else plan)
+
+
+def algorithm_name(alg: Algorithm) -> str:
+    """The name a result, a progress bar and a ledger give ``alg``: its class name, or
+    ``Private(<class of the wrapped algorithm>)`` under a privacy plan."""
+    if isinstance(alg, Private):
+        return f"Private({type(alg.algorithm).__name__})"
+    return type(alg).__name__

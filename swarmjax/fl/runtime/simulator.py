@@ -37,6 +37,7 @@ from tqdm.auto import tqdm
 from swarmjax._validation import check_choice, check_int
 from swarmjax.device import default_client_map
 from swarmjax.fl.data.clients import ClientData, as_test_set
+from swarmjax.fl.private import algorithm_name
 from swarmjax.fl.protocol import (
     Algorithm,
     Exchange,
@@ -610,7 +611,7 @@ def simulate(
         progress = sys.stderr.isatty()
     labels = pd.DataFrame(dict(run.labels))
     with tqdm(
-        total=rounds, initial=run.done, disable=not progress, unit="round", desc=type(alg).__name__
+        total=rounds, initial=run.done, disable=not progress, unit="round", desc=algorithm_name(alg)
     ) as bar:
         calls, warned = 0, False
         while run.done < rounds:
@@ -871,13 +872,13 @@ def finish(
         runs=pd.DataFrame(dict(run.labels)),
         private_diagnostics=diag,
         audit=reports,
-        algorithm=type(alg).__name__,
+        algorithm=algorithm_name(alg),
     )
     if run.audit is None:
         result = alg.audited(result)  # record-level canaries the algorithm itself carries
     if ledger is not None:
         where = "(not written)" if release_path is None else str(release_path)
-        ledger.add_result(result, algorithm=type(alg).__name__, path=where, data=data_source)
+        ledger.add_result(result, algorithm=algorithm_name(alg), path=where, data=data_source)
     return result
 
 
