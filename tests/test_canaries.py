@@ -9,6 +9,7 @@ q = 0.8 over 20 rounds; 512 canaries on a 1,210-parameter model.  Local steps ar
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -18,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from swarmjax.fl.algorithms.client_level_dp_fedavg import ClientLevelDPFedAvg
+from swarmjax.fl.algorithms.client_level_dp_fedavg import dp_fedavg
 from swarmjax.fl.algorithms.fedavg import FedAvg
 from swarmjax.fl.client.training import LocalTraining
 from swarmjax.fl.data import load_dataset
@@ -37,6 +38,7 @@ from swarmjax.privacy.canaries import (
     direction_rows,
 )
 from swarmjax.privacy.ledger import Ledger, Release
+from swarmjax.privacy.noise import GaussianNoise
 from swarmjax.privacy.secret import Secret
 
 MODEL = mlp((16,), 10, (8, 8, 1))  # 1,210 parameters
@@ -44,17 +46,23 @@ NUM_CLIENTS, PER_CLIENT = 40, 20
 EPSILON, DELTA = 2.0, 1e-5
 SPEC = RunSpec(20, DELTA, (0,))
 AUDIT = CanaryAudit(512)
-SETTINGS = dict(sample_rate=0.8, initial_clip=1.0, client_lr=0.01, epsilon_target=EPSILON)
+SETTINGS = dict(sample_rate=0.8, initial_clip=1.0, learning_rate=0.01, epsilon_target=EPSILON)
 TRAINING = LocalTraining(epochs=1, batch_size=PER_CLIENT)
-DPFEDAVG = ClientLevelDPFedAvg(MODEL, TRAINING, clipping="fixed")
+DPFEDAVG = dp_fedavg(MODEL, training=TRAINING, clipping="fixed")
 
 
-class TenfoldLessNoise(ClientLevelDPFedAvg):
+class TenfoldLessNoise(GaussianNoise):
     """Test-only break: the server releases its sum with a tenth of the noise the
     accountant is told about (the claimed epsilon is the unbroken one's)."""
 
-    def _release(self, key, value, scale, multiplier, reach):
-        return super()._release(key, value, scale, multiplier / 10.0, reach)
+    def add(self, key, total, clip, multiplier, reach, state, strategy):
+        return super().add(key, total, clip, multiplier / 10.0, reach, state, strategy)
+
+
+def _broken(alg):
+    """``alg`` (DP-FedAvg) with its plan's noise replaced by :class:`TenfoldLessNoise`."""
+    noise = TenfoldLessNoise(alg.plan.noise.release)
+    return dataclasses.replace(alg, plan=dataclasses.replace(alg.plan, noise=noise))
 
 
 @pytest.fixture(scope="module")
@@ -114,7 +122,7 @@ def test_real_mechanism_stays_below_the_accounted_epsilon(audited):
     ids=["dirac", "haar-every-slot"],
 )
 def test_tenfold_less_noise_is_caught(federation, audit):
-    (report,) = _run(TenfoldLessNoise(MODEL, TRAINING, clipping="fixed"), federation, audit).audit
+    (report,) = _run(_broken(DPFEDAVG), federation, audit).audit
     assert report.epsilon <= EPSILON  # the accountant still claims the unbroken epsilon
     assert report.epsilon_lower > report.epsilon
     assert report.exceeds and "broken mechanism" in report.line()

@@ -1,5 +1,6 @@
-"""Client-level canaries in DP-FTRL (``DPFTRL.canary_hook``): the broken-mechanism drill
-under correlated (BLT) noise, canaries on the public (k, b) schedule, and bad input.
+"""Client-level canaries in DP-FTRL (``Private.canary_hook`` under a ``MinSeparation``
+plan): the broken-mechanism drill under correlated (BLT) noise, canaries on the public
+(k, b) schedule, and bad input.
 
 One small federation (40 clients of 20 digits), fixed clipping, cohorts of 20 on a cyclic
 schedule (b = 2, k = 10 over 20 rounds), claimed epsilon 2; 512 canaries on a
@@ -9,16 +10,20 @@ updates hardly reach along any canary direction.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from swarmjax.fl.algorithms.dp_ftrl import DPFTRL
+from swarmjax.fl.algorithms.dp_ftrl import dp_ftrl
 from swarmjax.fl.client.training import LocalTraining
 from swarmjax.fl.protocol import RunSpec, Variants
 from swarmjax.fl.runtime import simulate
 from swarmjax.privacy.canaries import CanaryAudit
+from swarmjax.privacy.noise import CorrelatedNoise
+from swarmjax.privacy.participation import MinSeparation
 from tests import test_canaries as _canaries
 from tests.test_canaries import MODEL, NUM_CLIENTS, PER_CLIENT
 
@@ -26,23 +31,32 @@ COHORT = 20
 EPSILON, DELTA = 2.0, 1e-5
 SPEC = RunSpec(20, DELTA, (0,))
 AUDIT = CanaryAudit(512)
-SETTINGS = dict(initial_clip=1.0, client_lr=0.01)
+SETTINGS = dict(initial_clip=1.0, learning_rate=0.01)
 TRAINING = LocalTraining(epochs=1, batch_size=PER_CLIENT)
 federation = _canaries.federation  # the fixture: 40 clients of 20 digits
 
 
-def _alg(cls=DPFTRL, **settings):
-    return cls.for_run(
-        MODEL, NUM_CLIENTS, COHORT, SPEC, EPSILON, training=TRAINING, clipping="fixed", **settings
+def _alg(noise=None, **settings):
+    """DP-FTRL on the run's public schedule (``b`` and ``k`` explicit), the epsilon target
+    checked reachable before any work."""
+    alg = dp_ftrl(
+        MODEL,
+        MinSeparation(COHORT).for_run(NUM_CLIENTS, SPEC.rounds),
+        noise=noise,
+        training=TRAINING,
+        clipping="fixed",
+        **settings,
     )
+    alg.plan.privacy_plan(NUM_CLIENTS, 1.0, SPEC).calibrate(EPSILON)
+    return alg
 
 
-class TenfoldLessNoise(DPFTRL):
+class TenfoldLessNoise(CorrelatedNoise):
     """Test-only break: the server's correlated noise has a tenth of the std the accountant
     is told about (the claimed epsilon is the unbroken one's)."""
 
-    def _sum_multiplier(self, hyper):
-        return super()._sum_multiplier(hyper) / 10.0
+    def add(self, key, total, clip, multiplier, reach, state, strategy):
+        return super().add(key, total, clip, multiplier / 10.0, reach, state, strategy)
 
 
 def _run(alg, federation, audit=AUDIT):
@@ -53,7 +67,8 @@ def _run(alg, federation, audit=AUDIT):
 
 def test_real_mechanism_stays_below_the_accounted_epsilon(federation):
     alg = _alg()
-    assert (alg.min_separation, alg.max_participations) == (2, 10)
+    participation = alg.plan.participation
+    assert (participation.min_separation, participation.max_participations) == (2, 10)
     (report,) = _run(alg, federation).audit
     assert report.epsilon == pytest.approx(EPSILON, rel=1e-3)
     assert report.canaries == 512 and 0 < report.included < 512
@@ -63,7 +78,7 @@ def test_real_mechanism_stays_below_the_accounted_epsilon(federation):
 
 
 def test_tenfold_less_noise_is_caught(federation):
-    (report,) = _run(_alg(TenfoldLessNoise), federation).audit
+    (report,) = _run(_alg(TenfoldLessNoise()), federation).audit
     assert report.epsilon == pytest.approx(EPSILON, rel=1e-3)  # the unbroken claim
     assert report.epsilon_lower > report.epsilon
     assert report.exceeds and "broken mechanism" in report.line()
@@ -86,7 +101,7 @@ def test_tenfold_less_noise_is_caught(federation):
 )
 def test_canaries_follow_the_public_min_separation_scheme(settings, rounds, expected):
     cohort, spec = 2, RunSpec(rounds, DELTA, (0,))
-    alg = DPFTRL.for_run(MODEL, 16, cohort, spec, **settings)
+    alg = dp_ftrl(MODEL, MinSeparation(cohort, **settings).for_run(16, spec.rounds))
     hook = alg.canary_hook()
     included = jnp.asarray([True, True, False, True, True, True])
     schedule = jnp.zeros((rounds, cohort), jnp.int32)
@@ -101,25 +116,29 @@ def test_canaries_follow_the_public_min_separation_scheme(settings, rounds, expe
     want = np.asarray(expected) & np.asarray(included)[None]
     np.testing.assert_array_equal(taking[:rounds], want)
     assert not taking[rounds:].any()
-    b = alg.min_separation or rounds
-    k = alg.max_participations or 1
+    b = alg.plan.participation.min_separation or rounds
+    k = alg.plan.participation.max_participations or 1
     for i in range(6):  # each canary: at most k times, at least b rounds apart
         (rounds_in,) = np.nonzero(taking[:, i])
         assert len(rounds_in) <= k and (np.diff(rounds_in) >= b).all()
 
 
 class _Server:
-    """The two fields the canaries' participation reads (the public schedule, rounds done)."""
+    """The two fields of the plan's state the canaries' participation reads (the public
+    schedule, rounds done)."""
 
     def __init__(self, schedule, rounds):
-        self.schedule, self.rounds = schedule, rounds
+        self.plan = SimpleNamespace(schedule=schedule, rounds=rounds)
 
 
 @pytest.mark.parametrize(
     ("alg", "named"),
     [
         # b left to the run: the canaries' slots would be unknown
-        (DPFTRL(MODEL, COHORT, training=TRAINING, clipping="fixed"), "DPFTRL's min_separation"),
+        (
+            dp_ftrl(MODEL, MinSeparation(COHORT), training=TRAINING, clipping="fixed"),
+            "MinSeparation's min_separation",
+        ),
         # noise for a cohort of 40: the claimed epsilon is another deployment's
         (_alg(noise_cohort=40), "the run's own guarantee: noise_cohort=40"),
     ],

@@ -31,7 +31,7 @@ import jax
 import numpy as np
 import pytest
 
-from swarmjax.fl.algorithms.client_level_dp_fedavg import ClientLevelDPFedAvg
+from swarmjax.fl.algorithms.client_level_dp_fedavg import dp_fedavg
 from swarmjax.fl.client.training import LocalTraining
 from swarmjax.fl.protocol import (
     RunSpec,
@@ -51,6 +51,7 @@ from swarmjax.privacy.canaries import (
     inclusion,
 )
 from swarmjax.privacy.ledger import Ledger, releases_from_result
+from swarmjax.privacy.participation import Poisson
 from tests import test_canaries as _canaries
 from tests.reproducible import SECRET
 from tests.test_canaries import MODEL, NUM_CLIENTS, PER_CLIENT
@@ -76,16 +77,11 @@ def _pair(federation, tmp_path, shared: bool, monkeypatch, audit: CanaryAudit = 
     """The two releases (one variant each, keys shared or independent), the ledger's claim
     for publishing both, and the audit of the pair on run A's canary coins."""
     clients, test = federation
-    alg = ClientLevelDPFedAvg.for_run(
-        MODEL,
-        NUM_CLIENTS,
-        Q,
-        SPEC,
-        max(EPSILONS),
-        training=TRAINING,
-        clipping="fixed",
+    poisson = Poisson.for_run(
+        NUM_CLIENTS, Q, SPEC.rounds, SPEC.delta, max(EPSILONS), SPEC.accountant
     )
-    plan = alg.plan(NUM_CLIENTS, Q, SPEC)
+    alg = dp_fedavg(MODEL, participation=poisson, training=TRAINING, clipping="fixed")
+    plan = alg.plan.privacy_plan(NUM_CLIENTS, Q, SPEC)
     za, zb = (plan.calibrate(e).noise_multiplier for e in EPSILONS)
     variants = Variants.grid(
         alg,
@@ -93,7 +89,7 @@ def _pair(federation, tmp_path, shared: bool, monkeypatch, audit: CanaryAudit = 
         SPEC,
         sample_rate=Q,
         initial_clip=1.0,
-        client_lr=0.01,
+        learning_rate=0.01,
         server_lr=1.0,
         noise_multiplier=[za, zb],
     )

@@ -13,13 +13,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from swarmjax.fl.algorithms.client_level_dp_fedavg import (
-    ClientLevelDPFedAvg,
-    ClientUpdate,
-    effective_noise_multiplier,
-    rounds_to_target,
-    sum_noise_multiplier,
-)
+from swarmjax.fl.algorithms.client_level_dp_fedavg import dp_fedavg, rounds_to_target
 from swarmjax.fl.algorithms.fedavg import FedAvg
 from swarmjax.fl.client.training import LocalTraining, clip_update
 from swarmjax.fl.data import load_dataset
@@ -29,6 +23,8 @@ from swarmjax.fl.protocol import RunSpec, Slots, Variants
 from swarmjax.fl.runtime import simulate
 from swarmjax.models import mlp, param_bytes
 from swarmjax.privacy import accounting
+from swarmjax.privacy.clipping import effective_noise_multiplier, sum_noise_multiplier
+from swarmjax.privacy.user_level import ClippedUpdate
 from tests.reproducible import SECRET
 
 MODEL = mlp((16,), 10, (8, 8, 1))
@@ -38,8 +34,8 @@ SEEDS = [0, 1]
 
 # Full-batch local steps (B = |D_i|): local training is deterministic GD, whatever the key.
 FULL_BATCH = LocalTraining(epochs=2, batch_size=PER_CLIENT)
-FIXED = ClientLevelDPFedAvg(MODEL, FULL_BATCH, clipping="fixed")
-ADAPTIVE = ClientLevelDPFedAvg(MODEL, FULL_BATCH, clipping="adaptive")
+FIXED = dp_fedavg(MODEL, training=FULL_BATCH, clipping="fixed")
+ADAPTIVE = dp_fedavg(MODEL, training=FULL_BATCH, clipping="adaptive")
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +64,7 @@ def _run(alg, clients, test, rounds, **kw):
 
 
 def _full_participation(**kw):
-    return {"sample_rate": 1.0, "noise_multiplier": 0.0, "client_lr": 0.5} | kw
+    return {"sample_rate": 1.0, "noise_multiplier": 0.0, "learning_rate": 0.5} | kw
 
 
 def _initial_params(alg, clients, test):
@@ -78,7 +74,7 @@ def _initial_params(alg, clients, test):
     # common random numbers: every variant's run key is the secret's key with the seed folded
     # in, whatever its identity
     keys = run_keys(SECRET, SEEDS, [release_identity(alg, None, {})], True)
-    return jax.vmap(lambda k: alg.model.init(server_init_key(k)))(keys)
+    return jax.vmap(lambda k: alg.algorithm.model.init(server_init_key(k)))(keys)
 
 
 def _global_norm(tree) -> np.ndarray:
@@ -152,7 +148,7 @@ def test_noise_on_the_sum_has_std_sigma_delta_times_clip(digits):
     clients, test = digits
     clip, z, sigma_b = 0.3, 1.2, 1.0
     kw = _full_participation(initial_clip=clip, noise_multiplier=z, count_noise=sigma_b)
-    res = _run(ADAPTIVE, clients, test, 1, **(kw | {"client_lr": 1e-9}))
+    res = _run(ADAPTIVE, clients, test, 1, **(kw | {"learning_rate": 1e-9}))
     # updates ~ 0: the model moves by the noise / (q N) only
     start = _initial_params(ADAPTIVE, clients, test)
     moved = np.concatenate([d[0].ravel() for d in _moved(res.server.params, start)])
@@ -178,7 +174,7 @@ def test_adaptive_clipping_converges_to_the_target_quantile(gamma):
     """The server's clip norm, fed unclipped bits of lognormal norms, settles at the
     gamma-quantile ``exp(s Phi^-1(gamma))`` through the noised count."""
     m, s = 100, 1.0
-    alg = ClientLevelDPFedAvg(TINY, clipping="adaptive")
+    alg = dp_fedavg(TINY, clipping="adaptive")
     fake = stack_clients(np.zeros((m, 1), np.float32), np.zeros(m, int), np.arange(m)[:, None])
     hyper = jax.tree.map(
         lambda a: a[0],
@@ -200,11 +196,11 @@ def test_adaptive_clipping_converges_to_the_target_quantile(gamma):
     def step(server, k):
         k_norm, k_agg = jax.random.split(k)
         norms = jnp.exp(s * jax.random.normal(k_norm, (m,)))
-        bits = (norms <= server.clip).astype(jnp.float32)
+        bits = (norms <= server.plan.clip).astype(jnp.float32)
         server = alg.aggregate(
-            server, ClientUpdate(zeros, bits), Slots.everyone(mask), k_agg, hyper
+            server, ClippedUpdate(zeros, bits), Slots.everyone(mask), k_agg, hyper
         )
-        return server, server.clip
+        return server, server.plan.clip
 
     server = alg.server_init(jax.random.key(1), hyper)
     keys = jax.random.split(jax.random.key(0), 400)
@@ -220,25 +216,25 @@ def test_fixed_clipping_keeps_the_norm_and_makes_no_count(digits):
         lambda a: a[0],
         Variants.grid(FIXED, clients, RunSpec(1, DELTA), sample_rate=0.1, initial_clip=0.7).hyper,
     )
-    assert float(hyper.clip_lr) == 0.0 and float(hyper.count_noise) == 0.0
+    assert float(hyper.plan.clip_lr) == 0.0 and float(hyper.plan.count_noise) == 0.0
     server = FIXED.server_init(jax.random.key(0), hyper)
     zeros = jax.tree.map(lambda a: jnp.zeros((NUM_CLIENTS, *a.shape)), server.params)
     out = FIXED.aggregate(
         server,
-        ClientUpdate(zeros),
+        ClippedUpdate(zeros),
         Slots.everyone(jnp.ones(NUM_CLIENTS, bool)),
         jax.random.key(1),
         hyper,
     )
-    assert float(out.clip) == pytest.approx(0.7)
-    assert np.isnan(float(out.noisy_unclipped_fraction))  # fixed: nothing counted
+    assert float(out.plan.clip) == pytest.approx(0.7)
+    assert np.isnan(float(out.plan.noisy_unclipped_fraction))  # fixed: nothing counted
     assert "unclipped" not in FIXED.exchanges[0].protection  # and no bit is sent
 
 
 @pytest.fixture(scope="module")
 def run(digits):
     clients, test = digits
-    kw = dict(sample_rate=0.5, noise_multiplier=0.8, initial_clip=0.2, client_lr=0.3)
+    kw = dict(sample_rate=0.5, noise_multiplier=0.8, initial_clip=0.2, learning_rate=0.3)
     return _run(ADAPTIVE, clients, test, 12, **kw)
 
 
@@ -284,7 +280,7 @@ def test_run_history_reports_clip_bytes_and_learns(run):
         ({"target_quantile": 1.0}, "target_quantile"),
         ({"clip_lr": -1.0}, "clip_lr"),
         ({"count_noise": 0.4, "noise_multiplier": 1.0}, "count_noise"),
-        ({"client_lr": 0.0}, "client_lr"),
+        ({"learning_rate": 0.0}, "learning_rate"),
     ],
 )
 def test_bad_hyper_parameters_raise_naming_the_parameter(digits, kwargs, name):
@@ -299,9 +295,9 @@ def test_bad_settings_raise_before_compiling(digits):
     kw = dict(sample_rate=0.5, noise_multiplier=1.0)
     spec = RunSpec(2, DELTA)
     with pytest.raises(ValueError, match="clipping"):
-        Variants.grid(ClientLevelDPFedAvg(MODEL, clipping="median"), clients, spec, **kw)
+        Variants.grid(dp_fedavg(MODEL, clipping="median"), clients, spec, **kw)
     with pytest.raises(ValueError, match="server_momentum"):
-        Variants.grid(ClientLevelDPFedAvg(MODEL, server_momentum=1.0), clients, spec, **kw)
+        Variants.grid(dp_fedavg(MODEL, server_momentum=1.0), clients, spec, **kw)
     with pytest.raises(ValueError, match="delta"):
         RunSpec(2, 1.0)
     with pytest.raises(ValueError, match="rounds"):

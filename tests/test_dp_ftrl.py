@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import math
 
 import dp_accounting
@@ -20,8 +21,7 @@ import numpy as np
 import pytest
 from dp_accounting.pld import pld_privacy_accountant
 
-from swarmjax.fl.algorithms.client_level_dp_fedavg import ClientUpdate
-from swarmjax.fl.algorithms.dp_ftrl import DPFTRL
+from swarmjax.fl.algorithms.dp_ftrl import dp_ftrl
 from swarmjax.fl.client.training import LocalTraining
 from swarmjax.fl.protocol import RunSpec, Slots, Variants
 from swarmjax.fl.runtime.flower.tasks import digits_clients
@@ -29,6 +29,9 @@ from swarmjax.models import mlp
 from swarmjax.privacy import accounting
 from swarmjax.privacy.ftrl import correlated_noise, noise_state
 from swarmjax.privacy.mechanisms import gaussian_mechanism
+from swarmjax.privacy.noise import CorrelatedNoise
+from swarmjax.privacy.participation import MinSeparation
+from swarmjax.privacy.user_level import ClippedUpdate, UserLevelDP
 from tests.reproducible import SECRET
 
 CONFIG = {
@@ -84,7 +87,7 @@ def test_flower_equals_the_simulator(deployed):
 
 def test_cohorts_follow_the_public_schedule(deployed):
     task, run, _ = deployed
-    schedule = np.asarray(task.hyper.schedule)
+    schedule = np.asarray(task.hyper.plan.schedule)
     assert schedule.shape == (3, 1)
     sent = run.operator.messages[~run.operator.messages["setup"]]
     for t in range(3):
@@ -97,13 +100,18 @@ def test_record_names_the_scheme_and_its_epsilon_is_dp_accountings(deployed):
     multiplier 1 (its own PLD at swarmjax's interval, computed here)."""
     task, run, _ = deployed
     alg = task.algorithm
-    assert (alg.factorization, alg.min_separation, alg.max_participations) == ("banded", 2, 2)
+    participation = alg.plan.participation
+    assert (
+        alg.plan.noise.factorization,
+        participation.min_separation,
+        participation.max_participations,
+    ) == ("banded", 2, 2)
     (line, bit) = run.privacy.covers
     assert "'banded' matrix factorization" in line and "'cyclic'" in line
     assert "k=2 times at least b=2 rounds apart" in line and "cohorts of 1" in line
     assert "SIMULATED" not in line
     assert "sigma_b" in bit
-    z = float(task.hyper.noise_multiplier)
+    z = float(task.hyper.plan.noise_multiplier)
     assert z == 1.0
     pld = pld_privacy_accountant.PLDAccountant(
         value_discretization_interval=accounting.PLD_INTERVAL
@@ -111,7 +119,7 @@ def test_record_names_the_scheme_and_its_epsilon_is_dp_accountings(deployed):
     pld.compose(dp_accounting.GaussianDpEvent(z))
     expected = pld.get_epsilon(task.delta)
     np.testing.assert_allclose(run.privacy.epsilon, expected, rtol=1e-9)
-    plan = alg.plan(3, task.variants.spec).calibrate(math.inf)
+    plan = alg.plan.privacy_plan(3, 1.0, task.variants.spec).calibrate(math.inf)
     assert plan.participations == 2
     assert dataclasses.replace(plan, noise_multiplier=z).epsilon() == pytest.approx(expected)
 
@@ -132,11 +140,12 @@ def _one_round(alg, hyper_values, updates):
     variants = Variants.grid(alg, clients, spec, **hyper_values)
     hyper = jax.tree.map(lambda a: a[0], variants.hyper)
     server = alg.server_init(jax.random.key(0), hyper)
+    cohort = alg.plan.participation.cohort
     slots = Slots(
-        mask=jnp.ones(alg.cohort, bool), ids=jnp.arange(alg.cohort, dtype=jnp.int32), num_clients=6
+        mask=jnp.ones(cohort, bool), ids=jnp.arange(cohort, dtype=jnp.int32), num_clients=6
     )
     key = jax.random.key(5)
-    new = jax.jit(alg.aggregate)(server, ClientUpdate(update=updates), slots, key, hyper)
+    new = jax.jit(alg.aggregate)(server, ClippedUpdate(update=updates), slots, key, hyper)
     return server, new, hyper, key
 
 
@@ -154,20 +163,25 @@ def test_prefix_sum_releases_dp_sgds_noised_sum():
     Gaussian mechanism on the clipped sum, same key, std ``z clip sqrt(k)``: the released sum
     of DP-FTRL's baseline is DP-SGD's (DP-FedAvg's ``noise_release='float'``)."""
     _, _, model = small()
-    alg = DPFTRL(model, 2, factorization="prefix-sum", clipping="fixed", min_separation=2)
+    alg = dp_ftrl(
+        model,
+        MinSeparation(2, min_separation=2),
+        noise=CorrelatedNoise("prefix-sum"),
+        clipping="fixed",
+    )
     updates = _updates(model, 2)
     server, new, hyper, key = _one_round(alg, {"noise_multiplier": 0.9}, updates)
-    k = float(hyper.participations)
-    assert k == 2.0 and float(hyper.strategy.sensitivity) == pytest.approx(math.sqrt(2))
+    k = float(hyper.plan.participations)
+    assert k == 2.0 and float(hyper.plan.strategy.sensitivity) == pytest.approx(math.sqrt(2))
     total = jax.tree.map(lambda u: jnp.sum(u, 0), updates)
     released = gaussian_mechanism(
         jax.random.split(key)[0],
         total,
-        l2_sensitivity=server.clip,
-        noise_multiplier=0.9 * hyper.strategy.sensitivity,
+        l2_sensitivity=server.plan.clip,
+        noise_multiplier=0.9 * hyper.plan.strategy.sensitivity,
     )
     expected = jax.tree.map(
-        lambda w, r: w + float(hyper.server_lr) * r / 2, server.params, released
+        lambda w, r: w + float(hyper.inner.server_lr) * r / 2, server.params, released
     )
     for a, b in zip(jax.tree.leaves(new.params), jax.tree.leaves(expected), strict=True):
         np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
@@ -179,7 +193,12 @@ def test_adaptive_clipping_scales_each_rounds_output_not_the_stream():
     scaled by the past clip norms would not be the analysed mechanism). Zero updates, two
     rounds of a banded strategy; ``C_2 != C_1`` after the first noised count."""
     clients, _, model = small()
-    alg = DPFTRL(model, 2, factorization="banded", clipping="adaptive", min_separation=3)
+    alg = dp_ftrl(
+        model,
+        MinSeparation(2, min_separation=3),
+        noise=CorrelatedNoise("banded"),
+        clipping="adaptive",
+    )
     spec = RunSpec(rounds=4, delta=1e-3)
     hyper = jax.tree.map(lambda a: a[0], Variants.grid(alg, clients, spec, clip_lr=1.0).hyper)
     zero = jax.tree.map(jnp.zeros_like, _updates(model, 2))
@@ -189,16 +208,17 @@ def test_adaptive_clipping_scales_each_rounds_output_not_the_stream():
     keys = [jax.random.key(11), jax.random.key(12)]
     servers = [alg.server_init(jax.random.key(0), hyper)]
     for key in keys:
-        replies = ClientUpdate(update=zero, unclipped=bits)
+        replies = ClippedUpdate(update=zero, unclipped=bits)
         servers.append(step(servers[-1], replies, slots, key, hyper))
-    clips = [float(s.clip) for s in servers]
+    clips = [float(s.plan.clip) for s in servers]
     assert clips[1] != clips[0]
-    std = alg._sum_multiplier(hyper) * hyper.strategy.sensitivity
+    strategy = hyper.plan.strategy
+    std = alg.plan.sum_noise(hyper.plan) * strategy.sensitivity
     like = jax.tree.map(lambda u: u[0], zero)  # one model's shapes
-    state = noise_state(hyper.strategy, like)
-    lr = float(hyper.server_lr)
+    state = noise_state(strategy, like)
+    lr = float(hyper.inner.server_lr)
     for t, key in enumerate(keys):
-        noise, state = correlated_noise(hyper.strategy, state, jax.random.split(key)[0], like, std)
+        noise, state = correlated_noise(strategy, state, jax.random.split(key)[0], like, std)
         moved = jax.tree.map(jnp.subtract, servers[t + 1].params, servers[t].params)
         for a, e in zip(jax.tree.leaves(moved), jax.tree.leaves(noise), strict=True):
             np.testing.assert_allclose(a, lr * clips[t] * e / 2, rtol=1e-4, atol=1e-8)
@@ -208,12 +228,19 @@ def test_noise_cohort_scales_the_noise_and_the_record_says_so():
     """pfl's noise cohort: the noise on this run's sum is ``m / M`` of the deployment's; the
     record states the simulated cohort and that epsilon holds only for it. Not the
     default."""
-    assert DPFTRL.__dataclass_fields__["noise_cohort"].default is None
+    assert inspect.signature(dp_ftrl).parameters["noise_cohort"].default is None
+    assert UserLevelDP.__dataclass_fields__["noise_cohort"].default is None
     _, _, model = small()
     zero = jax.tree.map(jnp.zeros_like, _updates(model, 2))
     moves = []
     for cohort in (None, 20):
-        alg = DPFTRL(model, 2, factorization="prefix-sum", clipping="fixed", noise_cohort=cohort)
+        alg = dp_ftrl(
+            model,
+            MinSeparation(2),
+            noise=CorrelatedNoise("prefix-sum"),
+            clipping="fixed",
+            noise_cohort=cohort,
+        )
         server, new, _, _ = _one_round(alg, {}, zero)
         moves.append(jax.tree.map(jnp.subtract, new.params, server.params))
     for a, b in zip(*map(jax.tree.leaves, moves), strict=True):
@@ -226,14 +253,17 @@ def test_a_schedule_breaking_the_scheme_is_refused_before_any_work():
     """A client scheduled more often, or closer, than the scheme allows: the grid (hence the
     run) refuses it, naming the client, before anything compiles."""
     clients, _, model = small()
-    alg = DPFTRL(model, 1, min_separation=2, max_participations=2, factorization="prefix-sum")
+    prefix_sum = CorrelatedNoise("prefix-sum")
+    alg = dp_ftrl(model, MinSeparation(1, min_separation=2, max_participations=2), noise=prefix_sum)
     spec = RunSpec(rounds=4, delta=1e-3)
     close = jnp.asarray([[0], [2], [0], [3]], jnp.int32)  # client 0 two rounds apart: b = 2 holds
     Variants.grid(alg, clients, spec, schedule=close)
     close = jnp.asarray([[0], [0], [1], [2]], jnp.int32)
     with pytest.raises(ValueError, match=r"schedule refused: client 0 .* rounds 1 and 2"):
         Variants.grid(alg, clients, spec, schedule=close)
-    thrice = DPFTRL(model, 1, min_separation=1, max_participations=2, factorization="prefix-sum")
+    thrice = dp_ftrl(
+        model, MinSeparation(1, min_separation=1, max_participations=2), noise=prefix_sum
+    )
     with pytest.raises(ValueError, match="client 0 would participate 3 times"):
         Variants.grid(thrice, clients, spec, schedule=jnp.asarray([[0], [0], [1], [0]], jnp.int32))
 
@@ -252,14 +282,25 @@ def test_a_schedule_breaking_the_scheme_is_refused_before_any_work():
 )
 def test_bad_input_is_one_line_naming_the_option(settings, name):
     _, _, model = small()
+    settings = dict(settings)
+    factorization = settings.pop("factorization", "blt")
+    noise_cohort = settings.pop("noise_cohort", None)
+    spec = RunSpec(rounds=4, delta=1e-3)
     with pytest.raises(ValueError, match=name) as info:
-        DPFTRL.for_run(model, 6, spec=RunSpec(rounds=4, delta=1e-3), **settings)
+        dp_ftrl(
+            model,
+            MinSeparation(**settings).for_run(6, spec.rounds),
+            noise=CorrelatedNoise(factorization),
+            noise_cohort=noise_cohort,
+        )
     assert "\n" not in str(info.value)
 
 
 def test_training_settings_are_checked_like_dp_fedavg():
     clients, _, model = small()
     with pytest.raises(ValueError, match="clipping"):
-        DPFTRL(model, 2, clipping="none").check(clients)
+        dp_ftrl(model, MinSeparation(2), clipping="none").check(clients)
     with pytest.raises(ValueError, match="server_momentum"):
-        DPFTRL(model, 2, server_momentum=1.5, training=LocalTraining(batch_size=5)).check(clients)
+        dp_ftrl(
+            model, MinSeparation(2), server_momentum=1.5, training=LocalTraining(batch_size=5)
+        ).check(clients)
