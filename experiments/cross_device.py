@@ -498,6 +498,8 @@ PUBLIC_FILES = {
     "of the public settings)",
     "accuracy_per_round.png": "figure of history.csv",
     "accuracy_vs_epsilon.png": "figure of summary.csv",
+    "epsilon_rounds.png": "figure of history.csv's accounted epsilon per round (functions of "
+    "the public settings)",
 }
 """Files under ``--out`` besides the ledger's release paths and not-released folders: each
 holds public settings, or is computed only from the releases and public data (so it is as
@@ -623,10 +625,12 @@ def curve_test_set(prof: Profile, test_rows: int) -> str:
 def figures(
     history: pd.DataFrame, rows: list[dict], out: Path, prof: Profile, test_rows: int
 ) -> None:
-    """Accuracy per round (mean, one-std band over seeds, one line per run) and the final
+    """Accuracy per round (mean, one-std band over seeds, one line per run), the final
     accuracy (whole test set) against the accounted epsilon, one line per DP algorithm over
-    its runs; the titles say the dataset, clients, cohort, rounds and epsilon, the axes
-    which test rows."""
+    its runs, and the accounted epsilon against the round of every DP run
+    (:func:`_report.plot_epsilon_rounds`; a noise-cohort run's curve is its simulated
+    deployment's, and its legend says so); the titles say the dataset, clients, cohort,
+    rounds and epsilon, the axes which test rows."""
     ylabel = f"test accuracy ({test_rows} test rows)"
     _report.per_round(
         history.assign(federation="cross-device"),
@@ -658,6 +662,17 @@ def figures(
         )
         ax.legend(fontsize=8)
         _report.save(fig, out / "accuracy_vs_epsilon.png")
+        elsewhere = {r["run"]: r["noise_cohort"] for r in dp if r.get("noise_cohort")}
+        _report.plot_epsilon_rounds(
+            history,
+            out / "epsilon_rounds.png",
+            by="run",
+            label=lambda run: (
+                run + (f" (cohorts of {elsewhere[run]} only)" if run in elsewhere else "")
+            ),
+            ylabel="user-level epsilon (accounted)",
+            caption=f"Cross-device: {setting_text(prof, rows)}",
+        )
 
 
 @_cli.entry_point

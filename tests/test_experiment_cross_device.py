@@ -41,6 +41,7 @@ def test_runs_writes_its_results_and_resumes(tmp_path):
     assert runs["dp-fedavg"]["covers"] and not runs["dp-fedavg"]["not_covered"]
     assert (out / "accuracy_per_round.png").stat().st_size > 0
     assert (out / "accuracy_vs_epsilon.png").stat().st_size > 0
+    assert (out / "epsilon_rounds.png").stat().st_size > 0  # the DP runs' epsilon per round
     assert (out / "checkpoints" / "fedavg" / "outputs_2.npz").exists()
     ledger = json.loads((out / "privacy_ledger.json").read_text())
     names = ["fedavg", "dp-fedavg", "wall-clock timing"]  # the wall time: not covered

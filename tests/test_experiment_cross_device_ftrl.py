@@ -48,6 +48,7 @@ def test_dp_ftrl_beside_dp_fedavg_at_two_epsilons(tmp_path, capsys):
     assert "factorization" not in runs[("dp-fedavg", 2.0)]
     assert summary["profile"]["epsilons"] == [2.0, 8.0]
     assert (out / "accuracy_vs_epsilon.png").stat().st_size > 0
+    assert (out / "epsilon_rounds.png").stat().st_size > 0  # the DP runs' epsilon per round
     assert (out / "accuracy_per_round.png").stat().st_size > 0
     history = pd.read_csv(out / "history.csv")
     assert set(history["run"]) == {
