@@ -19,14 +19,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 from scipy import stats
 
+from experiments import _report
 from experiments._paaso_figures import _base, _curves, _lead, _log_y, _sweep
 from experiments.paaso import FIG2_INERTIA, FIG4, STRATEGIES, fig2_setting
 from swarmjax.objectives import get_objective
@@ -113,31 +110,30 @@ def _fig1(args: argparse.Namespace, settings: dict[str, Any]) -> tuple[pd.DataFr
     frame.to_csv(args.out / "fig1.csv", index=False)
     readings = {w: name for name, w in FIG2_INERTIA.items()}
     ws = sorted(frame["w"].unique(), key=lambda w: not np.isclose(w, fig2["w"]))
-    fig, axes = plt.subplots(2, len(ws), figsize=(5.2 * len(ws), 6.4), squeeze=False)
+    fig, axes = _report.grid(2, len(ws), sharex=True)
+    colors = _report.line_colors(frame["strategy"])
     for col, w in enumerate(ws):
         for row, execution in enumerate((1, 2)):
             ax = axes[row, col]
             part = frame[np.isclose(frame["w"], w) & (frame["execution"] == execution)]
             for strategy, c in part.groupby("strategy", sort=False):
-                ax.plot(c["iteration"], np.maximum(c["objective"], 1e-12), label=strategy)
+                ax.plot(c["iteration"], np.maximum(c["objective"], 1e-12), label=strategy,
+                        color=colors[strategy])  # fmt: skip
             _log_y(ax)
             name = readings.get(min(readings, key=lambda x: abs(x - w)), "")
-            ax.set_title(f"execution {execution}, w = {w:g} ({name} reading)", fontsize=9)
+            ax.set_title(f"run {execution}, w = {w:g} ({name})")
             ax.set_xlabel("iteration")
-            ax.set_ylabel("objective (f(g) for PSO, f(pG) otherwise)")
+            ax.set_ylabel("objective" if col == 0 else "")
             ax.grid(alpha=0.3)
-            ax.legend(fontsize=7, loc="upper right")
-    fig.suptitle(
-        f"Fig. 1: two executions on f4, {args.agents} agents, k={args.k_alpha}, "
-        f"phi=2, wG={fig2['w_g']}, p_c=1, p_m=0.9, {args.reading} reading ("
+            ax.legend()
+    _report.save(
+        fig,
+        args.out / "fig1.png",
+        caption=f"Fig. 1: two runs on f4, {args.agents} agents, k={args.k_alpha}, phi=2, "
+        f"wG={fig2['w_g']}, p_c=1, p_m=0.9, {args.reading} reading ("
         + ", ".join(f"{k} {v:g}" for k, v in READINGS[args.reading].items())
-        + ")",
-        fontsize=10,
-        wrap=True,
+        + "); objective f(g) for PSO, f(pG) otherwise",
     )
-    fig.tight_layout()
-    fig.savefig(args.out / "fig1.png", dpi=110)
-    plt.close(fig)
     return rows, traj
 
 
@@ -170,24 +166,23 @@ def _kalpha(args: argparse.Namespace, settings: dict[str, Any]) -> tuple[pd.Data
     rows, traj = rows.iloc[keep].reset_index(drop=True), traj[keep]
     curves = _curves(rows, traj, ["setting", "strategy", "k_alpha"])
     curves.to_csv(args.out / "kalpha.csv", index=False)
-    fig, axes = plt.subplots(len(VOTING), 2, figsize=(10, 3.0 * len(VOTING)), squeeze=False)
+    fig, axes = _report.grid(len(VOTING), 2, sharex=True)
+    colors = _report.line_colors(curves["k_alpha"])
     for col, name in enumerate(studied):
         for row, strategy in enumerate(VOTING):
             ax = axes[row, col]
             part = curves[(curves["setting"] == name) & (curves["strategy"] == strategy)]
             for k, c in part.groupby("k_alpha"):
-                ax.plot(c["iteration"], c["mean"], label=f"k_alpha={k}")
+                ax.plot(c["iteration"], c["mean"], label=f"k_alpha={k}", color=colors[k])
             _log_y(ax)
             s = studied[name]
-            ax.set_title(f"{strategy}, {name} setting (w={s['w']}, wG={s['w_g']})", fontsize=9)
+            ax.set_title(f"{strategy}, {name} (w={s['w']}, wG={s['w_g']})")
             ax.set_xlabel("iteration")
-            ax.set_ylabel("mean f(pG) over runs")
+            ax.set_ylabel("mean f(pG)" if col == 0 else "")
             ax.grid(alpha=0.3)
-            ax.legend(fontsize=7, loc="upper right")
-    fig.suptitle(f"k_alpha study on f4, {args.agents} agents, {settings['runs']} runs", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(args.out / "kalpha.png", dpi=110)
-    plt.close(fig)
+            ax.legend()
+    caption = f"k_alpha study on f4, {args.agents} agents, mean over {settings['runs']} runs"
+    _report.save(fig, args.out / "kalpha.png", caption=caption)
     return rows, traj
 
 

@@ -11,12 +11,11 @@ import jax
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 from matplotlib.ticker import NullLocator
 
-from experiments._report import title, write_json
+from experiments._report import grid, panels, save, title, write_json
 from experiments.paaso import FIG4, FIG5_AGENTS, PAPER_PROBS, STRATEGIES, fig2_setting
 from swarmjax.objectives import get_objective
 from swarmjax.paaso import READINGS
@@ -110,10 +109,13 @@ def _y_scale(ax, values: np.ndarray) -> str:
 def _plot(curves: pd.DataFrame, label: str, title: str, path: Path, ax=None) -> None:
     """Mean objective per iteration, one line per ``label`` value, with a band of one std over
     runs where the curves have it (on a log axis its lower edge stops at a tenth of the mean
-    where mean - std <= 0); log or symmetric-log axes where the values span decades."""
+    where mean - std <= 0); log or symmetric-log axes where the values span decades.  Its
+    own figure (no ``ax``) is one column wide (experiments._report): the title's head
+    (before ``": "``) as the title, the rest as the caption line, the legend below."""
     own = ax is None
     if own:
-        fig, ax = plt.subplots(figsize=(6.4, 4.4))
+        fig, axes = grid(1, 1)
+        ax = axes[0, 0]
     scale = _y_scale(ax, curves["mean"].to_numpy())
     banded = "std" in curves and bool((curves.get("runs", 2) > 1).all())
     for value, c in curves.groupby(label, sort=False):
@@ -134,14 +136,16 @@ def _plot(curves: pd.DataFrame, label: str, title: str, path: Path, ax=None) -> 
     if scale == "symlog-nonnegative":
         ax.set_ylim(bottom=0)  # after plotting: the top stays the data's
     ax.set_xlabel("iteration")
-    ax.set_ylabel("mean objective over runs" + (" (band: +- 1 std)" if banded else ""))
-    ax.set_title(title_lines(title, ax), fontsize=9)
-    ax.legend(fontsize=7, loc="upper right")
+    ax.set_ylabel("mean objective" + (" (band: +- 1 std)" if banded else ""))
     ax.grid(alpha=0.3)
+    if curves[label].nunique() > 1:  # one line: the title names it
+        ax.legend()
     if own:
-        fig.tight_layout()
-        fig.savefig(path, dpi=120)
-        plt.close(fig)
+        head, _, rest = title.partition(": ")
+        ax.set_title(head)
+        save(fig, path, caption=rest or None)
+    else:
+        ax.set_title(title_lines(title, ax))
 
 
 def title_lines(text: str, ax) -> str:
@@ -290,20 +294,17 @@ def _search_and_fig6(args: argparse.Namespace, settings: dict[str, Any]) -> pd.D
     curves = _curves(chosen.reset_index(drop=True), traj[index], ["function"])
     curves.to_csv(args.out / "fig6.csv", index=False)
     functions = list(dict.fromkeys(curves["function"]))
-    cols = min(4, len(functions))
-    nrows = -(-len(functions) // cols)
-    fig, axes = plt.subplots(nrows, cols, figsize=(3.6 * cols, 3.0 * nrows), squeeze=False)
-    for ax, fn in zip(axes.ravel(), functions, strict=False):
+    fig, axes = panels(len(functions))
+    for ax, fn in zip(axes, functions, strict=True):
         c = curves[curves["function"] == fn]
         cfg = pb[pb["function"] == fn].iloc[0]
         title = f"{fn}: w={cfg.w}, phi={cfg.phi_p}, wG={cfg.w_g}, speed={cfg.speed}"
         _plot(c, "function", title, Path(), ax=ax)
-    for ax in axes.ravel()[len(functions) :]:
-        ax.axis("off")
-    fig.suptitle("Fig. 6: PbDRD (p_m 0.9), best configuration per function", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(args.out / "fig6.png", dpi=110)
-    plt.close(fig)
+    save(
+        fig,
+        args.out / "fig6.png",
+        caption="Fig. 6: PbDRD (p_m 0.9), best configuration per function",
+    )
     table = best.assign(
         final=[f"{m:.4g} +/- {s:.2g}" for m, s in zip(best.final_mean, best.final_std, strict=True)]
     )

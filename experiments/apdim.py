@@ -8,7 +8,8 @@ Measures, for the corrected mode (budget to informative features, record sensiti
 paper mode (published formula, sensitivity range / n), at equal total epsilon:
 F1 of five scikit-learn classifiers trained on noised data and tested on clean data, the
 attribute-inference attack accuracy, the processing time per batch of rows, and the F1 over
-(theta, alpha).  Writes CSV/JSON/PNG under ``results/apdim/`` and prints a summary table.
+(theta, alpha).  Writes CSV/JSON and figures (PNG + PDF, column-sized) under
+``results/apdim/`` and prints a summary table.
 
 Privacy ledger (``privacy_ledger.json/.md``, :func:`table_releases`): each noised table of
 the correct mode is a record-level DP release (:data:`RELATION`; per-feature Laplace
@@ -517,113 +518,108 @@ SECONDS_NOT_COVERED = (
 holds public settings, or is computed only from the releases and public data (so it is as
 private as the releases it repeats); tests/test_released_files.py checks every file."""
 
-STYLE = {
+STYLE = {  # colour and dash per line: told apart in grey print too
     ("correct", "apdim"): ("tab:blue", "-", "APDIM (correct)"),
-    ("correct", "uniform"): ("tab:blue", "--", "uniform (correct)"),
+    ("correct", "uniform"): ("tab:cyan", "--", "uniform (correct)"),
     ("paper", "apdim"): ("tab:red", "-", "APDIM (paper)"),
-    ("paper", "uniform"): ("tab:red", "--", "uniform (paper)"),
+    ("paper", "uniform"): ("tab:orange", "--", "uniform (paper)"),
 }
 
 
 def _mode_curves(ax: Any, part: pd.DataFrame, column: str) -> None:
-    """One errorbar curve (seed mean +- std over epsilon) of ``column`` per mode x mechanism."""
+    """One errorbar curve (seed mean +- std over epsilon, log x) of ``column`` per mode x
+    mechanism; with one epsilon, a labelled bar each (experiments._report.curves)."""
+    noised = part[part["mode"] != "clean"]
+    if noised.epsilon.nunique() == 1:
+        labels = {(m, k): label for (m, k), (_, _, label) in STYLE.items()}
+        colors = {label: color for color, _, label in STYLE.values()}
+        keys = list(zip(noised["mode"], noised.mechanism, strict=True))
+        shown = noised.assign(line=[labels[k] for k in keys])
+        order = [label for _, _, label in STYLE.values()]
+        shown = shown.sort_values("line", key=lambda c: c.map(order.index))
+        _report.curves(ax, shown, column, line="line", x="epsilon", colors=colors,
+                       xlabel="total epsilon")  # fmt: skip
+        return
     for (mode, mechanism), (color, ls, label) in STYLE.items():
         sel = part[(part["mode"] == mode) & (part.mechanism == mechanism)]
         stats = sel.groupby("epsilon")[column].agg(["mean", "std"]).fillna(0.0)
-        ax.errorbar(
-            stats.index,
-            stats["mean"],
-            stats["std"],
-            color=color,
-            ls=ls,
-            marker="o",
-            ms=3,
-            capsize=2,
-            label=label,
-        )
+        ax.errorbar(stats.index, stats["mean"], stats["std"], color=color, ls=ls, marker="o",
+                    ms=3, capsize=2, label=label)  # fmt: skip
+    _report.log_x(ax, noised.epsilon)
+    ax.set_xlabel("total epsilon")
 
 
 def plot_f1(f1_frame: pd.DataFrame, name: str, path: Path) -> None:
-    import matplotlib.pyplot as plt
-
+    """F1 against epsilon, one panel per classifier (a grid of at most three columns, 7 in
+    wide), the clean baseline dotted; one legend below the panels."""
     data = f1_frame[f1_frame.dataset == name]
     clfs = list(dict.fromkeys(data.classifier))
-    fig, axes = plt.subplots(1, len(clfs), figsize=(3.2 * len(clfs), 3.2), sharey=True)
-    for ax, clf in zip(np.atleast_1d(axes), clfs, strict=True):
+    fig, axes = _report.panels(len(clfs), sharey=True)
+    for ax, clf in zip(axes, clfs, strict=True):
         part = data[data.classifier == clf]
         _mode_curves(ax, part, "f1")
         clean = part[part["mode"] == "clean"].f1
         if len(clean):
             ax.axhline(clean.mean(), color="k", lw=0.8, ls=":", label="no noise")
-        ax.set_xscale("log")
         ax.set_title(clf)
-        ax.set_xlabel("total epsilon")
-    np.atleast_1d(axes)[0].set_ylabel("weighted F1 (clean test set)")
-    np.atleast_1d(axes)[-1].legend(fontsize=7)
-    fig.suptitle(f"Classification performance ({name})")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+        ax.legend()
+    for ax in axes[:: _report.layout(len(clfs))[1]]:
+        ax.set_ylabel("weighted F1 (clean test)")
+    _report.save(fig, path, caption=f"{name}: classifiers trained on noised rows")
 
 
 def plot_attack(attack: pd.DataFrame, path: Path) -> None:
-    import matplotlib.pyplot as plt
-
+    """Attribute-inference accuracy against epsilon, one panel per dataset."""
     names = list(dict.fromkeys(attack.dataset))
-    fig, axes = plt.subplots(1, len(names), figsize=(3.4 * len(names), 3.2))
-    for ax, name in zip(np.atleast_1d(axes), names, strict=True):
+    fig, axes = _report.panels(len(names))
+    for ax, name in zip(axes, names, strict=True):
         part = attack[attack.dataset == name]
         _mode_curves(ax, part, "accuracy")
         ax.axhline(part.majority.iloc[0], color="gray", lw=0.8, label="majority class")
         clean = part[part["mode"] == "clean"].accuracy
         ax.axhline(clean.mean(), color="k", lw=0.8, ls=":", label="no noise")
-        ax.set_xscale("log")
         ax.set_title(f"{name}: {DATASETS[name].sensitive}")
-        ax.set_xlabel("total epsilon")
-    np.atleast_1d(axes)[0].set_ylabel("attacker accuracy")
-    np.atleast_1d(axes)[-1].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+        ax.set_ylabel("attacker accuracy")
+        ax.legend()
+    _report.save(fig, path, caption="attribute inference from the noised rows")
 
 
 def plot_timing(timing: pd.DataFrame, path: Path) -> None:
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(5, 3.5))
+    """Median seconds per batch against the batch size (one column wide)."""
+    fig, axes = _report.grid(1, 1)
+    ax = axes[0, 0]
     stats = timing.groupby(["epsilon", "batch"])[["apdim_s", "uniform_s"]].median()
     for i, epsilon in enumerate(stats.index.get_level_values(0).unique()):
         part = stats.loc[epsilon]
-        ax.plot(part.index, part.apdim_s, f"C{i}-o", label=f"APDIM eps={epsilon:g}")
-        ax.plot(part.index, part.uniform_s, f"C{i}--s", label=f"Laplace eps={epsilon:g}")
+        lines = len(part) > 1  # one batch size: markers, no line
+        for column, ls, marker, what in (("apdim_s", "-", "o", "APDIM"),
+                                         ("uniform_s", "--", "s", "Laplace")):  # fmt: skip
+            ax.plot(part.index, part[column], color=f"C{i}", ls=ls if lines else "none",
+                    marker=marker, label=f"{what} eps={epsilon:g}")  # fmt: skip
     ax.set_yscale("log")
     ax.set_xlabel("batch size (rows)")
     ax.set_ylabel("seconds per batch (median)")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    ax.set_title("Processing time")
+    ax.legend()
+    _report.save(fig, path)
 
 
-def plot_params(params: pd.DataFrame, path: Path) -> None:
-    import matplotlib.pyplot as plt
-
+def plot_params(params: pd.DataFrame, path: Path, name: str = "adult") -> None:
+    """RF F1 on ``name`` over the (theta, alpha) grid, one heat map per mode."""
     modes = list(dict.fromkeys(params["mode"]))
-    fig, axes = plt.subplots(1, len(modes), figsize=(4.2 * len(modes), 3.4))
-    for ax, mode in zip(np.atleast_1d(axes), modes, strict=True):
+    fig, axes = _report.panels(len(modes))
+    for ax, mode in zip(axes, modes, strict=True):
         grid = params[params["mode"] == mode].pivot(index="theta", columns="alpha", values="f1")
         im = ax.imshow(grid.to_numpy(), cmap="viridis", aspect="auto", origin="lower")
         ax.set_xticks(range(grid.shape[1]), [f"{a:g}" for a in grid.columns])
         ax.set_yticks(range(grid.shape[0]), [f"{t:g}" for t in grid.index])
         for (i, j), value in np.ndenumerate(grid.to_numpy()):
-            ax.text(j, i, f"{value:.3f}", ha="center", va="center", fontsize=7, color="w")
+            ax.text(j, i, f"{value:.3f}", ha="center", va="center", fontsize=6, color="w")
         ax.set_xlabel("alpha (mi_weight)")
         ax.set_ylabel("theta")
-        ax.set_title(f"RF F1, adult, eps={params.epsilon.iloc[0]:g} ({mode})")
+        ax.set_title(mode)
         fig.colorbar(im, ax=ax)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _report.save(fig, path, caption=f"RF F1 on {name} at eps={params.epsilon.iloc[0]:g}")
 
 
 def _read_split(data_dir: Path, name: str, profile: Profile) -> Split:
@@ -755,7 +751,7 @@ def main(argv: list[str] | None = None) -> None:
     for release in params_releases(params_ds, noise["noise"], out, **on_ledger):
         ledger.add(release)
     params.to_csv(out / "params.csv", index=False)
-    plot_params(params, out / "fig3_params.png")
+    plot_params(params, out / "fig3_params.png", params_ds)
     timing = None
     if not args.skip_timing:
         timing = store.fetch_or_run_table("timing", partial(run_timing, data_dir, profile))

@@ -274,12 +274,13 @@ def summarise(history: pd.DataFrame, central: pd.DataFrame) -> pd.DataFrame:
 def plot(
     history: pd.DataFrame, central: pd.DataFrame, dataset: str, model: str, path: Path
 ) -> None:
-    """Rows: splits; columns: K. CL, FedAvg and central (dashed) as mean +- std over seeds,
-    each client alone (grey, mean over seeds)."""
+    """Rows: splits; columns: K (a column-sized grid, experiments._report). CL, FedAvg and
+    central (dashed) as mean +- std over seeds, each client alone (grey, mean over seeds);
+    one legend below the panels, the dataset and model in the caption line."""
     sub = history[(history.dataset == dataset) & (history.model == model)]
     splits = [s for s in SPLITS if s in set(sub.split)]
     ks = sorted(set(sub.K))
-    fig, axes = _report.grid(len(splits), len(ks), width=4, height=3.2)
+    fig, axes = _report.grid(len(splits), len(ks), sharey=True)
     cen = central[(central.dataset == dataset) & (central.model == model)]
     for i, split in enumerate(splits):
         for j, k in enumerate(ks):
@@ -298,9 +299,10 @@ def plot(
                              color=color, marker=".")  # fmt: skip
             _report.band(ax, cen, "test_accuracy", label="centralised", color="g", ls="--")
             ax.set(ylim=(0, 1.02), title=f"{split}, K={k}", xlabel="combination round")
-            ax.set_ylabel("test accuracy")
-    axes[0, 0].legend(fontsize=7, loc="lower right")
-    _report.save(fig, path, suptitle=f"{dataset} {model}: CL vs FedAvg", dpi=110)
+            ax.set_ylabel("test accuracy" if j == 0 else "")
+            ax.legend()  # one legend below the panels (experiments._report.save)
+    seeds = sub.seed.nunique() if "seed" in sub else 1
+    _report.save(fig, path, caption=f"{dataset} {model}: CL vs FedAvg, mean over {seeds} seed(s)")
 
 
 PUBLIC_FILES = {

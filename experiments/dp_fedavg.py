@@ -157,8 +157,10 @@ PUBLIC_FILES = {
     "summary.json": "summary.csv as strict JSON, and the peak memory (static shapes)",
     "summary_table.csv": "summary.csv, the accuracy as text",
     "summary_table.md": "summary.csv, the accuracy as text",
-    "accuracy_vs_epsilon.png": "figure of summary.csv",
+    "accuracy_vs_epsilon.png": "figure of history.csv's final test accuracy (public test "
+    "split) against summary.csv's accounted epsilon",
     "clip_norm.png": "figure of history.csv's clip norms (released: noised counts set them)",
+    "epsilon_rounds.png": "figure of history.csv's accounted epsilon per round (public settings)",
 }
 """Files under ``--out`` besides the ledger's release paths and not-released folders: each
 holds public settings, or is computed only from the releases and public data (so it is as
@@ -294,36 +296,65 @@ def run_one(
     return h.assign(method=method, epsilon_target=eps_target), payload
 
 
-def plot(summary: pd.DataFrame, history: pd.DataFrame, out: Path) -> None:
-    """Accuracy against epsilon per method (mean +- std over seeds) and the clip norm per
-    round at the largest finite epsilon (band over seeds), one panel per setting."""
+def plot(
+    summary: pd.DataFrame, history: pd.DataFrame, out: Path, caption: str | None = None
+) -> None:
+    """Column-sized figures (experiments._report): final test accuracy against the accounted
+    epsilon per method (mean +- std over seeds; labelled bars where one epsilon ran), the
+    non-private ceiling as a dashed line; the clip norm per round at the largest finite
+    epsilon; the accounted epsilon per round of every private run; one panel per setting,
+    ``caption`` (the shared settings) as the line above the panels."""
     settings = summary[["dataset", "partition"]].drop_duplicates().values.tolist()
-    fig, axes = _report.grid(1, len(settings), width=4.5, height=3.6)
-    for ax, (ds, part) in zip(axes[0], settings, strict=True):
-        sub = summary[(summary.dataset == ds) & (summary.partition == part)]
-        for method, g in sub[sub.method != "non-private"].groupby("method"):
-            g = g.sort_values("epsilon")
-            ax.errorbar(g.epsilon, g.accuracy, g.accuracy_std, marker="o", label=method, capsize=2)
+    last = history[history["round"] == history["round"].max()]
+    accounted = summary[["dataset", "partition", "method", "epsilon_target", "epsilon"]]
+    last = last.merge(accounted, on=["dataset", "partition", "method", "epsilon_target"])
+    fig, axes = _report.panels(len(settings))
+    colors = _report.line_colors(last.loc[last.method != "non-private", "method"])
+    for ax, (ds, part) in zip(axes, settings, strict=True):
+        sub = last[(last.dataset == ds) & (last.partition == part)]
+        private = sub[sub.method != "non-private"].sort_values("epsilon")
+        bars = _report.curves(ax, private, "test_accuracy", line="method", x="epsilon",
+                              colors=colors, xlabel="client-level epsilon", marker="o")  # fmt: skip
+        if not bars:
+            _report.log_x(ax, private.epsilon)
         top = sub[sub.method == "non-private"]
         if len(top):
-            ax.axhline(top.accuracy.iloc[0], color="k", ls="--", label="non-private")
-        ax.set(xscale="log", xlabel="client-level epsilon", ylabel="test accuracy")
-        ax.set_title(_report.title(f"{ds} {part}"))
-        ax.legend(fontsize=7)
-    _report.save(fig, out / "accuracy_vs_epsilon.png")
-    history = history[np.isfinite(history.epsilon_target)]  # the non-private run has C = 1e6
-    eps_show = history.epsilon_target.max()
-    shown = history[history.epsilon_target == eps_show]
+            ax.axhline(top.test_accuracy.mean(), color="k", ls="--", lw=1, label="non-private")
+        ax.set(ylabel="test accuracy", title=f"{ds} {part}")
+        ax.legend()
+    _report.save(fig, out / "accuracy_vs_epsilon.png", caption=caption)
+    finite = history[np.isfinite(history.epsilon_target)]  # the non-private run has C = 1e6
+    eps_show = finite.epsilon_target.max()
+    shown = finite[finite.epsilon_target == eps_show]
     _report.per_round(
         shown.assign(setting=shown.dataset + " " + shown.partition),
         "clip_norm",
         out / "clip_norm.png",
         panel="setting",
         line="method",
-        ylabel="clip norm",
-        label=lambda m: f"{m} C_t",
-        panel_title=lambda s: f"{s}, eps={eps_show:g}",
+        ylabel="clip norm C_t",
+        panel_title=str,
         axes_set={"yscale": "log"},
+        caption=f"target epsilon {eps_show:g}" + (f"; {caption}" if caption else ""),
+    )
+    _report.plot_epsilon_rounds(
+        history.assign(setting=history.dataset + " " + history.partition),
+        out / "epsilon_rounds.png",
+        by=["method", "epsilon_target"],
+        label=lambda m, e: f"{m}, target {e}",
+        panel="setting",
+        ylabel="client-level epsilon (accounted)",
+        caption=caption,
+    )
+
+
+def caption(profile: Profile, delta: float, accountant: str) -> str:
+    """The settings every panel shares, as the figures' caption line."""
+    seeds = len(profile.seeds)
+    return (
+        f"{profile.num_clients} clients, q={profile.sample_rate:g}, {profile.rounds} rounds, "
+        f"delta {_report.delta_text(delta)} ({accountant.upper()}), "
+        + (f"{seeds} seeds (mean +- std)" if seeds > 1 else "1 seed")
     )
 
 
@@ -554,7 +585,7 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
                 bar.update(1)
     bar.close()
     summary = pd.DataFrame(rows)
-    plot(summary, pd.concat(histories), out)
+    plot(summary, pd.concat(histories), out, caption(profile, delta, spec.accountant))
     cols = [
         "dataset",
         "partition",

@@ -8,7 +8,8 @@ choices (``--reading`` and one flag per choice), Flower's partitions, Fig. 3's d
 what the epsilon covers are in ``docs/fed_dp_pso.md``; every table header states the plan
 it ran. Results go to ``results/fed_dp_pso/`` (``cells.csv``, ``rounds.csv``,
 ``table_<dataset>.csv/.md``, ``fig3.csv``, ``comm.csv``: the bytes per round the simulator
-counted, ``summary.json``, PNG figures, ``privacy_ledger.json/.md``: every run as a release,
+counted, ``summary.json``, figures as PNG and PDF (``epsilon_rounds``: the accounted
+epsilon per round), ``privacy_ledger.json/.md``: every run as a release,
 see :func:`swarmjax.privacy.ledger.saved_releases`); finished calls are kept under
 ``calls/``, so the same command resumes (``--restart`` runs everything again).
 ``--audit N``: an empirical privacy audit of every DP run, ``N`` record-level gradient
@@ -444,6 +445,8 @@ PUBLIC_FILES = {
     "and peak memory",
     "fig2_accuracy_per_round_*.png": "figure of rounds.csv",
     "fig3_vs_fedavg_dp.png": "figure of rounds.csv and fig3.csv's runs",
+    "epsilon_rounds.png": "figure of the accounted epsilon per round of rounds.csv's and "
+    "fig3.csv's runs (public settings)",
 }
 """Files under ``--out`` besides the ledger's release paths and not-released folders: each
 holds public settings, or is computed only from the releases and public data (so it is as
@@ -570,7 +573,9 @@ def main(argv: list[str] | None = None) -> None:
         )
     walls["fig3"] = time.perf_counter() - t0
     comm = _parts.comm_table(kept, rounds, fedavg, store, out, ledger, prof)
-    _parts.figures(rounds, fig3_rounds, out)
+    seeds = f"{prof.seeds} seed{'s' if prof.seeds > 1 else ''}"
+    setting = f"{NUM_CLIENTS} clients, {prof.particles} particles, {prof.rounds} rounds, {seeds}"
+    _parts.figures(rounds, fig3_rounds, out, setting)
     summary = dict(
         plan=asdict(prof),
         header=_header(prof),

@@ -28,8 +28,9 @@ a public test set as in ``experiments.shakespeare``); per round: accuracy on
 ``--test-size`` test windows, bytes uploaded per client and in all, seconds, and the
 process's peak resident memory so far. Outputs in ``results/lora/`` (or ``--out``):
 ``history.csv``, ``summary.csv`` / ``summary.json``, ``privacy.json`` (per run: epsilon, what
-is covered, what is public and what is private), ``accuracy_per_round.png``,
-``accuracy_vs_epsilon.png`` and the privacy ledger ``privacy_ledger.json`` / ``.md`` (every
+is covered, what is public and what is private), the figures ``accuracy_per_round``,
+``accuracy_vs_epsilon`` and ``epsilon_rounds`` (the accounted epsilon per round), each as
+PNG and PDF, and the privacy ledger ``privacy_ledger.json`` / ``.md`` (every
 run as a release, the pretraining listed as computed from public plays only).
 
 Profiles: ``--quick`` (CI; 164 s on 2 shared CPU cores at load 4-5): 2 public and 2
@@ -559,76 +560,75 @@ def _label(name: str, trainable: str, eps: float) -> str:
     return what if not math.isfinite(eps) else f"{what} eps {eps:g}"
 
 
-def figures(history: pd.DataFrame, summary: pd.DataFrame, pre: dict, out: Path) -> None:
-    """Column-sized figures (3.4 in wide): test accuracy per round (``--test-size``
-    windows), one panel per trainable, the pretrained model's accuracy on the same windows
-    dashed; final accuracy against epsilon, one line per (trainable, DP algorithm), no DP
-    and the pretrained model as horizontal lines. Legends sit below the axes, never over
-    the data."""
-    import matplotlib.pyplot as plt
+def _trainable(trainable: str) -> str:
+    return "LoRA" if trainable == "lora" else "full"
 
+
+def figures(history: pd.DataFrame, summary: pd.DataFrame, pre: dict, out: Path) -> None:
+    """Column-sized figures (experiments._report, PNG and PDF): test accuracy per round
+    (``--test-size`` windows), one panel per trainable, the pretrained model's accuracy on
+    the same windows dashed; final accuracy against epsilon, one line per (trainable, DP
+    algorithm) (labelled bars where one epsilon ran), no DP and the pretrained model as
+    horizontal lines; the accounted epsilon per round of every DP run.  Legends sit below
+    the axes, never over the data."""
     trainables = list(dict.fromkeys(history["trainable"]))
-    fig, axes = plt.subplots(
-        len(trainables), 1, figsize=(3.4, 2.1 * len(trainables) + 0.9), sharex=True, squeeze=False
-    )
-    handles: dict[str, Any] = {}
+    fig, axes = _report.grid(len(trainables), 1, sharex=True, width=3.4, height=2.1)
+    runs = history.assign(
+        run=[_label(n, t, e) for n, t, e in
+             zip(history["algorithm"], history["trainable"], history["epsilon_target"],
+                 strict=True)]
+    )  # fmt: skip
+    colors = _report.line_colors(runs["run"])
     for ax, trainable in zip(axes[:, 0], trainables, strict=True):
-        sub = history[history["trainable"] == trainable]
-        for (name, eps), g in sub.groupby(["algorithm", "epsilon_target"], sort=False):
-            mean = g.groupby("round")["test_accuracy"].mean()
-            (line,) = ax.plot(mean.index, mean.values, marker=".", lw=1.2)
-            handles.setdefault(_label(name, trainable, eps), line)
-            line.set_color(handles[_label(name, trainable, eps)].get_color())
-        ref = ax.axhline(pre["per_round_test"]["accuracy"], color="0.4", ls="--", lw=1)
-        handles.setdefault("pretrained", ref)
-        ax.set_title("LoRA adapters" if trainable == "lora" else "Full fine-tuning", fontsize=9)
-        ax.set_ylabel("test accuracy", fontsize=8)
-        ax.tick_params(labelsize=7)
-    axes[-1, 0].set_xlabel("round", fontsize=8)
-    axes[-1, 0].xaxis.get_major_locator().set_params(integer=True)
-    fig.legend(
-        handles.values(), handles.keys(), loc="lower center", ncol=2, fontsize=6.5, frameon=False
-    )
-    rows = -(-len(handles) // 2)  # legend rows, below the panels
-    fig.tight_layout(rect=(0, 0.02 + 0.028 * rows, 1, 1))
-    fig.savefig(out / "accuracy_per_round.png", dpi=150)
-    plt.close(fig)
+        sub = runs[runs["trainable"] == trainable]
+        _report.curves(ax, sub, "test_accuracy", line="run", colors=colors, marker=".")
+        ax.axhline(pre["per_round_test"]["accuracy"], color="0.4", ls="--", lw=1,
+                   label="pretrained")  # fmt: skip
+        ax.set_title("LoRA adapters" if trainable == "lora" else "Full fine-tuning")
+        ax.set_ylabel("test accuracy")
+        ax.legend()
+    for ax in axes[:-1, 0]:  # the rounds are shared: one x label, under the last panel
+        ax.set_xlabel("")
+    _report.save(fig, out / "accuracy_per_round.png")
 
     dp = summary[summary["algorithm"].isin(DP_ALGORITHMS)]
     if dp.empty:
         return
-    fig, ax = plt.subplots(figsize=(3.4, 2.9))
-    for (trainable, name), g in dp.groupby(["trainable", "algorithm"], sort=False):
-        m = g.groupby("epsilon_target")["final_accuracy"].mean()
-        style = "-" if trainable == "lora" else ":"
-        ax.plot(
-            m.index,
-            m.values,
-            style,
-            marker="o",
-            ms=4,
-            label=f"{'LoRA' if trainable == 'lora' else 'full'}, {_label(name, '', math.inf)}",
-        )
+    fig, axes = _report.grid(1, 1)
+    ax = axes[0, 0]
+    lines = dp.assign(
+        line=[f"{_trainable(t)}, {_label(n, '', math.inf)}" for t, n in
+              zip(dp["trainable"], dp["algorithm"], strict=True)]
+    )  # fmt: skip
+    bars = _report.curves(ax, lines, "final_accuracy", line="line", x="epsilon_target",
+                          marker="o", xlabel="epsilon (user-level)")  # fmt: skip
+    if not bars:
+        ax.set_xscale("log", base=2)
+        ticks = sorted(set(dp["epsilon_target"]))
+        ax.set_xticks(ticks, [f"{t:g}" for t in ticks])
     for trainable, g in summary[summary["algorithm"] == "fedavg"].groupby("trainable"):
-        ax.axhline(
-            g["final_accuracy"].mean(),
-            lw=0.8,
-            ls="-." if trainable == "lora" else (0, (1, 2)),
-            color="tab:green" if trainable == "lora" else "tab:olive",
-            label=f"{'LoRA' if trainable == 'lora' else 'full'}, no DP",
-        )
+        ax.axhline(g["final_accuracy"].mean(), lw=0.8,
+                   ls="-." if trainable == "lora" else (0, (1, 2)),
+                   color="tab:green" if trainable == "lora" else "tab:olive",
+                   label=f"{_trainable(trainable)}, no DP")  # fmt: skip
     ax.axhline(pre["private_test"]["accuracy"], color="0.4", ls="--", lw=1, label="pretrained")
-    ax.set_xscale("log", base=2)
-    ticks = sorted(set(dp["epsilon_target"]))
-    ax.set_xticks(ticks, [f"{t:g}" for t in ticks])
-    ax.set_xlabel("epsilon (user-level)", fontsize=8)
-    ax.set_ylabel("final test accuracy", fontsize=8)
-    ax.set_title("Accuracy vs epsilon", fontsize=9)
-    ax.tick_params(labelsize=7)
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.3), ncol=2, fontsize=6.5, frameon=False)
-    fig.tight_layout()
-    fig.savefig(out / "accuracy_vs_epsilon.png", dpi=150, bbox_inches="tight")
-    plt.close(fig)
+    ax.set_ylabel("final test accuracy")
+    ax.set_title("Accuracy vs epsilon")
+    ax.legend()
+    _report.save(fig, out / "accuracy_vs_epsilon.png")
+
+    def label(trainable: str, name: str, eps: str) -> str:
+        who = "/".join(_trainable(t) for t in trainable.split("/"))
+        what = "/".join(_label(n, "", math.inf) for n in name.split("/"))
+        return f"{who}, {what}, target {eps}"
+
+    _report.plot_epsilon_rounds(
+        history,
+        out / "epsilon_rounds.png",
+        by=["trainable", "algorithm", "epsilon_target"],
+        label=label,
+        ylabel="user-level epsilon (accounted)",
+    )
 
 
 @_cli.entry_point

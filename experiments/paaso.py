@@ -9,22 +9,21 @@
 
 Writes ``results/paaso/`` (or ``--out``): one resumable sweep folder per figure (under
 ``calls/<code fingerprint>/``, so changed code never resumes a stale sweep), a CSV of
-mean/std objective per iteration for every curve (``figN.csv``), the figures
-(``figN.png``), ``summary.csv``/``summary.json`` (final objective, mean +/- std over runs,
-of the best configuration per strategy and function, with the epsilon spent) and prints
-that table.  Rerunning with the same options resumes unfinished sweeps (``--restart``
-recomputes them).  Options follow ``experiments/_cli.py``; ``--runs`` (not ``--seeds``)
-counts the independent runs per configuration.  Then it prints the time spent: wall,
-kernels, compilations (also ``timing.json``).  ``privacy_ledger.json/.md`` lists every
+mean/std objective per iteration for every curve (``figN.csv``), the figures (``figN.png``
+and ``.pdf``, column-sized), ``summary.csv``/``summary.json`` (final objective, mean +/-
+std over runs, of the best configuration per strategy and function, with the epsilon spent)
+and prints that table. Rerunning with the same options resumes unfinished sweeps
+(``--restart`` recomputes them). Options follow ``experiments/_cli.py``; ``--runs`` (not
+``--seeds``) counts the independent runs per configuration. Then it prints the time spent:
+wall, kernels, compilations (also ``timing.json``). ``privacy_ledger.json/.md`` lists every
 configuration as a release (:mod:`swarmjax.paaso_sweep`: the voting strategies are
 agent-level DP, PSO and FL are not private; the shared seeds give them no joint epsilon),
 records the best-configuration choices of ``summary.csv`` as selections by a public score
 (the benchmark function at the released centre) and lists the sweep folders, whose raw rows
-hold unnoised voter counts, as not released.  Sweeps resume under any ``--memory-gb`` /
-``--block`` / ``--cpu-devices`` / process count.  ``--block`` and ``--memory-gb`` default
-to the device's sizes (swarmjax.device); the CPU flags (``--cpu-devices``, LLVM -O1) are
-set only when the backend is the CPU.
-"""
+hold unnoised voter counts, as not released. Sweeps resume under any ``--memory-gb`` /
+``--block`` / ``--cpu-devices`` / process count. ``--block`` and ``--memory-gb`` default to
+the device's sizes (swarmjax.device); the CPU flags (``--cpu-devices``, LLVM -O1) are set
+only when the backend is the CPU."""
 
 from __future__ import annotations
 

@@ -448,12 +448,18 @@ def comparison(reached: pd.DataFrame, prof: Profile) -> pd.DataFrame:
     return table.astype(object).fillna("")
 
 
-def figure(history: pd.DataFrame, out: Path) -> None:
-    """Test accuracy per round of every run (mean and a one-std band over seeds)."""
+def figure(history: pd.DataFrame, out: Path, prof: Profile | None = None) -> None:
+    """Column-sized figures (experiments._report): test accuracy per round of every run
+    (mean and a one-std band over seeds; the legend below the axes, never over the
+    curves), and the accounted epsilon per round of every DP run; the setting (``prof``)
+    as the caption line."""
     eps = history["epsilon_target"]
     runs = history["label"].where(
-        ~np.isfinite(eps), history["label"] + ", epsilon " + eps.astype(str)
+        ~np.isfinite(eps), history["label"] + ", epsilon " + eps.map(_report.short)
     )
+    setting = "Shakespeare by role, character LSTM"
+    if prof is not None:
+        setting += f"; cohort {prof.cohort}, {prof.rounds} rounds"
     _report.per_round(
         history.assign(federation="by role", run=runs),
         "test_accuracy",
@@ -461,7 +467,16 @@ def figure(history: pd.DataFrame, out: Path) -> None:
         panel="federation",
         line="run",
         ylabel="test accuracy (next character)",
-        panel_title=lambda _: "Shakespeare by role: character LSTM, accuracy per round",
+        panel_title=lambda _: "Accuracy per round",
+        caption=f"{setting}; held-out lines of the training roles",
+    )
+    _report.plot_epsilon_rounds(
+        history,
+        out / "epsilon_rounds.png",
+        by=["label", "epsilon_target"],
+        label=lambda name, e: f"{name}, target {e}",
+        ylabel="user-level epsilon (accounted)",
+        caption=setting,
     )
 
 
@@ -487,6 +502,8 @@ PUBLIC_FILES = {
     "rounds_to_target.csv": "rounds_by_run.csv beside the paper's numbers",
     "rounds_to_target.md": "rounds_to_target.csv as markdown",
     "accuracy_per_round.png": "figure of history.csv",
+    "epsilon_rounds.png": "figure of history.csv's accounted epsilon per round (a function "
+    "of the public settings; no held-out-line metric)",
 }
 """Files under ``--out`` besides the ledger's release paths and not-released folders: each
 holds public settings, or is computed only from the releases and public data (so it is as
@@ -500,7 +517,7 @@ def list_not_covered(ledger: Ledger, prof: Profile, out: Path) -> None:
     _report.not_covered(
         ledger, "held-out-line metrics", out / "summary.csv", HELD_OUT_NOT_COVERED,
         columns="history.csv test_accuracy, test_loss; summary.csv final_accuracy; "
-        "rounds_by_run.csv, rounds_to_target.csv/.md, accuracy_per_round.png",
+        "rounds_by_run.csv, rounds_to_target.csv/.md, accuracy_per_round.png/.pdf",
     )  # fmt: skip
     if "dp-fedavg" in prof.algorithms:
         _report.not_covered(
@@ -583,7 +600,7 @@ def main(argv: list[str] | None = None) -> None:
             default=str,
         )
     )
-    figure(history, out)
+    figure(history, out, prof)
     print(md)
     cols = ["label", "epsilon_target", "epsilon", "final_accuracy", "seconds_per_round"]
     print(summary[cols].to_markdown(index=False, floatfmt=".4g"))

@@ -10,7 +10,8 @@ a saved secret.
 * a release's path (a DP release, or a release listed as not private: a baseline without
   noise, a statistic no epsilon covers), or a file inside a release's folder;
 * a file the experiment declares in its ``PUBLIC_FILES`` (``{pattern: why}``: settings, and
-  tables and figures computed only from the releases and public data), or the ``--out``
+  tables and figures computed only from the releases and public data; a declared PNG
+  figure covers the PDF of it that ``_report.save`` writes beside it), or the ``--out``
   folder's lock (:data:`COMMON_FILES`);
 
 anything else fails, naming the file.  Then every saved secret (a file starting with the
@@ -68,11 +69,16 @@ def _inside(path: Path, folder: Path) -> bool:
 
 
 def _declared(rel: PurePosixPath, public: dict[str, str]) -> str | None:
-    """The pattern of ``public`` that names ``rel`` (same depth, ``fnmatch``), if any."""
+    """The pattern of ``public`` that names ``rel`` (same depth, ``fnmatch``), if any; a
+    figure's other formats (``_report.FORMATS``: the PDF that ``_report.save`` writes beside
+    each PNG, the same figure) are named by the pattern of its PNG."""
     for pattern in public:
         depth = len(PurePosixPath(pattern).parts)
         if depth == len(rel.parts) and fnmatch.fnmatchcase(str(rel), pattern):
             return pattern
+    first, *others = _report.FORMATS
+    if rel.suffix in others and (pattern := _declared(rel.with_suffix(first), public)):
+        return f"{pattern}, its {rel.suffix[1:].upper()} twin"
     return None
 
 
@@ -194,6 +200,19 @@ def test_an_unlisted_file_is_named(tmp_path):
     (tmp_path / "sub").mkdir()
     (tmp_path / "sub" / "fig_a.png").write_bytes(b"")  # a pattern names its own depth only
     with pytest.raises(AssertionError, match=r"\['private_stats.csv', 'sub/fig_a.png'\]"):
+        check_released_files(tmp_path, FAKE)
+
+
+def test_a_figures_pdf_is_declared_by_its_png_only(tmp_path):
+    """``_report.save`` writes each figure as PNG and PDF: the PDF beside a declared PNG is
+    that figure; a PDF without a declared PNG is named like any unlisted file."""
+    ledger, _ = _folder(tmp_path)
+    ledger.write()
+    (tmp_path / "fig_accuracy.pdf").write_bytes(b"%PDF")
+    seen = check_released_files(tmp_path, FAKE)
+    assert seen["fig_accuracy.pdf"] == "public (fig_*.png, its PDF twin)"
+    (tmp_path / "table.pdf").write_bytes(b"%PDF")
+    with pytest.raises(AssertionError, match=r"\['table.pdf'\]"):
         check_released_files(tmp_path, FAKE)
 
 

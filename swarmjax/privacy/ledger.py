@@ -61,6 +61,8 @@ __all__ = [
     "Release",
     "Selection",
     "releases_from_result",
+    "round_up_delta",
+    "round_up_epsilon",
     "saved_releases",
 ]
 
@@ -212,6 +214,12 @@ def _round_up_delta(value: float, digits: int = 3) -> str:
     step = decimal.Decimal(1).scaleb(exact.adjusted() - digits + 1)
     rounded = float(exact.quantize(step, decimal.ROUND_CEILING))
     return f"{rounded:.{digits}g}"
+
+
+round_up_epsilon = _round_up
+round_up_delta = _round_up_delta
+"""The short statement's rounding (up: a stated number never understates), for reports
+and figures that quote an epsilon or a delta."""
 
 
 def _refuse(path: Path, why: str) -> ValueError:
