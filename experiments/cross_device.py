@@ -645,23 +645,28 @@ def figures(
     )
     dp = [r for r in rows if r["algorithm"] in DP_ALGORITHMS]
     if dp:
-        fig, axes = _report.grid(1, 1, width=6, height=4)
+        fig, axes = _report.grid(1, 1)
         ax = axes[0, 0]
-        for name in dict.fromkeys(r["algorithm"] for r in dp):
-            mine = sorted((r for r in dp if r["algorithm"] == name), key=lambda r: r["epsilon"])
-            eps = [r["epsilon"] for r in mine]
-            acc = [r["final_accuracy"] for r in mine]
-            std = [np.nan_to_num(r["final_accuracy_std"]) for r in mine]  # one seed: none
-            ax.errorbar(eps, acc, yerr=std, label=name, marker="o", capsize=3)
-        ax.set(
-            xlabel="epsilon (user-level, accounted)",
-            ylabel=f"final test accuracy (all {prof.dataset} test rows)",
-            title=_report.title(
-                f"Cross-device accuracy vs epsilon: {setting_text(prof, rows)}", 60
-            ),
-        )
-        ax.legend(fontsize=8)
-        _report.save(fig, out / "accuracy_vs_epsilon.png")
+        targets = {r["epsilon_target"] for r in dp}
+        if len(targets) == 1:  # one epsilon: a labelled bar per algorithm, never a lone dot
+            frame = pd.DataFrame(dp)
+            _report.curves(
+                ax, frame, "final_accuracy", line="algorithm", x="epsilon_target",
+                xlabel="epsilon (user-level target)",
+            )  # fmt: skip
+        else:
+            for name in dict.fromkeys(r["algorithm"] for r in dp):
+                mine = sorted((r for r in dp if r["algorithm"] == name), key=lambda r: r["epsilon"])
+                eps = [r["epsilon"] for r in mine]
+                acc = [r["final_accuracy"] for r in mine]
+                std = [np.nan_to_num(r["final_accuracy_std"]) for r in mine]  # one seed: none
+                ax.errorbar(eps, acc, yerr=std, label=name, marker="o", capsize=3)
+            _report.log_x(ax, [r["epsilon"] for r in dp])
+            ax.set_xlabel("epsilon (user-level, accounted)")
+        ax.set(ylabel=f"final test accuracy (all {prof.dataset} test rows)")
+        ax.set_title("Accuracy vs epsilon")
+        ax.legend()
+        _report.save(fig, out / "accuracy_vs_epsilon.png", caption=setting_text(prof, rows))
         elsewhere = {r["run"]: r["noise_cohort"] for r in dp if r.get("noise_cohort")}
         _report.plot_epsilon_rounds(
             history,
