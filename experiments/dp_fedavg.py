@@ -396,7 +396,7 @@ def check(args: argparse.Namespace, profile: Profile, spec: RunSpec) -> Poisson:
         max(profile.epsilons),
         spec.accountant,
     )
-    buffer = participation.max_selected(profile.num_clients) or profile.num_clients
+    buffer = participation.max_selected or profile.num_clients
     need = _cli.array_bytes((2, rows, 784), (len(profile.seeds), buffer, 4, params))
     option = _cli.option_named(args, ["clients", "seeds"])
     what = f"{profile.num_clients} clients, {len(profile.seeds)} seed(s), cohort buffer {buffer}"

@@ -146,7 +146,7 @@ class Private(SummedAggregate, Algorithm):
                 self.client,
                 self.aggregate,
                 protection,
-                max_selected=self.plan.participation.max_selected(0),
+                max_selected=self.plan.participation.max_selected,
                 expected_selected=_expected_clients if secret else None,
                 aggregate_sum=self.aggregate_sum,
             ),

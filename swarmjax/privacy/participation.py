@@ -75,9 +75,9 @@ class Poisson:
         capacity = probe.sized(bound).capacity
         return cls(None if capacity >= num_clients else capacity)
 
-    def max_selected(self, num_clients: int) -> int | None:
+    @property
+    def max_selected(self) -> int | None:
         """Reply slots a round needs (``None``: one per client)."""
-        del num_clients
         return self.capacity
 
     @property
@@ -146,9 +146,9 @@ class FixedCohort:
     def __post_init__(self) -> None:
         check_int("cohort", self.size, 1)
 
-    def max_selected(self, num_clients: int) -> int | None:
+    @property
+    def max_selected(self) -> int:
         """Reply slots a round needs: the cohort."""
-        del num_clients
         return self.size
 
     @property
@@ -264,9 +264,9 @@ class MinSeparation:
         p = self.scheme(num_clients, rounds)
         return cohort_schedule(self.schedule, num_clients, self.cohort, p, self.schedule_seed)
 
-    def max_selected(self, num_clients: int) -> int | None:
+    @property
+    def max_selected(self) -> int:
         """Reply slots a round needs: the cohort."""
-        del num_clients
         return self.cohort
 
     @property

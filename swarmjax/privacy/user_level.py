@@ -463,14 +463,9 @@ class UserLevelDP:
         Adaptive clipping also releases the noised count and moves ``C_t``."""
         k_sum, k_count = jax.random.split(key)
         scale = jnp.float32(self.noise_scale)
-        z = hyper.noise_multiplier
-        if self.adaptive:
-            per_event = hyper.count_noise / jnp.sqrt(hyper.participations)
-            multiplier = sum_noise_multiplier(z, per_event) * scale
-        else:
-            multiplier = z * scale
         slots = mask.shape[0]
         # every coordinate of the clipped sum lies within S * C_t (S reply slots)
+        multiplier = self.sum_noise(hyper)
         noised, noise = self.noise.add(
             k_sum, total.update, state.clip, multiplier, slots, state.noise, hyper.strategy
         )
