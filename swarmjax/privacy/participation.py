@@ -48,7 +48,6 @@ class Poisson:
     capacity: int | None = None
 
     name = "poisson"
-    public = False  # the realised cohort is part of the mechanism's secret
 
     def __post_init__(self) -> None:
         if self.capacity is not None:
@@ -141,7 +140,6 @@ class FixedCohort:
     size: int
 
     name = "fixed"
-    public = True
 
     def __post_init__(self) -> None:
         check_int("cohort", self.size, 1)
@@ -215,7 +213,6 @@ class MinSeparation:
     schedule_seed: int = 0
 
     name = "min-separation"
-    public = True
 
     def __post_init__(self) -> None:
         check_int("cohort", self.cohort, 1)
