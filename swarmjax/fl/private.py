@@ -119,7 +119,7 @@ class Private(SummedAggregate, Algorithm):
     privacy_unit: ClassVar[str] = "client"
 
     def __post_init__(self) -> None:
-        _check_pair(self.algorithm, self.plan)
+        check_pair(self.algorithm, self.plan)
 
     # ------------------------------------------------------------------ the exchange
 
@@ -291,12 +291,13 @@ def _expected_clients(hyper: PrivateHyper, num_clients: int) -> Array:
     return hyper.plan.sample_rate * num_clients
 
 
-def _check_pair(alg: Algorithm, plan: UserLevelDP) -> None:
-    """One ``ValueError`` line naming the setting unless ``plan`` can wrap ``alg``."""
+def check_pair(alg: Algorithm, plan: Any) -> None:
+    """One ``ValueError`` line naming the setting unless ``plan`` (a user-level plan,
+    central or distributed) can wrap ``alg``."""
     name = type(alg).__name__
-    if not isinstance(plan, UserLevelDP):
-        raise ValueError(f"plan must be a UserLevelDP; got {type(plan).__name__}")
-    if not isinstance(alg, Algorithm) or isinstance(alg, Private):
+    if not isinstance(plan, UserLevelDP) and type(plan).__name__ != "DistributedDP":
+        raise ValueError(f"plan must be a UserLevelDP or DistributedDP; got {type(plan).__name__}")
+    if not isinstance(alg, Algorithm) or hasattr(alg, "plan"):
         raise ValueError(f"private() takes an algorithm without a plan; got {name}")
     if alg.setup:
         raise ValueError(f"a privacy plan wraps one round exchange; {name} has setup exchanges")
@@ -323,12 +324,15 @@ def _check_pair(alg: Algorithm, plan: UserLevelDP) -> None:
         )
 
 
-def private(algorithm: Algorithm, plan: UserLevelDP | None = None) -> Private:
+def private(algorithm: Algorithm, plan: Any = None) -> Algorithm:
     """``algorithm`` under a user-level privacy ``plan`` (default
     :class:`~swarmjax.privacy.user_level.UserLevelDP`: Poisson participation, adaptive
-    clipping, snapped Gaussian noise). One-line ``ValueError`` before any work when the
-    pair cannot hold: no single summed exchange, a claim of its own, its own cohort,
-    non-uniform weights or setup exchanges.
+    clipping, snapped Gaussian noise, the server trusted; a
+    :class:`~swarmjax.privacy.distributed.DistributedDP` plan gives a
+    :class:`~swarmjax.fl.distributed.Distributed` algorithm: client-added Skellam noise
+    under secure aggregation). One-line ``ValueError`` before any work when the pair cannot
+    hold: no single summed exchange, a claim of its own, its own cohort, non-uniform
+    weights or setup exchanges.
 
     Example (central DP on FedAdam, a buffer sized for the run)::
 
@@ -337,12 +341,16 @@ def private(algorithm: Algorithm, plan: UserLevelDP | None = None) -> Private:
             UserLevelDP(Poisson.for_run(N, q, rounds, delta, epsilon)),
         )
     """
-    return Private(algorithm, UserLevelDP() if plan is None else plan)
+    if plan is None or isinstance(plan, UserLevelDP):
+        return Private(algorithm, UserLevelDP() if plan is None else plan)
+    from swarmjax.fl.distributed import Distributed  # imports the secure-aggregation code
+
+    return Distributed(algorithm, plan)
 
 
 def algorithm_name(alg: Algorithm) -> str:
     """The name a result, a progress bar and a ledger give ``alg``: its class name, or
     ``Private(<class of the wrapped algorithm>)`` under a privacy plan."""
-    if isinstance(alg, Private):
-        return f"Private({type(alg.algorithm).__name__})"
+    if isinstance(alg, Private) or type(alg).__name__ == "Distributed":
+        return f"{type(alg).__name__}({type(alg.algorithm).__name__})"
     return type(alg).__name__

@@ -312,6 +312,15 @@ class Algorithm:
         canaries it carries in its clients; default: ``result`` unchanged)."""
         return result
 
+    def step_event(self, hyper: Hyper) -> Callable[[float, float, int], Any] | None:
+        """How the privacy record turns one variant's accounted ``(q, sigma, steps)`` of a
+        round into a dp-accounting event: ``None`` (default) for ``steps``
+        Poisson-subsampled Gaussian steps; a plan whose mechanism is not Gaussian (the
+        distributed Skellam plan) returns its own ``(q, sigma, steps) -> DpEvent`` built
+        from ``hyper`` (one variant's values), the event that calibrated it."""
+        del hyper
+        return None
+
     def client_data(self, clients: Any) -> PyTree:
         """What each client holds, stacked over clients, from stacked
         :class:`~swarmjax.fl.data.clients.ClientData` (default: the data itself)."""

@@ -4,6 +4,7 @@ record) and how the privacy record is derived from the clients' :class:`Spend`."
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -135,7 +136,13 @@ class PrivacyRecord:
         return list(self.groups[run])
 
 
-def _column_event(q, sigma, dsteps, extra: float) -> dp_accounting.DpEvent:
+StepEvent = Callable[[float, float, int], dp_accounting.DpEvent]
+"""``(q, sigma, steps) -> DpEvent``: a round's accounted steps as an event."""
+
+
+def _column_event(
+    q, sigma, dsteps, extra: float, step_event: StepEvent = poisson_gaussian_event
+) -> dp_accounting.DpEvent:
     """One client's whole-run event from its per-round ``(q, sigma, new steps)``: runs of
     equal ``(q, sigma)`` merged into one self-composition."""
     parts: list[tuple[float, float, int]] = []
@@ -146,7 +153,7 @@ def _column_event(q, sigma, dsteps, extra: float) -> dp_accounting.DpEvent:
             parts[-1] = (qi, si, parts[-1][2] + int(ti))
         else:
             parts.append((float(qi), float(si), int(ti)))
-    events = [poisson_gaussian_event(max(qi, 1e-12), si, ti) for qi, si, ti in parts]
+    events = [step_event(max(qi, 1e-12), si, ti) for qi, si, ti in parts]
     if extra > 0:
         events.append(PureDpEvent(float(extra)))
     if not events:
@@ -166,6 +173,7 @@ def privacy_record(
     floating_point: str | None = None,
     randomness: dict[str, Any] | None = None,
     key_fingerprints: tuple[str, ...] = (),
+    step_events: Sequence[StepEvent | None] | None = None,
 ) -> PrivacyRecord:
     """The privacy record of a run: epsilon per (run, round, client) by ``accountant``.
 
@@ -184,6 +192,10 @@ def privacy_record(
         floating_point: what the exact released values reveal (stated in the record).
         randomness: what drew the runs' numbers (:func:`randomness`).
         key_fingerprints: per run, the public fingerprint of its key.
+        step_events: per run, how its ``(q, sigma, steps)`` become events
+            (:meth:`~swarmjax.fl.protocol.Algorithm.step_event`); ``None`` (or a ``None``
+            entry): Poisson-subsampled Gaussian steps. With any entry set, no two runs
+            share a group (their events differ beyond the spend).
 
     Returns:
         A :class:`PrivacyRecord`; clients with equal per-round ``(q, sigma, steps,
@@ -205,6 +217,9 @@ def privacy_record(
     # one row per (run, client): its per-round accounting and its final extra epsilon (the
     # noised releases'), so a group shares its whole-run event
     rows = np.concatenate([rows, extra[:, -1, :].reshape(-1, 1)], axis=1)
+    per_run = step_events is not None and any(e is not None for e in step_events)
+    if per_run:  # the run's index joins its rows: groups never span runs
+        rows = np.concatenate([np.repeat(np.arange(runs), clients)[:, None], rows], axis=1)
     if np.array_equal(rows, np.broadcast_to(rows[:1], rows.shape), equal_nan=True):
         # one group (client-level DP, or equal clients in every run): np.unique's row sort
         # of (runs x clients, 4 rounds + 1) values would cost 0.08 s at 16 rounds x 1,200
@@ -217,6 +232,10 @@ def privacy_record(
     overflows = np.zeros(len(unique))
     events: list[dp_accounting.DpEvent] = []
     for g, row in enumerate(unique):
+        step_event: StepEvent = poisson_gaussian_event
+        if per_run:
+            step_event = step_events[int(row[0])] or poisson_gaussian_event
+            row = row[1:]
         gq, gs, gt, gp = row[:-1].reshape(rounds, 4).T
         gt = gt.astype(np.int64)
         if unit is None:
@@ -224,11 +243,10 @@ def privacy_record(
             events.append(dp_accounting.NonPrivateDpEvent())
         else:
             rounds_events = [
-                poisson_gaussian_event(max(a, 1e-12), b, int(c))
-                for a, b, c in zip(gq, gs, gt, strict=True)
+                step_event(max(a, 1e-12), b, int(c)) for a, b, c in zip(gq, gs, gt, strict=True)
             ]
             curves[g] = epsilon_curve(rounds_events, delta, accountant=accountant, overflow=gt * gp)
-            events.append(_column_event(gq, gs, gt, float(row[-1])))
+            events.append(_column_event(gq, gs, gt, float(row[-1]), step_event))
         overflows[g] = float(np.sum(gt * gp))
     epsilon = curves[inverse].transpose(0, 2, 1) + extra  # (R, T, N)
     if unit is None:

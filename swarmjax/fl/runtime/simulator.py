@@ -829,6 +829,7 @@ def finish(
         floating_point=alg.floating_point(),
         randomness=randomness(run.secret_source, run.common_random_numbers),
         key_fingerprints=fingerprints(run.keys),
+        step_events=_step_events(alg, run.hyper, runs),
         overflow_prob=alg.sampling_overflow(
             out["spend"],
             n_clients,
@@ -1034,6 +1035,16 @@ def canary_scores(
         return cosine_scores(directions, change), inclusion(canary_key(key), audit.canaries)
 
     return jax.vmap(one)(keys, initial, final)
+
+
+def _step_events(alg: Algorithm, hyper: PyTree, runs: int) -> list | None:
+    """Per run, the algorithm's ``(q, sigma, steps) -> DpEvent`` (``None``: Gaussian steps;
+    :meth:`~swarmjax.fl.protocol.Algorithm.step_event`)."""
+    if type(alg).step_event is Algorithm.step_event:  # Gaussian steps: nothing to ask
+        return None
+    host = jax.device_get(hyper)
+    rows = [alg.step_event(jax.tree.map(lambda a, r=r: a[r], host)) for r in range(runs)]
+    return None if all(e is None for e in rows) else rows
 
 
 def _expected_selected(

@@ -1,0 +1,277 @@
+"""The client side of distributed discrete noise: rotation, integer grids, Skellam noise and
+residues modulo ``2^b``, as jit-able, vmappable functions of one flat vector.
+
+The pipeline a client runs (:class:`swarmjax.privacy.distributed.DistributedDP` composes it)::
+
+    clip -> pad to d = 2^p -> rotate (randomized Hadamard) -> scale by gamma
+         -> conditional randomized rounding -> + Skellam share -> residues mod 2^b
+
+and the server undoes the last steps on the sum (:func:`from_residues`, :func:`unrotate`).
+
+* :func:`hadamard`: the unnormalised Walsh-Hadamard transform (``p`` butterfly passes);
+  :func:`rotate` / :func:`unrotate`: ``x -> H D x / sqrt(d)`` and its inverse, ``D`` the
+  diagonal of public random signs. Orthonormal, so a vector's L2 norm is kept and its
+  coordinates become sub-Gaussian with variance proxy ``||x||^2 / d`` over the signs.
+* :func:`conditional_round`: each coordinate to ``floor(x)`` or ``floor(x) + 1`` with the
+  probability that keeps it unbiased, redrawn until the integer vector's L2 norm is within
+  ``bound`` (Kairouz, Liu and Steinke 2021, "The Distributed Discrete Gaussian Mechanism",
+  section 4.1); after ``tries`` failures the client sends the zero vector. The norm check
+  is conservative in float32 (:func:`norm_within`), so EVERY vector sent has norm
+  ``<= bound`` whatever the input: the sensitivity the accounting uses holds for any data.
+* :func:`skellam`: ``Poisson(lam) - Poisson(lam)`` per coordinate (variance ``2 lam``), from
+  uniform bits of the key's generator (ChaCha20 for secret runs; JAX's own Poisson sampler
+  serves Threefry keys only). Each Poisson value is drawn as its deviation from
+  ``floor(lam)``, so the two integer parts cancel and ``lam`` may exceed float32's exact
+  integers (``2^24``): Knuth's product of uniforms for ``lam < 10``, Hormann's transformed
+  rejection (PTRS, 1993) above, its acceptance test written with Stirling's series in the
+  deviation so nothing cancels catastrophically in float32.
+* :func:`to_residues` / :func:`from_residues`: int32 values to uint32 words holding them
+  modulo ``2^b`` (two's complement wraps exactly, ``2^b`` divides ``2^32``), and a sum of
+  residues back to the centred integer in ``[-2^(b-1), 2^(b-1))``.
+
+The sampler's acceptance tests are float32: its pmf equals Poisson's up to float32 rounding
+of those tests (``tests/test_distributed_dp.py`` checks it against scipy's pmf); the
+accounting assumes exact Skellam noise, and the privacy record says so.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray, UInt32
+
+__all__ = [
+    "conditional_round",
+    "from_residues",
+    "hadamard",
+    "norm_within",
+    "padded_dim",
+    "rotate",
+    "rotation_signs",
+    "skellam",
+    "to_residues",
+    "unrotate",
+]
+
+_KNUTH_LIMIT = 10.0  # below: Knuth's product of uniforms; at or above: PTRS
+_MAX_ROUNDS = 64  # cap on rejection rounds of the vectorised samplers (see _poisson_*)
+
+
+def padded_dim(n: int) -> int:
+    """The rotation's dimension for ``n`` coordinates: the next power of two (``>= 1``)."""
+    if n < 1:
+        raise ValueError(f"a vector to rotate needs >= 1 coordinate; got {n}")
+    return 1 << (n - 1).bit_length()
+
+
+def hadamard(x: Float[Array, " d"]) -> Float[Array, " d"]:
+    """``H x`` for the ``d x d`` Walsh-Hadamard matrix of +-1 entries (``d`` a power of
+    two): ``log2 d`` butterfly passes, ``O(d log d)``; ``H H = d I``."""
+    d = x.shape[-1]
+    if d & (d - 1):
+        raise ValueError(f"hadamard needs a power-of-two length; got {d}")
+    h = 1
+    while h < d:
+        pairs = x.reshape(-1, 2, h)
+        x = jnp.stack([pairs[:, 0] + pairs[:, 1], pairs[:, 0] - pairs[:, 1]], axis=1)
+        x = x.reshape(d)
+        h *= 2
+    return x
+
+
+def rotation_signs(key: PRNGKeyArray, d: int) -> Float[Array, " d"]:
+    """``(d,)`` the public +-1 diagonal ``D`` of one round's rotation."""
+    return jnp.where(jax.random.bits(key, (d,), jnp.uint8) & 1, 1.0, -1.0).astype(jnp.float32)
+
+
+def rotate(x: Float[Array, " d"], signs: Float[Array, " d"]) -> Float[Array, " d"]:
+    """``H D x / sqrt(d)``: an orthonormal rotation (keeps the L2 norm)."""
+    return hadamard(x * signs) / jnp.sqrt(jnp.float32(x.shape[-1]))
+
+
+def unrotate(y: Float[Array, " d"], signs: Float[Array, " d"]) -> Float[Array, " d"]:
+    """The inverse of :func:`rotate`: ``D H y / sqrt(d)``."""
+    return signs * hadamard(y) / jnp.sqrt(jnp.float32(y.shape[-1]))
+
+
+def norm_within(z: Int[Array, " d"], bound: Float[Array, ""]) -> Bool[Array, ""]:
+    """Whether ``||z||_2 <= bound`` is CERTAIN for the integer vector ``z``, from a float32
+    sum of squares: blocks of 1,024 squares summed, then the block sums; each step's
+    rounding is at most ``2^-24`` relative, so the computed sum is within a factor
+    ``1 + (1 + 1024 + blocks) 2^-23`` of the exact one, and the check compares it with
+    ``bound^2`` shrunk by that factor. (A vector rejected by the margin alone is redrawn.)
+    """
+    d = z.shape[-1]
+    width = min(d, 1024)
+    blocks = -(-d // width)
+    zf = jnp.pad(z.astype(jnp.float32), (0, blocks * width - d)).reshape(blocks, width)
+    total = jnp.sum(jnp.sum(zf * zf, axis=1))
+    margin = 1.0 - (1 + width + blocks) * 2.0**-23
+    return total <= jnp.float32(bound) ** 2 * jnp.float32(margin)
+
+
+def conditional_round(
+    key: PRNGKeyArray, x: Float[Array, " d"], bound: Float[Array, ""], tries: int
+) -> tuple[Int[Array, " d"], Bool[Array, ""]]:
+    """``(z, ok)``: ``x`` randomly rounded to integers (``floor(x) + Bernoulli(frac(x))``),
+    redrawn up to ``tries`` times until :func:`norm_within` ``bound``; ``z = 0`` and ``ok``
+    False when every draw failed (or ``x`` is not finite). Always ``||z|| <= bound``."""
+    finite = jnp.all(jnp.isfinite(x))
+    x = jnp.where(finite, x, 0.0)
+    low = jnp.floor(x)
+    frac = x - low
+
+    def draw(i: Int[Array, ""]) -> Int[Array, " d"]:
+        u = jax.random.uniform(jax.random.fold_in(key, i), x.shape, jnp.float32)
+        return (low + (u < frac)).astype(jnp.int32)
+
+    def cond(carry: tuple) -> Bool[Array, ""]:
+        i, _, ok = carry
+        return (i < tries) & ~ok
+
+    def body(carry: tuple) -> tuple:
+        i = carry[0]
+        new = draw(i)
+        return i + 1, new, norm_within(new, bound)
+
+    start = (jnp.int32(0), jnp.zeros(x.shape, jnp.int32), jnp.bool_(False))
+    _, z, ok = jax.lax.while_loop(cond, body, start)
+    ok = ok & finite
+    return jnp.where(ok, z, 0), ok
+
+
+def _uniform_open(key: PRNGKeyArray, shape: tuple[int, ...]) -> Float[Array, "..."]:
+    """Uniform on ``(0, 1]`` in float32 (24 random bits; never 0, so logs are finite)."""
+    bits = jax.random.bits(key, shape, jnp.uint32) >> jnp.uint32(8)
+    return (bits.astype(jnp.float32) + 1.0) * jnp.float32(2.0**-24)
+
+
+def _poisson_small(key: PRNGKeyArray, lam: Float[Array, ""], shape: tuple[int, ...]) -> Array:
+    """Poisson(``lam``) for ``lam < 10`` by Knuth's method: the count of uniforms whose
+    running product stays above ``e^-lam``. All coordinates step together; ``P(value >=
+    64)`` is below ``1e-30`` at ``lam = 10``, the cap."""
+    limit = jnp.exp(-lam)
+
+    def cond(carry: tuple) -> Bool[Array, ""]:
+        i, _, _, done = carry
+        return (i < _MAX_ROUNDS) & ~jnp.all(done)
+
+    def body(carry: tuple) -> tuple:
+        i, count, prod, done = carry
+        prod = prod * _uniform_open(jax.random.fold_in(key, i), shape)
+        stop = prod < limit
+        count = jnp.where(done | stop, count, count + 1)
+        return i + 1, count, prod, done | stop
+
+    start = (
+        jnp.int32(0),
+        jnp.zeros(shape, jnp.int32),
+        jnp.ones(shape, jnp.float32),
+        jnp.zeros(shape, bool),
+    )
+    return jax.lax.while_loop(cond, body, start)[1]
+
+
+def _log1p_minus(t: Array) -> Array:
+    """``log(1 + t) - t`` without cancellation for small ``|t|`` (series to ``t^12``)."""
+    series = sum(((-1.0) ** (n + 1)) * t**n / n for n in range(2, 13))
+    return jnp.where(jnp.abs(t) < 0.25, series, jnp.log1p(t) - t)
+
+
+def _log_pmf_excess(k: Array, deviation: Array) -> Array:
+    """``k log(lam) - lam - log(k!)`` for ``k >= 1`` written through the deviation
+    ``lam - k``: ``k (log1p(dev / k) - dev / k) - log(2 pi k) / 2 - s(k)`` with Stirling's
+    remainder ``s(k) = log(k!) - (k log k - k + log(2 pi k) / 2)`` (its series for
+    ``k >= 10``, ``lgamma`` below, where every term is small)."""
+    kf = jnp.maximum(k, 1.0)
+    series = 1.0 / (12.0 * kf) - 1.0 / (360.0 * kf**3) + 1.0 / (1260.0 * kf**5)
+    exact = jax.lax.lgamma(kf + 1.0) - (kf * jnp.log(kf) - kf + 0.5 * jnp.log(2 * math.pi * kf))
+    stirling = jnp.where(kf >= 10.0, series, exact)
+    return kf * _log1p_minus(deviation / kf) - 0.5 * jnp.log(2 * math.pi * kf) - stirling
+
+
+def _poisson_deviation_large(
+    key: PRNGKeyArray, lam: Float[Array, ""], shape: tuple[int, ...]
+) -> Int[Array, "..."]:
+    """``Poisson(lam) - floor(lam)`` for ``lam >= 10`` by Hormann's PTRS (transformed
+    rejection with squeeze); ``lam`` is split as ``L + f`` so the integer part never enters
+    float32 arithmetic. Each round accepts about 90 % of the coordinates still open; after
+    :data:`_MAX_ROUNDS` rounds (``0.1^64`` of a coordinate) the last proposal is kept."""
+    whole = jnp.floor(lam)
+    f = lam - whole
+    slam = jnp.sqrt(lam)
+    b = 0.931 + 2.53 * slam
+    a = -0.059 + 0.02483 * b
+    inv_alpha = 1.1239 + 1.1328 / (b - 3.4)
+    v_r = 0.9277 - 3.6224 / (b - 2.0)
+
+    def propose(i: Int[Array, ""]) -> tuple[Array, Array]:
+        k1, k2 = jax.random.split(jax.random.fold_in(key, i))
+        u = _uniform_open(k1, shape) - 0.5
+        v = _uniform_open(k2, shape)
+        us = 0.5 - jnp.abs(u)
+        j = jnp.floor((2.0 * a / us + b) * u + f + 0.43)  # k - floor(lam)
+        k = whole + j
+        quick = (us >= 0.07) & (v <= v_r)
+        reject = (k < 0) | ((us < 0.013) & (v > us))
+        lhs = jnp.log(v) + jnp.log(inv_alpha) - jnp.log(a / (us * us) + b)
+        rhs = jnp.where(k >= 1, _log_pmf_excess(k, f - j), -lam)  # k = 0: log P = -lam
+        accept = quick | (~reject & (lhs <= rhs))
+        return j.astype(jnp.int32), accept
+
+    def cond(carry: tuple) -> Bool[Array, ""]:
+        i, _, done = carry
+        return (i < _MAX_ROUNDS) & ~jnp.all(done)
+
+    def body(carry: tuple) -> tuple:
+        i, dev, done = carry
+        j, accept = propose(i)
+        dev = jnp.where(done, dev, j)
+        return i + 1, dev, done | accept
+
+    start = (jnp.int32(0), jnp.zeros(shape, jnp.int32), jnp.zeros(shape, bool))
+    return jax.lax.while_loop(cond, body, start)[1]
+
+
+def _poisson_deviation(
+    key: PRNGKeyArray, lam: Float[Array, ""], shape: tuple[int, ...]
+) -> Int[Array, "..."]:
+    """``Poisson(lam) - floor(lam)`` (int32): Knuth below 10, PTRS above (``lam`` traced:
+    a ``lax.cond``, both branches under a batched ``lam``)."""
+    lam = jnp.asarray(lam, jnp.float32)
+    small = jnp.minimum(lam, _KNUTH_LIMIT - 1e-3)
+    large = jnp.maximum(lam, _KNUTH_LIMIT)
+    return jax.lax.cond(
+        lam < _KNUTH_LIMIT,
+        lambda: _poisson_small(key, small, shape) - jnp.floor(small).astype(jnp.int32),
+        lambda: _poisson_deviation_large(key, large, shape),
+    )
+
+
+def skellam(key: PRNGKeyArray, lam: Float[Array, ""], shape: tuple[int, ...]) -> Int[Array, "..."]:
+    """``shape`` int32 draws of ``Sk(lam) = Poisson(lam) - Poisson(lam)`` (mean 0, variance
+    ``2 lam``; ``lam = 0`` gives zeros). Sums of independent ``Sk(lam_i)`` are ``Sk(sum
+    lam_i)``: a cohort's shares add to one Skellam variable."""
+    k1, k2 = jax.random.split(key)
+    lam = jnp.asarray(lam, jnp.float32)
+    out = _poisson_deviation(k1, lam, shape) - _poisson_deviation(k2, lam, shape)
+    return jnp.where(lam > 0, out, 0)
+
+
+def to_residues(z: Int[Array, "..."], bits: int) -> UInt32[Array, "..."]:
+    """``z mod 2^bits`` as uint32 words (``1 <= bits <= 32``)."""
+    wrapped = jax.lax.bitcast_convert_type(z.astype(jnp.int32), jnp.uint32)
+    return wrapped if bits == 32 else wrapped & jnp.uint32((1 << bits) - 1)
+
+
+def from_residues(total: UInt32[Array, "..."], bits: int) -> Int[Array, "..."]:
+    """The centred integer in ``[-2^(bits-1), 2^(bits-1))`` congruent to ``total`` modulo
+    ``2^bits`` (int32)."""
+    if bits == 32:
+        return jax.lax.bitcast_convert_type(total, jnp.int32)
+    r = total & jnp.uint32((1 << bits) - 1)
+    # r - 2^bits for the upper half, as a uint32 that wraps to the negative int32
+    lifted = jnp.where(r >= jnp.uint32(1 << (bits - 1)), r + jnp.uint32(2**32 - 2**bits), r)
+    return jax.lax.bitcast_convert_type(lifted, jnp.int32)
