@@ -25,9 +25,12 @@ Accountants (:data:`ACCOUNTANTS`):
 
 Events supported: ``GaussianDpEvent``, ``LaplaceDpEvent``, ``PoissonSampledDpEvent`` of
 either, ``SelfComposedDpEvent``, ``ComposedDpEvent``, ``NoOpDpEvent``,
-``NonPrivateDpEvent`` (epsilon ``inf``) and :class:`PureDpEvent` (any ``epsilon``-DP
+``NonPrivateDpEvent`` (epsilon ``inf``), :class:`PureDpEvent` (any ``epsilon``-DP
 release, e.g. a random dictatorship's vote; PLD: its dominating pair, RDP:
-``min(epsilon, alpha epsilon^2 / 2)``, Bun & Steinke 2016).
+``min(epsilon, alpha epsilon^2 / 2)``, Bun & Steinke 2016) and
+:class:`~swarmjax.privacy.skellam.SkellamDpEvent` (multi-dimensional Skellam mechanism: RDP
+only, integer orders only; ``accountant="pld"`` refuses it, and so does
+``PoissonSampledDpEvent`` around it: :mod:`swarmjax.privacy.skellam`).
 
 Sampler overflow: a static-shape Poisson buffer redraws an overflowing draw; with ``P`` the
 summed per-step overflow chance, :func:`event_epsilon` returns the smallest ``eps`` (a
@@ -80,6 +83,7 @@ from swarmjax.privacy.mechanisms import (
     random_dictatorship_epsilon,
     randomized_response_epsilon,
 )
+from swarmjax.privacy.skellam import SkellamDpEvent, skellam_rdp
 
 __all__ = [
     "ACCOUNTANTS",
@@ -150,6 +154,7 @@ _KINDS: dict[str, type] = {
     "no_op": dp_accounting.NoOpDpEvent,
     "non_private": dp_accounting.NonPrivateDpEvent,
     "pure": PureDpEvent,
+    "skellam": SkellamDpEvent,
 }
 
 
@@ -235,6 +240,12 @@ def _rdp_leaf(event: dp_accounting.DpEvent, orders: tuple[float, ...]) -> np.nda
     if isinstance(event, PureDpEvent):
         a = np.asarray(orders)
         return np.minimum(event.epsilon, a * event.epsilon**2 / 2.0)
+    if isinstance(event, SkellamDpEvent):
+        rdp = skellam_rdp(orders, event.mu, event.l1_sensitivity, event.l2_sensitivity)
+        rdp.setflags(write=False)
+        return rdp
+    if isinstance(event, dp_accounting.PoissonSampledDpEvent) and _has_skellam(event):
+        raise ValueError("no amplification by sampling is claimed for SkellamDpEvent")
     acc = rdp_privacy_accountant.RdpAccountant(list(orders))
     with _without_convergence_warnings():
         acc.compose(event)
@@ -249,6 +260,8 @@ def _rdp_curve(event: dp_accounting.DpEvent, orders: tuple[float, ...]) -> np.nd
     if isinstance(event, dp_accounting.NonPrivateDpEvent):
         return np.full(len(orders), np.inf)
     if isinstance(event, dp_accounting.SelfComposedDpEvent):
+        if event.count == 0:  # 0 * inf (an order a leaf leaves unclaimed) would be nan
+            return np.zeros(len(orders))
         return event.count * _rdp_curve(event.event, orders)
     if isinstance(event, dp_accounting.ComposedDpEvent):
         return sum((_rdp_curve(e, orders) for e in event.events), np.zeros(len(orders)))
@@ -305,10 +318,29 @@ def _pld(event: dp_accounting.DpEvent) -> _Pld | None:
     return _pld_leaf(event)
 
 
+def _has_skellam(event: dp_accounting.DpEvent) -> bool:
+    """Whether ``event`` holds a :class:`SkellamDpEvent` anywhere in its tree."""
+    if isinstance(event, SkellamDpEvent):
+        return True
+    inner = getattr(event, "event", None)
+    parts = [inner] if isinstance(inner, dp_accounting.DpEvent) else []
+    return any(_has_skellam(e) for e in [*parts, *getattr(event, "events", [])])
+
+
+def _refuse_skellam_pld(events: Iterable[dp_accounting.DpEvent]) -> None:
+    if any(_has_skellam(e) for e in events):
+        raise ValueError(
+            "dp-accounting's PLD cannot represent the multi-dimensional Skellam mechanism; "
+            "use accountant='rdp'"
+        )
+
+
 def _private(event: dp_accounting.DpEvent) -> bool:
     """False when the event holds a non-private part (epsilon is ``inf``)."""
     if isinstance(event, dp_accounting.NonPrivateDpEvent):
         return False
+    if isinstance(event, SkellamDpEvent):  # mu < 0 goes on to skellam_rdp's ValueError
+        return event.mu != 0
     if isinstance(event, dp_accounting.GaussianDpEvent | dp_accounting.LaplaceDpEvent):
         return event.noise_multiplier > 0
     if isinstance(event, PureDpEvent):  # beyond e^700 no accountant gives a usable bound
@@ -497,6 +529,8 @@ def event_epsilon(
     delta = _check_delta(delta)
     check_accountant(accountant)
     check_range("overflow", overflow, 0.0, math.inf)
+    if accountant == "pld":
+        _refuse_skellam_pld([event])
     if not _private(event):
         return math.inf
     if accountant == "rdp":
@@ -534,6 +568,8 @@ def epsilon_curve(
     """
     delta = _check_delta(delta)
     check_accountant(accountant)
+    if accountant == "pld":
+        _refuse_skellam_pld(rounds)
     over = np.zeros(len(rounds)) if overflow is None else np.asarray(overflow, np.float64)
     cum_over = np.cumsum(over)
     out = np.zeros(len(rounds))
