@@ -37,6 +37,7 @@ accounting assumes exact Skellam noise, and the privacy record says so.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -57,6 +58,7 @@ __all__ = [
 
 _KNUTH_LIMIT = 10.0  # below: Knuth's product of uniforms; at or above: PTRS
 _MAX_ROUNDS = 64  # cap on rejection rounds of the vectorised samplers (see _poisson_*)
+_BUFFER = 4  # the rejected coordinates of a first PTRS pass go to a buffer of n / _BUFFER
 
 
 def padded_dim(n: int) -> int:
@@ -192,34 +194,44 @@ def _log_pmf_excess(k: Array, deviation: Array) -> Array:
     return kf * _log1p_minus(deviation / kf) - 0.5 * jnp.log(2 * math.pi * kf) - stirling
 
 
-def _poisson_deviation_large(
-    key: PRNGKeyArray, lam: Float[Array, ""], shape: tuple[int, ...]
-) -> Int[Array, "..."]:
-    """``Poisson(lam) - floor(lam)`` for ``lam >= 10`` by Hormann's PTRS (transformed
-    rejection with squeeze); ``lam`` is split as ``L + f`` so the integer part never enters
-    float32 arithmetic. Each round accepts about 90 % of the coordinates still open; after
-    :data:`_MAX_ROUNDS` rounds (``0.1^64`` of a coordinate) the last proposal is kept."""
+def _ptrs(lam: Float[Array, ""]) -> tuple[Array, ...]:
+    """PTRS's constants for ``lam >= 10``: ``(floor(lam), frac, b, a, 1/alpha, v_r)``."""
     whole = jnp.floor(lam)
-    f = lam - whole
-    slam = jnp.sqrt(lam)
-    b = 0.931 + 2.53 * slam
-    a = -0.059 + 0.02483 * b
-    inv_alpha = 1.1239 + 1.1328 / (b - 3.4)
-    v_r = 0.9277 - 3.6224 / (b - 2.0)
+    b = 0.931 + 2.53 * jnp.sqrt(lam)
+    return (
+        whole,
+        lam - whole,
+        b,
+        -0.059 + 0.02483 * b,
+        1.1239 + 1.1328 / (b - 3.4),
+        0.9277 - 3.6224 / (b - 2.0),
+    )
 
-    def propose(i: Int[Array, ""]) -> tuple[Array, Array]:
-        k1, k2 = jax.random.split(jax.random.fold_in(key, i))
-        u = _uniform_open(k1, shape) - 0.5
-        v = _uniform_open(k2, shape)
-        us = 0.5 - jnp.abs(u)
-        j = jnp.floor((2.0 * a / us + b) * u + f + 0.43)  # k - floor(lam)
-        k = whole + j
-        quick = (us >= 0.07) & (v <= v_r)
-        reject = (k < 0) | ((us < 0.013) & (v > us))
-        lhs = jnp.log(v) + jnp.log(inv_alpha) - jnp.log(a / (us * us) + b)
-        rhs = jnp.where(k >= 1, _log_pmf_excess(k, f - j), -lam)  # k = 0: log P = -lam
-        accept = quick | (~reject & (lhs <= rhs))
-        return j.astype(jnp.int32), accept
+
+def _ptrs_propose(
+    key: PRNGKeyArray, consts: tuple[Array, ...], lam: Array, n: int
+) -> tuple[Int[Array, " n"], Bool[Array, " n"]]:
+    """``n`` independent PTRS proposals ``k - floor(lam)`` and whether each is accepted."""
+    whole, f, b, a, inv_alpha, v_r = consts
+    k1, k2 = jax.random.split(key)
+    u = _uniform_open(k1, (n,)) - 0.5
+    v = _uniform_open(k2, (n,))
+    us = 0.5 - jnp.abs(u)
+    j = jnp.floor((2.0 * a / us + b) * u + f + 0.43)  # k - floor(lam)
+    k = whole + j
+    quick = (us >= 0.07) & (v <= v_r)
+    reject = (k < 0) | ((us < 0.013) & (v > us))
+    lhs = jnp.log(v) + jnp.log(inv_alpha) - jnp.log(a / (us * us) + b)
+    rhs = jnp.where(k >= 1, _log_pmf_excess(k, f - j), -lam)  # k = 0: log P = -lam
+    return j.astype(jnp.int32), quick | (~reject & (lhs <= rhs))
+
+
+def _until_accepted(
+    key: PRNGKeyArray, propose: Any, dev: Int[Array, " n"], done: Bool[Array, " n"]
+) -> Int[Array, " n"]:
+    """Fresh proposals for the lanes not ``done`` until every lane has accepted one (at most
+    :data:`_MAX_ROUNDS` rounds; ``0.11^64`` of a lane is left with its last proposal)."""
+    n = dev.shape[0]
 
     def cond(carry: tuple) -> Bool[Array, ""]:
         i, _, done = carry
@@ -227,12 +239,46 @@ def _poisson_deviation_large(
 
     def body(carry: tuple) -> tuple:
         i, dev, done = carry
-        j, accept = propose(i)
-        dev = jnp.where(done, dev, j)
-        return i + 1, dev, done | accept
+        j, accept = propose(jax.random.fold_in(key, i), n)
+        return i + 1, jnp.where(done, dev, j), done | accept
 
-    start = (jnp.int32(0), jnp.zeros(shape, jnp.int32), jnp.zeros(shape, bool))
-    return jax.lax.while_loop(cond, body, start)[1]
+    return jax.lax.while_loop(cond, body, (jnp.int32(1), dev, done))[1]
+
+
+def _poisson_deviation_large(
+    key: PRNGKeyArray, lam: Float[Array, ""], shape: tuple[int, ...]
+) -> Int[Array, "..."]:
+    """``Poisson(lam) - floor(lam)`` for ``lam >= 10`` by Hormann's PTRS (transformed
+    rejection with squeeze); ``lam`` is split as ``L + f`` so the integer part never enters
+    float32 arithmetic. Each coordinate keeps the first accepted of its i.i.d. proposals
+    (about 89 % accept). One proposal for every coordinate; the rejected ones (found with
+    ``jnp.nonzero`` into a buffer of a quarter of the coordinates) then draw fresh proposals
+    until all accept, so later rounds cost a quarter of the first; in the vanishing case of
+    more rejections than the buffer (a Binomial(n, 0.11) above n / 4), every coordinate
+    still open loops in place."""
+    consts = _ptrs(lam)
+    n = math.prod(shape)
+
+    def propose(k: PRNGKeyArray, size: int) -> tuple[Array, Array]:
+        return _ptrs_propose(k, consts, lam, size)
+
+    first, accept = propose(jax.random.fold_in(key, 0), n)
+    cap = n if n <= 256 else max(1, n // _BUFFER)
+    open_ids = jnp.nonzero(~accept, size=cap, fill_value=n)[0]
+    lanes = _until_accepted(
+        jax.random.fold_in(key, 1),
+        propose,
+        jnp.zeros((cap,), jnp.int32),
+        open_ids >= n,  # unused buffer lanes are done
+    )
+    dev = first.at[open_ids].set(lanes, mode="drop")
+    overflow = jnp.sum(~accept) > cap
+    still_open = ~accept & (jnp.cumsum(~accept) > cap)  # rejections beyond the buffer
+
+    def in_place(dev: Array) -> Array:
+        return _until_accepted(jax.random.fold_in(key, 2), propose, dev, ~still_open)
+
+    return jax.lax.cond(overflow, in_place, lambda d: d, dev).reshape(shape)
 
 
 def _poisson_deviation(
