@@ -482,12 +482,14 @@ def figure(history: pd.DataFrame, out: Path, prof: Profile | None = None) -> Non
 
 COUNTS_NOT_COVERED = (
     "exact counts of the users' text (lines, characters, training windows), sums over the "
-    "speaking roles that change when one role is added or removed"
+    "speaking roles that change when one role's text is replaced by a null role's (the "
+    "user-level zero-out relation)"
 )
 HELD_OUT_NOT_COVERED = (
     "test accuracy and loss on held-out lines of the same speaking roles the models trained "
-    "on (each role's last 20 %): under user-level add/remove a role's held-out lines leave "
-    "with it, so these numbers read the protected users' text without noise"
+    "on (each role's last 20 %): under user-level zero-out a role's held-out lines are part "
+    "of the data its null neighbour replaces, so these numbers read the protected users' "
+    "text without noise"
 )
 TIMING_NOT_COVERED = (
     "the wall time of a DP-FedAvg run follows its secret Poisson cohorts (one client at a "

@@ -320,7 +320,7 @@ def test_the_short_statement_is_printed_first_with_a_rounded_delta(tmp_path, cap
             {"epsilon_target": 2.0},
             0,
             "client",
-            "client-level add/remove: a test relation",
+            "client-level zero-out: a test relation",
             delta,
             1.0,
             "pld",

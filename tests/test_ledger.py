@@ -3,6 +3,7 @@ randomness, non-DP releases, selections, bad input, and the file round trip."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -23,7 +24,7 @@ from swarmjax.privacy.ledger import JSON_NAME, MARKDOWN_NAME, Ledger, Release
 
 DELTA = 1e-5
 RECORD = "record-level, zero-out (test relation)"
-CLIENT = "client-level, add/remove (test relation)"
+CLIENT = "client-level, zero-out (test relation)"
 
 
 def ev(q: float, sigma: float, steps: int) -> dp_accounting.DpEvent:
@@ -374,6 +375,37 @@ def test_releases_of_a_unit_must_share_their_relation(tmp_path):
     ledger.add(release([everyone(SMALL)]))
     with pytest.raises(ValueError, match="release relation 'replace-one' differs"):
         ledger.add(release([everyone(BIG)], relation="replace-one"))
+
+
+def test_a_ledger_of_the_former_client_relation_refuses_new_runs_and_names_the_way_out(
+    tmp_path,
+):
+    """A ledger written while the client-level relation read add/remove takes no release of
+    the zero-out relation: one line that quotes both and says what to do instead."""
+    from swarmjax.privacy.plan import RELATIONS, PrivacyPlan
+
+    old = "client-level, add/remove: neighbouring datasets differ in one whole client"
+    written = Ledger(tmp_path / "old", "exp")
+    written.add(release([everyone(SMALL)], unit="client", relation=old))
+    written.write()
+    loaded = Ledger.load(tmp_path / "old")
+    poisson = PrivacyPlan("client", 100, 0.1, 20, DELTA, noise_multiplier=1.0)
+    new = release([everyone(poisson.event)], unit="client", seed=1, relation=RELATIONS["client"])
+    with pytest.raises(ValueError) as err:
+        loaded.add(new)
+    message = str(err.value)
+    assert "\n" not in message and f"differs from release 0's {old!r}" in message
+    assert "write the new runs to a new ledger, or recompute the old ones" in message
+    # under the one zero-out relation a new ledger composes Poisson DP-FedAvg with DP-FTRL
+    ftrl = PrivacyPlan.min_separation_cohorts("client", 100, 10, 20, 5, None, DELTA)
+    ftrl = dataclasses.replace(ftrl, noise_multiplier=3.0)
+    ledger = Ledger(tmp_path / "new", "exp")
+    ledger.add(new)
+    ledger.add(release([everyone(ftrl.event)], unit="client", seed=2, relation=RELATIONS["client"]))
+    both = ledger.composed()["client"]
+    assert both.releases == (0, 1) and both.relation == RELATIONS["client"]
+    assert both.epsilon > max(poisson.epsilon(), ftrl.epsilon())
+    assert both.epsilon == pytest.approx(pld_reference([poisson.event, ftrl.event]), rel=1e-9)
 
 
 @pytest.mark.parametrize(

@@ -295,7 +295,7 @@ def test_short_statement_rounds_for_reading(tmp_path):
     eps = comp.epsilon
     shown = f"{math.ceil(eps * 100) / 100:.2f}"
     short = comp.short_statement()
-    assert short == f"({shown}, 6.96e-05)-DP, client-level add/remove, PLD accountant"
+    assert short == f"({shown}, 6.96e-05)-DP, client-level zero-out, PLD accountant"
     assert len(short) < 80
     ledger.write()
     data = json.loads((tmp_path / JSON_NAME).read_text())["composed"]["client"]

@@ -6,7 +6,9 @@ the stored float32 values)."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
+from fractions import Fraction
 
 import jax
 import jax.numpy as jnp
@@ -66,7 +68,144 @@ def test_every_privacy_record_states_its_one_relation(digits):
     dp = dp_fedavg(MODEL, training=LocalTraining(batch_size=30), clipping="fixed")
     res = simulate(dp, clients, test, Variants.grid(dp, clients, spec, sample_rate=0.5))
     assert res.privacy.relation == RELATIONS["client"]
-    assert res.privacy.relation.startswith("client-level, add/remove")
+    assert res.privacy.relation.startswith("client-level, zero-out")
+
+
+def _cohort_sums(updates: tuple[Fraction, ...], m: int) -> dict[Fraction, Fraction]:
+    """Exact distribution of a uniform ``m``-cohort's sum: ``{sum: probability}``."""
+    cohorts = list(itertools.combinations(range(len(updates)), m))
+    out: dict[Fraction, Fraction] = {}
+    for c in cohorts:
+        total = sum((updates[i] for i in c), Fraction(0))
+        out[total] = out.get(total, Fraction(0)) + Fraction(1, len(cohorts))
+    return out
+
+
+def _w_inf(a: dict[Fraction, Fraction], b: dict[Fraction, Fraction]) -> Fraction:
+    """Exact infinity-Wasserstein distance of two finite 1-D distributions: the least, over
+    couplings, of the largest move (in 1-D the monotone coupling attains it, so it is the
+    largest gap between the quantile functions)."""
+
+    def quantile(d, t):
+        acc = Fraction(0)
+        for v in sorted(d):
+            acc += d[v]
+            if t < acc:
+                return v
+        return max(d)
+
+    def cuts(d):
+        acc, out = Fraction(0), []
+        for v in sorted(d):
+            acc += d[v]
+            out.append(acc)
+        return out
+
+    edges = sorted({Fraction(0), *cuts(a), *cuts(b)})
+    mids = [(lo + hi) / 2 for lo, hi in itertools.pairwise(edges)]
+    return max(abs(quantile(a, t) - quantile(b, t)) for t in mids)
+
+
+def _mixture_epsilon(shifts: list[float], weights: list[float], delta: float) -> float:
+    """Exact epsilon at ``delta`` of one release ``sum_i w_i N(s_i, 1)`` against
+    ``N(0, 1)`` (shifts ``s_i >= 0`` in noise stds), both directions: the likelihood ratio
+    is increasing in the output, so each hockey-stick divergence is a tail beyond one root
+    (none: an empty region, divergence 0)."""
+    from scipy import optimize, stats
+
+    s, w = np.asarray(shifts, float), np.asarray(weights, float)
+
+    def log_ratio(y):  # log of the mixture's density over N(0, 1)'s
+        return np.logaddexp.reduce(np.log(w) + s * y - s * s / 2)
+
+    def root(f):
+        lo, hi = f(-60.0), f(60.0)
+        return None if lo * hi > 0 else optimize.brentq(f, -60.0, 60.0, xtol=1e-12)
+
+    def hockey(eps):
+        total = 0.0
+        up = root(lambda y: log_ratio(y) - eps)  # mixture over e^eps Gaussian beyond it
+        if up is not None:
+            over = np.sum(w * stats.norm.sf(up - s)) - np.exp(eps) * stats.norm.sf(up)
+            total = max(total, over)
+        down = root(lambda y: -log_ratio(y) - eps)  # Gaussian over e^eps mixture below it
+        if down is not None:
+            over = stats.norm.cdf(down) - np.exp(eps) * np.sum(w * stats.norm.cdf(down - s))
+            total = max(total, over)
+        return total
+
+    return optimize.brentq(lambda e: hockey(e) - delta, 1e-6, 40.0, xtol=1e-9)
+
+
+def test_fixed_cohorts_need_zero_out_not_add_remove():
+    """The defect of the former client-level claim (add/remove): with a public fixed-size
+    cohort an added client that is drawn displaces another, so the cohort's sum moves by up
+    to 2C, while the plan charges sensitivity C.  Exhaustive for N = 3 clients, m = 2,
+    scalar updates on a grid of [-C, C]: the least worst-case move over all couplings of
+    the two sums is 2C between add/remove neighbours and C between zero-out neighbours (a
+    null client keeps its slot and sends 0); and the add/remove pair's epsilon exceeds the
+    charged one."""
+    from swarmjax.privacy.plan import PrivacyPlan
+
+    c, n, m = Fraction(1), 3, 2
+    grid = [c * k / 2 for k in range(-2, 3)]
+    zero_out, removing, adding = Fraction(0), Fraction(0), Fraction(0)
+    worst = ()  # the removal pair most likely to move by 2C: ((shift, probability), ...)
+    for d in itertools.product(grid, repeat=n):
+        sums = _cohort_sums(d, m)
+        for i in range(n):
+            null = (*d[:i], Fraction(0), *d[i + 1 :])
+            zero_out = max(zero_out, _w_inf(sums, _cohort_sums(null, m)))
+            removed = d[:i] + d[i + 1 :]  # the 2-client neighbour: its cohort is everyone
+            removing = max(removing, _w_inf(sums, _cohort_sums(removed, m)))
+            (base,) = _cohort_sums(removed, m)
+            shifts = tuple(sorted((v - base, p) for v, p in sums.items()))
+            one_sided = min(v for v, _ in shifts) >= 0
+            if one_sided and dict(shifts).get(2 * c, 0) > dict(worst).get(2 * c, 0):
+                worst = shifts
+        for u in grid:  # the 4-client neighbour
+            adding = max(adding, _w_inf(sums, _cohort_sums((*d, u), m)))
+    assert zero_out == c
+    assert removing == adding == 2 * c
+    # that pair as one round at z = 1 (noise std = C): the mixture of the shifted Gaussians
+    # against the unshifted one (the removed side's sum is fixed)
+    assert dict(worst)[2 * c] == Fraction(2, 3)
+    true_eps = _mixture_epsilon([float(v) for v, _ in worst], [float(p) for _, p in worst], 1e-5)
+    charged = dataclasses.replace(
+        PrivacyPlan.fixed_cohort("client", n, m, 1, 1e-5), noise_multiplier=1.0
+    ).epsilon()
+    assert _mixture_epsilon([1.0], [1.0], 1e-5) == pytest.approx(charged, abs=2e-3)
+    assert charged == pytest.approx(4.377, abs=1e-3)
+    assert true_eps == pytest.approx(9.404, abs=2e-3)  # > 2x: the add/remove claim was false
+    assert RELATIONS["client"].startswith("client-level, zero-out")
+
+
+def test_every_client_level_plan_states_zero_out_with_unchanged_poisson_numbers():
+    """Poisson, fixed-cohort and min-separation plans state the one zero-out relation, and
+    dp-accounting composes a Poisson plan's event to the same epsilon under zero-out
+    (REPLACE_SPECIAL, Kairouz et al. 2021 Definition 1.1) as under add/remove: the numbers
+    stated before the relation changed stand."""
+    from dp_accounting import NeighboringRelation, pld
+
+    from swarmjax.privacy.participation import FixedCohort, MinSeparation
+
+    n, rounds, delta = 100, 12, 1e-5
+    plans = [
+        Poisson(40).plan(n, 0.1, rounds, delta, "pld"),
+        FixedCohort(10).plan(n, 1.0, rounds, delta, "pld"),
+        MinSeparation(10, min_separation=4).plan(n, 1.0, rounds, delta, "pld"),
+    ]
+    assert [p.participation for p in plans] == ["poisson", "fixed", "min-separation"]
+    for plan in plans:
+        assert plan.unit == "client" and plan.relation == RELATIONS["client"]
+        assert plan.relation.startswith("client-level, zero-out")
+    event = dataclasses.replace(plans[0], noise_multiplier=1.1).event
+    eps = {}
+    for relation in (NeighboringRelation.ADD_OR_REMOVE_ONE, NeighboringRelation.REPLACE_SPECIAL):
+        accountant = pld.PLDAccountant(neighboring_relation=relation)
+        accountant.compose(event)
+        eps[relation] = accountant.get_epsilon(delta)
+    assert len(set(eps.values())) == 1 and 0 < min(eps.values()) < 10
 
 
 # ------------------------------------------------------- 2. released versus operator-only
@@ -165,7 +304,9 @@ def test_a_bfloat16_model_gets_float32_server_noise_through_simulate(digits):
 # ------------------------------------------------- 5. overflow charged for both neighbours
 
 
-def test_client_level_overflow_is_charged_for_the_add_one_neighbour():
+def test_client_level_overflow_is_charged_conservatively_for_one_more_client():
+    """Both zero-out neighbours draw from ``N`` clients; the charge keeps the ``N + 1``
+    count of the former add/remove statement, an upper bound that changed no number."""
     from scipy import stats
 
     from swarmjax.fl.protocol import RunSpec, Spend
@@ -190,7 +331,7 @@ def test_client_level_overflow_is_charged_for_the_add_one_neighbour():
         extra_epsilon=np.zeros(shape),
     )
     np.testing.assert_allclose(alg.sampling_overflow(spend, n), worse, rtol=1e-12)
-    # a buffer of exactly N clients still overflows on the N + 1 neighbour
+    # a buffer of exactly N clients is still charged as if N + 1 could be drawn
     assert client_draw_overflow(n, n, q) == pytest.approx(q ** (n + 1))
     assert client_draw_overflow(n + 1, n, q) == 0.0 == client_draw_overflow(None, n, q)
     # calibration charges the same value as the record
@@ -200,7 +341,7 @@ def test_client_level_overflow_is_charged_for_the_add_one_neighbour():
     plan = dp_fedavg(MODEL, participation=Poisson(cap)).plan.privacy_plan(n, q, RunSpec(20, 1e-3))
     z = plan.calibrate(4.0).noise_multiplier
     assert z == sigma_for_epsilon(4.0, q, 20, 1e-3, overflow_prob=worse)
-    # the capacity helpers size for the add-one neighbour
+    # the capacity helpers size for N + 1 candidates
     k = poisson_capacity(n, q, 1e-9, add_one=True)
     assert stats.binom.sf(k, n + 1, q) < 1e-9 <= stats.binom.sf(k - 1, n + 1, q)
     big = PrivacyPlan("client", n, q, 20, 1e-5).sized(4.0).capacity

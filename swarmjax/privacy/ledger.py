@@ -670,7 +670,7 @@ class Composition:
     def short_statement(self) -> str:
         """The guarantee in one short line: ``(epsilon, delta)-DP, unit, accountant``,
         epsilon rounded up to 2 decimals and delta up to 3 significant digits (e.g.
-        ``(18.92, 1e-05)-DP, client-level add/remove, PLD accountant``); the data source
+        ``(18.92, 1e-05)-DP, client-level zero-out, PLD accountant``); the data source
         and a supplied secret's condition are added when they apply."""
         unit = self.relation.split(":")[0].replace(", ", " ")
         where = f" on {self.data}" if self.data is not None else ""
@@ -928,7 +928,11 @@ class Ledger:
             if other.relation != release.relation:
                 raise ValueError(
                     f"release relation {release.relation!r} differs from release {i}'s "
-                    f"{other.relation!r}; every {release.unit}-level release must share one"
+                    f"{other.relation!r}; every {release.unit}-level release must share one "
+                    "(a ledger written under another relation, e.g. before swarmjax's "
+                    "client-level relation became zero-out, takes no new releases: write "
+                    "the new runs to a new ledger, or recompute the old ones with this "
+                    "version)"
                 )
             if (other.data is None) != (release.data is None):
                 raise ValueError(

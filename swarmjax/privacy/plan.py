@@ -12,7 +12,7 @@ record-level DP-SGD / DP-Adam; a whole client under client-level server aggregat
   ``population`` units (a client's records, or the federation's clients);
 * the **buffer** the draw lands in (``capacity`` static slots) and its **overflow charge**
   (:attr:`PrivacyPlan.overflow_prob`: the chance per step that a draw exceeds the buffer
-  and is redrawn, on the worse of the two neighbouring datasets, charged to delta);
+  and is redrawn, bounded for both neighbouring datasets, charged to delta);
 * the **neighbouring relation** (:data:`RELATIONS`, one per unit);
 * **calibration** (:meth:`PrivacyPlan.calibrate`: target epsilon -> noise multiplier) and
   **accounting** (:attr:`PrivacyPlan.event`, a dp-accounting ``DpEvent``, composed by the
@@ -67,14 +67,22 @@ RELATIONS: dict[str, str] = {
     "record": "record-level, zero-out: neighbouring datasets differ in one record of one "
     "client replaced by a null record that contributes nothing to any gradient or score "
     "(every |D_i|, hence q_i = B / |D_i| and the scored subset, is public and unchanged)",
-    "client": "client-level, add/remove: neighbouring datasets differ in one whole client "
-    "(with all of its data) added or removed; the nominal federation size N is public (the "
-    "server divides by the expected cohort q N and byte counts use it, as McMahan et al. "
-    "2018's fixed-denominator estimator does); Poisson-drawn cohorts are secret, a "
-    "min-separation schedule (DP-FTRL) is public and fixed before training",
+    "client": "client-level, zero-out: neighbouring datasets differ in one client whose data "
+    "is replaced by a null client, which keeps its participation (Poisson draws, slots in "
+    "public cohorts and min-separation schedules) and contributes zero to every released "
+    "sum and count (its update and its centred clipping bit); the federation size N is "
+    "public and unchanged (the server divides by q N or the cohort size m), as is every "
+    "public cohort. Poisson cohorts are secret and a null client in them is invisible to "
+    "the server, so there the accounting equals add/remove's (McMahan et al. 2018); fixed "
+    "cohorts and min-separation schedules (DP-FTRL) are public and need zero-out (Kairouz "
+    "et al. 2021, Definition 1.1)",
 }
 """The ONE neighbouring relation of each privacy unit: every mechanism of a run is
-calibrated and accounted under it, and every privacy record states it (docs/privacy.md)."""
+calibrated and accounted under it, and every privacy record states it (docs/privacy.md).
+Both are zero-out relations.  At client level add/remove would not do: with a fixed
+cohort of ``m`` clients, an added client that is drawn displaces another, so the cohort's
+sum moves by ``x_u - x_w`` (norm up to ``2 C``), not ``C`` (docs/privacy.md, "The
+client-level relation: zero-out"; ``tests/test_privacy_relations.py``)."""
 
 PARTICIPATIONS: tuple[str, ...] = ("poisson", "fixed", "min-separation")
 """Participation schemes a plan states: ``"poisson"`` (every unit independently at rate
@@ -109,10 +117,16 @@ DELTA_CEILING = 1e-5
 
 def draw_overflow(unit: Unit, population: int, rate: float, capacity: int | None) -> float:
     """Chance per step that a Poisson draw of ``population`` candidates at ``rate`` exceeds
-    ``capacity`` slots (and is redrawn) on the worse neighbour: add/remove (client level)
-    has one more candidate, zero-out (record level) the same count; ``0`` when the buffer
-    holds every candidate of either neighbour. What :attr:`PrivacyPlan.overflow_prob`
-    charges; it depends on the draw only, not on the run's steps or delta."""
+    ``capacity`` slots (and is redrawn), charged for both neighbours: record level counts
+    the ``population`` candidates that both zero-out neighbours have; client level counts
+    one more (conservative, :attr:`PrivacyPlan.add_one`); ``0`` when the buffer holds every
+    candidate counted. What :attr:`PrivacyPlan.overflow_prob` charges; it depends on the
+    draw only, not on the run's steps or delta."""
+    # Client level keeps the ``population + 1`` count of the former add/remove statement
+    # although both zero-out neighbours have ``population`` candidates (the null client is
+    # still drawn): P(Bin(N + 1, q) > k) >= P(Bin(N, q) > k), so the charge stays an upper
+    # bound, every buffer, epsilon and stored ledger number is unchanged, and a Poisson
+    # run's statement also holds under add/remove (the Gaussian part is the same there).
     add_one = unit == "client"
     if capacity is None or rate >= 1.0 or capacity >= population + int(add_one):
         return 0.0
@@ -120,8 +134,9 @@ def draw_overflow(unit: Unit, population: int, rate: float, capacity: int | None
 
 
 def draw_floor(unit: Unit, population: int, rate: float) -> int:
-    """The smallest buffer whose per-step overflow (:func:`draw_overflow`) is below
-    :data:`FLOOR_OVERFLOW`: :meth:`PrivacyPlan.floor_capacity`."""
+    """The smallest buffer whose per-step overflow (:func:`draw_overflow`, client level
+    with its conservative ``population + 1`` candidates) is below :data:`FLOOR_OVERFLOW`:
+    :meth:`PrivacyPlan.floor_capacity`."""
     return poisson_capacity(population, rate, FLOOR_OVERFLOW, add_one=unit == "client")
 
 
@@ -170,7 +185,7 @@ class PrivacyPlan:
         delta: the delta every epsilon of the plan is stated at, in ``(0, 1)``.
         accountant: ``"pld"`` (default) or ``"rdp"``.
         capacity: static buffer slots of one draw; ``None``: a buffer that holds every
-            candidate of either neighbour (it never overflows).
+            candidate (it never overflows).
         noise_multiplier: ``sigma`` (noise std / sensitivity) of each step; ``0``: none.
         participation: ``"poisson"`` (default), ``"fixed"`` or ``"min-separation"``
             (:data:`PARTICIPATIONS`).
@@ -233,9 +248,11 @@ class PrivacyPlan:
     ) -> PrivacyPlan:
         """A fixed-size cohort: ``cohort`` of ``population`` units drawn uniformly without
         replacement each step. No amplification is claimed (a unit is charged every step,
-        as if always drawn: the add/remove analysis of sampling without replacement would
-        need the cohort size to stay fixed on both neighbours), so the event is ``steps``
-        unsampled Gaussian steps; the buffer is the cohort and never overflows."""
+        as if always drawn), so the event is ``steps`` unsampled Gaussian steps; the buffer
+        is the cohort and never overflows. Sound under zero-out (:data:`RELATIONS`): the
+        null unit keeps its slot, so the cohort is the same on both neighbours and the sum
+        moves by at most one contribution (sensitivity ``C``); under add/remove a drawn
+        added unit would displace another and move it by up to ``2 C``."""
         cohort = check_int("cohort", cohort, 1)
         if cohort > check_int("population", population, 1):
             raise ValueError(f"cohort must be <= population ({population}); got {cohort}")
@@ -307,15 +324,18 @@ class PrivacyPlan:
 
     @property
     def add_one(self) -> bool:
-        """Whether a neighbour has one more candidate: add/remove (client level) does,
-        zero-out (record level) keeps the count."""
+        """Whether the overflow charge counts one candidate more than ``population``:
+        client level does, record level does not.  Both relations are zero-out, so both
+        neighbours have ``population`` candidates; the client-level ``+ 1`` is kept as a
+        conservative bound (:func:`draw_overflow` says why): it changes no stated number."""
         return self.unit == "client"
 
     @property
     def overflow_prob(self) -> float:
         """Chance per step that the Poisson draw exceeds ``capacity`` (and is redrawn) on
-        the worse neighbour: ``P(Binomial(population (+1 under add/remove), rate) >
-        capacity)``; ``0`` when the buffer holds every candidate."""
+        either neighbour: ``P(Binomial(population (+1 at client level: conservative,
+        :attr:`add_one`), rate) > capacity)``; ``0`` when the buffer holds every candidate
+        counted."""
         if self.participation == "fixed":
             return 0.0
         return draw_overflow(self.unit, self.population, self.rate, self.capacity)
@@ -370,7 +390,7 @@ class PrivacyPlan:
             raise ValueError(
                 f"capacity must be >= {self.floor_capacity()} (overflow below "
                 f"{FLOOR_OVERFLOW:g} per step at q = {self.rate:g} for {self.population} "
-                f"candidates{' and the add-one neighbour' if self.add_one else ''}) or "
+                f"candidates{', plus one counted conservatively' if self.add_one else ''}) or "
                 f"None; got {self.capacity}"
             )
 

@@ -84,8 +84,8 @@ def poisson_capacity(
     """Smallest buffer size ``k`` with ``P(Binomial(num_examples, q) > k) < overflow_prob``.
 
     ``q`` may be an array (one rate per client): the largest rate sets the capacity.
-    ``add_one``: size it for both neighbours of add/remove adjacency, i.e. for
-    ``num_examples + 1`` candidates (:func:`overflow_probability`).
+    ``add_one``: size it for ``num_examples + 1`` candidates, the larger neighbour of
+    add/remove adjacency (an upper bound for zero-out: :func:`overflow_probability`).
     Example: 60000 rows at ``q = 256/60000`` need 357 slots for overflow below ``1e-9``.
     """
     n = check_int("num_examples", num_examples, minimum=1) + bool(add_one)
@@ -108,12 +108,14 @@ def overflow_probability(
     """Exact ``P(Binomial(num_examples, q) > capacity)``: one step's chance to overflow.
 
     The sampler's delta must hold on BOTH neighbouring datasets.  Under add/remove adjacency
-    (client-level DP: one client added or removed) the add-one neighbour has
-    ``num_examples + 1`` candidates and overflows more often; the tail grows with the count,
-    so the max over the two neighbours is the ``num_examples + 1`` value: pass
-    ``add_one=True``.  Under zero-out (record-level DP in swarmjax: a record replaced by a
-    null record) the count is the same on both sides and ``add_one=False`` is exact; the
-    null record is still a candidate of the draw.
+    the add-one neighbour has ``num_examples + 1`` candidates and overflows more often; the
+    tail grows with the count, so the max over the two neighbours is the
+    ``num_examples + 1`` value: pass ``add_one=True``.  Under zero-out (swarmjax's relation
+    at both units, :data:`swarmjax.privacy.plan.RELATIONS`: a record or client replaced by
+    a null one that is still a candidate of the draw) the count is the same on both sides
+    and ``add_one=False`` is exact.  Client-level plans still pass ``add_one=True``: an
+    upper bound that keeps every number they stated before the relation was zero-out
+    (:func:`swarmjax.privacy.plan.draw_overflow`).
     """
     n = check_int("num_examples", num_examples, minimum=1) + bool(add_one)
     check_range("q", q, 0.0, 1.0, low_open=True)

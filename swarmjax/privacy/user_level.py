@@ -290,8 +290,9 @@ class UserLevelDP:
 
     def overflow(self, sample_rate: np.ndarray, num_clients: int) -> np.ndarray | None:
         """Per-round chance that the Poisson draw of clients (rate ``sample_rate``, any
-        shape) exceeds the buffer and is redrawn, on the worse add/remove neighbour
-        (:func:`~swarmjax.privacy.plan.draw_overflow`, what the plan charges); ``None`` when
+        shape) exceeds the buffer and is redrawn, counted for ``N + 1`` candidates (an upper
+        bound for both zero-out neighbours, which have ``N``:
+        :func:`~swarmjax.privacy.plan.draw_overflow`, what the plan charges); ``None`` when
         no draw can overflow."""
         cap = getattr(self.participation, "capacity", None)
         if not isinstance(self.participation, Poisson) or cap is None or cap > num_clients:

@@ -18,9 +18,12 @@ One exchange per round (:func:`swarmjax.fl.private.private` around FedAvg's):
 The sum and the count are one Gaussian mechanism with multiplier
 ``z = (sigma_Delta^-2 + (2 sigma_b)^-2)^(-1/2)`` per round (the accounted
 ``noise_multiplier``); fixed clipping sends no bit and ``sigma_Delta = z``. Every client's
-spend is ``rounds`` steps at ``(q_c, z)``, client-level (add/remove one client with all of
-its data). The realised number of participants is part of the mechanism's secret sampling
-and is not released: released byte counts use the expected ``q_c N`` clients.
+spend is ``rounds`` steps at ``(q_c, z)``, client-level zero-out (one client's data
+replaced by a null client that is still drawn and contributes zero to the sum and the
+count: :data:`~swarmjax.privacy.plan.RELATIONS`; under Poisson sampling the same numbers as
+add/remove of one client with all of its data). The realised number of participants is part
+of the mechanism's secret sampling and is not released: released byte counts use the
+expected ``q_c N`` clients.
 """
 
 from __future__ import annotations

@@ -11,7 +11,12 @@
   gaps, ``O(capacity)`` random numbers, and the whole draw repeated on overflow, never
   truncated. Conditioning on "fits" is charged to delta by the run's privacy plan
   (:class:`swarmjax.privacy.plan.PrivacyPlan`: it sizes the buffer and states the charge,
-  for the add/remove neighbour with one more client).
+  counted for one client more than the federation's, an upper bound for both zero-out
+  neighbours).
+
+Under the client-level zero-out relation (:data:`swarmjax.privacy.plan.RELATIONS`) a
+neighbouring federation has the same ``num_clients``, so both samplers draw from the same
+ids on both sides: a null client keeps its slots and only its data differs.
 
 Both samplers are pure and jit-able (``num_clients``, ``size`` and ``capacity`` static) and
 return client ids for :func:`swarmjax.fl.data.store.gather`; an unused Poisson slot holds
@@ -56,7 +61,9 @@ def poisson_cohort(
     Returns ``(ids, mask)``: ``ids (capacity,)`` int32 client ids in increasing order in
     the slots where ``mask`` is True, ``-1`` elsewhere. A draw with more than ``capacity``
     clients is redrawn (:func:`swarmjax.privacy.sampling.poisson_sample`); size the buffer
-    with :func:`cohort_capacity` and charge :func:`cohort_overflow` per round to delta.
+    with the run's plan (:meth:`~swarmjax.privacy.plan.PrivacyPlan.sized`, as
+    ``Poisson.for_run`` does) and charge its
+    :attr:`~swarmjax.privacy.plan.PrivacyPlan.overflow_prob` per round to delta.
     ``rate`` may be traced.
     """
     num_clients = check_int("num_clients", num_clients, 1)

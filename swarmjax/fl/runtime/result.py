@@ -71,7 +71,7 @@ class PrivacyRecord:
         unit: ``"record"`` (one example of a client), ``"client"`` (a whole client) or
             ``None`` (no DP: every epsilon is ``inf``).
         relation: the neighbouring relation every epsilon holds under
-            (:data:`RELATIONS` of ``unit``: zero-out for records, add/remove for clients).
+            (:data:`RELATIONS` of ``unit``: zero-out of one record, or of one client).
         delta: the delta every epsilon is stated at.
         epsilon: ``(runs, rounds, clients)`` cumulative epsilon of each client after each
             round: the accountant's composition of its accounted steps (their DpEvents,
