@@ -54,12 +54,14 @@ from swarmjax.fl.algorithms import registry
 from swarmjax.fl.client.training import LocalTraining
 from swarmjax.fl.data import partition
 from swarmjax.fl.data.store import ClientStore
+from swarmjax.fl.distributed import Distributed
 from swarmjax.fl.private import Private
 from swarmjax.fl.protocol import Algorithm, RunSpec, Variants
 from swarmjax.fl.runtime import simulate
 from swarmjax.fl.runtime.simulator import CHECKPOINT_NOT_RELEASED
 from swarmjax.models import evaluate, simple_cnn
 from swarmjax.privacy.canaries import DEFAULT_CANARIES, CanaryAudit
+from swarmjax.privacy.distributed import DistributedDP
 from swarmjax.privacy.ftrl import FACTORIZATIONS, SCHEDULES
 from swarmjax.privacy.ledger import Ledger, releases_from_result
 from swarmjax.privacy.secret import Secret
@@ -67,6 +69,7 @@ from swarmjax.privacy.user_level import UserLevelDP
 
 ALGORITHMS = registry.names(cross_device=True)
 DP_ALGORITHMS = registry.names(cross_device=True, user_dp=True)
+SECAGG = "dp-fedavg-secagg"  # accounted by RDP alone: it sets the accountant of a run
 OPTIONS = tuple(dict.fromkeys(o for n in ALGORITHMS for o in registry.lookup(n).options))
 """Options of one algorithm only (the registry's :attr:`~registry.Entry.options`: DP-FTRL's)."""
 PARTITIONS = ("consecutive", "dirichlet", "shards", "power_law")
@@ -103,6 +106,11 @@ class Profile:
     min_separation: int | None = None
     max_participations: int | None = None
     noise_cohort: int | None = None  # pfl's noise_cohort_size: never the default
+    # distributed DP (registry.SECAGG_OPTIONS; None: DistributedDP's defaults)
+    bits: int | None = None
+    min_survivors: int | None = None
+    max_colluders: int | None = None
+    dropout: float | None = None
     audit: int | None = None  # client-level canaries in every DP run (docs/audits.md)
 
     def options(self, name: str) -> dict:
@@ -188,7 +196,9 @@ def _parser() -> argparse.ArgumentParser:
         help="user-level target epsilon(s) of the DP algorithms, one run each (default 2; "
         "quick 8; full 2 8)",
     )
-    ftrl = p.add_argument_group("DP-FTRL (--algorithm dp-ftrl)")
+    ftrl = p.add_argument_group(
+        "DP-FTRL (--algorithm dp-ftrl; the schedule options also set dp-fedavg-secagg's cohorts)"
+    )
     ftrl.add_argument(
         "--factorization",
         choices=FACTORIZATIONS,
@@ -219,6 +229,33 @@ def _parser() -> argparse.ArgumentParser:
         help="pfl's noise_cohort_size: calibrate the noise for a deployment with cohorts of M "
         "(> --cohort); epsilon then holds ONLY for such a deployment, not for this run "
         "(never the default)",
+    )
+    secagg = p.add_argument_group(
+        "distributed DP under secure aggregation (--algorithm dp-fedavg-secagg; its cohorts "
+        "follow --schedule, --min-separation and --max-participations)"
+    )
+    secagg.add_argument(
+        "--bits",
+        type=_cli.count("--bits", 8),
+        help="bits per uploaded coordinate, 8..32 (default 16): the secure sum lives modulo "
+        "2^bits; too few for the cohort and epsilon is refused with the bits that work",
+    )
+    secagg.add_argument(
+        "--min-survivors",
+        type=_cli.count("--min-survivors"),
+        help="the secure-aggregation threshold: a round with fewer surviving clients is "
+        "refused (default ceil(0.8 cohort))",
+    )
+    secagg.add_argument(
+        "--max-colluders",
+        type=_cli.count("--max-colluders", 0),
+        help="clients assumed able to collude with the server; their noise is not counted "
+        "(default 0)",
+    )
+    secagg.add_argument(
+        "--dropout",
+        type=_cli.probability("--dropout"),
+        help="simulated chance that a client drops after masking (default 0)",
     )
     p.add_argument(
         "--partition",
@@ -291,6 +328,14 @@ def profile(args: argparse.Namespace) -> Profile:
             what = " or ".join(n.upper() for n in takers)
             add = " or ".join(takers)
             _cli.refuse_unused(args, [option], f"it is a {what} option (add {add} to --algorithm)")
+    if SECAGG in prof.algorithms and prof.accountant != "rdp":
+        if args.accountant is not None:
+            raise _cli.UserError(
+                f"--accountant {args.accountant} with --algorithm {SECAGG}: its Skellam noise "
+                "is accounted by RDP only (dp-accounting's PLD cannot represent it); use "
+                "--accountant rdp or leave it out"
+            )
+        prof = dataclasses.replace(prof, accountant="rdp")  # every record and the ledger
     if prof.schedule == "single":
         _cli.refuse_unused(
             args,
@@ -323,6 +368,9 @@ def memory_estimate(prof: Profile) -> int:
     dp = any(a in DP_ALGORITHMS for a in prof.algorithms)
     slots = (2 if dp else 1) * prof.cohort * len(prof.seeds)
     noise = (32 if prof.factorization == "banded" else 10) if "dp-ftrl" in prof.algorithms else 0
+    # dp-fedavg-secagg: each cohort slot's upload, its masked copy and a mask being added
+    # (uint32 words of the padded model, as many as model-sized float32 arrays)
+    noise += 3 * prof.cohort if "dp-fedavg-secagg" in prof.algorithms else 0
     return _cli.array_bytes(
         (2, TRAIN_ROWS[prof.dataset], *shape),
         (slots, rows, *shape),
@@ -409,10 +457,10 @@ class Run:
     grid: dict
 
     @property
-    def plan(self) -> UserLevelDP | None:
+    def plan(self) -> UserLevelDP | DistributedDP | None:
         """The run's user-level privacy plan (``None`` without DP): what its epsilon covers,
         its settings and its ledger entry are the plan's answers."""
-        return self.algorithm.plan if isinstance(self.algorithm, Private) else None
+        return self.algorithm.plan if isinstance(self.algorithm, Private | Distributed) else None
 
 
 def planned(args: argparse.Namespace, prof: Profile) -> list[Run]:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -13,8 +14,20 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
+from swarmjax.fl.algorithms.fedavg import FedAvg
+from swarmjax.fl.client.training import LocalTraining
+from swarmjax.fl.data import load_dataset
+from swarmjax.fl.data.clients import stack_clients
+from swarmjax.fl.data.partition import iid_partition
+from swarmjax.fl.private import algorithm_name, private
+from swarmjax.fl.protocol import RunSpec, Variants
+from swarmjax.fl.runtime import simulate
+from swarmjax.models import mlp
 from swarmjax.privacy import discrete
 from swarmjax.privacy.chacha20 import chacha20
+from swarmjax.privacy.distributed import DistributedDP
+from swarmjax.privacy.participation import FixedCohort, MinSeparation, Poisson
+from tests.reproducible import SECRET
 
 KEY = jax.random.key(7, impl=chacha20)
 
@@ -98,12 +111,29 @@ def test_rounding_is_unbiased():
     np.testing.assert_allclose(np.asarray(z.mean(0)), np.asarray(x), atol=0.03)
 
 
-def test_norm_check_is_conservative_at_the_edge():
-    """A vector exactly at the bound is accepted only when the float32 sum is certain."""
-    z = jnp.full((4096,), 1000, jnp.int32)
-    exact = math.sqrt(4096 * 1000**2)
-    assert not bool(discrete.norm_within(z, jnp.float32(exact * (1 - 1e-7))))
-    assert bool(discrete.norm_within(z, jnp.float32(exact * (1 + 1e-3))))
+@settings(max_examples=30, deadline=None)
+@given(
+    d=st.sampled_from([1, 7, 1024, 4096, 2**17]),
+    magnitude=st.sampled_from([1, 1000, 2**20, 2**30]),
+    seed=st.integers(0, 2**16),
+)
+def test_norm_check_certifies_its_bound(d, magnitude, seed):
+    """Accepted at ``b`` only if the exact norm is within ``b sqrt(1 + sum_error(d))``;
+    tried at the exact norm and one float32 step either side."""
+    rng = np.random.default_rng(seed)
+    z = rng.integers(-magnitude, magnitude + 1, size=d).astype(np.int64)
+    exact = math.sqrt(float(np.sum(z.astype(object) ** 2)))
+    limit = math.sqrt(1 + discrete.sum_error(d))
+    for b in (
+        np.float32(exact),
+        np.nextafter(np.float32(exact), np.float32(0)),
+        np.nextafter(np.float32(exact), np.float32(np.inf)),
+    ):
+        if bool(discrete.norm_within(jnp.asarray(z, jnp.int32), b)):
+            assert exact <= float(b) * limit
+    # a sensitivity a little above the norm still accepts it through its certified bound
+    sens = exact * (1 + 2.0**-19) + 1e-9
+    assert bool(discrete.norm_within(jnp.asarray(z, jnp.int32), discrete.certified_bound(sens, d)))
 
 
 # ------------------------------------------------------------------ Skellam
@@ -156,3 +186,210 @@ def test_residues_round_trip_and_sum(bits):
     np.testing.assert_array_equal(
         np.asarray(discrete.from_residues(total, bits)), parts.sum(axis=0)
     )
+
+
+# ------------------------------------------------------------------ the plan end to end
+
+
+MODEL = mlp((16,), 10, (8, 8, 1))  # 234 parameters: d = 256
+N, PER_CLIENT, ROUNDS, DELTA = 12, 40, 3, 1e-3
+TRAINING = LocalTraining(epochs=1, batch_size=10)
+SPEC = RunSpec(ROUNDS, DELTA, (0,), accountant="rdp")
+
+
+def _inner() -> FedAvg:
+    return FedAvg(MODEL, TRAINING, server_optimizer="sgd", weighting="uniform")
+
+
+@pytest.fixture(scope="module")
+def digits():
+    data = load_dataset("digits")
+    x, y = data.x_train[: N * PER_CLIENT], data.y_train[: N * PER_CLIENT]
+    clients = stack_clients(x, y, iid_partition(y, N, seed=0).indices)
+    return clients, (data.x_test[:200], data.y_test[:200])
+
+
+def _simulate(alg, digits, **grid):
+    clients, test = digits
+    variants = Variants.grid(alg, clients, SPEC, **grid)
+    res = simulate(alg, clients, test, variants, secret=SECRET, progress=False)
+    return res, variants
+
+
+PIPE = DistributedDP(FixedCohort(6), bits=32, min_survivors=5, max_colluders=1)
+"""One plan for the pipeline tests (one compilation): t = 5 of 6, h = 4 honest."""
+
+
+@functools.cache
+def _round_fn():
+    """Every client's encode (vmapped), the masks, the survivors' secure sum and the
+    decode, as a round runs them, compiled once."""
+
+    @jax.jit
+    def run(stacked, hyper, key, lost):
+        rounds = jnp.int32(2)
+        keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.arange(6))
+        encoded = jax.vmap(lambda u, k: PIPE.encode(u, hyper, rounds, k))(stacked, keys)
+        state = PIPE.init(hyper).replace(rounds=rounds)
+        like = jax.tree.map(lambda a: a[0], stacked)
+        ids = jnp.arange(6, dtype=jnp.int32) * 3  # any public ids
+        return PIPE.release(state, encoded, ~lost, ids, key, hyper, like)[:3]
+
+    return run
+
+
+def _pipeline(updates: np.ndarray, hyper, dropped=()) -> tuple:
+    """``updates``: ``(6, 40, 25)``; ``dropped``: slots whose upload is lost."""
+    lost = np.zeros(6, bool)
+    lost[list(dropped)] = True
+    return _round_fn()({"w": jnp.asarray(updates, jnp.float32)}, hyper, KEY, jnp.asarray(lost))
+
+
+def _hyper(clip: float, scale: float, mu: float):
+    l1, l2 = PIPE.sensitivities(clip, scale, 1024)
+    return PIPE.default_hyper(N, ROUNDS).replace(
+        initial_clip=jnp.float32(clip),
+        grid_scale=jnp.float32(scale),
+        noise=jnp.float32(mu),
+        l2_bound=jnp.float32(l2),
+        l1_bound=jnp.float32(l1),
+    )
+
+
+@pytest.mark.parametrize("dropped", [(), (1,)])
+def test_encode_mask_unmask_decode_gives_the_survivors_sum(dropped):
+    """Noiseless at 32 bits and a fine grid, the decoded sum is the survivors' clipped sum
+    to the grid's resolution, with a dropout within the threshold (a dropped client's
+    upload never reaches the server)."""
+    updates = np.random.default_rng(1).normal(size=(6, 40, 25))
+    clip = 20.0
+    total, survived, ok = _pipeline(updates, _hyper(clip, 2.0**14, 0.0), dropped)
+    assert bool(ok) and int(survived.sum()) == 6 - len(dropped)
+    expect = sum(
+        u * min(1.0, clip / float(np.linalg.norm(u)))
+        for i, u in enumerate(updates)
+        if i not in dropped
+    )
+    np.testing.assert_allclose(np.asarray(total["w"]), expect, atol=8 * 2.0**-14)
+
+
+def test_noise_reaches_the_decoded_sum_with_its_variance():
+    """With Skellam shares, the decoded sum's error has variance ``6 shares * 2 mu / h /
+    gamma^2`` per coordinate (the rotation keeps it)."""
+    scale, mu = 4.0, 900.0
+    total, _, ok = _pipeline(np.zeros((6, 40, 25)), _hyper(1.0, scale, mu))
+    expect = 6 * 2 * mu / PIPE.honest / scale**2
+    assert bool(ok) and np.asarray(total["w"]).var() / expect == pytest.approx(1.0, abs=0.15)
+
+
+def test_too_few_survivors_release_nothing():
+    total, survived, ok = _pipeline(np.ones((6, 40, 25)), _hyper(1.0, 100.0, 10.0), (0, 3))
+    assert not bool(ok) and int(survived.sum()) == 4
+    assert not np.any(np.asarray(total["w"]))
+
+
+@pytest.fixture(scope="module")
+def dp_run(digits):
+    schedule = MinSeparation(4).for_run(N, ROUNDS)
+    alg = private(_inner(), DistributedDP(schedule, bits=20, min_survivors=3, max_colluders=1))
+    return (alg, *_simulate(alg, digits, initial_clip=0.5, epsilon_target=[4.0]))
+
+
+def test_record_is_the_skellam_event_that_calibrated(dp_run):
+    alg, res, variants = dp_run
+    p = res.privacy
+    assert algorithm_name(alg) == "Distributed(FedAvg)"
+    assert p.unit == "client" and p.accountant == "rdp"
+    eps = float(np.max(p.final_epsilon))
+    assert 3.9 <= eps <= 4.0 + 1e-9  # calibrated to the target, not far below
+    ((_, event, _),) = p.run_events(0)
+    leaves = [event] if not hasattr(event, "event") else [event.event]
+    assert all(type(e).__name__ == "SkellamDpEvent" for e in leaves)
+    hyper = jax.tree.map(lambda a: np.asarray(a)[0], variants.hyper.plan)
+    k = alg.plan.compositions(N, ROUNDS)
+    assert alg.plan.epsilon(hyper, k, DELTA) == pytest.approx(eps, rel=1e-9)
+    z = float(np.asarray(p.noise_multiplier).ravel()[0])
+    assert z == pytest.approx(math.sqrt(2 * float(hyper.noise)) / float(hyper.l2_bound))
+    assert "secure aggregation" in " ".join(p.covers)
+
+
+def test_dropouts_beyond_the_threshold_refuse_the_round(digits):
+    plan = DistributedDP(FixedCohort(4), bits=20, min_survivors=4, dropout=0.999)
+    alg = private(_inner(), plan)
+    res, _ = _simulate(alg, digits, initial_clip=0.5, epsilon_target=[8.0])
+    assert list(res.history["refused_rounds"]) == [1, 2, 3]
+    # the model never moved: every round refused
+    acc = res.history["test_accuracy"].to_numpy()
+    assert np.all(acc == acc[0])
+
+
+@pytest.mark.parametrize(
+    "make, match",
+    [
+        (lambda: DistributedDP(Poisson()), "public cohort"),
+        (lambda: DistributedDP(FixedCohort(4), bits=7), "bits"),
+        (lambda: DistributedDP(FixedCohort(4), bits=33), "bits"),
+        (lambda: DistributedDP(FixedCohort(4), min_survivors=5), "threshold|min_survivors"),
+        (lambda: DistributedDP(FixedCohort(4), min_survivors=3, max_colluders=3), "max_colluders"),
+        (lambda: DistributedDP(MinSeparation(4)), "min_separation"),
+        (lambda: DistributedDP(FixedCohort(4), dropout=1.0), "dropout"),
+    ],
+)
+def test_bad_settings_are_one_line(make, match):
+    with pytest.raises(ValueError, match=match) as err:
+        make()
+    assert "\n" not in str(err.value)
+
+
+def test_bits_too_few_for_the_target_name_the_bits_that_work(digits):
+    plan = DistributedDP(FixedCohort(6), bits=8)
+    clients, _ = digits
+    with pytest.raises(ValueError, match=r"bits=8 cannot carry .* use bits >= \d+") as err:
+        Variants.grid(private(_inner(), plan), clients, SPEC, epsilon_target=[0.5])
+    assert "\n" not in str(err.value)
+
+
+def test_pld_accountant_is_refused_in_one_line(digits):
+    clients, _ = digits
+    alg = private(_inner(), DistributedDP(FixedCohort(4), bits=20))
+    with pytest.raises(ValueError, match="accountant") as err:
+        Variants.grid(alg, clients, RunSpec(ROUNDS, DELTA, (0,)), epsilon_target=[4.0])
+    assert "\n" not in str(err.value)
+
+
+def test_wrap_bound_holds_empirically():
+    """Worst-case aligned updates of a cohort at a grid where the bound is about 1e-2:
+    the measured per-coordinate wrap frequency stays below the bound."""
+    from swarmjax.privacy.distributed import wrap_bound
+
+    bits, m, d, lam = 10, 8, 1024, 400.0
+    scaled = 2.0 ** (bits - 1) * math.sqrt(d) / m / 6.0
+    bound = wrap_bound(bits, m, scaled, d, m * lam)
+    assert 1e-4 < bound < 0.2
+    rng = np.random.default_rng(0)
+    direction = rng.standard_normal(d)
+    direction *= scaled / np.linalg.norm(direction)
+    wraps = 0
+    trials = 40
+    for t in range(trials):
+        k = jax.random.fold_in(KEY, t)
+        signs = discrete.rotation_signs(k, d)
+        x = discrete.rotate(jnp.asarray(direction, jnp.float32), signs)
+        total = np.zeros(d, np.int64)
+        for i in range(m):
+            ki = jax.random.fold_in(k, 1000 + i)
+            z, _ = discrete.conditional_round(ki, x, jnp.float32(1e9), 1)
+            total += np.asarray(z) + np.asarray(discrete.skellam(ki, lam, (d,)))
+        wraps += int(np.sum(np.abs(total) >= 2 ** (bits - 1)))
+    assert wraps / (trials * d) <= bound
+
+
+def test_ptrs_buffer_overflow_still_samples_every_coordinate(monkeypatch):
+    """With a buffer far too small for the first pass's rejections, the coordinates beyond
+    it loop in place: every coordinate is still a Poisson draw."""
+    monkeypatch.setattr(discrete, "_BUFFER", 4096)
+    lam = 400.0
+    draws = np.asarray(discrete._poisson_deviation(KEY, lam, (2**14,)), np.float64) + 400
+    assert abs(draws.mean() - lam) < 5 * math.sqrt(lam / len(draws))
+    assert draws.var() / lam == pytest.approx(1.0, abs=0.05)
+    assert stats.kstest((draws - lam) / math.sqrt(lam), "norm").pvalue > 1e-4

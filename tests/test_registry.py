@@ -33,9 +33,14 @@ def test_the_names_every_consumer_takes():
     from experiments import cross_device
     from swarmjax.fl.runtime.flower import tasks
 
-    assert registry.names(cross_device=True) == (*CROSS_DEVICE, "dp-ftrl")
+    assert registry.names(cross_device=True) == (*CROSS_DEVICE, "dp-ftrl", "dp-fedavg-secagg")
     assert cross_device.ALGORITHMS == registry.names(cross_device=True)
-    assert set(cross_device.DP_ALGORITHMS) == {"dp-fedavg", "dp-fedavg-adaptive", "dp-ftrl"}
+    assert set(cross_device.DP_ALGORITHMS) == {
+        "dp-fedavg",
+        "dp-fedavg-adaptive",
+        "dp-ftrl",
+        "dp-fedavg-secagg",
+    }
     assert tasks.ALGORITHMS == ("fedavg", "fedprox", "dp-fedavg", "dp-ftrl", "fed-dp-pso")
     assert set(registry.names()) == set(registry.REGISTRY)
     for entry in registry.REGISTRY.values():  # a one-line description each
@@ -47,7 +52,7 @@ def test_an_unknown_name_is_one_line_listing_the_allowed_ones():
         registry.lookup("fedsgd")
     assert str(err.value) == (
         "unknown algorithm 'fedsgd'; allowed: fedavg, fedprox, fedadam, fedyogi, dp-fedavg, "
-        "dp-fedavg-adaptive, dp-ftrl, fed-dp-pso"
+        "dp-fedavg-adaptive, dp-ftrl, dp-fedavg-secagg, fed-dp-pso"
     )
     with pytest.raises(ValueError, match="allowed: fedavg, fedprox, fedadam"):
         registry.cross_device("fed-dp-pso", _run())  # registered, not a cross-device one
@@ -142,3 +147,21 @@ def test_fedprox_on_flower_gives_the_simulator_numbers():
     ):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=1e-6)
     np.testing.assert_allclose(run.history["test_accuracy"], sim.history["test_accuracy"])
+
+
+def test_secagg_builds_distributed_dp_on_min_separation_cohorts():
+    from swarmjax.fl.distributed import Distributed
+
+    rng = np.random.default_rng(0)
+    x, y = rng.random((200, 8, 8, 1), np.float32), rng.integers(0, 10, 200)
+    clients = stack_clients(x, y, np.array_split(np.arange(200), 40))
+    run = _run(epsilon=8.0, options={"bits": 20, "min_survivors": 4, "max_colluders": None})
+    alg, grid = registry.cross_device("dp-fedavg-secagg", run)
+    assert type(alg) is Distributed and alg.plan.bits == 20 and alg.plan.threshold == 4
+    p = alg.plan.participation
+    assert (p.cohort, p.min_separation, p.max_participations) == (5, 4, 1)  # b = min(8, 4)
+    spec = RunSpec(4, 1e-3, (0,), accountant="rdp")
+    variants = Variants.grid(alg, clients, spec, **grid)
+    assert float(np.asarray(variants.hyper.plan.noise)[0]) > 0
+    with pytest.raises(ValueError, match="accountant must be 'rdp'"):
+        Variants.grid(alg, clients, _run().spec, **grid)

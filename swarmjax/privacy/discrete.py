@@ -15,9 +15,10 @@ and the server undoes the last steps on the sum (:func:`from_residues`, :func:`u
 * :func:`conditional_round`: each coordinate to ``floor(x)`` or ``floor(x) + 1`` with the
   probability that keeps it unbiased, redrawn until the integer vector's L2 norm is within
   ``bound`` (Kairouz, Liu and Steinke 2021, "The Distributed Discrete Gaussian Mechanism",
-  section 4.1); after ``tries`` failures the client sends the zero vector. The norm check
-  is conservative in float32 (:func:`norm_within`), so EVERY vector sent has norm
-  ``<= bound`` whatever the input: the sensitivity the accounting uses holds for any data.
+  section 4.1); after ``tries`` failures the client sends the zero vector. The float32
+  norm check has a proven error bound (:func:`sum_error`) and the plan checks against
+  :func:`certified_bound` of the accounted sensitivity, so EVERY vector sent has norm at
+  most the sensitivity the accounting uses, whatever the input.
 * :func:`skellam`: ``Poisson(lam) - Poisson(lam)`` per coordinate (variance ``2 lam``), from
   uniform bits of the key's generator (ChaCha20 for secret runs; JAX's own Poisson sampler
   serves Threefry keys only). Each Poisson value is drawn as its deviation from
@@ -44,6 +45,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray, UInt32
 
 __all__ = [
+    "certified_bound",
     "conditional_round",
     "from_residues",
     "hadamard",
@@ -52,6 +54,7 @@ __all__ = [
     "rotate",
     "rotation_signs",
     "skellam",
+    "sum_error",
     "to_residues",
     "unrotate",
 ]
@@ -98,20 +101,36 @@ def unrotate(y: Float[Array, " d"], signs: Float[Array, " d"]) -> Float[Array, "
     return signs * hadamard(y) / jnp.sqrt(jnp.float32(y.shape[-1]))
 
 
+def sum_error(d: int) -> float:
+    """``e`` such that :func:`norm_within` ``(z, bound)`` True certifies ``||z||_2 <= bound
+    sqrt(1 + e)`` for any integer ``z`` of ``d`` coordinates: squares rounded once each
+    (relative ``2^-24``), summed pairwise over ``L = ceil(log2 d)`` levels (each partial sum
+    of non-negative terms rounded once: the computed sum is at least ``(1 - 2^-24)^(L+1)``
+    of the exact one), compared with ``bound^2`` rounded once: ``e = (1 + u) / (1 - (L + 1)
+    u) - 1`` with ``u = 2^-24``. About ``1.4e-6`` at ``d = 2^21``."""
+    u = 2.0**-24
+    levels = max(0, (d - 1).bit_length())
+    return (1.0 + u) / (1.0 - (levels + 1) * u) - 1.0
+
+
 def norm_within(z: Int[Array, " d"], bound: Float[Array, ""]) -> Bool[Array, ""]:
-    """Whether ``||z||_2 <= bound`` is CERTAIN for the integer vector ``z``, from a float32
-    sum of squares: blocks of 1,024 squares summed, then the block sums; each step's
-    rounding is at most ``2^-24`` relative, so the computed sum is within a factor
-    ``1 + (1 + 1024 + blocks) 2^-23`` of the exact one, and the check compares it with
-    ``bound^2`` shrunk by that factor. (A vector rejected by the margin alone is redrawn.)
-    """
-    d = z.shape[-1]
-    width = min(d, 1024)
-    blocks = -(-d // width)
-    zf = jnp.pad(z.astype(jnp.float32), (0, blocks * width - d)).reshape(blocks, width)
-    total = jnp.sum(jnp.sum(zf * zf, axis=1))
-    margin = 1.0 - (1 + width + blocks) * 2.0**-23
-    return total <= jnp.float32(bound) ** 2 * jnp.float32(margin)
+    """Whether the float32 squared norm of the integer vector ``z``, summed pairwise, is at
+    most ``bound^2`` (float32): True certifies ``||z||_2 <= bound sqrt(1 + sum_error(d))``
+    (:func:`sum_error`)."""
+    sq = jnp.square(z.astype(jnp.float32))
+    n = 1 << max(0, (sq.shape[-1] - 1).bit_length())
+    sq = jnp.pad(sq, (0, n - sq.shape[-1]))
+    while sq.shape[-1] > 1:  # pairwise: log2 n levels of exact-order additions
+        sq = sq[0::2] + sq[1::2]
+    return sq[0] <= jnp.square(jnp.float32(bound))
+
+
+def certified_bound(sensitivity: Float[Array, ""], d: int) -> Float[Array, ""]:
+    """The bound :func:`conditional_round` checks so that every vector it sends has
+    ``||z|| <= sensitivity``: ``sensitivity / sqrt(1 + sum_error(d))``, lowered by a few
+    float32 roundings more."""
+    factor = (1.0 - 2.0**-21) / math.sqrt(1.0 + sum_error(d))
+    return jnp.asarray(sensitivity, jnp.float32) * jnp.float32(factor)
 
 
 def conditional_round(
@@ -119,7 +138,8 @@ def conditional_round(
 ) -> tuple[Int[Array, " d"], Bool[Array, ""]]:
     """``(z, ok)``: ``x`` randomly rounded to integers (``floor(x) + Bernoulli(frac(x))``),
     redrawn up to ``tries`` times until :func:`norm_within` ``bound``; ``z = 0`` and ``ok``
-    False when every draw failed (or ``x`` is not finite). Always ``||z|| <= bound``."""
+    False when every draw failed (or ``x`` is not finite). Always ``||z|| <= bound sqrt(1 +
+    sum_error(d))``: pass :func:`certified_bound` of a sensitivity to stay within it."""
     finite = jnp.all(jnp.isfinite(x))
     x = jnp.where(finite, x, 0.0)
     low = jnp.floor(x)

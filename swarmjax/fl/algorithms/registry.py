@@ -8,8 +8,8 @@ cross-device algorithms, how to build the algorithm and its grid for a run
 one ``ValueError`` line listing the allowed ones (:func:`lookup`).
 
 >>> from swarmjax.fl.algorithms import registry
->>> registry.names(cross_device=True)
-('fedavg', 'fedprox', 'fedadam', 'fedyogi', 'dp-fedavg', 'dp-fedavg-adaptive', 'dp-ftrl')
+>>> registry.names(cross_device=True)[-2:]
+('dp-ftrl', 'dp-fedavg-secagg')
 >>> alg, grid = registry.cross_device("dp-ftrl", run)        # doctest: +SKIP
 >>> variants = Variants.grid(alg, clients, run.spec, **grid)  # doctest: +SKIP
 """
@@ -27,9 +27,11 @@ from swarmjax.fl.algorithms.fed_dp_pso import FedDPPSO
 from swarmjax.fl.algorithms.fedavg import FedAvg
 from swarmjax.fl.algorithms.fedprox import FedProx
 from swarmjax.fl.client.training import LocalTraining
-from swarmjax.fl.private import Private
+from swarmjax.fl.distributed import Distributed
+from swarmjax.fl.private import Private, private
 from swarmjax.fl.protocol import Algorithm, RunSpec
 from swarmjax.models import Model
+from swarmjax.privacy.distributed import DistributedDP
 from swarmjax.privacy.noise import CorrelatedNoise
 from swarmjax.privacy.participation import MinSeparation, Poisson
 
@@ -179,6 +181,24 @@ def _dp_ftrl(run: CrossDeviceRun) -> tuple[Algorithm, Grid]:
 
 
 FTRL_OPTIONS = ("factorization", "schedule", "min_separation", "max_participations", "noise_cohort")
+SCHEDULE_OPTIONS = ("schedule", "min_separation", "max_participations")
+SECAGG_OPTIONS = (*SCHEDULE_OPTIONS, "bits", "min_survivors", "max_colluders", "dropout")
+
+
+def _dp_fedavg_secagg(run: CrossDeviceRun) -> tuple[Algorithm, Grid]:
+    options = dict(run.options)
+    schedule = {k: options.pop(k) for k in SCHEDULE_OPTIONS if k in options}
+    participation = MinSeparation(run.cohort, **schedule).for_run(run.num_clients, run.spec.rounds)
+    inner = FedAvg(
+        run.model,
+        run.training,
+        server_optimizer="sgd",
+        weighting="uniform",
+        eval_batch_size=run.eval_batch_size,
+    )
+    settings = {k: v for k, v in options.items() if v is not None}
+    return private(inner, DistributedDP(participation, **settings)), _dp_grid(run)
+
 
 REGISTRY: dict[str, Entry] = {
     e.name: e
@@ -237,6 +257,16 @@ REGISTRY: dict[str, Entry] = {
             options=FTRL_OPTIONS,
             build=_dp_ftrl,
             flower=True,
+        ),
+        Entry(
+            "dp-fedavg-secagg",
+            Distributed,
+            "user-level DP-FedAvg that does not trust the server: clients add Skellam noise "
+            "shares and mask their b-bit uploads with secure aggregation; public "
+            "min-separation cohorts, no amplification (docs/secure_aggregation.md)",
+            user_dp=True,
+            options=SECAGG_OPTIONS,
+            build=_dp_fedavg_secagg,
         ),
         Entry(
             "fed-dp-pso",

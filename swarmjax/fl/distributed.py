@@ -1,0 +1,224 @@
+"""A distributed-DP plan applied around any summed exchange: ``private(alg, DistributedDP())``.
+
+The plan (:class:`~swarmjax.privacy.distributed.DistributedDP`) takes over the exchange the
+way the central plan does (:mod:`swarmjax.fl.private`), except that the noise is added by
+the clients and the server never sees a single update::
+
+    select (plan) -> client (alg) -> encode: clip, rotate, round, + Skellam share (plan)
+        -> mask (secure aggregation) -> unmask the survivors' sum (server)
+        -> decode (plan) -> aggregate_sum (alg, on Update(decoded sum, survivors))
+
+The exchange has no runtime sum: the runtime hands the server the cohort's encoded uploads,
+the plan simulates the clients' masking as one vectorised step and the server reads the
+masked uploads of the survivors alone, exactly what a deployment's server would see. A
+round with too few survivors is refused: the wrapped algorithm's state is kept.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import dp_accounting
+import jax
+import jax.numpy as jnp
+from jax.flatten_util import ravel_pytree
+from jaxtyping import Array, Bool, Int, PRNGKeyArray, PyTree, UInt32
+
+from swarmjax.fl.private import PrivateHyper, PrivateServer, check_pair
+from swarmjax.fl.protocol import (
+    Algorithm,
+    Exchange,
+    Protection,
+    RunSpec,
+    Slots,
+    Spend,
+    Update,
+)
+from swarmjax.privacy.discrete import padded_dim
+from swarmjax.privacy.distributed import DistributedDP
+
+__all__ = ["Distributed"]
+
+_INNER_KEY = 0x696E6E72  # fold_in tag of the wrapped algorithm's aggregate key
+
+
+@dataclass(frozen=True)
+class Distributed(Algorithm):
+    """``algorithm`` under the distributed ``plan`` (static settings; hashable). Build it
+    with :func:`swarmjax.fl.private.private`, which checks the pair before any work.
+
+    Attributes:
+        algorithm: the wrapped algorithm: one summed exchange replying with an
+            :class:`~swarmjax.fl.protocol.Update`, no privacy of its own.
+        plan: the :class:`~swarmjax.privacy.distributed.DistributedDP` plan.
+    """
+
+    algorithm: Algorithm
+    plan: DistributedDP
+
+    privacy_unit: ClassVar[str] = "client"
+
+    def __post_init__(self) -> None:
+        check_pair(self.algorithm, self.plan)
+
+    @property
+    def _inner(self) -> Exchange:
+        return self.algorithm.exchanges[0]
+
+    @property
+    def exchanges(self) -> tuple[Exchange, ...]:
+        """The wrapped exchange with the plan's cohort, encoding, secure sum and decoding."""
+        protection = {"upload": Protection("accounted", "client", self.plan.describe())}
+        return (
+            Exchange(
+                self._inner.name,
+                self.select,
+                self.request,
+                self.client,
+                self.aggregate,
+                protection,
+                max_selected=self.plan.participation.max_selected,
+            ),
+        )
+
+    def select(self, server: PrivateServer, key: PRNGKeyArray, n: int) -> Bool[Array, " N"]:
+        return self.plan.select(server.plan, key, n)
+
+    def request(self, server: PrivateServer) -> tuple[Any, Int[Array, ""]]:
+        """The wrapped request and the round index (it names the public rotation)."""
+        return self._inner.request(server.inner), server.plan.rounds
+
+    def client(
+        self,
+        state: Any,
+        data: Any,
+        request: tuple[Any, Array],
+        key: PRNGKeyArray,
+        hyper: PrivateHyper,
+    ) -> tuple[Any, UInt32[Array, " d"]]:
+        inner_request, rounds = request
+        state, reply = self._inner.client(state, data, inner_request, key, hyper.inner)
+        if not isinstance(reply, Update):
+            raise TypeError(
+                f"{type(self.algorithm).__name__}'s client must reply with an Update(delta, "
+                f"weight) to take a privacy plan; got {type(reply).__name__}"
+            )
+        return state, self.plan.encode(reply.delta, hyper.plan, rounds, key)
+
+    def aggregate(
+        self,
+        server: PrivateServer,
+        uploads: UInt32[Array, "S d"],
+        slots: Slots,
+        key: PRNGKeyArray,
+        hyper: PrivateHyper,
+    ) -> PrivateServer:
+        """Masks, the survivors' secure sum and its decoding (the plan), then the wrapped
+        algorithm's step on ``Update(decoded sum, survivors)``; a refused round keeps the
+        wrapped state."""
+        like = self._inner.request(server.inner)
+        total, survived, ok, plan = self.plan.release(
+            server.plan, uploads, slots.mask, slots.ids, key, hyper.plan, like
+        )
+        weight = jnp.maximum(jnp.sum(survived), 1).astype(jnp.float32)
+        inner_key = jax.random.fold_in(key, _INNER_KEY)
+        stepped = self._inner.aggregate_sum(
+            server.inner,
+            Update(total, weight),
+            Slots(mask=survived, ids=slots.ids, num_clients=slots.num_clients),
+            inner_key,
+            hyper.inner,
+        )
+        inner = jax.tree.map(lambda a, b: jnp.where(ok, a, b), stepped, server.inner)
+        return PrivateServer(inner=inner, plan=plan)
+
+    # ------------------------------------------------------------------ device side
+
+    def server_init(self, key: PRNGKeyArray, hyper: PrivateHyper) -> PrivateServer:
+        return PrivateServer(
+            inner=self.algorithm.server_init(key, hyper.inner), plan=self.plan.init(hyper.plan)
+        )
+
+    def client_init(
+        self, key: PRNGKeyArray, data: Any, hyper: PrivateHyper, client_id: Int[Array, ""]
+    ) -> Any:
+        return self.algorithm.client_init(key, data, hyper.inner, client_id)
+
+    def evaluate(self, server: PrivateServer, test: tuple[Array, Array]) -> dict[str, Array]:
+        out = dict(self.algorithm.evaluate(server.inner, test))
+        out.update(self.plan.metrics(server.plan))
+        return out
+
+    def spend(self, server: PrivateServer, client_state: Any) -> Spend:
+        """Participations so far (``q = 1``: a public cohort); ``sigma`` is the Gaussian
+        multiplier of equal variance, ``sqrt(2 mu) / Delta_2``, shown in the record; the
+        accounted event is the plan's Skellam event (:meth:`step_event`)."""
+        del client_state
+        steps = self.plan.accounted_steps(server.plan)
+        return Spend(
+            sample_rate=jnp.ones((), jnp.float32),
+            noise_multiplier=server.plan.noise_multiplier,
+            steps=steps,
+            extra_epsilon=jnp.zeros((), jnp.float32),
+        )
+
+    def step_event(self, hyper: PrivateHyper) -> Callable[[float, float, int], Any]:
+        """``(q, sigma, steps) ->`` ``steps`` participations of the plan's Skellam event of
+        this variant (the event that calibrated it)."""
+        plan = hyper.plan
+
+        def one(q: float, sigma: float, steps: int) -> dp_accounting.DpEvent:
+            del q, sigma
+            return self.plan.event(plan, steps)
+
+        return one
+
+    def private_diagnostics(self, client_state: Any) -> dict[str, Array]:
+        return self.algorithm.private_diagnostics(client_state)
+
+    def floating_point(self) -> str:
+        return self.plan.floating_point()
+
+    # ------------------------------------------------------------------ host side
+
+    def client_data(self, clients: Any) -> PyTree:
+        return self.algorithm.client_data(clients)
+
+    def check(self, clients: Any, test: tuple[Array, Array] | None = None) -> None:
+        self.algorithm.check(clients, test)
+        n = clients.num_clients
+        if self.plan.cohort > n:
+            raise ValueError(f"cohort must be <= num_clients ({n}); got {self.plan.cohort}")
+
+    def default_hyper(self, clients: Any, spec: RunSpec) -> PrivateHyper:
+        return PrivateHyper(
+            inner=self.algorithm.default_hyper(clients, spec),
+            plan=self.plan.default_hyper(clients.num_clients, spec.rounds),
+        )
+
+    def resolve(
+        self, hyper: PrivateHyper, clients: Any, spec: RunSpec, epsilon_target: float | None
+    ) -> PrivateHyper:
+        """The algorithm's values checked without a target; the plan's grid and noise
+        derived from ``epsilon_target`` for the model's padded dimension."""
+        if spec.accountant != "rdp":
+            raise ValueError(
+                "accountant must be 'rdp' for a DistributedDP plan (dp-accounting's PLD cannot "
+                f"represent the multi-dimensional Skellam mechanism); got {spec.accountant!r}"
+            )
+        inner = self.algorithm.resolve(hyper.inner, clients, spec, None)
+        dim = self.dimension(inner)
+        return PrivateHyper(
+            inner=inner,
+            plan=self.plan.resolve(hyper.plan, clients.num_clients, spec, epsilon_target, dim),
+        )
+
+    def dimension(self, inner_hyper: Any) -> int:
+        """``d``: the padded length of one update (the model's parameters, next power of
+        two), from the wrapped algorithm's broadcast shapes."""
+        server = jax.eval_shape(lambda: self.algorithm.server_init(jax.random.key(0), inner_hyper))
+        like = jax.eval_shape(self._inner.request, server)
+        flat = jax.eval_shape(lambda t: ravel_pytree(t)[0], like)
+        return padded_dim(int(flat.shape[0]))
