@@ -329,7 +329,7 @@ def profile(args: argparse.Namespace) -> Profile:
             add = " or ".join(takers)
             _cli.refuse_unused(args, [option], f"it is a {what} option (add {add} to --algorithm)")
     if SECAGG in prof.algorithms and prof.accountant != "rdp":
-        if args.accountant is not None:
+        if "accountant" in _cli.given(args):
             raise _cli.UserError(
                 f"--accountant {args.accountant} with --algorithm {SECAGG}: its Skellam noise "
                 "is accounted by RDP only (dp-accounting's PLD cannot represent it); use "

@@ -30,6 +30,9 @@ from swarmjax.privacy.participation import FixedCohort, MinSeparation, Poisson
 from tests.reproducible import SECRET
 
 KEY = jax.random.key(7, impl=chacha20)
+_ROUND = jax.jit(discrete.conditional_round, static_argnums=3)
+_SKELLAM = jax.jit(lambda key, lam: discrete.skellam(key, lam, (2**17,)))
+"""One compilation each for the tests that draw many times."""
 
 
 # ------------------------------------------------------------------ rotation
@@ -96,7 +99,7 @@ def test_conditional_rounding_never_exceeds_its_bound(scale, special, seed):
         x = x.at[5].set(1e30)
     c = float(jnp.linalg.norm(jnp.where(jnp.isfinite(x), x, 0.0)))
     bound = jnp.float32(min(c, 1e6) + math.sqrt(d) / 2 + 2.0)
-    z, ok = discrete.conditional_round(jax.random.key(seed, impl=chacha20), x, bound, 8)
+    z, ok = _ROUND(jax.random.key(seed, impl=chacha20), x, bound, 8)
     norm = float(np.linalg.norm(np.asarray(z, np.float64)))
     assert norm <= float(bound)
     if special is not None:
@@ -142,7 +145,7 @@ def test_norm_check_certifies_its_bound(d, magnitude, seed):
 @pytest.mark.parametrize("lam", [0.4, 3.0, 9.99, 10.0, 55.0, 2.5e3])
 def test_skellam_matches_its_pmf(lam):
     """Chi-square of 2^17 draws against Skellam's pmf (scipy), fixed key, p > 1e-3."""
-    draws = np.asarray(jax.jit(lambda k: discrete.skellam(k, lam, (2**17,)))(KEY), np.int64)
+    draws = np.asarray(_SKELLAM(KEY, lam), np.int64)
     lo, hi = (int(v) for v in stats.skellam.ppf([1e-5, 1 - 1e-5], lam, lam))
     values = np.clip(draws, lo, hi)
     obs = np.bincount(values - lo, minlength=hi - lo + 1)
@@ -158,7 +161,7 @@ def test_skellam_matches_its_pmf(lam):
 @pytest.mark.parametrize("lam", [3e6, 4e8])
 def test_skellam_beyond_float32_integers(lam):
     """Above 2^24 only the deviation from floor(lam) is drawn: mean 0, variance 2 lam."""
-    draws = np.asarray(discrete.skellam(KEY, lam, (2**16,)), np.float64)
+    draws = np.asarray(_SKELLAM(KEY, lam), np.float64)
     sd = math.sqrt(2 * lam)
     assert abs(draws.mean()) < 5 * sd / math.sqrt(len(draws))
     assert draws.var() / (2 * lam) == pytest.approx(1.0, abs=0.03)
@@ -166,9 +169,9 @@ def test_skellam_beyond_float32_integers(lam):
 
 
 def test_skellam_zero_and_shares_sum():
-    assert not np.any(np.asarray(discrete.skellam(KEY, 0.0, (100,))))
+    assert not np.any(np.asarray(_SKELLAM(KEY, 0.0)))
     keys = jax.random.split(KEY, 20)
-    total = sum(np.asarray(discrete.skellam(k, 2.5, (2**15,)), np.int64) for k in keys)
+    total = sum(np.asarray(_SKELLAM(k, 2.5), np.int64) for k in keys)
     assert total.var() / 100.0 == pytest.approx(1.0, abs=0.05)  # Sk(50): variance 100
 
 
@@ -369,19 +372,22 @@ def test_wrap_bound_holds_empirically():
     rng = np.random.default_rng(0)
     direction = rng.standard_normal(d)
     direction *= scaled / np.linalg.norm(direction)
-    wraps = 0
     trials = 40
-    for t in range(trials):
+
+    @jax.jit
+    def totals(t):  # one trial: fresh signs, m clients' rounding and noise, their sum
         k = jax.random.fold_in(KEY, t)
-        signs = discrete.rotation_signs(k, d)
-        x = discrete.rotate(jnp.asarray(direction, jnp.float32), signs)
-        total = np.zeros(d, np.int64)
-        for i in range(m):
+        x = discrete.rotate(jnp.asarray(direction, jnp.float32), discrete.rotation_signs(k, d))
+
+        def client(i):
             ki = jax.random.fold_in(k, 1000 + i)
             z, _ = discrete.conditional_round(ki, x, jnp.float32(1e9), 1)
-            total += np.asarray(z) + np.asarray(discrete.skellam(ki, lam, (d,)))
-        wraps += int(np.sum(np.abs(total) >= 2 ** (bits - 1)))
-    assert wraps / (trials * d) <= bound
+            return z + discrete.skellam(ki, lam, (d,))
+
+        return jnp.sum(jax.vmap(client)(jnp.arange(m)), axis=0)
+
+    sums = np.stack([np.asarray(totals(t)) for t in range(trials)])
+    assert np.mean(np.abs(sums) >= 2 ** (bits - 1)) <= bound
 
 
 def test_ptrs_buffer_overflow_still_samples_every_coordinate(monkeypatch):
@@ -393,3 +399,27 @@ def test_ptrs_buffer_overflow_still_samples_every_coordinate(monkeypatch):
     assert abs(draws.mean() - lam) < 5 * math.sqrt(lam / len(draws))
     assert draws.var() / lam == pytest.approx(1.0, abs=0.05)
     assert stats.kstest((draws - lam) / math.sqrt(lam), "norm").pvalue > 1e-4
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--accountant", "pld"], "--accountant pld with --algorithm dp-fedavg-secagg"),
+        (["--bits", "7"], "--bits: must be >= 8"),
+        (["--algorithm", "dp-fedavg", "--bits", "16"], "--bits does not apply"),
+        (["--min-survivors", "9"], "min_survivors"),
+    ],
+)
+def test_cross_device_secagg_bad_input_is_one_line(tmp_path, capsys, extra, message):
+    from experiments import cross_device
+    from tests.argv import override
+
+    args = [
+        "--quick", "--dataset", "digits", "--clients", "40", "--rows-per-client", "20",
+        "--cohort", "5", "--rounds", "2", "--algorithm", "dp-fedavg-secagg",
+    ]  # fmt: skip
+    with pytest.raises(SystemExit) as exc:
+        cross_device.main([*override(args, extra), "--out", str(tmp_path / "bad")])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1

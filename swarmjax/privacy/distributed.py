@@ -234,12 +234,15 @@ class DistributedDP:
             raise ValueError(f"bits must be in [8, 32] (uint32 words); got {self.bits}")
         m = self.cohort
         check_int("max_colluders", self.max_colluders, 0)
-        check_threshold(self.threshold, m, self.max_colluders)
         if self.max_colluders >= self.threshold:
             raise ValueError(
                 f"max_colluders must be < min_survivors ({self.threshold}): at least one "
                 f"honest survivor must carry the noise; got {self.max_colluders}"
             )
+        try:
+            check_threshold(self.threshold, m, self.max_colluders)
+        except ValueError as err:  # named by this plan's setting
+            raise ValueError(f"min_survivors: {err}") from None
         check_range("dropout", self.dropout, 0.0, 1.0, high_open=True)
         check_range("wrap_probability", self.wrap_probability, 0.0, 0.5, low_open=True)
         check_range("beta", self.beta, 0.0, 1.0, low_open=True, high_open=True)
