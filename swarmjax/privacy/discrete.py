@@ -23,7 +23,7 @@ and the server undoes the last steps on the sum (:func:`from_residues`, :func:`u
   uniform bits of the key's generator (ChaCha20 for secret runs; JAX's own Poisson sampler
   serves Threefry keys only). Each Poisson value is drawn as its deviation from
   ``floor(lam)``, so the two integer parts cancel and ``lam`` may exceed float32's exact
-  integers (``2^24``): Knuth's product of uniforms for ``lam < 10``, Hormann's transformed
+  integers (``2^24``): inversion of the cdf for ``lam < 10``, Hormann's transformed
   rejection (PTRS, 1993) above, its acceptance test written with Stirling's series in the
   deviation so nothing cancels catastrophically in float32.
 * :func:`to_residues` / :func:`from_residues`: int32 values to uint32 words holding them
@@ -59,7 +59,7 @@ __all__ = [
     "unrotate",
 ]
 
-_KNUTH_LIMIT = 10.0  # below: Knuth's product of uniforms; at or above: PTRS
+_KNUTH_LIMIT = 10.0  # below: inversion of the cdf; at or above: PTRS
 _MAX_ROUNDS = 64  # cap on rejection rounds of the vectorised samplers (see _poisson_*)
 _BUFFER = 4  # the rejected coordinates of a first PTRS pass go to a buffer of n / _BUFFER
 
@@ -171,29 +171,18 @@ def _uniform_open(key: PRNGKeyArray, shape: tuple[int, ...]) -> Float[Array, "..
 
 
 def _poisson_small(key: PRNGKeyArray, lam: Float[Array, ""], shape: tuple[int, ...]) -> Array:
-    """Poisson(``lam``) for ``lam < 10`` by Knuth's method: the count of uniforms whose
-    running product stays above ``e^-lam``. All coordinates step together; ``P(value >=
-    64)`` is below ``1e-30`` at ``lam = 10``, the cap."""
-    limit = jnp.exp(-lam)
-
-    def cond(carry: tuple) -> Bool[Array, ""]:
-        i, _, _, done = carry
-        return (i < _MAX_ROUNDS) & ~jnp.all(done)
-
-    def body(carry: tuple) -> tuple:
-        i, count, prod, done = carry
-        prod = prod * _uniform_open(jax.random.fold_in(key, i), shape)
-        stop = prod < limit
-        count = jnp.where(done | stop, count, count + 1)
-        return i + 1, count, prod, done | stop
-
-    start = (
-        jnp.int32(0),
-        jnp.zeros(shape, jnp.int32),
-        jnp.ones(shape, jnp.float32),
-        jnp.zeros(shape, bool),
-    )
-    return jax.lax.while_loop(cond, body, start)[1]
+    """Poisson(``lam``) for ``lam < 10`` by inversion: one uniform ``U`` per coordinate and
+    the first ``k`` whose cdf reaches it, searched in the table of the first
+    :data:`_MAX_ROUNDS` probabilities (normalised; the mass beyond 64 is below ``1e-30`` at
+    ``lam = 10``). One pass over the coordinates whatever ``lam`` (a loop until every
+    coordinate stops would cost ~30 passes under a batched ``lam``, where ``lax.cond``
+    runs both samplers)."""
+    k = jnp.arange(_MAX_ROUNDS, dtype=jnp.float32)
+    log_pmf = k * jnp.log(jnp.maximum(lam, 1e-30)) - lam - jax.lax.lgamma(k + 1.0)
+    cdf = jnp.cumsum(jnp.exp(log_pmf - jnp.max(log_pmf)))
+    cdf = cdf / cdf[-1]
+    u = _uniform_open(key, shape)
+    return jnp.minimum(jnp.searchsorted(cdf, u, side="left"), _MAX_ROUNDS - 1).astype(jnp.int32)
 
 
 def _log1p_minus(t: Array) -> Array:
@@ -304,7 +293,7 @@ def _poisson_deviation_large(
 def _poisson_deviation(
     key: PRNGKeyArray, lam: Float[Array, ""], shape: tuple[int, ...]
 ) -> Int[Array, "..."]:
-    """``Poisson(lam) - floor(lam)`` (int32): Knuth below 10, PTRS above (``lam`` traced:
+    """``Poisson(lam) - floor(lam)`` (int32): inversion below 10, PTRS above (``lam`` traced:
     a ``lax.cond``, both branches under a batched ``lam``)."""
     lam = jnp.asarray(lam, jnp.float32)
     small = jnp.minimum(lam, _KNUTH_LIMIT - 1e-3)
