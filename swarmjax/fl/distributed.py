@@ -18,15 +18,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 import dp_accounting
 import jax
 import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
-from jaxtyping import Array, Bool, Int, PRNGKeyArray, PyTree, UInt32
+from jaxtyping import Array, Bool, Int, PRNGKeyArray, UInt32
 
-from swarmjax.fl.private import PrivateHyper, PrivateServer, check_pair
+from swarmjax.fl.private import PlanAround, PrivateHyper, PrivateServer
 from swarmjax.fl.protocol import (
     Algorithm,
     Exchange,
@@ -45,7 +45,7 @@ _INNER_KEY = 0x696E6E72  # fold_in tag of the wrapped algorithm's aggregate key
 
 
 @dataclass(frozen=True)
-class Distributed(Algorithm):
+class Distributed(PlanAround):
     """``algorithm`` under the distributed ``plan`` (static settings; hashable). Build it
     with :func:`swarmjax.fl.private.private`, which checks the pair before any work.
 
@@ -57,15 +57,6 @@ class Distributed(Algorithm):
 
     algorithm: Algorithm
     plan: DistributedDP
-
-    privacy_unit: ClassVar[str] = "client"
-
-    def __post_init__(self) -> None:
-        check_pair(self.algorithm, self.plan)
-
-    @property
-    def _inner(self) -> Exchange:
-        return self.algorithm.exchanges[0]
 
     @property
     def exchanges(self) -> tuple[Exchange, ...]:
@@ -141,16 +132,6 @@ class Distributed(Algorithm):
             inner=self.algorithm.server_init(key, hyper.inner), plan=self.plan.init(hyper.plan)
         )
 
-    def client_init(
-        self, key: PRNGKeyArray, data: Any, hyper: PrivateHyper, client_id: Int[Array, ""]
-    ) -> Any:
-        return self.algorithm.client_init(key, data, hyper.inner, client_id)
-
-    def evaluate(self, server: PrivateServer, test: tuple[Array, Array]) -> dict[str, Array]:
-        out = dict(self.algorithm.evaluate(server.inner, test))
-        out.update(self.plan.metrics(server.plan))
-        return out
-
     def spend(self, server: PrivateServer, client_state: Any) -> Spend:
         """Participations so far (``q = 1``: a public cohort); ``sigma`` is the Gaussian
         multiplier of equal variance, ``sqrt(2 mu) / Delta_2``, shown in the record; the
@@ -175,28 +156,11 @@ class Distributed(Algorithm):
 
         return one
 
-    def private_diagnostics(self, client_state: Any) -> dict[str, Array]:
-        return self.algorithm.private_diagnostics(client_state)
-
-    def floating_point(self) -> str:
-        return self.plan.floating_point()
-
-    # ------------------------------------------------------------------ host side
-
-    def client_data(self, clients: Any) -> PyTree:
-        return self.algorithm.client_data(clients)
-
     def check(self, clients: Any, test: tuple[Array, Array] | None = None) -> None:
         self.algorithm.check(clients, test)
         n = clients.num_clients
         if self.plan.cohort > n:
             raise ValueError(f"cohort must be <= num_clients ({n}); got {self.plan.cohort}")
-
-    def default_hyper(self, clients: Any, spec: RunSpec) -> PrivateHyper:
-        return PrivateHyper(
-            inner=self.algorithm.default_hyper(clients, spec),
-            plan=self.plan.default_hyper(clients.num_clients, spec.rounds),
-        )
 
     def resolve(
         self, hyper: PrivateHyper, clients: Any, spec: RunSpec, epsilon_target: float | None

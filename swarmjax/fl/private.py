@@ -45,7 +45,15 @@ from swarmjax.fl.protocol import (
 from swarmjax.privacy.canaries import CanaryHook
 from swarmjax.privacy.user_level import ClippedUpdate, PlanHyper, PlanState, UserLevelDP
 
-__all__ = ["Private", "PrivateHyper", "PrivateServer", "algorithm_name", "private"]
+__all__ = [
+    "PlanAround",
+    "Private",
+    "PrivateHyper",
+    "PrivateServer",
+    "algorithm_name",
+    "check_pair",
+    "private",
+]
 
 _INNER_KEY = 0x696E6E72  # fold_in tag of the wrapped algorithm's aggregate key
 
@@ -102,8 +110,52 @@ class PrivateServer:
         return getattr(object.__getattribute__(self, "inner"), name)
 
 
+class PlanAround(Algorithm):
+    """What every algorithm under a user-level plan shares (:class:`Private`, central;
+    :class:`~swarmjax.fl.distributed.Distributed`, under secure aggregation): the wrapped
+    ``algorithm``'s one exchange, its clients' data and state, and its metrics beside the
+    plan's. Subclasses are frozen dataclasses with the fields ``algorithm`` and ``plan``."""
+
+    algorithm: Algorithm
+    plan: Any
+
+    privacy_unit: ClassVar[str] = "client"
+
+    def __post_init__(self) -> None:
+        check_pair(self.algorithm, self.plan)
+
+    @property
+    def _inner(self) -> Exchange:
+        return self.algorithm.exchanges[0]
+
+    def client_init(
+        self, key: PRNGKeyArray, data: Any, hyper: PrivateHyper, client_id: Int[Array, ""]
+    ) -> Any:
+        return self.algorithm.client_init(key, data, hyper.inner, client_id)
+
+    def evaluate(self, server: PrivateServer, test: tuple[Array, Array]) -> dict[str, Array]:
+        out = dict(self.algorithm.evaluate(server.inner, test))
+        out.update(self.plan.metrics(server.plan))
+        return out
+
+    def private_diagnostics(self, client_state: Any) -> dict[str, Array]:
+        return self.algorithm.private_diagnostics(client_state)
+
+    def floating_point(self) -> str:
+        return self.plan.floating_point()
+
+    def client_data(self, clients: Any) -> PyTree:
+        return self.algorithm.client_data(clients)
+
+    def default_hyper(self, clients: Any, spec: RunSpec) -> PrivateHyper:
+        return PrivateHyper(
+            inner=self.algorithm.default_hyper(clients, spec),
+            plan=self.plan.default_hyper(clients.num_clients, spec.rounds),
+        )
+
+
 @dataclass(frozen=True)
-class Private(SummedAggregate, Algorithm):
+class Private(SummedAggregate, PlanAround):
     """``algorithm`` under the user-level ``plan`` (static settings; hashable). Build it
     with :func:`private`, which checks the pair before any work.
 
@@ -116,16 +168,7 @@ class Private(SummedAggregate, Algorithm):
     algorithm: Algorithm
     plan: UserLevelDP
 
-    privacy_unit: ClassVar[str] = "client"
-
-    def __post_init__(self) -> None:
-        check_pair(self.algorithm, self.plan)
-
     # ------------------------------------------------------------------ the exchange
-
-    @property
-    def _inner(self) -> Exchange:
-        return self.algorithm.exchanges[0]
 
     @property
     def exchanges(self) -> tuple[Exchange, ...]:
@@ -201,16 +244,6 @@ class Private(SummedAggregate, Algorithm):
         like = self._inner.request(inner)  # the update is shaped like the broadcast model
         return PrivateServer(inner=inner, plan=self.plan.init(hyper.plan, like))
 
-    def client_init(
-        self, key: PRNGKeyArray, data: Any, hyper: PrivateHyper, client_id: Int[Array, ""]
-    ) -> Any:
-        return self.algorithm.client_init(key, data, hyper.inner, client_id)
-
-    def evaluate(self, server: PrivateServer, test: tuple[Array, Array]) -> dict[str, Array]:
-        out = dict(self.algorithm.evaluate(server.inner, test))
-        out.update(self.plan.metrics(server.plan))
-        return out
-
     def spend(self, server: PrivateServer, client_state: Any) -> Spend:
         """The plan's accounted ``(q, z, steps)``, the same for every client."""
         del client_state
@@ -221,12 +254,6 @@ class Private(SummedAggregate, Algorithm):
             steps=steps,
             extra_epsilon=jnp.zeros((), jnp.float32),
         )
-
-    def private_diagnostics(self, client_state: Any) -> dict[str, Array]:
-        return self.algorithm.private_diagnostics(client_state)
-
-    def floating_point(self) -> str:
-        return self.plan.floating_point()
 
     def canary_hook(self) -> CanaryHook:
         """Client-level canaries by the plan's participation rule: each in canary takes part
@@ -248,21 +275,12 @@ class Private(SummedAggregate, Algorithm):
 
     # ------------------------------------------------------------------ host side
 
-    def client_data(self, clients: Any) -> PyTree:
-        return self.algorithm.client_data(clients)
-
     def check(self, clients: Any, test: tuple[Array, Array] | None = None) -> None:
         self.algorithm.check(clients, test)
         cohort = self.plan.participation.public_cohort
         n = clients.num_clients
         if cohort is not None and cohort > n:
             raise ValueError(f"cohort must be <= num_clients ({n}); got {cohort}")
-
-    def default_hyper(self, clients: Any, spec: RunSpec) -> PrivateHyper:
-        return PrivateHyper(
-            inner=self.algorithm.default_hyper(clients, spec),
-            plan=self.plan.default_hyper(clients.num_clients, spec.rounds),
-        )
 
     def resolve(
         self, hyper: PrivateHyper, clients: Any, spec: RunSpec, epsilon_target: float | None
@@ -297,7 +315,7 @@ def check_pair(alg: Algorithm, plan: Any) -> None:
     name = type(alg).__name__
     if not isinstance(plan, UserLevelDP) and type(plan).__name__ != "DistributedDP":
         raise ValueError(f"plan must be a UserLevelDP or DistributedDP; got {type(plan).__name__}")
-    if not isinstance(alg, Algorithm) or hasattr(alg, "plan"):
+    if not isinstance(alg, Algorithm) or isinstance(alg, PlanAround):
         raise ValueError(f"private() takes an algorithm without a plan; got {name}")
     if alg.setup:
         raise ValueError(f"a privacy plan wraps one round exchange; {name} has setup exchanges")
@@ -351,6 +369,6 @@ def private(algorithm: Algorithm, plan: Any = None) -> Algorithm:
 def algorithm_name(alg: Algorithm) -> str:
     """The name a result, a progress bar and a ledger give ``alg``: its class name, or
     ``Private(<class of the wrapped algorithm>)`` under a privacy plan."""
-    if isinstance(alg, Private) or type(alg).__name__ == "Distributed":
+    if isinstance(alg, PlanAround):
         return f"{type(alg).__name__}({type(alg.algorithm).__name__})"
     return type(alg).__name__
