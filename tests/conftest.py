@@ -1,8 +1,14 @@
-"""Shared fixtures: where the offline datasets are, and a skip when they are not."""
+"""Shared fixtures: where the offline datasets are, and a skip when they are not; the
+suite's compile settings (XLA flags, one persistent compilation cache per run) and the
+order in which its modules start (longest first)."""
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -30,6 +36,68 @@ _flags = os.environ.get("XLA_FLAGS", "")
 _added = [f"--{k}={v}" for k, v in SUITE_XLA_FLAGS.items() if k not in _flags]
 if _added:
     os.environ["XLA_FLAGS"] = " ".join([_flags, *_added]).strip()
+
+# JAX's persistent compilation cache, one per run of the suite: a program compiled once is
+# loaded, not compiled again, by the other xdist worker, by a later module (the in-memory
+# caches are cleared after each module, below) and by the processes the tests start
+# (SuperNodes, sweep workers, experiment subprocesses), which inherit the variables. The
+# key covers the program, XLA_FLAGS and the jaxlib version, so nothing compiled under other
+# flags is reused (tests/test_compile_level.py's two levels stay apart). The folder is the
+# run's own (created here by the first process, xdist's controller; its workers see the
+# variable set) and removed when that process ends. Measured in docs/testing.md; a
+# JAX_COMPILATION_CACHE_DIR already set is kept (set it empty to run without the cache).
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    _cache_dir = tempfile.mkdtemp(prefix="swarmjax-tests-jax-cache-")
+    atexit.register(shutil.rmtree, _cache_dir, ignore_errors=True)
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = _cache_dir
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+    if "jax" in sys.modules:  # a plugin imported JAX before this file: configure it too
+        import jax
+
+        jax.config.update("jax_compilation_cache_dir", _cache_dir)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
+# CPU seconds of the longest modules (each file alone on the 2-core CPU, 2026-11-28; the
+# Flower deployment by wall time, its processes mostly wait). xdist hands out whole modules
+# (pyproject.toml: ``--dist loadscope --no-loadscope-reorder``, so that a module's shared
+# fixtures and compiled programs are made once, on one worker) in the order collected;
+# starting the longest first leaves short modules for the end, when the other worker may
+# already be idle. A stale number costs balance only; modules not listed keep their order.
+MODULE_SECONDS = {
+    "test_flower_deployment.py": 180,
+    "test_fl_protocol.py": 159,
+    "test_experiment_ledgers.py": 118,
+    "test_work_cap.py": 98,
+    "test_distributed_dp.py": 92,
+    "test_experiment_fed_dp_pso.py": 72,
+    "test_summed_exchange.py": 68,
+    "test_canaries_record_clients.py": 68,
+    "test_canaries.py": 63,
+    "test_canaries_fedavg_record.py": 62,
+    "test_experiment_cross_device_ftrl.py": 60,
+    "test_sweep.py": 57,
+    "test_experiment_resume.py": 55,
+    "test_compile_level.py": 54,
+    "test_experiment_dp_fedavg.py": 53,
+    "test_flower_runtime.py": 53,
+    "test_fedavg.py": 52,
+    "test_shakespeare.py": 48,
+    "test_canaries_ftrl.py": 46,
+    "test_lora.py": 46,
+    "test_fed_dp_pso_readings.py": 45,
+    "test_canaries_shared_noise.py": 45,
+    "test_private_plans.py": 45,
+    "test_privacy_relations.py": 43,
+}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Longest modules first (:data:`MODULE_SECONDS`); a stable sort, so each module's
+    tests stay together and in their order."""
+    items.sort(key=lambda item: -MODULE_SECONDS.get(item.path.name, 0))
 
 
 def shared_data_dir() -> Path | None:

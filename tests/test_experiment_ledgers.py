@@ -38,6 +38,7 @@ from swarmjax.paaso_sweep import (
 from swarmjax.privacy.accounting import PureDpEvent, event_epsilon
 from swarmjax.privacy.ledger import JSON_NAME, MARKDOWN_NAME, Ledger, saved_releases
 from swarmjax.privacy.mechanisms import random_dictatorship_epsilon
+from tests.test_experiment_resume import rerun_from_saved_calls
 from tests.test_released_files import check_released_files
 
 
@@ -197,11 +198,16 @@ def test_fed_dp_pso_flower_takes_the_delta_and_refuses_another_accountant():
 # ----------------------------------------------------------------------- combined_learning
 
 
-def test_combined_learning_ledger(tmp_path, monkeypatch):
+def test_combined_learning_ledger_and_resume(tmp_path, monkeypatch, capsys):
     """No run has DP: every run (CL, FedAvg, each client alone per split; the centralised
-    model) is listed as not private, with its setting's labels."""
+    model) is listed as not private, with its setting's labels. The same run resumes: a
+    rerun reuses every finished setting (same summary and ledger), ``--restart`` computes
+    again (tests/test_experiment_resume.py's check, on this one run)."""
     argv = ["--quick", "--rounds", "1", "--out", str(tmp_path)]
     combined_learning.main(argv)
+    first = pd.read_csv(tmp_path / "summary.csv")
+    assert set(first.split) == {"uniform", "arbitrary"} and first.K.eq(2).all()  # 2 classes
+    assert first[["CL_final", "FedAvg_final", "central_final"]].stack().between(0, 1).all()
     data = _ledger(tmp_path, "pld")
     history = pd.read_csv(tmp_path / "history.csv")
     central = pd.read_csv(tmp_path / "central.csv")
@@ -215,25 +221,33 @@ def test_combined_learning_ledger(tmp_path, monkeypatch):
     }
     monkeypatch.setattr(combined_learning, "run_setting", _must_not_run)
     monkeypatch.setattr(combined_learning, "run_central", _must_not_run)
-    combined_learning.main(argv)
+    log = rerun_from_saved_calls(combined_learning.main, argv, first, tmp_path, capsys)
+    assert "uniform_K2" in log
     _same_entries(data, _ledger(tmp_path, "pld"))
     # no run draws a secret (no DP); the call store is kept back all the same
     assert [n["folder"] for n in data["not_released"]] == [
         str(p) for p in (tmp_path / "calls").iterdir()
     ]
     check_released_files(tmp_path, combined_learning, secrets=False)
+    with pytest.raises(RuntimeError, match="ran again"):  # last: it may clear the folder
+        combined_learning.main([*argv, "--restart"])
 
 
 # ----------------------------------------------------------------------------------- apdim
 
 
-def test_apdim_ledger(tmp_path, monkeypatch, data_dir):
+def test_apdim_ledger_and_resume(tmp_path, monkeypatch, capsys, data_dir):
     """The correct mode's noised tables are record-level DP releases (per-feature Laplace
     events, the table's client id, epsilon as claimed); the paper mode's, the clean
-    baseline, the attack scores and the plans are listed as not private."""
+    baseline, the attack scores and the plans are listed as not private. The same run
+    resumes: a rerun reuses both saved calls (same summary and ledger), another ``--seeds``
+    computes again (tests/test_experiment_resume.py's check, on this one run)."""
     argv = ["--quick", "--datasets", "heart", "--skip-timing", "--data-dir", str(data_dir)]
     argv += ["--delta", "1e-6", "--out", str(tmp_path)]
     apdim.main(argv)
+    first = pd.read_csv(tmp_path / "summary.csv")
+    assert set(first.dataset) == {"heart"} and set(first["mode"]) == {"correct", "paper"}
+    assert first[["f1_apdim", "f1_uniform"]].stack().between(0, 1).all()
     data = _ledger(tmp_path, "pld")
     f1 = pd.read_csv(tmp_path / "f1.csv")
     noised = f1[f1["mode"] != "clean"][["mode", "mechanism", "epsilon", "seed"]]
@@ -256,9 +270,12 @@ def test_apdim_ledger(tmp_path, monkeypatch, data_dir):
     assert data["composed"]["record"]["epsilon"] <= sum(r["epsilon"] for r in private) + 1e-9
     monkeypatch.setattr(apdim, "run_utility", _must_not_run)
     monkeypatch.setattr(apdim, "run_params", _must_not_run)
-    apdim.main(argv)
+    log = rerun_from_saved_calls(apdim.main, argv, first, tmp_path, capsys)
+    assert "utility_heart" in log and "params_heart" in log
     _same_entries(data, _ledger(tmp_path, "pld"))
     check_released_files(tmp_path, apdim)  # each file a release, public or kept back
+    with pytest.raises(RuntimeError, match="ran again"):  # last: it writes into the folder
+        apdim.main([*argv, "--seeds", "2"])
 
 
 def test_apdim_releases_never_share_noise():

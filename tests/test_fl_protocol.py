@@ -614,31 +614,46 @@ def test_a_capped_exchange_runs_and_aggregates_only_the_cohorts_slots(setup):
     assert np.isfinite(res.history["test_loss"]).all()
 
 
+_TRAINED: list[int] = []  # one entry per client block that trained (_Counted's callback)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Counted(Private):
+    """DP-FedAvg whose client step counts the blocks that train, by a host callback (a
+    callback in a vmapped block runs once for the block)."""
+
+    def client(self, state, data, request, key, hyper):
+        jax.debug.callback(lambda: _TRAINED.append(1))
+        return super().client(state, data, request, key, hyper)
+
+
+@pytest.fixture(scope="module")
+def counted(setup):
+    """``(alg, clients, grid, capacity, everyone)``: :class:`_Counted` on
+    :func:`forty_clients` over 3 rounds, and its plain vmap over every slot (the numbers
+    each client map must give; one run for all of them)."""
+    _, test = setup
+    clients, _, capacity = forty_clients()
+    dp = dp_fedavg(MODEL, training=LocalTraining(batch_size=10), participation=Poisson(capacity))
+    alg = _Counted(dp.algorithm, dp.plan)
+    grid = Variants.grid(alg, clients, RunSpec(3, 1e-3), sample_rate=0.1)
+    everyone = simulate(alg, clients, test, grid, client_map="vmap", secret=SECRET)
+    return alg, clients, grid, capacity, everyone
+
+
 @pytest.mark.parametrize("client_map", ["sequential", 2, 3])
-def test_clients_in_turn_skip_unused_slots_and_give_the_vmapped_numbers(setup, client_map):
+def test_clients_in_turn_skip_unused_slots_and_give_the_vmapped_numbers(setup, counted, client_map):
     """Clients run one at a time or in blocks: a block with no sampled client (the Poisson
     buffer's unused tail) does not train (blocks counted by a host callback), and the numbers are
     those of the plain vmap over every slot. (3 does not divide the capacity: a tail block.)"""
     _, test = setup
-    clients, _, capacity = forty_clients()
-    trained = []
-
-    @dataclasses.dataclass(frozen=True)
-    class Counted(Private):
-        def client(self, state, data, request, key, hyper):
-            jax.debug.callback(lambda: trained.append(1))
-            return super().client(state, data, request, key, hyper)
-
-    dp = dp_fedavg(MODEL, training=LocalTraining(batch_size=10), participation=Poisson(capacity))
-    alg = Counted(dp.algorithm, dp.plan)
-    grid = Variants.grid(alg, clients, RunSpec(3, 1e-3), sample_rate=0.1)
+    alg, clients, grid, capacity, everyone = counted
+    _TRAINED.clear()
     turns = simulate(
         alg, clients, test, grid, client_map=client_map, diagnostics=True, secret=SECRET
     )
     selected = np.asarray(turns.private_diagnostics["selected"]).reshape(-1)
     k = 1 if client_map == "sequential" else client_map
     blocks = -(-selected // k)  # the used slots come first: ceil(selected / k) blocks run
-    # (a callback in a vmapped block runs once for the block)
-    assert selected.max() < capacity and len(trained) == int(np.sum(blocks))
-    everyone = simulate(alg, clients, test, grid, client_map="vmap", secret=SECRET)
+    assert selected.max() < capacity and len(_TRAINED) == int(np.sum(blocks))
     np.testing.assert_allclose(turns.history["test_loss"], everyone.history["test_loss"], rtol=1e-5)

@@ -17,6 +17,7 @@ uninterrupted over the same deployment.
 """
 
 import json
+import os
 import time
 from pathlib import Path
 
@@ -40,7 +41,9 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory):
-    cache = tmp_path_factory.mktemp("jax-cache")
+    # the suite's own compilation cache (tests/conftest.py) when there is one: the nodes,
+    # their workers and the ServerApp load what the suite's processes compiled already
+    cache = os.environ.get("JAX_COMPILATION_CACHE_DIR") or tmp_path_factory.mktemp("jax-cache")
     with LocalDeployment(node_config={"jax-cache-dir": str(cache)}) as d:
         pids = [p.pid for p in d._procs]
         yield d
