@@ -266,7 +266,7 @@ def main(argv: list[str] | None = None) -> None:
                 "10,000 clients of 6 rows, cohort 50, 3 rounds (FedAvg, DP-FedAvg)",
                 [
                     *("--clients 10000 --rows-per-client 6 --cohort 50 --rounds 3".split()),
-                    *("--algorithm fedavg dp-fedavg --test-size 1000".split()),
+                    *("--algorithms fedavg dp-fedavg --test-size 1000".split()),
                 ],
                 2.5,
             ),

@@ -24,6 +24,9 @@ Every script builds its parser with :func:`parser` and wraps ``main`` in :func:`
   fresh 256-bit secret per call (operating-system entropy, kept under the call store's
   ``secret/`` folder, which the ledger lists as not released); ``--secret-file`` supplies
   one instead (reproducible mode, :func:`supplied_secret`).
+* One name for one thing: an option that takes a list is plural (``--epsilons``,
+  ``--datasets``, ``--algorithms``, ``--seeds``), a learning rate is ``--learning-rate``; the
+  former names (:data:`RENAMED_OPTIONS`) are refused in one line naming the new one.
 * Every argument is checked before any work starts.  A user error prints one line
   ``<prog>: error: <what>`` on stderr and exits with status 2 (no traceback).  Options that
   select nothing to run (no dataset found, no model for the chosen datasets) are user
@@ -55,10 +58,12 @@ from swarmjax.privacy.secret import Secret
 from swarmjax.resume import CallStore, OutputConflict
 
 __all__ = [
+    "RENAMED_OPTIONS",
     "REPO",
     "RESULTS",
     "SECRET_NOT_RELEASED",
     "UNREADABLE",
+    "Pace",
     "UserError",
     "array_bytes",
     "call_store",
@@ -71,6 +76,7 @@ __all__ = [
     "epsilon_target",
     "given",
     "load_dataset",
+    "memory_line",
     "option_named",
     "out_dir",
     "out_file",
@@ -98,6 +104,15 @@ class UserError(Exception):
     """Bad command-line input: reported as one line, exit status 2."""
 
 
+RENAMED_OPTIONS: dict[str, str] = {
+    "--epsilon": "--epsilons",
+    "--dataset": "--datasets",
+    "--algorithm": "--algorithms",
+    "--lr": "--learning-rate",
+}
+"""Former option names and the name each now has (refused, never read as an abbreviation)."""
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse with one-line errors that records which options the command line gave."""
 
@@ -109,6 +124,7 @@ class _Parser(argparse.ArgumentParser):
     ) -> tuple[argparse.Namespace, list[str]]:
         """argparse's parse, then the same command line again with every default suppressed:
         the options left are the ones given (kept for :func:`given`)."""
+        self._refuse_renamed(list(sys.argv[1:] if args is None else args))
         parsed, rest = super().parse_known_args(args, namespace)
         self._refuse_repeats(list(sys.argv[1:] if args is None else args), parsed)
         saved = [(a, a.default) for a in self._actions]
@@ -123,6 +139,18 @@ class _Parser(argparse.ArgumentParser):
             self._defaults = defaults
         setattr(parsed, _GIVEN, frozenset(vars(bare)))
         return parsed, rest
+
+    def _refuse_renamed(self, argv: list[str]) -> None:
+        """One line for a former option name (:data:`RENAMED_OPTIONS`) that this parser
+        has under its new name (argparse would otherwise read ``--epsilon`` as an
+        abbreviation of ``--epsilons``, or refuse ``--lr`` without naming the new one)."""
+        for token in argv:
+            if token == "--":
+                break
+            old = token.split("=", 1)[0]
+            new = RENAMED_OPTIONS.get(old)
+            if new in self._option_string_actions and old not in self._option_string_actions:
+                self.error(f"{old} is now {new} (one name across the experiments)")
 
     def _action_of(self, token: str) -> argparse.Action | None:
         """The action an option token (``--name`` or ``--name=value``, or a unique prefix
@@ -536,6 +564,81 @@ def check_memory(need: int, option: str, what: str) -> None:
             f"{option}: the run would allocate about {need / 2**30:.3g} GiB ({what}), more than "
             f"{MEMORY_SHARE:.0%} of this machine's {have / 2**30:.3g} GiB; lower {option}"
         )
+
+
+LONG_EXPERIMENT_SECONDS = 3600.0  # an estimate above this is printed as a warning
+
+
+class Pace:
+    """A per-round callback (``simulate(callbacks=...)``) that prints, once, how long the
+    experiment will take and the memory it holds: after the second round it sees (the first
+    compiles), the seconds of one compiled round times the rounds still to run, in this run
+    and in the runs after it, plus one compilation per later run (the first round's excess),
+    and the process's peak memory so far (the compiled round's buffers included). Above
+    :data:`LONG_EXPERIMENT_SECONDS` the line is a warning with the options that shorten it.
+
+    Args:
+        run_rounds: this run's rounds (a resumed run's finished ones are not counted again).
+        later_rounds: the rounds of the runs after this one.
+        later_runs: how many runs come after this one (each compiles its first round).
+        shorten: the options that shorten the experiment, for the warning.
+        clock: seconds (``time.perf_counter``; tests pass a fake one).
+    """
+
+    def __init__(
+        self,
+        run_rounds: int,
+        later_rounds: int = 0,
+        later_runs: int = 0,
+        shorten: str = "--rounds",
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self.run_rounds, self.later_rounds, self.later_runs = run_rounds, later_rounds, later_runs
+        self.shorten, self.clock = shorten, clock
+        self.started = clock()
+        self.marks: list[tuple[int, float]] = []
+        self.line: str | None = None
+
+    def __call__(self, round: int, metrics: Mapping[str, Any], runs: Any) -> None:
+        """Note that ``round`` finished; at the second round seen, print the estimate."""
+        if self.line is not None:
+            return
+        self.marks.append((round, self.clock()))
+        if len(self.marks) < 2:
+            return
+        (r0, t0), (r1, t1) = self.marks
+        per_round = (t1 - t0) / (r1 - r0)
+        first = t0 - self.started  # the first round seen, compilation included
+        rounds = self.run_rounds - r1 + self.later_rounds
+        left = per_round * rounds + max(first - per_round, 0.0) * self.later_runs
+        from experiments._report import peak_memory_gib
+
+        self.line = (
+            f"pace: {per_round:.3g} s a round after compilation ({first:.3g} s the first), "
+            f"{peak_memory_gib():.2g} GiB peak memory; about {_duration(left)} left on this "
+            f"machine ({rounds} rounds)"
+        )
+        if left > LONG_EXPERIMENT_SECONDS:
+            self.line = (
+                f"warning: {self.line}; Ctrl-C stops it (the same command resumes), "
+                f"{self.shorten} shorten it"
+            )
+        print(self.line, flush=True)
+
+
+def _duration(seconds: float) -> str:
+    """``"42 s"``, ``"7 min"`` or ``"2.4 hours"``."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 3600:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} hours"
+
+
+def memory_line(need: int) -> str:
+    """The estimate ``need`` (bytes) beside this machine's memory, for a run's first line."""
+    have = physical_memory() / 2**30
+    return f"memory: about {need / 2**30:.2g} GiB of this machine's {have:.3g} GiB"
 
 
 def out_file(args: argparse.Namespace, dest: str = "out") -> Path:

@@ -89,8 +89,8 @@ _OPTIONS = {  # the other flags: argparse keywords
     "--runtime": dict(choices=("simulator", "flower"), default="simulator", help="flower: "
                       "digits over a SuperLink + 3 SuperNodes on 127.0.0.1 beside the "
                       "simulator, with this reading and these flags"),
-    "--lr": dict(type=_cli.positive_float("--lr"), help="eta of (DP-)Adam (default: 0.005 for "
-                 "the MLPs, 0.001 for the CNN)"),
+    "--learning-rate": dict(type=_cli.positive_float("--learning-rate"), help="eta of "
+                            "(DP-)Adam (default: 0.005 for the MLPs, 0.001 for the CNN)"),
     "--refine-start": dict(choices=("pbest", "position"), default="pbest", help="DP-Adam "
                            "refines the best pbest (default) or best moved position"),
     "--selection-metric": dict(choices=("loss", "error"), default="loss", help="particles "

@@ -1,19 +1,21 @@
 """Cross-device federated learning: many clients, a cohort per round, user-level DP.
 
 ``python -m experiments.cross_device [--quick | --full]`` trains pfl-research's
-``simple_cnn`` (conv 32, conv 64, max-pool, dense 128, dense 10) on offline MNIST or
+``simple_cnn`` (conv 32, conv 64, max-pool, dense 128, dense 10; ``--model``) on MNIST or
 Fashion-MNIST split into many small clients (``--clients``; IID: a seeded shuffle cut into
 equal consecutive chunks, as pfl's benchmark; Dirichlet label skew; McMahan's shards; or
 a power law of client sizes), kept as one flat store of rows (memory: the dataset, not
 clients x the largest client), ``--cohort``
-clients per round, 1 local epoch of SGD at batch 10, and compares the algorithms of
-:mod:`swarmjax.fl.algorithms.registry` (``--algorithm``): FedAvg, FedProx, FedAdam, FedYogi,
+clients per round, 1 local epoch of SGD at batch 10 (``--epochs``, ``--batch-size``,
+``--learning-rate``, ``--max-examples``: a per-round cap on each client's rows), and
+compares the algorithms of
+:mod:`swarmjax.fl.algorithms.registry` (``--algorithms``): FedAvg, FedProx, FedAdam, FedYogi,
 user-level DP-FedAvg (fixed or adaptive clipping; a secret Poisson cohort of expected size
 ``--cohort``, its buffer sized by the algorithm's privacy plan) and user-level DP-FTRL
 (fixed clipping; public cohorts of ``--cohort``, each client at most
 ``--max-participations`` times at least ``--min-separation`` rounds apart by a ``--schedule``,
 correlated noise of a ``--factorization``; no amplification). Each DP algorithm runs once
-per ``--epsilon`` (several allowed), calibrated at ``--delta`` by ``--accountant``.
+per ``--epsilons`` (several allowed), calibrated at ``--delta`` by ``--accountant``.
 ``--noise-cohort M`` (DP-FTRL, never the default) calibrates the noise for a deployment with
 cohorts of ``M`` as pfl's benchmarks do: the epsilon then holds only for such a deployment,
 and the records and the printed summary say so.
@@ -27,7 +29,7 @@ run as a release and the epsilon of publishing the DP ones together; the wall ti
 follow the secret cohorts, listed as not covered), and the figures
 ``accuracy_per_round.png`` (mean and a band of one std over seeds, one line per run) and
 ``accuracy_vs_epsilon.png`` (final accuracy against the accounted epsilon, one line per DP
-algorithm over its ``--epsilon`` runs), titled with the dataset, clients, cohort, rounds and
+algorithm over its ``--epsilons`` runs), titled with the dataset, clients, cohort, rounds and
 epsilon. Every
 algorithm checkpoints its run after each round (``checkpoints/``, orbax): rerunning the
 same command resumes a killed run from its last round and ends with the same numbers
@@ -59,7 +61,7 @@ from swarmjax.fl.private import Private
 from swarmjax.fl.protocol import Algorithm, RunSpec, Variants
 from swarmjax.fl.runtime import simulate
 from swarmjax.fl.runtime.simulator import CHECKPOINT_NOT_RELEASED
-from swarmjax.models import evaluate, simple_cnn
+from swarmjax.models import evaluate, lenet5, mlp, simple_cnn
 from swarmjax.privacy.canaries import DEFAULT_CANARIES, CanaryAudit
 from swarmjax.privacy.distributed import DistributedDP
 from swarmjax.privacy.ftrl import FACTORIZATIONS, SCHEDULES
@@ -73,6 +75,12 @@ SECAGG = "dp-fedavg-secagg"  # accounted by RDP alone: it sets the accountant of
 OPTIONS = tuple(dict.fromkeys(o for n in ALGORITHMS for o in registry.lookup(n).options))
 """Options of one algorithm only (the registry's :attr:`~registry.Entry.options`: DP-FTRL's)."""
 PARTITIONS = ("consecutive", "dirichlet", "shards", "power_law")
+MODELS = {
+    "simple_cnn": simple_cnn,  # pfl-research's benchmark CNN (1.2 M parameters on MNIST)
+    "lenet5": lambda classes, shape: lenet5(classes, shape),  # 44,426 parameters on MNIST
+    "mlp": lambda classes, shape: mlp((256, 256), classes, shape),  # 784-256-256-10
+}
+"""``--model``: name -> ``builder(num_classes, input_shape)``."""
 EVAL_BATCH = 125  # test rows per evaluation chunk: a one-pass CNN evaluation of 1,000 rows
 # holds ~0.8 GiB of activations (measured); chunks keep a run's peak memory to the cohort's
 # (--quick peaked at 4.3 GiB with a final evaluation in chunks of 2,000, 1.53 GiB at 250
@@ -95,6 +103,10 @@ class Profile:
     partition: str
     test_size: int
     accountant: str = "pld"
+    model: str = "simple_cnn"  # a name of MODELS
+    batch_size: int = 10
+    epochs: int = 1
+    max_examples: int | None = None  # per-round cap on a client's rows (None: all)
     learning_rate: float = 0.1
     server_lr: float = 1.0
     clip: float = 0.4
@@ -169,9 +181,12 @@ def _parser() -> argparse.ArgumentParser:
         privacy="clients",
     )
     p.add_argument(
-        "--dataset",
+        "--datasets",
+        nargs="+",
         choices=("mnist", "fashion_mnist", "digits"),
-        help="default mnist; digits (8x8, bundled with scikit-learn) needs no data folder",
+        metavar="NAME",
+        help="the dataset, one per call (its figures and ledger are one dataset's): mnist "
+        "(default), fashion_mnist, or digits (8x8, bundled with scikit-learn: no data folder)",
     )
     p.add_argument("--clients", type=_cli.count("--clients", 2), help="N (default 1200)")
     p.add_argument(
@@ -182,22 +197,60 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--cohort", type=_cli.count("--cohort"), help="clients per round (50)")
     p.add_argument("--rounds", type=_cli.count("--rounds"), help="rounds (default 30)")
+    train = p.add_argument_group("the clients' model and training (every algorithm)")
+    train.add_argument(
+        "--model",
+        choices=tuple(MODELS),
+        help="simple_cnn (default; pfl's benchmark CNN, 1.2 M parameters), lenet5 (44,426) or "
+        "mlp (784-256-256-10, 269,322)",
+    )
+    train.add_argument(
+        "--batch-size", type=_cli.count("--batch-size"), help="local batch size B (default 10)"
+    )
+    train.add_argument(
+        "--epochs", type=_cli.count("--epochs"), help="local epochs E a round (default 1)"
+    )
+    train.add_argument(
+        "--learning-rate",
+        type=_cli.positive_float("--learning-rate"),
+        help="clients' SGD learning rate (default 0.1)",
+    )
+    train.add_argument(
+        "--server-lr",
+        type=_cli.positive_float("--server-lr"),
+        help="server learning rate of FedAvg, FedProx and the DP algorithms (default 1; "
+        "FedAdam's and FedYogi's is 0.01)",
+    )
+    train.add_argument(
+        "--clip",
+        type=_cli.positive_float("--clip"),
+        help="user-level clip norm of the DP algorithms (default 0.4; adaptive clipping's "
+        "initial one)",
+    )
+    train.add_argument(
+        "--max-examples",
+        type=_cli.count("--max-examples"),
+        metavar="ROWS",
+        help="per-round cap on each client's work: a larger client trains on ROWS of its "
+        "rows drawn afresh each round (default: no cap, the algorithm as published; at least "
+        "--batch-size)",
+    )
     p.add_argument(
-        "--algorithm",
+        "--algorithms",
         nargs="+",
         choices=ALGORITHMS,
         help="default fedavg fedadam dp-fedavg; "
         + "; ".join(f"{n}: {registry.lookup(n).description}" for n in ALGORITHMS),
     )
     p.add_argument(
-        "--epsilon",
+        "--epsilons",
         nargs="+",
-        type=_cli.epsilon_target("--epsilon"),
+        type=_cli.epsilon_target("--epsilons"),
         help="user-level target epsilon(s) of the DP algorithms, one run each (default 2; "
         "quick 8; full 2 8)",
     )
     ftrl = p.add_argument_group(
-        "DP-FTRL (--algorithm dp-ftrl; the schedule options also set dp-fedavg-secagg's cohorts)"
+        "DP-FTRL (--algorithms dp-ftrl; the schedule options also set dp-fedavg-secagg's cohorts)"
     )
     ftrl.add_argument(
         "--factorization",
@@ -231,7 +284,7 @@ def _parser() -> argparse.ArgumentParser:
         "(never the default)",
     )
     secagg = p.add_argument_group(
-        "distributed DP under secure aggregation (--algorithm dp-fedavg-secagg; its cohorts "
+        "distributed DP under secure aggregation (--algorithms dp-fedavg-secagg; its cohorts "
         "follow --schedule, --min-separation and --max-participations)"
     )
     secagg.add_argument(
@@ -278,23 +331,47 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+TRAINING = (
+    "model",
+    "batch_size",
+    "epochs",
+    "learning_rate",
+    "server_lr",
+    "clip",
+    "max_examples",
+)
+"""Profile fields set by the training options of the command line (same dest names)."""
+
+
+def _one_dataset(names: list[str] | None) -> str | None:
+    """The one dataset of ``--datasets`` (``None`` when not given); two are refused."""
+    if names is not None and len(names) > 1:
+        raise _cli.UserError(
+            f"--datasets {' '.join(names)}: cross_device runs one dataset per call (its "
+            "figures and ledger are one dataset's); run it once per dataset, each with its "
+            "own --out"
+        )
+    return None if names is None else names[0]
+
+
 def profile(args: argparse.Namespace) -> Profile:
     """The profile of ``--quick`` / default / ``--full`` with every given option applied,
     checked before any work (one-line errors naming the option)."""
     base = PROFILES[_cli.profile_name(args)]
     given = {
-        "dataset": args.dataset,
+        "dataset": _one_dataset(args.datasets),
         "clients": args.clients,
         "rows_per_client": args.rows_per_client,
         "cohort": args.cohort,
         "rounds": args.rounds,
-        "algorithms": tuple(args.algorithm) if args.algorithm else None,
-        "epsilons": tuple(args.epsilon) if args.epsilon else None,
+        "algorithms": tuple(args.algorithms) if args.algorithms else None,
+        "epsilons": tuple(args.epsilons) if args.epsilons else None,
         "delta": args.delta,
         "accountant": args.accountant,
         "partition": args.partition,
         "test_size": args.test_size,
         "seeds": tuple(range(args.seeds)) if args.seeds else None,
+        **{k: getattr(args, k) for k in TRAINING},
         **{k: getattr(args, k) for k in OPTIONS},
         "audit": args.audit,
     }
@@ -304,6 +381,12 @@ def profile(args: argparse.Namespace) -> Profile:
             f"{_cli.setting(args, 'cohort', prof.cohort, 'cohort')} must be <= "
             f"{_cli.setting(args, 'clients', prof.clients, 'number of clients')}"
         )
+    if prof.max_examples is not None and prof.max_examples < prof.batch_size:
+        raise _cli.UserError(
+            f"{_cli.setting(args, 'max_examples', prof.max_examples, 'per-client cap')} must "
+            f"be at least {_cli.setting(args, 'batch_size', prof.batch_size, 'batch size')}: "
+            "one batch"
+        )
     if prof.partition != "consecutive":
         _cli.refuse_unused(
             args, ["rows_per_client"], f"--partition {prof.partition} sizes the clients itself"
@@ -311,7 +394,7 @@ def profile(args: argparse.Namespace) -> Profile:
     if not any(a in DP_ALGORITHMS for a in prof.algorithms):
         why = f"none of the algorithms {' '.join(prof.algorithms)} is DP"
         _cli.refuse_unused(
-            args, ["epsilon"], f"{why} (add one of {', '.join(DP_ALGORITHMS)} to --algorithm)"
+            args, ["epsilons"], f"{why} (add one of {', '.join(DP_ALGORITHMS)} to --algorithms)"
         )
         _cli.warn_unused(args, ["delta", "accountant"], f"{why}: they only label the records")
         _cli.refuse_unused(args, ["audit"], f"{why}: a non-private run has no epsilon to audit")
@@ -321,17 +404,17 @@ def profile(args: argparse.Namespace) -> Profile:
             "has none to audit (drop one of them)"
         )
     if len(set(prof.epsilons)) != len(prof.epsilons):
-        raise _cli.UserError(f"--epsilon gives a value twice: {' '.join(map(str, args.epsilon))}")
+        raise _cli.UserError(f"--epsilons gives a value twice: {' '.join(map(str, args.epsilons))}")
     for option in OPTIONS:  # an algorithm's own option without that algorithm
         takers = [n for n in ALGORITHMS if option in registry.lookup(n).options]
         if not set(takers) & set(prof.algorithms):
             what = " or ".join(n.upper() for n in takers)
             add = " or ".join(takers)
-            _cli.refuse_unused(args, [option], f"it is a {what} option (add {add} to --algorithm)")
+            _cli.refuse_unused(args, [option], f"it is a {what} option (add {add} to --algorithms)")
     if SECAGG in prof.algorithms and prof.accountant != "rdp":
         if "accountant" in _cli.given(args):
             raise _cli.UserError(
-                f"--accountant {args.accountant} with --algorithm {SECAGG}: its Skellam noise "
+                f"--accountant {args.accountant} with --algorithms {SECAGG}: its Skellam noise "
                 "is accounted by RDP only (dp-accounting's PLD cannot represent it); use "
                 "--accountant rdp or leave it out"
             )
@@ -343,7 +426,13 @@ def profile(args: argparse.Namespace) -> Profile:
             "--schedule single takes each client at most once (b = rounds, k = 1)",
         )
     if prof.dataset == "digits":
-        _cli.refuse_unused(args, ["data_dir"], "--dataset digits ships with scikit-learn")
+        _cli.refuse_unused(args, ["data_dir"], "--datasets digits ships with scikit-learn")
+    if prof.model == "lenet5" and EXAMPLE[prof.dataset][0] < 28:
+        raise _cli.UserError(
+            f"--model lenet5 needs 28x28 examples (two VALID 5x5 convolutions and a pool); "
+            f"{_cli.setting(args, 'datasets', prof.dataset, 'dataset')} has "
+            f"{EXAMPLE[prof.dataset][0]}x{EXAMPLE[prof.dataset][1]}: use simple_cnn or mlp"
+        )
     _cli.check_memory(memory_estimate(prof), *_memory_option(args, prof))
     return prof
 
@@ -364,7 +453,9 @@ def memory_estimate(prof: Profile) -> int:
     rows = prof.rows_per_client or max(1, TRAIN_ROWS[prof.dataset] // prof.clients)
     if prof.partition != "consecutive":
         rows = max(1, TRAIN_ROWS[prof.dataset] // prof.clients)  # the mean; the largest is more
-    params = param_count(jax.eval_shape(simple_cnn(10, shape).init, jax.random.key(0)))
+    if prof.max_examples is not None:
+        rows = min(rows, prof.max_examples)
+    params = param_count(jax.eval_shape(model(prof).init, jax.random.key(0)))
     dp = any(a in DP_ALGORITHMS for a in prof.algorithms)
     slots = (2 if dp else 1) * prof.cohort * len(prof.seeds)
     noise = (32 if prof.factorization == "banded" else 10) if "dp-ftrl" in prof.algorithms else 0
@@ -468,10 +559,9 @@ def planned(args: argparse.Namespace, prof: Profile) -> list[Run]:
     work (a DP-FTRL scheme checked, a DP-FedAvg buffer sized, a target's reachability
     checked): a refusal is one line naming the option (the one given, or the profile's
     value and the option that changes it)."""
-    shape = EXAMPLE[prof.dataset]
     out = []
     for name, eps, label in runs(prof):
-        setup = cross_device_run(prof, shape, name, eps)
+        setup = cross_device_run(prof, name, eps)
         try:
             alg, grid = registry.cross_device(name, setup)
         except ValueError as err:
@@ -485,27 +575,30 @@ def _refusal(args: argparse.Namespace, prof: Profile, name: str, err: ValueError
     dest, _, rest = str(err).partition(" ")
     what = _FIELDS.get(dest)
     if what is None:
-        return f"--algorithm {name}: {err}"
+        return f"--algorithms {name}: {err}"
     value = getattr(prof, dest)
     named = _cli.setting(args, dest, value, what)
     if value is None:  # the default: the most the cohort allows / as many as fit
         named = f"the default {what} ({_cli.option_named(args, [dest])} changes it)"
     rest = re.sub(r"; got [^;]*$", "", rest)  # the value is named already
-    return f"--algorithm {name}: {named} {rest}"
+    return f"--algorithms {name}: {named} {rest}"
 
 
-def cross_device_run(
-    prof: Profile, shape: tuple[int, ...], name: str, epsilon: float | None
-) -> registry.CrossDeviceRun:
+def cross_device_run(prof: Profile, name: str, epsilon: float | None) -> registry.CrossDeviceRun:
     """The registry's :class:`~swarmjax.fl.algorithms.registry.CrossDeviceRun` of ``prof``
     for algorithm ``name`` (with its own options: DP-FTRL's) at target ``epsilon``
-    (``None`` for the non-DP algorithms), on examples of ``shape``."""
+    (``None`` for the non-DP algorithms)."""
     return registry.CrossDeviceRun(
-        simple_cnn(10, shape),
+        model(prof),
         prof.clients,
         prof.cohort,
         spec(prof),
-        LocalTraining(epochs=1, batch_size=10, optimizer="sgd"),
+        LocalTraining(
+            epochs=prof.epochs,
+            batch_size=prof.batch_size,
+            optimizer="sgd",
+            max_examples=prof.max_examples,
+        ),
         epsilon=epsilon,
         learning_rate=prof.learning_rate,
         server_lr=prof.server_lr,
@@ -517,9 +610,14 @@ def cross_device_run(
     )
 
 
+def model(prof: Profile):
+    """The clients' model of ``prof`` (``--model``) for its dataset's examples."""
+    return MODELS[prof.model](10, EXAMPLE[prof.dataset])
+
+
 def runs(prof: Profile) -> list[tuple[str, float | None, str]]:
     """``(algorithm, target epsilon or None, label)`` of every run, in order: one run per
-    non-DP algorithm, one per ``--epsilon`` of each DP one; the label names its checkpoints
+    non-DP algorithm, one per ``--epsilons`` of each DP one; the label names its checkpoints
     (the algorithm's name alone when it has one run)."""
     out = []
     for name in prof.algorithms:
@@ -531,6 +629,9 @@ def runs(prof: Profile) -> list[tuple[str, float | None, str]]:
             out.append((name, eps, label))
     return out
 
+
+SHORTEN = "--rounds, --cohort, --model, --max-examples or fewer --algorithms/--epsilons"
+"""What the pace warning names as the options that shorten a run (:class:`_cli.Pace`)."""
 
 TIMING_NOT_COVERED = (
     "the wall time of a DP run follows its secret randomness and its clients' data (one "
@@ -590,11 +691,12 @@ def run_one(
     out: Path,
     ledger: Ledger | None = None,
     secret: Secret | None = None,
+    pace: _cli.Pace | None = None,
 ) -> dict:
     """One run (checkpointed per round under its label): its history and summary row; its
     runs go into ``ledger`` as releases written to ``history.csv``. ``secret``: the
     supplied secret (``--secret-file``; this run's is derived from it by the label), else a
-    fresh one saved with the checkpoints."""
+    fresh one saved with the checkpoints. ``pace``: a callback that prints the time left."""
     name, label, plan = run.name, run.label, run.plan
     variants = Variants.grid(run.algorithm, clients, spec(prof), **run.grid)
     audit = None if prof.audit is None or plan is None else CanaryAudit(prof.audit)
@@ -610,6 +712,7 @@ def run_one(
         checkpoint_dir=out / "checkpoints" / label,
         audit=audit,
         secret=None if secret is None else secret.derive(f"cross_device/{label}"),
+        callbacks=() if pace is None else (pace,),
     )
     if ledger is not None:  # under the experiment's name for the algorithm
         add_to_ledger(ledger, res, run, str(out / "history.csv"), prof.dataset)
@@ -749,11 +852,21 @@ def main(argv: list[str] | None = None) -> None:
         f"({prof.partition}), cohort {prof.cohort}, {prof.rounds} rounds, seeds {prof.seeds}",
         flush=True,
     )
+    print(_cli.memory_line(memory_estimate(prof)), flush=True)
     histories, rows, elsewhere = [], [], []
-    for run in todo:
-        label = run.label
+    for i, run in enumerate(todo):
+        label, later = run.label, len(todo) - 1 - i
+        pace = _cli.Pace(prof.rounds, later * prof.rounds, later, SHORTEN)
         got = run_one(
-            run, prof, clients, test, full_test, out, ledger, secret=_cli.supplied_secret(args)
+            run,
+            prof,
+            clients,
+            test,
+            full_test,
+            out,
+            ledger,
+            secret=_cli.supplied_secret(args),
+            pace=pace,
         )
         histories.append(got["history"])
         rows.append(got["row"])

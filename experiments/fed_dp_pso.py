@@ -157,7 +157,7 @@ def profile(args: argparse.Namespace) -> Profile:
         PROFILES[_cli.profile_name(args)],
         **given,
         particles=args.particles,
-        lr=args.lr,
+        lr=args.learning_rate,
         refine_start=args.refine_start,
         selection_metric=args.selection_metric,
         fig3=not args.no_fig3,

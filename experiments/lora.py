@@ -15,9 +15,9 @@ not overlap):
    role), each role's first 80 % of lines to train on; user-level DP protects one role's
    whole text). For every ``--trainable`` (``lora``: adapters of ``--rank`` on
    ``--lora-layers``, the base frozen and shared; ``full``: every weight) and every
-   ``--algorithm`` (``fedavg``: no DP; ``dp-fedavg``: user-level DP-FedAvg, a secret Poisson
+   ``--algorithms`` (``fedavg``: no DP; ``dp-fedavg``: user-level DP-FedAvg, a secret Poisson
    cohort of expected size ``--cohort``, fixed clipping; ``dp-ftrl``: user-level DP-FTRL,
-   public cohorts, BLT correlated noise), each DP one at every ``--epsilon`` (default 2
+   public cohorts, BLT correlated noise), each DP one at every ``--epsilons`` (default 2
    and 8), it fine-tunes the pretrained model through the simulator (algorithms from
    :mod:`swarmjax.fl.algorithms.registry`, as ``experiments.cross_device`` builds them).
 
@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import hashlib
 import inspect
 import json
@@ -260,16 +261,16 @@ def _parser() -> argparse.ArgumentParser:
         "--trainable", nargs="+", choices=TRAINABLES, help="what clients train (default both)"
     )
     p.add_argument(
-        "--algorithm",
+        "--algorithms",
         nargs="+",
         choices=ALGORITHMS,
         help="default fedavg dp-fedavg dp-ftrl; "
         + "; ".join(f"{n}: {registry.lookup(n).description}" for n in ALGORITHMS),
     )
     p.add_argument(
-        "--epsilon",
+        "--epsilons",
         nargs="+",
-        type=_cli.positive_float("--epsilon"),
+        type=_cli.positive_float("--epsilons"),
         help="user-level target epsilons of the DP algorithms, one run each (default 2 8)",
     )
     counts = {
@@ -302,8 +303,8 @@ def profile(args: argparse.Namespace) -> Profile:
         "rank": args.rank,
         "lora_layers": tuple(args.lora_layers) if args.lora_layers else None,
         "trainables": tuple(dict.fromkeys(args.trainable)) if args.trainable else None,
-        "algorithms": tuple(dict.fromkeys(args.algorithm)) if args.algorithm else None,
-        "epsilons": tuple(args.epsilon) if args.epsilon else None,
+        "algorithms": tuple(dict.fromkeys(args.algorithms)) if args.algorithms else None,
+        "epsilons": tuple(args.epsilons) if args.epsilons else None,
         "cohort": args.cohort,
         "rounds": args.rounds,
         "windows_per_client": args.windows_per_client,
@@ -337,9 +338,9 @@ def profile(args: argparse.Namespace) -> Profile:
     else:
         _cli.refuse_unused(args, ["rank", "lora_layers"], "no --trainable lora run")
     if not any(a in DP_ALGORITHMS for a in prof.algorithms):
-        _cli.refuse_unused(args, ["epsilon"], "none of the algorithms is DP")
+        _cli.refuse_unused(args, ["epsilons"], "none of the algorithms is DP")
     if len(set(prof.epsilons)) != len(prof.epsilons):
-        raise _cli.UserError(f"--epsilon gives a value twice: {' '.join(map(str, prof.epsilons))}")
+        raise _cli.UserError(f"--epsilons gives a value twice: {' '.join(map(str, prof.epsilons))}")
     if prof.pretrained is not None:
         _cli.refuse_unused(args, ["pretrain_steps"], "--pretrained replaces the pretraining")
     return prof
@@ -482,11 +483,13 @@ def run_one(
     where: dict[str, Any],
     *,
     secret: Secret | None = None,
+    pace: _cli.Pace | None = None,
 ) -> tuple[pd.DataFrame, dict]:
     """One (algorithm, trainable, epsilon) call, every seed in it, round by round
     (:func:`~swarmjax.fl.runtime.start` / ``advance`` / ``finish``): its history (with
     seconds, peak memory and bytes per client per round) and ``{"rows", "releases",
-    "privacy"}``. ``secret``: the call's (:meth:`~swarmjax.resume.CallStore.secret`)."""
+    "privacy"}``. ``secret``: the call's (:meth:`~swarmjax.resume.CallStore.secret`);
+    ``pace``: prints the time left."""
     alg, grid = build(name, trainable, model, prof, store, eps)
     variants = Variants.grid(alg, store, spec(prof, store.num_clients), **grid)
     at = "" if eps is None else f" at epsilon {eps:g}"
@@ -500,6 +503,8 @@ def run_one(
         run, _ = advance(run, 1)
         seconds.append(time.perf_counter() - r0)
         peaks.append(_report.peak_memory_gib())
+        if pace is not None:
+            pace(run.done, {}, None)
     res = finish(run)
     wall = time.perf_counter() - t0
     h = res.history.assign(
@@ -631,6 +636,10 @@ def figures(history: pd.DataFrame, summary: pd.DataFrame, pre: dict, out: Path) 
     )
 
 
+SHORTEN = "--rounds, --cohort, --windows-per-client, --rank or fewer --algorithms/--epsilons"
+"""What the pace warning names as the options that shorten a run (:class:`_cli.Pace`)."""
+
+
 @_cli.entry_point
 def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
@@ -716,25 +725,20 @@ def main(argv: list[str] | None = None) -> None:
     )
     where = {"base": base_text, "private": private_name, "path": str(out / "history.csv")}
     histories, rows, privacy = [], [], {}
+    calls_left = len(prof.trainables) * sum(
+        len(prof.epsilons) if name in DP_ALGORITHMS else 1 for name in prof.algorithms
+    )
     for trainable in prof.trainables:
         model = model_for(trainable, prof, base)  # one object per trainable: calls share compiles
         for name in prof.algorithms:
             for eps in prof.epsilons if name in DP_ALGORITHMS else (None,):
                 key = f"{name}_{trainable}" + ("" if eps is None else f"_eps{eps:g}")
-                run = lambda name=name, trainable=trainable, eps=eps, model=model, secret=None: (
-                    run_one(
-                        name,
-                        trainable,
-                        eps,
-                        prof,
-                        model,
-                        store,
-                        test,
-                        final_test,
-                        where,
-                        secret=secret,
-                    )
-                )
+                calls_left -= 1
+                pace = _cli.Pace(prof.rounds, calls_left * prof.rounds, calls_left, SHORTEN)
+                run = functools.partial(  # called with the call's secret=
+                    run_one, name, trainable, eps, prof, model, store, test, final_test, where,
+                    pace=pace,
+                )  # fmt: skip
                 history, payload, reused = calls.fetch_or_run(key, run, with_secret=True)
                 if reused:
                     print(f"{key}: reused the finished call in {calls.folder}", flush=True)

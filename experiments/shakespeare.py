@@ -13,7 +13,7 @@ prediction per window) with
   (weighted by client size), as in the paper (``E = 1, B = inf``);
 * FedAvg: ``--epochs`` local epochs of SGD at batch ``--batch-size`` (paper's best
   Shakespeare setting: E = 5, B = 10; default here E = 1, B = 10);
-* user-level DP-FedAvg (McMahan et al. 2018; adaptive clipping) at each ``--epsilon``
+* user-level DP-FedAvg (McMahan et al. 2018; adaptive clipping) at each ``--epsilons``
   (default 2 and 8): a secret Poisson cohort of expected size ``--cohort``, every
   speaking role a user, calibrated by ``--accountant`` at ``--delta``.
 
@@ -191,12 +191,12 @@ def _parser() -> argparse.ArgumentParser:
         "rate for FedAvg at B = 10, its Figure 3)",
     )
     p.add_argument(
-        "--algorithm", nargs="+", choices=ALGORITHMS, help="default: fedsgd fedavg dp-fedavg"
+        "--algorithms", nargs="+", choices=ALGORITHMS, help="default: fedsgd fedavg dp-fedavg"
     )
     p.add_argument(
-        "--epsilon",
+        "--epsilons",
         nargs="+",
-        type=_cli.epsilon_target("--epsilon"),
+        type=_cli.epsilon_target("--epsilons"),
         help="user-level target epsilons of DP-FedAvg (default 2 8)",
     )
     return p
@@ -209,8 +209,8 @@ def profile(args: argparse.Namespace) -> Profile:
     given = {name: getattr(args, name) for name in (*same, "test_size", "learning_rate")}
     given |= {"accountant": args.accountant, "delta": args.delta}
     given |= {
-        "algorithms": tuple(args.algorithm) if args.algorithm else None,
-        "epsilons": tuple(args.epsilon) if args.epsilon else None,
+        "algorithms": tuple(args.algorithms) if args.algorithms else None,
+        "epsilons": tuple(args.epsilons) if args.epsilons else None,
         "seeds": tuple(range(args.seeds)) if args.seeds else None,
     }
     prof = dataclasses.replace(base, **{k: v for k, v in given.items() if v is not None})
@@ -344,14 +344,16 @@ def run_one(
     epsilon: float | None = None,
     *,
     secret: Secret | None = None,
+    pace: _cli.Pace | None = None,
 ) -> tuple[pd.DataFrame, dict]:
     """One algorithm's runs (one per seed of ``prof.seeds``; DP-FedAvg at one target
     ``epsilon``): ``(history, {"rows": summary rows, "releases": ledger releases})`` (what
     :class:`~swarmjax.resume.CallStore` saves); ``secret``: the call's
-    (:meth:`~swarmjax.resume.CallStore.secret`). The seeds are one vmapped call (the LSTM's
-    recurrent init is drawn one matrix at a time under vmap, ``models.unbatched_orthogonal``:
-    batched QRs deadlocked XLA's 2-thread CPU runtime, docs/shakespeare.md); each epsilon
-    is its own call, and the calls share their compiled round."""
+    (:meth:`~swarmjax.resume.CallStore.secret`); ``pace``: prints the time left. The seeds are
+    one vmapped call (the LSTM's recurrent init is drawn one matrix at a time under vmap,
+    ``models.unbatched_orthogonal``: batched QRs deadlocked XLA's 2-thread CPU runtime,
+    docs/shakespeare.md); each epsilon is its own call, and the calls share their compiled
+    round."""
     label, alg, grid = algorithm(name, prof, store, epsilon)
     variants = Variants.grid(alg, store, spec(prof, store.num_clients), **grid)
     at = "" if epsilon is None else f" at epsilon {epsilon:g}"
@@ -368,6 +370,7 @@ def run_one(
         client_map=None,
         progress=True,
         secret=secret,
+        callbacks=() if pace is None else (pace,),
     )
     wall = time.perf_counter() - t0
     history = res.history.assign(algorithm=name, label=label)
@@ -535,6 +538,10 @@ def _run_line(row: dict) -> str:
     )
 
 
+SHORTEN = "--rounds, --cohort, --windows-per-client or fewer --algorithms/--epsilons"
+"""What the pace warning names as the options that shorten a run (:class:`_cli.Pace`)."""
+
+
 @_cli.entry_point
 def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
@@ -571,9 +578,19 @@ def main(argv: list[str] | None = None) -> None:
         for name in prof.algorithms
         for eps in (prof.epsilons if name == "dp-fedavg" else (None,))
     ]
-    for name, eps in todo:
-        run = lambda name=name, eps=eps, secret=None: run_one(
-            name, prof, store, test, final_test, str(out / "history.csv"), eps, secret=secret
+    for i, (name, eps) in enumerate(todo):
+        later = len(todo) - 1 - i
+        pace = _cli.Pace(prof.rounds, later * prof.rounds, later, SHORTEN)
+        run = lambda name=name, eps=eps, secret=None, pace=pace: run_one(
+            name,
+            prof,
+            store,
+            test,
+            final_test,
+            str(out / "history.csv"),
+            eps,
+            secret=secret,
+            pace=pace,
         )
         key = name if eps is None else f"{name}_eps{eps:g}"
         history, payload, reused = calls.fetch_or_run(key, run, with_secret=True)

@@ -185,7 +185,7 @@ def test_derived_settings_name_the_option_to_change(main, argv, named, tmp_path,
 
 
 def test_clients_times_rows_beyond_the_training_set(tmp_path, capsys):
-    argv = ["--quick", "--dataset", "digits", "--clients", "200", "--out", str(tmp_path / "o")]
+    argv = ["--quick", "--datasets", "digits", "--clients", "200", "--out", str(tmp_path / "o")]
     err = _refused(cross_device.main, argv, capsys)
     assert "--clients 200" in err and "exceed the 1437 training rows" in err
 
@@ -237,11 +237,11 @@ def test_memory_check_uses_the_physical_memory(monkeypatch):
 @pytest.mark.parametrize(
     ("main", "argv", "named"),
     [
-        (cross_device.main, ["--quick", "--algorithm", "fedavg", "--epsilon", "3"],
-         "--epsilon does not apply"),
+        (cross_device.main, ["--quick", "--algorithms", "fedavg", "--epsilons", "3"],
+         "--epsilons does not apply"),
         (cross_device.main, ["--quick", "--partition", "shards", "--rows-per-client", "9"],
          "--rows-per-client does not apply"),
-        (cross_device.main, ["--quick", "--dataset", "digits", "--data-dir", "."],
+        (cross_device.main, ["--quick", "--datasets", "digits", "--data-dir", "."],
          "--data-dir does not apply"),
         (fed_dp_pso.main, ["--runtime", "flower", "--seeds", "3"], "--seeds does not apply"),
         (fed_dp_pso.main, ["--runtime", "flower", "--epsilons", "5", "8"],

@@ -8,6 +8,7 @@ exit 130, no traceback).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -42,12 +43,12 @@ _refused = refused
 @pytest.mark.parametrize(
     ("argv", "named"),
     [
-        (["--epsilon", "4", "--epsilon", "8"], "--epsilon is given twice"),
-        (["--epsilon", "4", "--epsilon=8"], "--epsilon is given twice"),
+        (["--epsilons", "4", "--epsilons", "8"], "--epsilons is given twice"),
+        (["--epsilons", "4", "--epsilons=8"], "--epsilons is given twice"),
         (["--rounds", "3", "--rounds", "5"], "--rounds is given twice"),
-        (["--epsilon", "5", "5"], "--epsilon lists 5 more than once"),
-        (["--algorithm", "fedavg", "fedavg"], "--algorithm lists fedavg more than once"),
-        (["--epsilon", "1e9"], "--epsilon: must be at most 700"),
+        (["--epsilons", "5", "5"], "--epsilons lists 5 more than once"),
+        (["--algorithms", "fedavg", "fedavg"], "--algorithms lists fedavg more than once"),
+        (["--epsilons", "1e9"], "--epsilons: must be at most 700"),
     ],
 )
 def test_an_option_twice_or_a_value_twice_is_one_line(argv, named, tmp_path, capsys):
@@ -174,3 +175,83 @@ def test_a_dirichlet_refusal_summarises_the_client_sizes():
         dirichlet_partition(y, 1500, 0.05, min_partition_size=10, max_attempts=1)
     message = str(info.value)
     assert len(message) < 400 and "clients below 10" in message and "median" in message
+
+
+@pytest.mark.parametrize(
+    ("main", "argv", "named"),
+    [
+        (cross_device.main, ["--epsilon", "4"], "--epsilon is now --epsilons"),
+        (cross_device.main, ["--dataset", "digits"], "--dataset is now --datasets"),
+        (cross_device.main, ["--algorithm=fedavg"], "--algorithm is now --algorithms"),
+        (dp_fedavg.main, ["--epsilon", "4"], "--epsilon is now --epsilons"),
+    ],
+)
+def test_a_former_option_name_names_the_new_one(main, argv, named, tmp_path, capsys):
+    """One name for one thing (issue 50 item 5): a former name is refused, never read as an
+    abbreviation of the new one."""
+    assert named in _refused(main, ["--quick", "--out", str(tmp_path), *argv], capsys)
+
+
+def test_fed_dp_pso_former_lr_names_learning_rate(tmp_path, capsys):
+    from experiments import fed_dp_pso
+
+    err = _refused(fed_dp_pso.main, ["--quick", "--out", str(tmp_path), "--lr", "0.1"], capsys)
+    assert "--lr is now --learning-rate" in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["--datasets", "mnist", "digits"], "runs one dataset per call"),
+        (["--max-examples", "5", "--batch-size", "10"], "--max-examples 5 must be at least"),
+        (["--max-examples", "5"], "at least the batch size of 10 (the profile's"),
+        (["--model", "resnet"], "--model: invalid choice"),
+        (["--model", "lenet5", "--datasets", "digits"], "--model lenet5 needs 28x28 examples"),
+        (["--learning-rate", "0"], "--learning-rate"),
+    ],
+)
+def test_cross_device_training_options_are_checked_first(argv, named, tmp_path, capsys):
+    """The model and training options (issue 50 item 3) are checked before any work."""
+    err = _refused(cross_device.main, ["--quick", "--out", str(tmp_path), *argv], capsys)
+    assert named in err
+
+
+def test_cross_device_training_options_reach_the_run():
+    """--model, --batch-size, --epochs, --learning-rate, --server-lr, --clip and
+    --max-examples set the registry's run and the memory estimate."""
+    argv = ["--quick", "--model", "mlp", "--batch-size", "5", "--epochs", "2"]
+    argv += ["--learning-rate", "0.05", "--server-lr", "0.5", "--clip", "1.5"]
+    argv += ["--max-examples", "20"]
+    args = cross_device._parser().parse_args(argv)
+    prof = cross_device.profile(args)
+    run = cross_device.cross_device_run(prof, "dp-fedavg", 8.0)
+    assert run.model.name == "mlp_784-256-256-10"
+    assert (run.training.batch_size, run.training.epochs, run.training.max_examples) == (5, 2, 20)
+    assert (run.learning_rate, run.server_lr, run.clip) == (0.05, 0.5, 1.5)
+    capped = cross_device.memory_estimate(prof)
+    whole = cross_device.memory_estimate(dataclasses.replace(prof, max_examples=None))
+    cnn = cross_device.memory_estimate(dataclasses.replace(prof, model="simple_cnn"))
+    assert capped < whole < cnn  # 20 of 50 rows per slot; the MLP has 4.5x fewer parameters
+
+
+def test_pace_prints_the_time_left_once_and_warns_past_an_hour(capsys):
+    """After the second round it sees: one compiled round's seconds times the rounds left
+    (this run's and the later runs'), plus each later run's compilation; a warning line with
+    the options that shorten it past an hour."""
+    ticks = iter([0.0, 30.0, 32.0, 99.0])  # start, round 1 (compiles), round 2, later rounds
+    pace = _cli.Pace(10, later_rounds=20, later_runs=2, clock=lambda: next(ticks))
+    pace(1, {}, None)
+    assert capsys.readouterr().out == ""
+    pace(2, {}, None)
+    line = capsys.readouterr().out.strip()
+    # 2 s a round x (8 + 20) rounds + 2 x (30 - 2) s of compilation = 112 s
+    assert "2 s a round" in line and "30 s the first" in line and "about 2 min left" in line
+    assert "(28 rounds)" in line and "GiB peak memory" in line and "warning" not in line
+    pace(3, {}, None)  # printed once
+    assert capsys.readouterr().out == ""
+    ticks = iter([0.0, 10.0, 20.0])
+    slow = _cli.Pace(400, shorten="--rounds", clock=lambda: next(ticks))
+    slow(1, {}, None)
+    slow(2, {}, None)
+    line = capsys.readouterr().out.strip()
+    assert line.startswith("warning:") and "1.1 hours" in line and "--rounds shorten it" in line

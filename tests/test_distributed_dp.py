@@ -404,9 +404,9 @@ def test_ptrs_buffer_overflow_still_samples_every_coordinate(monkeypatch):
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        (["--accountant", "pld"], "--accountant pld with --algorithm dp-fedavg-secagg"),
+        (["--accountant", "pld"], "--accountant pld with --algorithms dp-fedavg-secagg"),
         (["--bits", "7"], "--bits: must be >= 8"),
-        (["--algorithm", "dp-fedavg", "--bits", "16"], "--bits does not apply"),
+        (["--algorithms", "dp-fedavg", "--bits", "16"], "--bits does not apply"),
         (["--min-survivors", "9"], "min_survivors"),
     ],
 )
@@ -415,8 +415,8 @@ def test_cross_device_secagg_bad_input_is_one_line(tmp_path, capsys, extra, mess
     from tests.argv import override
 
     args = [
-        "--quick", "--dataset", "digits", "--clients", "40", "--rows-per-client", "20",
-        "--cohort", "5", "--rounds", "2", "--algorithm", "dp-fedavg-secagg",
+        "--quick", "--datasets", "digits", "--clients", "40", "--rows-per-client", "20",
+        "--cohort", "5", "--rounds", "2", "--algorithms", "dp-fedavg-secagg",
     ]  # fmt: skip
     with pytest.raises(SystemExit) as exc:
         cross_device.main([*override(args, extra), "--out", str(tmp_path / "bad")])

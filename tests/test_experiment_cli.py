@@ -47,7 +47,7 @@ BAD = [
     (fed_dp_pso, ["--datasets", "mnist", "foo"], "--datasets"),
     (fed_dp_pso, ["--rounds", "0"], "--rounds"),
     (fed_dp_pso, ["--datasets", "mnist", "--data-dir", MISSING], "--data-dir"),
-    (fed_dp_pso, ["--lr", "-1"], "--lr"),
+    (fed_dp_pso, ["--learning-rate", "-1"], "--learning-rate"),
     (fed_dp_pso, ["--delta", "1.5"], "--delta"),
     (paaso, ["--runs", "0"], "--runs"),
     (paaso, ["--quick", "--full"], "--full"),

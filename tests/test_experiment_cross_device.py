@@ -15,12 +15,12 @@ from tests.test_released_files import check_released_files
 
 ARGS = [
     "--quick",
-    "--dataset", "digits",
+    "--datasets", "digits",
     "--clients", "40",
     "--rows-per-client", "20",
     "--cohort", "5",
     "--rounds", "2",
-    "--algorithm", "fedavg", "dp-fedavg",
+    "--algorithms", "fedavg", "dp-fedavg",
     "--test-size", "200",
 ]  # fmt: skip
 
@@ -70,7 +70,7 @@ _override = override
         (["--clients", "1000"], "exceed the"),
         (["--delta", "1.5"], "--delta: must be in (0, 1)"),
         (["--accountant", "gdp"], "--accountant: invalid choice"),
-        (["--epsilon", "0"], "--epsilon"),
+        (["--epsilons", "0"], "--epsilons"),
     ],
 )
 def test_bad_input_is_one_line_before_any_work(tmp_path, capsys, extra, message):

@@ -1,4 +1,4 @@
-"""``python -m experiments.cross_device --algorithm dp-ftrl`` on bundled digits: DP-FTRL
+"""``python -m experiments.cross_device --algorithms dp-ftrl`` on bundled digits: DP-FTRL
 beside DP-FedAvg at several epsilons (one run each), the accuracy-against-epsilon figure,
 the summary rows and the privacy ledger; pfl's noise cohort stated as a guarantee for
 another deployment only; DP-FTRL's options refused in one line before any work."""
@@ -16,7 +16,7 @@ from tests.argv import override
 
 SMALL = [
     "--quick",
-    "--dataset", "digits",
+    "--datasets", "digits",
     "--clients", "40",
     "--rows-per-client", "20",
     "--cohort", "5",
@@ -27,7 +27,7 @@ SMALL = [
 
 def test_dp_ftrl_beside_dp_fedavg_at_two_epsilons(tmp_path, capsys):
     out = tmp_path / "xd"
-    argv = [*SMALL, "--algorithm", "dp-ftrl", "dp-fedavg", "--epsilon", "2", "8", "--audit", "8"]
+    argv = [*SMALL, "--algorithms", "dp-ftrl", "dp-fedavg", "--epsilons", "2", "8", "--audit", "8"]
     cross_device.main([*argv, "--out", str(out)])
     summary = json.loads((out / "summary.json").read_text())
     runs = {(r["algorithm"], r["epsilon_target"]): r for r in summary["runs"]}
@@ -78,7 +78,7 @@ def test_dp_ftrl_beside_dp_fedavg_at_two_epsilons(tmp_path, capsys):
 
 def test_the_noise_cohort_is_a_guarantee_for_another_deployment_only(tmp_path, capsys):
     out = tmp_path / "xd"
-    argv = [*SMALL, "--algorithm", "dp-ftrl", "--epsilon", "8", "--noise-cohort", "20"]
+    argv = [*SMALL, "--algorithms", "dp-ftrl", "--epsilons", "8", "--noise-cohort", "20"]
     cross_device.main([*argv, "--factorization", "prefix-sum", "--out", str(out)])
     (row,) = json.loads((out / "summary.json").read_text())["runs"]
     assert row["noise_cohort"] == 20 and row["factorization"] == "prefix-sum"
@@ -105,24 +105,24 @@ _override = override
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        (["--algorithm", "fedavg", "dp-fedavg", "--factorization", "banded"],
-         "--factorization does not apply: it is a DP-FTRL option (add dp-ftrl to --algorithm)"),
-        (["--algorithm", "dp-fedavg", "--noise-cohort", "50"], "--noise-cohort does not apply"),
-        (["--algorithm", "dp-fedavg", "--min-separation", "1"], "--min-separation does not apply"),
-        (["--algorithm", "dp-ftrl", "--min-separation", "5"],
-         "--algorithm dp-ftrl: --min-separation 5 must be <= rounds (2)"),
-        (["--algorithm", "dp-ftrl", "--max-participations", "2"],
+        (["--algorithms", "fedavg", "dp-fedavg", "--factorization", "banded"],
+         "--factorization does not apply: it is a DP-FTRL option (add dp-ftrl to --algorithms)"),
+        (["--algorithms", "dp-fedavg", "--noise-cohort", "50"], "--noise-cohort does not apply"),
+        (["--algorithms", "dp-fedavg", "--min-separation", "1"], "--min-separation does not apply"),
+        (["--algorithms", "dp-ftrl", "--min-separation", "5"],
+         "--algorithms dp-ftrl: --min-separation 5 must be <= rounds (2)"),
+        (["--algorithms", "dp-ftrl", "--max-participations", "2"],
          "--max-participations 2 must be <= ceil(rounds / min_separation) = 1"),
-        (["--algorithm", "dp-ftrl", "--noise-cohort", "5"], "--noise-cohort 5 must be > cohort"),
-        (["--algorithm", "dp-ftrl", "--schedule", "single", "--max-participations", "1"],
+        (["--algorithms", "dp-ftrl", "--noise-cohort", "5"], "--noise-cohort 5 must be > cohort"),
+        (["--algorithms", "dp-ftrl", "--schedule", "single", "--max-participations", "1"],
          "--max-participations does not apply: --schedule single"),
-        (["--algorithm", "dp-ftrl", "--schedule", "single", "--rounds", "9"],
+        (["--algorithms", "dp-ftrl", "--schedule", "single", "--rounds", "9"],
          "--cohort 5 must be <= num_clients // min_separation"),
-        (["--algorithm", "dp-ftrl", "--factorization", "tree"], "--factorization: invalid choice"),
-        (["--algorithm", "dp-ftrl", "--epsilon", "2", "2"], "--epsilon lists 2 more than once"),
-        (["--algorithm", "fedsgd"], "--algorithm: invalid choice: 'fedsgd'"),
-        (["--algorithm", "fedavg", "--audit", "8"], "--audit does not apply"),
-        (["--algorithm", "dp-ftrl", "--noise-cohort", "50", "--audit", "8"],
+        (["--algorithms", "dp-ftrl", "--factorization", "tree"], "--factorization: invalid choice"),
+        (["--algorithms", "dp-ftrl", "--epsilons", "2", "2"], "--epsilons lists 2 more than once"),
+        (["--algorithms", "fedsgd"], "--algorithms: invalid choice: 'fedsgd'"),
+        (["--algorithms", "fedavg", "--audit", "8"], "--audit does not apply"),
+        (["--algorithms", "dp-ftrl", "--noise-cohort", "50", "--audit", "8"],
          "--audit with --noise-cohort"),
     ],
     ids=["factorization-no-ftrl", "noise-cohort-no-ftrl", "min-sep-no-ftrl", "min-sep-rounds",
@@ -146,8 +146,8 @@ def test_a_value_from_the_profile_is_named_as_such(tmp_path, capsys, monkeypatch
     """A refusal names the option that changes a value the user did not give (here the
     quick profile's cohort of 10: 11 rounds of 10 clients once each need 110 clients)."""
     monkeypatch.setattr(cross_device, "simulate", None)  # no run may start
-    argv = ["--quick", "--dataset", "digits", "--rows-per-client", "10", "--test-size", "100"]
-    argv += ["--algorithm", "dp-ftrl", "--schedule", "single", "--rounds", "11"]
+    argv = ["--quick", "--datasets", "digits", "--rows-per-client", "10", "--test-size", "100"]
+    argv += ["--algorithms", "dp-ftrl", "--schedule", "single", "--rounds", "11"]
     with pytest.raises(SystemExit) as exc:
         cross_device.main([*argv, "--out", str(tmp_path / "bad")])
     assert exc.value.code == 2

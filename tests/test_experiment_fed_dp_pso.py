@@ -49,7 +49,7 @@ def _check_resume(out, options, monkeypatch, capsys) -> None:
     pd.testing.assert_frame_equal(second, first)
     resumed = json.loads((out / "summary.json").read_text())["resumed_calls"]
     assert resumed == ["digits_iid_eps5", "comm_digits"]
-    for changed in (["--lr", "0.01"], ["--restart"]):
+    for changed in (["--learning-rate", "0.01"], ["--restart"]):
         with pytest.raises(RuntimeError, match="ran again"):
             fed_dp_pso.main(["--quick", *options, *changed, "--out", str(out)])
 

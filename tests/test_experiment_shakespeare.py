@@ -78,7 +78,7 @@ def test_a_data_folder_without_the_plays(tmp_path, capsys, monkeypatch):
     [
         (["--clients", "500"], "--clients 500 exceeds the 59 speaking roles"),
         (["--clients", "3", "--cohort", "4"], "--cohort 4 must be <= --clients 3"),
-        (["--epsilon", "0"], "--epsilon"),
+        (["--epsilons", "0"], "--epsilons"),
         (["--delta", "2"], "--delta: must be in (0, 1)"),
     ],
 )

@@ -108,6 +108,36 @@ def test_the_server_recovers_exactly_the_survivors_sum(config, bits, seed, data)
     np.testing.assert_array_equal(np.asarray(total2), np.asarray(total))
 
 
+@pytest.mark.parametrize("bits", [8, 16, 32])
+def test_a_malicious_clients_garbage_shifts_the_sum_by_what_it_chose(bits):
+    """What secure aggregation does not stop (docs/secure_aggregation.md): a client that
+    uploads any words it likes instead of its masked value. The server cannot tell (the
+    round unmasks as usual), and the sum moves by exactly the difference between the
+    garbage and the masked value, modulo 2^b: the client can poison the sum with a shift of
+    its choice, and nothing else changes: the honest survivors' values (their noise shares
+    included) are all still in it. Out-of-range words (above 2^b) count modulo 2^b."""
+    s, t, d = 8, 6, D
+    gen = np.random.default_rng(bits)
+    ids, selected = gen.permutation(1000)[:s], np.ones(s, bool)
+    values = gen.integers(0, 1 << bits, (s, d), dtype=np.uint64).astype(np.uint32)
+    rnd = _round(ids, selected, selected, bits=bits, threshold=t, degree=None, seed=bits)
+    uploads = np.asarray(sa.masked_uploads(jnp.asarray(values), rnd))
+    honest, ok = sa.unmask_sum(jnp.asarray(uploads), rnd)
+    garbage = gen.integers(0, 2**32, d, dtype=np.uint64).astype(np.uint32)  # any words
+    forged = uploads.copy()
+    forged[3] = garbage
+    poisoned, still_ok = sa.unmask_sum(jnp.asarray(forged), rnd)
+    assert bool(ok) and bool(still_ok)  # nothing tells the server
+    m = np.uint64(1 << bits)
+    shift = (garbage.astype(np.uint64) % m + m - uploads[3].astype(np.uint64) % m) % m
+    want = (np.asarray(honest).astype(np.uint64) + shift) % m
+    np.testing.assert_array_equal(np.asarray(poisoned).astype(np.uint64), want)
+    # the other clients' values are all in the poisoned sum: removing the shift and the
+    # attacker's own value leaves exactly the honest clients' sum
+    others = values[np.arange(s) != 3].astype(np.uint64).sum(axis=0) % m
+    np.testing.assert_array_equal((want + m - values[3].astype(np.uint64) - shift) % m, others)
+
+
 def test_tiles_of_the_keystream_join_up(monkeypatch):
     """Vectors longer than one tile: masks and unmasking agree with the host formula."""
     monkeypatch.setattr(sa, "_TILE_BLOCKS", 4)  # one block per key per tile: 3 tiles

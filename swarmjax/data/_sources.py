@@ -135,7 +135,7 @@ FASHION_MNIST = Source(
     folder="fashion_mnist",
     title="Fashion-MNIST, the four IDX files (60,000 train / 10,000 test), 30.9 MB",
     used_by=(
-        "experiments.cross_device --dataset fashion_mnist",
+        "experiments.cross_device --datasets fashion_mnist",
         "experiments.dp_fedavg",
         "experiments.fed_dp_pso",
     ),
