@@ -470,9 +470,13 @@ def test_centralised_reference_keeps_its_optimiser_across_rounds(setup):
     alg = LocalOnly(
         MODEL, LocalTraining(batch_size=32, optimizer="adam"), keep_optimizer_state=True
     )
-    spec = RunSpec(3, 1e-5, (0, 1, 2))  # one seed's 3-round accuracy ranges 0.3-0.8
-    res = simulate(alg, union, test, Variants.grid(alg, union, spec, learning_rate=0.01))
-    assert res.history[res.history["round"] == 3]["test_accuracy"].mean() > 0.5
+    # one seed's 3-round accuracy ranges 0.3-0.8 over draws (fresh secrets gave means of
+    # 0.49 and above): the fixed test secret makes the check deterministic
+    spec = RunSpec(3, 1e-5, (0, 1, 2))
+    grid = Variants.grid(alg, union, spec, learning_rate=0.01)
+    res = simulate(alg, union, test, grid, secret=SECRET)
+    acc = res.history[res.history["round"] == 3]["test_accuracy"]
+    assert acc.mean() > 0.5
     count = jax.tree.leaves(res.clients.opt_state)[0]
     assert int(np.ravel(count)[0]) == 3 * -(-int(union.sizes[0]) // 32)
 
