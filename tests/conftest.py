@@ -79,7 +79,6 @@ MODULE_SECONDS = {
     "test_canaries_fedavg_record.py": 62,
     "test_experiment_cross_device_ftrl.py": 60,
     "test_sweep.py": 57,
-    "test_experiment_resume.py": 55,
     "test_compile_level.py": 54,
     "test_experiment_dp_fedavg.py": 53,
     "test_flower_runtime.py": 53,

@@ -41,17 +41,32 @@ def _check_audit(out: str, folder) -> None:
     assert summary[summary.method == "non-private"].epsilon_lower.isna().all()
 
 
-def test_clients_103_runs_and_writes_its_ledger(tmp_path, capsys, data_dir) -> None:
+def _must_not_run(*args, **kwargs):
+    raise RuntimeError("a finished setting ran again")
+
+
+def test_clients_103_runs_writes_its_ledger_and_resumes(
+    tmp_path, capsys, monkeypatch, data_dir
+) -> None:
+    """The run, its ledger and audit lines; a rerun (compute patched to fail) finishes from
+    the saved calls with the same summary, audit lines and ledger; another ``--epsilons``
+    computes again."""
     argv = ["--quick", "--clients", "103", "--rounds", "2", "--data-dir", str(data_dir)]
     argv += ["--accountant", "rdp", "--audit", "16", "--out", str(tmp_path)]
     dp_fedavg.main(argv)
     out = capsys.readouterr().out
     _check_audit(out, tmp_path)
+    first = pd.read_csv(tmp_path / "summary.csv")
+    assert list(first.method) == ["non-private", "adaptive", "fixed C=1"]
     # a rerun reuses the audited calls: the same lines, from the saved releases
+    monkeypatch.setattr(dp_fedavg, "run_one", _must_not_run)
     dp_fedavg.main(argv)
-    again = [line for line in capsys.readouterr().out.splitlines() if "empirical" in line]
+    log = capsys.readouterr().out
+    assert "3 run(s) reused" in log
+    again = [line for line in log.splitlines() if "empirical" in line]
     assert again[1:] == [line for line in out.splitlines() if "empirical epsilon >=" in line]
-    summary = pd.read_csv(tmp_path / "summary.csv")
+    pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "summary.csv"), first)
+    summary = first
     private = summary[summary.method != "non-private"]
     assert len(private) == 2 and (private.epsilon <= private.epsilon_target).all()
     text = (tmp_path / "privacy_ledger.json").read_text()
@@ -82,6 +97,8 @@ def test_clients_103_runs_and_writes_its_ledger(tmp_path, capsys, data_dir) -> N
     # every file written is a release, public or kept back (the MIA under private/)
     seen = check_released_files(tmp_path, dp_fedavg)
     assert seen["private/mia_advantage.csv"] == "not released"
+    with pytest.raises(RuntimeError, match="ran again"):  # last: it writes into the folder
+        dp_fedavg.main([*argv, "--epsilons", "4"])
 
 
 @pytest.mark.parametrize(

@@ -38,7 +38,6 @@ from swarmjax.paaso_sweep import (
 from swarmjax.privacy.accounting import PureDpEvent, event_epsilon
 from swarmjax.privacy.ledger import JSON_NAME, MARKDOWN_NAME, Ledger, saved_releases
 from swarmjax.privacy.mechanisms import random_dictatorship_epsilon
-from tests.test_experiment_resume import rerun_from_saved_calls
 from tests.test_released_files import check_released_files
 
 
@@ -195,6 +194,16 @@ def test_fed_dp_pso_flower_takes_the_delta_and_refuses_another_accountant():
         fed_dp_pso.flower_config(args)
 
 
+def rerun_from_saved_calls(main, argv, first, out, capsys) -> str:
+    """Rerun ``main(argv)`` (its compute patched to fail by the caller): the same
+    ``summary.csv`` as ``first``; returns what the rerun printed."""
+    capsys.readouterr()
+    main(argv)
+    log = capsys.readouterr().out
+    pd.testing.assert_frame_equal(pd.read_csv(out / "summary.csv"), first)
+    return log
+
+
 # ----------------------------------------------------------------------- combined_learning
 
 
@@ -202,7 +211,7 @@ def test_combined_learning_ledger_and_resume(tmp_path, monkeypatch, capsys):
     """No run has DP: every run (CL, FedAvg, each client alone per split; the centralised
     model) is listed as not private, with its setting's labels. The same run resumes: a
     rerun reuses every finished setting (same summary and ledger), ``--restart`` computes
-    again (tests/test_experiment_resume.py's check, on this one run)."""
+    again (compute patched to fail)."""
     argv = ["--quick", "--rounds", "1", "--out", str(tmp_path)]
     combined_learning.main(argv)
     first = pd.read_csv(tmp_path / "summary.csv")
@@ -241,7 +250,7 @@ def test_apdim_ledger_and_resume(tmp_path, monkeypatch, capsys, data_dir):
     events, the table's client id, epsilon as claimed); the paper mode's, the clean
     baseline, the attack scores and the plans are listed as not private. The same run
     resumes: a rerun reuses both saved calls (same summary and ledger), another ``--seeds``
-    computes again (tests/test_experiment_resume.py's check, on this one run)."""
+    computes again (compute patched to fail)."""
     argv = ["--quick", "--datasets", "heart", "--skip-timing", "--data-dir", str(data_dir)]
     argv += ["--delta", "1e-6", "--out", str(tmp_path)]
     apdim.main(argv)

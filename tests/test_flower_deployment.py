@@ -8,15 +8,13 @@ other two clients, the same model and privacy record as the in-process runtime w
 reply lost, and no process behind (workers included). Every process is stopped even when
 the test fails. Flower starts a fresh ClientApp process for every message; swarmjax's
 ClientApp only relays the message to its node's worker, so an exchange costs about what
-Flower's own trivial app costs: the test measures that app (benchmarks/flower_floor_app)
-on the same deployment and requires swarmjax's seconds per exchange within 3x of it
-(before the worker they were ~5x).
+Flower's own trivial app costs: ``benchmarks.flower_round`` measures the two on one
+deployment (a speed target is a benchmark's, not a timed test's; RESULTS.md).
 
 SWARMJAX_FLOWER_FULL=1 runs every test at the larger sizes and also FedAvg's two rounds
 uninterrupted over the same deployment.
 """
 
-import json
 import os
 import time
 from pathlib import Path
@@ -30,7 +28,6 @@ pytest.importorskip("flwr", reason="the flower extra is not installed")
 import psutil
 from flwr.app import Message
 
-from benchmarks.flower_round import FLOOR_APP
 from swarmjax.fl.runtime.flower.deployment import LocalDeployment
 from swarmjax.fl.runtime.flower.server import drive, read_run
 from swarmjax.fl.runtime.flower.task import load_task
@@ -67,10 +64,9 @@ def _lost_in_round_two(node: int):
     return drive(grid, load_task(cfg), FAST)
 
 
-def _assert_deployment_equals_simulator(deployment, cfg: dict, out: Path) -> np.ndarray:
+def _assert_deployment_equals_simulator(deployment, cfg: dict, out: Path) -> None:
     """Run ``cfg`` over the deployment (writing to ``out``) and compare it with the
-    simulator's run of the same config: model, history, privacy record, bytes carried.
-    Returns the seconds per exchange of each round."""
+    simulator's run of the same config: model, history, privacy record, bytes carried."""
     try:
         deployment.run({**cfg, "out-dir": str(out), "join-timeout": 1200.0}, timeout=1800)
     except RuntimeError as err:
@@ -81,31 +77,18 @@ def _assert_deployment_equals_simulator(deployment, cfg: dict, out: Path) -> np.
     assert len(run.operator.messages) > 0 and (run.operator.messages["status"] == "ok").all()
     for col in ("bytes_up", "bytes_down"):
         np.testing.assert_allclose(run.history[col], sim.history[col], rtol=1e-12)
-    return run.operator.rounds["seconds"].to_numpy() / len(load_task(cfg).algorithm.exchanges)
-
-
-def _floor_seconds(deployment, out: Path) -> float:
-    """Flower's own seconds per exchange on this deployment: the trivial echo app making
-    a hello and two rounds of one exchange with the 3 nodes (their mean)."""
-    deployment.run({"num-clients": 3, "rounds": 2, "out-dir": str(out)}, app=FLOOR_APP)
-    return float(np.mean(json.loads((out / "floor.json").read_text())["seconds"]))
 
 
 def test_deployment_gives_the_simulators_numbers_and_survives_a_killed_supernode(
     deployment, tmp_path
 ):
-    seconds = [
-        *_assert_deployment_equals_simulator(  # seed 1: under the tests' SECRET (the
-            # config's secret-file) its round-1 Poisson draw selects two of the three clients
-            deployment,
-            config("dp-fedavg", rounds=1, seed=1),
-            tmp_path / "dp-fedavg",
-        ),
-        *_assert_deployment_equals_simulator(
-            deployment, config("fed-dp-pso"), tmp_path / "fed-dp-pso"
-        ),
-    ]
-    floor = _floor_seconds(deployment, tmp_path / "floor")
+    _assert_deployment_equals_simulator(  # seed 1: under the tests' SECRET (the config's
+        # secret-file) its round-1 Poisson draw selects two of the three clients
+        deployment,
+        config("dp-fedavg", rounds=1, seed=1),
+        tmp_path / "dp-fedavg",
+    )
+    _assert_deployment_equals_simulator(deployment, config("fed-dp-pso"), tmp_path / "fed-dp-pso")
 
     # reply-timeout: a live node answers within seconds (it compiled while joining); the
     # killed node's exchange ends when it runs out
@@ -134,10 +117,6 @@ def test_deployment_gives_the_simulators_numbers_and_survives_a_killed_supernode
     first, sim_first = run.history.iloc[:1], sim.history.iloc[:1]
     for col in ("test_accuracy", "test_loss", "bytes_up", "bytes_down"):
         np.testing.assert_allclose(first[col], sim_first[col], rtol=0, atol=1e-6)
-    # Flower's speed: an exchange with all nodes up (the median of the three runs' first
-    # rounds, which also pay the ServerApp's compilation) within 3x of the trivial app's
-    seconds.append(run.operator.rounds["seconds"].iloc[0])
-    assert np.median(seconds) < 3 * floor, (seconds, floor)
     np.testing.assert_allclose(run.privacy.epsilon[:, 0], sim.privacy.epsilon[:, 0])
     messages = run.operator.messages.set_index(["round", "client"])
     assert (messages.loc[1, "status"] == "ok").all()
