@@ -2,9 +2,10 @@
 (issue 47, item 4): round time, bytes per client and accuracy.
 
 Work: MNIST train split into ``--users`` users of 50 rows (seeded consecutive chunks),
-cohort ``--cohort``, one local epoch of batch 10, pfl's ``simple_cnn`` (d = 2^21 padded
-coordinates), fixed clip 0.4, user-level epsilon ``--epsilon`` at delta ``1 / users``, RDP
-accountant for every run. Compared, in one process on one device:
+cohort ``--cohort``, one local epoch of batch 10, pfl's ``simple_cnn`` (d = 1,199,882
+coordinates under the default DCT rotation), fixed clip 0.4, user-level epsilon
+``--epsilon`` at delta ``1 / users``, RDP accountant for every run. Compared, in one
+process on one device:
 
 * ``dp-fedavg``: central DP (the server trusted; a secret Poisson cohort, amplified);
 * ``dp-fedavg-secagg`` at each of ``--bits``: client-added Skellam shares and masked b-bit
@@ -12,16 +13,15 @@ accountant for every run. Compared, in one process on one device:
 
 Round time is the marginal ``(T(2n) - T(n)) / n`` of compiled one-round calls (compilation
 and the calibration cancel). Bytes up per client: float32 words of the model for central
-DP, ``ceil(d b / 8)`` for a b-bit upload of the padded rotation. Accuracy: the last
+DP, ``ceil(d b / 8)`` for a b-bit upload of the rotation's ``d`` coordinates. Accuracy: the last
 round's model on the full test split. Prints one table and the ratios to central DP;
-``--record`` writes it to ``benchmarks/RESULTS.md`` with the machine and the date.
+``--write`` writes it to ``benchmarks/RESULTS.md`` with the machine and the date.
 
 Example: ``python -m benchmarks.secagg --rounds 4 --bits 16 20``.
 """
 
 from __future__ import annotations
 
-import argparse
 import math
 import time
 
@@ -29,10 +29,12 @@ import jax
 import numpy as np
 import pandas as pd
 
+from benchmarks import _cli as _bcli
 from benchmarks._results import machine, write_section
+from experiments import _cli
 from swarmjax.fl.algorithms import registry
 from swarmjax.fl.client.training import LocalTraining
-from swarmjax.fl.data import ClientStore, load_dataset, partition
+from swarmjax.fl.data import ClientStore, partition
 from swarmjax.fl.distributed import Distributed
 from swarmjax.fl.protocol import RunSpec, Variants
 from swarmjax.fl.runtime import simulate
@@ -73,19 +75,43 @@ def _time(name, store, test, args, bits):
     return (t_2n - t_n) / n, res, alg
 
 
+@_cli.entry_point
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.secagg", description=__doc__)
-    p.add_argument("--data-dir", help="folder holding mnist/ (default: swarmjax's data folder)")
-    p.add_argument("--users", type=int, default=400, help="users of 50 rows (default 400)")
-    p.add_argument("--cohort", type=int, default=20, help="clients a round (default 20)")
-    p.add_argument("--rounds", type=int, default=4, help="n of the marginal (default 4)")
-    p.add_argument("--epsilon", type=float, default=8.0, help="user-level target (default 8)")
-    p.add_argument("--bits", type=int, nargs="+", default=[16, 20], help="default 16 20")
-    p.add_argument("--record", action="store_true", help="append the table to RESULTS.md")
+    p = _bcli.parser("secagg", __doc__, writes="secagg-<date>")
+    p.add_argument(
+        "--data-dir",
+        help="folder holding mnist/ (default: $SWARMJAX_DATA, else ~/.cache/swarmjax/data; "
+        "python -m swarmjax.data fetch mnist stages it)",
+    )
+    p.add_argument(
+        "--users", type=_cli.count("--users", 2), default=400, help="users of 50 rows (400)"
+    )
+    p.add_argument("--cohort", type=_cli.count("--cohort"), default=20, help="clients a round (20)")
+    p.add_argument(
+        "--rounds", type=_cli.count("--rounds"), default=4, help="n of the marginal (default 4)"
+    )
+    p.add_argument(
+        "--epsilon",
+        type=_cli.epsilon_target("--epsilon"),
+        default=8.0,
+        help="user-level target (default 8)",
+    )
+    p.add_argument(
+        "--bits",
+        type=_cli.count("--bits", 8),
+        nargs="+",
+        default=[16, 20],
+        help="bits per uploaded coordinate, 8..32, one run each (default 16 20)",
+    )
     args = p.parse_args(argv)
-    if not 1 <= args.cohort <= args.users or args.rounds < 1:
-        p.error("--cohort must be in [1, --users] and --rounds >= 1")
-    ds = load_dataset("mnist", args.data_dir)
+    if args.cohort > args.users:
+        raise _cli.UserError(f"--cohort {args.cohort} must be <= --users {args.users}")
+    if max(args.bits) > 32:
+        raise _cli.UserError(f"--bits {max(args.bits)}: at most 32 (uint32 words)")
+    if ROWS * args.users > 60_000:
+        raise _cli.UserError(f"--users {args.users} x {ROWS} rows exceed MNIST's 60,000")
+    source = _cli.data_source(args)
+    ds = _cli.load_dataset("mnist", _cli.data_dir(args.data_dir), source)
     part = partition(ds.y_train, args.users, "consecutive", size=ROWS, seed=0)
     store = ClientStore.build(ds.x_train, ds.y_train, part.indices)
     test = (ds.x_test[:1000], ds.y_test[:1000])
@@ -101,8 +127,9 @@ def main(argv: list[str] | None = None) -> None:
         model = simple_cnn(10, (28, 28, 1))
         _, acc = evaluate(model.apply, params, ds.x_test, ds.y_test, batch_size=1000)
         n = param_count(params)
-        d = 1 << (n - 1).bit_length()
-        up = 4 * n if not isinstance(alg, Distributed) else math.ceil(d * bits / 8)
+        up = 4 * n
+        if isinstance(alg, Distributed):
+            up = math.ceil(alg.plan.dimension(n) * bits / 8)
         rows.append(
             {
                 "algorithm": name,
@@ -122,7 +149,7 @@ def main(argv: list[str] | None = None) -> None:
             table[f"{col}_vs_central"] = table[col] / base[col]
     text = table.to_markdown(index=False, floatfmt=".4g")
     print(text)
-    if args.record:
+    if args.write:
         head = (
             f"`python -m benchmarks.secagg --users {args.users} --cohort {args.cohort} "
             f"--rounds {args.rounds} --epsilon {args.epsilon} --bits "

@@ -460,7 +460,7 @@ def memory_estimate(prof: Profile) -> int:
     slots = (2 if dp else 1) * prof.cohort * len(prof.seeds)
     noise = (32 if prof.factorization == "banded" else 10) if "dp-ftrl" in prof.algorithms else 0
     # dp-fedavg-secagg: each cohort slot's upload, its masked copy and a mask being added
-    # (uint32 words of the padded model, as many as model-sized float32 arrays)
+    # (uint32 words of the rotated model: as many as a model-sized float32 array)
     noise += 3 * prof.cohort if "dp-fedavg-secagg" in prof.algorithms else 0
     return _cli.array_bytes(
         (2, TRAIN_ROWS[prof.dataset], *shape),

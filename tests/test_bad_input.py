@@ -24,6 +24,7 @@ from benchmarks import (
     flower_round,
     paaso_strategies,
     pso_throughput,
+    secagg,
     vs_pfl,
 )
 from experiments import (
@@ -304,6 +305,10 @@ def test_given_tracks_the_command_line_not_the_defaults():
         (cross_device_scaling.main, ["--block", "0"], "--block"),
         (vs_pfl.main, ["--timing-rounds", "1"], "--timing-rounds"),
         (vs_pfl.main, ["--no-dp", "--dp-only"], "--dp-only"),
+        (secagg.main, ["--bits", "40"], "--bits 40: at most 32"),
+        (secagg.main, ["--bits", "4"], "--bits: must be >= 8"),
+        (secagg.main, ["--cohort", "30", "--users", "20"], "--cohort 30 must be <= --users 20"),
+        (secagg.main, ["--record"], "unrecognized"),  # --write, as every benchmark
     ],
     ids=lambda v: " ".join(v) if isinstance(v, list) else None,
 )

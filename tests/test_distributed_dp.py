@@ -46,12 +46,47 @@ def test_hadamard_is_orthogonal_and_its_own_inverse_up_to_d():
     assert set(np.unique(np.asarray(h))) == {-1.0, 1.0}
 
 
-def test_rotation_keeps_norm_and_inverts():
-    x = jax.random.normal(jax.random.key(1), (1024,))
-    signs = discrete.rotation_signs(jax.random.key(2), 1024)
-    y = discrete.rotate(x, signs)
+@pytest.mark.parametrize(("rotation", "d"), [("hadamard", 1024), ("dct", 1024), ("dct", 1001)])
+def test_rotation_keeps_norm_and_inverts(rotation, d):
+    x = jax.random.normal(jax.random.key(1), (d,))
+    signs = discrete.rotation_signs(jax.random.key(2), d)
+    y = discrete.rotate(x, signs, rotation)
     assert float(jnp.linalg.norm(y)) == pytest.approx(float(jnp.linalg.norm(x)), rel=1e-5)
-    np.testing.assert_allclose(np.asarray(discrete.unrotate(y, signs)), np.asarray(x), atol=1e-5)
+    back = discrete.unrotate(y, signs, rotation)
+    np.testing.assert_allclose(np.asarray(back), np.asarray(x), atol=1e-5)
+
+
+@pytest.mark.parametrize("d", [1, 2, 7, 64, 1001])
+def test_the_dct_is_orthonormal_with_the_stated_spread(d):
+    """The DCT rotation's matrix ``R`` (signs all +1): ``R R^T = I`` at any length, and
+    ``d max R_ki^2 <= SPREAD["dct"] = 2``, the factor wrap_bound's variance proxy uses."""
+    r = np.asarray(jax.vmap(lambda e: discrete.rotate(e, jnp.ones(d), "dct"))(jnp.eye(d))).T
+    np.testing.assert_allclose(r @ r.T, np.eye(d), atol=1e-5)
+    assert d * np.max(r**2) <= discrete.SPREAD["dct"] * (1 + 1e-5)
+    assert discrete.rotation_dim(d, "dct") == d
+
+
+def test_the_wrap_bound_holds_for_the_dct_rotation():
+    """Over the random signs, a rotated coordinate of a fixed vector exceeds t with chance
+    at most 2 exp(-t^2 / (2 spread ||x||^2 / d)) (the signal term of wrap_bound): checked on
+    the worst vector for the DCT (all mass where R_ki^2 peaks) by 4,000 sign draws."""
+    d = 256
+    x = jnp.zeros(d).at[0].set(1.0).at[1].set(1.0)  # two spikes: ||x||^2 = 2
+    keys = jax.random.split(jax.random.key(5), 4000)
+    y = jax.vmap(lambda k: discrete.rotate(x, discrete.rotation_signs(k, d), "dct"))(keys)
+    var = discrete.SPREAD["dct"] * 2.0 / d
+    for t in (0.1, 0.15, 0.2):
+        seen = float(np.mean(np.abs(np.asarray(y)) > t))
+        assert seen <= 2 * math.exp(-t * t / (2 * var)) + 0.01
+
+
+def test_a_bad_rotation_is_one_line():
+    with pytest.raises(ValueError, match="rotation must be one of dct, hadamard"):
+        DistributedDP(FixedCohort(5), rotation="dft")
+    with pytest.raises(ValueError, match="rotation must be one of"):
+        discrete.rotation_dim(10, "fft")
+    assert DistributedDP(FixedCohort(5)).dimension(1000) == 1000
+    assert DistributedDP(FixedCohort(5), rotation="hadamard").dimension(1000) == 1024
 
 
 def test_rotation_flattens_a_spike():

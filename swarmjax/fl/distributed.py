@@ -36,7 +36,6 @@ from swarmjax.fl.protocol import (
     Spend,
     Update,
 )
-from swarmjax.privacy.discrete import padded_dim
 from swarmjax.privacy.distributed import DistributedDP
 
 __all__ = ["Distributed"]
@@ -166,7 +165,7 @@ class Distributed(PlanAround):
         self, hyper: PrivateHyper, clients: Any, spec: RunSpec, epsilon_target: float | None
     ) -> PrivateHyper:
         """The algorithm's values checked without a target; the plan's grid and noise
-        derived from ``epsilon_target`` for the model's padded dimension."""
+        derived from ``epsilon_target`` for the model's rotated dimension."""
         if spec.accountant != "rdp":
             raise ValueError(
                 "accountant must be 'rdp' for a DistributedDP plan (dp-accounting's PLD cannot "
@@ -180,9 +179,10 @@ class Distributed(PlanAround):
         )
 
     def dimension(self, inner_hyper: Any) -> int:
-        """``d``: the padded length of one update (the model's parameters, next power of
-        two), from the wrapped algorithm's broadcast shapes."""
+        """``d``: the length one update is rotated and uploaded in (the model's parameters;
+        the next power of two under Hadamard), from the wrapped algorithm's broadcast
+        shapes."""
         server = jax.eval_shape(lambda: self.algorithm.server_init(jax.random.key(0), inner_hyper))
         like = jax.eval_shape(self._inner.request, server)
         flat = jax.eval_shape(lambda t: ravel_pytree(t)[0], like)
-        return padded_dim(int(flat.shape[0]))
+        return self.plan.dimension(int(flat.shape[0]))

@@ -3,15 +3,20 @@ residues modulo ``2^b``, as jit-able, vmappable functions of one flat vector.
 
 The pipeline a client runs (:class:`swarmjax.privacy.distributed.DistributedDP` composes it)::
 
-    clip -> pad to d = 2^p -> rotate (randomized Hadamard) -> scale by gamma
+    clip -> rotate (randomized DCT, or Hadamard after padding to d = 2^p) -> scale by gamma
          -> conditional randomized rounding -> + Skellam share -> residues mod 2^b
 
 and the server undoes the last steps on the sum (:func:`from_residues`, :func:`unrotate`).
 
-* :func:`hadamard`: the unnormalised Walsh-Hadamard transform (``p`` butterfly passes);
-  :func:`rotate` / :func:`unrotate`: ``x -> H D x / sqrt(d)`` and its inverse, ``D`` the
-  diagonal of public random signs. Orthonormal, so a vector's L2 norm is kept and its
-  coordinates become sub-Gaussian with variance proxy ``||x||^2 / d`` over the signs.
+* :func:`rotate` / :func:`unrotate`: ``x -> R D x`` and its inverse, ``D`` the diagonal of
+  public random signs and ``R`` orthonormal, so a vector's L2 norm is kept and each of its
+  coordinates becomes sub-Gaussian over the signs with variance proxy
+  ``sum_i R_ki^2 x_i^2 <= spread ||x||^2 / d`` (Hoeffding), ``spread = d max R_ki^2``
+  (:data:`SPREAD`). Two choices of ``R`` (:data:`ROTATIONS`): ``"dct"``, the orthonormal
+  DCT-II, for any length ``d`` (no padding; ``R_ki^2 <= 2 / d``, spread 2), by FFT; and
+  ``"hadamard"``, ``H / sqrt(d)`` with :func:`hadamard` (``log2 d`` butterfly passes;
+  ``d`` a power of two, the vector zero-padded to :func:`padded_dim`; spread 1).
+  :func:`rotation_dim` is the length a rotation works on.
 * :func:`conditional_round`: each coordinate to ``floor(x)`` or ``floor(x) + 1`` with the
   probability that keeps it unbiased, redrawn until the integer vector's L2 norm is within
   ``bound`` (Kairouz, Liu and Steinke 2021, "The Distributed Discrete Gaussian Mechanism",
@@ -52,6 +57,7 @@ __all__ = [
     "norm_within",
     "padded_dim",
     "rotate",
+    "rotation_dim",
     "rotation_signs",
     "skellam",
     "sum_error",
@@ -91,13 +97,38 @@ def rotation_signs(key: PRNGKeyArray, d: int) -> Float[Array, " d"]:
     return jnp.where(jax.random.bits(key, (d,), jnp.uint8) & 1, 1.0, -1.0).astype(jnp.float32)
 
 
-def rotate(x: Float[Array, " d"], signs: Float[Array, " d"]) -> Float[Array, " d"]:
-    """``H D x / sqrt(d)``: an orthonormal rotation (keeps the L2 norm)."""
+ROTATIONS = ("dct", "hadamard")
+"""The rotations :func:`rotate` offers (module docstring)."""
+SPREAD = {"dct": 2.0, "hadamard": 1.0}
+"""``d max_ki R_ki^2`` of each rotation: the factor over ``||x||^2 / d`` in the variance
+proxy of a rotated coordinate (the DCT-II's rows k >= 1 reach ``2 / d``)."""
+
+
+def rotation_dim(n: int, rotation: str = "hadamard") -> int:
+    """The length ``d`` a rotation of ``n`` coordinates works on: ``n`` for ``"dct"``, the
+    next power of two for ``"hadamard"`` (zero-padded)."""
+    if rotation not in ROTATIONS:
+        raise ValueError(f"rotation must be one of {', '.join(ROTATIONS)}; got {rotation!r}")
+    if n < 1:
+        raise ValueError(f"a vector to rotate needs >= 1 coordinate; got {n}")
+    return n if rotation == "dct" else padded_dim(n)
+
+
+def rotate(
+    x: Float[Array, " d"], signs: Float[Array, " d"], rotation: str = "hadamard"
+) -> Float[Array, " d"]:
+    """``R D x``: an orthonormal rotation (keeps the L2 norm, up to float32 rounding)."""
+    if rotation == "dct":
+        return jax.scipy.fft.dct(x * signs, type=2, norm="ortho")
     return hadamard(x * signs) / jnp.sqrt(jnp.float32(x.shape[-1]))
 
 
-def unrotate(y: Float[Array, " d"], signs: Float[Array, " d"]) -> Float[Array, " d"]:
-    """The inverse of :func:`rotate`: ``D H y / sqrt(d)``."""
+def unrotate(
+    y: Float[Array, " d"], signs: Float[Array, " d"], rotation: str = "hadamard"
+) -> Float[Array, " d"]:
+    """The inverse of :func:`rotate`: ``D R^T y``."""
+    if rotation == "dct":
+        return signs * jax.scipy.fft.idct(y, type=2, norm="ortho")
     return signs * hadamard(y) / jnp.sqrt(jnp.float32(y.shape[-1]))
 
 

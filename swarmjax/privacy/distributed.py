@@ -4,7 +4,7 @@ aggregation, as ONE plan (:class:`DistributedDP`) applied around a summed exchan
 
 Each client of a round's public cohort (:mod:`swarmjax.privacy.discrete` holds the steps)::
 
-    clip to C -> flatten, pad to d = 2^p -> rotate (randomized Hadamard, public signs)
+    clip to C -> flatten -> rotate (randomized DCT of the d parameters, public signs)
       -> scale by gamma -> conditional randomized rounding (||z|| <= Delta_2, always)
       -> + Sk(mu / h) per coordinate -> residues mod 2^b -> secure-aggregation masks
 
@@ -56,11 +56,13 @@ from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray, PyTree, UInt32
 from swarmjax._validation import check_int, check_range, stored
 from swarmjax.privacy.clipping import clip_update
 from swarmjax.privacy.discrete import (
+    ROTATIONS,
+    SPREAD,
     certified_bound,
     conditional_round,
     from_residues,
-    padded_dim,
     rotate,
+    rotation_dim,
     rotation_signs,
     skellam,
     sum_error,
@@ -113,20 +115,23 @@ def skellam_tail(t: float, lam: float) -> float:
     return min(1.0, 2.0 * math.exp(-rate))
 
 
-def wrap_bound(bits: int, cohort: int, scaled_clip: float, dim: int, noise: float) -> float:
+def wrap_bound(
+    bits: int, cohort: int, scaled_clip: float, dim: int, noise: float, spread: float = 1.0
+) -> float:
     """Upper bound on the chance that one coordinate of a round's integer sum leaves
     ``[-2^(bits-1), 2^(bits-1))`` (and wraps modulo ``2^bits``).
 
     The sum of ``cohort`` rotated updates of norm ``<= scaled_clip`` (``gamma C``) has norm
     ``<= cohort * scaled_clip``; over the random signs each rotated coordinate is
-    sub-Gaussian with variance proxy ``(cohort * scaled_clip)^2 / dim`` (Hoeffding); each
+    sub-Gaussian with variance proxy ``spread (cohort * scaled_clip)^2 / dim`` (Hoeffding;
+    ``spread`` the rotation's :data:`~swarmjax.privacy.discrete.SPREAD`); each
     client's rounding moves a coordinate by less than 1 (at most ``cohort`` in all); the
     noise is ``Sk(noise)`` (all the shares together, ``noise`` = ``cohort * mu / h``). The
     bound is minimised over the split of the range between the signal and the noise."""
     half = 2.0 ** (bits - 1) - cohort
     if half <= 0:
         return 1.0
-    var = (cohort * scaled_clip) ** 2 / dim
+    var = spread * (cohort * scaled_clip) ** 2 / dim
     best = 1.0
     for t1 in np.linspace(0.0, half, 257)[1:-1]:
         signal = 2.0 * math.exp(-(t1 * t1) / (2.0 * var)) if var > 0 else 0.0
@@ -206,6 +211,11 @@ class DistributedDP:
         beta: the conditional rounding's per-draw failure bound (Kairouz et al. 2021);
             default ``exp(-1/2)``.
         tries: rounding draws before a client sends zeros instead; default 16.
+        rotation: ``"dct"`` (default: the randomized orthonormal DCT-II of the ``d``
+            parameters, no padding, so an upload is ``b / 32`` of float32's bytes) or
+            ``"hadamard"`` (randomized Hadamard after zero-padding to the next power of two:
+            up to 2x the coordinates to upload, noise and mask; half the DCT's spread in
+            :func:`wrap_bound`). :mod:`swarmjax.privacy.discrete`.
         degree: secure-aggregation neighbours per client; ``None``: the smallest that
             keeps the honest survivors of every released round connected
             (:attr:`mask_degree`; the complete graph's guarantee at a fraction of its cost,
@@ -221,6 +231,7 @@ class DistributedDP:
     beta: float = math.exp(-0.5)
     tries: int = 16
     degree: int | None = None
+    rotation: str = "dct"
 
     def __post_init__(self) -> None:
         if not isinstance(self.participation, FixedCohort | MinSeparation):
@@ -247,6 +258,10 @@ class DistributedDP:
         check_range("wrap_probability", self.wrap_probability, 0.0, 0.5, low_open=True)
         check_range("beta", self.beta, 0.0, 1.0, low_open=True, high_open=True)
         check_int("tries", self.tries, 1)
+        if self.rotation not in ROTATIONS:
+            raise ValueError(
+                f"rotation must be one of {', '.join(ROTATIONS)}; got {self.rotation!r}"
+            )
         if self.degree is not None:
             check_int("degree", self.degree, 1)
         p = self.participation
@@ -290,9 +305,14 @@ class DistributedDP:
             return self.participation.participations(num_clients, rounds)
         return rounds
 
+    def dimension(self, n: int) -> int:
+        """``d``: the coordinates an update of ``n`` parameters is rotated, rounded, noised
+        and uploaded in (:func:`~swarmjax.privacy.discrete.rotation_dim`)."""
+        return rotation_dim(n, self.rotation)
+
     def sensitivities(self, clip: float, scale: float, dim: int) -> tuple[float, float]:
         """``(Delta_1, Delta_2)`` in grid units for clip ``C``, grid scale ``gamma`` and
-        ``dim`` padded coordinates."""
+        ``dim`` rotated coordinates."""
         # the rounding's bound, widened by the float32 norm check's proven error
         l2 = rounded_l2_bound(scale * clip, dim, self.beta) * math.sqrt(1.0 + sum_error(dim))
         return l1_bound(l2, dim), l2
@@ -372,7 +392,7 @@ class DistributedDP:
         l1, l2 = self.sensitivities(clip, scale, dim)
         mu = skellam_mu_for_epsilon(epsilon, l1, l2, compositions, delta)
         total = self.cohort * mu / self.honest
-        bound = wrap_bound(self.bits, self.cohort, scale * clip, dim, total)
+        bound = wrap_bound(self.bits, self.cohort, scale * clip, dim, total, SPREAD[self.rotation])
         return bound <= self.wrap_probability
 
     def default_hyper(self, num_clients: int, rounds: int) -> DistributedHyper:
@@ -438,7 +458,7 @@ class DistributedDP:
         n = 0 if num_clients is None else num_clients
         return (
             f"distributed Skellam noise under secure aggregation ({self.bits}-bit residues, "
-            f"randomized Hadamard rotation, conditional rounding) over "
+            f"randomized {self.rotation.upper()} rotation, conditional rounding) over "
             f"{self.participation.describe(n)}; noise counted from h={self.honest} honest "
             f"survivors (rounds with fewer than {self.threshold} survivors are refused; up "
             f"to {self.max_colluders} clients assumed to collude with the server); the "
@@ -532,9 +552,9 @@ class DistributedDP:
         share. ``key``: the client's own secret key."""
         clipped, _, _ = clip_update(update, hyper.initial_clip)
         flat, _ = ravel_pytree(clipped)
-        dim = padded_dim(flat.shape[0])
+        dim = self.dimension(flat.shape[0])
         x = jnp.pad(flat.astype(jnp.float32), (0, dim - flat.shape[0]))
-        x = rotate(x, self.signs(rounds, dim)) * hyper.grid_scale
+        x = rotate(x, self.signs(rounds, dim), self.rotation) * hyper.grid_scale
         k_round, k_noise = jax.random.split(jax.random.fold_in(key, _ENCODE_TAG))
         z, _ = conditional_round(k_round, x, certified_bound(hyper.l2_bound, dim), self.tries)
         share = skellam(k_noise, hyper.noise / self.honest, (dim,))
@@ -571,7 +591,8 @@ class DistributedDP:
         n = flat_like.shape[0]
         dim = encoded.shape[-1]
         centred = from_residues(total, self.bits).astype(jnp.float32)
-        decoded = unrotate(centred / hyper.grid_scale, self.signs(state.rounds, dim))[:n]
+        signs = self.signs(state.rounds, dim)
+        decoded = unrotate(centred / hyper.grid_scale, signs, self.rotation)[:n]
         state = state.replace(rounds=state.rounds + 1, refused=state.refused + (~ok))
         return unravel(decoded.astype(flat_like.dtype)), rnd.survived, ok, state
 
