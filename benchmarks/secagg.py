@@ -11,9 +11,10 @@ process on one device:
 * ``dp-fedavg-secagg`` at each of ``--bits``: client-added Skellam shares and masked b-bit
   uploads on public min-separation cohorts (no amplification).
 
-Round time is the marginal ``(T(2n) - T(n)) / n`` of compiled one-round calls (compilation
-and the calibration cancel). Bytes up per client: float32 words of the model for central
-DP, ``ceil(d b / 8)`` for a b-bit upload of the rotation's ``d`` coordinates. Accuracy: the last
+Round time is the median of a run's rounds after its first (which compiles), timed between
+its per-round callbacks; the run has ``2 --rounds`` rounds. Bytes up per client: float32
+words of the model for central DP, ``ceil(d b / 8)`` for a b-bit upload of the rotation's
+``d`` coordinates. Accuracy: the last
 round's model on the full test split. Prints one table and the ratios to central DP;
 ``--write`` writes it to ``benchmarks/RESULTS.md`` with the machine and the date.
 
@@ -61,18 +62,21 @@ def _build(name: str, users: int, cohort: int, rounds: int, epsilon: float, bits
 
 
 def _time(name, store, test, args, bits):
-    def run(n: int):
-        alg, grid, spec = _build(name, args.users, args.cohort, n, args.epsilon, bits)
-        variants = Variants.grid(alg, store, spec, **grid)
-        t0 = time.perf_counter()
-        res = simulate(alg, store, test, variants, rounds_per_call=1, progress=False)
-        return time.perf_counter() - t0, res, alg
-
-    n = args.rounds
-    run(n)  # compiles
-    t_n, _, _ = run(n)
-    t_2n, res, alg = run(2 * n)
-    return (t_2n - t_n) / n, res, alg
+    """One run of ``2 --rounds`` rounds: the median seconds of its rounds after the first
+    (which compiles), timed between the per-round callbacks; the result; the algorithm."""
+    alg, grid, spec = _build(name, args.users, args.cohort, 2 * args.rounds, args.epsilon, bits)
+    variants = Variants.grid(alg, store, spec, **grid)
+    marks = []
+    res = simulate(
+        alg,
+        store,
+        test,
+        variants,
+        rounds_per_call=1,
+        progress=False,
+        callbacks=(lambda *_: marks.append(time.perf_counter()),),
+    )
+    return float(np.median(np.diff(marks))), res, alg
 
 
 @_cli.entry_point
@@ -88,7 +92,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     p.add_argument("--cohort", type=_cli.count("--cohort"), default=20, help="clients a round (20)")
     p.add_argument(
-        "--rounds", type=_cli.count("--rounds"), default=4, help="n of the marginal (default 4)"
+        "--rounds", type=_cli.count("--rounds"), default=4, help="half of each run's rounds (4)"
     )
     p.add_argument(
         "--epsilon",
