@@ -566,16 +566,14 @@ def check_memory(need: int, option: str, what: str) -> None:
         )
 
 
-LONG_EXPERIMENT_SECONDS = 3600.0  # an estimate above this is printed as a warning
-
-
 class Pace:
     """A per-round callback (``simulate(callbacks=...)``) that prints, once, how long the
     experiment will take and the memory it holds: after the second round it sees (the first
     compiles), the seconds of one compiled round times the rounds still to run, in this run
     and in the runs after it, plus one compilation per later run (the first round's excess),
     and the process's peak memory so far (the compiled round's buffers included). Above
-    :data:`LONG_EXPERIMENT_SECONDS` the line is a warning with the options that shorten it.
+    the simulator's :data:`~swarmjax.fl.runtime.simulator.LONG_RUN_SECONDS` (an hour) the
+    line is a warning with the options that shorten it.
 
     Args:
         run_rounds: this run's rounds (a resumed run's finished ones are not counted again).
@@ -611,14 +609,15 @@ class Pace:
         first = t0 - self.started  # the first round seen, compilation included
         rounds = self.run_rounds - r1 + self.later_rounds
         left = per_round * rounds + max(first - per_round, 0.0) * self.later_runs
-        from experiments._report import peak_memory_gib
+        from experiments._report import peak_memory_gib  # lazily: matplotlib, JAX
+        from swarmjax.fl.runtime.simulator import LONG_RUN_SECONDS
 
         self.line = (
             f"pace: {per_round:.3g} s a round after compilation ({first:.3g} s the first), "
             f"{peak_memory_gib():.2g} GiB peak memory; about {_duration(left)} left on this "
             f"machine ({rounds} rounds)"
         )
-        if left > LONG_EXPERIMENT_SECONDS:
+        if left > LONG_RUN_SECONDS:
             self.line = (
                 f"warning: {self.line}; Ctrl-C stops it (the same command resumes), "
                 f"{self.shorten} shorten it"
