@@ -110,6 +110,11 @@ def test_bits_fold_in_and_split_are_the_reference_keystreams():
         children = jax.random.key_data(jax.random.split(key, 5))
         assert children.shape == (5, 8)
         assert _le(children.reshape(-1)) == _reference_stream(raw, 0, SPLIT, 5 * 32)
+        # from cc._BULK_BLOCKS blocks on, the state is held another way: the same stream
+        bulk = 16 * cc._BULK_BLOCKS + 3
+        assert _le(jax.random.bits(key, (bulk,), jnp.uint32)) == _reference_stream(
+            raw, 0, BITS, 4 * bulk
+        )
         # 16-bit and 8-bit draws: the high bits of each word
         high = np.asarray(jax.random.bits(key, (9,), jnp.uint16))
         np.testing.assert_array_equal(high, np.asarray(words[:9]) >> 16)
