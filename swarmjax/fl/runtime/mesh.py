@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import jax
@@ -32,6 +33,8 @@ from jaxtyping import Array, Bool, Int, PyTree
 __all__ = [
     "CLIENTS",
     "RUNS",
+    "CohortMemory",
+    "check_memory",
     "clients_mesh",
     "describe",
     "mesh_for",
@@ -143,8 +146,21 @@ def describe(mesh: Mesh | None, slots: int) -> str:
 
 
 def replicated(mesh: Mesh, tree: PyTree) -> PyTree:
-    """``tree`` placed on every device of ``mesh`` (every process passes the same values)."""
-    return jax.device_put(tree, NamedSharding(mesh, PartitionSpec()))
+    """``tree`` placed whole on every device of ``mesh``. Over ``jax.distributed`` every
+    process passes the same values and each places them on its own devices of the mesh
+    (PRNG key arrays through their key data)."""
+    sharding = NamedSharding(mesh, PartitionSpec())
+    if sharding.is_fully_addressable:
+        return jax.device_put(tree, sharding)
+
+    def place(x: Any) -> Array:
+        if jax.dtypes.issubdtype(getattr(x, "dtype", None), jax.dtypes.prng_key):
+            impl = jax.random.key_impl(x)
+            return jax.random.wrap_key_data(place(jax.random.key_data(x)), impl=impl)
+        host = np.asarray(x)
+        return jax.make_array_from_process_local_data(sharding, host, host.shape)
+
+    return jax.tree.map(place, tree)
 
 
 def shard_cohort(
@@ -184,6 +200,64 @@ def shard_cohort(
         check_vma=False,
     )(ids, used, shared)
     return (jax.tree.map(lambda a: a[:s], states) if pad else states), total
+
+
+def nbytes(tree: PyTree) -> int:
+    """Bytes of a pytree of arrays or shapes (``jax.ShapeDtypeStruct``; key arrays too)."""
+    return sum(int(np.prod(a.shape)) * int(a.dtype.itemsize) for a in jax.tree.leaves(tree))
+
+
+@dataclass(frozen=True)
+class CohortMemory:
+    """What a run's cohort holds on a device, in bytes, from shapes alone (a lower bound:
+    the clients' training activations are not counted).
+
+    Attributes:
+        shared: held whole by every device, for all of its runs: the federation's data
+            and every client's state.
+        per_slot: one cohort slot of one run: its gathered data, its client state, its new
+            state and its reply.
+        slots: the cohort's slot buffer ``S`` (the largest of the round exchanges').
+        runs: the call's runs (variants x seeds).
+    """
+
+    shared: int
+    per_slot: int
+    slots: int
+    runs: int
+
+    def per_device(self, mesh: Mesh | None) -> int:
+        """Bytes on one device of ``mesh`` (``None``: one device holds it all): the shared
+        part plus its share of the padded slots of its share of the runs."""
+        if mesh is None:
+            return self.shared + self.per_slot * self.slots * self.runs
+        runs = self.runs // (mesh.shape[RUNS] if RUNS in mesh.axis_names else 1)
+        slots = padded_slots(mesh, self.slots) // int(mesh.shape[CLIENTS])
+        return self.shared + self.per_slot * slots * runs
+
+
+def check_memory(memory: CohortMemory, mesh: Mesh | None, limit: int) -> None:
+    """One ``ValueError`` line when a device of ``mesh`` would hold more than ``limit``
+    bytes of the cohort (:meth:`CohortMemory.per_device`), naming the options that spread
+    it over more devices; nothing otherwise."""
+    need = memory.per_device(mesh)
+    if need <= limit:
+        return
+    devices = 1 if mesh is None else int(mesh.shape[CLIENTS])
+    spare = limit - memory.shared
+    fits = spare // (memory.per_slot * memory.runs) if spare > 0 else 0
+    hint = (
+        f"spread the cohort over more devices (mesh=clients_mesh(d) or clients_per_device <= "
+        f"{fits})"
+        if fits
+        else "the federation's data and client states alone do not fit: use fewer clients"
+    )
+    raise ValueError(
+        f"mesh: the cohort's {memory.slots} slots on {devices} device(s) need at least "
+        f"{need / 2**20:.4g} MiB per device ({memory.shared / 2**20:.4g} MiB shared, "
+        f"{memory.per_slot / 2**20:.4g} MiB per slot and run), more than the device's "
+        f"{limit / 2**20:.4g} MiB: {hint}"
+    )
 
 
 def peak_memory(mesh: Mesh | None = None) -> dict[str, Any]:

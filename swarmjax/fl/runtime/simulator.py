@@ -35,7 +35,7 @@ from jaxtyping import Array, Int, PRNGKeyArray, PyTree
 from tqdm.auto import tqdm
 
 from swarmjax._validation import check_choice, check_int
-from swarmjax.device import default_client_map
+from swarmjax.device import default_client_map, device_memory_bytes
 from swarmjax.fl.data.clients import ClientData, as_test_set
 from swarmjax.fl.private import algorithm_name
 from swarmjax.fl.protocol import (
@@ -57,7 +57,15 @@ from swarmjax.fl.protocol import (
 )
 from swarmjax.fl.runtime.callbacks import RoundCallback, notify
 from swarmjax.fl.runtime.checkpoint import Checkpoints, checkpoint_secret, fingerprint
-from swarmjax.fl.runtime.mesh import RUNS, mesh_for, replicated, shard_cohort
+from swarmjax.fl.runtime.mesh import (
+    RUNS,
+    CohortMemory,
+    check_memory,
+    mesh_for,
+    nbytes,
+    replicated,
+    shard_cohort,
+)
 from swarmjax.fl.runtime.result import Result, privacy_record, randomness
 from swarmjax.models import param_bytes
 from swarmjax.privacy.canaries import (
@@ -523,6 +531,34 @@ def run_rounds(call: Rounds, carry, keys, hypers, clients, test, canaries=None):
     return _on_mesh(call.mesh, _runs_map(call.mesh, one)(carry, keys, hypers))
 
 
+def cohort_memory(
+    alg: Algorithm, data: PyTree, key: PRNGKeyArray, hyper: PyTree, runs: int
+) -> CohortMemory:
+    """The bytes a call's cohort holds (:class:`~swarmjax.fl.runtime.mesh.CohortMemory`),
+    from shapes alone (no work): ``key`` ``(R,)`` run keys, ``hyper`` with a run axis and
+    ``runs``, how many of the runs one device holds before a mesh splits them.
+    A slot counts one client's gathered data, its state twice (old and new) and one
+    request-sized reply (a model's worth); the shared part, the federation's data and
+    every run's client states."""
+    row = jax.tree.map(lambda a: a[0], hyper)
+    one = jax.eval_shape(lambda: take_clients(data, jnp.zeros((1,), jnp.int32)))
+    one = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), one)
+    state = jax.eval_shape(
+        lambda k, d: alg.client_init(k, _bound(data, d), row, jnp.zeros((), jnp.int32)),
+        key[0],
+        one,
+    )
+    server = jax.eval_shape(lambda k: alg.server_init(k, row), key[0])
+    reply = max((nbytes(jax.eval_shape(ex.request, server)) for ex in alg.exchanges), default=0)
+    n = num_clients(data)
+    return CohortMemory(
+        shared=nbytes(data) + runs * n * nbytes(state),
+        per_slot=nbytes(one) + 2 * nbytes(state) + reply,
+        slots=slot_buffer(alg, n),
+        runs=runs,
+    )
+
+
 def _message_bytes(alg: Algorithm, carry, keys, hypers, clients: PyTree) -> list[tuple[int, int]]:
     """``(request bytes, reply bytes)`` of each round exchange, from the message dtypes."""
     first = jax.tree.map(lambda a: a[0], (carry[0], carry[1], keys, hypers))
@@ -544,10 +580,16 @@ def _message_bytes(alg: Algorithm, carry, keys, hypers, clients: PyTree) -> list
     return out
 
 
+def _run_devices(runs: int) -> int:
+    """How many devices :func:`_sharded` spreads ``runs`` runs over (1: not spread)."""
+    devices = len(jax.devices())
+    return 1 if devices < 2 or runs % devices else devices
+
+
 def _sharded(tree: PyTree) -> PyTree:
     devices = jax.devices()
     runs = jax.tree.leaves(tree)[0].shape[0]
-    if len(devices) < 2 or runs % len(devices):
+    if _run_devices(runs) == 1:
         return tree
     sharding = NamedSharding(Mesh(np.asarray(devices), ("runs",)), PartitionSpec("runs"))
     return jax.device_put(tree, sharding)
@@ -819,6 +861,10 @@ def start(
     )
     labels = {k: np.repeat(np.asarray(v), len(seed_list)) for k, v in variants.labels.items()}
     labels["seed"] = np.tile(np.asarray(seed_list), n_var)
+    first = jax.devices()[0] if mesh is None else mesh.devices.flat[0]
+    limit = device_memory_bytes(first if first.process_index == jax.process_index() else None)
+    held = len(keys) if mesh is not None else len(keys) // _run_devices(len(keys))
+    check_memory(cohort_memory(alg, data, keys, hyper, held), mesh, limit)
     if mesh is None:
         keys, hyper = _sharded((keys, hyper))
     else:  # every process passes the same values; the program splits the work
