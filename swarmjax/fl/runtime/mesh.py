@@ -203,8 +203,14 @@ def shard_cohort(
 
 
 def nbytes(tree: PyTree) -> int:
-    """Bytes of a pytree of arrays or shapes (``jax.ShapeDtypeStruct``; key arrays too)."""
-    return sum(int(np.prod(a.shape)) * int(a.dtype.itemsize) for a in jax.tree.leaves(tree))
+    """Bytes of a pytree of arrays or shapes (``jax.ShapeDtypeStruct``; key arrays too;
+    a Python number counts as the array it becomes)."""
+
+    def one(a: Any) -> int:
+        dtype = a.dtype if hasattr(a, "dtype") else np.asarray(a).dtype
+        return int(np.prod(np.shape(a) if not hasattr(a, "shape") else a.shape)) * dtype.itemsize
+
+    return sum(one(a) for a in jax.tree.leaves(tree))
 
 
 @dataclass(frozen=True)
