@@ -242,6 +242,13 @@ def test_mesh_for_refuses_bad_meshes_and_options():
     one = np.asarray(jax.devices()[:1])
     with pytest.raises(ValueError, match=r"^mesh must have a 'clients' axis"):
         mesh_for(Mesh(one, ("data",)), None, slots=6, runs=1)
+    # a (runs 2, clients 1) mesh named over this process's one device, twice: shapes only
+    two_runs = Mesh(np.asarray([one[0], one[0]], dtype=object).reshape(2, 1), ("runs", CLIENTS))
+    with pytest.raises(
+        ValueError, match=r"^mesh's 'runs' axis \(2 devices\) must divide .* 3 runs"
+    ):
+        mesh_for(two_runs, None, 6, 3)
+    assert mesh_for(two_runs, None, 6, 4) is two_runs
     with pytest.raises(ValueError, match=r"^pass mesh= or clients_per_device=, not both"):
         mesh_for(clients_mesh(1), 2, 6, 1)
     with pytest.raises(ValueError, match=r"^clients_per_device=2 needs 3 devices .* 1 present"):
