@@ -17,6 +17,9 @@ import jax
 import numpy as np
 
 ROUNDS, NUM_CLIENTS = 3, 24
+# each algorithm's client map, the same with and without a mesh: every map runs inside
+# shard_map (vmapped, in blocks of 2 with a tail, one at a time with skipped slots)
+CLIENT_MAP = {"fedavg": "vmap", "dp-fedavg": 2, "dp-ftrl": "sequential"}
 
 
 def algorithms() -> dict:
@@ -94,6 +97,7 @@ def run(name: str, label: str, processes: int = 1, **kw):
     clients, test = federation()
     alg, grid = algorithms()[name.removesuffix("-2")]
     seeds = (0, 1) if name.endswith("-2") else (0,)
+    kw.setdefault("client_map", CLIENT_MAP[name.removesuffix("-2")])
     variants = Variants.grid(alg, clients, RunSpec(ROUNDS, 1e-3, seeds), **grid)
     return simulate(
         alg,

@@ -1,6 +1,7 @@
 """One run's cohort over a device mesh (swarmjax.fl.runtime.mesh, ``simulate(mesh=...)``).
 
-FedAvg, DP-FedAvg (Poisson cohorts, adaptive clipping) and DP-FTRL sharded over 1, 2 and 4
+FedAvg (vmapped clients), DP-FedAvg (Poisson cohorts, adaptive clipping; blocks of 2) and
+DP-FTRL (one client at a time) sharded over 1, 2 and 4
 CPU devices (one subprocess with 4 virtual devices, tests/mesh_runs.py) and over two
 ``jax.distributed`` processes of 2 devices each (started on loopback, cleaned up after)
 against the unsharded run: the same privacy record, cohorts and client states bit for bit,
