@@ -35,7 +35,7 @@ from jaxtyping import Array, Int, PRNGKeyArray, PyTree
 from tqdm.auto import tqdm
 
 from swarmjax._validation import check_choice, check_int
-from swarmjax.device import default_client_map
+from swarmjax.device import default_client_map, device_memory_bytes
 from swarmjax.fl.data.clients import ClientData, as_test_set
 from swarmjax.fl.private import algorithm_name
 from swarmjax.fl.protocol import (
@@ -57,6 +57,15 @@ from swarmjax.fl.protocol import (
 )
 from swarmjax.fl.runtime.callbacks import RoundCallback, notify
 from swarmjax.fl.runtime.checkpoint import Checkpoints, checkpoint_secret, fingerprint
+from swarmjax.fl.runtime.mesh import (
+    RUNS,
+    CohortMemory,
+    check_memory,
+    mesh_for,
+    nbytes,
+    replicated,
+    shard_cohort,
+)
 from swarmjax.fl.runtime.result import Result, privacy_record, randomness
 from swarmjax.models import param_bytes
 from swarmjax.privacy.canaries import (
@@ -234,6 +243,7 @@ class RunContext:
     run_key: PRNGKeyArray
     client_map: ClientMap = "vmap"
     canaries: CanaryRound | None = None
+    mesh: Mesh | None = None  # summed exchanges split their slots over its "clients" axis
 
 
 def run_exchange(
@@ -266,16 +276,17 @@ def run_exchange(
 
     rows_key = jax.random.fold_in(server_key(run_key, round_index, index), _ROWS_STREAM)
     summed = ex.aggregate_sum is not None  # replies folded into their sum as they come
-    if ex.max_selected is None or ex.max_selected >= n:
+    if ctx.mesh is not None and summed:  # the cohort's slots split over the devices
+        new, replies, slots = _mesh_exchange(ctx, ex, one, mask, states, rows_key)
+        if not all(kept):
+            states = slots.update(states, new)
+    elif ex.max_selected is None or ex.max_selected >= n:
         every = take_clients(clients, ids, rows_key) if _gathers(clients) else clients
         new, replies = _map_clients(one, (states, every, ids), client_map, mask, summed)
         states = states if all(kept) else where_selected(mask, new, states)
         slots = Slots.everyone(mask)
     else:  # only the cohort's slots: a round costs the cohort, not the federation
-        chosen = jnp.nonzero(mask, size=ex.max_selected, fill_value=n)[0].astype(jnp.int32)
-        cmap = client_map  # a store of unequal clients: slots sorted by size, vmapped in blocks
-        if callable(getattr(clients, "schedule", None)):
-            chosen, cmap = clients.schedule(chosen, client_map)
+        chosen, cmap = _cohort_slots(clients, mask, ex.max_selected, client_map)
         safe = jnp.minimum(chosen, n - 1)
         take = partial(jax.tree.map, lambda a: a[safe])
         new, replies = _map_clients(
@@ -301,6 +312,45 @@ def run_exchange(
     if dropped is not None:
         return server, states, jnp.sum(mask).astype(jnp.int32), dropped
     return server, states, jnp.sum(mask).astype(jnp.int32)
+
+
+def _cohort_slots(
+    clients: PyTree, mask: Array, size: int, client_map: ClientMap
+) -> tuple[Int[Array, " S"], ClientMap]:
+    """The ``(S,)`` slots of a cohort of at most ``size`` clients (``mask``'s selected ids in
+    order, then ``N`` for an unused slot) and the client map to run them with: a store of
+    unequal clients sorts them by size and vmaps them in blocks (``clients.schedule``)."""
+    n = int(mask.shape[0])
+    chosen = jnp.nonzero(mask, size=size, fill_value=n)[0].astype(jnp.int32)
+    if callable(getattr(clients, "schedule", None)):
+        return clients.schedule(chosen, client_map)
+    return chosen, client_map
+
+
+def _mesh_exchange(
+    ctx: RunContext, ex: Exchange, one: Any, mask: Array, states: PyTree, rows_key: PRNGKeyArray
+) -> tuple[PyTree, PyTree, Slots]:
+    """A summed exchange's client map over ``ctx.mesh``'s ``clients`` axis
+    (:func:`~swarmjax.fl.runtime.mesh.shard_cohort`): each device gathers the states and data
+    of its share of the slots (``ex.max_selected`` of them, or one per client) and adds its
+    used slots' replies in slot order; ``one(state, data, id)``: one client. Returns
+    ``(new states (S, ...), the replies' sum, the slots)``."""
+    clients, n = ctx.clients, int(mask.shape[0])
+    if ex.max_selected is None or ex.max_selected >= n:
+        chosen, cmap = jnp.arange(n, dtype=jnp.int32), ctx.client_map
+    else:
+        chosen, cmap = _cohort_slots(clients, mask, ex.max_selected, ctx.client_map)
+    used = (chosen < n) & mask[jnp.minimum(chosen, n - 1)]
+
+    def local(ids: Int[Array, " s"], u: Array, shared: PyTree) -> tuple[PyTree, PyTree]:
+        whole_states, whole_clients, key = shared
+        safe = jnp.minimum(ids, n - 1)
+        data = take_clients(whole_clients, safe, key)
+        mine = jax.tree.map(lambda a: a[safe], whole_states)
+        return _map_clients(one, (mine, data, safe), cmap, u, summed=True)
+
+    new, total = shard_cohort(ctx.mesh, local, chosen, used, (states, clients, rows_key))
+    return new, total, Slots(mask=used, ids=chosen, num_clients=n)
 
 
 def _with_canaries(
@@ -411,11 +461,32 @@ def _rounds_one(ctx: RunContext, carry, test, rounds: int, diagnostics: bool):
     return jax.lax.scan(body, carry, None, length=rounds)
 
 
-@partial(jax.jit, static_argnames=("alg", "cmap"))
-def init_runs(alg, keys, hypers, clients, cmap):
+@partial(jax.jit, static_argnames=("alg", "cmap", "mesh"))
+def init_runs(alg, keys, hypers, clients, cmap, mesh=None):
     """Jitted: init + setup of every run; ``(server, client states, rounds done)`` with a run
-    axis (``keys (runs,)``, ``hypers`` with a run axis; ``cmap``: the client map)."""
-    return jax.vmap(lambda k, h: _init_one(RunContext(alg, clients, h, k, cmap)))(keys, hypers)
+    axis (``keys (runs,)``, ``hypers`` with a run axis; ``cmap``: the client map; ``mesh``:
+    summed setup exchanges split their cohort over its ``clients`` axis)."""
+
+    def one(k, h):
+        return _init_one(RunContext(alg, clients, h, k, cmap, mesh=mesh))
+
+    return _on_mesh(mesh, _runs_map(mesh, one)(keys, hypers))
+
+
+def _runs_map(mesh: Mesh | None, fn: Any) -> Any:
+    """``vmap`` of ``fn`` over the runs axis, split over ``mesh``'s ``runs`` axis if it has
+    one (``spmd_axis_name``)."""
+    return jax.vmap(
+        fn, spmd_axis_name=RUNS if mesh is not None and RUNS in mesh.axis_names else None
+    )
+
+
+def _on_mesh(mesh: Mesh | None, tree: PyTree) -> PyTree:
+    """A compiled call's outputs, replicated over ``mesh`` (every process holds them whole,
+    so a host reads them and the next call takes them as they are); unchanged without one."""
+    if mesh is None:
+        return tree
+    return jax.lax.with_sharding_constraint(tree, NamedSharding(mesh, PartitionSpec()))
 
 
 @dataclass(frozen=True)
@@ -431,6 +502,7 @@ class Rounds:
     diagnostics: bool = False
     audit: CanaryAudit | None = None
     canary_slots: int | None = None
+    mesh: Mesh | None = None
 
 
 @partial(jax.jit, static_argnames=("call",))
@@ -450,13 +522,41 @@ def run_rounds(call: Rounds, carry, keys, hypers, clients, test, canaries=None):
         round_canaries = CanaryRound(call.alg.canary_hook(), audit, canaries, slots)
 
     def one(c, k, h):
-        ctx = RunContext(call.alg, clients, h, k, call.client_map, round_canaries)
+        ctx = RunContext(call.alg, clients, h, k, call.client_map, round_canaries, call.mesh)
         return _rounds_one(ctx, c, test, call.rounds, call.diagnostics)
 
     if keys.shape[0] == 1:  # one run: unbatched, so a cond can skip unused client blocks
         single = jax.tree.map(lambda a: a[0], (carry, keys, hypers))
-        return jax.tree.map(lambda a: a[None], one(*single))
-    return jax.vmap(one)(carry, keys, hypers)
+        return _on_mesh(call.mesh, jax.tree.map(lambda a: a[None], one(*single)))
+    return _on_mesh(call.mesh, _runs_map(call.mesh, one)(carry, keys, hypers))
+
+
+def cohort_memory(
+    alg: Algorithm, data: PyTree, key: PRNGKeyArray, hyper: PyTree, runs: int
+) -> CohortMemory:
+    """The bytes a call's cohort holds (:class:`~swarmjax.fl.runtime.mesh.CohortMemory`),
+    from shapes alone (no work): ``key`` ``(R,)`` run keys, ``hyper`` with a run axis and
+    ``runs``, how many of the runs one device holds before a mesh splits them.
+    A slot counts one client's gathered data, its state twice (old and new) and one
+    request-sized reply (a model's worth); the shared part, the federation's data and
+    every run's client states."""
+    row = jax.tree.map(lambda a: a[0], hyper)
+    one = jax.eval_shape(lambda: take_clients(data, jnp.zeros((1,), jnp.int32)))
+    one = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), one)
+    state = jax.eval_shape(
+        lambda k, d: alg.client_init(k, _bound(data, d), row, jnp.zeros((), jnp.int32)),
+        key[0],
+        one,
+    )
+    server = jax.eval_shape(lambda k: alg.server_init(k, row), key[0])
+    reply = max((nbytes(jax.eval_shape(ex.request, server)) for ex in alg.exchanges), default=0)
+    n = num_clients(data)
+    return CohortMemory(
+        shared=nbytes(data) + runs * n * nbytes(state),
+        per_slot=nbytes(one) + 2 * nbytes(state) + reply,
+        slots=slot_buffer(alg, n),
+        runs=runs,
+    )
 
 
 def _message_bytes(alg: Algorithm, carry, keys, hypers, clients: PyTree) -> list[tuple[int, int]]:
@@ -480,10 +580,16 @@ def _message_bytes(alg: Algorithm, carry, keys, hypers, clients: PyTree) -> list
     return out
 
 
+def _run_devices(runs: int) -> int:
+    """How many devices :func:`_sharded` spreads ``runs`` runs over (1: not spread)."""
+    devices = len(jax.devices())
+    return 1 if devices < 2 or runs % devices else devices
+
+
 def _sharded(tree: PyTree) -> PyTree:
     devices = jax.devices()
     runs = jax.tree.leaves(tree)[0].shape[0]
-    if len(devices) < 2 or runs % len(devices):
+    if _run_devices(runs) == 1:
         return tree
     sharding = NamedSharding(Mesh(np.asarray(devices), ("runs",)), PartitionSpec("runs"))
     return jax.device_put(tree, sharding)
@@ -507,6 +613,8 @@ def simulate(
     secret: Secret | None = None,
     data_source: str | None = None,
     callbacks: Sequence[RoundCallback] = (),
+    mesh: Mesh | None = None,
+    clients_per_device: int | None = None,
 ) -> Result:
     """Run ``alg`` for every (variant, seed) at once and return the one :class:`Result`.
 
@@ -565,6 +673,17 @@ def simulate(
         callbacks: called once per finished round with that round's public metrics of
             every run (:mod:`~swarmjax.fl.runtime.callbacks`: ``JsonLines``, ``CsvRows``,
             ``TensorBoard``, or any ``callback(round, metrics, runs)``).
+        mesh: a :class:`jax.sharding.Mesh` with a ``"clients"`` axis (and optionally a
+            ``"runs"`` axis; :func:`~swarmjax.fl.runtime.mesh.clients_mesh` builds one,
+            across ``jax.distributed`` processes too): every summed exchange's cohort slots
+            are split over the ``clients`` axis (padded with unused slots to a multiple of
+            it), each device training its share and the partial sums added across devices
+            before the server step; the runs are split over ``runs``. Equal to the run
+            without a mesh to float32 rounding (the sum's order; docs/scaling.md). ``None``
+            (default): one device, as before. An algorithm with a round exchange that is not
+            summed is refused.
+        clients_per_device: instead of ``mesh``, a ``clients`` mesh over as many devices as
+            hold the cohort's slot buffer at this many slots each.
     """
     if common_random_numbers and ledger is not None and variants.size > 1:
         raise ValueError(
@@ -584,6 +703,8 @@ def simulate(
         diagnostics=diagnostics,
         audit=audit,
         secret=secret,
+        mesh=mesh,
+        clients_per_device=clients_per_device,
     )
     rounds = variants.spec.rounds
     per_call = (
@@ -670,6 +791,7 @@ class Run:
     carry: Any
     done: int = 0
     outputs: tuple[dict, ...] = ()
+    mesh: Mesh | None = None  # the clients (and runs) mesh of the call, or None: one device
 
     @property
     def runs(self) -> int:
@@ -700,6 +822,8 @@ def start(
     diagnostics: bool = False,
     audit: CanaryAudit | None = None,
     secret: Secret | None = None,
+    mesh: Mesh | None = None,
+    clients_per_device: int | None = None,
 ) -> Run:
     """Check the call and initialise every run (:func:`simulate`'s arguments of the same
     names; ``secret=None`` draws a fresh one from operating-system entropy, never saved);
@@ -723,6 +847,7 @@ def start(
             f"client_map must be 'vmap', 'sequential' or an int >= 1; got {client_map}"
         )
     hook = None if audit is None else _check_audit(alg, variants, audit)
+    mesh = _check_mesh(alg, data, variants, mesh, clients_per_device)
     n_var = variants.size
     for name, values in variants.labels.items():
         if len(values) != n_var:
@@ -736,8 +861,15 @@ def start(
     )
     labels = {k: np.repeat(np.asarray(v), len(seed_list)) for k, v in variants.labels.items()}
     labels["seed"] = np.tile(np.asarray(seed_list), n_var)
-    keys, hyper = _sharded((keys, hyper))
-    carry = init_runs(alg, keys, hyper, data, client_map)
+    first = jax.devices()[0] if mesh is None else mesh.devices.flat[0]
+    limit = device_memory_bytes(first if first.process_index == jax.process_index() else None)
+    held = len(keys) if mesh is not None else len(keys) // _run_devices(len(keys))
+    check_memory(cohort_memory(alg, data, keys, hyper, held), mesh, limit)
+    if mesh is None:
+        keys, hyper = _sharded((keys, hyper))
+    else:  # every process passes the same values; the program splits the work
+        keys, hyper, data, test = replicated(mesh, (keys, hyper, data, test))
+    carry = init_runs(alg, keys, hyper, data, client_map, mesh)
     initial = carry[0] if audit is not None else None
     directions = None if audit is None else _directions(alg, audit, initial)
     slots, overflow = (None, 0.0)
@@ -762,13 +894,16 @@ def start(
         directions=directions,
         canary_slots=slots,
         canary_overflow=overflow,
+        mesh=mesh,
         sizes=_message_bytes(alg, carry, keys, hyper, data),
         carry=carry,
     )
 
 
 def _call(run: Run, carry: Any, rounds: int) -> tuple[Any, dict]:
-    call = Rounds(run.alg, rounds, run.client_map, run.diagnostics, run.audit, run.canary_slots)
+    call = Rounds(
+        run.alg, rounds, run.client_map, run.diagnostics, run.audit, run.canary_slots, run.mesh
+    )
     return run_rounds(call, carry, run.keys, run.hyper, run.data, run.test, run.directions)
 
 
@@ -962,6 +1097,36 @@ def _check_audit(alg: Algorithm, variants: Variants, audit: Any) -> CanaryHook:
     like = jax.eval_shape(lambda h: hook.params(alg.server_init(jax.random.key(0), h)), row)
     audit.check_for(hook.unit, sum(int(np.prod(a.shape)) for a in jax.tree.leaves(like)))
     return hook
+
+
+def slot_buffer(alg: Algorithm, num_clients: int) -> int:
+    """The largest slot buffer of ``alg``'s round exchanges over ``num_clients`` clients:
+    an exchange's ``max_selected``, or one slot per client."""
+    sizes = [
+        num_clients if ex.max_selected is None else min(ex.max_selected, num_clients)
+        for ex in alg.exchanges
+    ]
+    return max(sizes, default=num_clients)
+
+
+def _check_mesh(
+    alg: Algorithm, data: PyTree, variants: Variants, mesh: Any, clients_per_device: Any
+) -> Mesh | None:
+    """The call's mesh (:func:`~swarmjax.fl.runtime.mesh.mesh_for`) once ``alg`` can run on
+    it, else one ``ValueError`` line naming the option (before any work)."""
+    runs = variants.size * len(variants.spec.seeds)
+    chosen = mesh_for(mesh, clients_per_device, slot_buffer(alg, num_clients(data)), runs)
+    if chosen is None:
+        return None
+    unsummed = [e for e, ex in enumerate(alg.exchanges) if ex.aggregate_sum is None]
+    if unsummed:
+        option = "mesh" if mesh is not None else "clients_per_device"
+        raise ValueError(
+            f"{option}: {algorithm_name(alg)}'s round exchange(s) {unsummed} aggregate stacked "
+            "replies (no aggregate_sum); only summed exchanges split their cohort over "
+            "devices: pass mesh=None and clients_per_device=None"
+        )
+    return chosen
 
 
 def _directions(alg: Algorithm, audit: CanaryAudit, servers: PyTree) -> PyTree:

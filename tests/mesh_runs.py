@@ -1,0 +1,205 @@
+"""Runs of FedAvg, DP-FedAvg (Poisson, adaptive clipping) and DP-FTRL on tiny digits
+federations, unsharded and over client meshes: what tests/test_mesh.py compares. Run as a
+script in a process whose XLA_FLAGS give it several CPU devices (and, with ``--rank``,
+under ``jax.distributed``); it writes one ``.npz`` of every run's numbers.
+
+    python tests/mesh_runs.py OUT.npz [--devices 1,2,4] [--rank R --port P --processes N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+
+ROUNDS, NUM_CLIENTS = 3, 24
+# each algorithm's client map, the same with and without a mesh: every map runs inside
+# shard_map (vmapped, in blocks of 2 with a tail, one at a time with skipped slots)
+CLIENT_MAP = {"fedavg": "vmap", "dp-fedavg": 2, "dp-ftrl": "sequential"}
+
+
+def algorithms() -> dict:
+    """The three algorithms and their hyper-parameters (tiny: a 4-unit MLP)."""
+    from swarmjax.fl.algorithms.client_level_dp_fedavg import dp_fedavg
+    from swarmjax.fl.algorithms.dp_ftrl import dp_ftrl
+    from swarmjax.fl.algorithms.fedavg import FedAvg
+    from swarmjax.fl.client.training import LocalTraining
+    from swarmjax.models import mlp
+    from swarmjax.privacy.noise import CorrelatedNoise
+    from swarmjax.privacy.participation import MinSeparation, Poisson
+
+    model = mlp((4,), 10, (8, 8, 1))
+    training = LocalTraining(epochs=1, batch_size=10)
+    return {
+        "fedavg": (FedAvg(model, training, cohort=6, server_optimizer="sgd"), {}),
+        "dp-fedavg": (
+            dp_fedavg(model, training=training, participation=Poisson(19), clipping="adaptive"),
+            {"sample_rate": 0.2, "noise_multiplier": 0.8},
+        ),
+        "dp-ftrl": (
+            dp_ftrl(  # prefix-sum: the BLT's optimisation would take ~30 s here
+                model,
+                MinSeparation(6, min_separation=2),
+                noise=CorrelatedNoise("prefix-sum"),
+                training=training,
+            ),
+            {"noise_multiplier": 0.8},
+        ),
+    }
+
+
+def federation():
+    from swarmjax.fl.runtime.flower.tasks import digits_clients
+
+    return digits_clients({"train-size": 360, "num-clients": NUM_CLIENTS})
+
+
+def numbers(result, prefix: str) -> dict[str, np.ndarray]:
+    """What two runs must share: the final models, the per-round public metrics, the
+    privacy record's epsilons, the realised selections and the clients' final states."""
+    out = {
+        f"{prefix}/server/{i}": np.asarray(a) for i, a in enumerate(jax.tree.leaves(result.server))
+    }
+    out |= {
+        f"{prefix}/clients/{i}": np.asarray(a)
+        for i, a in enumerate(jax.tree.leaves(result.clients))
+    }
+    out[f"{prefix}/epsilon"] = np.asarray(result.privacy.epsilon, np.float64)
+    out[f"{prefix}/selected"] = np.asarray(result.private_diagnostics["selected"])
+    out[f"{prefix}/test_loss"] = result.history["test_loss"].to_numpy()
+    return out
+
+
+def mesh(label: str, processes: int):
+    """``"0"``: no mesh; ``"d"``: a clients mesh over ``d`` devices; ``"rxc"``: a
+    ``(runs r, clients c)`` mesh."""
+    from swarmjax.fl.runtime.mesh import clients_mesh
+
+    if label == "0":
+        return None
+    if "x" in label:
+        r, c = (int(v) for v in label.split("x"))
+        return clients_mesh(r * c, runs=r, processes=processes)
+    return clients_mesh(int(label), processes=processes)
+
+
+def run(name: str, label: str, processes: int = 1, **kw):
+    """The run of algorithm ``name`` (``"fedavg-2"``: FedAvg with two seeds) on mesh
+    ``label``; ``kw``: more of ``simulate``'s arguments."""
+    from swarmjax.fl.protocol import RunSpec, Variants
+    from swarmjax.fl.runtime import simulate
+    from tests.reproducible import SECRET
+
+    clients, test = federation()
+    alg, grid = algorithms()[name.removesuffix("-2")]
+    seeds = (0, 1) if name.endswith("-2") else (0,)
+    kw.setdefault("client_map", CLIENT_MAP[name.removesuffix("-2")])
+    variants = Variants.grid(alg, clients, RunSpec(ROUNDS, 1e-3, seeds), **grid)
+    return simulate(
+        alg,
+        clients,
+        test,
+        variants,
+        secret=SECRET,
+        diagnostics=True,
+        mesh=mesh(label, processes),
+        rounds_per_call=1,
+        **kw,
+    )
+
+
+class Stop(Exception):
+    """Raised by a callback to kill a run after some rounds (its checkpoint stays)."""
+
+
+def interrupted(folder: str, label: str, after: int) -> None:
+    """DP-FedAvg on mesh ``label`` with checkpoints in ``folder``, killed after round
+    ``after`` (the callback runs before that round's checkpoint is written)."""
+
+    def stop(round_: int, metrics, runs) -> None:
+        if round_ == after:
+            raise Stop
+
+    try:
+        run("dp-fedavg", label, checkpoint_dir=folder, callbacks=[stop])
+    except Stop:
+        return
+    raise AssertionError("the run was not interrupted")
+
+
+def memory_limited(refused: str, runs_on: str) -> tuple[str, dict[str, np.ndarray]]:
+    """DP-FedAvg under a device memory limit between what its cohort needs per device on
+    mesh ``refused`` and on mesh ``runs_on`` (the simulator's own estimate): the refusal's
+    line, and the numbers of the run on ``runs_on``."""
+    from swarmjax.fl.protocol import RunSpec, Variants
+    from swarmjax.fl.runtime import simulator
+
+    clients, _ = federation()
+    alg, grid = algorithms()["dp-fedavg"]
+    variants = Variants.grid(alg, clients, RunSpec(ROUNDS, 1e-3, (0,)), **grid)
+    keys = jax.random.split(jax.random.key(0), 1)
+    memory = simulator.cohort_memory(alg, alg.client_data(clients), keys, variants.hyper, 1)
+    low, high = (memory.per_device(mesh(x, 1)) for x in (runs_on, refused))
+    assert low < high, (low, high)
+    simulator.device_memory_bytes = lambda device=None: (low + high) // 2
+    try:
+        run("dp-fedavg", refused)
+    except ValueError as e:
+        line = str(e)
+    else:
+        raise AssertionError(f"not refused on mesh {refused}")
+    return line, numbers(run("dp-fedavg", runs_on), "memory")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("out")
+    p.add_argument("runs", nargs="+", help="NAME:MESH,MESH,... e.g. fedavg:0,1,2,4 fedavg-2:2x2")
+    p.add_argument("--resume", help="DIR:FROM:TO, e.g. /tmp/ck:4:2 (DP-FedAvg)")
+    p.add_argument("--memory", help="REFUSED:RUNS_ON meshes, e.g. 1:4 (DP-FedAvg)")
+    p.add_argument("--rank", type=int)
+    p.add_argument("--port")
+    p.add_argument("--processes", type=int, default=1)
+    args = p.parse_args(argv)
+    jax.config.update("jax_platforms", "cpu")
+    if args.rank is not None:
+        jax.distributed.initialize(
+            coordinator_address=f"127.0.0.1:{args.port}",
+            num_processes=args.processes,
+            process_id=args.rank,
+        )
+    from swarmjax.fl.runtime.mesh import describe, peak_memory
+    from swarmjax.fl.runtime.simulator import slot_buffer
+
+    out: dict[str, np.ndarray] = {}
+    for item in args.runs:
+        name, labels = item.split(":")
+        for label in labels.split(","):
+            started = time.perf_counter()
+            out |= numbers(run(name, label, args.processes), f"{name}/{label}")
+            alg = algorithms()[name.removesuffix("-2")][0]
+            line = describe(mesh(label, args.processes), slot_buffer(alg, NUM_CLIENTS))
+            print(f"{name} {label}: {time.perf_counter() - started:.1f} s; {line}", flush=True)
+    if args.resume:
+        folder, first, then = args.resume.split(":")
+        interrupted(folder, first, after=2)
+        out |= numbers(run("dp-fedavg", then, checkpoint_dir=folder), "resumed")
+    if args.memory:
+        line, more = memory_limited(*args.memory.split(":"))
+        print("refused:", line, flush=True)
+        out |= more
+    print("peak memory", peak_memory(), flush=True)
+    if args.rank in (None, 0):
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        np.savez(args.out, **out)
+    if args.rank is not None:
+        jax.distributed.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

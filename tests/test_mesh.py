@@ -1,0 +1,301 @@
+"""One run's cohort over a device mesh (swarmjax.fl.runtime.mesh, ``simulate(mesh=...)``).
+
+FedAvg (vmapped clients), DP-FedAvg (Poisson cohorts, adaptive clipping; blocks of 2) and
+DP-FTRL (one client at a time) sharded over 1, 2 and 4
+CPU devices (one subprocess with 4 virtual devices, tests/mesh_runs.py) and over two
+``jax.distributed`` processes of 2 devices each (started on loopback, cleaned up after)
+against the unsharded run: the same privacy record, cohorts and client states bit for bit,
+the model to float32 rounding (the replies' sum is added per device, then across devices;
+one device: bit for bit). Also: a checkpoint written on 4 devices resumes on 2, a cohort
+refused for memory on one device runs on 4, and bad input is one line before any work.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+from jax.sharding import Mesh
+
+from swarmjax.fl.runtime.mesh import (
+    CLIENTS,
+    CohortMemory,
+    check_memory,
+    clients_mesh,
+    describe,
+    mesh_for,
+    peak_memory,
+)
+from tests import mesh_runs
+
+REPO = Path(__file__).resolve().parents[1]
+HELPER = REPO / "tests" / "mesh_runs.py"
+TIMEOUT = 600
+
+# what must be equal bit for bit whatever the devices (and every integer array: the
+# clients' participation counts among them); the rest (models, test loss, the clients'
+# float statistics of a model received) to float32 rounding of a sum added in another order
+EXACT = ("epsilon", "selected")
+RTOL, ATOL = 1e-5, 1e-6
+
+
+def _env(devices: int) -> dict[str, str]:
+    flags = os.environ.get("XLA_FLAGS", "")
+    flags = f"{flags} --xla_force_host_platform_device_count={devices}".strip()
+    return {**os.environ, "XLA_FLAGS": flags, "PYTHONPATH": str(REPO)}
+
+
+@dataclass
+class Job:
+    """Processes of the helper started together, their log files and the numbers file."""
+
+    procs: list[subprocess.Popen]
+    logs: list[Path]
+    out: Path
+
+    def finish(self) -> tuple[dict[str, np.ndarray], list[str]]:
+        """Wait (TIMEOUT seconds at most, then kill) and return the numbers and logs."""
+        try:
+            for p in self.procs:
+                p.wait(timeout=TIMEOUT)
+        finally:
+            self.end()
+        logs = [log.read_text() for log in self.logs]
+        for p, log in zip(self.procs, logs, strict=True):
+            assert p.returncode == 0, log[-3000:]
+        with np.load(self.out) as f:
+            return dict(f), logs
+
+    def end(self) -> None:
+        """Kill the processes still running (a failed test's, at teardown)."""
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+def _start(job_args: list[list[str]], devices: int, out: Path) -> Job:
+    """One helper process per argument list, each with ``devices`` CPU devices, writing
+    ``out``; their output goes to log files (not pipes: no process blocks on output that
+    nobody reads yet)."""
+    procs, logs = [], []
+    for i, args in enumerate(job_args):
+        log = out.with_suffix(f".{i}.log")
+        with open(log, "w") as sink:
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, str(HELPER), str(out), *args],
+                    cwd=REPO,
+                    env=_env(devices),
+                    stdout=sink,
+                    stderr=subprocess.STDOUT,
+                )
+            )
+        logs.append(log)
+    return Job(procs, logs, out)
+
+
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory):
+    """Both jobs started at once (the CPU's cores share them): one process with 4 CPU
+    devices running every local run, and 2 jax.distributed processes of 2 devices each
+    (DP-FedAvg and DP-FTRL on a 4-device clients mesh across them). Every process is
+    ended after the module."""
+    tmp = tmp_path_factory.mktemp("mesh")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    local = ["fedavg:0,1,2,4", "fedavg-2:0,2x2", "dp-fedavg:0,2,4", "dp-ftrl:0,4"]
+    local += ["--resume", f"{tmp / 'checkpoints'}:4:2", "--memory", "1:4"]
+    ranks = [
+        ["dp-fedavg:4", "dp-ftrl:4", "--rank", str(r), "--port", port, "--processes", "2"]
+        for r in (0, 1)
+    ]
+    jobs = {
+        "local": _start([local], 4, tmp / "local.npz"),
+        "distributed": _start(ranks, 2, tmp / "two.npz"),
+    }
+    yield jobs
+    for job in jobs.values():
+        job.end()
+
+
+@pytest.fixture(scope="module")
+def local(launched):
+    """Every local run's numbers and the process's output."""
+    numbers, (log,) = launched["local"].finish()
+    return numbers, log
+
+
+@pytest.fixture(scope="module")
+def distributed(launched):
+    """The numbers of the 2-process runs, and each process's output."""
+    return launched["distributed"].finish()
+
+
+def _compare(numbers: dict, got: str, want: str, exact: bool = False) -> int:
+    """Assert every number of run ``got`` equals run ``want``'s (``exact``: bit for bit
+    throughout); returns how many arrays were compared."""
+    names = [k.removeprefix(want) for k in numbers if k.startswith(want)]
+    assert names, want
+    for name in names:
+        a, b = numbers[got + name], numbers[want + name]
+        if exact or any(name.startswith(e) for e in EXACT) or a.dtype.kind != "f":
+            np.testing.assert_array_equal(a, b, err_msg=f"{got}{name}")
+        else:
+            np.testing.assert_allclose(a, b, rtol=RTOL, atol=ATOL, err_msg=f"{got}{name}")
+    return len(names)
+
+
+@pytest.mark.parametrize(
+    ("alg", "devices"),
+    [
+        ("fedavg", "1"),
+        ("fedavg", "2"),
+        ("fedavg", "4"),
+        ("fedavg-2", "2x2"),
+        ("dp-fedavg", "2"),
+        ("dp-fedavg", "4"),
+        ("dp-ftrl", "4"),
+    ],
+)
+def test_sharded_run_is_the_unsharded_run(local, alg, devices):
+    """The model to float32 rounding, the privacy record, the realised cohorts and the
+    clients' integer state bit for bit; on one device everything (the same slot-order
+    sum)."""
+    numbers, _ = local
+    _compare(numbers, f"{alg}/{devices}/", f"{alg}/0/", exact=devices == "1")
+
+
+def test_the_runs_differ_from_each_other(local):
+    """The comparisons can fail: the two seeds of FedAvg, and FedAvg against DP-FedAvg's
+    noised run, are different numbers."""
+    numbers, _ = local
+    server = numbers["fedavg-2/0/server/0"]
+    assert not np.allclose(server[0], server[1], rtol=RTOL, atol=ATOL)
+    assert not np.allclose(
+        numbers["fedavg/0/server/0"], numbers["dp-fedavg/0/server/0"], rtol=RTOL, atol=ATOL
+    )
+    # a Poisson cohort: the rounds' realised counts vary
+    assert len(set(numbers["dp-fedavg/0/selected"].reshape(-1).tolist())) > 1
+
+
+def test_checkpoint_of_four_devices_resumes_on_two(local):
+    """DP-FedAvg killed after round 2 on 4 devices, resumed from its checkpoint on 2: the
+    numbers of the uninterrupted unsharded run."""
+    numbers, _ = local
+    _compare(numbers, "resumed/", "dp-fedavg/0/")
+
+
+def test_cohort_refused_for_memory_on_one_device_runs_on_four(local):
+    numbers, log = local
+    refused = next(line for line in log.splitlines() if line.startswith("refused:"))
+    assert "on 1 device(s)" in refused and "clients_per_device" in refused
+    _compare(numbers, "memory/", "dp-fedavg/0/")
+
+
+def test_layout_is_printed_and_cpu_reports_no_peak_memory(local):
+    _, log = local
+    assert "cohort of 19 slots over 4 cpu devices (5 slots each, 1 padding)" in log
+    assert "runs over 2 devices" in log
+    # the CPU runtime reports no memory statistics: peak memory per device is None
+    assert "peak memory {'cpu:0': None, 'cpu:1': None, 'cpu:2': None, 'cpu:3': None}" in log
+
+
+def test_two_processes_are_the_unsharded_run(local, distributed):
+    """2 jax.distributed processes of 2 devices each (a 4-device clients mesh across
+    them) give the unsharded run's numbers, as one process with 4 devices does."""
+    numbers, _ = local
+    two, logs = distributed
+    for alg in ("dp-fedavg", "dp-ftrl"):
+        _compare(
+            {**numbers, **{f"two/{k}": v for k, v in two.items()}}, f"two/{alg}/4/", f"{alg}/0/"
+        )
+    assert all("4 devices on 2 process(es)" in log for log in logs)
+
+
+# ---- bad input: one line, before any work (this process: one CPU device) ----
+
+
+def test_clients_mesh_refuses_more_devices_than_present():
+    with pytest.raises(ValueError, match=r"^devices=\d+ but \d+ present"):
+        clients_mesh(jax.device_count() + 1)
+
+
+def test_clients_mesh_refuses_another_process_count():
+    with pytest.raises(ValueError, match=r"^processes=2 but jax.distributed runs 1 process"):
+        clients_mesh(processes=2)
+
+
+def test_clients_mesh_refuses_runs_not_dividing_devices():
+    with pytest.raises(ValueError, match=r"^runs must be an int >= 1 dividing devices=1;"):
+        clients_mesh(1, runs=2)
+
+
+def test_mesh_for_refuses_bad_meshes_and_options():
+    one = np.asarray(jax.devices()[:1])
+    with pytest.raises(ValueError, match=r"^mesh must have a 'clients' axis"):
+        mesh_for(Mesh(one, ("data",)), None, slots=6, runs=1)
+    # a (runs 2, clients 1) mesh named over this process's one device, twice: shapes only
+    two_runs = Mesh(np.asarray([one[0], one[0]], dtype=object).reshape(2, 1), ("runs", CLIENTS))
+    with pytest.raises(
+        ValueError, match=r"^mesh's 'runs' axis \(2 devices\) must divide .* 3 runs"
+    ):
+        mesh_for(two_runs, None, 6, 3)
+    assert mesh_for(two_runs, None, 6, 4) is two_runs
+    with pytest.raises(ValueError, match=r"^pass mesh= or clients_per_device=, not both"):
+        mesh_for(clients_mesh(1), 2, 6, 1)
+    with pytest.raises(ValueError, match=r"^clients_per_device=2 needs 3 devices .* 1 present"):
+        mesh_for(None, 2, 6, 1)
+    with pytest.raises(ValueError, match=r"^mesh must be a jax\.sharding\.Mesh"):
+        mesh_for("clients", None, 6, 1)
+    assert mesh_for(None, None, 6, 1) is None
+    assert mesh_for(None, 6, 6, 1).shape == {CLIENTS: 1}
+
+
+def test_simulate_refuses_before_any_work(monkeypatch):
+    """Through ``simulate``: a mesh without a clients axis, and an algorithm whose round
+    exchange is not summed (LocalOnly), refused before the first compiled call."""
+    from swarmjax.fl.algorithms.local_only import LocalOnly
+    from swarmjax.fl.protocol import RunSpec, Variants
+    from swarmjax.fl.runtime import simulate, simulator
+
+    def no_work(*a, **k):
+        raise AssertionError("compiled before refusing")
+
+    monkeypatch.setattr(simulator, "init_runs", no_work)
+    clients, test = mesh_runs.federation()
+    alg, grid = mesh_runs.algorithms()["fedavg"]
+    variants = Variants.grid(alg, clients, RunSpec(1, 1e-3, (0,)), **grid)
+    one = np.asarray(jax.devices()[:1])
+    with pytest.raises(ValueError, match=r"^mesh must have a 'clients' axis"):
+        simulate(alg, clients, test, variants, mesh=Mesh(one, ("data",)))
+    local_only = LocalOnly(alg.model, alg.training)
+    variants = Variants.grid(local_only, clients, RunSpec(1, 1e-3, (0,)))
+    with pytest.raises(ValueError, match=r"^mesh: LocalOnly's round exchange\(s\) \[0\]"):
+        simulate(local_only, clients, test, variants, mesh=clients_mesh(1))
+
+
+def test_cohort_memory_per_device():
+    """The shared part on every device; the padded slots and the runs split by the mesh."""
+    memory = CohortMemory(shared=1000, per_slot=10, slots=19, runs=2)
+    assert memory.per_device(None) == 1000 + 10 * 19 * 2
+    assert memory.per_device(clients_mesh(1)) == 1000 + 10 * 19 * 2
+    check_memory(memory, None, limit=1380)
+    with pytest.raises(ValueError, match=r"^mesh: the cohort's 19 slots on 1 device\(s\)"):
+        check_memory(memory, None, limit=1379)
+    with pytest.raises(ValueError, match="data and client states alone do not fit"):
+        check_memory(memory, None, limit=999)
+
+
+def test_describe_and_peak_memory_in_process():
+    assert describe(None, 6).startswith("one device: the cohort's 6 slots")
+    assert describe(clients_mesh(1), 6).startswith("cohort of 6 slots over 1 cpu devices")
+    assert set(peak_memory()) == {str(d) for d in jax.local_devices()}
