@@ -73,7 +73,7 @@ from swarmjax.fl.runtime.flower.task import (
     load_task,
     use_compilation_cache,
 )
-from swarmjax.fl.runtime.result import PrivacyRecord, privacy_record
+from swarmjax.fl.runtime.result import PrivacyRecord, run_privacy
 
 __all__ = [
     "NOT_RELEASED",
@@ -413,15 +413,8 @@ def _drive(grid: Grid, task: Task, settings: ServerSettings, hello: Hello | None
     history["cum_bytes_down"] = history["bytes_down"].cumsum()
     history["cum_bytes_up"] = history["bytes_up"].cumsum()
     spend = jax.tree.map(lambda *xs: np.stack(xs)[None], *spend_rounds)  # (1, rounds, N)
-    privacy = privacy_record(
-        spend,
-        alg.setup + alg.exchanges,
-        unit=alg.privacy_unit,
-        delta=task.delta,
-        accountant=task.variants.spec.accountant,
-        floating_point=alg.floating_point(),
-        overflow_prob=alg.sampling_overflow(spend, task.num_clients),
-    )
+    # the simulator's record of the same spend (the server holds no data: no row counts)
+    privacy = run_privacy(alg, spend, task.variants.hyper, task.variants.spec, task.num_clients)
     history["epsilon_max"] = privacy.epsilon[0].max(axis=1)  # as the simulator releases
     operator = Operator(pd.DataFrame(co.messages), pd.DataFrame(operator_rows))
     return FlowerRun(Released(server, history, privacy), operator)
