@@ -7,6 +7,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from swarmjax.fl.algorithms import registry
 from swarmjax.fl.client.training import LocalTraining
@@ -76,3 +77,23 @@ def test_gaussian_algorithms_ask_for_no_step_events():
     base = registry.Base(model, LocalTraining(batch_size=5), RunSpec(2, 1e-3, (0,)), 10)
     alg, _ = registry.build("dp-fedavg", base)
     assert step_events(alg, None, 1) is None
+
+
+def test_the_flower_record_states_what_the_simulators_does(tmp_path):
+    """The ServerApp's record (written to privacy.json and read back) says what drew the
+    noise, its accountant and epsilons, as the simulator's record of the same task."""
+    pytest.importorskip("flwr", reason="the flower extra is not installed")
+    from swarmjax.fl.runtime.flower.server import ServerSettings, drive, read_run
+    from swarmjax.fl.runtime.flower.task import load_task
+    from tests.test_flower_runtime import _grid, config, simulated
+
+    cfg = config("dp-fedavg")
+    settings = ServerSettings(join_timeout=1.0, reply_timeout=1.0, out_dir=tmp_path)
+    drive(_grid(cfg), load_task(cfg), settings)
+    run, sim = read_run(tmp_path, load_task(cfg)), simulated(cfg)
+    assert run.privacy.randomness == sim.privacy.randomness
+    assert run.privacy.randomness["secret"] == "supplied"  # the tests' secret file
+    assert "supplied secret" in repr(run.privacy)
+    assert run.privacy.accountant == sim.privacy.accountant
+    assert run.privacy.floating_point == sim.privacy.floating_point
+    np.testing.assert_allclose(run.privacy.epsilon, sim.privacy.epsilon)
