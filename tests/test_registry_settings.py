@@ -104,6 +104,9 @@ def test_the_flower_apps_own_configuration_gives_every_flower_algorithm_its_defa
         ("dp-ftrl", {"cohort": 2.5}, "cohort must be an integer; got 2.5"),
         ("fed-dp-pso", {"reading-tensor-coefficients": "maybe"}, "reading-tensor-coefficients"),
         ("fed-dp-pso", {"reading": "mine"}, "unknown reading 'mine'; choose one of 'paper'"),
+        # a refused value names its key, as the run configuration spells it
+        ("dp-ftrl", {"min-separation": 0}, "min-separation must be >= 1; got 0"),
+        ("fed-dp-pso", {"refine-start": "best"}, "unknown refine-start 'best'; choose one"),
     ],
 )
 def test_a_bad_run_configuration_value_is_one_line_naming_its_key(name, config, message):
@@ -119,9 +122,9 @@ def test_the_flower_task_refuses_a_bad_setting_before_reading_any_data(monkeypat
         raise AssertionError("the data was read before the settings were checked")
 
     monkeypatch.setattr(tasks, "digits_clients", no_data)
-    with pytest.raises(ValueError, match=r"^client_rate must be in"):
+    with pytest.raises(ValueError, match=r"^client-rate must be in \(0.0, 1.0\]; got 0"):
         tasks.digits({"algorithm": "dp-fedavg", "client-rate": 0})
-    with pytest.raises(ValueError, match=r"^set one of epsilon and noise_multiplier"):
+    with pytest.raises(ValueError, match=r"^set one of epsilon and noise-multiplier \("):
         tasks.digits({"algorithm": "dp-ftrl", "noise-multiplier": ""})
 
 

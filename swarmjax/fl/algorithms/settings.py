@@ -8,18 +8,20 @@ tasks fill the settings from the run configuration, the cross-device comparisons
 :class:`~swarmjax.fl.algorithms.registry.CrossDeviceRun`.
 
 A setting's run-configuration key is its field name with ``-`` for ``_`` (``client_rate``:
-``client-rate``); ``""`` makes an optional setting ``None``.
+``client-rate``); ``""`` makes an optional setting ``None``; a refusal of a run
+configuration names its keys.
 
 >>> DpFedAvgSettings(client_rate=0.5).noise_multiplier
 1.0
 >>> DpFedAvgSettings.from_config({"noise-multiplier": ""})  # doctest: +ELLIPSIS
 Traceback (most recent call last):
-ValueError: set one of epsilon and noise_multiplier (...); got neither
+ValueError: set one of epsilon and noise-multiplier (...); got neither
 """
 
 from __future__ import annotations
 
 import abc
+import re
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
@@ -88,7 +90,19 @@ class Settings(abc.ABC):
         from ``defaults`` (the registry entry's) or the field's default. Keys that are no
         setting of this class are left alone (they configure the run or another
         algorithm)."""
-        return cls(**{**(defaults or {}), **_config_values(cls, config)})
+        return _made(cls, {**(defaults or {}), **_config_values(cls, config)})
+
+
+def _made(cls: type[Settings], values: Mapping[str, Any]) -> Settings:
+    """``cls(**values)`` for a run configuration: a refusal names the settings by their
+    keys (``client-rate must be in ...``, not ``client_rate``)."""
+    try:
+        return cls(**values)
+    except ValueError as err:
+        message = str(err)
+        for f in fields(cls):
+            message = re.sub(rf"\b{f.name}\b", config_key(f.name), message)
+        raise ValueError(message) from None
 
 
 def _config_values(
@@ -377,7 +391,7 @@ class FedDpPsoSettings(Settings):
         """As :meth:`Settings.from_config`; the reading from ``reading`` and the
         ``reading-<field>`` keys (:func:`reading_from_config`)."""
         values = _config_values(cls, config, skip=("reading",))
-        return cls(**{**(defaults or {}), **values, "reading": reading_from_config(config)})
+        return _made(cls, {**(defaults or {}), **values, "reading": reading_from_config(config)})
 
 
 def reading_from_config(config: Mapping[str, Any]) -> Reading:
