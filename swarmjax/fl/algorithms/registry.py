@@ -1,15 +1,27 @@
 """The one registry of algorithm names: every name a command line, a benchmark or a Flower
-run configuration accepts, the class it builds, a one-line description and, for the
-cross-device algorithms, how to build the algorithm and its grid for a run
-(:func:`cross_device`).
+run configuration accepts, the class it builds, a one-line description, its typed settings
+(:mod:`swarmjax.fl.algorithms.settings`) and the one function that builds it from them.
 
-``experiments.cross_device``, ``benchmarks.vs_pfl`` and the Flower tasks
-(:mod:`swarmjax.fl.runtime.flower.tasks`) take their names from here; an unknown name is
-one ``ValueError`` line listing the allowed ones (:func:`lookup`).
+Every consumer builds through :func:`build` ``(name, base, settings)``: the Flower tasks
+(:mod:`swarmjax.fl.runtime.flower.tasks`) with settings from the run configuration
+(:func:`from_config`), ``experiments.cross_device`` and ``benchmarks.vs_pfl`` with settings
+from a :class:`CrossDeviceRun` (:func:`cross_device`). An unknown name is one
+``ValueError`` line listing the allowed ones (:func:`lookup`); an unknown or bad setting
+is one line naming it (:func:`settings`).
+
+Adding an algorithm: a settings dataclass (fields with defaults, ``check``), a build
+function ``(Base, settings) -> (algorithm, grid values)`` and an :class:`Entry` in
+:data:`REGISTRY` (``flower=True`` to run it on Flower; ``from_run`` for cross-device runs).
 
 >>> from swarmjax.fl.algorithms import registry
 >>> registry.names(cross_device=True)[-2:]
 ('dp-ftrl', 'dp-fedavg-secagg')
+>>> registry.settings("dp-fedavg", client_rate=0.5).clipping
+'adaptive'
+>>> registry.settings("dp-fedavg", rate=0.5)  # doctest: +ELLIPSIS
+Traceback (most recent call last):
+ValueError: dp-fedavg has no setting 'rate'; its settings: clip, learning_rate, ...
+>>> alg, grid = registry.build("dp-fedavg", base, settings)   # doctest: +SKIP
 >>> alg, grid = registry.cross_device("dp-ftrl", run)        # doctest: +SKIP
 >>> variants = Variants.grid(alg, clients, run.spec, **grid)  # doctest: +SKIP
 """
@@ -18,30 +30,43 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from swarmjax.fl.algorithms.client_level_dp_fedavg import dp_fedavg
 from swarmjax.fl.algorithms.dp_ftrl import dp_ftrl
-from swarmjax.fl.algorithms.fed_dp_pso import FedDPPSO
+from swarmjax.fl.algorithms.fed_dp_pso import FedDPPSO, fed_dp_pso, reading_hyper
 from swarmjax.fl.algorithms.fedavg import FedAvg
 from swarmjax.fl.algorithms.fedprox import FedProx
-from swarmjax.fl.client.training import LocalTraining
+from swarmjax.fl.algorithms.settings import (
+    DistributedDpSettings,
+    DpFedAvgSettings,
+    DpFtrlSettings,
+    FedAvgSettings,
+    FedDpPsoSettings,
+    FedProxSettings,
+    Settings,
+)
+from swarmjax.fl.client.training import LocalTraining, RecordDP
 from swarmjax.fl.distributed import Distributed
 from swarmjax.fl.private import Private, private
 from swarmjax.fl.protocol import Algorithm, RunSpec
 from swarmjax.models import Model
 from swarmjax.privacy.distributed import DistributedDP
 from swarmjax.privacy.noise import CorrelatedNoise
-from swarmjax.privacy.participation import MinSeparation, Poisson
+from swarmjax.privacy.participation import Poisson
 
 __all__ = [
     "REGISTRY",
+    "Base",
     "CrossDeviceRun",
     "Entry",
+    "build",
     "cross_device",
+    "from_config",
     "lookup",
     "names",
+    "settings",
 ]
 
 Grid = dict[str, Any]
@@ -49,7 +74,8 @@ Grid = dict[str, Any]
 
 @dataclass(frozen=True)
 class CrossDeviceRun:
-    """What a cross-device run fixes for every algorithm it compares.
+    """What a cross-device comparison fixes for every algorithm it compares; each entry's
+    :attr:`~Entry.from_run` turns it into that algorithm's own settings.
 
     Attributes:
         model: the ``(init, apply)`` pair.
@@ -87,6 +113,35 @@ class CrossDeviceRun:
 
 
 @dataclass(frozen=True)
+class Base:
+    """What every build takes beside the algorithm's own settings: the run's pieces.
+
+    Attributes:
+        model: the ``(init, apply)`` pair.
+        training: local training (its batch size and epochs also set record-level DP).
+        spec: rounds, delta, seeds and accountant.
+        num_clients: ``N``, clients in the federation.
+        eval_batch_size: test rows per evaluation chunk (``None``: one pass).
+        sizes: ``(N,)`` records per client (record-level DP sizes its buffer from them;
+            ``None`` where the build does not need them).
+    """
+
+    model: Model
+    training: LocalTraining
+    spec: RunSpec
+    num_clients: int
+    eval_batch_size: int | None = None
+    sizes: Any = None
+
+
+Build = Callable[[Base, Any], tuple[Algorithm, Grid]]
+"""``(base, the entry's settings) -> (algorithm, values for Variants.grid)``."""
+
+FromRun = Callable[[CrossDeviceRun], dict[str, Any]]
+"""A cross-device run's values of an entry's settings (by field name)."""
+
+
+@dataclass(frozen=True)
 class Entry:
     """One registered algorithm.
 
@@ -95,109 +150,176 @@ class Entry:
         algorithm: the class it builds (:class:`~swarmjax.fl.private.Private` for the
             user-level DP ones: FedAvg plus a privacy plan).
         description: one line: what it is.
-        user_dp: whether it is user-level (client-level) DP (needs a target epsilon).
-        options: the :attr:`CrossDeviceRun.options` it takes (its own settings).
-        build: ``CrossDeviceRun -> (algorithm, grid values)`` for a cross-device run;
-            ``None`` for an algorithm that is not a cross-device one.
+        settings: its settings class (:mod:`swarmjax.fl.algorithms.settings`): every value
+            a user may set, checked on creation.
+        build: ``(Base, settings) -> (algorithm, grid values)``: the one way it is built.
+        defaults: this entry's own values of its settings (e.g. FedAdam's server
+            optimiser), before any the caller sets.
+        user_dp: whether it is user-level (client-level) DP.
+        options: the :attr:`CrossDeviceRun.options` it takes (settings a cross-device run
+            does not fix for every algorithm).
+        from_run: a cross-device run's values of its settings; ``None`` for an algorithm
+            that is not a cross-device one.
         flower: whether the Flower tasks (:mod:`swarmjax.fl.runtime.flower.tasks`) run it.
     """
 
     name: str
     algorithm: type[Algorithm]
     description: str
+    settings: type[Settings]
+    build: Build
+    defaults: Mapping[str, Any] = field(default_factory=dict)
     user_dp: bool = False
     options: tuple[str, ...] = ()
-    build: Callable[[CrossDeviceRun], tuple[Algorithm, Grid]] | None = None
+    from_run: FromRun | None = None
     flower: bool = False
 
 
-def _fedavg(server_optimizer: str | None) -> Callable[[CrossDeviceRun], tuple[Algorithm, Grid]]:
-    def build(run: CrossDeviceRun) -> tuple[Algorithm, Grid]:
-        alg = FedAvg(
-            run.model,
-            run.training,
-            cohort=run.cohort,
-            server_optimizer=server_optimizer,
-            eval_batch_size=run.eval_batch_size,
+# ------------------------------------------------------------------------------- builds
+
+
+def _fedavg(base: Base, s: FedAvgSettings) -> tuple[Algorithm, Grid]:
+    alg = FedAvg(
+        base.model,
+        base.training,
+        cohort=s.cohort,
+        server_optimizer=s.server_optimizer,
+        eval_batch_size=base.eval_batch_size,
+    )
+    return alg, {"learning_rate": s.learning_rate, "server_lr": s.server_lr}
+
+
+def _fedprox(base: Base, s: FedProxSettings) -> tuple[Algorithm, Grid]:
+    alg = FedProx(base.model, base.training, cohort=s.cohort, eval_batch_size=base.eval_batch_size)
+    return alg, {"learning_rate": s.learning_rate, "mu": s.mu}
+
+
+def _dp_fedavg(base: Base, s: DpFedAvgSettings) -> tuple[Algorithm, Grid]:
+    participation = None  # given a noise multiplier: a Poisson draw without a buffer
+    if s.epsilon is not None:  # the Poisson participation sizes its buffer for the run
+        b = base.spec
+        participation = Poisson.for_run(
+            base.num_clients, s.client_rate, b.rounds, b.delta, s.epsilon, b.accountant
         )
-        slr = run.server_lr if server_optimizer is None else run.adaptive_server_lr
-        return alg, {"learning_rate": run.learning_rate, "server_lr": slr}
+    alg = dp_fedavg(
+        base.model,
+        participation=participation,
+        training=base.training,
+        clipping=s.clipping,
+        eval_batch_size=base.eval_batch_size,
+    )
+    return alg, {"sample_rate": s.client_rate, **s.grid()}
 
-    return build
+
+def _dp_ftrl(base: Base, s: DpFtrlSettings) -> tuple[Algorithm, Grid]:
+    # for_run makes b and k explicit and refuses a scheme that cannot hold, before any work
+    schedule = s.participation(base.num_clients, base.spec.rounds)
+    alg = dp_ftrl(
+        base.model,
+        schedule,
+        noise=CorrelatedNoise(s.factorization, bands=s.bands, buffers=s.buffers),
+        training=base.training,
+        clipping=s.clipping,
+        noise_cohort=s.noise_cohort,
+        eval_batch_size=base.eval_batch_size,
+    )
+    eps = s.epsilon
+    if eps is not None and math.isfinite(eps):  # the target is reachable
+        alg.plan.privacy_plan(base.num_clients, 1.0, base.spec).calibrate(float(eps))
+    return alg, s.grid()
 
 
-def _fedprox(run: CrossDeviceRun) -> tuple[Algorithm, Grid]:
-    alg = FedProx(run.model, run.training, cohort=run.cohort, eval_batch_size=run.eval_batch_size)
-    return alg, {"learning_rate": run.learning_rate, "mu": run.mu}
+def _dp_fedavg_secagg(base: Base, s: DistributedDpSettings) -> tuple[Algorithm, Grid]:
+    inner = FedAvg(
+        base.model,
+        base.training,
+        server_optimizer="sgd",
+        weighting="uniform",
+        eval_batch_size=base.eval_batch_size,
+    )
+    plan = DistributedDP(
+        s.participation(base.num_clients, base.spec.rounds),
+        bits=s.bits,
+        min_survivors=s.min_survivors,
+        max_colluders=s.max_colluders,
+        dropout=s.dropout,
+    )
+    return private(inner, plan), s.grid()
 
 
-def _dp_grid(run: CrossDeviceRun) -> Grid:
+def _fed_dp_pso(base: Base, s: FedDpPsoSettings) -> tuple[Algorithm, Grid]:
+    if base.sizes is None:
+        raise ValueError("fed-dp-pso needs the clients' sizes (Base.sizes) to size DP-Adam")
+    training, spec = base.training, base.spec
+    dp = RecordDP.for_run(  # a buffer sized for the run, so the target is reachable
+        [base.sizes],
+        training.batch_size,
+        rounds=spec.rounds,
+        epsilons=[s.target_epsilon],
+        delta=spec.delta,
+        epochs=training.epochs,
+    )
+    scoring = {k: getattr(s, k) for k in ("eval_subset", "selection_metric", "refine_start")}
+    alg = fed_dp_pso(
+        base.model,
+        s.reading,
+        batch_size=training.batch_size,
+        record_dp=dp,
+        particles=s.particles,
+        eval_batch_size=base.eval_batch_size,
+        **scoring,
+    )
+    grid = {"learning_rate": s.pso_learning_rate, **reading_hyper(s.reading)}
+    return alg, {"epsilon_target": [s.target_epsilon], **grid}
+
+
+# ------------------------------------------------------- a cross-device run's settings
+
+
+def _fedavg_run(adaptive: bool) -> FromRun:
+    def values(run: CrossDeviceRun) -> dict[str, Any]:
+        slr = run.adaptive_server_lr if adaptive else run.server_lr
+        return {"learning_rate": run.learning_rate, "server_lr": slr, "cohort": run.cohort}
+
+    return values
+
+
+def _fedprox_run(run: CrossDeviceRun) -> dict[str, Any]:
+    return {"learning_rate": run.learning_rate, "mu": run.mu, "cohort": run.cohort}
+
+
+def _user_dp_run(run: CrossDeviceRun) -> dict[str, Any]:
+    """The settings every user-level DP algorithm takes from a cross-device run (the noise
+    calibrated to its epsilon) and its options that are set."""
     return {
-        "initial_clip": run.clip,
+        "clip": run.clip,
         "learning_rate": run.learning_rate,
         "server_lr": run.server_lr,
-        "epsilon_target": [run.epsilon],
+        "epsilon": run.epsilon,
+        "noise_multiplier": None,
+        **{k: v for k, v in run.options.items() if v is not None},
     }
 
 
-def _dp_fedavg(clipping: str) -> Callable[[CrossDeviceRun], tuple[Algorithm, Grid]]:
-    def build(run: CrossDeviceRun) -> tuple[Algorithm, Grid]:
+def _dp_fedavg_run(clipping: str) -> FromRun:
+    def values(run: CrossDeviceRun) -> dict[str, Any]:
         rate = run.cohort / run.num_clients
-        s = run.spec
-        # the Poisson participation sizes its buffer for this run
-        poisson = Poisson.for_run(
-            run.num_clients, rate, s.rounds, s.delta, run.epsilon, s.accountant
-        )
-        alg = dp_fedavg(
-            run.model,
-            participation=poisson,
-            training=run.training,
-            clipping=clipping,
-            eval_batch_size=run.eval_batch_size,
-        )
-        return alg, {"sample_rate": rate, **_dp_grid(run)}
+        return {"client_rate": rate, "clipping": clipping, **_user_dp_run(run)}
 
-    return build
+    return values
 
 
-def _dp_ftrl(run: CrossDeviceRun) -> tuple[Algorithm, Grid]:
-    options = dict(run.options)
-    factorization = options.pop("factorization", "blt")
-    noise_cohort = options.pop("noise_cohort", None)
-    # for_run makes b and k explicit and refuses a scheme that cannot hold, before any work
-    schedule = MinSeparation(run.cohort, **options).for_run(run.num_clients, run.spec.rounds)
-    alg = dp_ftrl(
-        run.model,
-        schedule,
-        noise=CorrelatedNoise(factorization),
-        training=run.training,
-        clipping="fixed",
-        noise_cohort=noise_cohort,
-        eval_batch_size=run.eval_batch_size,
-    )
-    if run.epsilon is not None and math.isfinite(run.epsilon):  # the target is reachable
-        alg.plan.privacy_plan(run.num_clients, 1.0, run.spec).calibrate(float(run.epsilon))
-    return alg, _dp_grid(run)
+def _schedule_run(clipping: str | None) -> FromRun:
+    def values(run: CrossDeviceRun) -> dict[str, Any]:
+        fixed = {} if clipping is None else {"clipping": clipping}
+        return {"cohort": run.cohort, **fixed, **_user_dp_run(run)}
+
+    return values
 
 
 FTRL_OPTIONS = ("factorization", "schedule", "min_separation", "max_participations", "noise_cohort")
 SCHEDULE_OPTIONS = ("schedule", "min_separation", "max_participations")
 SECAGG_OPTIONS = (*SCHEDULE_OPTIONS, "bits", "min_survivors", "max_colluders", "dropout")
-
-
-def _dp_fedavg_secagg(run: CrossDeviceRun) -> tuple[Algorithm, Grid]:
-    options = dict(run.options)
-    schedule = {k: options.pop(k) for k in SCHEDULE_OPTIONS if k in options}
-    participation = MinSeparation(run.cohort, **schedule).for_run(run.num_clients, run.spec.rounds)
-    inner = FedAvg(
-        run.model,
-        run.training,
-        server_optimizer="sgd",
-        weighting="uniform",
-        eval_batch_size=run.eval_batch_size,
-    )
-    settings = {k: v for k, v in options.items() if v is not None}
-    return private(inner, DistributedDP(participation, **settings)), _dp_grid(run)
 
 
 REGISTRY: dict[str, Entry] = {
@@ -208,7 +330,9 @@ REGISTRY: dict[str, Entry] = {
             FedAvg,
             "FedAvg (McMahan et al. 2017): a uniform cohort, the server steps SGD on the mean "
             "update",
-            build=_fedavg(None),
+            FedAvgSettings,
+            _fedavg,
+            from_run=_fedavg_run(adaptive=False),
             flower=True,
         ),
         Entry(
@@ -216,46 +340,61 @@ REGISTRY: dict[str, Entry] = {
             FedProx,
             "FedProx (Li et al. 2020): FedAvg whose clients add the proximal term "
             "(mu / 2) ||w - w_t||^2",
-            build=_fedprox,
+            FedProxSettings,
+            _fedprox,
+            from_run=_fedprox_run,
             flower=True,
         ),
         Entry(
             "fedadam",
             FedAvg,
             "FedAdam (Reddi et al. 2021): FedAvg with Adam on the server",
-            build=_fedavg("adam"),
+            FedAvgSettings,
+            _fedavg,
+            defaults={"server_optimizer": "adam", "server_lr": 0.01},
+            from_run=_fedavg_run(adaptive=True),
         ),
         Entry(
             "fedyogi",
             FedAvg,
             "FedYogi (Reddi et al. 2021): FedAvg with Yogi on the server",
-            build=_fedavg("yogi"),
+            FedAvgSettings,
+            _fedavg,
+            defaults={"server_optimizer": "yogi", "server_lr": 0.01},
+            from_run=_fedavg_run(adaptive=True),
         ),
         Entry(
             "dp-fedavg",
             Private,
-            "user-level DP-FedAvg (McMahan et al. 2018): a secret Poisson cohort, fixed clipping "
-            "in cross-device runs (the Flower task clips adaptively), amplified by sampling",
+            "user-level DP-FedAvg (McMahan et al. 2018): a secret Poisson cohort, amplified by "
+            "sampling; adaptive clipping by default, fixed in cross-device runs",
+            DpFedAvgSettings,
+            _dp_fedavg,
             user_dp=True,
-            build=_dp_fedavg("fixed"),
+            from_run=_dp_fedavg_run("fixed"),
             flower=True,
         ),
         Entry(
             "dp-fedavg-adaptive",
             Private,
             "user-level DP-FedAvg with adaptive clipping (Andrew et al. 2021)",
+            DpFedAvgSettings,
+            _dp_fedavg,
+            defaults={"clipping": "adaptive"},
             user_dp=True,
-            build=_dp_fedavg("adaptive"),
+            from_run=_dp_fedavg_run("adaptive"),
         ),
         Entry(
             "dp-ftrl",
             Private,
             "user-level DP-FTRL (Kairouz et al. 2021): public cohorts, each client at most k "
             "times b rounds apart, correlated matrix-factorization noise, no amplification "
-            "(fixed clipping in cross-device runs; the Flower task clips adaptively)",
+            "(adaptive clipping by default, fixed in cross-device runs)",
+            DpFtrlSettings,
+            _dp_ftrl,
             user_dp=True,
             options=FTRL_OPTIONS,
-            build=_dp_ftrl,
+            from_run=_schedule_run("fixed"),
             flower=True,
         ),
         Entry(
@@ -264,15 +403,19 @@ REGISTRY: dict[str, Entry] = {
             "user-level DP-FedAvg that does not trust the server: clients add Skellam noise "
             "shares and mask their b-bit uploads with secure aggregation; public "
             "min-separation cohorts, no amplification (docs/secure_aggregation.md)",
+            DistributedDpSettings,
+            _dp_fedavg_secagg,
             user_dp=True,
             options=SECAGG_OPTIONS,
-            build=_dp_fedavg_secagg,
+            from_run=_schedule_run(None),
         ),
         Entry(
             "fed-dp-pso",
             FedDPPSO,
             "Fed-DP-PSO: a federated particle swarm over models with record-level DP-Adam "
             "(docs/fed_dp_pso.md); not a cross-device algorithm",
+            FedDpPsoSettings,
+            _fed_dp_pso,
             flower=True,
         ),
     )
@@ -282,13 +425,13 @@ REGISTRY: dict[str, Entry] = {
 def names(
     *, cross_device: bool = False, flower: bool = False, user_dp: bool | None = None
 ) -> tuple[str, ...]:
-    """The registered names, in registry order: those with a cross-device build
-    (``cross_device``), those the Flower tasks run (``flower``), the user-level DP ones or
-    the others (``user_dp``)."""
+    """The registered names, in registry order: the cross-device ones (``cross_device``),
+    those the Flower tasks run (``flower``), the user-level DP ones or the others
+    (``user_dp``)."""
     return tuple(
         e.name
         for e in REGISTRY.values()
-        if (not cross_device or e.build is not None)
+        if (not cross_device or e.from_run is not None)
         and (not flower or e.flower)
         and (user_dp is None or e.user_dp == user_dp)
     )
@@ -303,10 +446,44 @@ def lookup(name: str, allowed: tuple[str, ...] | None = None) -> Entry:
     return REGISTRY[name]
 
 
+def settings(name: str, **values: Any) -> Settings:
+    """The settings of ``name``: its entry's :attr:`~Entry.defaults`, then ``values``
+    (by field name); one-line ``ValueError`` for a setting it does not have or a bad
+    value."""
+    entry = lookup(name)
+    allowed = [f.name for f in fields(entry.settings)]
+    unknown = sorted(set(values) - set(allowed))
+    if unknown:
+        raise ValueError(
+            f"{name} has no setting {unknown[0]!r}; its settings: {', '.join(allowed)}"
+        )
+    return entry.settings(**{**entry.defaults, **values})
+
+
+def from_config(name: str, config: Mapping[str, Any]) -> Settings:
+    """The settings of ``name`` that a run configuration gives (string keys: a field's
+    name with ``-`` for ``_``; :meth:`~swarmjax.fl.algorithms.settings.Settings.from_config`);
+    keys that are no setting of ``name`` are left to the run."""
+    entry = lookup(name)
+    return entry.settings.from_config(config, entry.defaults)
+
+
+def build(name: str, base: Base, chosen: Settings | None = None) -> tuple[Algorithm, Grid]:
+    """``(algorithm, grid values for Variants.grid)`` of ``name`` with the settings
+    ``chosen`` (``None``: :func:`settings` ``(name)``, its defaults); one-line
+    ``ValueError`` for settings of another algorithm's class."""
+    entry = lookup(name)
+    chosen = settings(name) if chosen is None else chosen
+    if type(chosen) is not entry.settings:
+        raise ValueError(f"{name} takes {entry.settings.__name__}; got {type(chosen).__name__}")
+    return entry.build(base, chosen)
+
+
 def cross_device(name: str, run: CrossDeviceRun) -> tuple[Algorithm, Grid]:
     """``(algorithm, grid values for Variants.grid)`` of ``name`` for the cross-device
-    ``run``; one-line ``ValueError`` for an unknown name, a DP algorithm without
-    ``run.epsilon``, an option it does not take, or (DP-FTRL) a scheme that cannot hold."""
+    ``run``, built as every caller builds it (:func:`build`); one-line ``ValueError`` for an
+    unknown name, a DP algorithm without ``run.epsilon``, an option it does not take, or
+    (DP-FTRL) a scheme that cannot hold."""
     entry = lookup(name, names(cross_device=True))
     unused = sorted(set(run.options) - set(entry.options))
     if unused:
@@ -316,7 +493,8 @@ def cross_device(name: str, run: CrossDeviceRun) -> tuple[Algorithm, Grid]:
         )
     if entry.user_dp and run.epsilon is None:
         raise ValueError(f"epsilon must be set for {name} (a user-level DP algorithm)")
-    build = entry.build
-    if build is None:  # unreachable: names(cross_device=True) lists only entries with one
-        raise ValueError(f"{name} has no cross-device build")
-    return build(run)
+    from_run = entry.from_run
+    if from_run is None:  # unreachable: names(cross_device=True) lists only entries with one
+        raise ValueError(f"{name} is not a cross-device algorithm")
+    base = Base(run.model, run.training, run.spec, run.num_clients, run.eval_batch_size)
+    return build(name, base, settings(name, **from_run(run)))

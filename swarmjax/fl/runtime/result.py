@@ -9,10 +9,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import dp_accounting
+import jax
 import numpy as np
 import pandas as pd
 
-from swarmjax.fl.protocol import Exchange, Spend, coverage
+from swarmjax.fl.protocol import Algorithm, Exchange, RunSpec, Spend, coverage
 from swarmjax.privacy.accounting import PureDpEvent, epsilon_curve, poisson_gaussian_event
 from swarmjax.privacy.canaries import CanaryReport
 from swarmjax.privacy.plan import RELATIONS
@@ -26,6 +27,8 @@ __all__ = [
     "privacy_record",
     "randomness",
     "relation",
+    "run_privacy",
+    "step_events",
 ]
 
 ClientGroup = tuple[tuple[int, ...] | None, dp_accounting.DpEvent, float]
@@ -277,6 +280,56 @@ def privacy_record(
         randomness=randomness,
         key_fingerprints=tuple(key_fingerprints),
     )
+
+
+def run_privacy(
+    alg: Algorithm,
+    spend: Spend,
+    hyper: Any,
+    spec: RunSpec,
+    num_clients: int,
+    *,
+    sizes: np.ndarray | None = None,
+    padded: int | None = None,
+    **stated: Any,
+) -> PrivacyRecord:
+    """The privacy record of ``alg``'s runs as every runtime releases it (the simulator's
+    ``finish`` and the Flower ServerApp): :func:`privacy_record` with what the algorithm
+    declares (its exchanges, unit, floating-point note, per-run step events and sampler
+    overflow) at ``spec``'s delta and accountant.
+
+    Args:
+        alg: the algorithm that ran.
+        spend: the clients' :class:`Spend` after each round (``(runs, rounds, clients)``).
+        hyper: the runs' hyper values (leading run axis).
+        spec: the run's :class:`~swarmjax.fl.protocol.RunSpec`.
+        num_clients: ``N``.
+        sizes, padded: the clients' real and padded row counts (record-level overflow);
+            ``None`` where the runtime holds no data (a deployment's server).
+        **stated: what the runtime states beside (``shares_randomness``, ``randomness``,
+            ``key_fingerprints``).
+    """
+    return privacy_record(
+        spend,
+        alg.setup + alg.exchanges,
+        unit=alg.privacy_unit,
+        delta=spec.delta,
+        accountant=spec.accountant,
+        floating_point=alg.floating_point(),
+        step_events=step_events(alg, hyper, np.shape(spend.steps)[0]),
+        overflow_prob=alg.sampling_overflow(spend, num_clients, sizes=sizes, padded=padded),
+        **stated,
+    )
+
+
+def step_events(alg: Algorithm, hyper: Any, runs: int) -> list | None:
+    """Per run (``hyper``'s leading axis), the algorithm's ``(q, sigma, steps) -> DpEvent``
+    (``None``: Gaussian steps; :meth:`~swarmjax.fl.protocol.Algorithm.step_event`)."""
+    if type(alg).step_event is Algorithm.step_event:  # Gaussian steps: nothing to ask
+        return None
+    host = jax.device_get(hyper)
+    rows = [alg.step_event(jax.tree.map(lambda a, r=r: a[r], host)) for r in range(runs)]
+    return None if all(e is None for e in rows) else rows
 
 
 _NOT_METRICS = frozenset(

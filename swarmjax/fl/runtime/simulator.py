@@ -66,7 +66,7 @@ from swarmjax.fl.runtime.mesh import (
     replicated,
     shard_cohort,
 )
-from swarmjax.fl.runtime.result import Result, privacy_record, randomness
+from swarmjax.fl.runtime.result import Result, randomness, run_privacy
 from swarmjax.models import param_bytes
 from swarmjax.privacy.canaries import (
     CanaryAudit,
@@ -954,23 +954,17 @@ def finish(
     history = _history(run.labels, out["metrics"], selected, run.sizes, runs, rounds)
     stacked = isinstance(clients, ClientData)
     sizes_known = stacked or _gathers(clients)
-    record = privacy_record(
+    record = run_privacy(
+        alg,
         out["spend"],
-        alg.setup + alg.exchanges,
-        unit=alg.privacy_unit,
-        delta=spec.delta,
-        accountant=spec.accountant,
+        run.hyper,
+        spec,
+        n_clients,
+        sizes=np.asarray(clients.sizes) if sizes_known else None,
+        padded=(clients.max_size if stacked else clients.max_rows) if sizes_known else None,
         shares_randomness=run.common_random_numbers and run.variants.size > 1,
-        floating_point=alg.floating_point(),
         randomness=randomness(run.secret_source, run.common_random_numbers),
         key_fingerprints=fingerprints(run.keys),
-        step_events=_step_events(alg, run.hyper, runs),
-        overflow_prob=alg.sampling_overflow(
-            out["spend"],
-            n_clients,
-            sizes=np.asarray(clients.sizes) if sizes_known else None,
-            padded=(clients.max_size if stacked else clients.max_rows) if sizes_known else None,
-        ),
     )
     history["epsilon_max"] = record.epsilon.max(axis=2).reshape(-1)
     reports: tuple[CanaryReport, ...] = ()
@@ -1200,16 +1194,6 @@ def canary_scores(
         return cosine_scores(directions, change), inclusion(canary_key(key), audit.canaries)
 
     return jax.vmap(one)(keys, initial, final)
-
-
-def _step_events(alg: Algorithm, hyper: PyTree, runs: int) -> list | None:
-    """Per run, the algorithm's ``(q, sigma, steps) -> DpEvent`` (``None``: Gaussian steps;
-    :meth:`~swarmjax.fl.protocol.Algorithm.step_event`)."""
-    if type(alg).step_event is Algorithm.step_event:  # Gaussian steps: nothing to ask
-        return None
-    host = jax.device_get(hyper)
-    rows = [alg.step_event(jax.tree.map(lambda a, r=r: a[r], host)) for r in range(runs)]
-    return None if all(e is None for e in rows) else rows
 
 
 def _expected_selected(

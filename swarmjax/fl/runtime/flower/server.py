@@ -21,7 +21,10 @@ released and what only the operator may see:
   (public metrics, the released client counts and bytes per round: the expected count where
   the selection is a secret sample, as the simulator's history; no wall times),
   ``privacy.json`` (epsilon per client after each round, the neighbouring relation, what it
-  covers, what it does not, and the operator files it does NOT cover);
+  covers, what it does not, what drew the noise (``randomness``: entropy or a supplied
+  secret, and the condition a supplied one puts on every epsilon) and the operator files
+  it does NOT cover; made by :func:`~swarmjax.fl.runtime.result.run_privacy`, as the
+  simulator's record);
 * ``operator/`` (:class:`Operator`, NOT released, NOT covered by any epsilon):
   ``messages.csv`` (one row per message: who was messaged, status, payload and wire bytes),
   ``rounds.csv`` (wall seconds of every round, which track the realised cohort, and the
@@ -73,7 +76,7 @@ from swarmjax.fl.runtime.flower.task import (
     load_task,
     use_compilation_cache,
 )
-from swarmjax.fl.runtime.result import PrivacyRecord, privacy_record
+from swarmjax.fl.runtime.result import PrivacyRecord, randomness, run_privacy
 
 __all__ = [
     "NOT_RELEASED",
@@ -413,14 +416,15 @@ def _drive(grid: Grid, task: Task, settings: ServerSettings, hello: Hello | None
     history["cum_bytes_down"] = history["bytes_down"].cumsum()
     history["cum_bytes_up"] = history["bytes_up"].cumsum()
     spend = jax.tree.map(lambda *xs: np.stack(xs)[None], *spend_rounds)  # (1, rounds, N)
-    privacy = privacy_record(
+    # the simulator's record of the same spend (the server holds no data: no row counts)
+    source = "entropy" if task.secret is None else task.secret.source
+    privacy = run_privacy(
+        alg,
         spend,
-        alg.setup + alg.exchanges,
-        unit=alg.privacy_unit,
-        delta=task.delta,
-        accountant=task.variants.spec.accountant,
-        floating_point=alg.floating_point(),
-        overflow_prob=alg.sampling_overflow(spend, task.num_clients),
+        task.variants.hyper,
+        task.variants.spec,
+        task.num_clients,
+        randomness=randomness(source, common_random_numbers=False),
     )
     history["epsilon_max"] = privacy.epsilon[0].max(axis=1)  # as the simulator releases
     operator = Operator(pd.DataFrame(co.messages), pd.DataFrame(operator_rows))
@@ -449,6 +453,7 @@ def _write(run: FlowerRun, out: Path) -> None:
         "noise_multiplier": p.noise_multiplier[0].tolist(),
         "covers": list(p.covers),
         "not_covered": list(p.not_covered),
+        "randomness": p.randomness,
         "released": [f"{RELEASED}/{name}" for name in RELEASED_FILES],
         "not_released": NOT_RELEASED,
     }
@@ -477,6 +482,9 @@ def read_run(out: str | Path, task: Task) -> FlowerRun:
         covers=tuple(record["covers"]),
         not_covered=tuple(record["not_covered"]),
         relation=record.get("relation"),
+        accountant=record.get("accountant", "pld"),
+        floating_point=record.get("floating_point"),
+        randomness=record.get("randomness"),
     )
     kept = (operator / "messages.csv").exists() and (operator / "rounds.csv").exists()
     return FlowerRun(
