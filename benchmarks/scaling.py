@@ -180,7 +180,24 @@ def report(timings: list[Timing], args: argparse.Namespace, machine: str) -> str
             *table,
             "",
             *[f"* {line}" for line in ratios(timings)],
+            *([] if args.slug != "cpu-cpu" else ["", cpu_note(max(args.devices))]),
         ]
+    )
+
+
+def cpu_note(devices: int) -> str:
+    """What CPU virtual devices can show: they share the machine's cores (and its memory),
+    so ``devices`` of them run at most ``min(devices, cores)`` clients at once."""
+    cores = os.cpu_count() or 1
+    return (
+        f"CPU virtual devices (`--xla_force_host_platform_device_count`) share this machine's "
+        f"{cores} cores: {devices} of them run at most {min(devices, cores)} clients at once, "
+        "and a 1-device run already uses every core for its intra-op work, so these figures "
+        "show the mesh's overhead (a strong overhead near or below 1.0x), not a speed-up "
+        f"beyond {cores} cores. A round includes the per-round test evaluation, a fixed "
+        "cost that does not grow with the cohort (it flatters weak scaling). Load average "
+        "at the end: "
+        f"{os.getloadavg()[0]:.1f} (the machine is shared)."
     )
 
 

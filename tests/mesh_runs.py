@@ -156,19 +156,6 @@ def memory_limited(refused: str, runs_on: str) -> tuple[str, dict[str, np.ndarra
     return line, numbers(run("dp-fedavg", runs_on), "memory")
 
 
-EXPERIMENT = [
-    "--quick",
-    "--datasets", "digits",
-    "--clients", "40",
-    "--rows-per-client", "20",
-    "--cohort", "5",
-    "--rounds", "2",
-    "--algorithms", "fedavg",
-    "--test-size", "200",
-]  # fmt: skip
-"""A tiny ``experiments.cross_device`` run, once per ``--devices`` (``--experiment``)."""
-
-
 def experiment(folder: str, devices: str) -> dict[str, np.ndarray]:
     """``experiments.cross_device`` run with each ``--devices`` of ``devices`` (``"1,2"``)
     under ``folder``: its summary's final accuracy and devices, and its history's per-round
@@ -176,6 +163,10 @@ def experiment(folder: str, devices: str) -> dict[str, np.ndarray]:
     import pandas as pd
 
     from experiments import cross_device
+    from tests.argv import override
+    from tests.test_experiment_cross_device import ARGS  # its tiny digits run
+
+    tiny = override(ARGS, ["--algorithms", "fedavg"])
 
     secret = Path(folder) / "secret.bin"  # one secret: the same cohorts and client keys
     secret.parent.mkdir(parents=True, exist_ok=True)
@@ -183,7 +174,7 @@ def experiment(folder: str, devices: str) -> dict[str, np.ndarray]:
     out = {}
     for d in devices.split(","):
         run_dir = Path(folder) / d
-        argv = [*EXPERIMENT, "--devices", d, "--secret-file", str(secret), "--out", str(run_dir)]
+        argv = [*tiny, "--devices", d, "--secret-file", str(secret), "--out", str(run_dir)]
         cross_device.main(argv)
         summary = pd.read_csv(run_dir / "summary.csv")
         history = pd.read_csv(run_dir / "history.csv")
