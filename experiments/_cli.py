@@ -412,6 +412,51 @@ def profile_name(args: argparse.Namespace) -> str:
     return "quick" if args.quick else "full" if args.full else "default"
 
 
+def add_devices(p: argparse.ArgumentParser) -> None:
+    """``--devices N``: the devices one run's cohort is split over (docs/scaling.md)."""
+    p.add_argument(
+        "--devices",
+        type=count("--devices"),
+        help="devices one run's cohort is split over (default: all present; with one, the "
+        "one-device program; docs/scaling.md)",
+    )
+
+
+def devices(args: argparse.Namespace) -> int:
+    """The device count of ``--devices`` (default: every device present), checked before
+    any work: more than present is one :class:`UserError` line naming how many there are."""
+    import jax
+
+    present = jax.device_count()
+    if args.devices is not None and args.devices > present:
+        raise UserError(
+            f"--devices {args.devices}: {present} {jax.default_backend()} device(s) present "
+            f"(on a CPU, XLA_FLAGS=--xla_force_host_platform_device_count=N gives N)"
+        )
+    return present if args.devices is None else args.devices
+
+
+def layout(algorithm: Any, clients: int, name: str, count: int, asked: bool) -> tuple[Any, str]:
+    """``(mesh or None, one line)``: how a run of ``algorithm`` (``name`` in messages) over
+    ``clients`` clients is laid out on ``count`` devices (:func:`devices`; ``asked``: the
+    command line gave ``--devices``). One device: no mesh (the one-device program). An
+    algorithm whose round exchange is not summed runs on one device: said in the line by
+    default, one :class:`UserError` line when ``--devices`` > 1 was asked."""
+    from swarmjax.fl.runtime.mesh import clients_mesh, describe
+    from swarmjax.fl.runtime.simulator import slot_buffer
+
+    n, note = count, ""
+    if n > 1 and any(ex.aggregate_sum is None for ex in algorithm.exchanges):
+        if asked:
+            raise UserError(
+                f"--devices {n}: {name}'s round exchange aggregates stacked replies (not a "
+                "sum), so its cohort is not split over devices; pass --devices 1"
+            )
+        n, note = 1, f" ({name}'s exchange is not summed: one device, not {n})"
+    mesh = None if n == 1 else clients_mesh(n)
+    return mesh, describe(mesh, slot_buffer(algorithm, clients)) + note
+
+
 def seeds(args: argparse.Namespace, default: int) -> list[int]:
     """Seeds ``0 .. N-1`` with ``N`` from ``--seeds`` or ``default``."""
     return list(range(args.seeds if args.seeds is not None else default))

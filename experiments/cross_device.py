@@ -22,8 +22,9 @@ and the records and the printed summary say so.
 
 Results go to ``results/cross_device/``: ``history.csv`` (per seed and round: test accuracy
 on the first ``--test-size`` test rows, bytes, epsilon), ``summary.csv`` / ``summary.json``
-(final accuracy on the whole test set, seconds per round, epsilon and what it covers;
-``test_sets`` says which rows each uses; the run's peak memory),
+(final accuracy on the whole test set, seconds per round, epsilon and what it covers,
+the devices and the layout line of ``--devices``; ``test_sets`` says which rows each uses;
+the run's peak memory),
 ``privacy.json``, the experiment's privacy ledger ``privacy_ledger.json`` / ``.md`` (every
 run as a release and the epsilon of publishing the DP ones together; the wall times, which
 follow the secret cohorts, listed as not covered), and the figures
@@ -50,6 +51,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import pandas as pd
+from jax.sharding import Mesh
 
 from experiments import _cli, _report
 from swarmjax.fl.algorithms import registry
@@ -317,6 +319,7 @@ def _parser() -> argparse.ArgumentParser:
         "shards (2 label-sorted shards per client), power_law (sizes ~ Pareto 1.5, >= 10)",
     )
     p.add_argument("--test-size", type=_cli.count("--test-size"), help="public test rows per round")
+    _cli.add_devices(p)
     p.add_argument(
         "--audit",
         type=_cli.count("--audit", 2),
@@ -538,6 +541,9 @@ class Run:
         setup: the registry's :class:`~swarmjax.fl.algorithms.registry.CrossDeviceRun`.
         algorithm: the algorithm (a :class:`~swarmjax.fl.private.Private` for a DP one).
         grid: its values for :meth:`~swarmjax.fl.protocol.Variants.grid`.
+        mesh: the device mesh its cohort is split over (``None``: one device;
+            :func:`experiments._cli.layout`, ``--devices``).
+        layout: one line saying how it is laid out over the devices.
     """
 
     name: str
@@ -546,6 +552,8 @@ class Run:
     setup: registry.CrossDeviceRun
     algorithm: Algorithm
     grid: dict
+    mesh: Mesh | None = None
+    layout: str = ""
 
     @property
     def plan(self) -> UserLevelDP | DistributedDP | None:
@@ -557,8 +565,9 @@ class Run:
 def planned(args: argparse.Namespace, prof: Profile) -> list[Run]:
     """Every run of ``prof`` (:func:`runs`), its algorithm built by the registry before any
     work (a DP-FTRL scheme checked, a DP-FedAvg buffer sized, a target's reachability
-    checked): a refusal is one line naming the option (the one given, or the profile's
-    value and the option that changes it)."""
+    checked) and laid out over ``--devices`` (:func:`experiments._cli.layout`): a refusal
+    is one line naming the option (the one given, or the profile's value and the option
+    that changes it)."""
     out = []
     for name, eps, label in runs(prof):
         setup = cross_device_run(prof, name, eps)
@@ -566,7 +575,9 @@ def planned(args: argparse.Namespace, prof: Profile) -> list[Run]:
             alg, grid = registry.cross_device(name, setup)
         except ValueError as err:
             raise _cli.UserError(_refusal(args, prof, name, err)) from None
-        out.append(Run(name, eps, label, setup, alg, grid))
+        asked = "devices" in _cli.given(args)
+        mesh, line = _cli.layout(alg, prof.clients, name, _cli.devices(args), asked)
+        out.append(Run(name, eps, label, setup, alg, grid, mesh, line))
     return out
 
 
@@ -713,6 +724,7 @@ def run_one(
         audit=audit,
         secret=None if secret is None else secret.derive(f"cross_device/{label}"),
         callbacks=() if pace is None else (pace,),
+        mesh=run.mesh,
     )
     if ledger is not None:  # under the experiment's name for the algorithm
         add_to_ledger(ledger, res, run, str(out / "history.csv"), prof.dataset)
@@ -743,6 +755,8 @@ def run_one(
         "covers": list(res.privacy.covers),
         "not_covered": list(res.privacy.not_covered),
         "guarantee": guarantee(run),
+        "devices": 1 if run.mesh is None else int(run.mesh.devices.size),
+        "layout": run.layout,
     }
     if plan is not None:  # the plan's settings as they hold (a DP-FTRL's b and k)
         row.update(plan.settings(prof.clients, prof.rounds))
@@ -857,6 +871,7 @@ def main(argv: list[str] | None = None) -> None:
     for i, run in enumerate(todo):
         label, later = run.label, len(todo) - 1 - i
         pace = _cli.Pace(prof.rounds, later * prof.rounds, later, SHORTEN)
+        print(f"{label}: {run.layout}", flush=True)
         got = run_one(
             run,
             prof,

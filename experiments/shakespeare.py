@@ -114,6 +114,7 @@ class Profile:
     accountant: str = "pld"
     delta: float | None = None  # None: the plan's default for clients (UserLevelDP.delta_for)
     initial_clip: float = 0.5
+    devices: int = 1  # one run's cohort split over this many devices (--devices)
 
 
 _DEFAULT = Profile(
@@ -199,6 +200,7 @@ def _parser() -> argparse.ArgumentParser:
         type=_cli.epsilon_target("--epsilons"),
         help="user-level target epsilons of DP-FedAvg (default 2 8)",
     )
+    _cli.add_devices(p)
     return p
 
 
@@ -207,7 +209,7 @@ def profile(args: argparse.Namespace) -> Profile:
     base = PROFILES[_cli.profile_name(args)]
     same = ("clients", "cohort", "rounds", "epochs", "batch_size", "windows_per_client")
     given = {name: getattr(args, name) for name in (*same, "test_size", "learning_rate")}
-    given |= {"accountant": args.accountant, "delta": args.delta}
+    given |= {"accountant": args.accountant, "delta": args.delta, "devices": _cli.devices(args)}
     given |= {
         "algorithms": tuple(args.algorithms) if args.algorithms else None,
         "epsilons": tuple(args.epsilons) if args.epsilons else None,
@@ -357,7 +359,9 @@ def run_one(
     label, alg, grid = algorithm(name, prof, store, epsilon)
     variants = Variants.grid(alg, store, spec(prof, store.num_clients), **grid)
     at = "" if epsilon is None else f" at epsilon {epsilon:g}"
-    print(f"{label}{at}: {prof.rounds} rounds", flush=True)
+    # every algorithm here has a summed exchange: a cohort over any --devices
+    mesh, layout = _cli.layout(alg, store.num_clients, label, prof.devices, asked=True)
+    print(f"{label}{at}: {prof.rounds} rounds; {layout}", flush=True)
     t0 = time.perf_counter()
     # the device's client map: one client at a time on a CPU (an LSTM cohort ran 2.2x
     # slower vmapped there), vmapped on an accelerator
@@ -371,6 +375,7 @@ def run_one(
         progress=True,
         secret=secret,
         callbacks=() if pace is None else (pace,),
+        mesh=mesh,
     )
     wall = time.perf_counter() - t0
     history = res.history.assign(algorithm=name, label=label)
@@ -391,6 +396,8 @@ def run_one(
                 "final_accuracy": float(acc[run]),
                 "wall_seconds": wall,
                 "seconds_per_round": wall / prof.rounds,
+                "devices": prof.devices,
+                "layout": layout,
             }
         )
     releases = saved_releases(res, algorithm=name, path=release_path, data="shakespeare")

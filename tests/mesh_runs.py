@@ -3,7 +3,8 @@ federations, unsharded and over client meshes: what tests/test_mesh.py compares.
 script in a process whose XLA_FLAGS give it several CPU devices (and, with ``--rank``,
 under ``jax.distributed``); it writes one ``.npz`` of every run's numbers.
 
-    python tests/mesh_runs.py OUT.npz [--devices 1,2,4] [--rank R --port P --processes N]
+    python tests/mesh_runs.py OUT.npz RUNS [--resume ...] [--memory ...] [--experiment DIR:1,2]
+        [--rank R --port P --processes N]
 """
 
 from __future__ import annotations
@@ -155,12 +156,42 @@ def memory_limited(refused: str, runs_on: str) -> tuple[str, dict[str, np.ndarra
     return line, numbers(run("dp-fedavg", runs_on), "memory")
 
 
+def experiment(folder: str, devices: str) -> dict[str, np.ndarray]:
+    """``experiments.cross_device`` run with each ``--devices`` of ``devices`` (``"1,2"``)
+    under ``folder``: its summary's final accuracy and devices, and its history's per-round
+    test accuracy and loss, as ``experiment/<devices>/...``."""
+    import pandas as pd
+
+    from experiments import cross_device
+    from tests.argv import override
+    from tests.test_experiment_cross_device import ARGS  # its tiny digits run
+
+    tiny = override(ARGS, ["--algorithms", "fedavg"])
+
+    secret = Path(folder) / "secret.bin"  # one secret: the same cohorts and client keys
+    secret.parent.mkdir(parents=True, exist_ok=True)
+    secret.write_bytes(bytes(range(32)))
+    out = {}
+    for d in devices.split(","):
+        run_dir = Path(folder) / d
+        argv = [*tiny, "--devices", d, "--secret-file", str(secret), "--out", str(run_dir)]
+        cross_device.main(argv)
+        summary = pd.read_csv(run_dir / "summary.csv")
+        history = pd.read_csv(run_dir / "history.csv")
+        out[f"experiment/{d}/final_accuracy"] = summary["final_accuracy"].to_numpy()
+        for name in ("test_accuracy", "test_loss"):
+            out[f"experiment/{d}/{name}"] = history[name].to_numpy()
+        out[f"experiment/{d}/devices"] = summary["devices"].to_numpy()
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("out")
     p.add_argument("runs", nargs="+", help="NAME:MESH,MESH,... e.g. fedavg:0,1,2,4 fedavg-2:2x2")
     p.add_argument("--resume", help="DIR:FROM:TO, e.g. /tmp/ck:4:2 (DP-FedAvg)")
     p.add_argument("--memory", help="REFUSED:RUNS_ON meshes, e.g. 1:4 (DP-FedAvg)")
+    p.add_argument("--experiment", help="DIR:DEVICES, e.g. /tmp/xd:1,2 (cross_device)")
     p.add_argument("--rank", type=int)
     p.add_argument("--port")
     p.add_argument("--processes", type=int, default=1)
@@ -188,6 +219,8 @@ def main(argv: list[str] | None = None) -> int:
         folder, first, then = args.resume.split(":")
         interrupted(folder, first, after=2)
         out |= numbers(run("dp-fedavg", then, checkpoint_dir=folder), "resumed")
+    if args.experiment:  # before --memory, which leaves the device's memory limit lowered
+        out |= experiment(*args.experiment.split(":"))
     if args.memory:
         line, more = memory_limited(*args.memory.split(":"))
         print("refused:", line, flush=True)

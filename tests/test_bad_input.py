@@ -24,6 +24,7 @@ from benchmarks import (
     flower_round,
     paaso_strategies,
     pso_throughput,
+    scaling,
     secagg,
     vs_pfl,
 )
@@ -71,6 +72,8 @@ def _forbid_work(monkeypatch, tmp_path):
     ]:
         monkeypatch.setattr(module, name, _no_work)
     monkeypatch.setattr(cross_device_scaling.subprocess, "run", _no_work)
+    monkeypatch.setattr(scaling, "measure", _no_work)
+    monkeypatch.setattr(scaling.subprocess, "run", _no_work)
     empty = tmp_path / "empty-data"
     empty.mkdir()
     monkeypatch.setenv("SWARMJAX_DATA", str(empty))
@@ -130,8 +133,17 @@ def test_benchmark_out_file(blocked, capsys):
         (fed_dp_pso_study.main, ["--quick", "--datasets", "mnist", *OUT]),
         (cross_device_scaling.main, ["--quick"]),
         (vs_pfl.main, ["--only", "swarmjax", *OUT]),
+        (scaling.main, ["--quick"]),
     ],
-    ids=["cross_device", "dp_fedavg", "fed_dp_pso", "study", "bench-scaling", "bench-vs_pfl"],
+    ids=[
+        "cross_device",
+        "dp_fedavg",
+        "fed_dp_pso",
+        "study",
+        "bench-scaling",
+        "bench-vs_pfl",
+        "bench-scaling-devices",
+    ],
 )
 def test_empty_data_folder_says_where_and_how_to_stage(main, argv, tmp_path, capsys):
     empty = str(tmp_path / "empty-data")
@@ -309,6 +321,10 @@ def test_given_tracks_the_command_line_not_the_defaults():
         (secagg.main, ["--bits", "4"], "--bits: must be >= 8"),
         (secagg.main, ["--cohort", "30", "--users", "20"], "--cohort 30 must be <= --users 20"),
         (secagg.main, ["--record"], "unrecognized"),  # --write, as every benchmark
+        (scaling.main, ["--devices", "2", "4"], "--devices 2 4: must start at 1"),
+        (scaling.main, ["--devices", "1", "0"], "--devices"),
+        (scaling.main, ["--per-device", "700"], "exceeds the vs_pfl work's 1200 users"),
+        (scaling.main, ["--workloads", "lora"], "--workloads: invalid choice"),
     ],
     ids=lambda v: " ".join(v) if isinstance(v, list) else None,
 )

@@ -255,3 +255,35 @@ def test_pace_prints_the_time_left_once_and_warns_past_an_hour(capsys):
     slow(2, {}, None)
     line = capsys.readouterr().out.strip()
     assert line.startswith("warning:") and "1.1 hours" in line and "--rounds shorten it" in line
+
+
+def _exchanges(*summed: bool):
+    """A stand-in algorithm: only its exchanges' ``aggregate_sum`` and ``max_selected``
+    (what :func:`experiments._cli.layout` reads)."""
+    from types import SimpleNamespace
+
+    exchanges = [
+        SimpleNamespace(aggregate_sum=(sum if s else None), max_selected=4) for s in summed
+    ]
+    return SimpleNamespace(exchanges=exchanges)
+
+
+def test_devices_is_parsed_and_laid_out():
+    """``--devices`` parses to an int (absent: ``None``, every device present); one device
+    is no mesh (the one-device program), and the layout line says so."""
+    p = _cli._Parser(prog="x")
+    _cli.add_devices(p)
+    assert p.parse_args(["--devices", "1"]).devices == 1
+    assert p.parse_args([]).devices is None
+    assert _cli.devices(p.parse_args([])) == _cli.devices(p.parse_args(["--devices", "1"])) == 1
+    mesh, line = _cli.layout(_exchanges(True), 10, "fedavg", 1, asked=True)
+    assert mesh is None and line == "one device: the cohort's 4 slots on cpu:0"
+
+
+def test_an_unsummed_exchange_runs_on_one_device_or_is_refused():
+    """An algorithm whose exchange is not summed: by default on one device, said in the
+    layout line; with ``--devices`` > 1 asked, one line naming the option."""
+    mesh, line = _cli.layout(_exchanges(True, False), 10, "local-only", 2, asked=False)
+    assert mesh is None and "local-only's exchange is not summed: one device, not 2" in line
+    with pytest.raises(_cli.UserError, match=r"^--devices 2: local-only's round exchange"):
+        _cli.layout(_exchanges(True, False), 10, "local-only", 2, asked=True)

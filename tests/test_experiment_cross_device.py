@@ -71,6 +71,8 @@ _override = override
         (["--delta", "1.5"], "--delta: must be in (0, 1)"),
         (["--accountant", "gdp"], "--accountant: invalid choice"),
         (["--epsilons", "0"], "--epsilons"),
+        (["--devices", "99"], "--devices 99: 1 cpu device(s) present"),
+        (["--devices", "0"], "--devices"),
     ],
 )
 def test_bad_input_is_one_line_before_any_work(tmp_path, capsys, extra, message):

@@ -80,6 +80,8 @@ def test_a_data_folder_without_the_plays(tmp_path, capsys, monkeypatch):
         (["--clients", "3", "--cohort", "4"], "--cohort 4 must be <= --clients 3"),
         (["--epsilons", "0"], "--epsilons"),
         (["--delta", "2"], "--delta: must be in (0, 1)"),
+        (["--devices", "99"], "--devices 99: 1 cpu device(s) present"),
+        (["--devices", "0"], "--devices"),
     ],
 )
 def test_bad_input_is_one_line_before_any_work(plays_dir, tmp_path, capsys, extra, message):

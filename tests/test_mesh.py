@@ -114,6 +114,7 @@ def launched(tmp_path_factory):
         port = str(s.getsockname()[1])
     local = ["fedavg:0,1,2,4", "fedavg-2:0,2x2", "dp-fedavg:0,2,4", "dp-ftrl:0,4"]
     local += ["--resume", f"{tmp / 'checkpoints'}:4:2", "--memory", "1:4"]
+    local += ["--experiment", f"{tmp / 'cross_device'}:1,2"]
     ranks = [
         ["dp-fedavg:4", "dp-ftrl:4", "--rank", str(r), "--port", port, "--processes", "2"]
         for r in (0, 1)
@@ -207,6 +208,21 @@ def test_layout_is_printed_and_cpu_reports_no_peak_memory(local):
     assert "runs over 2 devices" in log
     # the CPU runtime reports no memory statistics: peak memory per device is None
     assert "peak memory {'cpu:0': None, 'cpu:1': None, 'cpu:2': None, 'cpu:3': None}" in log
+
+
+def test_experiment_devices_two_is_devices_one(local):
+    """``experiments.cross_device --devices 2`` (the 4-device process) gives ``--devices 1``'s
+    accuracies and losses to the float32 tolerance, records the devices in summary.csv and
+    prints its layout before the run."""
+    numbers, log = local
+    assert numbers["experiment/1/devices"].tolist() == [1]
+    assert numbers["experiment/2/devices"].tolist() == [2]
+    for name in ("final_accuracy", "test_accuracy", "test_loss"):
+        np.testing.assert_allclose(
+            numbers[f"experiment/2/{name}"], numbers[f"experiment/1/{name}"], rtol=RTOL, atol=ATOL
+        )
+    assert "fedavg: one device: the cohort's 5 slots on cpu:0" in log
+    assert "fedavg: cohort of 5 slots over 2 cpu devices (3 slots each, 1 padding)" in log
 
 
 def test_two_processes_are_the_unsharded_run(local, distributed):

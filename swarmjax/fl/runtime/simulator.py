@@ -267,17 +267,30 @@ def run_exchange(
 
     kept: list[bool] = []  # set while tracing: did the client return its state untouched?
 
-    def one(state: PyTree, data: PyTree, cid: Int[Array, ""]) -> tuple[PyTree, PyTree]:
-        key = client_key(run_key, round_index, index, cid)
-        new, reply = ex.client(state, _bound(clients, data), request, key, hyper)
-        pairs = zip(jax.tree.leaves(new), jax.tree.leaves(state), strict=True)
-        kept.append(all(a is b for a, b in pairs))
-        return new, reply
+    def client_fn(inputs: tuple) -> Any:
+        """``one(state, data, id)`` over ``inputs = (federation, request, hyper, run key,
+        round)``: passed in whole, never closed over, so that under the mesh they enter
+        ``shard_map`` as its arguments (a traced value closed over from the outer program
+        keeps the outer mesh's type, which the transpose of a ``lax.scan`` in the
+        client's gradient, e.g. an LSTM's, refuses)."""
+        fed, req, hyp, rkey, rnd = inputs
+
+        def one(state: PyTree, data: PyTree, cid: Int[Array, ""]) -> tuple[PyTree, PyTree]:
+            key = client_key(rkey, rnd, index, cid)
+            new, reply = ex.client(state, _bound(fed, data), req, key, hyp)
+            pairs = zip(jax.tree.leaves(new), jax.tree.leaves(state), strict=True)
+            kept.append(all(a is b for a, b in pairs))
+            return new, reply
+
+        return one
+
+    inputs = (clients, request, hyper, run_key, round_index)
+    one = client_fn(inputs)
 
     rows_key = jax.random.fold_in(server_key(run_key, round_index, index), _ROWS_STREAM)
     summed = ex.aggregate_sum is not None  # replies folded into their sum as they come
     if ctx.mesh is not None and summed:  # the cohort's slots split over the devices
-        new, replies, slots = _mesh_exchange(ctx, ex, one, mask, states, rows_key)
+        new, replies, slots = _mesh_exchange(ctx, ex, (client_fn, inputs), mask, states, rows_key)
         if not all(kept):
             states = slots.update(states, new)
     elif ex.max_selected is None or ex.max_selected >= n:
@@ -328,12 +341,19 @@ def _cohort_slots(
 
 
 def _mesh_exchange(
-    ctx: RunContext, ex: Exchange, one: Any, mask: Array, states: PyTree, rows_key: PRNGKeyArray
+    ctx: RunContext,
+    ex: Exchange,
+    client: tuple[Any, tuple],
+    mask: Array,
+    states: PyTree,
+    rows_key: PRNGKeyArray,
 ) -> tuple[PyTree, PyTree, Slots]:
     """A summed exchange's client map over ``ctx.mesh``'s ``clients`` axis
     (:func:`~swarmjax.fl.runtime.mesh.shard_cohort`): each device gathers the states and data
     of its share of the slots (``ex.max_selected`` of them, or one per client) and adds its
-    used slots' replies in slot order; ``one(state, data, id)``: one client. Returns
+    used slots' replies in slot order; ``client = (client_fn, inputs)``: ``client_fn(inputs)``
+    is ``one(state, data, id)``, one client, built inside each device's program from
+    ``inputs`` passed to it (with the federation first: ``inputs[0] is ctx.clients``). Returns
     ``(new states (S, ...), the replies' sum, the slots)``."""
     clients, n = ctx.clients, int(mask.shape[0])
     if ex.max_selected is None or ex.max_selected >= n:
@@ -342,14 +362,16 @@ def _mesh_exchange(
         chosen, cmap = _cohort_slots(clients, mask, ex.max_selected, ctx.client_map)
     used = (chosen < n) & mask[jnp.minimum(chosen, n - 1)]
 
-    def local(ids: Int[Array, " s"], u: Array, shared: PyTree) -> tuple[PyTree, PyTree]:
-        whole_states, whole_clients, key = shared
-        safe = jnp.minimum(ids, n - 1)
-        data = take_clients(whole_clients, safe, key)
-        mine = jax.tree.map(lambda a: a[safe], whole_states)
-        return _map_clients(one, (mine, data, safe), cmap, u, summed=True)
+    client_fn, inputs = client
 
-    new, total = shard_cohort(ctx.mesh, local, chosen, used, (states, clients, rows_key))
+    def local(ids: Int[Array, " s"], u: Array, shared: PyTree) -> tuple[PyTree, PyTree]:
+        whole_states, key, passed = shared
+        safe = jnp.minimum(ids, n - 1)
+        data = take_clients(passed[0], safe, key)
+        mine = jax.tree.map(lambda a: a[safe], whole_states)
+        return _map_clients(client_fn(passed), (mine, data, safe), cmap, u, summed=True)
+
+    new, total = shard_cohort(ctx.mesh, local, chosen, used, (states, rows_key, inputs))
     return new, total, Slots(mask=used, ids=chosen, num_clients=n)
 
 
