@@ -23,6 +23,7 @@ import importlib.util
 import os
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import jax
 
@@ -38,6 +39,7 @@ __all__ = [
     "default_client_map",
     "device_memory_bytes",
     "is_cpu",
+    "memory_stats",
     "planned_backend",
 ]
 
@@ -82,12 +84,18 @@ def device_memory_bytes(device: jax.Device | None = None) -> int:
     the host's physical memory (the CPU backend reports nothing).
     """
     device = device if device is not None else jax.local_devices()[0]
+    limit = memory_stats(device).get("bytes_limit")
+    return int(limit) if limit else _host_memory_bytes()
+
+
+def memory_stats(device: jax.Device) -> dict[str, Any]:
+    """``device.memory_stats()`` (bytes in use, peak, limit...), or ``{}`` where the
+    runtime reports nothing (the CPU) or does not implement it."""
     try:
         stats = device.memory_stats()
     except Exception:  # some runtimes do not implement it
         stats = None
-    limit = (stats or {}).get("bytes_limit")
-    return int(limit) if limit else _host_memory_bytes()
+    return dict(stats or {})
 
 
 def _pow2_floor(n: float) -> int:

@@ -560,10 +560,15 @@ def param_count(params: PyTree) -> int:
 
 
 def param_bytes(params: PyTree) -> int:
-    """Bytes needed to send a parameter pytree: sum of size * itemsize over its leaves."""
-    return sum(
-        int(np.prod(leaf.shape)) * np.dtype(leaf.dtype).itemsize for leaf in jax.tree.leaves(params)
-    )
+    """Bytes of a pytree (a parameter pytree to send, a federation's data, a client state):
+    sum of size * itemsize over its leaves, which may be arrays, ``jax.ShapeDtypeStruct``
+    shapes, typed key arrays, or Python numbers (counted as the arrays they become)."""
+
+    def one(leaf: Any) -> int:
+        leaf = leaf if hasattr(leaf, "dtype") else np.asarray(leaf)
+        return int(np.prod(leaf.shape)) * leaf.dtype.itemsize
+
+    return sum(one(leaf) for leaf in jax.tree.leaves(params))
 
 
 def unbatched_orthogonal(scale: float = 1.0) -> Callable[..., Array]:

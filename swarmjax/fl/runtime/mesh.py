@@ -30,6 +30,8 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from jaxtyping import Array, Bool, Int, PyTree
 
+from swarmjax.device import memory_stats
+
 __all__ = [
     "CLIENTS",
     "RUNS",
@@ -202,17 +204,6 @@ def shard_cohort(
     return (jax.tree.map(lambda a: a[:s], states) if pad else states), total
 
 
-def nbytes(tree: PyTree) -> int:
-    """Bytes of a pytree of arrays or shapes (``jax.ShapeDtypeStruct``; key arrays too;
-    a Python number counts as the array it becomes)."""
-
-    def one(a: Any) -> int:
-        dtype = a.dtype if hasattr(a, "dtype") else np.asarray(a).dtype
-        return int(np.prod(np.shape(a) if not hasattr(a, "shape") else a.shape)) * dtype.itemsize
-
-    return sum(one(a) for a in jax.tree.leaves(tree))
-
-
 @dataclass(frozen=True)
 class CohortMemory:
     """What a run's cohort holds on a device, in bytes, from shapes alone (a lower bound:
@@ -271,11 +262,4 @@ def peak_memory(mesh: Mesh | None = None) -> dict[str, Any]:
     devices), ``{device: bytes}``, from ``device.memory_stats()["peak_bytes_in_use"]``;
     ``None`` for a device whose runtime reports nothing (the CPU does not)."""
     devices = jax.local_devices() if mesh is None else list(mesh.local_devices)
-    out: dict[str, Any] = {}
-    for dev in devices:
-        try:
-            stats = dev.memory_stats()
-        except Exception:  # some runtimes do not implement it
-            stats = None
-        out[str(dev)] = None if not stats else stats.get("peak_bytes_in_use")
-    return out
+    return {str(dev): memory_stats(dev).get("peak_bytes_in_use") for dev in devices}

@@ -62,7 +62,6 @@ from swarmjax.fl.runtime.mesh import (
     CohortMemory,
     check_memory,
     mesh_for,
-    nbytes,
     replicated,
     shard_cohort,
 )
@@ -571,11 +570,13 @@ def cohort_memory(
         one,
     )
     server = jax.eval_shape(lambda k: alg.server_init(k, row), key[0])
-    reply = max((nbytes(jax.eval_shape(ex.request, server)) for ex in alg.exchanges), default=0)
+    reply = max(
+        (param_bytes(jax.eval_shape(ex.request, server)) for ex in alg.exchanges), default=0
+    )
     n = num_clients(data)
     return CohortMemory(
-        shared=nbytes(data) + runs * n * nbytes(state),
-        per_slot=nbytes(one) + 2 * nbytes(state) + reply,
+        shared=param_bytes(data) + runs * n * param_bytes(state),
+        per_slot=param_bytes(one) + 2 * param_bytes(state) + reply,
         slots=slot_buffer(alg, n),
         runs=runs,
     )
