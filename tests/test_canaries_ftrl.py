@@ -1,4 +1,4 @@
-"""Client-level canaries in DP-FTRL (``Private.canary_hook`` under a ``MinSeparation``
+"""Client-level canaries in DP-FTRL (``CentralUserLevel.canary_hook`` under a ``MinSeparation``
 plan): the broken-mechanism drill under correlated (BLT) noise, canaries on the public
 (k, b) schedule, and bad input.
 
@@ -102,7 +102,7 @@ def test_tenfold_less_noise_is_caught(federation):
 def test_canaries_follow_the_public_min_separation_scheme(settings, rounds, expected):
     cohort, spec = 2, RunSpec(rounds, DELTA, (0,))
     alg = dp_ftrl(MODEL, MinSeparation(cohort, **settings).for_run(16, spec.rounds))
-    hook = alg.canary_hook()
+    hook = alg.accounting().canary_hook()
     included = jnp.asarray([True, True, False, True, True, True])
     schedule = jnp.zeros((rounds, cohort), jnp.int32)
     taking = np.stack(

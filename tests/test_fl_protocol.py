@@ -141,7 +141,7 @@ def test_every_algorithm_runs_jitted_and_vmapped_over_clients_and_seeds(setup, r
     assert not np.array_equal(loss[0], loss[1])  # the two seeds are different runs
     # the privacy record follows the unit
     eps = res.privacy.final_epsilon
-    if alg.privacy_unit is None:
+    if alg.accounting() is None:
         assert np.all(np.isinf(eps))
     else:
         assert np.all(np.isfinite(eps)) and np.all(eps > 0)
@@ -191,7 +191,7 @@ def test_released_outputs_hold_only_message_derived_and_public_values(setup, res
 
 
 def _variants(alg, kwargs, clients):
-    delta = 1e-3 if alg.privacy_unit == "client" else 1e-5
+    delta = 1e-3 if getattr(alg.accounting(), "unit", None) == "client" else 1e-5
     return Variants.grid(alg, clients, RunSpec(ROUNDS, delta, tuple(SEEDS)), **kwargs)
 
 
@@ -259,7 +259,7 @@ def test_client_level_sampling_overflow_is_charged_to_delta(setup):
     n, q = 1000, 0.05
     alg = dp_fedavg(MODEL, participation=Poisson(90))
     spend = _uniform_spend(runs=2, rounds=3, clients=n, sample_rate=q, noise_multiplier=1.0)
-    over = alg.sampling_overflow(spend, n)
+    over = alg.accounting().overflow(spend, n)
     chex.assert_shape(over, (2, 1, n))
     p = overflow_probability(n, q, 90, add_one=True)  # the add-one neighbour: N + 1
     assert 0 < p < 1e-6
@@ -268,10 +268,10 @@ def test_client_level_sampling_overflow_is_charged_to_delta(setup):
     want = accounted(q, 1.0, 3, 1e-6, overflow_prob=p)
     np.testing.assert_allclose(record.final_epsilon, want)
     assert want > accounted(q, 1.0, 3, 1e-6)
-    assert dp_fedavg(MODEL).sampling_overflow(spend, n) is None
-    assert dp_fedavg(MODEL, participation=Poisson(n + 1)).sampling_overflow(spend, n) is None
+    assert dp_fedavg(MODEL).accounting().overflow(spend, n) is None
+    assert dp_fedavg(MODEL, participation=Poisson(n + 1)).accounting().overflow(spend, n) is None
     # a capacity of exactly N overflows on the add-one neighbour (N + 1 clients): charged
-    exactly_n = dp_fedavg(MODEL, participation=Poisson(n)).sampling_overflow(spend, n)
+    exactly_n = dp_fedavg(MODEL, participation=Poisson(n)).accounting().overflow(spend, n)
     np.testing.assert_allclose(exactly_n, q ** (n + 1), rtol=1e-6)
 
 
@@ -289,7 +289,7 @@ def test_client_level_plan_calibration_meets_the_target_of_the_charged_record():
 
     def recorded(z: float, accountant: str = "pld") -> float:
         spend = _uniform_spend(runs=1, rounds=rounds, clients=n, sample_rate=q, noise_multiplier=z)
-        over = alg.sampling_overflow(spend, n)
+        over = alg.accounting().overflow(spend, n)
         record = privacy_record(
             spend, (), unit="client", delta=delta, overflow_prob=over, accountant=accountant
         )

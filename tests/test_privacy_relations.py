@@ -330,7 +330,7 @@ def test_client_level_overflow_is_charged_conservatively_for_one_more_client():
         steps=np.broadcast_to(np.arange(1, 4)[None, :, None], shape),
         extra_epsilon=np.zeros(shape),
     )
-    np.testing.assert_allclose(alg.sampling_overflow(spend, n), worse, rtol=1e-12)
+    np.testing.assert_allclose(alg.accounting().overflow(spend, n), worse, rtol=1e-12)
     # a buffer of exactly N clients is still charged as if N + 1 could be drawn
     assert client_draw_overflow(n, n, q) == pytest.approx(q ** (n + 1))
     assert client_draw_overflow(n + 1, n, q) == 0.0 == client_draw_overflow(None, n, q)

@@ -53,7 +53,7 @@ def _record(alg, spend: Spend, **events) -> object:
     """The record of ``spend`` under ``alg``'s declarations, at the test's delta (rdp)."""
     covers = alg.setup + alg.exchanges
     return privacy_record(
-        spend, covers, unit=alg.privacy_unit, delta=1e-3, accountant="rdp", **events
+        spend, covers, unit=alg.accounting().unit, delta=1e-3, accountant="rdp", **events
     )
 
 
@@ -62,7 +62,7 @@ def test_the_record_uses_the_algorithms_own_step_events():
     spend = _spend(1.0)
     record = run_privacy(alg, spend, variants.hyper, variants.spec, CLIENTS)
     row = jax.tree.map(lambda a: a[0], jax.device_get(variants.hyper))
-    by_hand = _record(alg, spend, step_events=[alg.step_event(row)])
+    by_hand = _record(alg, spend, step_events=[alg.accounting().step_event(row)])
     np.testing.assert_array_equal(record.epsilon, by_hand.epsilon)
     # the Skellam event of the plan's calibration: its epsilon is the target, not what a
     # Gaussian of noise multiplier 1 would give

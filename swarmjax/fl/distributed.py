@@ -26,7 +26,7 @@ import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 from jaxtyping import Array, Bool, Int, PRNGKeyArray, UInt32
 
-from swarmjax.fl.private import PlanAround, PrivateHyper, PrivateServer
+from swarmjax.fl.private import PlanAround, PrivateHyper, PrivateServer, UserLevel
 from swarmjax.fl.protocol import (
     Algorithm,
     Exchange,
@@ -38,7 +38,7 @@ from swarmjax.fl.protocol import (
 )
 from swarmjax.privacy.distributed import DistributedDP
 
-__all__ = ["Distributed"]
+__all__ = ["Distributed", "DistributedUserLevel"]
 
 _INNER_KEY = 0x696E6E72  # fold_in tag of the wrapped algorithm's aggregate key
 
@@ -131,29 +131,9 @@ class Distributed(PlanAround):
             inner=self.algorithm.server_init(key, hyper.inner), plan=self.plan.init(hyper.plan)
         )
 
-    def spend(self, server: PrivateServer, client_state: Any) -> Spend:
-        """Participations so far (``q = 1``: a public cohort); ``sigma`` is the Gaussian
-        multiplier of equal variance, ``sqrt(2 mu) / Delta_2``, shown in the record; the
-        accounted event is the plan's Skellam event (:meth:`step_event`)."""
-        del client_state
-        steps = self.plan.accounted_steps(server.plan)
-        return Spend(
-            sample_rate=jnp.ones((), jnp.float32),
-            noise_multiplier=server.plan.noise_multiplier,
-            steps=steps,
-            extra_epsilon=jnp.zeros((), jnp.float32),
-        )
-
-    def step_event(self, hyper: PrivateHyper) -> Callable[[float, float, int], Any]:
-        """``(q, sigma, steps) ->`` ``steps`` participations of the plan's Skellam event of
-        this variant (the event that calibrated it)."""
-        plan = hyper.plan
-
-        def one(q: float, sigma: float, steps: int) -> dp_accounting.DpEvent:
-            del q, sigma
-            return self.plan.event(plan, steps)
-
-        return one
+    def accounting(self) -> DistributedUserLevel:
+        """The plan's accounting under secure aggregation (:class:`DistributedUserLevel`)."""
+        return DistributedUserLevel(self.plan)
 
     def check(self, clients: Any, test: tuple[Array, Array] | None = None) -> None:
         self.algorithm.check(clients, test)
@@ -186,3 +166,39 @@ class Distributed(PlanAround):
         like = jax.eval_shape(self._inner.request, server)
         flat = jax.eval_shape(lambda t: ravel_pytree(t)[0], like)
         return self.plan.dimension(int(flat.shape[0]))
+
+
+@dataclass(frozen=True)
+class DistributedUserLevel(UserLevel):
+    """The accounting of the distributed plan: a public cohort (``q = 1``) whose noise is
+    the clients' summed Skellam shares, accounted by the plan's own Skellam event.
+
+    Attributes:
+        plan: the :class:`~swarmjax.privacy.distributed.DistributedDP` plan.
+    """
+
+    plan: DistributedDP
+
+    def spend(self, server: PrivateServer, client_state: Any) -> Spend:
+        """Participations so far (``q = 1``: a public cohort); ``sigma`` is the Gaussian
+        multiplier of equal variance, ``sqrt(2 mu) / Delta_2``, shown in the record; the
+        accounted event is the plan's Skellam event (:meth:`step_event`)."""
+        del client_state
+        steps = self.plan.accounted_steps(server.plan)
+        return Spend(
+            sample_rate=jnp.ones((), jnp.float32),
+            noise_multiplier=server.plan.noise_multiplier,
+            steps=steps,
+            extra_epsilon=jnp.zeros((), jnp.float32),
+        )
+
+    def step_event(self, hyper: PrivateHyper) -> Callable[[float, float, int], Any]:
+        """``(q, sigma, steps) ->`` ``steps`` participations of the plan's Skellam event of
+        this variant (the event that calibrated it)."""
+        plan = hyper.plan
+
+        def one(q: float, sigma: float, steps: int) -> dp_accounting.DpEvent:
+            del q, sigma
+            return self.plan.event(plan, steps)
+
+        return one

@@ -23,6 +23,7 @@ one-line ``ValueError`` before any work.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -33,6 +34,7 @@ import numpy as np
 from jaxtyping import Array, Bool, Int, PRNGKeyArray, PyTree
 
 from swarmjax.fl.protocol import (
+    Accounting,
     Algorithm,
     Exchange,
     Protection,
@@ -46,10 +48,12 @@ from swarmjax.privacy.canaries import CanaryHook
 from swarmjax.privacy.user_level import ClippedUpdate, PlanHyper, PlanState, UserLevelDP
 
 __all__ = [
+    "CentralUserLevel",
     "PlanAround",
     "Private",
     "PrivateHyper",
     "PrivateServer",
+    "UserLevel",
     "algorithm_name",
     "check_pair",
     "private",
@@ -119,8 +123,6 @@ class PlanAround(Algorithm):
     algorithm: Algorithm
     plan: Any
 
-    privacy_unit: ClassVar[str] = "client"
-
     def __post_init__(self) -> None:
         check_pair(self.algorithm, self.plan)
 
@@ -140,9 +142,6 @@ class PlanAround(Algorithm):
 
     def private_diagnostics(self, client_state: Any) -> dict[str, Array]:
         return self.algorithm.private_diagnostics(client_state)
-
-    def floating_point(self) -> str:
-        return self.plan.floating_point()
 
     def client_data(self, clients: Any) -> PyTree:
         return self.algorithm.client_data(clients)
@@ -244,35 +243,6 @@ class Private(SummedAggregate, PlanAround):
         like = self._inner.request(inner)  # the update is shaped like the broadcast model
         return PrivateServer(inner=inner, plan=self.plan.init(hyper.plan, like))
 
-    def spend(self, server: PrivateServer, client_state: Any) -> Spend:
-        """The plan's accounted ``(q, z, steps)``, the same for every client."""
-        del client_state
-        q, z, steps = self.plan.accounted(server.plan)
-        return Spend(
-            sample_rate=q,
-            noise_multiplier=z,
-            steps=steps,
-            extra_epsilon=jnp.zeros((), jnp.float32),
-        )
-
-    def canary_hook(self) -> CanaryHook:
-        """Client-level canaries by the plan's participation rule: each in canary takes part
-        as the rule allows and replies as a client whose raw update is its direction times
-        ``C_t`` (clipped, with its bit); scored on the broadcast model."""
-        self.plan.check_canaries()
-        participation = self.plan.participation
-
-        def participate(server, key, round_index, included):
-            del round_index
-            return participation.canaries(server.plan, key, included)
-
-        def reply(request, direction, hyper):
-            del hyper
-            _, clip = request
-            return self.plan.clip(jax.tree.map(lambda d: d * clip, direction), clip)
-
-        return CanaryHook(0, participate, reply, lambda server: self._inner.request(server.inner))
-
     # ------------------------------------------------------------------ host side
 
     def check(self, clients: Any, test: tuple[Array, Array] | None = None) -> None:
@@ -292,7 +262,55 @@ class Private(SummedAggregate, PlanAround):
             plan=self.plan.resolve(hyper.plan, clients.num_clients, spec, epsilon_target),
         )
 
-    def sampling_overflow(
+    def accounting(self) -> CentralUserLevel:
+        """The plan's central user-level accounting (:class:`CentralUserLevel`)."""
+        return CentralUserLevel(self.plan, self._inner.request)
+
+
+@dataclass(frozen=True)
+class UserLevel(Accounting):
+    """What the accountings of user-level plans share: the unit is the client and the
+    plan states what its released floats reveal.
+
+    Attributes:
+        plan: the user-level plan (central or distributed).
+    """
+
+    plan: Any
+
+    unit: ClassVar[str] = "client"
+
+    def floating_point(self) -> str:
+        return self.plan.floating_point()
+
+
+@dataclass(frozen=True)
+class CentralUserLevel(UserLevel):
+    """The accounting of a central user-level plan (:class:`Private`): every client's spend
+    is the plan's accounted ``(q, z, steps)``, the Poisson draw of clients is charged its
+    overflow, and client-level canaries take part by the plan's participation rule.
+
+    Attributes:
+        plan: the :class:`~swarmjax.privacy.user_level.UserLevelDP` plan.
+        broadcast: the wrapped exchange's ``request`` (the model the canaries are scored
+            on), ``inner server -> request``.
+    """
+
+    plan: UserLevelDP
+    broadcast: Callable[[Any], Any]
+
+    def spend(self, server: PrivateServer, client_state: Any) -> Spend:
+        """The plan's accounted ``(q, z, steps)``, the same for every client."""
+        del client_state
+        q, z, steps = self.plan.accounted(server.plan)
+        return Spend(
+            sample_rate=q,
+            noise_multiplier=z,
+            steps=steps,
+            extra_epsilon=jnp.zeros((), jnp.float32),
+        )
+
+    def overflow(
         self,
         spend: Spend,
         num_clients: int,
@@ -303,6 +321,24 @@ class Private(SummedAggregate, PlanAround):
         del sizes, padded
         over = self.plan.overflow(np.asarray(spend.sample_rate)[:, -1, :], num_clients)
         return None if over is None else over[:, None, :]
+
+    def canary_hook(self) -> CanaryHook:
+        """Client-level canaries by the plan's participation rule: each in canary takes part
+        as the rule allows and replies as a client whose raw update is its direction times
+        ``C_t`` (clipped, with its bit); scored on the broadcast model."""
+        self.plan.check_canaries()
+        participation = self.plan.participation
+
+        def participate(server, key, round_index, included):
+            del round_index
+            return participation.canaries(server.plan, key, included)
+
+        def reply(request, direction, hyper):
+            del hyper
+            _, clip = request
+            return self.plan.clip(jax.tree.map(lambda d: d * clip, direction), clip)
+
+        return CanaryHook(0, participate, reply, lambda server: self.broadcast(server.inner))
 
 
 def _expected_clients(hyper: PrivateHyper, num_clients: int) -> Array:
@@ -325,9 +361,10 @@ def check_pair(alg: Algorithm, plan: Any) -> None:
             f"the sum of the replies); {name} has {len(alg.exchanges)} exchange(s)"
             + ("" if len(alg.exchanges) != 1 else " without aggregate_sum")
         )
-    if alg.privacy_unit is not None:
+    own = alg.accounting()
+    if own is not None:
         raise ValueError(
-            f"{name} makes its own {alg.privacy_unit}-level claim (training.record_dp must be "
+            f"{name} makes its own {own.unit}-level claim (training.record_dp must be "
             "None): a user-level plan's unit is the client"
         )
     if getattr(alg, "cohort", None) is not None:

@@ -1,13 +1,15 @@
 """Pieces several algorithms share: the model messages, the masked weighted average (and
 :func:`~swarmjax.fl.protocol.slot_sum`, re-exported), the trainer's client state, the
-public test metrics, and record-level DP's calibration and buffer-overflow charge."""
+public test metrics, and record-level DP's calibration, buffer-overflow charge and
+accounting (:class:`RecordLevel`)."""
 
 from __future__ import annotations
 
 import math
 import warnings
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import flax.struct
 import jax
@@ -19,13 +21,14 @@ from swarmjax._validation import check_positive
 from swarmjax.fl.client.training import LocalTraining
 from swarmjax.fl.data.clients import ClientData, as_test_set, check_federated_inputs
 from swarmjax.fl.data.store import ClientStore
-from swarmjax.fl.protocol import RunSpec, Spend, slot_sum, where_selected
+from swarmjax.fl.protocol import Accounting, RunSpec, Spend, slot_sum, where_selected
 from swarmjax.models import Model, evaluate
 
 __all__ = [
     "Aggregator",
     "ModelReply",
     "ModelServer",
+    "RecordLevel",
     "Trainer",
     "check_model_inputs",
     "keep_if",
@@ -151,7 +154,7 @@ def record_level_noise(
 def record_sampling_overflow(
     training: LocalTraining, spend: Spend, sizes: np.ndarray | None, padded: int | None
 ) -> np.ndarray | None:
-    """:meth:`~swarmjax.fl.protocol.Algorithm.sampling_overflow` of record-level DP: the
+    """:meth:`~swarmjax.fl.protocol.Accounting.overflow` of record-level DP: the
     per-step overflow chance ``(clients,)`` of each client's Poisson batch buffer, for
     clients of ``sizes`` padded to ``padded`` rows. Without ``sizes`` (a deployment, where
     the server holds no data) client ``i``'s size is ``B / q_i`` from the sample rate it
@@ -231,3 +234,43 @@ def with_audit_reports(result: Any, reports: tuple[Any, ...]) -> Any:
 
     record = dataclasses.replace(result.privacy, audit=tuple(r.to_dict() for r in reports))
     return dataclasses.replace(result, privacy=record, audit=reports)
+
+
+@dataclass(frozen=True)
+class RecordLevel(Accounting):
+    """The accounting of record-level DP inside the clients (FedAvg + DP-SGD/DP-Adam,
+    Fed-DP-PSO): each client's accountant is the :class:`Spend` in its own state
+    (``client_state.spend``), its Poisson batch buffer's overflow is charged to delta, and
+    canaries the clients carry (``audit``) are scored when the run finishes.
+
+    Attributes:
+        training: the clients' :class:`~swarmjax.fl.client.training.LocalTraining` (its
+            ``record_dp`` set).
+        audit: the in-client :class:`~swarmjax.privacy.canaries.CanaryAudit`, or ``None``.
+    """
+
+    training: LocalTraining
+    audit: Any = None
+
+    unit: ClassVar[str] = "record"
+
+    def spend(self, server: PyTree, client_state: Any) -> Spend:
+        del server
+        return client_state.spend
+
+    def overflow(
+        self,
+        spend: Spend,
+        num_clients: int,
+        sizes: np.ndarray | None = None,
+        padded: int | None = None,
+    ) -> np.ndarray | None:
+        del num_clients
+        return record_sampling_overflow(self.training, spend, sizes, padded)
+
+    def audited(self, result: Any) -> Any:
+        """``result`` with each run's pooled record-level canary report
+        (:func:`in_client_audit_reports`) in ``Result.audit`` and the privacy record."""
+        if self.audit is None:  # not audited: the result as it is
+            return result
+        return with_audit_reports(result, in_client_audit_reports(self.audit, result))

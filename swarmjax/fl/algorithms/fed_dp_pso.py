@@ -52,15 +52,14 @@ from swarmjax._validation import (
     check_stored,
 )
 from swarmjax.fl.algorithms.common import (
+    RecordLevel,
     check_in_client_audit,
     check_model_inputs,
     in_client_audit_reports,
     keep_if,
     public_metrics,
     record_level_noise,
-    record_sampling_overflow,
     slot_sum,
-    with_audit_reports,
 )
 from swarmjax.fl.client.training import LocalTraining, RecordDP, sample_rate
 from swarmjax.fl.data.clients import ClientData
@@ -230,7 +229,7 @@ class FedDPPSO(Algorithm):
             every client holds ``audit.canaries`` record-level Dirac gradient canaries
             (:class:`~swarmjax.privacy.canaries.ClientCanaries`, score ``"gradient"``),
             each in by a secret fair coin and drawn into the client's Poisson batches at its
-            rate ``q_i``; :meth:`audited` (which ``simulate`` calls when it finishes) turns
+            rate ``q_i``; the accounting's ``audited`` (which ``simulate`` calls at the end) turns
             a finished run's canaries into its :class:`~swarmjax.privacy.canaries.CanaryReport`
             s, in ``Result.audit``, the privacy record and the ledger. The canaries move the
             refined models (that is how they are seen), never the scores' data nor the
@@ -260,9 +259,12 @@ class FedDPPSO(Algorithm):
     tensor_coefficients: bool = False
     audit: CanaryAudit | None = None
 
-    @property
-    def privacy_unit(self) -> str | None:
-        return "record" if self.training.record_dp is not None else None
+    def accounting(self) -> RecordLevel | None:
+        """Record-level DP-SGD in the clients (:class:`~swarmjax.fl.algorithms.common.RecordLevel`,
+        with :attr:`audit`'s canaries) when ``training.record_dp`` is set; else no claim."""
+        if self.training.record_dp is None:
+            return None
+        return RecordLevel(self.training, self.audit)
 
     # ------------------------------------------------------------------------ exchanges
 
@@ -565,10 +567,6 @@ class FedDPPSO(Algorithm):
         out["reported_score"] = server.reports
         return out
 
-    def spend(self, server: PSOServer, state: PSOClient) -> Spend:
-        del server
-        return state.spend
-
     def private_diagnostics(self, state: PSOClient) -> dict[str, Array]:
         return {
             "refine_loss": state.refine_loss,
@@ -617,14 +615,6 @@ class FedDPPSO(Algorithm):
         respect to each canary, and the bound is stated against the epsilon of the covered
         steps."""
         return in_client_audit_reports(self.audit, result)
-
-    def audited(self, result: Any) -> Any:
-        """``result`` with its audit: :meth:`audit_reports` in ``Result.audit`` and their
-        dicts in the privacy record's ``audit`` (so the ledger's releases carry them, as a
-        client-level ``simulate(audit=...)`` does)."""
-        if self.audit is None:  # not audited: the result as it is
-            return result
-        return with_audit_reports(result, self.audit_reports(result))
 
     def client_data(self, clients: ClientData) -> PSOData:
         """Stacked :class:`PSOData` (the scoring subset drawn once, public randomness)."""
@@ -675,10 +665,6 @@ class FedDPPSO(Algorithm):
             noise_multiplier=jnp.asarray(sigma),
             score_epsilon=jnp.asarray(eps1, jnp.float32),
         )
-
-    def sampling_overflow(self, spend, num_clients, sizes=None, padded=None):
-        del num_clients
-        return record_sampling_overflow(self.training, spend, sizes, padded)
 
 
 def _nothing(server: PyTree) -> tuple:

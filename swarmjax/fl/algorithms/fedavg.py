@@ -34,6 +34,7 @@ from swarmjax.fl.algorithms.common import (
     Aggregator,
     ModelReply,
     ModelServer,
+    RecordLevel,
     Trainer,
     check_in_client_audit,
     check_model_inputs,
@@ -42,10 +43,8 @@ from swarmjax.fl.algorithms.common import (
     masked,
     public_metrics,
     record_level_noise,
-    record_sampling_overflow,
     slot_sum,
     weighted_average,
-    with_audit_reports,
 )
 from swarmjax.fl.client.training import LocalTraining, sample_rate
 from swarmjax.fl.data.clients import ClientData
@@ -120,7 +119,7 @@ class FedAvg(Algorithm):
             gradient canaries (:class:`~swarmjax.privacy.canaries.ClientCanaries`, score
             ``"gradient"``) in its :class:`AuditedTrainer`, each in by a secret fair coin
             and drawn into the client's Poisson batches at its rate ``q_i``;
-            :meth:`audited` (which ``simulate`` calls when it finishes) turns a finished
+            the accounting's ``audited`` (which ``simulate`` calls at the end) turns a finished
             run's canaries into its :class:`~swarmjax.privacy.canaries.CanaryReport` s, in
             ``Result.audit``, the privacy record and the ledger. The canaries move the
             uploaded models (that is how they are seen), never the weights ``|D_i|`` nor
@@ -142,9 +141,12 @@ class FedAvg(Algorithm):
     server_momentum: float = 0.0
     weighting: Literal["examples", "uniform"] = "examples"
 
-    @property
-    def privacy_unit(self) -> str | None:
-        return "record" if self.training.record_dp is not None else None
+    def accounting(self) -> RecordLevel | None:
+        """Record-level DP-SGD in the clients (:class:`~swarmjax.fl.algorithms.common.RecordLevel`,
+        with :attr:`audit`'s canaries) when ``training.record_dp`` is set; else no claim."""
+        if self.training.record_dp is None:
+            return None
+        return RecordLevel(self.training, self.audit)
 
     @property
     def exchanges(self) -> tuple[Exchange, ...]:
@@ -298,10 +300,6 @@ class FedAvg(Algorithm):
     def evaluate(self, server: ModelServer, test: tuple[Array, Array]) -> dict[str, Array]:
         return public_metrics(self.model, server.params, test, self.eval_batch_size)
 
-    def spend(self, server: ModelServer, state: Trainer) -> Spend:
-        del server
-        return state.spend
-
     def private_diagnostics(self, state: Trainer) -> dict[str, Array]:
         return {"local_train_loss": state.loss}
 
@@ -354,13 +352,6 @@ class FedAvg(Algorithm):
         the whole run is ``(eps_i, delta)``-DP with respect to each of them."""
         return in_client_audit_reports(self.audit, result)
 
-    def audited(self, result: Any) -> Any:
-        """``result`` with its audit: :meth:`audit_reports` in ``Result.audit`` and their
-        dicts in the privacy record's ``audit`` (so the ledger's releases carry them)."""
-        if self.audit is None:  # not audited: the result as it is
-            return result
-        return with_audit_reports(result, self.audit_reports(result))
-
     def default_hyper(self, clients: ClientData, spec: RunSpec) -> FedAvgHyper:
         """Learning rate 0.1, no noise, server learning rate 1."""
         del spec
@@ -386,7 +377,3 @@ class FedAvg(Algorithm):
             )
         sigma = record_level_noise(self.training, clients.sizes, spec, epsilon_target)
         return hyper.replace(noise_multiplier=jnp.asarray(sigma))
-
-    def sampling_overflow(self, spend, num_clients, sizes=None, padded=None):
-        del num_clients
-        return record_sampling_overflow(self.training, spend, sizes, padded)

@@ -18,8 +18,9 @@ A run is ``setup`` exchanges once, then ``rounds`` rounds of ``exchanges``. One 
 
 Privacy follows the messages: every exchange declares, per Reply field, how that field is
 protected (:class:`Protection`). The run's privacy record is derived from those
-declarations and the clients' :class:`Spend` (what their accountant counted), never written
-by hand per algorithm (:func:`coverage`).
+declarations and the clients' :class:`Spend` (what their accountant counted, asked of the
+algorithm's one :class:`Accounting`), never written by hand per algorithm
+(:func:`coverage`).
 
 Keys: every random number of a run comes from its run key through :func:`server_key`,
 :func:`aggregate_key` and :func:`client_key` (``fold_in`` only, never a split across
@@ -50,12 +51,15 @@ vmapped) and the Flower runtime (:mod:`swarmjax.fl.runtime.flower`).
 
 The protocol is cut by room: :mod:`~swarmjax.fl.protocol.contract` (what an algorithm
 author reads: :class:`Algorithm`, :class:`Exchange`, :class:`Protection`, :class:`Update`),
-:mod:`~swarmjax.fl.protocol.slots` (reply slots and their sums),
+:mod:`~swarmjax.fl.protocol.accounting` (:class:`Accounting` and :class:`Spend`: what a
+private algorithm answers about its privacy), :mod:`~swarmjax.fl.protocol.slots` (reply
+slots and their sums),
 :mod:`~swarmjax.fl.protocol.variants` (:class:`RunSpec`, :class:`Variants`) and
 :mod:`~swarmjax.fl.protocol.keys` (keys and release identity). Every name is importable
 from here.
 """
 
+from swarmjax.fl.protocol.accounting import Accounting, Spend, spend_of
 from swarmjax.fl.protocol.contract import (
     ACCOUNTED,
     PUBLIC,
@@ -68,7 +72,6 @@ from swarmjax.fl.protocol.contract import (
     Reply,
     Request,
     ServerState,
-    Spend,
     SummedAggregate,
     UniformCohort,
     Update,
@@ -104,6 +107,7 @@ __all__ = [
     "PUBLIC",
     "RENAMED",
     "UNPROTECTED",
+    "Accounting",
     "Algorithm",
     "ClientState",
     "Exchange",
@@ -133,6 +137,7 @@ __all__ = [
     "server_init_key",
     "server_key",
     "slot_sum",
+    "spend_of",
     "variant_identities",
     "where_selected",
 ]

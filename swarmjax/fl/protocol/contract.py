@@ -1,8 +1,8 @@
 """The contract between algorithms and runtimes: :class:`Algorithm` (every member a
 runtime may call, with defaults), :class:`Exchange` (one server -> clients -> server
-exchange), how each reply field is protected (:class:`Protection`), what a client's
-accountant counted (:class:`Spend`) and the reply of a summed model exchange
-(:class:`Update`). The overview is :mod:`swarmjax.fl.protocol`.
+exchange), how each reply field is protected (:class:`Protection`) and the reply of a
+summed model exchange (:class:`Update`). A private algorithm's accounting is one more
+object (:mod:`swarmjax.fl.protocol.accounting`). The overview is :mod:`swarmjax.fl.protocol`.
 """
 
 from __future__ import annotations
@@ -14,15 +14,14 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import flax.struct
 import jax.numpy as jnp
-import numpy as np
 from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray, PyTree
 
 from swarmjax.fl.data.cohort import fixed_cohort
+from swarmjax.fl.protocol.accounting import Accounting
 from swarmjax.fl.protocol.slots import Slots, slot_sum
 
 if TYPE_CHECKING:
     from swarmjax.fl.protocol.variants import RunSpec
-    from swarmjax.privacy.canaries import CanaryHook
 
 __all__ = [
     "ACCOUNTED",
@@ -31,7 +30,6 @@ __all__ = [
     "Algorithm",
     "Exchange",
     "Protection",
-    "Spend",
     "SummedAggregate",
     "UniformCohort",
     "Update",
@@ -74,35 +72,9 @@ UNPROTECTED = Protection("unprotected", None, "exact statistic of private data")
 
 
 def noised(note: str, unit: Literal["record", "client"] = "record") -> Protection:
-    """A noised release (its epsilon is added to the client's ``Spend.extra_epsilon``)."""
+    """A noised release (its epsilon is added to the client's
+    :attr:`~swarmjax.fl.protocol.accounting.Spend.extra_epsilon`)."""
     return Protection("noised", unit, note)
-
-
-@flax.struct.dataclass
-class Spend:
-    """What a client's privacy accountant has counted so far (one client; stacked over
-    clients, seeds and rounds by the simulator).
-
-    Attributes:
-        sample_rate: Poisson rate ``q`` of the accounted steps (records per client for
-            record-level DP, clients for client-level DP).
-        noise_multiplier: ``sigma`` of the accounted steps (0: no noise, epsilon = inf).
-        steps: accounted steps taken so far.
-        extra_epsilon: epsilon of other noised releases, added by basic composition.
-    """
-
-    sample_rate: Float[Array, ""]
-    noise_multiplier: Float[Array, ""]
-    steps: Int[Array, ""]
-    extra_epsilon: Float[Array, ""]
-
-    @classmethod
-    def none(cls) -> Spend:
-        """Nothing accounted (a non-private algorithm)."""
-        z = jnp.zeros((), jnp.float32)
-        return cls(
-            sample_rate=z, noise_multiplier=z, steps=jnp.zeros((), jnp.int32), extra_epsilon=z
-        )
 
 
 def coverage(exchanges: tuple[Exchange, ...]) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -250,18 +222,17 @@ class Algorithm:
     * ``setup`` (exchanges run once before round 1) and ``exchanges`` (one round);
     * ``evaluate(server, test) -> dict[str, Array]``: public metrics on the public test set
       (the history's columns), required;
-    * ``spend(server, client_state) -> Spend``: what that client's accountant counted;
     * ``private_diagnostics(client_state)``: statistics of private data, collected only on
       request, never released.
 
     Host-side members (called before any work, never traced): :meth:`client_data`,
-    :meth:`check`, :meth:`default_hyper`, :meth:`resolve` and :meth:`sampling_overflow`.
-    ``privacy_unit`` is ``"record"``, ``"client"`` or ``None`` (no DP).
+    :meth:`check`, :meth:`default_hyper` and :meth:`resolve`. A private algorithm's whole
+    privacy (its unit, each client's spend, overflow charges, non-Gaussian events, audits)
+    is one object, :meth:`accounting`; ``None`` (the default) makes no claim.
     """
 
     setup: ClassVar[tuple[Exchange, ...]] = ()
     exchanges: ClassVar[tuple[Exchange, ...]] = ()
-    privacy_unit: ClassVar[Literal["record", "client"] | None] = None
 
     # ------------------------------------------------------------------ device side
 
@@ -276,49 +247,18 @@ class Algorithm:
     def evaluate(self, server: ServerState, test: tuple[Array, Array]) -> dict[str, Array]:
         raise NotImplementedError
 
-    def spend(self, server: ServerState, client_state: ClientState) -> Spend:
-        """What the client's accountant counted (default: nothing, a non-private algorithm)."""
-        del server, client_state
-        return Spend.none()
-
     def private_diagnostics(self, client_state: ClientState) -> dict[str, Array]:
         """Statistics of a client's private data for debugging (default: none)."""
         del client_state
         return {}
 
-    def floating_point(self) -> str | None:
-        """What the exact released float values reveal beyond epsilon (the privacy record
-        states it; docs/floating_point.md). Default: ``None`` without DP; with DP, plain
-        float32 noise (whose low bits can reveal the secret, Mironov 2012) unless the
-        algorithm releases its noised values snapped to a grid."""
-        if self.privacy_unit is None:
-            return None
-        return (
-            "float: noise is added in float32 (inside the clients' DP steps or by the server); "
-            "the exact low bits of a released value can reveal the secret beyond epsilon "
-            "(Mironov 2012; docs/floating_point.md)"
-        )
-
-    def canary_hook(self) -> CanaryHook | None:
-        """How the algorithm takes client-level canaries for ``simulate(audit=...)``
-        (:class:`~swarmjax.privacy.canaries.CanaryHook`), or ``None`` (default: it takes
-        none; a privacy plan's :class:`~swarmjax.fl.private.Private` does)."""
-        return None
-
     # -------------------------------------------------------------------- host side
 
-    def audited(self, result: Any) -> Any:
-        """A finished run's result with the algorithm's own audit added (record-level
-        canaries it carries in its clients; default: ``result`` unchanged)."""
-        return result
-
-    def step_event(self, hyper: Hyper) -> Callable[[float, float, int], Any] | None:
-        """How the privacy record turns one variant's accounted ``(q, sigma, steps)`` of a
-        round into a dp-accounting event: ``None`` (default) for ``steps``
-        Poisson-subsampled Gaussian steps; a plan whose mechanism is not Gaussian (the
-        distributed Skellam plan) returns its own ``(q, sigma, steps) -> DpEvent`` built
-        from ``hyper`` (one variant's values), the event that calibrated it."""
-        del hyper
+    def accounting(self) -> Accounting | None:
+        """How this algorithm's privacy is accounted
+        (:class:`~swarmjax.fl.protocol.accounting.Accounting`: unit, spend, overflow,
+        events, floating point, audit hooks), or ``None`` (default): no DP claim, every
+        epsilon infinite."""
         return None
 
     def client_data(self, clients: Any) -> PyTree:
@@ -349,18 +289,3 @@ class Algorithm:
                 f"got {epsilon_target}"
             )
         return hyper
-
-    def sampling_overflow(
-        self,
-        spend: Spend,
-        num_clients: int,
-        sizes: np.ndarray | None = None,
-        padded: int | None = None,
-    ) -> np.ndarray | None:
-        """Per-step chance that a static-size Poisson draw the privacy rests on overflowed
-        (charged to delta by the privacy record), broadcastable to the spend's
-        ``(runs, rounds, clients)``; ``sizes``/``padded``: the clients' real and padded row
-        counts, ``None`` in a deployment (the server holds no data). Default: nothing can
-        overflow."""
-        del spend, num_clients, sizes, padded
-        return None

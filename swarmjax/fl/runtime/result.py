@@ -13,7 +13,7 @@ import jax
 import numpy as np
 import pandas as pd
 
-from swarmjax.fl.protocol import Algorithm, Exchange, RunSpec, Spend, coverage
+from swarmjax.fl.protocol import Accounting, Algorithm, Exchange, RunSpec, Spend, coverage
 from swarmjax.privacy.accounting import PureDpEvent, epsilon_curve, poisson_gaussian_event
 from swarmjax.privacy.canaries import CanaryReport
 from swarmjax.privacy.plan import RELATIONS
@@ -295,8 +295,9 @@ def run_privacy(
 ) -> PrivacyRecord:
     """The privacy record of ``alg``'s runs as every runtime releases it (the simulator's
     ``finish`` and the Flower ServerApp): :func:`privacy_record` with what the algorithm
-    declares (its exchanges, unit, floating-point note, per-run step events and sampler
-    overflow) at ``spec``'s delta and accountant.
+    declares (its exchanges) and what its one
+    :class:`~swarmjax.fl.protocol.Accounting` answers (unit, floating-point note, per-run
+    step events and sampler overflow) at ``spec``'s delta and accountant.
 
     Args:
         alg: the algorithm that ran.
@@ -309,26 +310,31 @@ def run_privacy(
         **stated: what the runtime states beside (``shares_randomness``, ``randomness``,
             ``key_fingerprints``).
     """
+    acc = alg.accounting()
     return privacy_record(
         spend,
         alg.setup + alg.exchanges,
-        unit=alg.privacy_unit,
+        unit=None if acc is None else acc.unit,
         delta=spec.delta,
         accountant=spec.accountant,
-        floating_point=alg.floating_point(),
+        floating_point=None if acc is None else acc.floating_point(),
         step_events=step_events(alg, hyper, np.shape(spend.steps)[0]),
-        overflow_prob=alg.sampling_overflow(spend, num_clients, sizes=sizes, padded=padded),
+        overflow_prob=None
+        if acc is None
+        else acc.overflow(spend, num_clients, sizes=sizes, padded=padded),
         **stated,
     )
 
 
 def step_events(alg: Algorithm, hyper: Any, runs: int) -> list | None:
-    """Per run (``hyper``'s leading axis), the algorithm's ``(q, sigma, steps) -> DpEvent``
-    (``None``: Gaussian steps; :meth:`~swarmjax.fl.protocol.Algorithm.step_event`)."""
-    if type(alg).step_event is Algorithm.step_event:  # Gaussian steps: nothing to ask
+    """Per run (``hyper``'s leading axis), the ``(q, sigma, steps) -> DpEvent`` of
+    ``alg``'s accounting (``None``: Gaussian steps, or no claim;
+    :meth:`~swarmjax.fl.protocol.Accounting.step_event`)."""
+    acc = alg.accounting()
+    if acc is None or type(acc).step_event is Accounting.step_event:  # nothing to ask
         return None
     host = jax.device_get(hyper)
-    rows = [alg.step_event(jax.tree.map(lambda a, r=r: a[r], host)) for r in range(runs)]
+    rows = [acc.step_event(jax.tree.map(lambda a, r=r: a[r], host)) for r in range(runs)]
     return None if all(e is None for e in rows) else rows
 
 

@@ -52,6 +52,7 @@ from swarmjax.fl.protocol import (
     server_init_key,
     server_key,
     slot_sum,
+    spend_of,
     variant_identities,
     where_selected,
 )
@@ -463,6 +464,7 @@ def _init_one(ctx: RunContext):
 
 def _rounds_one(ctx: RunContext, carry, test, rounds: int, diagnostics: bool):
     alg = ctx.alg
+    accounting = alg.accounting()
 
     def body(c, _):
         server, states, t = c
@@ -470,7 +472,7 @@ def _rounds_one(ctx: RunContext, carry, test, rounds: int, diagnostics: bool):
         server, states, counts, dropped = _exchanges(ctx, alg.exchanges, r, server, states)
         out = {
             "metrics": alg.evaluate(server, test),
-            "spend": jax.vmap(lambda s: alg.spend(server, s))(states),
+            "spend": jax.vmap(lambda s: spend_of(accounting, server, s))(states),
             "selected": counts,
         }
         if ctx.canaries is not None:
@@ -533,14 +535,14 @@ def run_rounds(call: Rounds, carry, keys, hypers, clients, test, canaries=None):
     With ``call.audit`` (a :class:`~swarmjax.privacy.canaries.CanaryAudit`), canaries of
     directions ``canaries`` (a :class:`~swarmjax.privacy.canaries.DiracDirections`, or a
     Haar frame: a pytree like the model with a leading ``M`` axis; shared by every run)
-    join the algorithm's canary exchange (``alg.canary_hook()``) every round, at most
+    join the algorithm's canary exchange (``alg.accounting().canary_hook()``) every round, at most
     ``call.canary_slots`` of them a round; the outputs then also hold ``canaries_dropped``
     (participations that sat out over the slots, per round)."""
     audit = call.audit
     round_canaries = None
     if audit is not None:
         slots = audit.canaries if call.canary_slots is None else call.canary_slots
-        round_canaries = CanaryRound(call.alg.canary_hook(), audit, canaries, slots)
+        round_canaries = CanaryRound(_canary_hook(call.alg), audit, canaries, slots)
 
     def one(c, k, h):
         ctx = RunContext(call.alg, clients, h, k, call.client_map, round_canaries, call.mesh)
@@ -677,9 +679,10 @@ def simulate(
             ledger; default ``"(not written)"``).
         audit: a :class:`~swarmjax.privacy.canaries.CanaryAudit`: ``audit.canaries``
             client-level canaries join every run by the algorithm's participation rule
-            (``alg.canary_hook()``), outside its metrics and accounting; after the run each
-            run's :class:`~swarmjax.privacy.canaries.CanaryReport` (the empirical epsilon
-            lower bound with its confidence, beside the accounted epsilon) is in
+            (``alg.accounting().canary_hook()``), outside its metrics and accounting;
+            after the run each run's :class:`~swarmjax.privacy.canaries.CanaryReport`
+            (the empirical epsilon lower bound with its confidence, beside the accounted
+            epsilon) is in
             ``Result.audit``, the privacy record's ``audit`` and the ledger's releases
             (docs/audits.md). Checked before any work: a non-private run, an algorithm
             without a canary hook, a score it cannot compute or more canaries than the
@@ -1027,8 +1030,9 @@ def finish(
         audit=reports,
         algorithm=algorithm_name(alg),
     )
-    if run.audit is None:
-        result = alg.audited(result)  # record-level canaries the algorithm itself carries
+    accounting = alg.accounting()
+    if run.audit is None and accounting is not None:
+        result = accounting.audited(result)  # record-level canaries the clients carried
     if ledger is not None:
         where = "(not written)" if release_path is None else str(release_path)
         ledger.add_result(result, algorithm=algorithm_name(alg), path=where, data=data_source)
@@ -1087,15 +1091,22 @@ def warn_input_mismatch(clients: Any, test: tuple[Array, Array]) -> str | None:
     return text
 
 
+def _canary_hook(alg: Algorithm) -> CanaryHook | None:
+    """How ``alg`` takes client-level canaries (its accounting's ``canary_hook()``), or
+    ``None``."""
+    accounting = alg.accounting()
+    return None if accounting is None else accounting.canary_hook()
+
+
 def _check_audit(alg: Algorithm, variants: Variants, audit: Any) -> CanaryHook:
     """The algorithm's canary hook once ``audit`` can run on this call, else one
     ``ValueError`` line naming the option (before any work: shapes only)."""
     if not isinstance(audit, CanaryAudit):
         raise ValueError(f"audit must be a CanaryAudit or None; got {type(audit).__name__}")
     name = type(alg).__name__
-    if alg.privacy_unit is None:
+    if alg.accounting() is None:
         raise ValueError(
-            f"audit needs a private run: {name} has no privacy unit (no epsilon to audit)"
+            f"audit needs a private run: {name} makes no privacy claim (no epsilon to audit)"
         )
     noise = getattr(variants.hyper, "noise_multiplier", None)
     if noise is not None and np.any(np.asarray(noise) <= 0):
@@ -1103,7 +1114,7 @@ def _check_audit(alg: Algorithm, variants: Variants, audit: Any) -> CanaryHook:
             f"audit needs a private run: noise_multiplier is 0 in variant(s) "
             f"{np.flatnonzero(np.asarray(noise).reshape(-1) <= 0).tolist()} (epsilon inf)"
         )
-    hook = alg.canary_hook()
+    hook = _canary_hook(alg)
     if hook is None:
         raise ValueError(
             f"audit needs client-level canaries, which {name} does not take (no canary_hook); "
@@ -1151,7 +1162,7 @@ def _directions(alg: Algorithm, audit: CanaryAudit, servers: PyTree) -> PyTree:
     model of the first run's server state (``servers``: leading run axis): a
     :class:`~swarmjax.privacy.canaries.DiracDirections` (``audit.directions == "dirac"``)
     or a Haar frame (``"haar"``)."""
-    hook = alg.canary_hook()
+    hook = _canary_hook(alg)
     like = hook.params(jax.tree.map(lambda a: a[0], servers))
     key = jax.random.key(audit.seed)
     if audit.directions == "dirac":
@@ -1182,7 +1193,7 @@ def _canary_slots(
     m = audit.canaries
     if audit.slots == m:
         return m, 0.0
-    hook = alg.canary_hook()
+    hook = _canary_hook(alg)
     every = jnp.ones((m,), bool)
 
     def counts(server, key):
@@ -1208,7 +1219,7 @@ def canary_scores(
 ) -> tuple[Array, Array]:
     """Jitted: ``(runs, M)`` canary scores (``cos(w_T - w_0, u_i)``) and ``(runs, M)`` coins
     of every run from its initial and final server states (leading run axis)."""
-    hook = alg.canary_hook()
+    hook = _canary_hook(alg)
 
     def one(key, s0, s1):
         change = jax.tree.map(

@@ -35,12 +35,13 @@ import jax
 from flwr.app import ArrayRecord, ConfigRecord, Context, RecordDict
 from flwr.clientapp import ClientApp
 
-from swarmjax.fl.protocol import client_init_key, client_key
+from swarmjax.fl.protocol import client_init_key, client_key, spend_of
 from swarmjax.fl.runtime.flower.records import from_record, to_record
 from swarmjax.fl.runtime.flower.relay import STATE_KEY, make_relay_app
 from swarmjax.fl.runtime.flower.task import (
     DEFAULT_CACHE,
     Task,
+    client_level,
     load_task,
     use_compilation_cache,
 )
@@ -77,10 +78,10 @@ def _client_data(task: Task, pid: int) -> Any:
 
 
 def client_spend(task: Task, state: Any) -> Any:
-    """The client's record-level spend (``algorithm.spend`` with a zero server state: a
-    record-level algorithm reads the client's own accountant only)."""
+    """The client's record-level spend (its accounting's ``spend`` with a zero server
+    state: a record-level accounting reads the client's own accountant only)."""
     zero_server = jax.tree.map(lambda s: jax.numpy.zeros(s.shape, s.dtype), task.server_like)
-    return task.algorithm.spend(zero_server, state)
+    return spend_of(task.algorithm.accounting(), zero_server, state)
 
 
 def _state(task: Task, stored: ArrayRecord | None, pid: int, data: Any) -> Any:
@@ -105,7 +106,7 @@ def _run_exchange(
     key = client_key(task.run_key, round_index, index, pid)
     state, reply = _jitted(task, setup, index)(state, data, request, key, task.hyper)
     out = RecordDict({"reply": to_record(reply)})
-    if task.algorithm.privacy_unit != "client":
+    if not client_level(task.algorithm):
         out["spend"] = to_record(client_spend(task, state))
     return out, to_record(state)
 

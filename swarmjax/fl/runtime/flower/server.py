@@ -12,7 +12,7 @@ that exchange and logged with the reason: the round finishes with the clients th
 
 Privacy spend per client: record-level algorithms report their :class:`Spend` with every
 reply (a client that did not reply has released nothing new, so its last report stands);
-client-level algorithms are accounted by the server (``algorithm.spend(server, .)``).
+client-level algorithms are accounted by the server (``algorithm.accounting().spend(server, .)``).
 
 Outputs (``out-dir`` in the run configuration), split by construction into what may be
 released and what only the operator may see:
@@ -42,6 +42,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +61,7 @@ from swarmjax.fl.protocol import (
     aggregate_key,
     server_init_key,
     server_key,
+    spend_of,
 )
 from swarmjax.fl.runtime.flower.records import (
     RecordError,
@@ -73,6 +75,7 @@ from swarmjax.fl.runtime.flower.server_app import HELLO, Hello, ServerSettings, 
 from swarmjax.fl.runtime.flower.task import (
     DEFAULT_CACHE,
     Task,
+    client_level,
     load_task,
     use_compilation_cache,
 )
@@ -326,8 +329,9 @@ def _reply_like(task: Task, ex: Exchange, request: PyTree) -> tuple[PyTree, PyTr
         ex.client, task.state_like, task.data_like, request, task.run_key, task.hyper
     )
     spend = None
-    if task.algorithm.privacy_unit != "client":
-        spend = jax.eval_shape(task.algorithm.spend, task.server_like, task.state_like)
+    if not client_level(task.algorithm):
+        acc = task.algorithm.accounting()
+        spend = jax.eval_shape(partial(spend_of, acc), task.server_like, task.state_like)
     return reply, spend
 
 
@@ -339,9 +343,9 @@ def _finite(tree: PyTree) -> bool:
 def _spend_table(task: Task, server: PyTree, reported: dict[int, PyTree]) -> PyTree:
     """Every client's :class:`Spend` after a round (leaves ``(clients,)``)."""
     n = task.num_clients
-    if task.algorithm.privacy_unit == "client":
+    if client_level(task.algorithm):
         zero = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), task.state_like)
-        one = task.algorithm.spend(server, zero)
+        one = task.algorithm.accounting().spend(server, zero)
         return jax.tree.map(lambda a: np.repeat(np.asarray(a)[None], n, axis=0), one)
     rows = [reported.get(c, Spend.none()) for c in range(n)]
     return jax.tree.map(lambda *xs: np.stack([np.asarray(x) for x in xs]), *rows)

@@ -37,6 +37,7 @@ __all__ = [
     "DEFAULT_CACHE",
     "SERVER_KEYS",
     "Task",
+    "client_level",
     "load_task",
     "simulate_task",
     "stacked_task",
@@ -139,6 +140,13 @@ class Task:
 
 DEFAULT_CACHE = Path.home() / ".cache" / "swarmjax" / "jax"
 """Where a deployment's processes keep compiled functions unless configured otherwise."""
+
+
+def client_level(alg: Any) -> bool:
+    """Whether ``alg`` is accounted at the client level: by the server, from its own state
+    (the clients then report no spend with their replies)."""
+    acc = alg.accounting()
+    return acc is not None and acc.unit == "client"
 
 
 def use_compilation_cache(path: str | os.PathLike) -> None:
