@@ -202,7 +202,7 @@ def test_fedpso_is_fed_dp_pso_with_one_particle_sgd_and_the_best_report() -> Non
     alg = fedpso(mlp((8,), 10, (8, 8, 1)), batch_size=16)
     assert alg.particles == 1 and alg.top_k == 1 and alg.training.record_dp is None
     assert alg.training.optimizer == "sgd" and alg.training.batch_size == 16
-    assert alg.accounting() is None
+    assert alg.accounting().unit is None
 
 
 def test_bad_input_raises_before_compiling(digits) -> None:

@@ -43,6 +43,7 @@ from swarmjax.fl.protocol import (
     Spend,
     SummedAggregate,
     Update,
+    privacy_unit,
 )
 from swarmjax.privacy.canaries import CanaryHook
 from swarmjax.privacy.user_level import ClippedUpdate, PlanHyper, PlanState, UserLevelDP
@@ -361,10 +362,10 @@ def check_pair(alg: Algorithm, plan: Any) -> None:
             f"the sum of the replies); {name} has {len(alg.exchanges)} exchange(s)"
             + ("" if len(alg.exchanges) != 1 else " without aggregate_sum")
         )
-    own = alg.accounting()
+    own = privacy_unit(alg.accounting())
     if own is not None:
         raise ValueError(
-            f"{name} makes its own {own.unit}-level claim (training.record_dp must be "
+            f"{name} makes its own {own}-level claim (training.record_dp must be "
             "None): a user-level plan's unit is the client"
         )
     if getattr(alg, "cohort", None) is not None:

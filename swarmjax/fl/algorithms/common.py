@@ -9,7 +9,7 @@ import math
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 import flax.struct
 import jax
@@ -238,10 +238,11 @@ def with_audit_reports(result: Any, reports: tuple[Any, ...]) -> Any:
 
 @dataclass(frozen=True)
 class RecordLevel(Accounting):
-    """The accounting of record-level DP inside the clients (FedAvg + DP-SGD/DP-Adam,
-    Fed-DP-PSO): each client's accountant is the :class:`Spend` in its own state
-    (``client_state.spend``), its Poisson batch buffer's overflow is charged to delta, and
-    canaries the clients carry (``audit``) are scored when the run finishes.
+    """The accounting of local training (FedAvg, Fed-DP-PSO): each client's accountant is
+    the :class:`Spend` in its own state (``client_state.spend``). With ``training.record_dp``
+    (DP-SGD/DP-Adam) the unit is the record, its Poisson batch buffer's overflow is charged
+    to delta and canaries the clients carry (``audit``) are scored when the run finishes;
+    without it the unit is ``None``: the steps are counted and stated, no claim is made.
 
     Attributes:
         training: the clients' :class:`~swarmjax.fl.client.training.LocalTraining` (its
@@ -252,7 +253,9 @@ class RecordLevel(Accounting):
     training: LocalTraining
     audit: Any = None
 
-    unit: ClassVar[str] = "record"
+    @property
+    def unit(self) -> str | None:  # type: ignore[override]
+        return "record" if self.training.record_dp is not None else None
 
     def spend(self, server: PyTree, client_state: Any) -> Spend:
         del server

@@ -141,11 +141,10 @@ class FedAvg(Algorithm):
     server_momentum: float = 0.0
     weighting: Literal["examples", "uniform"] = "examples"
 
-    def accounting(self) -> RecordLevel | None:
-        """Record-level DP-SGD in the clients (:class:`~swarmjax.fl.algorithms.common.RecordLevel`,
-        with :attr:`audit`'s canaries) when ``training.record_dp`` is set; else no claim."""
-        if self.training.record_dp is None:
-            return None
+    def accounting(self) -> RecordLevel:
+        """The clients' own accountants (:class:`~swarmjax.fl.algorithms.common.RecordLevel`,
+        with :attr:`audit`'s canaries): record-level DP when ``training.record_dp`` is set,
+        else steps counted and no claim (unit ``None``)."""
         return RecordLevel(self.training, self.audit)
 
     @property

@@ -59,7 +59,7 @@ slots and their sums),
 from here.
 """
 
-from swarmjax.fl.protocol.accounting import Accounting, Spend, spend_of
+from swarmjax.fl.protocol.accounting import Accounting, Spend, privacy_unit, spend_of
 from swarmjax.fl.protocol.contract import (
     ACCOUNTED,
     PUBLIC,
@@ -131,6 +131,7 @@ __all__ = [
     "describe",
     "everyone",
     "noised",
+    "privacy_unit",
     "release_identity",
     "reply_sum_zeros",
     "run_keys",

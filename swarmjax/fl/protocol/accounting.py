@@ -22,7 +22,7 @@ distributed plan under secure aggregation
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import flax.struct
 import jax.numpy as jnp
@@ -32,7 +32,7 @@ from jaxtyping import Array, Float, Int, PyTree
 if TYPE_CHECKING:
     from swarmjax.privacy.canaries import CanaryHook
 
-__all__ = ["Accounting", "Spend", "spend_of"]
+__all__ = ["Accounting", "Spend", "privacy_unit", "spend_of"]
 
 FLOAT_NOISE = (
     "float: noise is added in float32 (inside the clients' DP steps or by the server); "
@@ -76,10 +76,12 @@ class Accounting:
     :attr:`unit` and define :meth:`spend`; every other member has a default.
 
     Attributes:
-        unit: the privacy unit, ``"record"`` (one example of a client) or ``"client"``.
+        unit: the privacy unit, ``"record"`` (one example of a client) or ``"client"``;
+            ``None`` for an accountant that counts steps without noise (local training
+            without ``record_dp``: the record states the steps, every epsilon infinite).
     """
 
-    unit: ClassVar[Literal["record", "client"]]
+    unit: Literal["record", "client"] | None
 
     def spend(self, server: PyTree, client_state: PyTree) -> Spend:
         """Device side: what one client's accountant counted so far (after a round), from
@@ -135,3 +137,9 @@ def spend_of(accounting: Accounting | None, server: PyTree, client_state: PyTree
     if accounting is None:
         return Spend.none()
     return accounting.spend(server, client_state)
+
+
+def privacy_unit(accounting: Accounting | None) -> Literal["record", "client"] | None:
+    """The unit of the claim ``accounting`` makes (``None``: no accounting, or one without
+    noise: no claim, epsilon inf)."""
+    return None if accounting is None else accounting.unit

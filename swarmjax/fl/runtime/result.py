@@ -13,7 +13,15 @@ import jax
 import numpy as np
 import pandas as pd
 
-from swarmjax.fl.protocol import Accounting, Algorithm, Exchange, RunSpec, Spend, coverage
+from swarmjax.fl.protocol import (
+    Accounting,
+    Algorithm,
+    Exchange,
+    RunSpec,
+    Spend,
+    coverage,
+    privacy_unit,
+)
 from swarmjax.privacy.accounting import PureDpEvent, epsilon_curve, poisson_gaussian_event
 from swarmjax.privacy.canaries import CanaryReport
 from swarmjax.privacy.plan import RELATIONS
@@ -314,7 +322,7 @@ def run_privacy(
     return privacy_record(
         spend,
         alg.setup + alg.exchanges,
-        unit=None if acc is None else acc.unit,
+        unit=privacy_unit(acc),
         delta=spec.delta,
         accountant=spec.accountant,
         floating_point=None if acc is None else acc.floating_point(),

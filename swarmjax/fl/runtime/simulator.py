@@ -47,6 +47,7 @@ from swarmjax.fl.protocol import (
     aggregate_key,
     client_init_key,
     client_key,
+    privacy_unit,
     reply_sum_zeros,
     run_keys,
     server_init_key,
@@ -1031,7 +1032,7 @@ def finish(
         algorithm=algorithm_name(alg),
     )
     accounting = alg.accounting()
-    if run.audit is None and accounting is not None:
+    if run.audit is None and privacy_unit(accounting) is not None:
         result = accounting.audited(result)  # record-level canaries the clients carried
     if ledger is not None:
         where = "(not written)" if release_path is None else str(release_path)
@@ -1104,9 +1105,9 @@ def _check_audit(alg: Algorithm, variants: Variants, audit: Any) -> CanaryHook:
     if not isinstance(audit, CanaryAudit):
         raise ValueError(f"audit must be a CanaryAudit or None; got {type(audit).__name__}")
     name = type(alg).__name__
-    if alg.accounting() is None:
+    if privacy_unit(alg.accounting()) is None:
         raise ValueError(
-            f"audit needs a private run: {name} makes no privacy claim (no epsilon to audit)"
+            f"audit needs a private run: {name} has no privacy unit (no epsilon to audit)"
         )
     noise = getattr(variants.hyper, "noise_multiplier", None)
     if noise is not None and np.any(np.asarray(noise) <= 0):

@@ -26,6 +26,7 @@ from swarmjax.fl.protocol import (
     Algorithm,
     Variants,
     client_init_key,
+    privacy_unit,
     run_keys,
     server_init_key,
     variant_identities,
@@ -145,8 +146,7 @@ DEFAULT_CACHE = Path.home() / ".cache" / "swarmjax" / "jax"
 def client_level(alg: Any) -> bool:
     """Whether ``alg`` is accounted at the client level: by the server, from its own state
     (the clients then report no spend with their replies)."""
-    acc = alg.accounting()
-    return acc is not None and acc.unit == "client"
+    return privacy_unit(alg.accounting()) == "client"
 
 
 def use_compilation_cache(path: str | os.PathLike) -> None:
