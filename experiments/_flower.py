@@ -18,14 +18,15 @@ import pandas as pd
 
 from experiments._report import write_json
 from swarmjax.fl.runtime.flower.deployment import LocalDeployment
-from swarmjax.fl.runtime.flower.server import RELEASED, FlowerRun, read_run
+from swarmjax.fl.runtime.flower.server import RELEASED, read_run
 from swarmjax.fl.runtime.flower.task import Task, load_task, simulate_task
+from swarmjax.fl.runtime.result import Result
 from swarmjax.privacy.secret import Secret
 
-Runner = Callable[[dict, Task, Path], FlowerRun]
+Runner = Callable[[dict, Task, Path], Result]
 
 
-def deployed(config: dict, task: Task, out: Path) -> FlowerRun:
+def deployed(config: dict, task: Task, out: Path) -> Result:
     """Run ``config`` over a SuperLink + one SuperNode per client on 127.0.0.1."""
     nodes = tuple(range(task.num_clients))
     print(f"Flower: SuperLink + {len(nodes)} SuperNodes on 127.0.0.1, {config}", flush=True)
@@ -64,11 +65,7 @@ def run_over_flower(config: dict, out: Path, runner: Runner = deployed) -> dict:
     sim = simulate_task(task)
     diff = max(
         float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
-        for a, b in zip(
-            jax.tree.leaves(run.server),
-            jax.tree.leaves(jax.tree.map(lambda x: x[0], sim.server)),
-            strict=True,
-        )
+        for a, b in zip(jax.tree.leaves(run.server), jax.tree.leaves(sim.server), strict=True)
     )
     cols = ["round", "test_accuracy", "test_loss", "bytes_up", "bytes_down"]
     side = run.history[cols].merge(sim.history[cols], on="round", suffixes=("_flower", "_sim"))

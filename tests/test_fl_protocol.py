@@ -181,7 +181,8 @@ def test_released_outputs_hold_only_message_derived_and_public_values(setup, res
     released = set(res.history.columns)
     labels = set(res.runs.columns) | {"round"}
     byte_cols = {"bytes_up", "bytes_down", "cum_bytes_up", "cum_bytes_down", "epsilon_max"}
-    assert released <= public | labels | byte_cols
+    counts = {f"selected_{ex.name}" for ex in alg.exchanges}  # released client counts
+    assert released <= public | labels | byte_cols | counts
     last = alg.evaluate(server, test)
     row = res.history[res.history["seed"] == SEEDS[0]].iloc[-1]
     for k, v in last.items():

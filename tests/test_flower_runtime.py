@@ -11,6 +11,7 @@ pytest.importorskip("flwr", reason="the flower extra is not installed")
 
 import jax
 import numpy as np
+import pandas as pd
 from flwr.app import ArrayRecord, Message, RecordDict
 
 from swarmjax.fl.runtime.flower.client import make_client_app
@@ -59,9 +60,8 @@ def simulated(config):
 
 
 def assert_same_run(run, sim, atol=1e-6):
-    a = jax.tree.leaves(run.server)
-    b = jax.tree.leaves(jax.tree.map(lambda x: x[0], sim.server))
-    for x, y in zip(a, b, strict=True):
+    assert list(run.history.columns) == list(sim.history.columns)
+    for x, y in zip(jax.tree.leaves(run.server), jax.tree.leaves(sim.server), strict=True):
         np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=0, atol=atol)
     for col in ("test_accuracy", "test_loss", "epsilon_max"):
         np.testing.assert_allclose(run.history[col], sim.history[col], rtol=0, atol=atol)
@@ -77,6 +77,14 @@ def test_same_numbers_as_the_simulator(algorithm):
     sim = simulated(cfg)
     assert_same_run(run, sim)
     assert (run.operator.messages["status"] == "ok").all()
+    # one report makes both Results: the same history (columns, dtypes, values: labels,
+    # released counts, bytes, epsilon_max), metrics, runs and algorithm
+    pd.testing.assert_frame_equal(run.history, sim.history, rtol=0, atol=1e-6)
+    assert run.metrics.keys() == sim.metrics.keys()
+    for name, value in run.metrics.items():
+        np.testing.assert_allclose(value, sim.metrics[name], rtol=0, atol=1e-6)
+    pd.testing.assert_frame_equal(run.runs, sim.runs)
+    assert run.algorithm == sim.algorithm and run.clients is None and sim.operator is None
     # released bytes: what was carried (public selection) or, for DP-FedAvg's secret
     # Poisson sampling, the expected count x message size; both equal the simulator's
     np.testing.assert_allclose(run.history["bytes_up"], sim.history["bytes_up"], rtol=1e-12)

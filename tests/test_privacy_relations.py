@@ -237,12 +237,12 @@ def test_flower_releases_no_membership_and_no_timing(tmp_path):
     assert record["relation"] == RELATIONS["client"]
     assert sorted(record["not_released"]) == [f"operator/{name}" for name in operator]
     # the released history: the expected cohort q_c N, no wall time, no realised count
-    history = run.released.history
+    history = run.history
     assert "seconds" not in history
     expected = float(task.hyper.sample_rate) * task.num_clients
     np.testing.assert_allclose(history["selected_train"], expected)
     # the operator holds the realised cohort, named as the simulator's diagnostics
-    realised = run.operator.private_diagnostics["selected"]
+    realised = run.private_diagnostics["selected"]
     assert realised.shape == (1, 2, 1)
     messaged = run.operator.messages.query("not setup").groupby("round").size()
     np.testing.assert_array_equal(realised[0, :, 0], messaged.reindex([1, 2], fill_value=0))

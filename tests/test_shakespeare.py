@@ -329,5 +329,5 @@ def test_runs_over_flowers_message_machinery():
     run = drive(grid, load_task(cfg), ServerSettings(join_timeout=1.0, reply_timeout=1.0))
     sim = simulate_task(load_task(cfg))
     for a, b in zip(jax.tree.leaves(run.server), jax.tree.leaves(sim.server), strict=True):
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b)[0], rtol=0, atol=1e-6)
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=1e-6)
     np.testing.assert_allclose(run.history["test_accuracy"], sim.history["test_accuracy"])

@@ -1,10 +1,12 @@
 """What every federated run returns: :class:`Result` (final states, public history, privacy
-record) and how the privacy record is derived from the clients' :class:`Spend`."""
+record), how the privacy record is derived from the clients' :class:`Spend`, and
+:func:`report`, which turns any runtime's outputs (the simulator's and the Flower
+ServerApp's) into that one :class:`Result`."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,6 +21,7 @@ from swarmjax.fl.protocol import (
     Exchange,
     RunSpec,
     Spend,
+    Variants,
     coverage,
     privacy_unit,
 )
@@ -29,12 +32,17 @@ from swarmjax.privacy.secret import GENERATOR
 
 __all__ = [
     "RELATIONS",
+    "SELECTED",
     "SUPPLIED_CONDITION",
     "PrivacyRecord",
     "Result",
+    "history",
+    "metric_columns",
     "privacy_record",
     "randomness",
     "relation",
+    "report",
+    "run_labels",
     "run_privacy",
     "step_events",
 ]
@@ -407,17 +415,18 @@ def _result_repr(res: Result) -> str:
     last = h[h["round"] == rounds] if len(h) else h
     metrics = [
         f"{c}={_span(last[c].to_numpy())}"
-        for c in h.columns
-        if c not in _NOT_METRICS
-        and c not in res.runs.columns
-        and pd.api.types.is_numeric_dtype(h[c])
+        for c in metric_columns(h, res.runs.columns)
+        if pd.api.types.is_numeric_dtype(h[c])
     ]
     if metrics:
         lines.append(f"  round {rounds}: " + ", ".join(metrics))
     lines.append(f"  privacy: {_privacy_line(res.privacy)}")
-    lines.append(f"  server: {_sizes(res.server, 1)}; clients: {_sizes(res.clients, 2)}")
+    clients = "held by the clients" if res.clients is None else _sizes(res.clients, 2)
+    lines.append(f"  server: {_sizes(res.server, 1)}; clients: {clients}")
     if res.audit:
         lines.append(f"  audit: {len(res.audit)} canary reports (res.audit)")
+    if res.operator is not None:
+        lines.append("  operator: operator-only outputs, NOT released (res.operator)")
     return "\n".join(lines) + ")"
 
 
@@ -426,9 +435,10 @@ class Result:
     """The one result type of every federated run.
 
     Attributes:
-        server: final server states, leading run axis.
-        clients: final client states, leading ``(runs, clients)`` axes (they never leave
-            the clients in a deployment; kept here to resume or inspect a simulation).
+        server: final server states, leading run axis (a deployment: one run).
+        clients: final client states, leading ``(runs, clients)`` axes, kept to resume or
+            inspect a simulation; ``None`` from a deployment, where they never leave the
+            clients (the server never holds them).
         history: the released history: one row per (run, round) with the run's labels
             (``seed`` and e.g. ``epsilon_target``), ``round``, the algorithm's public metrics
             (server state + public test set), the bytes every exchange moved and
@@ -443,6 +453,12 @@ class Result:
             epsilon lower bound beside the accounted one); empty without ``audit=``.
         algorithm: the algorithm's class name, e.g. ``"FedAvg"`` (``None`` when the runtime
             did not state it; the repr then names the server state's type).
+        operator: a deployment's operator-only outputs
+            (:class:`~swarmjax.fl.runtime.flower.server.Operator`: who was messaged, each
+            round's wall seconds), NOT released and NOT covered by any epsilon, like
+            ``clients`` and ``private_diagnostics``: a ``Result`` is what the runtime hands
+            whoever ran it, and only ``server``, ``history`` and ``privacy`` are ever
+            written to a release. ``None`` from the simulator and from a released copy.
     """
 
     server: Any
@@ -454,9 +470,120 @@ class Result:
     private_diagnostics: dict[str, np.ndarray] = field(default_factory=dict)
     audit: tuple[CanaryReport, ...] = ()
     algorithm: str | None = None
+    operator: Any = None
 
     def __repr__(self) -> str:
         """A few lines: the algorithm, runs x rounds x clients, the runs' labels, the final
         round's public metrics (one value, or the range over runs), the privacy claim and the
         states' sizes; never the arrays (``server``, ``history``, ``metrics`` hold them)."""
         return _result_repr(self)
+
+
+# ------------------------------------------------------------------------- one report
+
+SELECTED = "selected_"
+"""Prefix of the history's released client counts, one column per round exchange:
+``selected_<exchange name>``."""
+
+
+def run_labels(variants: Variants) -> dict[str, np.ndarray]:
+    """Every label of every run, ``(runs,)`` each: the variants' labels and ``seed``; runs
+    are the (variant, seed) pairs, variant outermost (the order of the runs' keys)."""
+    seeds = np.asarray(variants.spec.seeds)
+    labels = {k: np.repeat(np.asarray(v), len(seeds)) for k, v in variants.labels.items()}
+    labels["seed"] = np.tile(seeds, variants.size)
+    return labels
+
+
+def metric_columns(history: pd.DataFrame, labels: Sequence[str]) -> list[str]:
+    """The columns of ``history`` that are the algorithm's public metrics (not a label,
+    ``round``, a released count, bytes or ``epsilon_max``)."""
+    return [
+        c
+        for c in history.columns
+        if c not in _NOT_METRICS and c not in labels and not str(c).startswith(SELECTED)
+    ]
+
+
+def _whole(*arrays: np.ndarray) -> list[np.ndarray]:
+    """``arrays`` as ``int64`` when every value of every one is whole, else unchanged."""
+    whole = not any(np.any(np.mod(a, 1)) for a in arrays)
+    return [a.astype(np.int64) if whole else a for a in arrays]
+
+
+def history(
+    labels: Mapping[str, np.ndarray],
+    metrics: Mapping[str, np.ndarray],
+    selected: Mapping[str, np.ndarray],
+    bytes_down: np.ndarray,
+    bytes_up: np.ndarray,
+    epsilon: np.ndarray,
+) -> pd.DataFrame:
+    """The released history, one row per (run, round), as every runtime releases it.
+
+    Args:
+        labels: the runs' labels, ``(runs,)`` each (:func:`run_labels`).
+        metrics: the public metrics, ``(runs, rounds, ...)``; the scalar ones (``(runs,
+            rounds)``) become columns, the others stay in ``Result.metrics``.
+        selected: per round exchange (by name), the released number of clients ``(runs,
+            rounds)``: the realised count where the selection is public, the expected one
+            where it is a secret sample (a count is whole: ``int64`` then).
+        bytes_down, bytes_up: ``(runs, rounds)`` bytes the round's exchanges released as
+            carried (``int64`` when every value is whole).
+        epsilon: the privacy record's ``(runs, rounds, clients)`` epsilon.
+
+    Returns:
+        Columns: the labels, ``round`` (from 1), the scalar metrics, ``selected_<exchange>``,
+        ``bytes_up``, ``bytes_down``, their running sums ``cum_bytes_up``,
+        ``cum_bytes_down`` and ``epsilon_max`` (the largest client epsilon so far).
+    """
+    down, up = np.asarray(bytes_down, np.float64), np.asarray(bytes_up, np.float64)
+    runs, rounds = up.shape
+    frame: dict[str, Any] = {name: np.repeat(np.asarray(v), rounds) for name, v in labels.items()}
+    frame["round"] = np.tile(np.arange(1, rounds + 1), runs)
+    for name, value in metrics.items():
+        value = np.asarray(value)
+        if value.ndim == 2:
+            frame[name] = value.reshape(-1)
+    for name, count in selected.items():
+        (frame[f"{SELECTED}{name}"],) = _whole(np.asarray(count, np.float64).reshape(-1))
+    up, down, cum_up, cum_down = _whole(up, down, np.cumsum(up, axis=1), np.cumsum(down, axis=1))
+    frame["bytes_up"], frame["bytes_down"] = up.reshape(-1), down.reshape(-1)
+    frame["cum_bytes_up"], frame["cum_bytes_down"] = cum_up.reshape(-1), cum_down.reshape(-1)
+    frame["epsilon_max"] = np.asarray(epsilon).max(axis=2).reshape(-1)
+    return pd.DataFrame(frame)
+
+
+def report(
+    *,
+    server: Any,
+    clients: Any,
+    labels: Mapping[str, np.ndarray],
+    metrics: Mapping[str, np.ndarray],
+    selected: Mapping[str, np.ndarray],
+    bytes_down: np.ndarray,
+    bytes_up: np.ndarray,
+    privacy: PrivacyRecord,
+    algorithm: str | None,
+    private_diagnostics: Mapping[str, np.ndarray] | None = None,
+    audit: tuple[CanaryReport, ...] = (),
+    operator: Any = None,
+) -> Result:
+    """The :class:`Result` of a runtime's outputs (the simulator's :func:`finish` and the
+    Flower ServerApp's ``drive``): its :func:`history` of ``labels``, ``metrics``,
+    ``selected``, bytes and ``privacy``'s epsilon, its ``metrics`` as arrays and its runs'
+    labels; ``server`` (leading run axis), ``clients``, ``private_diagnostics``, ``audit``,
+    ``algorithm`` and ``operator`` as :class:`Result` holds them."""
+    metrics = {k: np.asarray(v) for k, v in metrics.items()}
+    return Result(
+        server=server,
+        clients=clients,
+        history=history(labels, metrics, selected, bytes_down, bytes_up, privacy.epsilon),
+        metrics=metrics,
+        privacy=privacy,
+        runs=pd.DataFrame(dict(labels)),
+        private_diagnostics=dict(private_diagnostics or {}),
+        audit=audit,
+        algorithm=algorithm,
+        operator=operator,
+    )

@@ -67,7 +67,7 @@ from swarmjax.fl.runtime.mesh import (
     replicated,
     shard_cohort,
 )
-from swarmjax.fl.runtime.result import Result, randomness, run_privacy
+from swarmjax.fl.runtime.result import Result, randomness, report, run_labels, run_privacy
 from swarmjax.models import param_bytes
 from swarmjax.privacy.canaries import (
     CanaryAudit,
@@ -886,8 +886,7 @@ def start(
     hyper = jax.tree.map(
         lambda a: jnp.repeat(jnp.asarray(a), len(seed_list), axis=0), variants.hyper
     )
-    labels = {k: np.repeat(np.asarray(v), len(seed_list)) for k, v in variants.labels.items()}
-    labels["seed"] = np.tile(np.asarray(seed_list), n_var)
+    labels = run_labels(variants)
     first = jax.devices()[0] if mesh is None else mesh.devices.flat[0]
     limit = device_memory_bytes(first if first.process_index == jax.process_index() else None)
     held = len(keys) if mesh is not None else len(keys) // _run_devices(len(keys))
@@ -977,8 +976,7 @@ def finish(
     data, clients = run.data, run.clients
     n_clients = num_clients(data)
     expected = _expected_selected(alg, run.hyper, n_clients, runs, rounds)
-    selected = np.where(np.isnan(expected), out["selected"], expected)
-    history = _history(run.labels, out["metrics"], selected, run.sizes, runs, rounds)
+    selected = np.where(np.isnan(expected), out["selected"], expected)  # what is released
     stacked = isinstance(clients, ClientData)
     sizes_known = stacked or _gathers(clients)
     record = run_privacy(
@@ -993,7 +991,6 @@ def finish(
         randomness=randomness(run.secret_source, run.common_random_numbers),
         key_fingerprints=fingerprints(run.keys),
     )
-    history["epsilon_max"] = record.epsilon.max(axis=2).reshape(-1)
     reports: tuple[CanaryReport, ...] = ()
     if run.audit is not None:
         scores, included = canary_scores(
@@ -1020,13 +1017,16 @@ def finish(
     if run.diagnostics:
         diag = dict(out["diagnostics"])
         diag["selected"] = out["selected"]
-    result = Result(
+    sizes = np.asarray(run.sizes, np.float64).reshape(-1, 2)  # (exchanges, down / up)
+    result = report(
         server=run.carry[0],
         clients=run.carry[1],
-        history=history,
-        metrics={k: np.asarray(v) for k, v in out["metrics"].items()},
+        labels=run.labels,
+        metrics=out["metrics"],
+        selected={ex.name: selected[:, :, e] for e, ex in enumerate(alg.exchanges)},
+        bytes_down=selected @ sizes[:, 0],
+        bytes_up=selected @ sizes[:, 1],
         privacy=record,
-        runs=pd.DataFrame(dict(run.labels)),
         private_diagnostics=diag,
         audit=reports,
         algorithm=algorithm_name(alg),
@@ -1244,23 +1244,3 @@ def _expected_selected(
             )
             out[:, :, e] = value[:, None]
     return out
-
-
-def _history(labels, metrics, selected, sizes, runs: int, rounds: int) -> pd.DataFrame:
-    frame: dict[str, Any] = {name: np.repeat(np.asarray(v), rounds) for name, v in labels.items()}
-    frame["round"] = np.tile(np.arange(1, rounds + 1), runs)
-    for name, value in metrics.items():
-        value = np.asarray(value)
-        if value.ndim == 2:
-            frame[name] = value.reshape(-1)
-    down = np.asarray([s[0] for s in sizes], np.float64)
-    up = np.asarray([s[1] for s in sizes], np.float64)
-    bytes_down = np.asarray(selected, np.float64) @ down if len(sizes) else np.zeros((runs, rounds))
-    bytes_up = np.asarray(selected, np.float64) @ up if len(sizes) else np.zeros((runs, rounds))
-    exact = not np.any(np.mod(bytes_up, 1)) and not np.any(np.mod(bytes_down, 1))
-    cast = (lambda a: a.astype(np.int64)) if exact else (lambda a: a)
-    frame["bytes_up"] = cast(bytes_up).reshape(-1)
-    frame["bytes_down"] = cast(bytes_down).reshape(-1)
-    frame["cum_bytes_up"] = cast(np.cumsum(bytes_up, axis=1)).reshape(-1)
-    frame["cum_bytes_down"] = cast(np.cumsum(bytes_down, axis=1)).reshape(-1)
-    return pd.DataFrame(frame)

@@ -14,25 +14,32 @@ Privacy spend per client: record-level algorithms report their :class:`Spend` wi
 reply (a client that did not reply has released nothing new, so its last report stands);
 client-level algorithms are accounted by the server (``algorithm.accounting().spend(server, .)``).
 
+The run's :class:`~swarmjax.fl.runtime.result.Result` is the simulator's, made by the same
+:func:`~swarmjax.fl.runtime.result.report`: ``server`` with a leading run axis of 1,
+``history`` with the simulator's columns and values, ``metrics`` ``(1, rounds, ...)``,
+``privacy``, ``runs`` (one row: the task's labels and seed), ``algorithm``, and
+``private_diagnostics["selected"]``, the realised number of clients of every exchange
+``(1, rounds, exchanges)`` (operator-only, as the simulator's with ``diagnostics=True``).
+``clients`` is ``None``: client states never leave the clients in a deployment.
+
 Outputs (``out-dir`` in the run configuration), split by construction into what may be
 released and what only the operator may see:
 
-* ``released/`` (:class:`Released`): ``server.npz`` (final server state), ``history.csv``
-  (public metrics, the released client counts and bytes per round: the expected count where
-  the selection is a secret sample, as the simulator's history; no wall times),
-  ``privacy.json`` (epsilon per client after each round, the neighbouring relation, what it
-  covers, what it does not, what drew the noise (``randomness``: entropy or a supplied
-  secret, and the condition a supplied one puts on every epsilon) and the operator files
-  it does NOT cover; made by :func:`~swarmjax.fl.runtime.result.run_privacy`, as the
-  simulator's record);
-* ``operator/`` (:class:`Operator`, NOT released, NOT covered by any epsilon):
-  ``messages.csv`` (one row per message: who was messaged, status, payload and wire bytes),
-  ``rounds.csv`` (wall seconds of every round, which track the realised cohort, and the
-  realised number of clients of every exchange: the simulator's
-  ``Result.private_diagnostics["selected"]``) and ``server.log``.
+* ``released/``: ``server.npz`` (``Result.server``, the final server state),
+  ``history.csv`` (``Result.history``: public metrics, the released client counts and bytes
+  per round: the expected count where the selection is a secret sample; no wall times),
+  ``privacy.json`` (``Result.privacy``: epsilon per client after each round, the
+  neighbouring relation, what it covers, what it does not, what drew the noise
+  (``randomness``: entropy or a supplied secret, and the condition a supplied one puts on
+  every epsilon) and the operator files it does NOT cover; made by
+  :func:`~swarmjax.fl.runtime.result.run_privacy`, as the simulator's record);
+* ``operator/`` (``Result.operator``, an :class:`Operator`; NOT released, NOT covered by
+  any epsilon): ``messages.csv`` (one row per message: who was messaged, status, payload
+  and wire bytes), ``rounds.csv`` (wall seconds of every round, which track the realised
+  cohort, and the realised number of clients of every exchange) and ``server.log``.
 
 Publishing anything from ``operator/`` voids the amplification by sampling of a secret
-cohort (DP-FedAvg). :func:`read_run` loads both folders.
+cohort (DP-FedAvg). :func:`read_run` loads both folders into a ``Result``.
 """
 
 from __future__ import annotations
@@ -54,6 +61,7 @@ from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
 from jaxtyping import PyTree
 
+from swarmjax.fl.private import algorithm_name
 from swarmjax.fl.protocol import (
     Exchange,
     Slots,
@@ -79,15 +87,22 @@ from swarmjax.fl.runtime.flower.task import (
     load_task,
     use_compilation_cache,
 )
-from swarmjax.fl.runtime.result import PrivacyRecord, randomness, run_privacy
+from swarmjax.fl.runtime.result import (
+    SELECTED,
+    PrivacyRecord,
+    Result,
+    metric_columns,
+    randomness,
+    report,
+    run_labels,
+    run_privacy,
+)
 
 __all__ = [
     "NOT_RELEASED",
     "OPERATOR",
     "RELEASED",
-    "FlowerRun",
     "Operator",
-    "Released",
     "ServerSettings",
     "drive",
     "read_run",
@@ -107,51 +122,26 @@ log = logging.getLogger("swarmjax.fl.runtime.flower")
 
 
 @dataclass
-class Released:
-    """What a deployment releases: final server state, the history (no wall times; the
-    expected count where the cohort is secret) and the privacy record that covers both."""
-
-    server: PyTree
-    history: pd.DataFrame
-    privacy: PrivacyRecord
-
-
-@dataclass
 class Operator:
     """What only the operator sees (NOT released, NOT covered by any epsilon): ``messages``
     (one row per message: who was messaged, status, bytes) and ``rounds`` (``round``,
-    ``seconds`` and ``selected_<exchange>``, the realised number of clients)."""
+    ``seconds`` and ``selected_<exchange>``, the realised number of clients).
+
+    A deployment's :class:`~swarmjax.fl.runtime.result.Result` holds it as ``operator``,
+    beside the other members that are never released (``clients``, ``private_diagnostics``),
+    rather than returning it as a second value: every runtime returns the one ``Result``,
+    and what is released is chosen by name (``server``, ``history``, ``privacy``: the
+    ``released/`` folder), never by taking a whole ``Result``."""
 
     messages: pd.DataFrame
     rounds: pd.DataFrame
 
-    @property
-    def private_diagnostics(self) -> dict[str, np.ndarray]:
-        """The realised selections as the simulator's ``Result.private_diagnostics``:
-        ``"selected"`` ``(1, rounds, exchanges)``."""
-        cols = [c for c in self.rounds.columns if c.startswith("selected_")]
-        return {"selected": self.rounds[cols].to_numpy(np.int32)[None]}
 
-
-@dataclass
-class FlowerRun:
-    """A deployment's outputs: ``released`` (what may be published) and ``operator`` (what
-    may not; ``None`` when only the released folder was read)."""
-
-    released: Released
-    operator: Operator | None
-
-    @property
-    def server(self) -> PyTree:
-        return self.released.server
-
-    @property
-    def history(self) -> pd.DataFrame:
-        return self.released.history
-
-    @property
-    def privacy(self) -> PrivacyRecord:
-        return self.released.privacy
+def _realised(rounds: pd.DataFrame) -> dict[str, np.ndarray]:
+    """The realised selections of ``operator/rounds.csv`` as the simulator's
+    ``Result.private_diagnostics``: ``"selected"`` ``(1, rounds, exchanges)``."""
+    cols = [c for c in rounds.columns if c.startswith(SELECTED)]
+    return {"selected": rounds[cols].to_numpy(np.int32)[None]}
 
 
 @dataclass
@@ -354,12 +344,11 @@ def _spend_table(task: Task, server: PyTree, reported: dict[int, PyTree]) -> PyT
 # --------------------------------------------------------------------------------- driver
 
 
-def drive(
-    grid: Grid, task: Task, settings: ServerSettings, hello: Hello | None = None
-) -> FlowerRun:
-    """Run ``task`` over the nodes ``grid`` reaches; its outputs, released and operator-only
-    (written to ``settings.out_dir`` when set). ``hello``: a greeting already sent
-    (:class:`~swarmjax.fl.runtime.flower.server_app.Hello`), whose replies count."""
+def drive(grid: Grid, task: Task, settings: ServerSettings, hello: Hello | None = None) -> Result:
+    """Run ``task`` over the nodes ``grid`` reaches; its :class:`Result` (the operator-only
+    outputs in ``operator``), written to ``settings.out_dir`` when set. ``hello``: a
+    greeting already sent (:class:`~swarmjax.fl.runtime.flower.server_app.Hello`), whose
+    replies count."""
     handler = _operator_log(settings.out_dir)
     try:
         run = _drive(grid, task, settings, hello)
@@ -383,7 +372,7 @@ def _operator_log(out: Path | None) -> logging.Handler | None:
     return handler
 
 
-def _drive(grid: Grid, task: Task, settings: ServerSettings, hello: Hello | None) -> FlowerRun:
+def _drive(grid: Grid, task: Task, settings: ServerSettings, hello: Hello | None) -> Result:
     alg = task.algorithm
     co = _Coordinator(grid, task, settings)
     co.greet(time.monotonic() + settings.join_timeout, hello)
@@ -395,30 +384,21 @@ def _drive(grid: Grid, task: Task, settings: ServerSettings, hello: Hello | None
     for e, ex in enumerate(alg.setup):
         server, spends, _ = co.exchange(server, ex, e, 0, setup=True)
         reported |= spends
-    rows, spend_rounds, metrics_rounds, operator_rows = [], [], [], []
+    releases, spend_rounds, metrics_rounds, operator_rows = [], [], [], []
     for r in range(1, task.rounds + 1):
         co.greet(time.monotonic())  # nodes that joined late take part from this round on
-        t0, down, up = time.perf_counter(), 0, 0
-        row: dict[str, Any] = {"round": r}
-        private: dict[str, Any] = {"round": r}
+        t0 = time.perf_counter()
+        released: dict[str, dict[str, float]] = {}
         for e, ex in enumerate(alg.exchanges):
-            server, spends, release = co.exchange(server, ex, e, r, setup=False)
+            server, spends, released[ex.name] = co.exchange(server, ex, e, r, setup=False)
             reported |= spends
-            row[f"selected_{ex.name}"] = release["selected"]
-            private[f"selected_{ex.name}"] = release["realised"]
-            down, up = down + release["down"], up + release["up"]
-        metrics = {k: np.asarray(v) for k, v in _jit(alg.evaluate)(server, task.test).items()}
-        metrics_rounds.append(metrics)
-        row |= {k: v.item() for k, v in metrics.items() if v.ndim == 0}
-        row["bytes_down"], row["bytes_up"] = down, up
+        metrics = _jit(alg.evaluate)(server, task.test)
+        metrics_rounds.append({k: np.asarray(v) for k, v in metrics.items()})
         # wall time of the round at the server: it tracks the realised cohort (operator-only)
-        private["seconds"] = time.perf_counter() - t0
-        rows.append(row)
-        operator_rows.append(private)
+        private = {f"{SELECTED}{name}": x["realised"] for name, x in released.items()}
+        operator_rows.append({"round": r, **private, "seconds": time.perf_counter() - t0})
+        releases.append(released)
         spend_rounds.append(_spend_table(task, server, reported))
-    history = pd.DataFrame(rows)
-    history["cum_bytes_down"] = history["bytes_down"].cumsum()
-    history["cum_bytes_up"] = history["bytes_up"].cumsum()
     spend = jax.tree.map(lambda *xs: np.stack(xs)[None], *spend_rounds)  # (1, rounds, N)
     # the simulator's record of the same spend (the server holds no data: no row counts)
     source = "entropy" if task.secret is None else task.secret.source
@@ -430,16 +410,33 @@ def _drive(grid: Grid, task: Task, settings: ServerSettings, hello: Hello | None
         task.num_clients,
         randomness=randomness(source, common_random_numbers=False),
     )
-    history["epsilon_max"] = privacy.epsilon[0].max(axis=1)  # as the simulator releases
     operator = Operator(pd.DataFrame(co.messages), pd.DataFrame(operator_rows))
-    return FlowerRun(Released(server, history, privacy), operator)
+
+    def per_round(name: str) -> dict[str, np.ndarray]:
+        """``{exchange: (1, rounds)}``: what the rounds' exchanges released as ``name``."""
+        return {ex.name: np.asarray([[x[ex.name][name] for x in releases]]) for ex in alg.exchanges}
+
+    none = np.zeros((1, task.rounds))
+    return report(
+        server=jax.tree.map(lambda x: x[None], server),  # the one run's axis
+        clients=None,  # client states never leave the clients
+        labels=run_labels(task.variants),
+        metrics=jax.tree.map(lambda *xs: np.stack(xs)[None], *metrics_rounds),
+        selected=per_round("selected"),
+        bytes_down=sum(per_round("down").values(), none),
+        bytes_up=sum(per_round("up").values(), none),
+        privacy=privacy,
+        algorithm=algorithm_name(alg),
+        private_diagnostics=_realised(operator.rounds),
+        operator=operator,
+    )
 
 
-def _write(run: FlowerRun, out: Path) -> None:
+def _write(run: Result, out: Path) -> None:
     released, operator = out / RELEASED, out / OPERATOR
     released.mkdir(parents=True, exist_ok=True)
     operator.mkdir(parents=True, exist_ok=True)
-    save_tree(released / "server.npz", run.server)
+    save_tree(released / "server.npz", jax.tree.map(lambda x: x[0], run.server))
     run.history.to_csv(released / "history.csv", index=False)
     if run.operator is not None:
         run.operator.messages.to_csv(operator / "messages.csv", index=False)
@@ -467,9 +464,11 @@ def _write(run: FlowerRun, out: Path) -> None:
 RELEASED_FILES = ("server.npz", "history.csv", "privacy.json")
 
 
-def read_run(out: str | Path, task: Task) -> FlowerRun:
-    """Load what :func:`drive` wrote into ``out`` (the server state checked against ``task``);
-    ``operator`` is ``None`` when ``out/operator/`` is absent (a released copy)."""
+def read_run(out: str | Path, task: Task) -> Result:
+    """Load what :func:`drive` wrote into ``out`` (the server state checked against ``task``)
+    as its :class:`Result`: ``metrics`` holds the history's scalar metrics only (a vector
+    metric is not written); ``operator`` and ``private_diagnostics`` are ``None`` and empty
+    when ``out/operator/`` is absent (a released copy)."""
     out = Path(out)
     released, operator = out / RELEASED, out / OPERATOR
     if not (released / "privacy.json").exists():
@@ -490,19 +489,25 @@ def read_run(out: str | Path, task: Task) -> FlowerRun:
         floating_point=record.get("floating_point"),
         randomness=record.get("randomness"),
     )
-    kept = (operator / "messages.csv").exists() and (operator / "rounds.csv").exists()
-    return FlowerRun(
-        released=Released(
-            server=load_tree(released / "server.npz", task.server_like),
-            history=pd.read_csv(released / "history.csv"),
-            privacy=privacy,
-        ),
-        operator=Operator(
-            messages=pd.read_csv(operator / "messages.csv"),
-            rounds=pd.read_csv(operator / "rounds.csv"),
+    history = pd.read_csv(released / "history.csv")
+    labels = run_labels(task.variants)
+    kept = None
+    if (operator / "messages.csv").exists() and (operator / "rounds.csv").exists():
+        kept = Operator(
+            pd.read_csv(operator / "messages.csv"), pd.read_csv(operator / "rounds.csv")
         )
-        if kept
-        else None,
+    return Result(
+        server=jax.tree.map(
+            lambda x: x[None], load_tree(released / "server.npz", task.server_like)
+        ),
+        clients=None,
+        history=history,
+        metrics={c: history[c].to_numpy()[None] for c in metric_columns(history, list(labels))},
+        privacy=privacy,
+        runs=pd.DataFrame(labels),
+        private_diagnostics={} if kept is None else _realised(kept.rounds),
+        algorithm=algorithm_name(task.algorithm),
+        operator=kept,
     )
 
 
@@ -522,7 +527,7 @@ def warm_up(task: Task) -> None:
     jax.block_until_ready(_jit(alg.evaluate)(server, task.test))
 
 
-def serve(grid: Grid, run_config: dict[str, Any], hello: Hello | None = None) -> FlowerRun:
+def serve(grid: Grid, run_config: dict[str, Any], hello: Hello | None = None) -> Result:
     """The ServerApp's work: the run configuration's task, its server functions compiled
     (into ``jax-cache-dir``, default ``~/.cache/swarmjax/jax``; ``""``: JAX's configuration
     left alone) while ``hello`` is answered, then :func:`drive`."""
