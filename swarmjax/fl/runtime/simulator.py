@@ -16,7 +16,6 @@ number of clients a deployment would message.
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import sys
 import time
@@ -58,6 +57,7 @@ from swarmjax.fl.protocol import (
     where_selected,
 )
 from swarmjax.fl.runtime.callbacks import RoundCallback, notify
+from swarmjax.fl.runtime.canary_audit import CanaryCall, CanaryRound, canary_hook
 from swarmjax.fl.runtime.checkpoint import Checkpoints, checkpoint_secret, fingerprint
 from swarmjax.fl.runtime.mesh import (
     RUNS,
@@ -71,18 +71,7 @@ from swarmjax.fl.runtime.result import Result, randomness, report, run_labels, r
 from swarmjax.models import param_bytes
 from swarmjax.privacy.canaries import (
     CanaryAudit,
-    CanaryHook,
     CanaryReport,
-    accounted_curve,
-    audit_scores,
-    canary_capacity,
-    canary_directions,
-    canary_key,
-    cosine_scores,
-    dirac_directions,
-    direction_rows,
-    inclusion,
-    participation_key,
 )
 from swarmjax.privacy.ledger import Ledger
 from swarmjax.privacy.secret import Secret, fingerprints
@@ -222,17 +211,6 @@ def _map_clients(
 
 
 @dataclass(frozen=True)
-class CanaryRound:
-    """An audit's canaries inside one traced round: the algorithm's hook, the audit, the
-    canaries' directions (shared by every run) and the round's canary slots ``K``."""
-
-    hook: CanaryHook
-    audit: CanaryAudit
-    directions: PyTree
-    slots: int
-
-
-@dataclass(frozen=True)
 class RunContext:
     """What every exchange of ONE run reads while it is traced: the algorithm, the clients'
     data, the run's hyper-parameters and key, the client map and the audit's canaries
@@ -315,8 +293,8 @@ def run_exchange(
             states = slots.update(states, new)
     dropped = None
     if canaries is not None:
-        replies, slots, dropped = _with_canaries(
-            ctx, canaries, (server, request), (round_index, index), replies, slots, summed
+        replies, slots, dropped = canaries.join(
+            (run_key, hyper), (server, request), (round_index, index), replies, slots, summed
         )
     key = aggregate_key(run_key, round_index, index)
     if summed:
@@ -374,56 +352,6 @@ def _mesh_exchange(
 
     new, total = shard_cohort(ctx.mesh, local, chosen, used, (states, rows_key, inputs))
     return new, total, Slots(mask=used, ids=chosen, num_clients=n)
-
-
-def _with_canaries(
-    ctx: RunContext,
-    canaries: CanaryRound,
-    sent: tuple[PyTree, PyTree],
-    when: tuple[Int[Array, ""], int],
-    replies: PyTree,
-    slots: Slots,
-    summed: bool = False,
-) -> tuple[PyTree, Slots, Int[Array, ""]]:
-    """``replies`` (``(S, ...)``) and ``slots`` with ``K`` canary slots appended (``(S + K,
-    ...)``; slot ids in ``N..N+M-1``, which no client update writes), and how many canaries
-    taking part sat out.  ``sent``: the server state and the exchange's request; ``when``:
-    the round and the exchange index.  Only the canaries taking part this round (in, and
-    drawn by the hook's rule) get a slot and a reply, lowest index first: ``O(K d)`` per
-    round, not ``O(M d)``.  Past ``K`` (chance at most :attr:`CanaryReport.overflow` over
-    the run) the rest sit the round out, counted: that only weakens their signal.
-    ``summed``: ``replies`` is the real slots' reply sum and the canaries' replies are
-    added to it after them, in slot order (what :func:`~swarmjax.fl.protocol.slot_sum` of
-    the appended stack gives)."""
-    hook, audit, k = canaries.hook, canaries.audit, canaries.slots
-    server, request = sent
-    round_index, index = when
-    m = audit.canaries
-    key = canary_key(ctx.run_key)
-    included = inclusion(key, m)
-    taking_part = included & hook.participate(
-        server, participation_key(key, round_index, index), round_index, included
-    )
-    idx = jnp.nonzero(taking_part, size=k, fill_value=m)[0].astype(jnp.int32)
-    valid = idx < m
-    safe = jnp.minimum(idx, m - 1)
-    rows = direction_rows(canaries.directions, hook.params(server), safe)
-    scaled = jax.tree.map(lambda d: d * audit.norm, rows)
-    extra = jax.vmap(lambda d: hook.reply(request, d, ctx.hyper))(scaled)
-    if summed:
-        joined = slot_sum(extra, valid, start=replies)
-    else:
-        joined = jax.tree.map(lambda a, b: jnp.concatenate([a, b.astype(a.dtype)]), replies, extra)
-    dropped = (jnp.sum(taking_part) - jnp.sum(valid)).astype(jnp.int32)
-    return (
-        joined,
-        Slots(
-            mask=jnp.concatenate([slots.mask, valid]),
-            ids=jnp.concatenate([slots.ids.astype(jnp.int32), slots.num_clients + safe]),
-            num_clients=slots.num_clients,
-        ),
-        dropped,
-    )
 
 
 def _exchanges(ctx: RunContext, exchanges, round_index, server, states):
@@ -536,14 +464,14 @@ def run_rounds(call: Rounds, carry, keys, hypers, clients, test, canaries=None):
     With ``call.audit`` (a :class:`~swarmjax.privacy.canaries.CanaryAudit`), canaries of
     directions ``canaries`` (a :class:`~swarmjax.privacy.canaries.DiracDirections`, or a
     Haar frame: a pytree like the model with a leading ``M`` axis; shared by every run)
-    join the algorithm's canary exchange (``alg.accounting().canary_hook()``) every round, at most
-    ``call.canary_slots`` of them a round; the outputs then also hold ``canaries_dropped``
+    join the algorithm's canary exchange (``alg.accounting().canary_hook()``) every round,
+    at most ``call.canary_slots`` of them a round; the outputs then also hold ``canaries_dropped``
     (participations that sat out over the slots, per round)."""
     audit = call.audit
     round_canaries = None
     if audit is not None:
         slots = audit.canaries if call.canary_slots is None else call.canary_slots
-        round_canaries = CanaryRound(_canary_hook(call.alg), audit, canaries, slots)
+        round_canaries = CanaryRound(canary_hook(call.alg), audit, canaries, slots)
 
     def one(c, k, h):
         ctx = RunContext(call.alg, clients, h, k, call.client_map, round_canaries, call.mesh)
@@ -808,12 +736,7 @@ class Run:
     diagnostics: bool
     common_random_numbers: bool
     secret_source: str  # "entropy" or "supplied" (the secret itself is not kept here)
-    audit: CanaryAudit | None
-    hook: CanaryHook | None
-    initial: PyTree  # the server states at the start (the canaries' reference model)
-    directions: PyTree
-    canary_slots: int | None  # K: canary slots per round (None without an audit)
-    canary_overflow: float  # the run's chance that a round's canaries overflow K
+    canaries: CanaryCall | None  # the call's client-level audit (None without one)
     sizes: list[tuple[int, int]]
     carry: Any
     done: int = 0
@@ -873,7 +796,7 @@ def start(
         raise ValueError(
             f"client_map must be 'vmap', 'sequential' or an int >= 1; got {client_map}"
         )
-    hook = None if audit is None else _check_audit(alg, variants, audit)
+    hook = None if audit is None else CanaryCall.check(alg, variants, audit)
     mesh = _check_mesh(alg, data, variants, mesh, clients_per_device)
     n_var = variants.size
     for name, values in variants.labels.items():
@@ -896,11 +819,9 @@ def start(
     else:  # every process passes the same values; the program splits the work
         keys, hyper, data, test = replicated(mesh, (keys, hyper, data, test))
     carry = init_runs(alg, keys, hyper, data, client_map, mesh)
-    initial = carry[0] if audit is not None else None
-    directions = None if audit is None else _directions(alg, audit, initial)
-    slots, overflow = (None, 0.0)
-    if audit is not None:
-        slots, overflow = _canary_slots(alg, audit, initial, keys, variants.spec.rounds)
+    canaries = None
+    if hook is not None:
+        canaries = CanaryCall.start(hook, audit, carry[0], keys, variants.spec.rounds)
     return Run(
         alg=alg,
         clients=clients,
@@ -914,12 +835,7 @@ def start(
         diagnostics=bool(diagnostics),
         common_random_numbers=bool(common_random_numbers),
         secret_source=secret.source,
-        audit=audit,
-        hook=hook,
-        initial=initial,
-        directions=directions,
-        canary_slots=slots,
-        canary_overflow=overflow,
+        canaries=canaries,
         mesh=mesh,
         sizes=_message_bytes(alg, carry, keys, hyper, data),
         carry=carry,
@@ -927,10 +843,11 @@ def start(
 
 
 def _call(run: Run, carry: Any, rounds: int) -> tuple[Any, dict]:
-    call = Rounds(
-        run.alg, rounds, run.client_map, run.diagnostics, run.audit, run.canary_slots, run.mesh
-    )
-    return run_rounds(call, carry, run.keys, run.hyper, run.data, run.test, run.directions)
+    canaries = run.canaries
+    audit, slots = (None, None) if canaries is None else (canaries.audit, canaries.slots)
+    call = Rounds(run.alg, rounds, run.client_map, run.diagnostics, audit, slots, run.mesh)
+    directions = None if canaries is None else canaries.directions
+    return run_rounds(call, carry, run.keys, run.hyper, run.data, run.test, directions)
 
 
 def advance(run: Run, rounds: int = 1) -> tuple[Run, dict[str, np.ndarray]]:
@@ -992,26 +909,9 @@ def finish(
         key_fingerprints=fingerprints(run.keys),
     )
     reports: tuple[CanaryReport, ...] = ()
-    if run.audit is not None:
-        scores, included = canary_scores(
-            alg, run.audit, run.keys, run.initial, run.carry[0], run.directions
-        )
-        scores, included = np.asarray(scores), np.asarray(included)
+    if run.canaries is not None:
         dropped = np.asarray(out["canaries_dropped"]).reshape(runs, -1).sum(axis=1)
-        reports = tuple(
-            audit_scores(
-                scores[r],
-                included[r],
-                audit=run.audit,
-                epsilon=float(np.max(record.final_epsilon[r])),
-                delta=spec.delta,
-                unit=run.hook.unit,
-                dropped=int(dropped[r]),
-                overflow=run.canary_overflow,
-                accounted=accounted_curve(record, r),
-            )
-            for r in range(runs)
-        )
+        reports = run.canaries.reports(alg, run.keys, run.carry[0], record, dropped)
         record = dataclasses.replace(record, audit=tuple(r.to_dict() for r in reports))
     diag = {}
     if run.diagnostics:
@@ -1032,7 +932,7 @@ def finish(
         algorithm=algorithm_name(alg),
     )
     accounting = alg.accounting()
-    if run.audit is None and privacy_unit(accounting) is not None:
+    if run.canaries is None and privacy_unit(accounting) is not None:
         result = accounting.audited(result)  # record-level canaries the clients carried
     if ledger is not None:
         where = "(not written)" if release_path is None else str(release_path)
@@ -1092,42 +992,6 @@ def warn_input_mismatch(clients: Any, test: tuple[Array, Array]) -> str | None:
     return text
 
 
-def _canary_hook(alg: Algorithm) -> CanaryHook | None:
-    """How ``alg`` takes client-level canaries (its accounting's ``canary_hook()``), or
-    ``None``."""
-    accounting = alg.accounting()
-    return None if accounting is None else accounting.canary_hook()
-
-
-def _check_audit(alg: Algorithm, variants: Variants, audit: Any) -> CanaryHook:
-    """The algorithm's canary hook once ``audit`` can run on this call, else one
-    ``ValueError`` line naming the option (before any work: shapes only)."""
-    if not isinstance(audit, CanaryAudit):
-        raise ValueError(f"audit must be a CanaryAudit or None; got {type(audit).__name__}")
-    name = type(alg).__name__
-    if privacy_unit(alg.accounting()) is None:
-        raise ValueError(
-            f"audit needs a private run: {name} has no privacy unit (no epsilon to audit)"
-        )
-    noise = getattr(variants.hyper, "noise_multiplier", None)
-    if noise is not None and np.any(np.asarray(noise) <= 0):
-        raise ValueError(
-            f"audit needs a private run: noise_multiplier is 0 in variant(s) "
-            f"{np.flatnonzero(np.asarray(noise).reshape(-1) <= 0).tolist()} (epsilon inf)"
-        )
-    hook = _canary_hook(alg)
-    if hook is None:
-        raise ValueError(
-            f"audit needs client-level canaries, which {name} does not take (no canary_hook); "
-            "audit record-level DP-SGD with swarmjax.privacy.canaries.GradientCanaries, or "
-            "record-level clients by the algorithm's own audit= (e.g. FedDPPSO)"
-        )
-    row = jax.tree.map(lambda a: jnp.asarray(a)[0], variants.hyper)
-    like = jax.eval_shape(lambda h: hook.params(alg.server_init(jax.random.key(0), h)), row)
-    audit.check_for(hook.unit, sum(int(np.prod(a.shape)) for a in jax.tree.leaves(like)))
-    return hook
-
-
 def slot_buffer(alg: Algorithm, num_clients: int) -> int:
     """The largest slot buffer of ``alg``'s round exchanges over ``num_clients`` clients:
     an exchange's ``max_selected``, or one slot per client."""
@@ -1156,79 +1020,6 @@ def _check_mesh(
             "devices: pass mesh=None and clients_per_device=None"
         )
     return chosen
-
-
-def _directions(alg: Algorithm, audit: CanaryAudit, servers: PyTree) -> PyTree:
-    """The call's canary directions (shared by its runs) for a model like the released
-    model of the first run's server state (``servers``: leading run axis): a
-    :class:`~swarmjax.privacy.canaries.DiracDirections` (``audit.directions == "dirac"``)
-    or a Haar frame (``"haar"``)."""
-    hook = _canary_hook(alg)
-    like = hook.params(jax.tree.map(lambda a: a[0], servers))
-    key = jax.random.key(audit.seed)
-    if audit.directions == "dirac":
-        d = sum(int(np.size(a)) for a in jax.tree.leaves(like))
-        make = jax.jit(dirac_directions, static_argnums=(1, 2))
-        return make(key, d, audit.canaries)
-    make = jax.jit(canary_directions, static_argnums=2)
-    return make(key, like, audit.canaries)
-
-
-_RATE_DRAWS = 64  # public draws of the participation rule per run that size the slots
-_RATE_DOMAIN = 0x52415445  # "RATE": those draws' keys, apart from every draw of the run
-
-
-def _canary_slots(
-    alg: Algorithm, audit: CanaryAudit, servers: PyTree, keys: PRNGKeyArray, rounds: int
-) -> tuple[int, float]:
-    """``(K, overflow chance)``: the canary slots per round and the run's chance that a
-    round has more canaries taking part (:func:`~swarmjax.privacy.canaries.canary_capacity`).
-
-    ``audit.slots`` set: ``K`` is it, and the chance is ``0`` at ``K = M`` (else that of
-    the rule's rate).  The rate is the hook's own rule applied with every canary in, on
-    each run's initial server state, at 64 public keys (a domain apart from the run's
-    draws): its largest per-run mean count over ``M``, plus 6 standard errors of that
-    mean, as each canary's chance of taking part in a round.  Exact for a fixed Poisson
-    rate (DP-FedAvg) up to those 6 errors; for DP-FTRL's schedule the first round's
-    cohort is its largest, so the figure bounds every round's.  Host side, once per call."""
-    m = audit.canaries
-    if audit.slots == m:
-        return m, 0.0
-    hook = _canary_hook(alg)
-    every = jnp.ones((m,), bool)
-
-    def counts(server, key):
-        ks = jax.random.split(jax.random.fold_in(canary_key(key), _RATE_DOMAIN), _RATE_DRAWS)
-        one = jnp.ones((), jnp.int32)
-        return jax.vmap(lambda k: jnp.sum(hook.participate(server, k, one, every)))(ks)
-
-    drawn = np.asarray(jax.jit(jax.vmap(counts))(servers, keys), np.float64)
-    n = _RATE_DRAWS * m
-    rate = float(np.max(drawn.mean(axis=1))) / m
-    rate = min(1.0, rate + 6.0 * math.sqrt(rate * (1.0 - rate) / n) + 1.0 / n)
-    return canary_capacity(rate, m, rounds, slots=audit.slots)
-
-
-@partial(jax.jit, static_argnames=("alg", "audit"))
-def canary_scores(
-    alg: Algorithm,
-    audit: CanaryAudit,
-    keys: PRNGKeyArray,
-    initial: PyTree,
-    final: PyTree,
-    directions: PyTree,
-) -> tuple[Array, Array]:
-    """Jitted: ``(runs, M)`` canary scores (``cos(w_T - w_0, u_i)``) and ``(runs, M)`` coins
-    of every run from its initial and final server states (leading run axis)."""
-    hook = _canary_hook(alg)
-
-    def one(key, s0, s1):
-        change = jax.tree.map(
-            lambda a, b: jnp.asarray(b, jnp.float32) - a, hook.params(s0), hook.params(s1)
-        )
-        return cosine_scores(directions, change), inclusion(canary_key(key), audit.canaries)
-
-    return jax.vmap(one)(keys, initial, final)
 
 
 def _expected_selected(
