@@ -61,7 +61,8 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
 
 
 # CPU seconds of the longest modules (each file alone on the 2-core CPU, 2026-11-28; the
-# Flower deployment by wall time, its processes mostly wait). xdist hands out whole modules
+# Flower deployment by wall time, its processes mostly wait; test_mesh.py with its
+# subprocesses). xdist hands out whole modules
 # (pyproject.toml: ``--dist loadscope --no-loadscope-reorder``, so that a module's shared
 # fixtures and compiled programs are made once, on one worker) in the order collected;
 # starting the longest first leaves short modules for the end, when the other worker may
@@ -69,12 +70,13 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
 MODULE_SECONDS = {
     "test_flower_deployment.py": 180,
     "test_fl_protocol.py": 159,
+    "test_mesh.py": 136,  # its three processes (one of 4 devices, two jax.distributed ranks)
     "test_experiment_ledgers.py": 118,
     "test_work_cap.py": 98,
     "test_distributed_dp.py": 92,
     "test_experiment_fed_dp_pso.py": 72,
     "test_summed_exchange.py": 68,
-    "test_canaries_record_clients.py": 68,
+    "test_canaries_record_clients.py": 40,  # session 23: its experiment run merged away
     "test_canaries.py": 63,
     "test_canaries_fedavg_record.py": 62,
     "test_experiment_cross_device_ftrl.py": 60,
@@ -125,14 +127,55 @@ def data_dir() -> Path:
     return path
 
 
+def _process_maps_and_rss() -> tuple[int, int] | None:
+    """This process's memory maps and resident bytes (Linux's ``/proc``), else ``None``."""
+    try:
+        with open("/proc/self/maps", "rb") as f:
+            maps = sum(1 for _ in f)
+        with open("/proc/self/statm") as f:
+            rss = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        with open("/proc/sys/vm/max_map_count") as f:
+            limit = int(f.read())
+    except (OSError, ValueError, IndexError):
+        return None
+    return maps * 65_530 // max(limit, 1), rss
+
+
+# When a module ends, JAX's compiled programs are dropped only past these: memory maps (as
+# if the kernel's limit were 65,530; a small program maps about 3, and one module,
+# test_fl_protocol.py, added up to 20,000: the margin is for the module after the check)
+# or resident memory.
+CLEAR_CACHES_AT_MAPS = 20_000
+CLEAR_CACHES_AT_RSS = 6 * 2**30
+
+
 @pytest.fixture(autouse=True, scope="module")
-def _free_compiled_programs():
-    """After each test module, drop JAX's compiled programs. A long-lived xdist worker
-    otherwise keeps every program of the ~950 tests mapped; late in the suite XLA's CPU
-    compiler segfaulted twice (in whichever test compiled then), as a process nearing the
-    kernel's memory-map limit (vm.max_map_count, 65,530 here) does. Programs shared within
-    a module stay cached."""
+def _free_compiled_programs(request: pytest.FixtureRequest):
+    """After a test module, drop JAX's compiled programs when the process holds many, or when
+    one of the module's tests patched something (``monkeypatch``: a program traced with a
+    test's replacement, e.g. a weakened noise mechanism or a smaller buffer, must not be
+    reused by another module under the same static arguments). A long-lived xdist worker
+    otherwise keeps every program of its half of the suite mapped; late in the suite XLA's
+    CPU compiler segfaulted twice (in whichever test compiled then), as a process nearing
+    the kernel's memory-map limit (vm.max_map_count, 65,530 here) does. Until then the
+    programs stay: the library's own (the run's init, ChaCha20's key operations, eager ops)
+    are traced, lowered and loaded once per worker instead of once per module (10 % less
+    CPU over six DP modules; docs/testing.md, session 23). Where ``/proc`` cannot be read,
+    they are dropped after every module, as before."""
     yield
+    held = _process_maps_and_rss()
+    patched = any(
+        "monkeypatch" in item.fixturenames
+        for item in request.session.items
+        if item.path == request.node.path
+    )
+    if (
+        not patched
+        and held is not None
+        and held[0] < CLEAR_CACHES_AT_MAPS
+        and held[1] < CLEAR_CACHES_AT_RSS
+    ):
+        return
     import gc
 
     import jax

@@ -34,6 +34,7 @@ from swarmjax.privacy.canaries import (
 )
 
 
+@functools.cache  # four tests audit the same mechanism: its curve's points computed once
 def _mechanism(q, steps, epsilon, delta):
     """``(sigma, delta -> accounted epsilon)`` of a Poisson-subsampled Gaussian run."""
     sigma = accounting.sigma_for_epsilon(epsilon, q, steps, delta)

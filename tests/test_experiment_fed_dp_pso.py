@@ -26,12 +26,34 @@ from swarmjax.privacy.secret import Secret
 
 
 def test_quick_run_writes_its_results_and_states_its_plan(tmp_path, monkeypatch, capsys) -> None:
+    """Also ``--audit 16``: this run is the audited run of the record-level canaries inside
+    Fed-DP-PSO's clients (:func:`_check_audit`; one experiment run for both, 2026-11-28)."""
     options = ["--rounds", "1", "--epsilons", "5", "--no-fig3", "--selection-metric", "error"]
+    options += ["--audit", "16"]
     fed_dp_pso.main(["--quick", *options, "--out", str(tmp_path)])
+    _check_audit(tmp_path, capsys.readouterr().out)
     _check_files(tmp_path)
     _check_cells(tmp_path)
     _check_plan(tmp_path)
     _check_resume(tmp_path, options, monkeypatch, capsys)
+
+
+def _check_audit(out, printed: str) -> None:
+    """``experiments.fed_dp_pso --audit``: the DP run's bound beside its epsilon, in the
+    ledger's release and the cells; the record-level canaries of each client (moved here
+    from tests/test_canaries_record_clients.py, whose drills audit the same clients)."""
+    lines = [s for s in printed.splitlines() if s.startswith("  audit digits iid eps=5.0 seed=0")]
+    assert len(lines) == 1 and "empirical epsilon >=" in lines[0]
+    assert "record-level" in lines[0] and "canaries in" in lines[0]
+    ledger = json.loads((out / "privacy_ledger.json").read_text())
+    audits = [r["audit"] for r in ledger["releases"] if r["algorithm"] == "fed_dp_pso"]
+    dp = [a for a in audits if a is not None]
+    assert len(dp) == 1 and len(audits) == 1
+    assert dp[0]["canaries"] == 16 * fed_dp_pso.NUM_CLIENTS and dp[0]["unit"] == "record"
+    assert 0.0 <= dp[0]["epsilon_lower"] <= dp[0]["epsilon"] <= 5.0
+    cells = json.loads((out / "summary.json").read_text())["cells"]
+    finite = [c for c in cells if c["epsilon"] == 5.0]
+    assert finite[0]["epsilon_lower"] == dp[0]["epsilon_lower"]
 
 
 def _check_resume(out, options, monkeypatch, capsys) -> None:

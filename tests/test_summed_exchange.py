@@ -72,8 +72,12 @@ def test_slot_sum_of_no_slots_and_of_bfloat16():
 
 
 @settings(max_examples=25, deadline=None)
-@given(
-    st.lists(st.tuples(st.booleans(), st.floats(-1e6, 1e6, width=32)), min_size=1, max_size=9),
+@given(  # no subnormals: XLA's CPU flushes them to zero (1.4e-45 summed to 0.0, a false failure)
+    st.lists(
+        st.tuples(st.booleans(), st.floats(-1e6, 1e6, width=32, allow_subnormal=False)),
+        min_size=1,
+        max_size=9,
+    ),
     st.sampled_from([np.nan, np.inf, -np.inf, 1e30]),
 )
 def test_slot_sum_is_the_sum_of_the_selected_slots_whatever_the_others_hold(slots, junk):
