@@ -23,9 +23,9 @@ The FLOP floor is measured in the same run: a 2048 x 2048 float32 matmul in JAX 
 
 ``python -m benchmarks.vs_pfl [--rounds 100] [--timing-rounds 4] [--pfl-python PATH]``
 writes ``results/vs_pfl.json`` and prints a table (``--write``: also the ``vs_pfl`` section
-of benchmarks/RESULTS.md). Timing runs: swarmjax's marginal seconds
-per round (``(T(2n) - T(n)) / n`` over compiled ``simulate`` calls) and pfl's median over
-its rounds after the first; full runs: wall seconds over the rounds (swarmjax's
+of benchmarks/RESULTS.md). Timing runs: each system's median over its rounds after the
+first (swarmjax's rounds timed one by one with ``start``/``advance``, the privacy record
+apart); full runs: wall seconds over the rounds (swarmjax's
 compilation included; pfl's set-up included, its interpreter start not).
 """
 
@@ -53,7 +53,7 @@ from swarmjax.fl.algorithms import registry
 from swarmjax.fl.client.training import LocalTraining
 from swarmjax.fl.data import ClientStore, load_dataset, partition
 from swarmjax.fl.protocol import RunSpec, Spend, Variants
-from swarmjax.fl.runtime import advance, simulate, start
+from swarmjax.fl.runtime import advance, finish, simulate, start
 from swarmjax.fl.runtime.result import privacy_record
 from swarmjax.models import evaluate, param_count, simple_cnn
 
@@ -156,49 +156,47 @@ def record_seconds(res) -> float:
 def run_swarmjax(
     store: ClientStore, tests: tuple, rounds: int, dp: dict | None, block: int | None, timing: bool
 ) -> dict:
-    """One ``simulate`` run. ``timing``: the marginal seconds of a round, ``(T(2n) - T(n)) /
-    n`` for compiled calls of ``n`` and ``2n`` rounds (one compiled round per call), after
-    one untimed call of each length, so the run's fixed costs cancel out: compilation, and
-    with DP the accountant's PLD of the run's noise (calibrated per length; ~0.3-0.7 s to
-    build once per noise multiplier, then cached); the per-round epsilon curve of the
-    privacy record stays in, as users pay it (``record_seconds_per_round``: its share);
-    else the whole run's wall time over its rounds, compilation included. Every call also
-    collects the realised cohorts (``diagnostics=True``: ``clients_per_round``), since
-    DP-FedAvg's Poisson cohort of mean 50 makes the clients trained in a four-round marginal
-    vary by about 12 % (one standard deviation) between calls, and by 1.4 % over 100
-    rounds."""
+    """One run of ``rounds`` rounds, as a user runs it. ``timing``: each round timed on its
+    own (``start``, then ``advance`` one round at a time, as :func:`simulate` does), the
+    first (which compiles) apart as ``first_call_s``, and the median wall and CPU seconds
+    of the others: the measure pfl's timing rows take (:func:`run_pfl`: the median of its
+    rounds after the first). The privacy record, built once after the rounds, is timed
+    apart (``record_seconds_per_round``, its share of a round). Else the whole ``simulate``
+    call's wall time over its rounds, compilation and the record included. Both collect
+    the realised cohorts (``diagnostics=True``: ``clients_per_round``): DP-FedAvg's Poisson
+    cohort of mean 50 varies by about 12 % (one standard deviation) over four rounds and by
+    1.4 % over 100.
+
+    (Until 2026-11-28 the timing rows were the marginal ``(T(2n) - T(n)) / n`` of two whole
+    ``simulate`` calls: a difference of two run times, whose noise on a shared machine was
+    of the size of the rounds themselves; docs/measurements.md.)"""
     round_test, full_test = tests
     alg, grid = algorithm(dp)
-
-    def run(n: int, progress: bool = False) -> tuple[float, float, Any]:
-        accountant = "pld" if dp is None else dp["accountant"]
-        spec = RunSpec(n, 1.0 / USERS, (0,), accountant=accountant)
-        variants = Variants.grid(alg, store, spec, **grid)
-        t0, c0 = time.perf_counter(), time.process_time()
-        res = simulate(
-            alg,
-            store,
-            round_test,
-            variants,
-            client_map=block,
-            rounds_per_call=1,
-            progress=progress,
-            diagnostics=True,  # the realised cohorts (DP-FedAvg's Poisson draw varies)
-        )
-        return time.perf_counter() - t0, time.process_time() - c0, res
-
+    accountant = "pld" if dp is None else dp["accountant"]
+    spec = RunSpec(rounds, 1.0 / USERS, (0,), accountant=accountant)
+    variants = Variants.grid(alg, store, spec, **grid)
     record = math.nan
     if timing:
-        first, _, _ = run(rounds)  # compiles the one-round program
-        run(2 * rounds)  # the 2n-round run's fixed costs (its noise's PLD), untimed
-        wall_n, cpu_n, res_n = run(rounds)
-        wall_2n, cpu_2n, res = run(2 * rounds)
-        wall, cpu = wall_2n - wall_n, cpu_2n - cpu_n
-        trained = _trained(res) - _trained(res_n)
+        t0 = time.perf_counter()
+        run = start(alg, store, round_test, variants, client_map=block, diagnostics=True)
+        run, _, _, _ = timed_round(run)  # compiles
+        first = time.perf_counter() - t0  # start's checks and initialisation included
+        walls, cpus = [], []
+        for _ in range(rounds - 1):
+            run, wall, cpu, _ = timed_round(run)
+            walls.append(wall)
+            cpus.append(cpu)
+        wall, cpu = float(np.median(walls)) * rounds, float(np.median(cpus)) * rounds
+        res = finish(run)
+        trained = _trained(res)
         if dp is not None:
-            record = record_seconds(res) - record_seconds(res_n)
+            record = record_seconds(res)
     else:
-        wall, cpu, res = run(rounds, progress=True)
+        t0, c0 = time.perf_counter(), time.process_time()
+        res = simulate(
+            alg, store, round_test, variants, client_map=block, progress=True, diagnostics=True
+        )
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
         first, trained = math.nan, _trained(res)
         if dp is not None:
             record = record_seconds(res)
@@ -231,14 +229,23 @@ def _trained(res) -> int:
     return int(np.sum(res.private_diagnostics["selected"]))
 
 
+def timed_round(run: Any) -> tuple[Any, float, float, int]:
+    """``advance(run, 1)`` timed: ``(run, wall seconds, CPU seconds, clients trained)``
+    (the realised cohort: DP-FedAvg's Poisson draw varies around 50)."""
+    t0, c0 = time.perf_counter(), time.process_time()
+    run, _ = advance(run, 1)
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    return run, wall, cpu, int(np.max(run.outputs[-1]["selected"]))
+
+
 def interleaved(
     store: ClientStore, round_test: tuple, rounds: int, block: int | None, accountant: str
 ) -> dict:
     """FedAvg's and DP-FedAvg's rounds in turn, ``rounds`` of each after one compiling round
-    each (``start`` / ``advance``: :func:`simulate`'s compiled round, without its fixed
-    costs and without its privacy record, which :func:`record_seconds` times): the median
-    wall and CPU seconds of each one's round and their ratio, so that a change of load
-    during the measurement hits both alike."""
+    each (:func:`timed_round`, as the timing rows; the privacy record, which
+    :func:`record_seconds` times, is not in them): the median wall and CPU seconds of each
+    one's round and their ratio, so that a change of load during the measurement hits both
+    alike."""
     runs = {}
     for name, dp in (("plain", None), ("dp", dp_config(rounds + 1, accountant))):
         alg, grid = algorithm(dp)
@@ -251,12 +258,10 @@ def interleaved(
     cohort: dict[str, list[int]] = {name: [] for name in runs}
     for _ in range(rounds):
         for name in runs:
-            t0, c0 = time.perf_counter(), time.process_time()
-            runs[name], _ = advance(runs[name], 1)
-            wall[name].append(time.perf_counter() - t0)
-            cpu[name].append(time.process_time() - c0)
-            # clients that trained this round (DP-FedAvg's Poisson cohort varies around 50)
-            cohort[name].append(int(np.max(runs[name].outputs[-1]["selected"])))
+            runs[name], w, c, trained = timed_round(runs[name])
+            wall[name].append(w)
+            cpu[name].append(c)
+            cohort[name].append(trained)
     med = {f"{k}_{n}": float(np.median(v[n])) for k, v in (("wall", wall), ("cpu", cpu)) for n in v}
     per_client = {n: sum(cpu[n]) / max(sum(cohort[n]), 1) for n in runs}
     return {
@@ -450,7 +455,7 @@ def dp_cost_lines(results: list[dict]) -> list[str]:
         ours = [r for r in results if r["system"] == "swarmjax" and r["timing"] == timing]
         plain = next((r for r in ours if not r["dp"]), None)
         for dp in (r for r in ours if r["dp"] and plain is not None):
-            what = "marginal round" if timing else f"{dp['rounds']} rounds"
+            what = "median round" if timing else f"{dp['rounds']} rounds"
             wall = dp["seconds_per_round"] / plain["seconds_per_round"]
             cpu = dp["cpu_seconds_per_round"] / plain["cpu_seconds_per_round"]
             share = dp.get("record_seconds_per_round", math.nan)
@@ -501,10 +506,7 @@ def report(results: list[dict], summary: dict, argv: list[str] | None, name: str
         "|---|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|",
     ]
     for r in results:
-        if not r["timing"]:
-            run = "whole run / rounds"
-        else:
-            run = "marginal round" if r["system"] == "swarmjax" else "median round"
+        run = "median round after the first" if r["timing"] else "whole run / rounds"
         eps = "-" if r["epsilon"] is None else f"{r['epsilon']:.3f}"
         rows.append(
             f"| {r['system']} | {'user-level' if r['dp'] else 'no'} | {run} | {r['rounds']} "
