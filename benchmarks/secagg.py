@@ -1,11 +1,15 @@
 """Distributed DP under secure aggregation against central DP-FedAvg on the same work
 (issue 47, item 4): round time, bytes per client and accuracy.
 
-Work: MNIST train split into ``--users`` users of 50 rows (seeded consecutive chunks),
-cohort ``--cohort``, one local epoch of batch 10, pfl's ``simple_cnn`` (d = 1,199,882
-coordinates under the default DCT rotation), fixed clip 0.4, user-level epsilon
-``--epsilon`` at delta ``1 / users``, RDP accountant for every run. Compared, in one
-process on one device:
+Work (``--work``): ``mnist``: MNIST train split into ``--users`` users of 50 rows (seeded
+consecutive chunks), pfl's ``simple_cnn`` (d = 1,199,882 coordinates under the default DCT
+rotation), local SGD at rate 0.1, fixed clip 0.4; ``shakespeare``: ``--users`` speaking
+roles (a seeded sample of the staged plays' roles with at least 2 lines), 50 random
+80-character windows each, ``experiments.shakespeare``'s character LSTM (two layers of 256;
+d = 818,640), local SGD at the paper's rate 1.47, fixed clip 0.5 (that experiment's initial
+clip); accuracy on 1,000 test windows. Both: cohort ``--cohort``, one local epoch of batch
+10, user-level epsilon ``--epsilon`` at delta ``1 / users``, RDP accountant for every run.
+Compared, in one process on one device:
 
 * ``dp-fedavg``: central DP (the server trusted; a secret Poisson cohort, amplified);
 * ``dp-fedavg-secagg`` at each of ``--bits``: client-added Skellam shares and masked b-bit
@@ -23,8 +27,10 @@ Example: ``python -m benchmarks.secagg --rounds 4 --bits 16 20``.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
+from dataclasses import dataclass
 
 import jax
 import numpy as np
@@ -32,28 +38,83 @@ import pandas as pd
 
 from benchmarks import _cli as _bcli
 from benchmarks._results import machine, write_section
-from experiments import _cli
+from experiments import _cli, shakespeare
 from swarmjax.fl.algorithms import registry
 from swarmjax.fl.client.training import LocalTraining
 from swarmjax.fl.data import ClientStore, partition
 from swarmjax.fl.distributed import Distributed
 from swarmjax.fl.protocol import RunSpec, Variants
 from swarmjax.fl.runtime import simulate
-from swarmjax.models import evaluate, param_count, simple_cnn
+from swarmjax.models import Model, evaluate, param_count, simple_cnn
 
 ROWS, CLIP = 50, 0.4
 
 
-def _build(name: str, users: int, cohort: int, rounds: int, epsilon: float, bits: int | None):
+@dataclass(frozen=True)
+class Work:
+    """What every compared run shares: the model, the clients, the test sets (the
+    per-round one and the final one), the local rate and the clip."""
+
+    name: str
+    model: Model
+    store: ClientStore
+    round_test: tuple[np.ndarray, np.ndarray]
+    final_test: tuple[np.ndarray, np.ndarray]
+    learning_rate: float
+    clip: float
+
+
+def mnist_work(data_dir, source: str | None, users: int) -> Work:
+    """``users`` MNIST users of 50 rows, ``simple_cnn``."""
+    if ROWS * users > 60_000:
+        raise _cli.UserError(f"--users {users} x {ROWS} rows exceed MNIST's 60,000")
+    ds = _cli.load_dataset("mnist", data_dir, source)
+    part = partition(ds.y_train, users, "consecutive", size=ROWS, seed=0)
+    store = ClientStore.build(ds.x_train, ds.y_train, part.indices)
+    test = (ds.x_test, ds.y_test)
+    return Work(
+        "mnist",
+        simple_cnn(10, (28, 28, 1)),
+        store,
+        (test[0][:1000], test[1][:1000]),
+        test,
+        0.1,
+        CLIP,
+    )
+
+
+def shakespeare_work(data_dir, users: int) -> Work:
+    """``users`` speaking roles of the staged plays, ``experiments.shakespeare``'s default
+    LSTM and windows."""
+    prof = dataclasses.replace(shakespeare.PROFILES["default"], clients=users)
+    try:
+        fed, pick = shakespeare.federation(prof, data_dir)
+    except _cli.UserError as err:  # the experiment's --clients is this benchmark's --users
+        raise _cli.UserError(str(err).replace("--clients", "--users")) from None
+    store, round_test, final_test = shakespeare.clients_and_test(prof, fed, pick)
+    return Work(
+        "shakespeare",
+        shakespeare.model(prof),
+        store,
+        round_test,
+        final_test,
+        prof.learning_rate,
+        prof.initial_clip,
+    )
+
+
+def _build(name: str, work: Work, cohort: int, rounds: int, epsilon: float, bits: int | None):
+    users = work.store.num_clients
     spec = RunSpec(rounds, 1.0 / users, (0,), accountant="rdp")
     run = registry.CrossDeviceRun(
-        simple_cnn(10, (28, 28, 1)),
+        work.model,
         users,
         cohort,
         spec,
         LocalTraining(epochs=1, batch_size=10, optimizer="sgd"),
         epsilon=epsilon,
-        clip=CLIP,
+        learning_rate=work.learning_rate,
+        clip=work.clip,
         eval_batch_size=250,
         options={} if bits is None else {"bits": bits},
     )
@@ -61,10 +122,11 @@ def _build(name: str, users: int, cohort: int, rounds: int, epsilon: float, bits
     return alg, grid, spec
 
 
-def _time(name, store, test, args, bits):
+def _time(name: str, work: Work, args, bits: int | None):
     """One run of ``2 --rounds`` rounds: the median seconds of its rounds after the first
     (which compiles), timed between the per-round callbacks; the result; the algorithm."""
-    alg, grid, spec = _build(name, args.users, args.cohort, 2 * args.rounds, args.epsilon, bits)
+    store, test = work.store, work.round_test
+    alg, grid, spec = _build(name, work, args.cohort, 2 * args.rounds, args.epsilon, bits)
     variants = Variants.grid(alg, store, spec, **grid)
     marks = []
     res = simulate(
@@ -83,12 +145,22 @@ def _time(name, store, test, args, bits):
 def main(argv: list[str] | None = None) -> None:
     p = _bcli.parser("secagg", __doc__, writes="secagg-<date>")
     p.add_argument(
-        "--data-dir",
-        help="folder holding mnist/ (default: $SWARMJAX_DATA, else ~/.cache/swarmjax/data; "
-        "python -m swarmjax.data fetch mnist stages it)",
+        "--work",
+        choices=("mnist", "shakespeare"),
+        default="mnist",
+        help="mnist: users of 50 rows, simple_cnn; shakespeare: speaking roles, the "
+        "character LSTM (default mnist)",
     )
     p.add_argument(
-        "--users", type=_cli.count("--users", 2), default=400, help="users of 50 rows (400)"
+        "--data-dir",
+        help="folder holding mnist/ or shakespeare/ (default: $SWARMJAX_DATA, else "
+        "~/.cache/swarmjax/data; python -m swarmjax.data fetch NAME stages it)",
+    )
+    p.add_argument(
+        "--users",
+        type=_cli.count("--users", 2),
+        default=400,
+        help="MNIST users of 50 rows, or Shakespeare speaking roles (400)",
     )
     p.add_argument("--cohort", type=_cli.count("--cohort"), default=20, help="clients a round (20)")
     p.add_argument(
@@ -112,24 +184,21 @@ def main(argv: list[str] | None = None) -> None:
         raise _cli.UserError(f"--cohort {args.cohort} must be <= --users {args.users}")
     if max(args.bits) > 32:
         raise _cli.UserError(f"--bits {max(args.bits)}: at most 32 (uint32 words)")
-    if ROWS * args.users > 60_000:
-        raise _cli.UserError(f"--users {args.users} x {ROWS} rows exceed MNIST's 60,000")
-    source = _cli.data_source(args)
-    ds = _cli.load_dataset("mnist", _cli.data_dir(args.data_dir), source)
-    part = partition(ds.y_train, args.users, "consecutive", size=ROWS, seed=0)
-    store = ClientStore.build(ds.x_train, ds.y_train, part.indices)
-    test = (ds.x_test[:1000], ds.y_test[:1000])
+    data_dir = _cli.data_dir(args.data_dir)
+    if args.work == "mnist":
+        work = mnist_work(data_dir, _cli.data_source(args), args.users)
+    else:
+        work = shakespeare_work(data_dir, args.users)
     rows = []
     for name, bits in [("dp-fedavg", None), *[("dp-fedavg-secagg", b) for b in args.bits]]:
         try:
-            seconds, res, alg = _time(name, store, test, args, bits)
+            seconds, res, alg = _time(name, work, args, bits)
         except ValueError as err:  # bits too few for the target: the library's one line
             rows.append({"algorithm": name, "bits": bits, "refused": str(err)})
             print(f"{name} bits={bits}: refused: {err}")
             continue
         params = jax.tree.map(lambda a: a[0], res.server.params)
-        model = simple_cnn(10, (28, 28, 1))
-        _, acc = evaluate(model.apply, params, ds.x_test, ds.y_test, batch_size=1000)
+        _, acc = evaluate(work.model.apply, params, *work.final_test, batch_size=250)
         n = param_count(params)
         up = 4 * n
         if isinstance(alg, Distributed):
@@ -155,11 +224,13 @@ def main(argv: list[str] | None = None) -> None:
     print(text)
     if args.write:
         head = (
-            f"`python -m benchmarks.secagg --users {args.users} --cohort {args.cohort} "
+            f"`python -m benchmarks.secagg --work {args.work} --users {args.users} "
+            f"--cohort {args.cohort} "
             f"--rounds {args.rounds} --epsilon {args.epsilon} --bits "
             f"{' '.join(map(str, args.bits))}` on {machine()}"
         )
-        write_section("secagg-" + time.strftime("%Y%m%d"), head + "\n\n" + text)
+        name = "secagg-" + ("" if args.work == "mnist" else "shakespeare-")
+        write_section(name + time.strftime("%Y%m%d"), head + "\n\n" + text)
 
 
 if __name__ == "__main__":

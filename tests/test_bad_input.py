@@ -324,6 +324,8 @@ def test_given_tracks_the_command_line_not_the_defaults():
         (secagg.main, ["--bits", "4"], "--bits: must be >= 8"),
         (secagg.main, ["--cohort", "30", "--users", "20"], "--cohort 30 must be <= --users 20"),
         (secagg.main, ["--record"], "unrecognized"),  # --write, as every benchmark
+        (secagg.main, ["--work", "cifar"], "--work: invalid choice"),
+        (secagg.main, ["--users", "1300"], "--users 1300 x 50 rows exceed MNIST's 60,000"),
         (scaling.main, ["--devices", "2", "4"], "--devices 2 4: must start at 1"),
         (scaling.main, ["--devices", "1", "0"], "--devices"),
         (scaling.main, ["--per-device", "700"], "exceeds the vs_pfl work's 1200 users"),
