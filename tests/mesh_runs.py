@@ -4,7 +4,7 @@ script in a process whose XLA_FLAGS give it several CPU devices (and, with ``--r
 under ``jax.distributed``); it writes one ``.npz`` of every run's numbers.
 
     python tests/mesh_runs.py OUT.npz RUNS [--resume ...] [--memory ...] [--experiment DIR:1,2]
-        [--rank R --port P --processes N]
+        [--audit 0,4] [--rank R --port P --processes N]
 """
 
 from __future__ import annotations
@@ -132,6 +132,28 @@ def interrupted(folder: str, label: str, after: int) -> None:
     raise AssertionError("the run was not interrupted")
 
 
+AUDIT_CANARIES = 32
+
+
+def audited(label: str) -> dict[str, np.ndarray]:
+    """DP-FedAvg on mesh ``label`` with a client-level canary audit (32 Dirac canaries,
+    every one a slot every round): its run's numbers and its canary report's, as
+    ``audit/<label>/...``."""
+    from swarmjax.fl.runtime.mesh import describe
+    from swarmjax.fl.runtime.simulator import slot_buffer
+    from swarmjax.privacy.canaries import CanaryAudit
+
+    audit = CanaryAudit(AUDIT_CANARIES, slots=AUDIT_CANARIES)
+    result = run("dp-fedavg", label, audit=audit)
+    alg = algorithms()["dp-fedavg"][0]
+    print(f"audit {label}: {describe(mesh(label, 1), slot_buffer(alg, NUM_CLIENTS))}", flush=True)
+    (report,) = result.audit
+    out = numbers(result, f"audit/{label}")
+    for name in ("included", "dropped", "auroc", "tpr_at_fpr", "epsilon_lower"):
+        out[f"audit/{label}/report/{name}"] = np.asarray(getattr(report, name), np.float64)
+    return out
+
+
 def memory_limited(refused: str, runs_on: str) -> tuple[str, dict[str, np.ndarray]]:
     """DP-FedAvg under a device memory limit between what its cohort needs per device on
     mesh ``refused`` and on mesh ``runs_on`` (the simulator's own estimate): the refusal's
@@ -192,6 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--resume", help="DIR:FROM:TO, e.g. /tmp/ck:4:2 (DP-FedAvg)")
     p.add_argument("--memory", help="REFUSED:RUNS_ON meshes, e.g. 1:4 (DP-FedAvg)")
     p.add_argument("--experiment", help="DIR:DEVICES, e.g. /tmp/xd:1,2 (cross_device)")
+    p.add_argument("--audit", help="MESHES of an audited DP-FedAvg run, e.g. 0,4")
     p.add_argument("--rank", type=int)
     p.add_argument("--port")
     p.add_argument("--processes", type=int, default=1)
@@ -219,6 +242,9 @@ def main(argv: list[str] | None = None) -> int:
         folder, first, then = args.resume.split(":")
         interrupted(folder, first, after=2)
         out |= numbers(run("dp-fedavg", then, checkpoint_dir=folder), "resumed")
+    if args.audit:
+        for label in args.audit.split(","):
+            out |= audited(label)
     if args.experiment:  # before --memory, which leaves the device's memory limit lowered
         out |= experiment(*args.experiment.split(":"))
     if args.memory:

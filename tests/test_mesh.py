@@ -7,7 +7,8 @@ CPU devices (one subprocess with 4 virtual devices, tests/mesh_runs.py) and over
 against the unsharded run: the same privacy record, cohorts and client states bit for bit,
 the model to float32 rounding (the replies' sum is added per device, then across devices;
 one device: bit for bit). Also: a checkpoint written on 4 devices resumes on 2, a cohort
-refused for memory on one device runs on 4, and bad input is one line before any work.
+refused for memory on one device runs on 4, a client-level canary audit on 4 devices is the
+unsharded audit, and bad input is one line before any work.
 """
 
 from __future__ import annotations
@@ -114,7 +115,7 @@ def launched(tmp_path_factory):
         port = str(s.getsockname()[1])
     local = ["fedavg:0,1,2,4", "fedavg-2:0,2x2", "dp-fedavg:0,2,4", "dp-ftrl:0,4"]
     local += ["--resume", f"{tmp / 'checkpoints'}:4:2", "--memory", "1:4"]
-    local += ["--experiment", f"{tmp / 'cross_device'}:1,2"]
+    local += ["--experiment", f"{tmp / 'cross_device'}:1,2", "--audit", "0,4"]
     ranks = [
         ["dp-fedavg:4", "dp-ftrl:4", "--rank", str(r), "--port", port, "--processes", "2"]
         for r in (0, 1)
@@ -193,6 +194,25 @@ def test_checkpoint_of_four_devices_resumes_on_two(local):
     numbers of the uninterrupted unsharded run."""
     numbers, _ = local
     _compare(numbers, "resumed/", "dp-fedavg/0/")
+
+
+def test_canary_audit_on_four_devices_is_the_unsharded_audit(local):
+    """A client-level canary audit on a 4-device clients mesh (the canaries join after the
+    cross-device sum, before the plan's noise): the run's numbers as the unsharded audited
+    run's, and the same canary report (which canaries took part, their scores' AUROC and
+    true positive rate exactly; the epsilon lower bound to float32 tolerance)."""
+    numbers, log = local
+    assert "audit 4: cohort of 19 slots over 4 cpu devices" in log
+    _compare(numbers, "audit/4/", "audit/0/")
+    for name in ("included", "dropped", "auroc", "tpr_at_fpr"):
+        np.testing.assert_array_equal(
+            numbers[f"audit/4/report/{name}"], numbers[f"audit/0/report/{name}"], err_msg=name
+        )
+    assert numbers["audit/0/report/included"] > 0
+    # the canaries are in the model: the audited run is not the plain DP-FedAvg run
+    assert not np.allclose(
+        numbers["audit/0/server/0"], numbers["dp-fedavg/0/server/0"], rtol=RTOL, atol=ATOL
+    )
 
 
 def test_cohort_refused_for_memory_on_one_device_runs_on_four(local):
