@@ -336,6 +336,18 @@ def final_accuracy(apply: Callable, params: Any, x: jax.Array, y: jax.Array) -> 
     return jax.vmap(lambda p: evaluate(apply, p, x, y, EVAL_BATCH)[1])(params)
 
 
+def call_settings(prof: Profile, counts: dict) -> dict:
+    """What the saved calls are keyed by (and, with ``--secret-file``, what each call's
+    secret is derived from): the profile's fields that change a run's numbers, and the data
+    counts. ``targets`` (read off the history) and ``devices`` are not among them:
+    ``--devices`` lays a run out and changes no number beyond float32 rounding, so a run on
+    another count draws the same cohorts, batches and noise and reuses ``calls/``."""
+    runs_depend_on = dataclasses.asdict(prof)
+    for layout_only in ("targets", "devices"):
+        runs_depend_on.pop(layout_only)
+    return {"profile": runs_depend_on, "data": counts}
+
+
 def run_one(
     name: str,
     prof: Profile,
@@ -570,8 +582,7 @@ def main(argv: list[str] | None = None) -> None:
     counts = {**fed.stats(), "clients_taken": n, "training_windows": store.num_rows}
     (out / "dataset.json").write_text(json.dumps(counts, indent=1))
     ledger = Ledger(out, "shakespeare", accountant=prof.accountant)
-    runs_depend_on = {k: v for k, v in dataclasses.asdict(prof).items() if k != "targets"}
-    settings = {"profile": runs_depend_on, "data": counts}
+    settings = call_settings(prof, counts)
     calls = _cli.call_store(
         out,
         settings,

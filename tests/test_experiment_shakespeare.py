@@ -3,6 +3,7 @@ epsilon 2 and 8 on two plays), its outputs, and its one-line errors before any w
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pandas as pd
@@ -89,3 +90,14 @@ def test_bad_input_is_one_line_before_any_work(plays_dir, tmp_path, capsys, extr
     err = _error(["--quick", "--data-dir", str(plays_dir), "--out", str(out), *extra], capsys)
     assert message in err
     assert not (out / "history.csv").exists()
+
+
+def test_devices_is_not_a_setting_of_the_calls():
+    """``--devices`` keys neither the saved calls nor the secrets derived from
+    ``--secret-file`` (a run on 2 devices is the run on 1: the same cohorts and noise), while
+    a setting that changes the numbers does."""
+    prof = shakespeare.PROFILES["quick"]
+    counts = {"clients": 59}
+    one = shakespeare.call_settings(prof, counts)
+    assert one == shakespeare.call_settings(dataclasses.replace(prof, devices=2), counts)
+    assert one != shakespeare.call_settings(dataclasses.replace(prof, rounds=3), counts)
