@@ -117,7 +117,7 @@ class Stop(Exception):
     """Raised by a callback to kill a run after some rounds (its checkpoint stays)."""
 
 
-def interrupted(folder: str, label: str, after: int) -> None:
+def interrupted(folder: str, label: str, after: int, processes: int = 1) -> None:
     """DP-FedAvg on mesh ``label`` with checkpoints in ``folder``, killed after round
     ``after`` (the callback runs before that round's checkpoint is written)."""
 
@@ -126,7 +126,7 @@ def interrupted(folder: str, label: str, after: int) -> None:
             raise Stop
 
     try:
-        run("dp-fedavg", label, checkpoint_dir=folder, callbacks=[stop])
+        run("dp-fedavg", label, processes, checkpoint_dir=folder, callbacks=[stop])
     except Stop:
         return
     raise AssertionError("the run was not interrupted")
@@ -240,8 +240,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name} {label}: {time.perf_counter() - started:.1f} s; {line}", flush=True)
     if args.resume:
         folder, first, then = args.resume.split(":")
-        interrupted(folder, first, after=2)
-        out |= numbers(run("dp-fedavg", then, checkpoint_dir=folder), "resumed")
+        interrupted(folder, first, after=2, processes=args.processes)
+        resumed = run("dp-fedavg", then, args.processes, checkpoint_dir=folder)
+        out |= numbers(resumed, "resumed")
     if args.audit:
         for label in args.audit.split(","):
             out |= audited(label)

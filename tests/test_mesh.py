@@ -7,8 +7,9 @@ CPU devices (one subprocess with 4 virtual devices, tests/mesh_runs.py) and over
 against the unsharded run: the same privacy record, cohorts and client states bit for bit,
 the model to float32 rounding (the replies' sum is added per device, then across devices;
 one device: bit for bit). Also: a checkpoint written on 4 devices resumes on 2, a cohort
-refused for memory on one device runs on 4, a client-level canary audit on 4 devices is the
-unsharded audit, and bad input is one line before any work.
+refused for memory on one device runs on 4, a 2-process run killed mid-way resumes from its
+checkpoint, a client-level canary audit on 4 devices is the unsharded audit, and bad input
+is one line before any work.
 """
 
 from __future__ import annotations
@@ -116,8 +117,9 @@ def launched(tmp_path_factory):
     local = ["fedavg:0,1,2,4", "fedavg-2:0,2x2", "dp-fedavg:0,2,4", "dp-ftrl:0,4"]
     local += ["--resume", f"{tmp / 'checkpoints'}:4:2", "--memory", "1:4"]
     local += ["--experiment", f"{tmp / 'cross_device'}:1,2", "--audit", "0,4"]
+    resume = ["--resume", f"{tmp / 'checkpoints-two'}:4:4"]
     ranks = [
-        ["dp-fedavg:4", "dp-ftrl:4", "--rank", str(r), "--port", port, "--processes", "2"]
+        ["dp-fedavg:4", "dp-ftrl:4", *resume, "--rank", str(r), "--port", port, "--processes", "2"]
         for r in (0, 1)
     ]
     jobs = {
@@ -255,6 +257,16 @@ def test_two_processes_are_the_unsharded_run(local, distributed):
             {**numbers, **{f"two/{k}": v for k, v in two.items()}}, f"two/{alg}/4/", f"{alg}/0/"
         )
     assert all("4 devices on 2 process(es)" in log for log in logs)
+
+
+def test_two_processes_checkpoint_and_resume(local, distributed):
+    """DP-FedAvg over 2 jax.distributed processes, killed after round 2 and resumed from
+    its checkpoint by both: the unsharded run's numbers (process 0 writes the folder's
+    files, orbax the replicated carry once, and no process goes on before the checkpoint
+    is complete)."""
+    numbers, _ = local
+    two, _ = distributed
+    _compare({**numbers, **{f"two/{k}": v for k, v in two.items()}}, "two/resumed/", "dp-fedavg/0/")
 
 
 # ---- bad input: one line, before any work (this process: one CPU device) ----

@@ -75,14 +75,35 @@ SECRET_FILE = "secret.key"
 """The run's secret inside its checkpoint folder (never released)."""
 
 
+def _primary() -> bool:
+    """Whether this process writes the folder's host-side files: the only one, or process 0
+    of a ``jax.distributed`` job (every process computes the same replicated carry and
+    outputs; two writers of one file race)."""
+    return jax.process_index() == 0
+
+
+def _sync(name: str) -> None:
+    """Over ``jax.distributed``, wait until every process reaches ``name`` (a no-op in one
+    process), so that no process reads a file the primary has not finished writing."""
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices(f"swarmjax checkpoint: {name}")
+
+
 def checkpoint_secret(folder: str | os.PathLike) -> Secret:
     """The secret of the run checkpointed in ``folder``: the one saved there (a resume draws
     the same numbers), else a fresh one from operating-system entropy, saved there (owner
-    read/write only) before any round runs. The folder is marked not released."""
+    read/write only) before any round runs. The folder is marked not released. Over
+    ``jax.distributed`` (the folder on a file system every process sees) process 0 draws and
+    saves it, and the others read that one: every process must hold the same secret."""
     where = Path(folder).resolve()
     where.mkdir(parents=True, exist_ok=True)
-    _mark_not_released(where)
-    return Secret.kept_in(where / SECRET_FILE)
+    if _primary():
+        _mark_not_released(where)
+        secret = Secret.kept_in(where / SECRET_FILE)
+    _sync(f"secret of {where}")
+    return secret if _primary() else Secret.load(where / SECRET_FILE)
 
 
 def fingerprint(alg: Any, variants: Any, data: PyTree, keys: PRNGKeyArray) -> str:
@@ -132,9 +153,11 @@ class Checkpoints:
     ) -> None:
         self.folder = Path(folder).resolve()
         self.folder.mkdir(parents=True, exist_ok=True)
-        _mark_not_released(self.folder)
+        if _primary():
+            _mark_not_released(self.folder)
         options = dict(options or {})
         stamp = self.folder / "fingerprint.json"
+        _sync(f"open {self.folder}")  # a stamp being written by process 0 is not read
         if stamp.exists():
             saved = json.loads(stamp.read_text())
             saved_options = saved.get("options", {})
@@ -150,8 +173,10 @@ class Checkpoints:
                     f"checkpoint_dir {self.folder} holds a run with other settings; give "
                     "another folder, delete it, or rerun with --restart"
                 )
-        else:
-            stamp.write_text(json.dumps({"fingerprint": digest, "options": options}))
+        elif _primary():
+            tmp = self.folder / ".fingerprint.json.tmp"
+            tmp.write_text(json.dumps({"fingerprint": digest, "options": options}))
+            os.replace(tmp, stamp)
         self._manager = ocp.CheckpointManager(
             self.folder / "carry", options=ocp.CheckpointManagerOptions(max_to_keep=2)
         )
@@ -165,13 +190,18 @@ class Checkpoints:
         return self.folder / f"outputs_{step}.npz"
 
     def save(self, rounds_done: int, carry: PyTree, outputs: PyTree) -> None:
-        """Save the carry and the per-round outputs after ``rounds_done`` rounds."""
+        """Save the carry and the per-round outputs after ``rounds_done`` rounds (over
+        ``jax.distributed``: orbax saves the replicated carry once, process 0 writes the
+        outputs, and every process returns only when the checkpoint is complete, so all of
+        them resume from the same round)."""
         self._manager.save(rounds_done, args=ocp.args.StandardSave(_sized(carry)))
         self._manager.wait_until_finished()
-        leaves, _ = jax.tree.flatten(outputs)
-        tmp = self.folder / f".outputs_{rounds_done}.tmp.npz"
-        np.savez(tmp, *leaves)
-        os.replace(tmp, self._outputs(rounds_done))
+        if _primary():
+            leaves, _ = jax.tree.flatten(outputs)
+            tmp = self.folder / f".outputs_{rounds_done}.tmp.npz"
+            np.savez(tmp, *leaves)
+            os.replace(tmp, self._outputs(rounds_done))
+        _sync(f"saved {self.folder} at {rounds_done}")
 
     def restore(self, rounds_done: int, carry: PyTree, outputs_like: PyTree) -> tuple:
         """``(carry, outputs)`` saved after ``rounds_done`` rounds; ``carry`` and
