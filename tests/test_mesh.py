@@ -331,6 +331,16 @@ def test_simulate_refuses_before_any_work(monkeypatch):
         simulate(local_only, clients, test, variants, mesh=clients_mesh(1))
 
 
+def test_start_refuses_a_fresh_secret_per_process(monkeypatch):
+    """Over jax.distributed every process must hold the same secret: secret=None (a fresh
+    one from each process's entropy) is one line, before any work."""
+    from swarmjax.fl.runtime import simulator
+
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    with pytest.raises(ValueError, match=r"^secret=None would draw a different secret in each"):
+        simulator.start(None, None, None, None)
+
+
 def test_cohort_memory_per_device():
     """The shared part on every device; the padded slots and the runs split by the mesh."""
     memory = CohortMemory(shared=1000, per_slot=10, slots=19, runs=2)

@@ -778,6 +778,12 @@ def start(
     """Check the call and initialise every run (:func:`simulate`'s arguments of the same
     names; ``secret=None`` draws a fresh one from operating-system entropy, never saved);
     no round is run. Bad input is one ``ValueError`` line here, before any work."""
+    if secret is None and jax.process_count() > 1:
+        raise ValueError(
+            f"secret=None would draw a different secret in each of the {jax.process_count()} "
+            "jax.distributed processes; pass every process the same secret= (e.g. "
+            "Secret.from_file) or one checkpoint_dir on a shared file system"
+        )
     if secret is None:
         secret = Secret.generate()
     elif not isinstance(secret, Secret):
