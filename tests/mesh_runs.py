@@ -88,6 +88,15 @@ def mesh(label: str, processes: int):
     return clients_mesh(int(label), processes=processes)
 
 
+def layout(name: str, label: str, processes: int) -> str:
+    """How algorithm ``name``'s cohort is laid out on mesh ``label`` (its printed line)."""
+    from swarmjax.fl.runtime.mesh import describe
+    from swarmjax.fl.runtime.simulator import slot_buffer
+
+    alg = algorithms()[name.removesuffix("-2")][0]
+    return describe(mesh(label, processes), slot_buffer(alg, NUM_CLIENTS))
+
+
 def run(name: str, label: str, processes: int = 1, **kw):
     """The run of algorithm ``name`` (``"fedavg-2"``: FedAvg with two seeds) on mesh
     ``label``; ``kw``: more of ``simulate``'s arguments."""
@@ -139,14 +148,11 @@ def audited(label: str) -> dict[str, np.ndarray]:
     """DP-FedAvg on mesh ``label`` with a client-level canary audit (32 Dirac canaries,
     every one a slot every round): its run's numbers and its canary report's, as
     ``audit/<label>/...``."""
-    from swarmjax.fl.runtime.mesh import describe
-    from swarmjax.fl.runtime.simulator import slot_buffer
     from swarmjax.privacy.canaries import CanaryAudit
 
     audit = CanaryAudit(AUDIT_CANARIES, slots=AUDIT_CANARIES)
     result = run("dp-fedavg", label, audit=audit)
-    alg = algorithms()["dp-fedavg"][0]
-    print(f"audit {label}: {describe(mesh(label, 1), slot_buffer(alg, NUM_CLIENTS))}", flush=True)
+    print(f"audit {label}: {layout('dp-fedavg', label, 1)}", flush=True)
     (report,) = result.audit
     out = numbers(result, f"audit/{label}")
     for name in ("included", "dropped", "auroc", "tpr_at_fpr", "epsilon_lower"):
@@ -226,8 +232,7 @@ def main(argv: list[str] | None = None) -> int:
             num_processes=args.processes,
             process_id=args.rank,
         )
-    from swarmjax.fl.runtime.mesh import describe, peak_memory
-    from swarmjax.fl.runtime.simulator import slot_buffer
+    from swarmjax.fl.runtime.mesh import peak_memory
 
     out: dict[str, np.ndarray] = {}
     for item in args.runs:
@@ -235,8 +240,7 @@ def main(argv: list[str] | None = None) -> int:
         for label in labels.split(","):
             started = time.perf_counter()
             out |= numbers(run(name, label, args.processes), f"{name}/{label}")
-            alg = algorithms()[name.removesuffix("-2")][0]
-            line = describe(mesh(label, args.processes), slot_buffer(alg, NUM_CLIENTS))
+            line = layout(name, label, args.processes)
             print(f"{name} {label}: {time.perf_counter() - started:.1f} s; {line}", flush=True)
     if args.resume:
         folder, first, then = args.resume.split(":")

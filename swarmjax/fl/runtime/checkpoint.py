@@ -84,7 +84,9 @@ def _primary() -> bool:
 
 def _sync(name: str) -> None:
     """Over ``jax.distributed``, wait until every process reaches ``name`` (a no-op in one
-    process), so that no process reads a file the primary has not finished writing."""
+    process), so that no process reads a file the primary has not finished writing. The
+    name holds no path: hosts may mount the shared folder at different paths, and every
+    process must pass the same name."""
     if jax.process_count() > 1:
         from jax.experimental import multihost_utils
 
@@ -102,7 +104,7 @@ def checkpoint_secret(folder: str | os.PathLike) -> Secret:
     if _primary():
         _mark_not_released(where)
         secret = Secret.kept_in(where / SECRET_FILE)
-    _sync(f"secret of {where}")
+    _sync("secret")
     return secret if _primary() else Secret.load(where / SECRET_FILE)
 
 
@@ -157,7 +159,7 @@ class Checkpoints:
             _mark_not_released(self.folder)
         options = dict(options or {})
         stamp = self.folder / "fingerprint.json"
-        _sync(f"open {self.folder}")  # a stamp being written by process 0 is not read
+        _sync("open")  # a stamp being written by process 0 is not read
         if stamp.exists():
             saved = json.loads(stamp.read_text())
             saved_options = saved.get("options", {})
@@ -201,7 +203,7 @@ class Checkpoints:
             tmp = self.folder / f".outputs_{rounds_done}.tmp.npz"
             np.savez(tmp, *leaves)
             os.replace(tmp, self._outputs(rounds_done))
-        _sync(f"saved {self.folder} at {rounds_done}")
+        _sync(f"saved at {rounds_done}")
 
     def restore(self, rounds_done: int, carry: PyTree, outputs_like: PyTree) -> tuple:
         """``(carry, outputs)`` saved after ``rounds_done`` rounds; ``carry`` and
