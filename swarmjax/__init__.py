@@ -14,7 +14,9 @@ Federated learning (``docs/federated.md``)
     with record-level DP-SGD.
     ``from swarmjax.fl import RunSpec, Variants, simulate``: state a call once, sweep
     hyper-parameters and targets, run; ``simulate`` returns a ``Result`` (``history``,
-    ``privacy``, ``server``).
+    ``privacy``, ``server``). Its options: ``execution=Execution(...)`` (client map, mesh,
+    checkpoints, progress, callbacks: how it runs) and ``release=Release(...)`` (ledger,
+    path, data source: what it publishes), both ``from swarmjax.fl``.
     ``from swarmjax.fl.protocol import Algorithm, Exchange, Slots``: write your own
     algorithm; ``swarmjax.fl.runtime.flower`` runs it on Flower (``docs/flower.md``).
 

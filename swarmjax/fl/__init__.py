@@ -45,6 +45,8 @@ _LAZY = {
     "PrivacyRecord": "runtime",
     "Result": "runtime",
     "simulate": "runtime",
+    "Execution": "runtime",
+    "Release": "runtime",
 }
 
 

@@ -28,13 +28,18 @@ Hyper = PyTree
 class RunSpec:
     """What every run of one call shares, stated once: ``rounds`` (training rounds
     ``T >= 1``), ``delta`` (of every epsilon the call reports), ``seeds`` (runs are
-    (variant, seed) pairs) and ``accountant`` (``"pld"``, the default, or ``"rdp"``: what
-    calibrates the noise and what the privacy record composes with)."""
+    (variant, seed) pairs), ``accountant`` (``"pld"``, the default, or ``"rdp"``: what
+    calibrates the noise and what the privacy record composes with) and
+    ``common_random_numbers`` (``True``: every variant of a seed gets the same run key, so
+    the variants share every draw on purpose, for paired comparisons; the privacy record
+    says so and a ledger refuses to compose them; see
+    :func:`~swarmjax.fl.protocol.run_keys`)."""
 
     rounds: int
     delta: float
     seeds: tuple[int, ...] = (0,)
     accountant: str = "pld"
+    common_random_numbers: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.rounds, bool) or not isinstance(self.rounds, int | np.integer):
@@ -49,9 +54,14 @@ class RunSpec:
             raise ValueError(f"seeds must be one or more integers >= 0; got {self.seeds!r}")
         if self.accountant not in ("pld", "rdp"):
             raise ValueError(f"unknown accountant {self.accountant!r}; choose one of 'pld', 'rdp'")
+        if not isinstance(self.common_random_numbers, bool | np.bool_):
+            raise ValueError(
+                f"common_random_numbers must be True or False; got {self.common_random_numbers!r}"
+            )
         object.__setattr__(self, "rounds", int(self.rounds))
         object.__setattr__(self, "delta", float(self.delta))
         object.__setattr__(self, "seeds", seeds)
+        object.__setattr__(self, "common_random_numbers", bool(self.common_random_numbers))
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,7 @@ __all__ = [
     "RUNS",
     "CohortMemory",
     "check_memory",
+    "check_mesh_options",
     "clients_mesh",
     "describe",
     "mesh_for",
@@ -86,6 +87,28 @@ def clients_mesh(
     return Mesh(chosen.reshape(runs, n // runs), (RUNS, CLIENTS))
 
 
+def check_mesh_options(mesh: Any, clients_per_device: Any) -> None:
+    """One ``ValueError`` line unless ``mesh`` is ``None`` or a mesh with a ``clients`` axis
+    (and at most a ``runs`` axis), ``clients_per_device`` is ``None`` or an int ``>= 1``,
+    and at most one of them is given; what the devices present allow is
+    :func:`mesh_for`'s to check."""
+    if mesh is not None and clients_per_device is not None:
+        raise ValueError("pass mesh= or clients_per_device=, not both")
+    k = clients_per_device
+    if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
+        raise ValueError(f"clients_per_device must be an int >= 1; got {k!r}")
+    if mesh is None:
+        return
+    if not isinstance(mesh, Mesh):
+        raise ValueError(f"mesh must be a jax.sharding.Mesh or None; got {type(mesh).__name__}")
+    names = tuple(mesh.axis_names)
+    if CLIENTS not in names or not set(names) <= {CLIENTS, RUNS}:
+        raise ValueError(
+            f"mesh must have a {CLIENTS!r} axis and at most a {RUNS!r} axis besides; "
+            f"got axes {names} (build one with swarmjax.fl.runtime.mesh.clients_mesh)"
+        )
+
+
 def mesh_for(
     mesh: Mesh | None, clients_per_device: int | None, slots: int, runs: int
 ) -> Mesh | None:
@@ -93,12 +116,9 @@ def mesh_for(
     ``clients_per_device`` needs for ``slots`` slots (``None`` and ``None``: no mesh, one
     device, today's program). ``runs``: the call's runs (a ``runs`` axis must divide it).
     One ``ValueError`` line on bad input, before any work."""
-    if mesh is not None and clients_per_device is not None:
-        raise ValueError("pass mesh= or clients_per_device=, not both")
+    check_mesh_options(mesh, clients_per_device)
     if clients_per_device is not None:
         k = clients_per_device
-        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-            raise ValueError(f"clients_per_device must be an int >= 1; got {k!r}")
         need, present = math.ceil(slots / k), jax.device_count()
         if need > present:
             raise ValueError(
@@ -108,15 +128,7 @@ def mesh_for(
         return clients_mesh(need)
     if mesh is None:
         return None
-    if not isinstance(mesh, Mesh):
-        raise ValueError(f"mesh must be a jax.sharding.Mesh or None; got {type(mesh).__name__}")
-    names = tuple(mesh.axis_names)
-    if CLIENTS not in names or not set(names) <= {CLIENTS, RUNS}:
-        raise ValueError(
-            f"mesh must have a {CLIENTS!r} axis and at most a {RUNS!r} axis besides; "
-            f"got axes {names} (build one with swarmjax.fl.runtime.mesh.clients_mesh)"
-        )
-    if RUNS in names and runs % mesh.shape[RUNS]:
+    if RUNS in mesh.axis_names and runs % mesh.shape[RUNS]:
         raise ValueError(
             f"mesh's {RUNS!r} axis ({mesh.shape[RUNS]} devices) must divide the call's "
             f"{runs} runs (variants x seeds)"

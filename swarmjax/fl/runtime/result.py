@@ -1,11 +1,13 @@
 """What every federated run returns: :class:`Result` (final states, public history, privacy
-record), how the privacy record is derived from the clients' :class:`Spend`, and
+record), how the privacy record is derived from the clients' :class:`Spend`,
 :func:`report`, which turns any runtime's outputs (the simulator's and the Flower
-ServerApp's) into that one :class:`Result`."""
+ServerApp's) into that one :class:`Result`, and :class:`Release`: what a call publishes
+and where it is recorded."""
 
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,6 +29,7 @@ from swarmjax.fl.protocol import (
 )
 from swarmjax.privacy.accounting import PureDpEvent, epsilon_curve, poisson_gaussian_event
 from swarmjax.privacy.canaries import CanaryReport
+from swarmjax.privacy.ledger import Ledger
 from swarmjax.privacy.plan import RELATIONS
 from swarmjax.privacy.secret import GENERATOR
 
@@ -35,6 +38,7 @@ __all__ = [
     "SELECTED",
     "SUPPLIED_CONDITION",
     "PrivacyRecord",
+    "Release",
     "Result",
     "history",
     "metric_columns",
@@ -587,3 +591,47 @@ def report(
         algorithm=algorithm,
         operator=operator,
     )
+
+
+@dataclass(frozen=True)
+class Release:
+    """What a call publishes and where it is recorded (``Release()``, the default: nothing
+    recorded; the :class:`Result` is returned either way). Checked at construction, one
+    ``ValueError`` line.
+
+    Attributes:
+        ledger: the experiment's :class:`~swarmjax.privacy.ledger.Ledger`: every run of the
+            call is added to it as a release (written at ``path``), and a
+            ``checkpoint_dir`` of the call is listed as not released. A ledger composes
+            every run it is given, so a call whose variants share their random numbers
+            (``RunSpec(common_random_numbers=True)``, more than one variant) is refused.
+        path: where the caller writes the call's released outputs (for the ledger;
+            ``None``: recorded as ``"(not written)"``).
+        data_source: the private dataset's name for the ledger (releases on different data
+            sources are composed apart; partitions of one dataset are one source).
+    """
+
+    ledger: Ledger | None = None
+    path: str | os.PathLike | None = None
+    data_source: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.ledger is not None and not isinstance(self.ledger, Ledger):
+            raise ValueError(
+                "ledger must be a swarmjax.privacy.ledger.Ledger or None; got "
+                f"{type(self.ledger).__name__}"
+            )
+        if self.path is not None and not isinstance(self.path, str | os.PathLike):
+            raise ValueError(
+                f"path must be a str or os.PathLike or None; got {type(self.path).__name__}"
+            )
+        if self.data_source is not None and not isinstance(self.data_source, str):
+            raise ValueError(
+                f"data_source must be a str or None; got {type(self.data_source).__name__}"
+            )
+
+    def record(self, result: Result, algorithm: str) -> None:
+        """Add every run of ``result`` (by ``algorithm``) to the ledger (none: nothing)."""
+        if self.ledger is not None:
+            where = "(not written)" if self.path is None else str(self.path)
+            self.ledger.add_result(result, algorithm=algorithm, path=where, data=self.data_source)

@@ -2,10 +2,12 @@
 
 Clients are stacked (:class:`~swarmjax.fl.data.clients.ClientData` with a client axis) and every
 exchange maps the ONE-client function over them (``vmap``, or ``lax.map`` with
-``client_map="sequential"``); rounds are a ``lax.scan``; runs (seeds, target epsilons,
-numeric hyper-parameters: a leading axis on the keys and the hyper pytree) are a ``vmap``,
-sharded over the devices when there are several. One compilation per (algorithm, shapes,
-rounds per call); ``rounds_per_call`` splits a run into calls with the same result.
+``Execution(client_map="sequential")``); rounds are a ``lax.scan``; runs (seeds, target
+epsilons, numeric hyper-parameters: a leading axis on the keys and the hyper pytree) are a
+``vmap``, sharded over the devices when there are several. One compilation per (algorithm,
+shapes, rounds per call); ``Execution(rounds_per_call=...)`` splits a run into calls with
+the same result. How a call runs is its :class:`~swarmjax.fl.runtime.execution.Execution`,
+what it publishes its :class:`~swarmjax.fl.runtime.result.Release`.
 
 Only selected clients' replies reach ``aggregate`` (the mask) and only selected clients'
 states change; an exchange with ``max_selected`` runs just that many client calls (the
@@ -16,14 +18,12 @@ number of clients a deployment would message.
 from __future__ import annotations
 
 import dataclasses
-import os
 import sys
 import time
 import warnings
-from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Literal
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -33,7 +33,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from jaxtyping import Array, Int, PRNGKeyArray, PyTree
 from tqdm.auto import tqdm
 
-from swarmjax._validation import check_choice, check_int
+from swarmjax._validation import check_int
 from swarmjax.device import default_client_map, device_memory_bytes
 from swarmjax.fl.data.clients import ClientData, as_test_set
 from swarmjax.fl.private import algorithm_name
@@ -56,9 +56,10 @@ from swarmjax.fl.protocol import (
     variant_identities,
     where_selected,
 )
-from swarmjax.fl.runtime.callbacks import RoundCallback, notify
+from swarmjax.fl.runtime.callbacks import notify
 from swarmjax.fl.runtime.canary_audit import CanaryCall, CanaryRound, canary_hook
 from swarmjax.fl.runtime.checkpoint import Checkpoints, checkpoint_secret, fingerprint
+from swarmjax.fl.runtime.execution import ClientMap, Execution, moved_options
 from swarmjax.fl.runtime.mesh import (
     RUNS,
     CohortMemory,
@@ -67,18 +68,26 @@ from swarmjax.fl.runtime.mesh import (
     replicated,
     shard_cohort,
 )
-from swarmjax.fl.runtime.result import Result, randomness, report, run_labels, run_privacy
+from swarmjax.fl.runtime.result import (
+    Release,
+    Result,
+    randomness,
+    report,
+    run_labels,
+    run_privacy,
+)
 from swarmjax.models import param_bytes
 from swarmjax.privacy.canaries import (
     CanaryAudit,
     CanaryReport,
 )
-from swarmjax.privacy.ledger import Ledger
 from swarmjax.privacy.secret import Secret, fingerprints
 
 __all__ = [
     "CHECKPOINT_NOT_RELEASED",
     "ClientMap",
+    "Execution",
+    "Release",
     "Run",
     "advance",
     "finish",
@@ -90,7 +99,6 @@ __all__ = [
     "start",
 ]
 
-ClientMap = Literal["vmap", "sequential"] | int  # an int: clients per vmapped block
 _ROWS_STREAM = 0x726F7773  # fold_in constant of a round's capped-rows draw (ClientStore.take)
 
 CHECKPOINT_NOT_RELEASED = (
@@ -549,26 +557,17 @@ def _sharded(tree: PyTree) -> PyTree:
     return jax.device_put(tree, sharding)
 
 
+@moved_options
 def simulate(
     alg: Algorithm,
     clients: PyTree,
     test: tuple[Array, Array],
     variants: Variants,
     *,
-    common_random_numbers: bool = False,
-    client_map: ClientMap | None = "vmap",
-    rounds_per_call: int | None = None,
-    progress: bool | None = None,
-    diagnostics: bool = False,
-    checkpoint_dir: str | os.PathLike | None = None,
-    ledger: Ledger | None = None,
-    release_path: str | os.PathLike | None = None,
-    audit: CanaryAudit | None = None,
     secret: Secret | None = None,
-    data_source: str | None = None,
-    callbacks: Sequence[RoundCallback] = (),
-    mesh: Mesh | None = None,
-    clients_per_device: int | None = None,
+    audit: CanaryAudit | None = None,
+    release: Release | None = None,
+    execution: Execution | None = None,
 ) -> Result:
     """Run ``alg`` for every (variant, seed) at once and return the one :class:`Result`.
 
@@ -579,33 +578,15 @@ def simulate(
             ``alg.client_data(clients)``. Checked with ``alg.check`` before any work.
         test: public ``(x, y)`` test set for ``alg.evaluate``.
         variants: the hyper pytree with a variant axis, its labels and the call's
-            :class:`~swarmjax.fl.protocol.RunSpec` (rounds, delta, seeds); runs are
-            (variant, seed) pairs, variant-major.
-        common_random_numbers: give every variant the same keys (see
-            :func:`~swarmjax.fl.protocol.run_keys`).
-        client_map: how clients share a vectorised block: ``"vmap"`` (all of them),
-            ``"sequential"`` (one at a time, ``lax.map``: each client runs its own trip
-            counts) or an int ``k`` (blocks of ``k`` clients); the same result up to float
-            rounding. ``None``: :func:`swarmjax.device.default_client_map` (one at a time
-            on a CPU, vmap on an accelerator: right for convolutional clients; small dense
-            models are faster vmapped on a CPU too, hence the explicit default). On the
-            2-core CPU a CNN cohort ran best in blocks of 2 (docs/cross_device.md). A
-            flat store of clients of different sizes runs a vmapped cohort sorted by size in
-            blocks of its ``vmap_block`` (:meth:`~swarmjax.fl.data.store.ClientStore.schedule`).
-        rounds_per_call: scan this many rounds per compiled call (same result).
-        progress: show a progress bar (``None``, the default: when stderr is a terminal).
-        diagnostics: also collect ``alg.private_diagnostics`` and the realised selections
-            (statistics of private data, NOT covered by epsilon) into
-            ``Result.private_diagnostics``.
-        checkpoint_dir: save the run after every compiled call (``rounds_per_call``
-            rounds) into this folder with orbax and resume from its last checkpoint: a
-            killed run ends with the numbers of an uninterrupted one
-            (:mod:`~swarmjax.fl.runtime.checkpoint`).
-        ledger: the experiment's :class:`~swarmjax.privacy.ledger.Ledger`: every run of
-            this call is added to it as a release (written at ``release_path``), and
-            ``checkpoint_dir`` is listed as not released.
-        release_path: where the caller writes this call's released outputs (for the
-            ledger; default ``"(not written)"``).
+            :class:`~swarmjax.fl.protocol.RunSpec` (rounds, delta, seeds,
+            ``common_random_numbers``); runs are (variant, seed) pairs, variant-major.
+        secret: the call's :class:`~swarmjax.privacy.secret.Secret`, the root of every
+            random number of its runs (noise, cohorts, client batches). ``None``
+            (default): 256 fresh bits of operating-system entropy, so two calls never share
+            a draw; with ``execution.checkpoint_dir`` they are saved there (a folder never
+            released) and a resumed run draws the same numbers. Pass one (reproducible
+            mode, e.g. ``Secret.from_file(path)``) to replay a run: its guarantee then holds
+            only while that secret is kept, and the record and ledger say so.
         audit: a :class:`~swarmjax.privacy.canaries.CanaryAudit`: ``audit.canaries``
             client-level canaries join every run by the algorithm's participation rule
             (``alg.accounting().canary_hook()``), outside its metrics and accounting;
@@ -616,55 +597,32 @@ def simulate(
             (docs/audits.md). Checked before any work: a non-private run, an algorithm
             without a canary hook, a score it cannot compute or more canaries than the
             model has parameters raise one ``ValueError`` naming the option.
-        secret: the call's :class:`~swarmjax.privacy.secret.Secret`, the root of every
-            random number of its runs (noise, cohorts, client batches). ``None``
-            (default): 256 fresh bits of operating-system entropy, so two calls never share
-            a draw; with ``checkpoint_dir`` they are saved there (a folder never released)
-            and a resumed run draws the same numbers. Pass one (reproducible mode, e.g.
-            ``Secret.from_file(path)``) to replay a run: its guarantee then holds only while
-            that secret is kept, and the record and ledger say so.
-        data_source: the private dataset's name for the ledger (releases on different data
-            sources are composed apart; partitions of one dataset are one source).
-        callbacks: called once per finished round with that round's public metrics of
-            every run (:mod:`~swarmjax.fl.runtime.callbacks`: ``JsonLines``, ``CsvRows``,
-            ``TensorBoard``, or any ``callback(round, metrics, runs)``).
-        mesh: a :class:`jax.sharding.Mesh` with a ``"clients"`` axis (and optionally a
-            ``"runs"`` axis; :func:`~swarmjax.fl.runtime.mesh.clients_mesh` builds one,
-            across ``jax.distributed`` processes too): every summed exchange's cohort slots
-            are split over the ``clients`` axis (padded with unused slots to a multiple of
-            it), each device training its share and the partial sums added across devices
-            before the server step; the runs are split over ``runs``. Equal to the run
-            without a mesh to float32 rounding (the sum's order; docs/scaling.md). ``None``
-            (default): one device, as before. An algorithm with a round exchange that is not
-            summed is refused.
-        clients_per_device: instead of ``mesh``, a ``clients`` mesh over as many devices as
-            hold the cohort's slot buffer at this many slots each.
+        release: what the call publishes and where it is recorded
+            (:class:`~swarmjax.fl.runtime.result.Release`: the experiment's ledger, the
+            path of the released outputs, the data source); ``None``: ``Release()``,
+            nothing recorded.
+        execution: how the call runs, none of it changing the numbers
+            (:class:`~swarmjax.fl.runtime.execution.Execution`: client map, rounds per
+            compiled call, device mesh, checkpoints, progress bar, callbacks, private
+            diagnostics); ``None``: ``Execution()``.
+
+    The options these replaced (``client_map=``, ``ledger=``, ``common_random_numbers=``,
+    ...) are refused with one ``TypeError`` line naming their new home.
     """
-    if common_random_numbers and ledger is not None and variants.size > 1:
+    release = _checked(release, Release, "release")
+    execution = _checked(execution, Execution, "execution")
+    checkpoint_dir = execution.checkpoint_dir
+    if variants.spec.common_random_numbers and release.ledger is not None and variants.size > 1:
         raise ValueError(
             "common_random_numbers: the variants would share their noise, and the ledger "
-            "composes every run it is given; pass ledger=None (publish at most one variant) "
-            "or common_random_numbers=False"
+            "composes every run it is given; pass Release(ledger=None) (publish at most one "
+            "variant) or RunSpec(common_random_numbers=False)"
         )
     if secret is None and checkpoint_dir is not None:
         secret = checkpoint_secret(checkpoint_dir)
-    run = start(
-        alg,
-        clients,
-        test,
-        variants,
-        common_random_numbers=common_random_numbers,
-        client_map=client_map,
-        diagnostics=diagnostics,
-        audit=audit,
-        secret=secret,
-        mesh=mesh,
-        clients_per_device=clients_per_device,
-    )
+    run = start(alg, clients, test, variants, secret=secret, audit=audit, execution=execution)
     rounds = variants.spec.rounds
-    per_call = (
-        rounds if rounds_per_call is None else check_int("rounds_per_call", rounds_per_call, 1)
-    )
+    per_call = rounds if execution.rounds_per_call is None else execution.rounds_per_call
     saved = (
         None
         if checkpoint_dir is None
@@ -672,8 +630,8 @@ def simulate(
             checkpoint_dir,
             fingerprint(alg, variants, run.data, run.keys),
             {
-                "common_random_numbers": bool(common_random_numbers),
-                "diagnostics": bool(diagnostics),
+                "common_random_numbers": variants.spec.common_random_numbers,
+                "diagnostics": execution.diagnostics,
             }
             | ({} if audit is None else {"audit": repr(audit)}),
         )
@@ -683,8 +641,7 @@ def simulate(
         like = jax.eval_shape(lambda c: _call(run, c, 1)[1], run.carry)
         carry, first = saved.restore(done, run.carry, like)
         run = dataclasses.replace(run, carry=carry, outputs=(first,), done=done)
-    if progress is None:
-        progress = sys.stderr.isatty()
+    progress = sys.stderr.isatty() if execution.progress is None else execution.progress
     labels = pd.DataFrame(dict(run.labels))
     with tqdm(
         total=rounds, initial=run.done, disable=not progress, unit="round", desc=algorithm_name(alg)
@@ -698,16 +655,25 @@ def simulate(
             if calls == 2 and not warned:  # the first call compiles: time the second
                 warned = long_run_warning((time.perf_counter() - started) / n, rounds - run.done)
             bar.update(n)
-            notify(callbacks, run.done - n + 1, metrics, labels)
+            notify(execution.callbacks, run.done - n + 1, metrics, labels)
             if saved is not None:
                 run = dataclasses.replace(run, outputs=(_joined(run.outputs),))
                 saved.save(run.done, run.carry, run.outputs[0])
     if saved is not None:
         saved.close()
-    result = finish(run, ledger=ledger, release_path=release_path, data_source=data_source)
-    if ledger is not None and checkpoint_dir is not None:
-        ledger.mark_not_released(checkpoint_dir, CHECKPOINT_NOT_RELEASED)
+    result = finish(run, release=release)
+    if release.ledger is not None and checkpoint_dir is not None:
+        release.ledger.mark_not_released(checkpoint_dir, CHECKPOINT_NOT_RELEASED)
     return result
+
+
+def _checked(value: Any, kind: type, name: str) -> Any:
+    """``value``, or ``kind()`` for ``None``; anything else is one ``ValueError`` line."""
+    if value is None:
+        return kind()
+    if not isinstance(value, kind):
+        raise ValueError(f"{name} must be a {kind.__name__} or None; got {type(value).__name__}")
+    return value
 
 
 @dataclasses.dataclass(frozen=True)
@@ -734,7 +700,6 @@ class Run:
     labels: dict[str, np.ndarray]
     client_map: ClientMap
     diagnostics: bool
-    common_random_numbers: bool
     secret_source: str  # "entropy" or "supplied" (the secret itself is not kept here)
     canaries: CanaryCall | None  # the call's client-level audit (None without one)
     sizes: list[tuple[int, int]]
@@ -761,23 +726,23 @@ class Run:
         return {k: np.asarray(v) for k, v in _joined(self.outputs)["metrics"].items()}
 
 
+@moved_options
 def start(
     alg: Algorithm,
     clients: PyTree,
     test: tuple[Array, Array],
     variants: Variants,
     *,
-    common_random_numbers: bool = False,
-    client_map: ClientMap | None = "vmap",
-    diagnostics: bool = False,
-    audit: CanaryAudit | None = None,
     secret: Secret | None = None,
-    mesh: Mesh | None = None,
-    clients_per_device: int | None = None,
+    audit: CanaryAudit | None = None,
+    execution: Execution | None = None,
 ) -> Run:
     """Check the call and initialise every run (:func:`simulate`'s arguments of the same
-    names; ``secret=None`` draws a fresh one from operating-system entropy, never saved);
-    no round is run. Bad input is one ``ValueError`` line here, before any work."""
+    names; ``secret=None`` draws a fresh one from operating-system entropy, never saved;
+    of ``execution`` it uses the client map, mesh and diagnostics: the loop is the
+    caller's, so rounds per call, checkpoints, progress and callbacks are too); no round
+    is run. Bad input is one ``ValueError`` line here, before any work."""
+    execution = _checked(execution, Execution, "execution")
     if secret is None and jax.process_count() > 1:
         raise ValueError(
             f"secret=None would draw a different secret in each of the {jax.process_count()} "
@@ -794,16 +759,11 @@ def start(
     alg.check(clients, test)
     warn_input_mismatch(clients, test)
     data = alg.client_data(clients)
+    client_map = execution.client_map
     if client_map is None:
         client_map = default_client_map()
-    if isinstance(client_map, bool) or not isinstance(client_map, int):
-        check_choice("client_map", client_map, ("vmap", "sequential"))
-    elif client_map < 1:
-        raise ValueError(
-            f"client_map must be 'vmap', 'sequential' or an int >= 1; got {client_map}"
-        )
     hook = None if audit is None else CanaryCall.check(alg, variants, audit)
-    mesh = _check_mesh(alg, data, variants, mesh, clients_per_device)
+    mesh = _check_mesh(alg, data, variants, execution.mesh, execution.clients_per_device)
     n_var = variants.size
     for name, values in variants.labels.items():
         if len(values) != n_var:
@@ -811,7 +771,8 @@ def start(
                 f"variants.labels[{name!r}] must have {n_var} values; got {len(values)}"
             )
     seed_list = list(variants.spec.seeds)
-    keys = run_keys(secret, seed_list, variant_identities(alg, variants), common_random_numbers)
+    identities = variant_identities(alg, variants)
+    keys = run_keys(secret, seed_list, identities, variants.spec.common_random_numbers)
     hyper = jax.tree.map(
         lambda a: jnp.repeat(jnp.asarray(a), len(seed_list), axis=0), variants.hyper
     )
@@ -838,8 +799,7 @@ def start(
         hyper=hyper,
         labels=labels,
         client_map=client_map,
-        diagnostics=bool(diagnostics),
-        common_random_numbers=bool(common_random_numbers),
+        diagnostics=execution.diagnostics,
         secret_source=secret.source,
         canaries=canaries,
         mesh=mesh,
@@ -882,16 +842,13 @@ def _joined(outputs: tuple[dict, ...]) -> dict:
     return jax.tree.map(lambda *xs: np.concatenate(xs, axis=1), *outputs)
 
 
-def finish(
-    run: Run,
-    *,
-    ledger: Ledger | None = None,
-    release_path: str | os.PathLike | None = None,
-    data_source: str | None = None,
-) -> Result:
+@moved_options
+def finish(run: Run, *, release: Release | None = None) -> Result:
     """The :class:`Result` of the rounds done (history, metrics, final states, the privacy
-    record accounting those rounds, the audit's reports); with ``ledger``, its runs are
-    added as releases written at ``release_path`` (:func:`simulate`'s arguments)."""
+    record accounting those rounds, the audit's reports); with a ledger in ``release``
+    (:func:`simulate`'s argument), its runs are added as releases written at
+    ``release.path``."""
+    release = _checked(release, Release, "release")
     if run.done < 1:
         raise ValueError("finish needs at least one round: call advance(run) first")
     alg, spec, runs, rounds = run.alg, run.variants.spec, run.runs, run.done
@@ -910,8 +867,8 @@ def finish(
         n_clients,
         sizes=np.asarray(clients.sizes) if sizes_known else None,
         padded=(clients.max_size if stacked else clients.max_rows) if sizes_known else None,
-        shares_randomness=run.common_random_numbers and run.variants.size > 1,
-        randomness=randomness(run.secret_source, run.common_random_numbers),
+        shares_randomness=spec.common_random_numbers and run.variants.size > 1,
+        randomness=randomness(run.secret_source, spec.common_random_numbers),
         key_fingerprints=fingerprints(run.keys),
     )
     reports: tuple[CanaryReport, ...] = ()
@@ -940,9 +897,7 @@ def finish(
     accounting = alg.accounting()
     if run.canaries is None and privacy_unit(accounting) is not None:
         result = accounting.audited(result)  # record-level canaries the clients carried
-    if ledger is not None:
-        where = "(not written)" if release_path is None else str(release_path)
-        ledger.add_result(result, algorithm=algorithm_name(alg), path=where, data=data_source)
+    release.record(result, algorithm_name(alg))
     return result
 
 
