@@ -176,7 +176,7 @@ def fedround_section(sizes: Sizes) -> dict:
     from swarmjax.fl.client.training import LocalTraining
     from swarmjax.fl.data import iid_partition, load_dataset, stack_clients
     from swarmjax.fl.protocol import RunSpec, Variants
-    from swarmjax.fl.runtime import simulate
+    from swarmjax.fl.runtime import Execution, simulate
     from swarmjax.models import mlp
 
     data = load_dataset("digits")
@@ -189,7 +189,7 @@ def fedround_section(sizes: Sizes) -> dict:
     for client_map in ("vmap", "sequential"):
 
         def once(cm=client_map):
-            return simulate(alg, clients, test, variants, client_map=cm)
+            return simulate(alg, clients, test, variants, execution=Execution(client_map=cm))
 
         once()  # compile
         best = float("inf")

@@ -41,7 +41,7 @@ def one(
     from swarmjax.fl.data import load_dataset
     from swarmjax.fl.data.store import ClientStore
     from swarmjax.fl.protocol import RunSpec, Variants
-    from swarmjax.fl.runtime import simulate
+    from swarmjax.fl.runtime import Execution, simulate
     from swarmjax.models import simple_cnn
 
     data = load_dataset("mnist", data_dir)
@@ -61,7 +61,9 @@ def one(
     def run(n: int) -> tuple[float, object]:
         variants = Variants.grid(alg, store, RunSpec(n, 1e-5), learning_rate=0.1)
         t0 = time.perf_counter()
-        res = simulate(alg, store, test, variants, client_map=block, rounds_per_call=1)
+        res = simulate(
+            alg, store, test, variants, execution=Execution(client_map=block, rounds_per_call=1)
+        )
         return time.perf_counter() - t0, res
 
     first, _ = run(rounds)  # compiles the one-round program

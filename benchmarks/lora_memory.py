@@ -41,7 +41,7 @@ from swarmjax.fl.algorithms import registry
 from swarmjax.fl.client.training import LocalTraining
 from swarmjax.fl.data.store import ClientStore
 from swarmjax.fl.protocol import RunSpec, Variants
-from swarmjax.fl.runtime import start
+from swarmjax.fl.runtime import Execution, start
 from swarmjax.fl.runtime.simulator import Rounds, run_rounds
 from swarmjax.privacy.secret import Secret
 
@@ -128,7 +128,9 @@ def dp_round(config, base, store, test, training, trainable, rank, cohort, cmap,
     )
     alg, grid = registry.cross_device("dp-fedavg", run)
     variants = Variants.grid(alg, store, spec, **grid)
-    state = start(alg, store, test, variants, client_map=cmap, secret=Secret.generate())
+    state = start(
+        alg, store, test, variants, secret=Secret.generate(), execution=Execution(client_map=cmap)
+    )
     t0 = time.perf_counter()
     call = Rounds(alg, 1, cmap)  # one round, no private diagnostics
     compiled = run_rounds.lower(

@@ -63,7 +63,7 @@ def federation(cfg: dict, data_dir: str) -> dict:
     from swarmjax.fl.data import load_dataset, partition
     from swarmjax.fl.data.store import ClientStore
     from swarmjax.fl.protocol import RunSpec, Variants, run_keys, server_key, variant_identities
-    from swarmjax.fl.runtime import simulate
+    from swarmjax.fl.runtime import Execution, simulate
     from swarmjax.models import mlp, simple_cnn
     from swarmjax.privacy.secret import Secret
 
@@ -94,7 +94,8 @@ def federation(cfg: dict, data_dir: str) -> dict:
     def run(rounds: int) -> float:
         variants = Variants.grid(alg, store, RunSpec(rounds, 1e-5), learning_rate=0.1)
         t0 = time.perf_counter()
-        simulate(alg, store, test, variants, client_map=cmap, rounds_per_call=1, secret=secret)
+        execution = Execution(client_map=cmap, rounds_per_call=1)
+        simulate(alg, store, test, variants, secret=secret, execution=execution)
         return time.perf_counter() - t0
 
     r = cfg["rounds"]
@@ -135,6 +136,7 @@ def interleaved(data_dir: str, maps: list[str], rounds: int, model_name: str) ->
     from swarmjax.fl.data import load_dataset, partition
     from swarmjax.fl.data.store import ClientStore
     from swarmjax.fl.protocol import RunSpec, Variants, run_keys, server_key, variant_identities
+    from swarmjax.fl.runtime import Execution
     from swarmjax.fl.runtime.simulator import advance, start
     from swarmjax.models import mlp, simple_cnn
     from swarmjax.privacy.secret import Secret
@@ -167,7 +169,9 @@ def interleaved(data_dir: str, maps: list[str], rounds: int, model_name: str) ->
             variants = Variants.grid(alg, store, RunSpec(rounds + 1, 1e-5), learning_rate=0.1)
             secret = Secret.generate()  # the run's, and the cohorts redrawn from it below
             cm = None if cmap == "default" else cmap
-            run = start(alg, store, test, variants, client_map=cm, secret=secret)
+            run = start(
+                alg, store, test, variants, secret=secret, execution=Execution(client_map=cm)
+            )
             run, _ = advance(run, 1)  # compiles
             ids = variant_identities(alg, variants)
             key = run_keys(secret, list(variants.spec.seeds), ids, False)

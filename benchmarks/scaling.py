@@ -109,7 +109,7 @@ def measure(name: str, quick: bool, data_dir: Path, cohort: int, devices: int, r
     """One configuration: ``(median seconds per round, layout line)`` over ``rounds`` timed
     one-round calls after a compiling one."""
     from swarmjax.fl.protocol import RunSpec, Variants
-    from swarmjax.fl.runtime import advance, start
+    from swarmjax.fl.runtime import Execution, advance, start
     from swarmjax.fl.runtime.mesh import clients_mesh, describe
     from swarmjax.fl.runtime.simulator import slot_buffer
     from swarmjax.privacy.secret import Secret
@@ -117,8 +117,9 @@ def measure(name: str, quick: bool, data_dir: Path, cohort: int, devices: int, r
     alg, store, test, grid = workload(name, quick, data_dir, cohort)
     variants = Variants.grid(alg, store, RunSpec(rounds + 1, 1e-5), **grid)
     mesh = None if devices == 1 else clients_mesh(devices)
+    execution = Execution(client_map=None, mesh=mesh)
     run = start(
-        alg, store, test, variants, client_map=None, mesh=mesh, secret=Secret.from_bytes(bytes(32))
+        alg, store, test, variants, secret=Secret.from_bytes(bytes(32)), execution=execution
     )
     times = []
     for _ in range(rounds + 1):

@@ -44,7 +44,7 @@ from swarmjax.fl.client.training import LocalTraining
 from swarmjax.fl.data import ClientStore, partition
 from swarmjax.fl.distributed import Distributed
 from swarmjax.fl.protocol import RunSpec, Variants
-from swarmjax.fl.runtime import simulate
+from swarmjax.fl.runtime import Execution, simulate
 from swarmjax.models import Model, evaluate, param_count, simple_cnn
 
 ROWS, CLIP = 50, 0.4
@@ -134,9 +134,11 @@ def _time(name: str, work: Work, args, bits: int | None):
         store,
         test,
         variants,
-        rounds_per_call=1,
-        progress=False,
-        callbacks=(lambda *_: marks.append(time.perf_counter()),),
+        execution=Execution(
+            rounds_per_call=1,
+            progress=False,
+            callbacks=(lambda *_: marks.append(time.perf_counter()),),
+        ),
     )
     return float(np.median(np.diff(marks))), res, alg
 

@@ -53,7 +53,7 @@ from swarmjax.fl.algorithms import registry
 from swarmjax.fl.client.training import LocalTraining
 from swarmjax.fl.data import ClientStore, load_dataset, partition
 from swarmjax.fl.protocol import RunSpec, Spend, Variants
-from swarmjax.fl.runtime import advance, finish, simulate, start
+from swarmjax.fl.runtime import Execution, advance, finish, simulate, start
 from swarmjax.fl.runtime.result import privacy_record
 from swarmjax.models import evaluate, param_count, simple_cnn
 
@@ -178,7 +178,8 @@ def run_swarmjax(
     record = math.nan
     if timing:
         t0 = time.perf_counter()
-        run = start(alg, store, round_test, variants, client_map=block, diagnostics=True)
+        execution = Execution(client_map=block, diagnostics=True)
+        run = start(alg, store, round_test, variants, execution=execution)
         run, _, _, _ = timed_round(run)  # compiles
         first = time.perf_counter() - t0  # start's checks and initialisation included
         walls, cpus = [], []
@@ -193,9 +194,8 @@ def run_swarmjax(
             record = record_seconds(res)
     else:
         t0, c0 = time.perf_counter(), time.process_time()
-        res = simulate(
-            alg, store, round_test, variants, client_map=block, progress=True, diagnostics=True
-        )
+        execution = Execution(client_map=block, progress=True, diagnostics=True)
+        res = simulate(alg, store, round_test, variants, execution=execution)
         wall, cpu = time.perf_counter() - t0, time.process_time() - c0
         first, trained = math.nan, _trained(res)
         if dp is not None:
@@ -251,7 +251,8 @@ def interleaved(
         alg, grid = algorithm(dp)
         spec = RunSpec(rounds + 1, 1.0 / USERS, (0,), accountant=accountant)
         variants = Variants.grid(alg, store, spec, **grid)
-        run, _ = advance(start(alg, store, round_test, variants, client_map=block), 1)
+        execution = Execution(client_map=block)
+        run, _ = advance(start(alg, store, round_test, variants, execution=execution), 1)
         runs[name] = run
     wall: dict[str, list[float]] = {name: [] for name in runs}
     cpu: dict[str, list[float]] = {name: [] for name in runs}

@@ -61,7 +61,7 @@ from swarmjax.fl.algorithms import registry
 from swarmjax.fl.client.training import LocalTraining
 from swarmjax.fl.private import Private
 from swarmjax.fl.protocol import RunSpec, Variants
-from swarmjax.fl.runtime import simulate
+from swarmjax.fl.runtime import Execution, simulate
 from swarmjax.models import evaluate
 from swarmjax.privacy.ftrl import FACTORIZATIONS
 
@@ -109,7 +109,8 @@ def run_ours(store, tests, rounds: int, epsilon: float, mechanism: str, block) -
     def once(progress: bool):
         variants = Variants.grid(alg, store, spec, **grid)
         t, c = time.perf_counter(), time.process_time()
-        res = simulate(alg, store, round_test, variants, client_map=block, progress=progress)
+        execution = Execution(client_map=block, progress=progress)
+        res = simulate(alg, store, round_test, variants, execution=execution)
         jax.block_until_ready(res.server.params)
         return time.perf_counter() - t, time.process_time() - c, res
 

@@ -23,7 +23,7 @@ from swarmjax.fl.algorithms.fed_dp_pso import DEFAULT_READING, READINGS, Reading
 from swarmjax.fl.algorithms.fedavg import FedAvg
 from swarmjax.fl.client.training import LocalTraining, RecordDP
 from swarmjax.fl.protocol import RunSpec, Variants
-from swarmjax.fl.runtime import simulate
+from swarmjax.fl.runtime import Execution, simulate
 from swarmjax.privacy.canaries import CanaryAudit, CanaryReport
 from swarmjax.privacy.ledger import Ledger, saved_releases
 from swarmjax.privacy.plan import default_delta
@@ -204,8 +204,9 @@ def _fedavg(
     alg = without_dp(FedAvg(d.model, training, audit=audit), eps)
     spec = RunSpec(rounds, delta, tuple(range(seeds)), accountant=prof.accountant)
     variants = Variants.grid(alg, d.clients, spec, epsilon_target=[eps], learning_rate=[d.lr])
+    test = (d.ds.x_test, d.ds.y_test)
     res = simulate(
-        alg, d.clients, (d.ds.x_test, d.ds.y_test), variants, progress=True, secret=secret
+        alg, d.clients, test, variants, secret=secret, execution=Execution(progress=True)
     )
     releases = saved_releases(res, algorithm="fedavg_dp_adam", path=path, data=d.ds.name)
     lower = max((r.epsilon_lower for r in res.audit), default=None) if res.audit else None

@@ -61,7 +61,7 @@ from swarmjax.fl.data.store import ClientStore
 from swarmjax.fl.distributed import Distributed
 from swarmjax.fl.private import Private
 from swarmjax.fl.protocol import Algorithm, RunSpec, Variants
-from swarmjax.fl.runtime import simulate
+from swarmjax.fl.runtime import Execution, simulate
 from swarmjax.fl.runtime.simulator import CHECKPOINT_NOT_RELEASED
 from swarmjax.models import evaluate, lenet5, mlp, simple_cnn
 from swarmjax.privacy.canaries import DEFAULT_CANARIES, CanaryAudit
@@ -717,14 +717,16 @@ def run_one(
         clients,
         test,
         variants,
-        rounds_per_call=1,
-        client_map=None,  # the device's choice: convolutions run one client at a time on a CPU
-        progress=True,
-        checkpoint_dir=out / "checkpoints" / label,
         audit=audit,
         secret=None if secret is None else secret.derive(f"cross_device/{label}"),
-        callbacks=() if pace is None else (pace,),
-        mesh=run.mesh,
+        execution=Execution(
+            rounds_per_call=1,
+            client_map=None,  # the device's choice: convolutions run one client at a time on a CPU
+            progress=True,
+            checkpoint_dir=out / "checkpoints" / label,
+            callbacks=() if pace is None else (pace,),
+            mesh=run.mesh,
+        ),
     )
     if ledger is not None:  # under the experiment's name for the algorithm
         add_to_ledger(ledger, res, run, str(out / "history.csv"), prof.dataset)

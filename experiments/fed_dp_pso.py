@@ -64,7 +64,7 @@ from swarmjax.fl.algorithms.fed_dp_pso import (
 from swarmjax.fl.client.training import RecordDP
 from swarmjax.fl.data.transforms import SCALING_PRIVACY, scale_inputs
 from swarmjax.fl.protocol import RunSpec, Variants, coverage
-from swarmjax.fl.runtime import simulate
+from swarmjax.fl.runtime import Execution, simulate
 from swarmjax.models import paper_mlp
 from swarmjax.privacy.canaries import CanaryAudit
 from swarmjax.privacy.ledger import Ledger, Release, saved_releases
@@ -204,10 +204,8 @@ def _dp_pso_call(
         clients,
         test,
         variants,
-        client_map=prof.client_map,
-        rounds_per_call=1,
-        progress=True,
         secret=secret,
+        execution=Execution(client_map=prof.client_map, rounds_per_call=1, progress=True),
     )
     took = time.perf_counter() - t0
     h = res.history.assign(dataset=name, partition=part, method="fed_dp_pso")

@@ -49,7 +49,7 @@ from swarmjax.fl.data import Dataset
 from swarmjax.fl.data.partition import label_skew
 from swarmjax.fl.data.transforms import public_mask, scale_inputs
 from swarmjax.fl.protocol import RunSpec, Variants
-from swarmjax.fl.runtime import simulate
+from swarmjax.fl.runtime import Execution, simulate
 from swarmjax.privacy.ledger import Ledger, saved_releases
 
 # One design choice at a time on top of "current", then all of them ("authors"), then all
@@ -193,7 +193,8 @@ def _call(
     spec = RunSpec(plan["rounds"], delta, tuple(range(plan["seeds"])), plan["accountant"])
     hyper = reading_hyper(reading)
     variants = Variants.grid(alg, clients, spec, epsilon_target=[eps], learning_rate=lr, **hyper)
-    res = simulate(alg, clients, (ds.x_test, ds.y_test), variants, progress=True, secret=secret)
+    test, execution = (ds.x_test, ds.y_test), Execution(progress=True)
+    res = simulate(alg, clients, test, variants, secret=secret, execution=execution)
     h = res.history.rename(columns={"test_accuracy": "val_accuracy"})
     h = h.assign(epsilon_max=res.privacy.final_epsilon.max(), seconds=time.perf_counter() - t0)
     return h, {"releases": saved_releases(res, algorithm="fed_dp_pso", path=path, data=ds.name)}

@@ -72,7 +72,7 @@ from swarmjax.fl.data.shakespeare import (
 )
 from swarmjax.fl.data.store import ClientStore
 from swarmjax.fl.protocol import RunSpec, Variants
-from swarmjax.fl.runtime import advance, finish, start
+from swarmjax.fl.runtime import Execution, advance, finish, start
 from swarmjax.models import Model, evaluate, param_count
 from swarmjax.privacy.ledger import Ledger, Release, saved_releases
 from swarmjax.privacy.plan import default_delta
@@ -495,7 +495,7 @@ def run_one(
     at = "" if eps is None else f" at epsilon {eps:g}"
     print(f"{name} ({trainable}){at}: {prof.rounds} rounds", flush=True)
     t0 = time.perf_counter()
-    run = start(alg, store, test, variants, client_map=None, secret=secret)
+    run = start(alg, store, test, variants, secret=secret, execution=Execution(client_map=None))
     per_client_up = int(sum(up for _, up in run.sizes))
     seconds, peaks = [], []
     while run.done < prof.rounds:

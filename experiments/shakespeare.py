@@ -66,7 +66,7 @@ from swarmjax.fl.data.shakespeare import (
 )
 from swarmjax.fl.data.store import ClientStore
 from swarmjax.fl.protocol import Algorithm, RunSpec, Variants
-from swarmjax.fl.runtime import simulate
+from swarmjax.fl.runtime import Execution, simulate
 from swarmjax.models import Model, char_lstm, evaluate
 from swarmjax.privacy.ledger import Ledger, saved_releases
 from swarmjax.privacy.participation import Poisson
@@ -382,12 +382,14 @@ def run_one(
         store,
         test,
         variants,
-        rounds_per_call=1,
-        client_map=None,
-        progress=True,
         secret=secret,
-        callbacks=() if pace is None else (pace,),
-        mesh=mesh,
+        execution=Execution(
+            rounds_per_call=1,
+            client_map=None,
+            progress=True,
+            callbacks=() if pace is None else (pace,),
+            mesh=mesh,
+        ),
     )
     wall = time.perf_counter() - t0
     history = res.history.assign(algorithm=name, label=label)

@@ -163,9 +163,10 @@ def default_client_map(platform: str | None = None) -> str:
     a LeNet-5 (SAME padding, 8x8x1) took 0.34 s sequential, 0.41 s vmapped, and compiled in
     15 s against 29 s (2-core CPU, loaded, 2026-11-25).  Small dense models can go the
     other way (10 clients, MLP 64-32-10: 37 ms vmapped, 59 ms sequential;
-    ``python -m benchmarks.accelerator --sections fedround``), so pass ``client_map``
-    explicitly there.  On an accelerator a vmap turns the clients into one wide kernel,
-    which is what the device needs to be busy.  Both give the same result.
+    ``python -m benchmarks.accelerator --sections fedround``), so pass
+    ``Execution(client_map=...)`` explicitly there.  On an accelerator a vmap turns the
+    clients into one wide kernel, which is what the device needs to be busy.  Both give the
+    same result.
     """
     return "sequential" if is_cpu(platform) else "vmap"
 

@@ -97,11 +97,11 @@ def layout(name: str, label: str, processes: int) -> str:
     return describe(mesh(label, processes), slot_buffer(alg, NUM_CLIENTS))
 
 
-def run(name: str, label: str, processes: int = 1, **kw):
+def run(name: str, label: str, processes: int = 1, audit=None, **kw):
     """The run of algorithm ``name`` (``"fedavg-2"``: FedAvg with two seeds) on mesh
-    ``label``; ``kw``: more of ``simulate``'s arguments."""
+    ``label``; ``kw``: more of the call's ``Execution`` fields."""
     from swarmjax.fl.protocol import RunSpec, Variants
-    from swarmjax.fl.runtime import simulate
+    from swarmjax.fl.runtime import Execution, simulate
     from tests.reproducible import SECRET
 
     clients, test = federation()
@@ -109,17 +109,8 @@ def run(name: str, label: str, processes: int = 1, **kw):
     seeds = (0, 1) if name.endswith("-2") else (0,)
     kw.setdefault("client_map", CLIENT_MAP[name.removesuffix("-2")])
     variants = Variants.grid(alg, clients, RunSpec(ROUNDS, 1e-3, seeds), **grid)
-    return simulate(
-        alg,
-        clients,
-        test,
-        variants,
-        secret=SECRET,
-        diagnostics=True,
-        mesh=mesh(label, processes),
-        rounds_per_call=1,
-        **kw,
-    )
+    execution = Execution(diagnostics=True, mesh=mesh(label, processes), rounds_per_call=1, **kw)
+    return simulate(alg, clients, test, variants, secret=SECRET, audit=audit, execution=execution)
 
 
 class Stop(Exception):

@@ -18,7 +18,7 @@ from swarmjax.fl.data import load_dataset
 from swarmjax.fl.data.clients import stack_clients
 from swarmjax.fl.data.partition import iid_partition
 from swarmjax.fl.protocol import RunSpec, Variants
-from swarmjax.fl.runtime import simulate
+from swarmjax.fl.runtime import Execution, simulate
 from swarmjax.fl.runtime import simulator as sim
 from swarmjax.fl.runtime.callbacks import CsvRows, JsonLines, TensorBoard, notify
 from swarmjax.models import mlp
@@ -66,9 +66,8 @@ def test_callbacks_see_every_round_once_with_the_history_values(setting, tmp_pat
     def collect(round_, metrics, runs):
         seen.append((round_, {k: np.array(v) for k, v in metrics.items()}, runs.copy()))
 
-    res = simulate(
-        ALG, clients, test, variants, rounds_per_call=2, callbacks=(collect, lines, rows, board)
-    )
+    execution = Execution(rounds_per_call=2, callbacks=(collect, lines, rows, board))
+    res = simulate(ALG, clients, test, variants, execution=execution)
     board.close()
     lines.close()
     rows.close()
@@ -119,4 +118,4 @@ def test_a_run_longer_than_an_hour_is_announced(setting, monkeypatch):
     monkeypatch.setattr(sim.time, "perf_counter", lambda: float(next(clock)))
     with pytest.warns(UserWarning, match="hours left"):
         monkeypatch.setattr(sim, "LONG_RUN_SECONDS", 500.0)
-        simulate(ALG, clients, test, variants, rounds_per_call=1)
+        simulate(ALG, clients, test, variants, execution=Execution(rounds_per_call=1))

@@ -73,14 +73,13 @@ def test_fedprox_takes_the_same_route(federation):
     own) its canaries' scores are FedAvg's, draw for draw."""
     clients, test = federation
     secret = Secret.from_bytes(b"fedprox takes fedavg's route, draw for draw")
-    spec = RunSpec(2, DELTA, (0,))
+    spec = RunSpec(2, DELTA, (0,), common_random_numbers=True)
     scores = []
     for cls, mu in ((FedAvg, {}), (FedProx, {"mu": [0.0]})):
         alg = _alg(clients, cls=cls)
         grid = dict(epsilon_target=[EPSILON], learning_rate=[1e-4], **mu)
         res = simulate(
-            alg, clients, test, Variants.grid(alg, clients, spec, **grid),
-            common_random_numbers=True, secret=secret,
+            alg, clients, test, Variants.grid(alg, clients, spec, **grid), secret=secret,
         )  # fmt: skip
         assert res.audit[0].canaries == CLIENTS * AUDIT.canaries
         scores.append(np.asarray(res.clients.canaries.scores))

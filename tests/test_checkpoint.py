@@ -23,7 +23,7 @@ from swarmjax.fl.algorithms.fedavg import FedAvg
 from swarmjax.fl.client.training import LocalTraining
 from swarmjax.fl.data import load_dataset, partition, stack_clients
 from swarmjax.fl.protocol import RunSpec, Variants
-from swarmjax.fl.runtime import simulate
+from swarmjax.fl.runtime import Execution, simulate
 from swarmjax.models import mlp
 
 data = load_dataset("digits")
@@ -46,7 +46,8 @@ def save_then_die(self, rounds_done, carry, outputs):
         os.kill(os.getpid(), signal.SIGKILL)
 
 checkpoint.Checkpoints.save = save_then_die
-simulate(alg, clients, test, variants, rounds_per_call=1, checkpoint_dir=sys.argv[1])
+execution = Execution(rounds_per_call=1, checkpoint_dir=sys.argv[1])
+simulate(alg, clients, test, variants, execution=execution)
 raise SystemExit("not killed")
 """
 
@@ -77,8 +78,9 @@ def test_a_killed_run_resumes_and_ends_as_an_uninterrupted_one(tmp_path):
     ns = _namespace()
     run = ns["simulate"]
     args = (ns["alg"], ns["clients"], ns["test"], ns["variants"])
-    resumed = run(*args, rounds_per_call=1, checkpoint_dir=folder)
-    whole = run(*args, rounds_per_call=1, secret=secret)  # uninterrupted, the folder's secret
+    Execution = ns["Execution"]
+    resumed = run(*args, execution=Execution(rounds_per_call=1, checkpoint_dir=folder))
+    whole = run(*args, secret=secret, execution=Execution(rounds_per_call=1))  # uninterrupted
     pd.testing.assert_frame_equal(resumed.history, whole.history)
     for a, b in zip(jax.tree.leaves(resumed.server), jax.tree.leaves(whole.server), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
@@ -89,7 +91,7 @@ def test_a_killed_run_resumes_and_ends_as_an_uninterrupted_one(tmp_path):
 
     other = ns["Variants"].grid(ns["alg"], ns["clients"], ns["RunSpec"](5, 1e-5, (0, 1)))
     with pytest.raises(ValueError, match="holds a run with other settings"):
-        run(ns["alg"], ns["clients"], ns["test"], other, checkpoint_dir=folder)
+        run(ns["alg"], ns["clients"], ns["test"], other, execution=Execution(checkpoint_dir=folder))
 
 
 def test_a_zero_size_leaf_round_trips_through_a_checkpoint(tmp_path):

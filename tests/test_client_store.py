@@ -158,7 +158,7 @@ def test_the_simulator_runs_a_store_as_it_runs_stacked_clients():
     from swarmjax.fl.data import load_dataset, partition, stack_clients
     from swarmjax.fl.data.store import ClientStore
     from swarmjax.fl.protocol import RunSpec, Variants
-    from swarmjax.fl.runtime import simulate
+    from swarmjax.fl.runtime import Execution, simulate
     from swarmjax.models import mlp
     from tests.reproducible import SECRET
 
@@ -175,7 +175,8 @@ def test_the_simulator_runs_a_store_as_it_runs_stacked_clients():
             alg, clients, RunSpec(3, 1e-5), epsilon_target=[math.inf], learning_rate=[0.2]
         )
         # the same supplied secret in both calls: the same cohorts and batches
-        runs.append(simulate(alg, clients, test, grid, client_map="sequential", secret=SECRET))
+        sequential = Execution(client_map="sequential")
+        runs.append(simulate(alg, clients, test, grid, secret=SECRET, execution=sequential))
     np.testing.assert_allclose(
         runs[0].history["test_loss"], runs[1].history["test_loss"], rtol=1e-6
     )

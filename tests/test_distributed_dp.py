@@ -21,7 +21,7 @@ from swarmjax.fl.data.clients import stack_clients
 from swarmjax.fl.data.partition import iid_partition
 from swarmjax.fl.private import algorithm_name, private
 from swarmjax.fl.protocol import RunSpec, Variants
-from swarmjax.fl.runtime import simulate
+from swarmjax.fl.runtime import Execution, simulate
 from swarmjax.models import mlp
 from swarmjax.privacy import discrete
 from swarmjax.privacy.chacha20 import chacha20
@@ -250,7 +250,7 @@ def digits():
 def _simulate(alg, digits, **grid):
     clients, test = digits
     variants = Variants.grid(alg, clients, SPEC, **grid)
-    res = simulate(alg, clients, test, variants, secret=SECRET, progress=False)
+    res = simulate(alg, clients, test, variants, secret=SECRET, execution=Execution(progress=False))
     return res, variants
 
 

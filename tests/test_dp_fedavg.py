@@ -20,7 +20,7 @@ from swarmjax.fl.data import load_dataset
 from swarmjax.fl.data.clients import stack_clients
 from swarmjax.fl.data.partition import iid_partition
 from swarmjax.fl.protocol import RunSpec, Slots, Variants
-from swarmjax.fl.runtime import simulate
+from swarmjax.fl.runtime import Execution, simulate
 from swarmjax.models import mlp, param_bytes
 from swarmjax.privacy import accounting
 from swarmjax.privacy.clipping import effective_noise_multiplier, sum_noise_multiplier
@@ -51,15 +51,15 @@ def digits():
 def _run(alg, clients, test, rounds, **kw):
     """``rounds`` rounds of both seeds; one supplied secret and common random numbers, so
     equal seeds start from the same model whatever the algorithm and the call."""
-    variants = Variants.grid(alg, clients, RunSpec(rounds, DELTA, tuple(SEEDS)), **kw)
+    spec = RunSpec(rounds, DELTA, tuple(SEEDS), common_random_numbers=True)
+    variants = Variants.grid(alg, clients, spec, **kw)
     return simulate(
         alg,
         clients,
         test,
         variants,
-        rounds_per_call=1,
-        common_random_numbers=True,
         secret=SECRET,
+        execution=Execution(rounds_per_call=1),
     )
 
 

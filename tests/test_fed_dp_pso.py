@@ -19,7 +19,7 @@ import optax
 import pytest
 
 from swarmjax import swarm
-from swarmjax.fl import load_dataset, partition, simulate, stack_clients
+from swarmjax.fl import Execution, load_dataset, partition, simulate, stack_clients
 from swarmjax.fl.algorithms.fed_dp_pso import (
     FedDPPSO,
     FedDPPSOHyper,
@@ -83,8 +83,9 @@ def _plain_run(uneven, client_map: str):
     variants = Variants.grid(alg, clients, RunSpec(3, DELTA, (3,)), learning_rate=0.01)
     # one supplied secret: the vmapped and sequential calls are compared draw for draw
     return simulate(
-        alg, clients, (ds.x_test, ds.y_test), variants, client_map=client_map, secret=SECRET
-    )
+        alg, clients, (ds.x_test, ds.y_test), variants, secret=SECRET,
+        execution=Execution(client_map=client_map),
+    )  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -236,7 +237,7 @@ def test_bad_input_raises_before_compiling(digits) -> None:
         _simulate(small, clients, test, rounds=1, epsilon_target=math.inf)
     alg = FedDPPSO(model, dp)
     with pytest.raises(ValueError, match="client_map"):
-        simulate(alg, clients, test, variants(alg), client_map="loop")
+        simulate(alg, clients, test, variants(alg), execution=Execution(client_map="loop"))
 
 
 @pytest.mark.parametrize("metric", ["loss", "error"])

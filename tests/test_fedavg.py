@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import haiku as hk
@@ -18,7 +19,7 @@ from swarmjax.fl.data import load_dataset
 from swarmjax.fl.data.clients import stack_clients
 from swarmjax.fl.data.partition import iid_partition
 from swarmjax.fl.protocol import RunSpec, Variants
-from swarmjax.fl.runtime import simulate
+from swarmjax.fl.runtime import Execution, simulate
 from swarmjax.fl.runtime import simulator as sim
 from swarmjax.models import from_haiku, mlp, paper_mlp, param_bytes
 from tests.reproducible import SECRET
@@ -36,10 +37,10 @@ def digits():
     return data, clients, (data.x_test, data.y_test)
 
 
-def _fedavg(clients, test, *, rounds=ROUNDS, seeds=(0, 1), **kw):
+def _fedavg(clients, test, *, rounds=ROUNDS, seeds=(0, 1), common_random_numbers=False, **kw):
     """FedAvg's runs under the tests' supplied secret, so calls compare draw for draw."""
     kw.setdefault("secret", SECRET)
-    spec = RunSpec(rounds, 1e-5, tuple(seeds))
+    spec = RunSpec(rounds, 1e-5, tuple(seeds), common_random_numbers=common_random_numbers)
     variants = Variants.grid(ALG, clients, spec, epsilon_target=[math.inf], learning_rate=[0.3])
     return simulate(ALG, clients, test, variants, **kw)
 
@@ -82,7 +83,7 @@ def test_history_has_public_metrics_and_exact_bytes(fed):
 
 def test_one_seed_alone_and_in_chunks_equals_it_inside_the_batch(digits, fed):
     _, clients, test = digits
-    alone = _fedavg(clients, test, rounds=4, seeds=[1], rounds_per_call=2)
+    alone = _fedavg(clients, test, rounds=4, seeds=[1], execution=Execution(rounds_per_call=2))
     batched = fed.history[(fed.history["seed"] == 1) & (fed.history["round"] <= 4)]
     np.testing.assert_allclose(
         alone.history["test_accuracy"].to_numpy(), batched["test_accuracy"].to_numpy(), atol=1e-6
@@ -169,7 +170,8 @@ def test_a_cohort_round_trains_and_sends_only_the_cohort(digits):
     _, clients, test = digits
     alg = FedAvg(MODEL, LocalTraining(batch_size=32), cohort=2)
     spec = RunSpec(4, 1e-5, (0,))
-    res = simulate(alg, clients, test, Variants.grid(alg, clients, spec), diagnostics=True)
+    diagnosed = Execution(diagnostics=True)
+    res = simulate(alg, clients, test, Variants.grid(alg, clients, spec), execution=diagnosed)
     np.testing.assert_array_equal(res.private_diagnostics["selected"], 2)
     model_bytes = 4 * (64 * 32 + 32 + 32 * 10 + 10)
     assert (res.history["bytes_up"] == 2 * (model_bytes + 4)).all()
@@ -193,8 +195,7 @@ def test_server_optimisers_step_along_the_pseudo_gradient(digits, fed):
         sgd,
         clients,
         test,
-        Variants.grid(sgd, clients, spec, **grid),
-        common_random_numbers=True,
+        Variants.grid(sgd, clients, dataclasses.replace(spec, common_random_numbers=True), **grid),
         secret=SECRET,
     )
     plain = _fedavg(clients, test, common_random_numbers=True)
@@ -213,10 +214,10 @@ def test_clients_in_blocks_give_the_vmapped_numbers(digits, fed):
     """``client_map=k`` (lax.map over blocks of k vmapped clients) computes what the vmap
     does, to float rounding; a block count below 1 is refused."""
     _, clients, test = digits
-    blocks = _fedavg(clients, test, rounds=2, seeds=(1,), client_map=2)
+    blocks = _fedavg(clients, test, rounds=2, seeds=(1,), execution=Execution(client_map=2))
     batched = fed.history[(fed.history["seed"] == 1) & (fed.history["round"] <= 2)]
     np.testing.assert_allclose(
         blocks.history["test_loss"].to_numpy(), batched["test_loss"].to_numpy(), rtol=1e-5
     )
     with pytest.raises(ValueError, match="client_map"):
-        _fedavg(clients, test, rounds=1, client_map=0)
+        _fedavg(clients, test, rounds=1, execution=Execution(client_map=0))

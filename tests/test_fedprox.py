@@ -4,6 +4,7 @@ and the docs' example runs as printed."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 
@@ -33,11 +34,10 @@ def digits():
 
 
 def _run(alg, clients, test, common_random_numbers=False, **hyper):
-    variants = Variants.grid(alg, clients, SPEC, epsilon_target=[math.inf], **hyper)
+    spec = dataclasses.replace(SPEC, common_random_numbers=common_random_numbers)
+    variants = Variants.grid(alg, clients, spec, epsilon_target=[math.inf], **hyper)
     # one supplied secret for every call: FedAvg and FedProx are compared draw for draw
-    return simulate(
-        alg, clients, test, variants, common_random_numbers=common_random_numbers, secret=SECRET
-    )
+    return simulate(alg, clients, test, variants, secret=SECRET)
 
 
 def test_mu_zero_is_fedavg_and_a_large_mu_holds_the_model(digits):

@@ -35,7 +35,7 @@ from swarmjax.fl.protocol import (
     server_key,
     variant_identities,
 )
-from swarmjax.fl.runtime import simulate
+from swarmjax.fl.runtime import Execution, simulate
 from swarmjax.fl.runtime import simulator as sim
 from swarmjax.models import mlp, param_bytes
 from swarmjax.privacy.participation import Poisson
@@ -117,7 +117,9 @@ class _Runs(dict):
 
     def __missing__(self, name: str):
         alg, kwargs = _algorithms(self.clients)[name]
-        self[name] = _run(alg, kwargs, self.clients, self.test, diagnostics=True)
+        self[name] = _run(
+            alg, kwargs, self.clients, self.test, execution=Execution(diagnostics=True)
+        )
         return self[name]
 
 
@@ -459,7 +461,7 @@ def test_equal_algorithms_compile_once(setup, results):
     before = sim.run_rounds._cache_size()
     again = FedAvg(mlp((8,), 10, (8, 8, 1)), LocalTraining(batch_size=32))
     assert again == alg and hash(again) == hash(alg)
-    res = _run(again, kwargs, clients, test, diagnostics=True)
+    res = _run(again, kwargs, clients, test, execution=Execution(diagnostics=True))
     assert sim.run_rounds._cache_size() == before
     pd.testing.assert_frame_equal(res.history, first.history)
     assert _run(again, kwargs, clients, test).private_diagnostics == {}
@@ -643,7 +645,9 @@ def counted(setup):
     dp = dp_fedavg(MODEL, training=LocalTraining(batch_size=10), participation=Poisson(capacity))
     alg = _Counted(dp.algorithm, dp.plan)
     grid = Variants.grid(alg, clients, RunSpec(3, 1e-3), sample_rate=0.1)
-    everyone = simulate(alg, clients, test, grid, client_map="vmap", secret=SECRET)
+    everyone = simulate(
+        alg, clients, test, grid, secret=SECRET, execution=Execution(client_map="vmap")
+    )
     return alg, clients, grid, capacity, everyone
 
 
@@ -655,9 +659,8 @@ def test_clients_in_turn_skip_unused_slots_and_give_the_vmapped_numbers(setup, c
     _, test = setup
     alg, clients, grid, capacity, everyone = counted
     _TRAINED.clear()
-    turns = simulate(
-        alg, clients, test, grid, client_map=client_map, diagnostics=True, secret=SECRET
-    )
+    execution = Execution(client_map=client_map, diagnostics=True)
+    turns = simulate(alg, clients, test, grid, secret=SECRET, execution=execution)
     selected = np.asarray(turns.private_diagnostics["selected"]).reshape(-1)
     k = 1 if client_map == "sequential" else client_map
     blocks = -(-selected // k)  # the used slots come first: ceil(selected / k) blocks run

@@ -313,7 +313,7 @@ def test_simulate_refuses_before_any_work(monkeypatch):
     exchange is not summed (LocalOnly), refused before the first compiled call."""
     from swarmjax.fl.algorithms.local_only import LocalOnly
     from swarmjax.fl.protocol import RunSpec, Variants
-    from swarmjax.fl.runtime import simulate, simulator
+    from swarmjax.fl.runtime import Execution, simulate, simulator
 
     def no_work(*a, **k):
         raise AssertionError("compiled before refusing")
@@ -324,11 +324,11 @@ def test_simulate_refuses_before_any_work(monkeypatch):
     variants = Variants.grid(alg, clients, RunSpec(1, 1e-3, (0,)), **grid)
     one = np.asarray(jax.devices()[:1])
     with pytest.raises(ValueError, match=r"^mesh must have a 'clients' axis"):
-        simulate(alg, clients, test, variants, mesh=Mesh(one, ("data",)))
+        Execution(mesh=Mesh(one, ("data",)))
     local_only = LocalOnly(alg.model, alg.training)
     variants = Variants.grid(local_only, clients, RunSpec(1, 1e-3, (0,)))
     with pytest.raises(ValueError, match=r"^mesh: LocalOnly's round exchange\(s\) \[0\]"):
-        simulate(local_only, clients, test, variants, mesh=clients_mesh(1))
+        simulate(local_only, clients, test, variants, execution=Execution(mesh=clients_mesh(1)))
 
 
 def test_start_refuses_a_fresh_secret_per_process(monkeypatch):

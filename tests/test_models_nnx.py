@@ -74,9 +74,9 @@ def run(model: Model, clients, test, training: LocalTraining, epsilon: float | N
     """Two FedAvg rounds; one supplied secret and common random numbers, so two models
     (two calls) draw the same batches and noise whatever their release identities."""
     alg = FedAvg(model, training)
-    spec = RunSpec(rounds=2, delta=1e-5)
+    spec = RunSpec(rounds=2, delta=1e-5, common_random_numbers=True)
     variants = Variants.grid(alg, clients, spec, epsilon_target=epsilon, learning_rate=0.2)
-    return simulate(alg, clients, test, variants, common_random_numbers=True, secret=SECRET)
+    return simulate(alg, clients, test, variants, secret=SECRET)
 
 
 def assert_same(a, b, atol: float) -> None:

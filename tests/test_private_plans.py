@@ -26,7 +26,7 @@ from swarmjax.fl.data.clients import stack_clients
 from swarmjax.fl.data.partition import iid_partition
 from swarmjax.fl.private import Private, private
 from swarmjax.fl.protocol import RunSpec, Variants
-from swarmjax.fl.runtime import simulate
+from swarmjax.fl.runtime import Execution, simulate
 from swarmjax.models import mlp
 from swarmjax.privacy.clipping import FixedClipping
 from swarmjax.privacy.noise import CorrelatedNoise, GaussianNoise
@@ -56,7 +56,9 @@ def _poisson() -> Poisson:
 def _run(alg, digits, **grid):
     clients, test = digits
     variants = Variants.grid(alg, clients, SPEC, epsilon_target=EPS, **grid)
-    return simulate(alg, clients, test, variants, secret=SECRET, progress=False)
+    return simulate(
+        alg, clients, test, variants, secret=SECRET, execution=Execution(progress=False)
+    )
 
 
 def _same_guarantee(res, reference) -> None:
@@ -152,7 +154,7 @@ def test_the_plans_noise_reaches_a_user_algorithm(digits):
     variants = Variants.grid(
         alg, clients, spec, noise_multiplier=1.5, initial_clip=clip, learning_rate=1e-30
     )
-    res = simulate(alg, clients, test, variants, secret=SECRET, progress=False)
+    res = simulate(alg, clients, test, variants, secret=SECRET, execution=Execution(progress=False))
     # the initial model: the algorithm's own init from the run's server-init key
     from swarmjax.fl.protocol import run_keys, server_init_key, variant_identities
 

@@ -37,7 +37,7 @@ from swarmjax.fl.protocol import (
     server_key,
     variant_identities,
 )
-from swarmjax.fl.runtime import simulate
+from swarmjax.fl.runtime import Execution, simulate
 from swarmjax.fl.runtime.checkpoint import NOT_RELEASED, Checkpoints, fingerprint, not_released
 from swarmjax.fl.runtime.flower.task import stacked_task
 from swarmjax.models import mlp
@@ -138,8 +138,9 @@ def test_two_dp_algorithms_with_equal_seeds_and_labels_draw_independent_noise(di
     for crn in (False, True):
         for clipping in ("fixed", "adaptive"):
             alg = _dp(clipping)
-            variants = Variants.grid(alg, clients, SPEC, **NOISE_ONLY)
-            res = simulate(alg, clients, test, variants, common_random_numbers=crn, secret=SECRET)
+            spec = dataclasses.replace(SPEC, common_random_numbers=crn)
+            variants = Variants.grid(alg, clients, spec, **NOISE_ONLY)
+            res = simulate(alg, clients, test, variants, secret=SECRET)
             key = run_keys(SECRET, SPEC.seeds, variant_identities(alg, variants), crn)[0]
             start = MODEL.init(server_init_key(key))
             moved[crn, clipping] = np.concatenate(
@@ -324,11 +325,14 @@ def test_resuming_with_another_common_random_numbers_is_refused(digits, tmp_path
     alg = FedAvg(MODEL, LocalTraining(batch_size=40))
     variants = Variants.grid(alg, clients, SPEC, learning_rate=[0.1, 0.2])
     folder = tmp_path / "ckpt"
-    simulate(alg, clients, test, variants, checkpoint_dir=folder)
+    simulate(alg, clients, test, variants, execution=Execution(checkpoint_dir=folder))
     assert (folder / "secret.key").exists()  # the run's secret, kept for a resume
     assert (folder / "outputs_1.npz").exists()
+    paired = dataclasses.replace(
+        variants, spec=dataclasses.replace(SPEC, common_random_numbers=True)
+    )
     with pytest.raises(ValueError, match="common_random_numbers") as err:
-        simulate(alg, clients, test, variants, checkpoint_dir=folder, common_random_numbers=True)
+        simulate(alg, clients, test, paired, execution=Execution(checkpoint_dir=folder))
     assert "\n" not in str(err.value)
     # the digest itself covers the keys (seeds, identities, common random numbers)
     data = alg.client_data(clients)

@@ -13,7 +13,7 @@ from swarmjax.fl.data import load_dataset
 from swarmjax.fl.data.clients import stack_clients
 from swarmjax.fl.data.partition import iid_partition
 from swarmjax.fl.protocol import RunSpec, Variants
-from swarmjax.fl.runtime import Run, advance, finish, simulate, start
+from swarmjax.fl.runtime import Execution, Run, advance, finish, simulate, start
 from swarmjax.models import mlp
 from tests.reproducible import SECRET
 
@@ -40,7 +40,9 @@ def _same(a, b) -> None:
 def test_a_user_loop_gives_simulates_numbers(call):
     clients, test, variants = call
     # one supplied secret: the loop and simulate draw the same numbers
-    whole = simulate(ALG, clients, test, variants, rounds_per_call=1, secret=SECRET)
+    whole = simulate(
+        ALG, clients, test, variants, secret=SECRET, execution=Execution(rounds_per_call=1)
+    )
     run = start(ALG, clients, test, variants, secret=SECRET)
     assert isinstance(run, Run) and run.runs == 4 and run.done == 0 and run.metrics == {}
     seen = []

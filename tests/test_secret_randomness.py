@@ -36,7 +36,7 @@ from swarmjax.fl.data import load_dataset
 from swarmjax.fl.data.clients import stack_clients
 from swarmjax.fl.data.partition import iid_partition
 from swarmjax.fl.protocol import RunSpec, Variants, describe, run_keys, variant_identities
-from swarmjax.fl.runtime import simulate
+from swarmjax.fl.runtime import Execution, simulate
 from swarmjax.fl.runtime import simulator as sim
 from swarmjax.fl.runtime.checkpoint import SECRET_FILE
 from swarmjax.models import mlp
@@ -201,9 +201,11 @@ def _grid(clients):
     return Variants.grid(ALG, clients, SPEC, **HYPER)
 
 
-def _release(clients, test, **kw):
-    """The tiny DP-FedAvg run (one compiled round per call, shared by every test)."""
-    return simulate(ALG, clients, test, _grid(clients), rounds_per_call=1, **kw)
+def _release(clients, test, secret=None, **kw):
+    """The tiny DP-FedAvg run (one compiled round per call, shared by every test); ``kw``:
+    more of the call's ``Execution`` fields."""
+    execution = Execution(rounds_per_call=1, **kw)
+    return simulate(ALG, clients, test, _grid(clients), secret=secret, execution=execution)
 
 
 def _flat(params) -> np.ndarray:

@@ -20,7 +20,7 @@ from swarmjax.fl.client.training import LocalTraining
 from swarmjax.fl.data import load_dataset
 from swarmjax.fl.private import Private
 from swarmjax.fl.protocol import RunSpec, Variants, slot_sum
-from swarmjax.fl.runtime import simulate
+from swarmjax.fl.runtime import Execution, simulate
 from swarmjax.fl.runtime import simulator as sim
 from swarmjax.models import mlp
 from swarmjax.privacy.participation import Poisson
@@ -144,9 +144,10 @@ def test_a_summed_run_is_the_stacked_run(federation, monkeypatch, client_map, na
     assert alg.exchanges[0].aggregate_sum is not None
     variants = Variants.grid(alg, clients, RunSpec(3, 1e-3, (0, 1)), **grid)
     # one supplied secret for both calls: the same cohorts, batches and noise
-    summed = simulate(alg, clients, test, variants, client_map=client_map, secret=SECRET)
+    execution = Execution(client_map=client_map)
+    summed = simulate(alg, clients, test, variants, secret=SECRET, execution=execution)
     _unsummed(cls, monkeypatch)
     assert alg.exchanges[0].aggregate_sum is None
-    stacked = simulate(alg, clients, test, variants, client_map=client_map, secret=SECRET)
+    stacked = simulate(alg, clients, test, variants, secret=SECRET, execution=execution)
     chex.assert_trees_all_equal(summed.server, stacked.server)
     assert np.isfinite(np.asarray(summed.history["test_loss"])).all()

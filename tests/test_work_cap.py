@@ -20,7 +20,7 @@ from swarmjax.fl.data import load_dataset, partition, stack_clients
 from swarmjax.fl.data.cohort import subset_rows
 from swarmjax.fl.data.store import VMAP_BLOCK, ClientStore
 from swarmjax.fl.protocol import RunSpec, Variants
-from swarmjax.fl.runtime import simulate
+from swarmjax.fl.runtime import Execution, simulate
 from swarmjax.models import mlp
 from swarmjax.privacy.participation import Poisson
 from tests.reproducible import SECRET
@@ -35,7 +35,8 @@ def digits():
 
 
 def _run(alg, clients, test, client_map="vmap", rounds=3):
-    grid = Variants.grid(alg, clients, RunSpec(rounds, 1e-5), learning_rate=[0.2])
+    spec = RunSpec(rounds, 1e-5, common_random_numbers=True)
+    grid = Variants.grid(alg, clients, spec, learning_rate=[0.2])
     # one supplied secret and common random numbers: calls with different algorithms (caps)
     # draw the same cohorts and batches
     return simulate(
@@ -43,9 +44,8 @@ def _run(alg, clients, test, client_map="vmap", rounds=3):
         clients,
         test,
         grid,
-        client_map=client_map,
-        common_random_numbers=True,
         secret=SECRET,
+        execution=Execution(client_map=client_map),
     )
 
 
@@ -103,7 +103,7 @@ def test_a_cap_no_client_exceeds_changes_nothing_bitwise(digits):
             res = _run(capped, clients, test, cmap)
             for a, b in zip(_leaves(base), _leaves(res), strict=True):
                 np.testing.assert_array_equal(a, b)
-    spec = RunSpec(3, 1e-3)
+    spec = RunSpec(3, 1e-3, common_random_numbers=True)
     for training in (
         LocalTraining(batch_size=10),
         LocalTraining(batch_size=10, max_examples=largest),
@@ -113,18 +113,14 @@ def test_a_cap_no_client_exceeds_changes_nothing_bitwise(digits):
         )
         dp = dp_fedavg(model, participation=poisson, training=training)
         grid = Variants.grid(dp, store, spec, sample_rate=0.25, epsilon_target=8.0)
-        res = simulate(
-            dp, store, test, grid, client_map="vmap", common_random_numbers=True, secret=SECRET
-        )
+        res = simulate(dp, store, test, grid, secret=SECRET, execution=Execution(client_map="vmap"))
         if training.max_examples is None:
             base = res
     for a, b in zip(_leaves(base), _leaves(res), strict=True):
         np.testing.assert_array_equal(a, b)
     # user-level DP-FedAvg, vmapped in sorted blocks, from a padded buffer: the same bits
     padded = store.with_read("buffer")
-    res = simulate(
-        dp, padded, test, grid, client_map="vmap", common_random_numbers=True, secret=SECRET
-    )
+    res = simulate(dp, padded, test, grid, secret=SECRET, execution=Execution(client_map="vmap"))
     for a, b in zip(_leaves(base), _leaves(res), strict=True):
         np.testing.assert_array_equal(a, b)
 
@@ -236,6 +232,8 @@ def test_a_capped_sorted_cohort_compiles_its_round_once(digits):
     )
     grid = Variants.grid(alg, store, RunSpec(4, 1e-5), learning_rate=[0.2])
     before = run_rounds._cache_size()
-    res = simulate(alg, store, (data.x_test, data.y_test), grid, rounds_per_call=1)
+    res = simulate(
+        alg, store, (data.x_test, data.y_test), grid, execution=Execution(rounds_per_call=1)
+    )
     assert run_rounds._cache_size() == before + 1
     assert np.isfinite(res.history["test_loss"]).all()

@@ -10,9 +10,10 @@ in round order:
 - ``runs``: a ``pandas.DataFrame`` with one row per run (its variant's labels and its
   seed), the same rows as ``Result.runs``.
 
-:func:`~swarmjax.fl.runtime.simulator.simulate` takes ``callbacks=(...)``; a loop of your
-own over :func:`~swarmjax.fl.runtime.simulator.advance` calls :func:`notify` with what
-``advance`` returned.  Ready adapters: :class:`JsonLines` and :class:`CsvRows` (a line per
+:func:`~swarmjax.fl.runtime.simulator.simulate` takes
+``execution=Execution(callbacks=(...))``; a loop of your own over
+:func:`~swarmjax.fl.runtime.simulator.advance` calls :func:`notify` with what ``advance``
+returned.  Ready adapters: :class:`JsonLines` and :class:`CsvRows` (a line per
 (round, run), flushed every round, so ``tail -f`` follows a run) and :class:`TensorBoard`
 (event files through ``tensorboardX``'s writer, one scalar series per metric and run;
 ``tensorboard --logdir DIR`` shows them).  Metrics are public values (test-set scores); the

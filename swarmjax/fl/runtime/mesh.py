@@ -256,8 +256,8 @@ def check_memory(memory: CohortMemory, mesh: Mesh | None, limit: int) -> None:
     spare = limit - memory.shared
     fits = spare // (memory.per_slot * memory.runs) if spare > 0 else 0
     hint = (
-        f"spread the cohort over more devices (mesh=clients_mesh(d) or clients_per_device <= "
-        f"{fits})"
+        "spread the cohort over more devices (Execution(mesh=clients_mesh(d)) or "
+        f"Execution(clients_per_device<={fits}))"
         if fits
         else "the federation's data and client states alone do not fit: use fewer clients"
     )
