@@ -14,9 +14,10 @@ Federated learning (``docs/federated.md``)
     with record-level DP-SGD.
     ``from swarmjax.fl import RunSpec, Variants, simulate``: state a call once, sweep
     hyper-parameters and targets, run; ``simulate`` returns a ``Result`` (``history``,
-    ``privacy``, ``server``). Its options: ``execution=Execution(...)`` (client map, mesh,
-    checkpoints, progress, callbacks: how it runs) and ``release=Release(...)`` (ledger,
-    path, data source: what it publishes), both ``from swarmjax.fl``.
+    ``privacy``, ``server``).
+    ``from swarmjax.fl import Execution, Release``: ``simulate``'s options, how a call
+    runs (``execution=``: client map, mesh, checkpoints, progress, callbacks; never the
+    numbers) and what it publishes (``release=``: ledger, path, data source).
     ``from swarmjax.fl.protocol import Algorithm, Exchange, Slots``: write your own
     algorithm; ``swarmjax.fl.runtime.flower`` runs it on Flower (``docs/flower.md``).
 

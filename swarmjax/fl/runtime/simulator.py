@@ -672,7 +672,7 @@ def _checked(value: Any, kind: type, name: str) -> Any:
     if value is None:
         return kind()
     if not isinstance(value, kind):
-        raise ValueError(f"{name} must be a {kind.__name__} or None; got {type(value).__name__}")
+        raise ValueError(f"{name} must be {kind.__name__}(...) or None; got {type(value).__name__}")
     return value
 
 
