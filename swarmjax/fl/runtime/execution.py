@@ -17,6 +17,7 @@ refused by :func:`moved_options` with one line naming their new home.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 from collections.abc import Callable, Sequence
@@ -137,19 +138,7 @@ class Execution:
 
 
 MOVED: dict[str, str] = {
-    **{
-        name: f"execution=Execution({name}=...)"
-        for name in (
-            "client_map",
-            "rounds_per_call",
-            "mesh",
-            "clients_per_device",
-            "checkpoint_dir",
-            "progress",
-            "callbacks",
-            "diagnostics",
-        )
-    },
+    **{f.name: f"execution=Execution({f.name}=...)" for f in dataclasses.fields(Execution)},
     "ledger": "release=Release(ledger=...)",
     "release_path": "release=Release(path=...)",
     "data_source": "release=Release(data_source=...)",
