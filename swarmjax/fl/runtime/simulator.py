@@ -747,7 +747,7 @@ def start(
         raise ValueError(
             f"secret=None would draw a different secret in each of the {jax.process_count()} "
             "jax.distributed processes; pass every process the same secret= (e.g. "
-            "Secret.from_file) or one checkpoint_dir on a shared file system"
+            "Secret.from_file) or one Execution(checkpoint_dir=...) on a shared file system"
         )
     if secret is None:
         secret = Secret.generate()
@@ -914,10 +914,11 @@ def long_run_warning(seconds_per_round: float, rounds_left: int) -> bool:
         return False
     warnings.warn(
         f"about {left / 3600:.1f} hours left ({rounds_left} rounds at {seconds_per_round:.2f} s "
-        "a round on this machine); Ctrl-C stops it (with checkpoint_dir it resumes), or "
+        "a round on this machine); Ctrl-C stops it (with Execution(checkpoint_dir=...) it "
+        "resumes), or "
         "lower the rounds, clients or model",
         UserWarning,
-        stacklevel=3,
+        stacklevel=4,  # past simulate and its moved_options wrapper: the caller
     )
     return True
 
@@ -949,7 +950,7 @@ def warn_input_mismatch(clients: Any, test: tuple[Array, Array]) -> str | None:
         f"largest |x| {scale_b:.3g}) differ in kind or scale: scale both the same way "
         "(e.g. pixels / 255 as float32) or the model trains on one and is scored on the other"
     )
-    warnings.warn(text, UserWarning, stacklevel=3)
+    warnings.warn(text, UserWarning, stacklevel=4)  # past start and its wrapper
     return text
 
 
