@@ -915,8 +915,7 @@ def long_run_warning(seconds_per_round: float, rounds_left: int) -> bool:
     warnings.warn(
         f"about {left / 3600:.1f} hours left ({rounds_left} rounds at {seconds_per_round:.2f} s "
         "a round on this machine); Ctrl-C stops it (with Execution(checkpoint_dir=...) it "
-        "resumes), or "
-        "lower the rounds, clients or model",
+        "resumes), or lower the rounds, clients or model",
         UserWarning,
         stacklevel=4,  # past simulate and its moved_options wrapper: the caller
     )
