@@ -597,7 +597,8 @@ def report(
 class Release:
     """What a call publishes and where it is recorded (``Release()``, the default: nothing
     recorded; the :class:`Result` is returned either way). Checked at construction, one
-    ``ValueError`` line.
+    ``ValueError`` line. Not :class:`swarmjax.privacy.ledger.Release`, the ledger's entry
+    for one released run: the ledger makes one of those per run of the call.
 
     Attributes:
         ledger: the experiment's :class:`~swarmjax.privacy.ledger.Ledger`: every run of the
