@@ -105,18 +105,36 @@ class Distributed(PlanAround):
         key: PRNGKeyArray,
         hyper: PrivateHyper,
     ) -> PrivateServer:
-        """Masks, the survivors' secure sum and its decoding (the plan), then the wrapped
-        algorithm's step on ``Update(decoded sum, survivors)``; a refused round keeps the
-        wrapped state."""
+        """The simulated secure sum of the survivors' uploads (the plan's
+        :meth:`~swarmjax.privacy.distributed.DistributedDP.secure_sum`), then :meth:`step`."""
+        total, survived, ok = self.plan.secure_sum(uploads, slots.mask, slots.ids, key)
+        return self.step(server, total, survived, ok, slots, key, hyper)
+
+    def step(
+        self,
+        server: PrivateServer,
+        total: UInt32[Array, " d"],
+        survived: Bool[Array, " S"],
+        ok: Bool[Array, ""],
+        slots: Slots,
+        key: PRNGKeyArray,
+        hyper: PrivateHyper,
+    ) -> PrivateServer:
+        """The server's step from a round's secure sum, shared by the simulator
+        (:meth:`aggregate`) and a deployment's real secure aggregation
+        (:mod:`swarmjax.fl.runtime.flower.secagg`): the plan's
+        :meth:`~swarmjax.privacy.distributed.DistributedDP.decode` of ``total`` (``(d,)``
+        uint32, the survivors' residues summed modulo ``2^b``), then the wrapped algorithm's
+        step on ``Update(decoded sum, survivors)``; ``ok`` False (a refused round) keeps the
+        wrapped state. ``survived``: ``(S,)`` the slots whose upload is in ``total``;
+        ``key``: the exchange's aggregate key."""
         like = self._inner.request(server.inner)
-        total, survived, ok, plan = self.plan.release(
-            server.plan, uploads, slots.mask, slots.ids, key, hyper.plan, like
-        )
+        total_tree, plan = self.plan.decode(server.plan, total, ok, hyper.plan, like)
         weight = jnp.maximum(jnp.sum(survived), 1).astype(jnp.float32)
         inner_key = jax.random.fold_in(key, _INNER_KEY)
         stepped = self._inner.aggregate_sum(
             server.inner,
-            Update(total, weight),
+            Update(total_tree, weight),
             Slots(mask=survived, ids=slots.ids, num_clients=slots.num_clients),
             inner_key,
             hyper.inner,

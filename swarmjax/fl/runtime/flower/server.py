@@ -79,6 +79,13 @@ from swarmjax.fl.runtime.flower.records import (
     save_tree,
     to_record,
 )
+from swarmjax.fl.runtime.flower.secagg import (
+    check_deployable,
+    parse_faults,
+    secure_exchange,
+    step_function,
+    uses_secagg,
+)
 from swarmjax.fl.runtime.flower.server_app import HELLO, Hello, ServerSettings, send_all
 from swarmjax.fl.runtime.flower.task import (
     DEFAULT_CACHE,
@@ -211,8 +218,15 @@ class _Coordinator:
         if ex.max_selected is not None:  # as the simulator: the first max_selected ids only
             selected[np.flatnonzero(selected)[ex.max_selected :]] = False
         request = _jit(ex.request)(server)
-        request_record = to_record(request)
         reply_like, spend_like = _reply_like(task, ex, request)
+        start = len(self.messages)
+        if not setup and uses_secagg(task.algorithm):  # real masks: four stages
+            server, rows = secure_exchange(
+                self, server, ex, index, round_index, selected, request, reply_like
+            )
+            self.messages.extend(rows)
+            return server, {}, self._release(ex, selected, request, reply_like, start)
+        request_record = to_record(request)
         meta = ConfigRecord({"round": round_index, "exchange": index, "setup": setup})
         targets = {int(c): self.nodes.get(int(c)) for c in np.flatnonzero(selected)}
         contents = {
@@ -221,7 +235,6 @@ class _Coordinator:
             if node is not None
         }
         group = f"{'setup' if setup else 'round'}-{round_index}-{ex.name}"
-        start = len(self.messages)
         replies = self._send(contents, "train.exchange", group, self.settings.reply_timeout)
         slots = jax.tree.map(lambda s: np.zeros((n, *s.shape), s.dtype), _plain(reply_like))
         mask = np.zeros(n, bool)
@@ -374,6 +387,7 @@ def _operator_log(out: Path | None) -> logging.Handler | None:
 
 def _drive(grid: Grid, task: Task, settings: ServerSettings, hello: Hello | None) -> Result:
     alg = task.algorithm
+    check_deployable(alg)
     co = _Coordinator(grid, task, settings)
     co.greet(time.monotonic() + settings.join_timeout, hello)
     if not co.nodes:
@@ -516,13 +530,19 @@ def warm_up(task: Task) -> None:
     :func:`drive` calls them (same shapes, dtypes and placement: one compilation each)."""
     alg, n = task.algorithm, task.num_clients
     server = _jit(alg.server_init)(server_init_key(task.run_key), task.hyper)
-    for ex in alg.setup + alg.exchanges:
+    setup = len(alg.setup)
+    for e, ex in enumerate(alg.setup + alg.exchanges):
         _select(ex, n)(server, server_key(task.run_key, 0, 0))
         request = _jit(ex.request)(server)
         reply_like, _ = _reply_like(task, ex, request)
         slots = jax.tree.map(lambda s: np.zeros((n, *s.shape), s.dtype), _plain(reply_like))
         mask = Slots.everyone(jnp.asarray(np.zeros(n, bool)))
         agg_key = aggregate_key(task.run_key, 0, 0)
+        if uses_secagg(alg) and e >= setup:  # what secure_exchange calls
+            total = jnp.zeros(reply_like.shape, reply_like.dtype)
+            no = jnp.zeros(n, bool)
+            step_function(alg)(server, total, no, no.any(), mask, agg_key, task.hyper)
+            continue
         _jit(ex.aggregate)(server, slots, mask, agg_key, task.hyper)
     jax.block_until_ready(_jit(alg.evaluate)(server, task.test))
 
@@ -534,5 +554,7 @@ def serve(grid: Grid, run_config: dict[str, Any], hello: Hello | None = None) ->
     settings = ServerSettings.from_run_config(run_config)
     use_compilation_cache(run_config.get("jax-cache-dir", DEFAULT_CACHE))
     task = load_task(run_config)
+    parse_faults(run_config, task.num_clients)  # a bad test-only fault: one line, no work
+    check_deployable(task.algorithm)
     warm_up(task)
     return drive(grid, task, settings, hello)
