@@ -57,6 +57,7 @@ run's Task (the run is the same; only the named clients misbehave).
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from dataclasses import dataclass, field
 from typing import Any
@@ -362,11 +363,22 @@ def _unmask(state: _ClientRound, me: int, lists: ArrayRecord, t: int) -> RecordD
 # ------------------------------------------------------------------------ server side
 
 
+def _wire(content: RecordDict) -> int:
+    """Bytes Flower counts for a message's records (arrays with their headers, configs)."""
+    return int(sum(r.count_bytes() for r in content.values()))
+
+
 def _payload(record: Any) -> int:
     """Array bytes of a record (what the history counts; Flower adds headers and names)."""
     if isinstance(record, ArrayRecord):
         return int(sum(len(a.numpy().tobytes()) for a in record.values()))
     return 0
+
+
+def _digest(total: np.ndarray) -> str:
+    """SHA-256 of the ``(d,)`` uint32 summed residues (little endian): the operator's
+    fingerprint of a round's secure sum, to compare a deployment with the simulator."""
+    return hashlib.sha256(np.asarray(total, "<u4").tobytes()).hexdigest()
 
 
 def secure_exchange(
@@ -378,11 +390,17 @@ def secure_exchange(
     selected: np.ndarray,
     request: Any,
     reply_like: Any,
-) -> tuple[Any, list[dict]]:
+) -> tuple[Any, list[dict], dict[str, Any]]:
     """One round of the exchange ``ex`` under real secure aggregation over the nodes of the
     coordinator ``co`` (:mod:`swarmjax.fl.runtime.flower.server`): the four stages, then
-    the algorithm's :meth:`~swarmjax.fl.distributed.Distributed.step`. Returns the new
-    server state and one operator row per message (``stage``, bytes, status)."""
+    the algorithm's :meth:`~swarmjax.fl.distributed.Distributed.step`.
+
+    Returns the new server state, one operator row per message (the stage as
+    ``exchange/stage``, bytes, status) and the round's operator summary (``round``; the
+    client ids, space separated, that were ``selected``, ``advertised`` keys (``U1``),
+    ``shared`` (``U2``), ``uploaded`` a valid masked input (``U3``) and ``unmasked``;
+    ``outcome``: ``released`` or ``refused: <why>``; ``sum_sha256``: :func:`_digest` of
+    the unmasked sum, ``""`` when refused)."""
     task, alg = co.task, co.task.algorithm
     plan, n = alg.plan, task.num_clients
     t, bits = plan.threshold, plan.bits
@@ -390,6 +408,8 @@ def secure_exchange(
     group = f"round-{round_index}-{ex.name}"
     rows: list[dict] = []
     nodes = {int(c): co.nodes.get(int(c)) for c in np.flatnonzero(selected)}
+    summary: dict[str, Any] = {"round": round_index, "selected": _ids_text(nodes)}
+    summary |= {k: "" for k in ("advertised", "shared", "uploaded", "unmasked", "sum_sha256")}
 
     def stage(name: str, contents: dict[int, RecordDict], accept: Any) -> dict[int, Any]:
         """Send ``contents[client]``; ``{client: accept(client, reply content)}`` of the
@@ -412,7 +432,7 @@ def secure_exchange(
                 row["status"] = "no node holds this partition"
             else:
                 row["bytes_down"] = sum(_payload(r) for r in content.values())
-                row["wire_down"] = int(content.count_bytes())
+                row["wire_down"] = _wire(content)
                 reply = replies[node]
                 row["status"], value = _accepted(reply, c, accept, row)
                 if value is not None:
@@ -422,8 +442,9 @@ def secure_exchange(
             rows.append(row)
         return out
 
-    def refuse(why: str) -> tuple[Any, list[dict]]:
+    def refuse(why: str) -> tuple[Any, list[dict], dict[str, Any]]:
         log.warning("%s: round refused, nothing released: %s", group, why)
+        summary["outcome"] = f"refused: {why}"
         zeros = jnp.zeros((d,), jnp.uint32)
         new = step_function(alg)(
             server,
@@ -434,7 +455,7 @@ def secure_exchange(
             aggregate_key(task.run_key, round_index, index),
             task.hyper,
         )
-        return new, rows
+        return new, rows, summary
 
     # 1. AdvertiseKeys
     def got_keys(c: int, content: RecordDict) -> tuple[bytes, bytes]:
@@ -445,6 +466,7 @@ def secure_exchange(
 
     keys = stage("advertise", {c: RecordDict() for c in nodes}, got_keys)
     u1 = sorted(keys)
+    summary["advertised"] = _ids_text(u1)
     if len(u1) < t:
         return refuse(f"{len(u1)} clients advertised keys, fewer than min_survivors={t}")
 
@@ -467,6 +489,7 @@ def secure_exchange(
 
     bundles = stage("share", {c: RecordDict({"keys": record}) for c in u1}, got_bundles)
     u2 = sorted(bundles)
+    summary["shared"] = _ids_text(u2)
     if len(u2) < t:
         return refuse(f"{len(u2)} clients shared their keys, fewer than min_survivors={t}")
 
@@ -490,6 +513,7 @@ def secure_exchange(
 
     masked = stage("mask", {c: peers(c) for c in u2}, got_masked)
     u3 = sorted(masked)
+    summary["uploaded"] = _ids_text(u3)
     dropped = [c for c in u2 if c not in masked]
     if len(u3) < t:
         return refuse(f"{len(u3)} valid masked inputs, fewer than min_survivors={t}")
@@ -509,6 +533,7 @@ def secure_exchange(
         return as_int(seed), as_int(key)
 
     shares = stage("unmask", {c: RecordDict({"lists": lists}) for c in u3}, got_shares)
+    summary["unmasked"] = _ids_text(shares)
     if len(shares) < t:
         return refuse(f"{len(shares)} clients answered Unmasking, fewer than min_survivors={t}")
     holders = sorted(shares)[:t]  # t shares reconstruct; the first t by id
@@ -549,7 +574,12 @@ def secure_exchange(
         aggregate_key(task.run_key, round_index, index),
         task.hyper,
     )
-    return new, rows
+    summary |= {"outcome": "released", "sum_sha256": _digest(total)}
+    return new, rows, summary
+
+
+def _ids_text(ids: Any) -> str:
+    return " ".join(str(c) for c in sorted(ids))
 
 
 def _accepted(reply: Message | str, c: int, accept: Any, row: dict) -> tuple[str, Any]:
@@ -559,7 +589,7 @@ def _accepted(reply: Message | str, c: int, accept: Any, row: dict) -> tuple[str
         return f"error reply: {reply.error.reason}", None
     try:
         content = reply.content
-        row["wire_up"] = int(content.count_bytes())
+        row["wire_up"] = _wire(content)
         row["bytes_up"] = sum(_payload(r) for r in content.values())
         return "ok", accept(c, content)
     except (RecordError, KeyError, TypeError, ValueError) as err:

@@ -36,7 +36,14 @@ released and what only the operator may see:
 * ``operator/`` (``Result.operator``, an :class:`Operator`; NOT released, NOT covered by
   any epsilon): ``messages.csv`` (one row per message: who was messaged, status, payload
   and wire bytes), ``rounds.csv`` (wall seconds of every round, which track the realised
-  cohort, and the realised number of clients of every exchange) and ``server.log``.
+  cohort, and the realised number of clients of every exchange), ``server.log`` and,
+  for an algorithm under a distributed-DP plan, ``secagg.csv`` (who passed each stage of
+  secure aggregation, every round's outcome; :mod:`swarmjax.fl.runtime.flower.secagg`).
+
+An algorithm under a :class:`~swarmjax.privacy.distributed.DistributedDP` plan runs its
+exchange as real secure aggregation (:mod:`swarmjax.fl.runtime.flower.secagg`: four
+stages of messages, the clients' uploads masked, the server unmasks only the survivors'
+sum), then the simulator's decode and step.
 
 Publishing anything from ``operator/`` voids the amplification by sampling of a secret
 cohort (DP-FedAvg). :func:`read_run` loads both folders into a ``Result``.
@@ -122,6 +129,7 @@ NOT_RELEASED = {
     f"{OPERATOR}/messages.csv": "who was messaged in every exchange (realised membership)",
     f"{OPERATOR}/rounds.csv": "wall seconds and realised number of clients per round",
     f"{OPERATOR}/server.log": "the ServerApp's log (names clients left out)",
+    f"{OPERATOR}/secagg.csv": "under secure aggregation: who passed each stage, each outcome",
 }
 """The operator-only outputs, named in ``privacy.json`` as not released and not covered."""
 
@@ -132,7 +140,10 @@ log = logging.getLogger("swarmjax.fl.runtime.flower")
 class Operator:
     """What only the operator sees (NOT released, NOT covered by any epsilon): ``messages``
     (one row per message: who was messaged, status, bytes) and ``rounds`` (``round``,
-    ``seconds`` and ``selected_<exchange>``, the realised number of clients).
+    ``seconds`` and ``selected_<exchange>``, the realised number of clients); under real
+    secure aggregation also ``secagg`` (one row per round: the clients that passed each
+    stage, the outcome and the sum's fingerprint;
+    :func:`~swarmjax.fl.runtime.flower.secagg.secure_exchange`), else ``None``.
 
     A deployment's :class:`~swarmjax.fl.runtime.result.Result` holds it as ``operator``,
     beside the other members that are never released (``clients``, ``private_diagnostics``),
@@ -142,6 +153,7 @@ class Operator:
 
     messages: pd.DataFrame
     rounds: pd.DataFrame
+    secagg: pd.DataFrame | None = None
 
 
 def _realised(rounds: pd.DataFrame) -> dict[str, np.ndarray]:
@@ -159,6 +171,7 @@ class _Coordinator:
     nodes: dict[int, int] = field(default_factory=dict)  # client id -> node id
     seen: set[int] = field(default_factory=set)  # node ids already greeted
     messages: list[dict[str, Any]] = field(default_factory=list)
+    secagg: list[dict[str, Any]] = field(default_factory=list)  # a summary per secure round
 
     # ------------------------------------------------------------------------- transport
 
@@ -221,10 +234,11 @@ class _Coordinator:
         reply_like, spend_like = _reply_like(task, ex, request)
         start = len(self.messages)
         if not setup and uses_secagg(task.algorithm):  # real masks: four stages
-            server, rows = secure_exchange(
+            server, rows, summary = secure_exchange(
                 self, server, ex, index, round_index, selected, request, reply_like
             )
             self.messages.extend(rows)
+            self.secagg.append(summary)
             return server, {}, self._release(ex, selected, request, reply_like, start)
         request_record = to_record(request)
         meta = ConfigRecord({"round": round_index, "exchange": index, "setup": setup})
@@ -424,7 +438,8 @@ def _drive(grid: Grid, task: Task, settings: ServerSettings, hello: Hello | None
         task.num_clients,
         randomness=randomness(source, common_random_numbers=False),
     )
-    operator = Operator(pd.DataFrame(co.messages), pd.DataFrame(operator_rows))
+    secagg = pd.DataFrame(co.secagg) if co.secagg else None
+    operator = Operator(pd.DataFrame(co.messages), pd.DataFrame(operator_rows), secagg)
 
     def per_round(name: str) -> dict[str, np.ndarray]:
         """``{exchange: (1, rounds)}``: what the rounds' exchanges released as ``name``."""
@@ -455,6 +470,8 @@ def _write(run: Result, out: Path) -> None:
     if run.operator is not None:
         run.operator.messages.to_csv(operator / "messages.csv", index=False)
         run.operator.rounds.to_csv(operator / "rounds.csv", index=False)
+        if run.operator.secagg is not None:
+            run.operator.secagg.to_csv(operator / "secagg.csv", index=False)
     p = run.privacy
     record = {
         "unit": p.unit,
@@ -507,8 +524,11 @@ def read_run(out: str | Path, task: Task) -> Result:
     labels = run_labels(task.variants)
     kept = None
     if (operator / "messages.csv").exists() and (operator / "rounds.csv").exists():
+        secagg = operator / "secagg.csv"
         kept = Operator(
-            pd.read_csv(operator / "messages.csv"), pd.read_csv(operator / "rounds.csv")
+            pd.read_csv(operator / "messages.csv"),
+            pd.read_csv(operator / "rounds.csv"),
+            pd.read_csv(secagg, dtype=str, keep_default_na=False) if secagg.exists() else None,
         )
     return Result(
         server=jax.tree.map(
