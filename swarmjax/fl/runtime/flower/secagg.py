@@ -50,9 +50,13 @@ restarted mid-round has lost them and answers the next stage with an error: the 
 drops out of that round, which the protocol tolerates.
 
 Fault injection (TESTS ONLY, never a default): the run configuration key
-:data:`FAULT_KEY` ``"secagg-fault-injection"`` = ``"ID:FAULT[,ID:FAULT...]"`` makes client
-``ID`` misbehave in every round, ``FAULT`` one of :data:`FAULTS`. It does not enter the
-run's Task (the run is the same; only the named clients misbehave).
+:data:`FAULT_KEY` ``"secagg-fault-injection"`` = ``"ID:FAULT[@ROUND][,...]"`` makes client
+``ID`` misbehave in every round (or in round ``ROUND`` only), ``FAULT`` one of
+:data:`FAULTS`: ``drop-before-upload`` (it answers the first two stages, then fails the
+third), ``drop-after-upload`` (it uploads, then fails Unmasking), ``garbage-length`` (one
+word too many), ``garbage-range`` (a word ``>= 2^b``), ``garbage-dtype`` (float32 words).
+The key does not enter the run's Task (the run is the same; only those clients misbehave)
+and the ServerApp checks it before any work.
 """
 
 from __future__ import annotations
@@ -117,20 +121,30 @@ def uses_secagg(algorithm: Any) -> bool:
     return isinstance(algorithm, Distributed)
 
 
-def parse_faults(run_config: Any, num_clients: int) -> dict[int, str]:
-    """``{client id: fault}`` from the run configuration's :data:`FAULT_KEY` (``""`` or
-    absent: none); one-line ``ValueError`` naming the key for anything else."""
+def parse_faults(run_config: Any, num_clients: int) -> dict[tuple[int, int | None], str]:
+    """``{(client id, round or None): fault}`` from the run configuration's
+    :data:`FAULT_KEY`: ``"ID:FAULT"`` (every round) or ``"ID:FAULT@ROUND"`` (that round
+    only), comma separated; ``""`` or absent: none. One-line ``ValueError`` naming the key
+    for anything else."""
     raw = str(run_config.get(FAULT_KEY, "") or "")
-    out: dict[int, str] = {}
+    out: dict[tuple[int, int | None], str] = {}
     for item in filter(None, (p.strip() for p in raw.split(","))):
-        cid, _, fault = item.partition(":")
-        if not cid.strip().isdigit() or not 0 <= int(cid) < num_clients or fault not in FAULTS:
+        cid, _, rest = item.partition(":")
+        fault, at, when = rest.partition("@")
+        ok = cid.isdigit() and int(cid) < num_clients and fault in FAULTS
+        if not ok or (at and not when.isdigit()):
             raise ValueError(
-                f"{FAULT_KEY} must be 'ID:FAULT[,ID:FAULT]' with ID in [0, {num_clients}) and "
-                f"FAULT one of {', '.join(FAULTS)}; got {raw!r}"
+                f"{FAULT_KEY} must be 'ID:FAULT[@ROUND]' items, comma separated, with ID in "
+                f"[0, {num_clients}) and FAULT one of {', '.join(FAULTS)}; got {raw!r}"
             )
-        out[int(cid)] = fault
+        out[(int(cid), int(when) if at else None)] = fault
     return out
+
+
+def _fault(run_config: Any, num_clients: int, pid: int, round_id: int) -> str | None:
+    """The injected fault of client ``pid`` in round ``round_id`` (tests only), if any."""
+    faults = parse_faults(run_config, num_clients)
+    return faults.get((pid, round_id), faults.get((pid, None)))
 
 
 # ------------------------------------------------------------------------ wire helpers
@@ -215,7 +229,7 @@ def answer_stage(
     after the ``mask`` stage, the client's new state (else ``None``)."""
     meta = content["meta"]
     stage, round_id = str(meta["stage"]), int(meta["round"])
-    fault = parse_faults(run_config, task.num_clients).get(pid)
+    fault = _fault(run_config, task.num_clients, pid, round_id)
     plan = task.algorithm.plan
     slot = (id(task), pid)
     if stage == "advertise":
