@@ -40,9 +40,11 @@ from swarmjax.fl.protocol import (
     client_key,
     server_init_key,
 )
+from swarmjax.fl.runtime.flower.client import make_client_app
 from swarmjax.fl.runtime.flower.deployment import APP_DIR, LocalDeployment
+from swarmjax.fl.runtime.flower.loopback import LoopbackGrid
 from swarmjax.fl.runtime.flower.secagg import BUNDLE_BYTES, FAULT_KEY, step_function
-from swarmjax.fl.runtime.flower.server import read_run
+from swarmjax.fl.runtime.flower.server import read_run, serve
 from swarmjax.fl.runtime.flower.task import load_task
 from tests.reproducible import secret_file
 from tests.test_flower_runtime import assert_same_run, simulated
@@ -133,16 +135,10 @@ def _replay(cfg: dict, rounds: list[tuple[set[int], set[int], bool]]):
                 total += np.asarray(encoded)
         total &= np.uint32(2**plan.bits - 1)
         digests.append(_digest(total) if ok else "")
-        survived = np.isin(np.arange(n), sorted(counted))
-        server = step_function(alg)(
-            server,
-            total if ok else np.zeros_like(total),
-            survived,
-            np.asarray(ok),
-            Slots.everyone(survived),
-            aggregate_key(key, r, 0),
-            hyper,
-        )
+        survived = Slots.everyone(np.isin(np.arange(n), sorted(counted)))
+        summed = total if ok else np.zeros_like(total)
+        okay = np.asarray(ok)
+        server = step_function(alg)(server, summed, okay, survived, aggregate_key(key, r, 0), hyper)
     return digests, server
 
 
@@ -215,3 +211,21 @@ def test_dropouts_and_garbage_within_the_threshold_decode_and_beyond_are_refused
     assert list(h["refused_rounds"]) == [0, 0, 0, 1, 2]
     assert h["test_accuracy"].iloc[3] == h["test_accuracy"].iloc[4] == h["test_accuracy"].iloc[2]
     assert (np.diff(h["epsilon_max"]) > 0).all()
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({FAULT_KEY: "1:explode"}, f"{FAULT_KEY} must be 'ID:FAULT[@ROUND]' items"),
+        ({FAULT_KEY: "4:garbage-range"}, f"{FAULT_KEY} must be 'ID:FAULT[@ROUND]' items"),
+        ({FAULT_KEY: "0:garbage-range@x"}, f"{FAULT_KEY} must be 'ID:FAULT[@ROUND]' items"),
+        ({"dropout": 0.1}, "dropout must be 0 on Flower (it simulates dropouts"),
+    ],
+)
+def test_bad_secure_aggregation_settings_fail_in_one_line_before_any_message(extra, message):
+    cfg = config(**extra, **{"jax-cache-dir": ""})  # "": this process's JAX left alone
+    grid = LoopbackGrid.with_partitions(make_client_app(), cfg, CLIENTS)
+    with pytest.raises(ValueError) as err:
+        serve(grid, cfg)
+    assert str(err.value).startswith(message) and "\n" not in str(err.value)
+    assert grid.pushed == 0  # no node was messaged

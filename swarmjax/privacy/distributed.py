@@ -560,6 +560,24 @@ class DistributedDP:
         share = skellam(k_noise, hyper.noise / self.honest, (dim,))
         return to_residues(z + share, self.bits)
 
+    def release(
+        self,
+        state: DistributedState,
+        encoded: UInt32[Array, "S d"],
+        mask: Bool[Array, " S"],
+        ids: Int[Array, " S"],
+        key: PRNGKeyArray,
+        hyper: DistributedHyper,
+        like: PyTree,
+    ) -> tuple[PyTree, Bool[Array, " S"], Bool[Array, ""], DistributedState]:
+        """The round's release from the cohort's encoded uploads: ``(decoded sum shaped
+        like ``like``, survivors (public), ok, next state)``: :meth:`secure_sum` then
+        :meth:`decode`. ``ok`` False (fewer than ``min_survivors``): a zero sum, the round
+        refused."""
+        total, survived, ok = self.secure_sum(encoded, mask, ids, key)
+        decoded, state = self.decode(state, total, ok, hyper, like)
+        return decoded, survived, ok, state
+
     def secure_sum(
         self,
         encoded: UInt32[Array, "S d"],
@@ -615,24 +633,6 @@ class DistributedDP:
         decoded = unrotate(centred / hyper.grid_scale, signs, self.rotation)[:n]
         state = state.replace(rounds=state.rounds + 1, refused=state.refused + (~ok))
         return unravel(decoded.astype(flat_like.dtype)), state
-
-    def release(
-        self,
-        state: DistributedState,
-        encoded: UInt32[Array, "S d"],
-        mask: Bool[Array, " S"],
-        ids: Int[Array, " S"],
-        key: PRNGKeyArray,
-        hyper: DistributedHyper,
-        like: PyTree,
-    ) -> tuple[PyTree, Bool[Array, " S"], Bool[Array, ""], DistributedState]:
-        """The round's release from the cohort's encoded uploads: ``(decoded sum shaped
-        like ``like``, survivors (public), ok, next state)``: :meth:`secure_sum` then
-        :meth:`decode`. ``ok`` False (fewer than ``min_survivors``): a zero sum, the round
-        refused."""
-        total, survived, ok = self.secure_sum(encoded, mask, ids, key)
-        decoded, state = self.decode(state, total, ok, hyper, like)
-        return decoded, survived, ok, state
 
     def accounted_steps(self, state: DistributedState) -> Int[Array, ""]:
         """Participations of the worst-placed client so far: every round under a fixed

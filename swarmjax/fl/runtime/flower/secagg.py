@@ -460,15 +460,9 @@ def secure_exchange(
         log.warning("%s: round refused, nothing released: %s", group, why)
         summary["outcome"] = f"refused: {why}"
         zeros = jnp.zeros((d,), jnp.uint32)
-        new = step_function(alg)(
-            server,
-            zeros,
-            jnp.zeros(n, bool),
-            jnp.asarray(False),
-            Slots.everyone(jnp.zeros(n, bool)),
-            aggregate_key(task.run_key, round_index, index),
-            task.hyper,
-        )
+        none = Slots.everyone(jnp.zeros(n, bool))
+        key = aggregate_key(task.run_key, round_index, index)
+        new = step_function(alg)(server, zeros, jnp.asarray(False), none, key, task.hyper)
         return new, rows, summary
 
     # 1. AdvertiseKeys
@@ -579,15 +573,9 @@ def secure_exchange(
     total &= np.uint32((1 << bits) - 1) if bits < 32 else np.uint32(0xFFFFFFFF)
     survived = np.zeros(n, bool)
     survived[u3] = True
-    new = step_function(alg)(
-        server,
-        jnp.asarray(total),
-        jnp.asarray(survived),
-        jnp.asarray(True),
-        Slots.everyone(jnp.asarray(survived)),
-        aggregate_key(task.run_key, round_index, index),
-        task.hyper,
-    )
+    key = aggregate_key(task.run_key, round_index, index)
+    kept = Slots.everyone(jnp.asarray(survived))
+    new = step_function(alg)(server, jnp.asarray(total), jnp.asarray(True), kept, key, task.hyper)
     summary |= {"outcome": "released", "sum_sha256": _digest(total)}
     return new, rows, summary
 
