@@ -19,6 +19,10 @@ cohort 4, ``min_survivors`` 3, 16-bit residues.
 What the server cannot detect: a client that uploads in-range words of its own choosing
 (a poisoned but well-formed input); ``tests/test_secagg.py`` shows such a client shifts the
 sum by exactly what it chose. Every process is stopped even when a test fails.
+
+Runtimes on the shared 2-core CPU (load 4-6, 2026-11-28): 132 s for the first test (the
+nodes compile while they join; one round), 222 s for the five rounds with faults, 7 s for
+the bad settings (in process, no deployment).
 """
 
 import hashlib
