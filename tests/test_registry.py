@@ -41,7 +41,14 @@ def test_the_names_every_consumer_takes():
         "dp-ftrl",
         "dp-fedavg-secagg",
     }
-    assert tasks.ALGORITHMS == ("fedavg", "fedprox", "dp-fedavg", "dp-ftrl", "fed-dp-pso")
+    assert tasks.ALGORITHMS == (
+        "fedavg",
+        "fedprox",
+        "dp-fedavg",
+        "dp-ftrl",
+        "dp-fedavg-secagg",
+        "fed-dp-pso",
+    )
     assert set(registry.names()) == set(registry.REGISTRY)
     for entry in registry.REGISTRY.values():  # a one-line description each
         assert entry.description and "\n" not in entry.description

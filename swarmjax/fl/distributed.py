@@ -105,21 +105,35 @@ class Distributed(PlanAround):
         key: PRNGKeyArray,
         hyper: PrivateHyper,
     ) -> PrivateServer:
-        """Masks, the survivors' secure sum and its decoding (the plan), then the wrapped
-        algorithm's step on ``Update(decoded sum, survivors)``; a refused round keeps the
-        wrapped state."""
+        """The simulated secure sum of the survivors' uploads (the plan's
+        :meth:`~swarmjax.privacy.distributed.DistributedDP.secure_sum`), then :meth:`step`."""
+        total, survived, ok = self.plan.secure_sum(uploads, slots.mask, slots.ids, key)
+        kept = Slots(mask=survived, ids=slots.ids, num_clients=slots.num_clients)
+        return self.step(server, total, ok, kept, key, hyper)
+
+    def step(
+        self,
+        server: PrivateServer,
+        total: UInt32[Array, " d"],
+        ok: Bool[Array, ""],
+        survivors: Slots,
+        key: PRNGKeyArray,
+        hyper: PrivateHyper,
+    ) -> PrivateServer:
+        """The server's step from a round's secure sum, shared by the simulator
+        (:meth:`aggregate`) and a deployment's real secure aggregation
+        (:mod:`swarmjax.fl.runtime.flower.secagg`): the plan's
+        :meth:`~swarmjax.privacy.distributed.DistributedDP.decode` of ``total`` (``(d,)``
+        uint32, the survivors' residues summed modulo ``2^b``), then the wrapped algorithm's
+        step on ``Update(decoded sum, number of survivors)``; ``ok`` False (a refused round)
+        keeps the wrapped state. ``survivors``: the slots whose upload is in ``total``
+        (``mask``); ``key``: the exchange's aggregate key."""
         like = self._inner.request(server.inner)
-        total, survived, ok, plan = self.plan.release(
-            server.plan, uploads, slots.mask, slots.ids, key, hyper.plan, like
-        )
-        weight = jnp.maximum(jnp.sum(survived), 1).astype(jnp.float32)
+        total_tree, plan = self.plan.decode(server.plan, total, ok, hyper.plan, like)
+        weight = jnp.maximum(jnp.sum(survivors.mask), 1).astype(jnp.float32)
         inner_key = jax.random.fold_in(key, _INNER_KEY)
         stepped = self._inner.aggregate_sum(
-            server.inner,
-            Update(total, weight),
-            Slots(mask=survived, ids=slots.ids, num_clients=slots.num_clients),
-            inner_key,
-            hyper.inner,
+            server.inner, Update(total_tree, weight), survivors, inner_key, hyper.inner
         )
         inner = jax.tree.map(lambda a, b: jnp.where(ok, a, b), stepped, server.inner)
         return PrivateServer(inner=inner, plan=plan)

@@ -571,10 +571,29 @@ class DistributedDP:
         like: PyTree,
     ) -> tuple[PyTree, Bool[Array, " S"], Bool[Array, ""], DistributedState]:
         """The round's release from the cohort's encoded uploads: ``(decoded sum shaped
-        like ``like``, survivors (public), ok, next state)``. The clients' masking is simulated
-        first (:func:`~swarmjax.privacy.secagg.masked_uploads`); the server then reads only
-        the survivors' masked uploads (:func:`~swarmjax.privacy.secagg.unmask_sum`).
-        ``ok`` False (fewer than ``min_survivors``): a zero sum, the round refused."""
+        like ``like``, survivors (public), ok, next state)``: :meth:`secure_sum` then
+        :meth:`decode`. ``ok`` False (fewer than ``min_survivors``): a zero sum, the round
+        refused."""
+        total, survived, ok = self.secure_sum(encoded, mask, ids, key)
+        decoded, state = self.decode(state, total, ok, hyper, like)
+        return decoded, survived, ok, state
+
+    def secure_sum(
+        self,
+        encoded: UInt32[Array, "S d"],
+        mask: Bool[Array, " S"],
+        ids: Int[Array, " S"],
+        key: PRNGKeyArray,
+    ) -> tuple[UInt32[Array, " d"], Bool[Array, " S"], Bool[Array, ""]]:
+        """The simulated secure aggregation of the cohort's encoded uploads: ``(total,
+        survived, ok)``. The clients' masking is simulated first
+        (:func:`~swarmjax.privacy.secagg.masked_uploads`, a client of ``mask`` dropping
+        with chance :attr:`dropout`); the server then reads only the survivors' masked
+        uploads (:func:`~swarmjax.privacy.secagg.unmask_sum`). ``total``: ``(d,)`` uint32,
+        the survivors' residues summed modulo ``2^b`` (zeros unless ``ok``); ``survived``
+        ``(S,)`` (public); ``ok``: at least ``min_survivors`` survived. A deployment computes
+        the same three with real cryptography
+        (:mod:`swarmjax.fl.runtime.flower.secagg`)."""
         stay = jax.random.uniform(jax.random.fold_in(key, _DROP_TAG), mask.shape) >= self.dropout
         rnd = SecAggRound(
             key=jax.random.fold_in(key, _MASK_TAG),
@@ -587,14 +606,33 @@ class DistributedDP:
             colluders=self.max_colluders,
         )
         total, ok = unmask_sum(masked_uploads(encoded, rnd), rnd)
+        return total, rnd.survived, ok
+
+    def decode(
+        self,
+        state: DistributedState,
+        total: UInt32[Array, " d"],
+        ok: Bool[Array, ""],
+        hyper: DistributedHyper,
+        like: PyTree,
+    ) -> tuple[PyTree, DistributedState]:
+        """The server's decoding of a round's secure sum, the one definition the simulator
+        (:meth:`release`) and a deployment share: ``(decoded sum shaped like like, next
+        state)``.
+
+        ``total``: ``(d,)`` uint32, the survivors' residues summed modulo ``2^b``
+        (grid units). The residues are centred to ``[-2^(b-1), 2^(b-1))``, divided by
+        ``gamma`` (back to parameter units), un-rotated with the round's public signs and
+        cut to the ``n`` parameters of ``like``. ``ok`` False (a refused round): the
+        caller passes zeros and keeps its model; the state counts the round as refused."""
         flat_like, unravel = ravel_pytree(like)
         n = flat_like.shape[0]
-        dim = encoded.shape[-1]
+        dim = total.shape[-1]
         centred = from_residues(total, self.bits).astype(jnp.float32)
         signs = self.signs(state.rounds, dim)
         decoded = unrotate(centred / hyper.grid_scale, signs, self.rotation)[:n]
         state = state.replace(rounds=state.rounds + 1, refused=state.refused + (~ok))
-        return unravel(decoded.astype(flat_like.dtype)), rnd.survived, ok, state
+        return unravel(decoded.astype(flat_like.dtype)), state
 
     def accounted_steps(self, state: DistributedState) -> Int[Array, ""]:
         """Participations of the worst-placed client so far: every round under a fixed

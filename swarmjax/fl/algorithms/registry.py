@@ -408,6 +408,7 @@ REGISTRY: dict[str, Entry] = {
             user_dp=True,
             options=SECAGG_OPTIONS,
             from_run=_schedule_run(None),
+            flower=True,
         ),
         Entry(
             "fed-dp-pso",

@@ -5,6 +5,9 @@ Messages it answers (the ServerApp sends them, :mod:`swarmjax.fl.runtime.flower.
 
 * ``query.hello``: reply ``{"partition-id": i}`` (read from the node configuration),
   after compiling the run's client functions into the persistent cache.
+* ``train.secagg``: one stage of secure aggregation for an algorithm under a
+  :class:`~swarmjax.privacy.distributed.DistributedDP` plan
+  (:mod:`swarmjax.fl.runtime.flower.secagg`; its secrets stay in this process's memory).
 * ``train.exchange``: content ``request`` (the Request pytree) and ``meta``
   (``round``, ``exchange``, ``setup``); runs ``exchange.client`` with the simulator's key
   ``client_key(run_key, round, exchange, i)`` and replies with ``reply`` (the Reply pytree)
@@ -46,7 +49,14 @@ from swarmjax.fl.runtime.flower.task import (
     use_compilation_cache,
 )
 
-__all__ = ["STATE_KEY", "answer", "client_spend", "make_client_app", "partition_id"]
+__all__ = [
+    "STATE_KEY",
+    "answer",
+    "client_spend",
+    "compute_reply",
+    "make_client_app",
+    "partition_id",
+]
 
 
 def partition_id(node: Context | Mapping[str, Any], num_clients: int) -> int:
@@ -91,9 +101,10 @@ def _state(task: Task, stored: ArrayRecord | None, pid: int, data: Any) -> Any:
     return _jitted_init(task)(key, data, task.hyper, jax.numpy.int32(pid))
 
 
-def _run_exchange(
-    task: Task, pid: int, stored: ArrayRecord | None, content: RecordDict
-) -> tuple[RecordDict, ArrayRecord]:
+def compute_reply(task: Task, pid: int, stored: ArrayRecord | None, content: RecordDict) -> tuple:
+    """``(reply, state)``: the exchange's Reply pytree that client ``pid`` computes for the
+    message ``content`` (``request`` and ``meta``) with the simulator's key
+    ``client_key(run_key, round, exchange, pid)``, and its new client state."""
     meta = content["meta"]
     setup, index, round_index = bool(meta["setup"]), int(meta["exchange"]), int(meta["round"])
     exchanges = task.algorithm.setup if setup else task.algorithm.exchanges
@@ -104,7 +115,13 @@ def _run_exchange(
     request_like = jax.eval_shape(exchanges[index].request, task.server_like)
     request = from_record(content["request"], request_like)
     key = client_key(task.run_key, round_index, index, pid)
-    state, reply = _jitted(task, setup, index)(state, data, request, key, task.hyper)
+    return _jitted(task, setup, index)(state, data, request, key, task.hyper)
+
+
+def _run_exchange(
+    task: Task, pid: int, stored: ArrayRecord | None, content: RecordDict
+) -> tuple[RecordDict, ArrayRecord]:
+    state, reply = compute_reply(task, pid, stored, content)
     out = RecordDict({"reply": to_record(reply)})
     if not client_level(task.algorithm):
         out["spend"] = to_record(client_spend(task, state))
@@ -149,8 +166,9 @@ def answer(
     node_config: Mapping[str, Any],
 ) -> tuple[RecordDict, ArrayRecord | None]:
     """Answer one message of the ServerApp for the node ``node_config`` describes: ``kind``
-    is ``"hello"`` or ``"exchange"``, ``content`` the message's content, ``stored`` the
-    client's state as the node keeps it (``None`` before its first exchange). Returns the
+    is ``"hello"``, ``"exchange"`` or ``"secagg"``, ``content`` the message's content,
+    ``stored`` the client's state as the node keeps it (``None`` before its first
+    exchange). Returns the
     reply's content and the client's new state (``None`` for a hello).
 
     The one place a message is executed: the in-process ClientApp (:func:`make_client_app`,
@@ -165,6 +183,10 @@ def answer(
         return RecordDict({"hello": ConfigRecord({"partition-id": pid})}), None
     if kind == "exchange":
         return _run_exchange(task, pid, stored, content)
+    if kind == "secagg":  # a stage of secure aggregation (its round state stays in memory)
+        from swarmjax.fl.runtime.flower.secagg import answer_stage
+
+        return answer_stage(task, pid, stored, content, run_config)
     raise ValueError(f"unknown message kind {kind!r}")
 
 

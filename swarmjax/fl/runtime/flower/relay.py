@@ -286,4 +286,5 @@ def make_relay_app(in_process: bool = False) -> ClientApp:
     app = ClientApp()
     app.query("hello")(_relay("hello", in_process))
     app.train("exchange")(_relay("exchange", in_process))
+    app.train("secagg")(_relay("secagg", in_process))
     return app

@@ -36,7 +36,14 @@ released and what only the operator may see:
 * ``operator/`` (``Result.operator``, an :class:`Operator`; NOT released, NOT covered by
   any epsilon): ``messages.csv`` (one row per message: who was messaged, status, payload
   and wire bytes), ``rounds.csv`` (wall seconds of every round, which track the realised
-  cohort, and the realised number of clients of every exchange) and ``server.log``.
+  cohort, and the realised number of clients of every exchange), ``server.log`` and,
+  for an algorithm under a distributed-DP plan, ``secagg.csv`` (who passed each stage of
+  secure aggregation, every round's outcome; :mod:`swarmjax.fl.runtime.flower.secagg`).
+
+An algorithm under a :class:`~swarmjax.privacy.distributed.DistributedDP` plan runs its
+exchange as real secure aggregation (:mod:`swarmjax.fl.runtime.flower.secagg`: four
+stages of messages, the clients' uploads masked, the server unmasks only the survivors'
+sum), then the simulator's decode and step.
 
 Publishing anything from ``operator/`` voids the amplification by sampling of a secret
 cohort (DP-FedAvg). :func:`read_run` loads both folders into a ``Result``.
@@ -79,6 +86,13 @@ from swarmjax.fl.runtime.flower.records import (
     save_tree,
     to_record,
 )
+from swarmjax.fl.runtime.flower.secagg import (
+    check_deployable,
+    parse_faults,
+    secure_exchange,
+    step_function,
+    uses_secagg,
+)
 from swarmjax.fl.runtime.flower.server_app import HELLO, Hello, ServerSettings, send_all
 from swarmjax.fl.runtime.flower.task import (
     DEFAULT_CACHE,
@@ -115,6 +129,7 @@ NOT_RELEASED = {
     f"{OPERATOR}/messages.csv": "who was messaged in every exchange (realised membership)",
     f"{OPERATOR}/rounds.csv": "wall seconds and realised number of clients per round",
     f"{OPERATOR}/server.log": "the ServerApp's log (names clients left out)",
+    f"{OPERATOR}/secagg.csv": "under secure aggregation: who passed each stage, each outcome",
 }
 """The operator-only outputs, named in ``privacy.json`` as not released and not covered."""
 
@@ -125,7 +140,10 @@ log = logging.getLogger("swarmjax.fl.runtime.flower")
 class Operator:
     """What only the operator sees (NOT released, NOT covered by any epsilon): ``messages``
     (one row per message: who was messaged, status, bytes) and ``rounds`` (``round``,
-    ``seconds`` and ``selected_<exchange>``, the realised number of clients).
+    ``seconds`` and ``selected_<exchange>``, the realised number of clients); under real
+    secure aggregation also ``secagg`` (one row per round: the clients that passed each
+    stage, the outcome and the sum's fingerprint;
+    :func:`~swarmjax.fl.runtime.flower.secagg.secure_exchange`), else ``None``.
 
     A deployment's :class:`~swarmjax.fl.runtime.result.Result` holds it as ``operator``,
     beside the other members that are never released (``clients``, ``private_diagnostics``),
@@ -135,6 +153,7 @@ class Operator:
 
     messages: pd.DataFrame
     rounds: pd.DataFrame
+    secagg: pd.DataFrame | None = None
 
 
 def _realised(rounds: pd.DataFrame) -> dict[str, np.ndarray]:
@@ -152,6 +171,7 @@ class _Coordinator:
     nodes: dict[int, int] = field(default_factory=dict)  # client id -> node id
     seen: set[int] = field(default_factory=set)  # node ids already greeted
     messages: list[dict[str, Any]] = field(default_factory=list)
+    secagg: list[dict[str, Any]] = field(default_factory=list)  # a summary per secure round
 
     # ------------------------------------------------------------------------- transport
 
@@ -211,8 +231,16 @@ class _Coordinator:
         if ex.max_selected is not None:  # as the simulator: the first max_selected ids only
             selected[np.flatnonzero(selected)[ex.max_selected :]] = False
         request = _jit(ex.request)(server)
-        request_record = to_record(request)
         reply_like, spend_like = _reply_like(task, ex, request)
+        start = len(self.messages)
+        if not setup and uses_secagg(task.algorithm):  # real masks: four stages
+            server, rows, summary = secure_exchange(
+                self, server, ex, index, round_index, selected, request, reply_like
+            )
+            self.messages.extend(rows)
+            self.secagg.append(summary)
+            return server, {}, self._release(ex, selected, request, reply_like, start)
+        request_record = to_record(request)
         meta = ConfigRecord({"round": round_index, "exchange": index, "setup": setup})
         targets = {int(c): self.nodes.get(int(c)) for c in np.flatnonzero(selected)}
         contents = {
@@ -221,7 +249,6 @@ class _Coordinator:
             if node is not None
         }
         group = f"{'setup' if setup else 'round'}-{round_index}-{ex.name}"
-        start = len(self.messages)
         replies = self._send(contents, "train.exchange", group, self.settings.reply_timeout)
         slots = jax.tree.map(lambda s: np.zeros((n, *s.shape), s.dtype), _plain(reply_like))
         mask = np.zeros(n, bool)
@@ -374,6 +401,7 @@ def _operator_log(out: Path | None) -> logging.Handler | None:
 
 def _drive(grid: Grid, task: Task, settings: ServerSettings, hello: Hello | None) -> Result:
     alg = task.algorithm
+    check_deployable(alg)
     co = _Coordinator(grid, task, settings)
     co.greet(time.monotonic() + settings.join_timeout, hello)
     if not co.nodes:
@@ -410,7 +438,8 @@ def _drive(grid: Grid, task: Task, settings: ServerSettings, hello: Hello | None
         task.num_clients,
         randomness=randomness(source, common_random_numbers=False),
     )
-    operator = Operator(pd.DataFrame(co.messages), pd.DataFrame(operator_rows))
+    secagg = pd.DataFrame(co.secagg) if co.secagg else None
+    operator = Operator(pd.DataFrame(co.messages), pd.DataFrame(operator_rows), secagg)
 
     def per_round(name: str) -> dict[str, np.ndarray]:
         """``{exchange: (1, rounds)}``: what the rounds' exchanges released as ``name``."""
@@ -441,6 +470,8 @@ def _write(run: Result, out: Path) -> None:
     if run.operator is not None:
         run.operator.messages.to_csv(operator / "messages.csv", index=False)
         run.operator.rounds.to_csv(operator / "rounds.csv", index=False)
+        if run.operator.secagg is not None:
+            run.operator.secagg.to_csv(operator / "secagg.csv", index=False)
     p = run.privacy
     record = {
         "unit": p.unit,
@@ -493,8 +524,11 @@ def read_run(out: str | Path, task: Task) -> Result:
     labels = run_labels(task.variants)
     kept = None
     if (operator / "messages.csv").exists() and (operator / "rounds.csv").exists():
+        secagg = operator / "secagg.csv"
         kept = Operator(
-            pd.read_csv(operator / "messages.csv"), pd.read_csv(operator / "rounds.csv")
+            pd.read_csv(operator / "messages.csv"),
+            pd.read_csv(operator / "rounds.csv"),
+            pd.read_csv(secagg, dtype=str, keep_default_na=False) if secagg.exists() else None,
         )
     return Result(
         server=jax.tree.map(
@@ -516,13 +550,18 @@ def warm_up(task: Task) -> None:
     :func:`drive` calls them (same shapes, dtypes and placement: one compilation each)."""
     alg, n = task.algorithm, task.num_clients
     server = _jit(alg.server_init)(server_init_key(task.run_key), task.hyper)
-    for ex in alg.setup + alg.exchanges:
+    setup = len(alg.setup)
+    for e, ex in enumerate(alg.setup + alg.exchanges):
         _select(ex, n)(server, server_key(task.run_key, 0, 0))
         request = _jit(ex.request)(server)
         reply_like, _ = _reply_like(task, ex, request)
         slots = jax.tree.map(lambda s: np.zeros((n, *s.shape), s.dtype), _plain(reply_like))
         mask = Slots.everyone(jnp.asarray(np.zeros(n, bool)))
         agg_key = aggregate_key(task.run_key, 0, 0)
+        if uses_secagg(alg) and e >= setup:  # what secure_exchange calls
+            total = jnp.zeros(reply_like.shape, reply_like.dtype)
+            step_function(alg)(server, total, jnp.asarray(False), mask, agg_key, task.hyper)
+            continue
         _jit(ex.aggregate)(server, slots, mask, agg_key, task.hyper)
     jax.block_until_ready(_jit(alg.evaluate)(server, task.test))
 
@@ -534,5 +573,7 @@ def serve(grid: Grid, run_config: dict[str, Any], hello: Hello | None = None) ->
     settings = ServerSettings.from_run_config(run_config)
     use_compilation_cache(run_config.get("jax-cache-dir", DEFAULT_CACHE))
     task = load_task(run_config)
+    parse_faults(run_config, task.num_clients)  # a bad test-only fault: one line, no work
+    check_deployable(task.algorithm)
     warm_up(task)
     return drive(grid, task, settings, hello)

@@ -37,6 +37,7 @@ from swarmjax.privacy.secret import Secret
 __all__ = [
     "DEFAULT_CACHE",
     "SERVER_KEYS",
+    "TEST_KEYS",
     "Task",
     "client_level",
     "load_task",
@@ -186,10 +187,16 @@ def _load(frozen: str) -> Task:
 SERVER_KEYS = ("join-timeout", "reply-timeout", "reject-nonfinite", "out-dir", "jax-cache-dir")
 
 
+# run configuration keys for tests only (fault injection: which clients misbehave, not what
+# runs; swarmjax.fl.runtime.flower.secagg.FAULT_KEY)
+TEST_KEYS = ("secagg-fault-injection",)
+
+
 def load_task(run_config: Mapping[str, Any]) -> Task:
     """The :class:`Task` the run configuration names (built once per process; the
-    :data:`SERVER_KEYS` do not enter it)."""
-    return _load(_freeze({k: v for k, v in run_config.items() if k not in SERVER_KEYS}))
+    :data:`SERVER_KEYS` and :data:`TEST_KEYS` do not enter it)."""
+    skip = SERVER_KEYS + TEST_KEYS
+    return _load(_freeze({k: v for k, v in run_config.items() if k not in skip}))
 
 
 def stacked_task(

@@ -10,7 +10,9 @@ any data is loaded. A new algorithm runs here once its registry entry says ``flo
 Run configuration keys (all optional). The run: ``algorithm`` (one of :data:`ALGORITHMS`,
 the names of :mod:`swarmjax.fl.algorithms.registry` the Flower tasks run: ``fedavg``;
 ``fedprox``; ``dp-fedavg``: client-level DP-FedAvg, adaptive clipping by default;
-``dp-ftrl``; ``fed-dp-pso``: Fed-DP-PSO with DP-Adam at ``target-epsilon``),
+``dp-ftrl``; ``dp-fedavg-secagg``: distributed DP under real secure aggregation,
+:mod:`swarmjax.fl.runtime.flower.secagg`; ``fed-dp-pso``: Fed-DP-PSO with DP-Adam at
+``target-epsilon``),
 ``num-clients`` (3), ``rounds`` (2), ``seed`` (0), ``partition-seed`` (0), ``train-size``
 (examples used, 600), ``hidden`` (32), ``epochs`` (1), ``batch-size`` (32),
 ``eval-batch-size`` (test rows scored at a time; ``""``: all), ``secret-file`` (``""``:
@@ -30,7 +32,10 @@ for ``dp-ftrl`` the same noise, clip, clipping and learning rates, and ``cohort`
 per round, 1), ``factorization`` (``blt``), ``buffers`` (BLT buffers, ``""``:
 jax-privacy's choice), ``bands`` (``""``), ``schedule`` (``cyclic``), ``min-separation``
 and ``max-participations`` (``""``: the most the cohort allows, as many as fit) and
-``noise-cohort`` (``""``: this run's cohort); for ``fed-dp-pso`` ``particles`` (3),
+``noise-cohort`` (``""``: this run's cohort); for ``dp-fedavg-secagg`` ``epsilon`` (required,
+with ``noise-multiplier = ""``), ``clip``, the learning rates, ``cohort``, ``schedule``,
+``min-separation``, ``max-participations``, ``bits`` (16), ``min-survivors`` (``""``:
+``ceil(0.8 cohort)``) and ``max-colluders`` (0); for ``fed-dp-pso`` ``particles`` (3),
 ``target-epsilon`` (8.0, record-level), ``pso-learning-rate`` (0.005, the DP-Adam step),
 ``eval-subset`` (rows per client the particles are scored on; ``""``: all),
 ``selection-metric`` (``loss``), ``refine-start`` (``pbest``), ``reading`` (``paper``; see
