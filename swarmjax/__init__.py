@@ -15,9 +15,9 @@ Federated learning (``docs/federated.md``)
     ``from swarmjax.fl import RunSpec, Variants, simulate``: state a call once, sweep
     hyper-parameters and targets, run; ``simulate`` returns a ``Result`` (``history``,
     ``privacy``, ``server``).
-    ``from swarmjax.fl import Execution, Release``: ``simulate``'s options, how a call
+    ``from swarmjax.fl import Execution, Publication``: ``simulate``'s options, how a call
     runs (``execution=``: client map, mesh, checkpoints, progress, callbacks; never the
-    numbers) and what it publishes (``release=``: ledger, path, data source).
+    numbers) and what it publishes (``publication=``: ledger, path, data source).
     ``from swarmjax.fl.protocol import Algorithm, Exchange, Slots``: write your own
     algorithm; ``swarmjax.fl.runtime.flower`` runs it on Flower (``docs/flower.md``).
 

@@ -26,8 +26,7 @@ from swarmjax.fl.data import load_dataset
 from swarmjax.fl.data.clients import stack_clients
 from swarmjax.fl.data.partition import iid_partition
 from swarmjax.fl.protocol import RunSpec, Variants
-from swarmjax.fl.runtime import Release as CallRelease
-from swarmjax.fl.runtime import simulate
+from swarmjax.fl.runtime import Publication, simulate
 from swarmjax.models import mlp
 from swarmjax.privacy.canaries import (
     OVERFLOW_BUDGET,
@@ -94,7 +93,9 @@ def plain(federation):
 @pytest.fixture(scope="module")
 def audited(federation, tmp_path_factory):
     ledger = Ledger(tmp_path_factory.mktemp("ledger"), "audit")
-    result = _run(DPFEDAVG, federation, AUDIT, release=CallRelease(ledger=ledger, path="runs.csv"))
+    result = _run(
+        DPFEDAVG, federation, AUDIT, publication=Publication(ledger=ledger, path="runs.csv")
+    )
     return result, ledger
 
 

@@ -1,5 +1,5 @@
 """``simulate``/``start``/``finish`` take at most 8 parameters (issue 46): how a call runs is
-one :class:`Execution`, what it publishes one :class:`Release`, and
+one :class:`Execution`, what it publishes one :class:`Publication`, and
 ``common_random_numbers`` lives in the call's :class:`RunSpec`. The former keyword
 arguments are refused with one line naming their new home; a bad option is refused when
 its :class:`Execution` is built, before any work. None of these tests compiles anything."""
@@ -13,7 +13,7 @@ import pytest
 from jax.sharding import Mesh
 
 from swarmjax.fl.protocol import RunSpec
-from swarmjax.fl.runtime import Execution, Release, finish, simulate, start
+from swarmjax.fl.runtime import Execution, Publication, finish, simulate, start
 from swarmjax.fl.runtime.execution import MOVED
 
 EXECUTION = {f.name for f in dataclasses.fields(Execution)}
@@ -25,7 +25,7 @@ def test_the_entry_points_take_at_most_eight_parameters():
     assert list(inspect.signature(simulate).parameters)[4:] == [
         "secret",
         "audit",
-        "release",
+        "publication",
         "execution",
     ]
 
@@ -45,7 +45,7 @@ def test_every_former_keyword_is_refused_with_its_new_home(name):
     elif name == "common_random_numbers":
         assert "RunSpec(" in line
     else:
-        assert "release=Release(" in line
+        assert "publication=Publication(" in line
 
 
 def test_the_moved_table_covers_the_former_signature():
@@ -56,7 +56,7 @@ def test_the_moved_table_covers_the_former_signature():
     }
     assert set(MOVED) == former and EXECUTION < former
     assert str(_refusal(simulate, "release_path")) == (
-        "simulate(release_path=...) moved: pass release=Release(path=...)"
+        "simulate(release_path=...) moved: pass publication=Publication(path=...)"
     )
 
 
@@ -106,7 +106,7 @@ def test_the_defaults_and_what_is_kept():
     assert default.callbacks == () and default.diagnostics is False
     assert Execution(callbacks=[print]).callbacks == (print,)  # a tuple: the call's own
     assert Execution(client_map=None).client_map is None  # the device's choice, at start
-    assert Release() == Release(None, None, None)
+    assert Publication() == Publication(None, None, None)
     assert RunSpec(2, 1e-5).common_random_numbers is False
     assert RunSpec(2, 1e-5, common_random_numbers=True).common_random_numbers is True
 
@@ -121,7 +121,7 @@ def test_the_defaults_and_what_is_kept():
 )
 def test_a_bad_release_field_is_refused_at_construction(fields, message):
     with pytest.raises(ValueError, match=message):
-        Release(**fields)
+        Publication(**fields)
 
 
 def test_options_of_the_wrong_kind_and_a_bad_spec_are_refused():
@@ -129,7 +129,9 @@ def test_options_of_the_wrong_kind_and_a_bad_spec_are_refused():
         ValueError, match=r"^execution must be Execution\(\.\.\.\) or None; got dict"
     ):
         simulate(None, None, None, None, execution={"progress": False})
-    with pytest.raises(ValueError, match=r"^release must be Release\(\.\.\.\) or None; got str"):
-        simulate(None, None, None, None, release="runs.csv")
+    with pytest.raises(
+        ValueError, match=r"^publication must be Publication\(\.\.\.\) or None; got str"
+    ):
+        simulate(None, None, None, None, publication="runs.csv")
     with pytest.raises(ValueError, match=r"^common_random_numbers must be True or False"):
         RunSpec(2, 1e-5, common_random_numbers=1)

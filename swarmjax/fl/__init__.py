@@ -46,7 +46,7 @@ _LAZY = {
     "Result": "runtime",
     "simulate": "runtime",
     "Execution": "runtime",
-    "Release": "runtime",
+    "Publication": "runtime",
 }
 
 

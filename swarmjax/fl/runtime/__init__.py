@@ -5,7 +5,7 @@ access, so a light submodule (the Flower relay ClientApp) does not pull in JAX.
 ``simulate`` runs a whole call; ``start`` / ``advance`` / ``finish`` are the same loop for a
 user who owns it (own schedule, logging, early stopping). ``Execution`` says how a call
 runs (client map, rounds per compiled call, mesh, checkpoints, progress, callbacks,
-diagnostics: none of it changes the numbers) and ``Release`` what it publishes (ledger,
+diagnostics: none of it changes the numbers) and ``Publication`` what it publishes (ledger,
 path, data source)."""
 
 import importlib
@@ -13,7 +13,7 @@ import importlib
 _LAZY = {
     "Execution": "execution",
     "PrivacyRecord": "result",
-    "Release": "result",
+    "Publication": "result",
     "Result": "result",
     "Run": "simulator",
     "advance": "simulator",

@@ -139,9 +139,9 @@ class Execution:
 
 MOVED: dict[str, str] = {
     **{f.name: f"execution=Execution({f.name}=...)" for f in dataclasses.fields(Execution)},
-    "ledger": "release=Release(ledger=...)",
-    "release_path": "release=Release(path=...)",
-    "data_source": "release=Release(data_source=...)",
+    "ledger": "publication=Publication(ledger=...)",
+    "release_path": "publication=Publication(path=...)",
+    "data_source": "publication=Publication(data_source=...)",
     "common_random_numbers": "RunSpec(..., common_random_numbers=...) as the variants' spec",
 }
 """Former keyword arguments of ``simulate``/``start``/``finish`` -> where each lives now."""

@@ -1,7 +1,7 @@
 """What every federated run returns: :class:`Result` (final states, public history, privacy
 record), how the privacy record is derived from the clients' :class:`Spend`,
 :func:`report`, which turns any runtime's outputs (the simulator's and the Flower
-ServerApp's) into that one :class:`Result`, and :class:`Release`: what a call publishes
+ServerApp's) into that one :class:`Result`, and :class:`Publication`: what a call publishes
 and where it is recorded."""
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ __all__ = [
     "SELECTED",
     "SUPPLIED_CONDITION",
     "PrivacyRecord",
-    "Release",
+    "Publication",
     "Result",
     "history",
     "metric_columns",
@@ -594,8 +594,8 @@ def report(
 
 
 @dataclass(frozen=True)
-class Release:
-    """What a call publishes and where it is recorded (``Release()``, the default: nothing
+class Publication:
+    """What a call publishes and where it is recorded (``Publication()``, the default: nothing
     recorded; the :class:`Result` is returned either way). Checked at construction, one
     ``ValueError`` line. Not :class:`swarmjax.privacy.ledger.Release`, the ledger's entry
     for one released run: the ledger makes one of those per run of the call.

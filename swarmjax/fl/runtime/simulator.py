@@ -69,7 +69,7 @@ from swarmjax.fl.runtime.mesh import (
     shard_cohort,
 )
 from swarmjax.fl.runtime.result import (
-    Release,
+    Publication,
     Result,
     randomness,
     report,
@@ -87,7 +87,7 @@ __all__ = [
     "CHECKPOINT_NOT_RELEASED",
     "ClientMap",
     "Execution",
-    "Release",
+    "Publication",
     "Run",
     "advance",
     "finish",
@@ -566,7 +566,7 @@ def simulate(
     *,
     secret: Secret | None = None,
     audit: CanaryAudit | None = None,
-    release: Release | None = None,
+    publication: Publication | None = None,
     execution: Execution | None = None,
 ) -> Result:
     """Run ``alg`` for every (variant, seed) at once and return the one :class:`Result`.
@@ -597,9 +597,9 @@ def simulate(
             (docs/audits.md). Checked before any work: a non-private run, an algorithm
             without a canary hook, a score it cannot compute or more canaries than the
             model has parameters raise one ``ValueError`` naming the option.
-        release: what the call publishes and where it is recorded
+        publication: what the call publishes and where it is recorded
             (:class:`~swarmjax.fl.runtime.result.Release`: the experiment's ledger, the
-            path of the released outputs, the data source); ``None``: ``Release()``,
+            path of the released outputs, the data source); ``None``: ``Publication()``,
             nothing recorded.
         execution: how the call runs, none of it changing the numbers
             (:class:`~swarmjax.fl.runtime.execution.Execution`: client map, rounds per
@@ -609,13 +609,13 @@ def simulate(
     The options these replaced (``client_map=``, ``ledger=``, ``common_random_numbers=``,
     ...) are refused with one ``TypeError`` line naming their new home.
     """
-    release = _checked(release, Release, "release")
+    publication = _checked(publication, Publication, "publication")
     execution = _checked(execution, Execution, "execution")
     checkpoint_dir = execution.checkpoint_dir
-    if variants.spec.common_random_numbers and release.ledger is not None and variants.size > 1:
+    if variants.spec.common_random_numbers and publication.ledger is not None and variants.size > 1:
         raise ValueError(
             "common_random_numbers: the variants would share their noise, and the ledger "
-            "composes every run it is given; pass Release(ledger=None) (publish at most one "
+            "composes every run it is given; pass Publication(ledger=None) (publish at most one "
             "variant) or RunSpec(common_random_numbers=False)"
         )
     if secret is None and checkpoint_dir is not None:
@@ -661,9 +661,9 @@ def simulate(
                 saved.save(run.done, run.carry, run.outputs[0])
     if saved is not None:
         saved.close()
-    result = finish(run, release=release)
-    if release.ledger is not None and checkpoint_dir is not None:
-        release.ledger.mark_not_released(checkpoint_dir, CHECKPOINT_NOT_RELEASED)
+    result = finish(run, publication=publication)
+    if publication.ledger is not None and checkpoint_dir is not None:
+        publication.ledger.mark_not_released(checkpoint_dir, CHECKPOINT_NOT_RELEASED)
     return result
 
 
@@ -843,12 +843,12 @@ def _joined(outputs: tuple[dict, ...]) -> dict:
 
 
 @moved_options
-def finish(run: Run, *, release: Release | None = None) -> Result:
+def finish(run: Run, *, publication: Publication | None = None) -> Result:
     """The :class:`Result` of the rounds done (history, metrics, final states, the privacy
-    record accounting those rounds, the audit's reports); with a ledger in ``release``
+    record accounting those rounds, the audit's reports); with a ledger in ``publication``
     (:func:`simulate`'s argument), its runs are added as releases written at
-    ``release.path``."""
-    release = _checked(release, Release, "release")
+    ``publication.path``."""
+    publication = _checked(publication, Publication, "publication")
     if run.done < 1:
         raise ValueError("finish needs at least one round: call advance(run) first")
     alg, spec, runs, rounds = run.alg, run.variants.spec, run.runs, run.done
@@ -897,7 +897,7 @@ def finish(run: Run, *, release: Release | None = None) -> Result:
     accounting = alg.accounting()
     if run.canaries is None and privacy_unit(accounting) is not None:
         result = accounting.audited(result)  # record-level canaries the clients carried
-    release.record(result, algorithm_name(alg))
+    publication.record(result, algorithm_name(alg))
     return result
 
 

@@ -436,7 +436,9 @@ def _drive(grid: Grid, task: Task, settings: ServerSettings, hello: Hello | None
         task.variants.hyper,
         task.variants.spec,
         task.num_clients,
-        randomness=randomness(source, common_random_numbers=False),
+        randomness=randomness(
+            source, common_random_numbers=task.variants.spec.common_random_numbers
+        ),
     )
     secagg = pd.DataFrame(co.secagg) if co.secagg else None
     operator = Operator(pd.DataFrame(co.messages), pd.DataFrame(operator_rows), secagg)

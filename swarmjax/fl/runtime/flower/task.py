@@ -121,7 +121,8 @@ class Task:
         process draws once from operating-system entropy when the task has none."""
         secret = Secret.generate() if self.secret is None else self.secret
         identities = variant_identities(self.algorithm, self.variants)
-        return run_keys(secret, [self.seed], identities, common_random_numbers=False)[0]
+        crn = self.variants.spec.common_random_numbers
+        return run_keys(secret, [self.seed], identities, common_random_numbers=crn)[0]
 
     @functools.cached_property
     def server_like(self) -> PyTree:
