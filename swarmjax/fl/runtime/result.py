@@ -6,6 +6,7 @@ and where it is recorded."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from collections.abc import Callable, Mapping, Sequence
@@ -37,7 +38,9 @@ __all__ = [
     "RELATIONS",
     "SELECTED",
     "SUPPLIED_CONDITION",
+    "Disclosure",
     "PrivacyRecord",
+    "PublicRounds",
     "Publication",
     "Result",
     "history",
@@ -184,6 +187,24 @@ def _column_event(
     return events[0] if len(events) == 1 else dp_accounting.ComposedDpEvent(events)
 
 
+@dataclass(frozen=True)
+class Disclosure:
+    """What a privacy record states beside its epsilons; none of it changes a number.
+
+    Attributes:
+        randomness: what drew the runs' numbers (:func:`randomness`); ``None``: not stated.
+        key_fingerprints: per run, the public fingerprint of its key.
+        shares_randomness: the runs used common random numbers.
+        floating_point: what the exact released values reveal (the mechanism's
+            floating-point note; dropped from records without a privacy unit).
+    """
+
+    randomness: dict[str, Any] | None = None
+    key_fingerprints: tuple[str, ...] = ()
+    shares_randomness: bool = False
+    floating_point: str | None = None
+
+
 def privacy_record(
     spend: Spend,
     exchanges: tuple[Exchange, ...],
@@ -192,11 +213,8 @@ def privacy_record(
     delta: float,
     overflow_prob: np.ndarray | None = None,
     accountant: str = "pld",
-    shares_randomness: bool = False,
-    floating_point: str | None = None,
-    randomness: dict[str, Any] | None = None,
-    key_fingerprints: tuple[str, ...] = (),
     step_events: Sequence[StepEvent | None] | None = None,
+    disclosure: Disclosure = Disclosure(),
 ) -> PrivacyRecord:
     """The privacy record of a run: epsilon per (run, round, client) by ``accountant``.
 
@@ -211,14 +229,11 @@ def privacy_record(
             the draw of clients), charged to ``delta`` so the stated delta covers the
             sampler.
         accountant: ``"pld"`` or ``"rdp"`` (:mod:`swarmjax.privacy.accounting`).
-        shares_randomness: the runs used common random numbers (stated in the record).
-        floating_point: what the exact released values reveal (stated in the record).
-        randomness: what drew the runs' numbers (:func:`randomness`).
-        key_fingerprints: per run, the public fingerprint of its key.
         step_events: per run, how its ``(q, sigma, steps)`` become events
             (:meth:`~swarmjax.fl.protocol.Algorithm.step_event`); ``None`` (or a ``None``
             entry): Poisson-subsampled Gaussian steps. With any entry set, no two runs
             share a group (their events differ beyond the spend).
+        disclosure: what the record states beside its epsilons (:class:`Disclosure`).
 
     Returns:
         A :class:`PrivacyRecord`; clients with equal per-round ``(q, sigma, steps,
@@ -294,11 +309,11 @@ def privacy_record(
         not_covered=uncovered,
         relation=relation(unit),
         accountant=accountant,
-        shares_randomness=bool(shares_randomness),
+        shares_randomness=bool(disclosure.shares_randomness),
         groups=tuple(groups),
-        floating_point=floating_point if unit is not None else None,
-        randomness=randomness,
-        key_fingerprints=tuple(key_fingerprints),
+        floating_point=disclosure.floating_point if unit is not None else None,
+        randomness=disclosure.randomness,
+        key_fingerprints=tuple(disclosure.key_fingerprints),
     )
 
 
@@ -311,7 +326,7 @@ def run_privacy(
     *,
     sizes: np.ndarray | None = None,
     padded: int | None = None,
-    **stated: Any,
+    disclosure: Disclosure = Disclosure(),
 ) -> PrivacyRecord:
     """The privacy record of ``alg``'s runs as every runtime releases it (the simulator's
     ``finish`` and the Flower ServerApp): :func:`privacy_record` with what the algorithm
@@ -327,8 +342,8 @@ def run_privacy(
         num_clients: ``N``.
         sizes, padded: the clients' real and padded row counts (record-level overflow);
             ``None`` where the runtime holds no data (a deployment's server).
-        **stated: what the runtime states beside (``shares_randomness``, ``randomness``,
-            ``key_fingerprints``).
+        disclosure: what the runtime states beside the epsilons (its ``floating_point`` is
+            replaced by the accounting's own note).
     """
     acc = alg.accounting()
     return privacy_record(
@@ -337,12 +352,13 @@ def run_privacy(
         unit=privacy_unit(acc),
         delta=spec.delta,
         accountant=spec.accountant,
-        floating_point=None if acc is None else acc.floating_point(),
         step_events=step_events(alg, hyper, np.shape(spend.steps)[0]),
         overflow_prob=None
         if acc is None
         else acc.overflow(spend, num_clients, sizes=sizes, padded=padded),
-        **stated,
+        disclosure=dataclasses.replace(
+            disclosure, floating_point=None if acc is None else acc.floating_point()
+        ),
     )
 
 
@@ -558,34 +574,51 @@ def history(
     return pd.DataFrame(frame)
 
 
+@dataclass(frozen=True)
+class PublicRounds:
+    """What a runtime's rounds released in public, the arguments of :func:`history` but the
+    epsilon (which the privacy record gives).
+
+    Attributes:
+        labels: the runs' labels, ``(runs,)`` each (:func:`run_labels`).
+        metrics: the public metrics, ``(runs, rounds, ...)``.
+        selected: per round exchange (by name), the released number of clients ``(runs,
+            rounds)``.
+        bytes_down, bytes_up: ``(runs, rounds)`` bytes the rounds' exchanges carried.
+    """
+
+    labels: Mapping[str, np.ndarray]
+    metrics: Mapping[str, np.ndarray]
+    selected: Mapping[str, np.ndarray]
+    bytes_down: np.ndarray
+    bytes_up: np.ndarray
+
+
 def report(
+    rounds: PublicRounds,
+    privacy: PrivacyRecord,
     *,
     server: Any,
     clients: Any,
-    labels: Mapping[str, np.ndarray],
-    metrics: Mapping[str, np.ndarray],
-    selected: Mapping[str, np.ndarray],
-    bytes_down: np.ndarray,
-    bytes_up: np.ndarray,
-    privacy: PrivacyRecord,
     algorithm: str | None,
     private_diagnostics: Mapping[str, np.ndarray] | None = None,
     audit: tuple[CanaryReport, ...] = (),
     operator: Any = None,
 ) -> Result:
     """The :class:`Result` of a runtime's outputs (the simulator's :func:`finish` and the
-    Flower ServerApp's ``drive``): its :func:`history` of ``labels``, ``metrics``,
-    ``selected``, bytes and ``privacy``'s epsilon, its ``metrics`` as arrays and its runs'
-    labels; ``server`` (leading run axis), ``clients``, ``private_diagnostics``, ``audit``,
-    ``algorithm`` and ``operator`` as :class:`Result` holds them."""
-    metrics = {k: np.asarray(v) for k, v in metrics.items()}
+    Flower ServerApp's ``drive``): the :func:`history` of ``rounds`` with ``privacy``'s
+    epsilon, the rounds' ``metrics`` as arrays and the runs' labels; ``server`` (leading run
+    axis), ``clients``, ``private_diagnostics``, ``audit``, ``algorithm`` and ``operator``
+    as :class:`Result` holds them."""
+    metrics = {k: np.asarray(v) for k, v in rounds.metrics.items()}
+    up, down = rounds.bytes_up, rounds.bytes_down
     return Result(
         server=server,
         clients=clients,
-        history=history(labels, metrics, selected, bytes_down, bytes_up, privacy.epsilon),
+        history=history(rounds.labels, metrics, rounds.selected, down, up, privacy.epsilon),
         metrics=metrics,
         privacy=privacy,
-        runs=pd.DataFrame(dict(labels)),
+        runs=pd.DataFrame(dict(rounds.labels)),
         private_diagnostics=dict(private_diagnostics or {}),
         audit=audit,
         algorithm=algorithm,

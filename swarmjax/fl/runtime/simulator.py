@@ -69,7 +69,9 @@ from swarmjax.fl.runtime.mesh import (
     shard_cohort,
 )
 from swarmjax.fl.runtime.result import (
+    Disclosure,
     Publication,
+    PublicRounds,
     Result,
     randomness,
     report,
@@ -867,9 +869,11 @@ def finish(run: Run, *, publication: Publication | None = None) -> Result:
         n_clients,
         sizes=np.asarray(clients.sizes) if sizes_known else None,
         padded=(clients.max_size if stacked else clients.max_rows) if sizes_known else None,
-        shares_randomness=spec.common_random_numbers and run.variants.size > 1,
-        randomness=randomness(run.secret_source, spec.common_random_numbers),
-        key_fingerprints=fingerprints(run.keys),
+        disclosure=Disclosure(
+            randomness=randomness(run.secret_source, spec.common_random_numbers),
+            key_fingerprints=fingerprints(run.keys),
+            shares_randomness=spec.common_random_numbers and run.variants.size > 1,
+        ),
     )
     reports: tuple[CanaryReport, ...] = ()
     if run.canaries is not None:
@@ -881,15 +885,18 @@ def finish(run: Run, *, publication: Publication | None = None) -> Result:
         diag = dict(out["diagnostics"])
         diag["selected"] = out["selected"]
     sizes = np.asarray(run.sizes, np.float64).reshape(-1, 2)  # (exchanges, down / up)
-    result = report(
-        server=run.carry[0],
-        clients=run.carry[1],
+    rounds = PublicRounds(
         labels=run.labels,
         metrics=out["metrics"],
         selected={ex.name: selected[:, :, e] for e, ex in enumerate(alg.exchanges)},
         bytes_down=selected @ sizes[:, 0],
         bytes_up=selected @ sizes[:, 1],
-        privacy=record,
+    )
+    result = report(
+        rounds,
+        record,
+        server=run.carry[0],
+        clients=run.carry[1],
         private_diagnostics=diag,
         audit=reports,
         algorithm=algorithm_name(alg),

@@ -103,7 +103,9 @@ from swarmjax.fl.runtime.flower.task import (
 )
 from swarmjax.fl.runtime.result import (
     SELECTED,
+    Disclosure,
     PrivacyRecord,
+    PublicRounds,
     Result,
     metric_columns,
     randomness,
@@ -436,8 +438,8 @@ def _drive(grid: Grid, task: Task, settings: ServerSettings, hello: Hello | None
         task.variants.hyper,
         task.variants.spec,
         task.num_clients,
-        randomness=randomness(
-            source, common_random_numbers=task.variants.spec.common_random_numbers
+        disclosure=Disclosure(
+            randomness=randomness(source, task.variants.spec.common_random_numbers)
         ),
     )
     secagg = pd.DataFrame(co.secagg) if co.secagg else None
@@ -448,15 +450,18 @@ def _drive(grid: Grid, task: Task, settings: ServerSettings, hello: Hello | None
         return {ex.name: np.asarray([[x[ex.name][name] for x in releases]]) for ex in alg.exchanges}
 
     none = np.zeros((1, task.rounds))
-    return report(
-        server=jax.tree.map(lambda x: x[None], server),  # the one run's axis
-        clients=None,  # client states never leave the clients
+    rounds = PublicRounds(
         labels=run_labels(task.variants),
         metrics=jax.tree.map(lambda *xs: np.stack(xs)[None], *metrics_rounds),
         selected=per_round("selected"),
         bytes_down=sum(per_round("down").values(), none),
         bytes_up=sum(per_round("up").values(), none),
-        privacy=privacy,
+    )
+    return report(
+        rounds,
+        privacy,
+        server=jax.tree.map(lambda x: x[None], server),  # the one run's axis
+        clients=None,  # client states never leave the clients
         algorithm=algorithm_name(alg),
         private_diagnostics=_realised(operator.rounds),
         operator=operator,
@@ -489,7 +494,11 @@ def _write(run: Result, out: Path) -> None:
         "not_covered": list(p.not_covered),
         "randomness": p.randomness,
         "released": [f"{RELEASED}/{name}" for name in RELEASED_FILES],
-        "not_released": NOT_RELEASED,
+        "not_released": {  # the operator files this run wrote
+            name: why
+            for name, why in NOT_RELEASED.items()
+            if name != f"{OPERATOR}/secagg.csv" or getattr(run.operator, "secagg", None) is not None
+        },
     }
     (released / "privacy.json").write_text(json.dumps(record, indent=1))
 
