@@ -142,7 +142,7 @@ def _replay(cfg: dict, rounds: list[tuple[set[int], set[int], bool]]):
         survived = Slots.everyone(np.isin(np.arange(n), sorted(counted)))
         summed = total if ok else np.zeros_like(total)
         okay = np.asarray(ok)
-        server = step_function(alg)(server, summed, okay, survived, aggregate_key(key, r, 0), hyper)
+        server = step_function(alg)(server, survived, summed, okay, aggregate_key(key, r, 0), hyper)
     return digests, server
 
 

@@ -109,14 +109,14 @@ class Distributed(PlanAround):
         :meth:`~swarmjax.privacy.distributed.DistributedDP.secure_sum`), then :meth:`step`."""
         total, survived, ok = self.plan.secure_sum(uploads, slots.mask, slots.ids, key)
         kept = Slots(mask=survived, ids=slots.ids, num_clients=slots.num_clients)
-        return self.step(server, total, ok, kept, key, hyper)
+        return self.step(server, kept, total, ok, key, hyper)
 
     def step(
         self,
         server: PrivateServer,
+        survivors: Slots,
         total: UInt32[Array, " d"],
         ok: Bool[Array, ""],
-        survivors: Slots,
         key: PRNGKeyArray,
         hyper: PrivateHyper,
     ) -> PrivateServer:

@@ -462,7 +462,7 @@ def secure_exchange(
         zeros = jnp.zeros((d,), jnp.uint32)
         none = Slots.everyone(jnp.zeros(n, bool))
         key = aggregate_key(task.run_key, round_index, index)
-        new = step_function(alg)(server, zeros, jnp.asarray(False), none, key, task.hyper)
+        new = step_function(alg)(server, none, zeros, jnp.asarray(False), key, task.hyper)
         return new, rows, summary
 
     # 1. AdvertiseKeys
@@ -575,7 +575,7 @@ def secure_exchange(
     survived[u3] = True
     key = aggregate_key(task.run_key, round_index, index)
     kept = Slots.everyone(jnp.asarray(survived))
-    new = step_function(alg)(server, jnp.asarray(total), jnp.asarray(True), kept, key, task.hyper)
+    new = step_function(alg)(server, kept, jnp.asarray(total), jnp.asarray(True), key, task.hyper)
     summary |= {"outcome": "released", "sum_sha256": _digest(total)}
     return new, rows, summary
 
