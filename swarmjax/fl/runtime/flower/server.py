@@ -571,7 +571,7 @@ def warm_up(task: Task) -> None:
         agg_key = aggregate_key(task.run_key, 0, 0)
         if uses_secagg(alg) and e >= setup:  # what secure_exchange calls
             total = jnp.zeros(reply_like.shape, reply_like.dtype)
-            step_function(alg)(server, total, jnp.asarray(False), mask, agg_key, task.hyper)
+            step_function(alg)(server, mask, total, jnp.asarray(False), agg_key, task.hyper)
             continue
         _jit(ex.aggregate)(server, slots, mask, agg_key, task.hyper)
     jax.block_until_ready(_jit(alg.evaluate)(server, task.test))
