@@ -9,7 +9,7 @@ the same computation is laid out and watched: clients vmapped, in blocks or one 
 split over devices (equal up to float32 rounding: the order of the sum), checkpoints that
 make a call resumable, a progress bar, per-round callbacks and the private diagnostics
 collected beside the result. What a call publishes is a
-:class:`~swarmjax.fl.runtime.result.Release`.
+:class:`~swarmjax.fl.runtime.result.Publication`.
 
 Options that used to be keyword arguments of ``simulate``, ``start`` and ``finish`` are
 refused by :func:`moved_options` with one line naming their new home.

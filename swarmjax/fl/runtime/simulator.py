@@ -7,7 +7,7 @@ epsilons, numeric hyper-parameters: a leading axis on the keys and the hyper pyt
 ``vmap``, sharded over the devices when there are several. One compilation per (algorithm,
 shapes, rounds per call); ``Execution(rounds_per_call=...)`` splits a run into calls with
 the same result. How a call runs is its :class:`~swarmjax.fl.runtime.execution.Execution`,
-what it publishes its :class:`~swarmjax.fl.runtime.result.Release`.
+what it publishes its :class:`~swarmjax.fl.runtime.result.Publication`.
 
 Only selected clients' replies reach ``aggregate`` (the mask) and only selected clients'
 states change; an exchange with ``max_selected`` runs just that many client calls (the
@@ -600,7 +600,7 @@ def simulate(
             without a canary hook, a score it cannot compute or more canaries than the
             model has parameters raise one ``ValueError`` naming the option.
         publication: what the call publishes and where it is recorded
-            (:class:`~swarmjax.fl.runtime.result.Release`: the experiment's ledger, the
+            (:class:`~swarmjax.fl.runtime.result.Publication`: the experiment's ledger, the
             path of the released outputs, the data source); ``None``: ``Publication()``,
             nothing recorded.
         execution: how the call runs, none of it changing the numbers
