@@ -1,6 +1,7 @@
-"""Real secure aggregation across processes (issue 47, items 3 and 5): a SuperLink and 4
+"""Real secure aggregation across processes (issue 47, items 3 and 5): a SuperLink and 5
 SuperNodes on 127.0.0.1 (:class:`LocalDeployment`), distributed-DP FedAvg on a tiny MLP,
-cohort 4, ``min_survivors`` 3, 16-bit residues.
+cohort 5, ``min_survivors`` 3 (``2 t > m``: the fewest Bonawitz et al. allow), 13-bit
+residues (``d b = 7,930`` bits: the packed upload's last byte has 6 padding bits).
 
 * Without faults the deployment gives the simulator's run: the unmasked sum of residues
   is bit for bit the sum of the simulator's clients' encoded uploads (SHA-256 in the
@@ -8,24 +9,27 @@ cohort 4, ``min_survivors`` 3, 16-bit residues.
   one function, but the simulator runs it inside its vmapped round and the ServerApp
   alone, and XLA may order the float32 DCT's sums differently.
 * Faults injected per round (the test-only ``secagg-fault-injection`` run configuration
-  key): a client dropping before its upload (its masks removed through its reconstructed
-  mask key) or after it (its self mask removed through its reconstructed seed; its input
-  counts), and garbage uploads (out-of-range words, wrong length, wrong dtype: detected,
-  left out as a dropout) each decode to the sum of the clients whose upload was accepted,
-  checked against that sum computed without any masks; two rounds beyond the threshold
-  (too few valid uploads; too few answers to Unmasking) are refused: nothing unmasked, the
-  model kept, ``refused_rounds`` counts them, and the epsilon still charges them.
+  key), two to a released round (5 - 2 = 3 = t): a client dropping before its upload (its
+  masks removed through its reconstructed mask key) or after it (its self mask removed
+  through its reconstructed seed; its input counts), and garbage packed uploads (padding
+  bits set, one byte too many, the bytes as int8: detected, left out as a dropout) each
+  decode to the sum of the clients whose upload was accepted, checked against that sum
+  computed without any masks; two rounds beyond the threshold (too few valid uploads; too
+  few answers to Unmasking) are refused: nothing unmasked, the model kept,
+  ``refused_rounds`` counts them, and the epsilon still charges them. Four rounds: fewer
+  cannot hold it (the two refusals need a round each; each released round holds at most
+  two faults, and a drop before, a drop after and a garbage upload must each be released).
 
 What the server cannot detect: a client that uploads in-range words of its own choosing
 (a poisoned but well-formed input); ``tests/test_secagg.py`` shows such a client shifts the
 sum by exactly what it chose. Every process is stopped even when a test fails.
 
-Runtimes on the shared 2-core CPU (load 4-6, 2026-11-28): 132 s for the first test (the
-nodes compile while they join; one round), 222 s for the five rounds with faults, 7 s for
-the bad settings (in process, no deployment).
+Runtimes on the shared 2-core CPU: see docs/testing.md (the first test's nodes compile while
+they join; the bad settings run in process, no deployment).
 """
 
 import hashlib
+import math
 import os
 import shutil
 
@@ -55,21 +59,22 @@ from tests.test_flower_runtime import assert_same_run, simulated
 
 pytestmark = pytest.mark.slow
 
-CLIENTS = (0, 1, 2, 3)
+CLIENTS = (0, 1, 2, 3, 4)
+D, BITS = 610, 13
 
 
 def config(**extra: object) -> dict:
-    """Distributed DP-FedAvg on 150 digits rows (4 clients), an 8-unit MLP (d = 610)."""
+    """Distributed DP-FedAvg on 150 digits rows (5 clients), an 8-unit MLP (d = 610)."""
     return {
         "task": "swarmjax.fl.runtime.flower.tasks:digits",
         "algorithm": "dp-fedavg-secagg",
         "secret-file": secret_file(),
         "train-size": 150,
         "hidden": 8,
-        "num-clients": 4,
-        "cohort": 4,
+        "num-clients": len(CLIENTS),
+        "cohort": len(CLIENTS),
         "min-survivors": 3,
-        "bits": 16,
+        "bits": BITS,
         "epsilon": 8.0,
         "noise-multiplier": "",  # the app's default is 1.0: distributed DP calibrates
         "accountant": "rdp",
@@ -85,7 +90,7 @@ def app(tmp_path_factory):
     folder = tmp_path_factory.mktemp("app") / "flower_app"
     shutil.copytree(APP_DIR, folder, ignore=shutil.ignore_patterns("__pycache__"))
     with open(folder / "pyproject.toml", "a") as f:
-        f.write("cohort = 4\n")  # the config table is the file's last
+        f.write(f"cohort = {len(CLIENTS)}\n")  # the config table is the file's last
     return folder
 
 
@@ -154,27 +159,32 @@ def test_secure_aggregation_across_processes_gives_the_simulators_run(deployment
     rec = run.operator.secagg.iloc[0]
     assert rec["outcome"] == "released" and rec["sum_sha256"] == digests[0]
     for col in ("advertised", "shared", "uploaded", "unmasked"):
-        assert rec[col] == "0 1 2 3"
-    # bytes per client of each stage (array payloads): 2 public keys up; 3 bundles up; the
-    # model down and d = 610 uint32 words up (the simulator's upload); 4 seed shares up
+        assert rec[col] == "0 1 2 3 4"
+    # bytes per client of each stage (array payloads): 2 public keys up; 4 bundles up; the
+    # model down and d = 610 words of 13 bits up, packed: 992 bytes where the simulator
+    # counts 610 uint32 words; 5 seed shares up
     m = run.operator.messages.set_index("exchange")
     up = m.groupby("exchange")["bytes_up"].max()
+    sim_up = simulated(cfg).history["bytes_up"].iloc[0] / len(CLIENTS)
     assert up["train/advertise"] == 64
-    assert up["train/share"] == 3 * (8 + BUNDLE_BYTES)
-    assert up["train/mask"] == 4 * 610 == simulated(cfg).history["bytes_up"].iloc[0] / 4
-    assert up["train/unmask"] == 4 * (8 + 66)
+    assert up["train/share"] == 4 * (8 + BUNDLE_BYTES)
+    assert up["train/mask"] == math.ceil(D * BITS / 8) == 992 and sim_up == 4 * D
+    assert up["train/unmask"] == 5 * (8 + 66)
     assert (m["status"] == "ok").all()
 
 
 FAULTS = ",".join(
     [
         "1:drop-before-upload@1",  # round 1: its masks removed via its mask key
+        "3:garbage-range@1",  # and padding bits set: left out; 3 = t uploads remain
         "2:drop-after-upload@2",  # round 2: its input counts, its seed reconstructed
-        "3:garbage-range@3",  # round 3: a word >= 2^16, left out
-        "0:garbage-length@4",  # round 4: two bad uploads, 2 < 3 left: refused
-        "1:garbage-dtype@4",
-        "0:drop-after-upload@5",  # round 5: 2 < 3 answer Unmasking: refused
-        "1:drop-after-upload@5",
+        "0:garbage-length@2",  # and one byte too many: left out; 3 = t answer Unmasking
+        "1:garbage-dtype@3",  # round 3: three bad uploads, 2 < 3 left: refused
+        "3:drop-before-upload@3",
+        "4:garbage-range@3",
+        "0:drop-after-upload@4",  # round 4: 2 < 3 answer Unmasking: refused
+        "1:drop-after-upload@4",
+        "2:drop-after-upload@4",
     ]
 )
 
@@ -182,38 +192,42 @@ FAULTS = ",".join(
 def test_dropouts_and_garbage_within_the_threshold_decode_and_beyond_are_refused(
     deployment, app, tmp_path
 ):
-    cfg = config(rounds=5)
+    cfg = config(rounds=4)
     run = _deploy(deployment, app, {**cfg, FAULT_KEY: FAULTS}, tmp_path / "faults")
     everyone = set(CLIENTS)
     digests, server = _replay(
         cfg,
-        [
-            ({0, 2, 3}, {0, 2, 3}, True),
-            (everyone, everyone, True),
-            (everyone, {0, 1, 2}, True),
-            (everyone, {2, 3}, False),
+        [  # (computed an update, upload counted, released)
+            ({0, 2, 3, 4}, {0, 2, 4}, True),
+            (everyone, {1, 2, 3, 4}, True),
+            ({0, 1, 2, 4}, {0, 2}, False),
             (everyone, everyone, False),
         ],
     )
     rec = run.operator.secagg
-    assert list(rec["uploaded"]) == ["0 2 3", "0 1 2 3", "0 1 2", "2 3", "0 1 2 3"]
-    assert list(rec["unmasked"]) == ["0 2 3", "0 1 3", "0 1 2", "", "2 3"]
+    assert list(rec["uploaded"]) == ["0 2 4", "1 2 3 4", "0 2", "0 1 2 3 4"]
+    assert list(rec["unmasked"]) == ["0 2 4", "1 3 4", "", "3 4"]
     assert list(rec["sum_sha256"]) == digests  # the unmasked sums, bit for bit
-    assert list(rec["outcome"][:3]) == ["released"] * 3
-    assert rec["outcome"][3].startswith("refused: 2 valid masked inputs")
-    assert rec["outcome"][4].startswith("refused: 2 clients answered Unmasking")
+    assert list(rec["outcome"][:2]) == ["released"] * 2
+    assert rec["outcome"][2].startswith("refused: 2 valid masked inputs")
+    assert rec["outcome"][3].startswith("refused: 2 clients answered Unmasking")
     for x, y in zip(jax.tree.leaves(run.server), jax.tree.leaves(server), strict=True):
         np.testing.assert_allclose(np.asarray(x)[0], np.asarray(y), rtol=0, atol=1e-6)
     status = run.operator.messages.set_index(["round", "exchange", "client"])["status"]
+    padding = "rejected: packed words have padding bits set (after bit 7930)"
     assert "drops before uploading" in status[(1, "train/mask", 1)]
+    assert status[(1, "train/mask", 3)] == status[(3, "train/mask", 4)] == padding
     assert "drops after uploading" in status[(2, "train/unmask", 2)]
-    assert status[(3, "train/mask", 3)].startswith("rejected: masked words must be < 2^16")
-    assert "shape (611,)" in status[(4, "train/mask", 0)]
-    assert "dtype float32" in status[(4, "train/mask", 1)]
+    assert (
+        "'packed' has shape (993,) and dtype uint8; expected (992,)" in status[(2, "train/mask", 0)]
+    )
+    assert "'packed' has shape (992,) and dtype int8; expected" in status[(3, "train/mask", 1)]
+    assert "drops before uploading" in status[(3, "train/mask", 3)]
+    assert all("drops after uploading" in status[(4, "train/unmask", c)] for c in (0, 1, 2))
     # the released record: refused rounds counted, the model kept, the epsilon charged
     h = run.history
-    assert list(h["refused_rounds"]) == [0, 0, 0, 1, 2]
-    assert h["test_accuracy"].iloc[3] == h["test_accuracy"].iloc[4] == h["test_accuracy"].iloc[2]
+    assert list(h["refused_rounds"]) == [0, 0, 1, 2]
+    assert h["test_accuracy"].iloc[2] == h["test_accuracy"].iloc[3] == h["test_accuracy"].iloc[1]
     assert (np.diff(h["epsilon_max"]) > 0).all()
 
 
@@ -221,7 +235,8 @@ def test_dropouts_and_garbage_within_the_threshold_decode_and_beyond_are_refused
     ("extra", "message"),
     [
         ({FAULT_KEY: "1:explode"}, f"{FAULT_KEY} must be 'ID:FAULT[@ROUND]' items"),
-        ({FAULT_KEY: "4:garbage-range"}, f"{FAULT_KEY} must be 'ID:FAULT[@ROUND]' items"),
+        ({FAULT_KEY: "5:garbage-range"}, f"{FAULT_KEY} must be 'ID:FAULT[@ROUND]' items"),
+        ({FAULT_KEY: "1:garbage-range", "bits": 16}, f"{FAULT_KEY}: garbage-range sets"),
         ({FAULT_KEY: "0:garbage-range@x"}, f"{FAULT_KEY} must be 'ID:FAULT[@ROUND]' items"),
         ({"dropout": 0.1}, "dropout must be 0 on Flower (it simulates dropouts"),
     ],
@@ -233,3 +248,16 @@ def test_bad_secure_aggregation_settings_fail_in_one_line_before_any_message(ext
         serve(grid, cfg)
     assert str(err.value).startswith(message) and "\n" not in str(err.value)
     assert grid.pushed == 0  # no node was messaged
+
+
+def test_secure_aggregation_refuses_nodes_without_a_worker_before_any_round():
+    """``worker = false`` (each message in a fresh ClientApp process) would lose a client's
+    secrets between stages and drop every client from every round: the node says so in its
+    hello and the ServerApp stops in one line naming the setting, before any round."""
+    cfg = config(**{"jax-cache-dir": ""})
+    grid = LoopbackGrid.with_partitions(make_client_app(), cfg, CLIENTS, worker=False)
+    with pytest.raises(ValueError) as err:
+        serve(grid, cfg)
+    assert str(err.value).startswith("node 100 has worker = false in its node configuration")
+    assert "\n" not in str(err.value)
+    assert grid.pushed == len(CLIENTS)  # the hellos, nothing else

@@ -3,8 +3,9 @@ holds, keeping the client's state in the node's persistent context.
 
 Messages it answers (the ServerApp sends them, :mod:`swarmjax.fl.runtime.flower.server`):
 
-* ``query.hello``: reply ``{"partition-id": i}`` (read from the node configuration),
-  after compiling the run's client functions into the persistent cache.
+* ``query.hello``: reply ``{"partition-id": i, "worker": w}`` (read from the node
+  configuration; ``w`` False: ``worker = false``, each message answered in its own
+  process), after compiling the run's client functions into the persistent cache.
 * ``train.secagg``: one stage of secure aggregation for an algorithm under a
   :class:`~swarmjax.privacy.distributed.DistributedDP` plan
   (:mod:`swarmjax.fl.runtime.flower.secagg`; its secrets stay in this process's memory).
@@ -180,7 +181,8 @@ def answer(
     if kind == "hello":
         with _compiling(node_config.get("jax-cache-dir", DEFAULT_CACHE)):
             _warm_up(task, pid)
-        return RecordDict({"hello": ConfigRecord({"partition-id": pid})}), None
+        worker = bool(node_config.get("worker", True))  # False: a process per message
+        return RecordDict({"hello": ConfigRecord({"partition-id": pid, "worker": worker})}), None
     if kind == "exchange":
         return _run_exchange(task, pid, stored, content)
     if kind == "secagg":  # a stage of secure aggregation (its round state stays in memory)

@@ -19,7 +19,8 @@ when the process that started this relay (the node's SuperExec) is gone, or afte
 
 Node configuration keys: ``worker-dir`` (the folder of the socket, the worker's pid file
 and log; default ``<tmp>/swarmjax-flower-<uid>/node-<node id>``), ``worker`` (``false``:
-run the algorithm in the ClientApp's own process, as Flower's simulation runtime does),
+run the algorithm in the ClientApp's own process, as Flower's simulation runtime does;
+a secure-aggregation run refuses such a node: ``secagg.check_worker``),
 ``worker-idle-timeout`` (seconds, default 1800).
 """
 

@@ -25,9 +25,12 @@ protocol of Bonawitz et al. (CCS 2017, §4) with the real primitives of
    neighbour ``v`` of the plan's masking graph over ``U2``
    (:func:`~swarmjax.privacy.secagg.neighbours`), ``+PRG(s_uv)`` if ``u < v`` else
    ``-PRG(s_uv)``, ``s_uv`` their agreed mask key and ``PRG``
-   :func:`~swarmjax.privacy.secagg_crypto.mask_words`; it uploads the ``(d,)`` uint32
-   words modulo ``2^b``. ``U3``: the valid uploads (exact shape, uint32, every word
-   ``< 2^b``; anything else is left out and treated as a dropout).
+   :func:`~swarmjax.privacy.secagg_crypto.mask_words`; it uploads the ``d`` words modulo
+   ``2^b`` packed ``b`` bits a word, ``ceil(d b / 8)`` uint8
+   (:func:`~swarmjax.privacy.bitpack.pack_words`). ``U3``: the valid uploads (exactly that
+   many uint8, the padding bits after the last word zero:
+   :func:`~swarmjax.privacy.bitpack.unpack_words`; anything else is left out and treated
+   as a dropout).
 4. ``unmask`` (Unmasking): the server sends every client of ``U3`` the lists ``U3`` and
    ``U2 \\ U3``; each opens its bundles and reveals, for each ``v`` of ``U3``, its share of
    ``b_v``, and for each ``v`` of ``U2 \\ U3``, its share of ``v``'s mask private key, never
@@ -45,18 +48,25 @@ round as refused (the same state change as the simulator's refused round).
 Client secrets (key pairs, ``b_u``, received bundles) live only in the memory of the
 process that answers the node's messages (the node's worker), one round at a time
 (:class:`_ClientRound`; replaced by the next round's AdvertiseKeys, dropped after
-Unmasking); they are never logged, written or sent except as the protocol says. A worker
-restarted mid-round has lost them and answers the next stage with an error: the client
-drops out of that round, which the protocol tolerates.
+Unmasking); they are never logged, written or sent except as the protocol says, and never
+enter Flower's ``context.state`` (so never the SuperNode's memory). A worker restarted
+mid-round has lost them and answers the next stage with an error: the client drops out of
+that round, which the protocol tolerates. A node without a worker (node configuration
+``worker = false``: each message in a fresh ClientApp process) would lose them after every
+stage, so every client would drop out of every round: the ServerApp refuses such a node in
+one line when it says hello (:func:`check_worker`), before any round.
 
 Fault injection (TESTS ONLY, never a default): the run configuration key
 :data:`FAULT_KEY` ``"secagg-fault-injection"`` = ``"ID:FAULT[@ROUND][,...]"`` makes client
 ``ID`` misbehave in every round (or in round ``ROUND`` only), ``FAULT`` one of
 :data:`FAULTS`: ``drop-before-upload`` (it answers the first two stages, then fails the
-third), ``drop-after-upload`` (it uploads, then fails Unmasking), ``garbage-length`` (one
-word too many), ``garbage-range`` (a word ``>= 2^b``), ``garbage-dtype`` (float32 words).
-The key does not enter the run's Task (the run is the same; only those clients misbehave)
-and the ServerApp checks it before any work.
+third), ``drop-after-upload`` (it uploads, then fails Unmasking), and three malformed
+packed uploads, each caught by one check of the server: ``garbage-length`` (one byte too
+many), ``garbage-range`` (the padding bits after the last word set: content beyond the
+``d`` words, the only out-of-range upload that ``b``-bit packing can carry; it needs
+``d b`` not a multiple of 8), ``garbage-dtype`` (the right bytes as int8). The key
+does not enter the run's Task (the run is the same; only those clients misbehave) and the
+ServerApp checks it before any work (:func:`check_faults`).
 """
 
 from __future__ import annotations
@@ -73,8 +83,9 @@ from flwr.app import Array as FlowerArray
 from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 
 from swarmjax.fl.protocol import Slots, aggregate_key
-from swarmjax.fl.runtime.flower.records import RecordError, from_record, to_record
+from swarmjax.fl.runtime.flower.records import RecordError, to_record
 from swarmjax.privacy import secagg_crypto as crypto
+from swarmjax.privacy.bitpack import pack_words, packed_size, unpack_words
 from swarmjax.privacy.secagg import neighbours
 
 __all__ = [
@@ -85,6 +96,8 @@ __all__ = [
     "InjectedFault",
     "answer_stage",
     "check_deployable",
+    "check_faults",
+    "check_worker",
     "parse_faults",
     "secure_exchange",
     "step_function",
@@ -99,9 +112,9 @@ FAULT_KEY = "secagg-fault-injection"
 FAULTS = (
     "drop-before-upload",  # answers AdvertiseKeys and ShareKeys, then never uploads
     "drop-after-upload",  # uploads its masked input, then never answers Unmasking
-    "garbage-length",  # uploads one word too many
-    "garbage-range",  # uploads a word >= 2^b (b < 32)
-    "garbage-dtype",  # uploads float32 words
+    "garbage-length",  # uploads one byte too many
+    "garbage-range",  # uploads with the padding bits after its last word set (d b % 8 != 0)
+    "garbage-dtype",  # uploads its packed bytes as int8
 )
 """The test-only faults of :data:`FAULT_KEY` (see the module docs)."""
 SHARE_BYTES = 66
@@ -330,13 +343,15 @@ def _masked_input(
         w = _pair_mask(state.mask[0], state.mask_public[v], state.round, me, v, d, bits)
         y = y + w if me < v else y - w
     y &= np.uint32((1 << bits) - 1) if bits < 32 else np.uint32(0xFFFFFFFF)
+    packed = pack_words(y, bits)
     if fault == "garbage-length":
-        y = np.concatenate([y, y[:1]])
-    elif fault == "garbage-range":
-        y[0] = np.uint32(1 << bits) if bits < 32 else y[0]
+        packed = np.append(packed, np.uint8(0))
+    elif fault == "garbage-range":  # check_faults: d b % 8 != 0, so padding bits exist
+        packed[-1] |= np.uint8(0xFF << (d * bits % 8) & 0xFF)
     elif fault == "garbage-dtype":
-        y = y.astype(np.float32)
-    return RecordDict({"reply": to_record(y)}), to_record(new_state)
+        packed = packed.view(np.int8)
+    upload = ArrayRecord({"packed": FlowerArray.from_numpy_ndarray(packed)})
+    return RecordDict({"reply": upload}), to_record(new_state)
 
 
 def _unmask(state: _ClientRound, me: int, lists: ArrayRecord, t: int) -> RecordDict:
@@ -503,13 +518,11 @@ def secure_exchange(
 
     # 3. MaskedInputCollection
     request_record = to_record(request)
-    masked_like = jax.ShapeDtypeStruct((d,), np.uint32)
+    size = packed_size(d, bits)
 
     def got_masked(c: int, content: RecordDict) -> np.ndarray:
-        y = from_record(content["reply"], masked_like)
-        if bits < 32 and int(y.max(initial=0)) >> bits:
-            raise RecordError(f"masked words must be < 2^{bits}; got {int(y.max())}")
-        return np.asarray(y, np.uint32)
+        # exactly ceil(d b / 8) uint8 (RecordError), then zero padding bits (ValueError)
+        return unpack_words(_read(content["reply"], "packed", np.uint8, (size,)), d, bits)
 
     def peers(c: int) -> RecordDict:
         others = [v for v in u2 if v != c]
@@ -607,6 +620,34 @@ def step_function(alg: Any) -> Any:
     if alg not in _STEPS:
         _STEPS[alg] = jax.jit(alg.step)
     return _STEPS[alg]
+
+
+def check_faults(run_config: Any, task: Any) -> None:
+    """:func:`parse_faults` of ``task``'s run, and a one-line ``ValueError`` when it asks
+    for ``garbage-range`` where the packed upload has no padding bits to set (``d b`` a
+    multiple of 8: every packed upload of the right length and dtype is then ``d`` valid
+    words)."""
+    faults = parse_faults(run_config, task.num_clients)
+    if "garbage-range" in faults.values() and uses_secagg(task.algorithm):
+        d, bits = task.algorithm.dimension(task.hyper.inner), task.algorithm.plan.bits
+        if d * bits % 8 == 0:
+            raise ValueError(
+                f"{FAULT_KEY}: garbage-range sets the packed upload's padding bits, and "
+                f"d * bits = {d} * {bits} is a multiple of 8 (no padding): use other bits"
+            )
+
+
+def check_worker(alg: Any, hello: Any, node: int) -> None:
+    """One-line ``ValueError`` when a node whose ``hello`` reply says it answers without
+    its worker (node configuration ``worker = false``) joins a secure-aggregation run:
+    each stage would run in a fresh ClientApp process that has lost the client's secrets
+    of the stages before it, so the client would drop out of every round."""
+    if uses_secagg(alg) and not hello.get("worker", True):
+        raise ValueError(
+            f"node {node} has worker = false in its node configuration; secure aggregation "
+            "keeps each client's round secrets in its node's worker between stages, so every "
+            "node needs worker = true (the default)"
+        )
 
 
 def check_deployable(alg: Any) -> None:

@@ -88,7 +88,8 @@ from swarmjax.fl.runtime.flower.records import (
 )
 from swarmjax.fl.runtime.flower.secagg import (
     check_deployable,
-    parse_faults,
+    check_faults,
+    check_worker,
     secure_exchange,
     step_function,
     uses_secagg,
@@ -210,10 +211,12 @@ class _Coordinator:
             self.seen.discard(node)  # ask again later
             return
         try:
-            pid = int(reply.content["hello"]["partition-id"])
+            hello = reply.content["hello"]
+            pid = int(hello["partition-id"])
         except (KeyError, TypeError, ValueError) as err:
             log.warning("node %d rejected: malformed hello reply (%s)", node, err)
             return
+        check_worker(self.task.algorithm, hello, node)  # one line: the run cannot work
         if not 0 <= pid < self.task.num_clients or pid in self.nodes:
             log.warning("node %d rejected: partition %d is out of range or taken", node, pid)
             return
@@ -584,7 +587,7 @@ def serve(grid: Grid, run_config: dict[str, Any], hello: Hello | None = None) ->
     settings = ServerSettings.from_run_config(run_config)
     use_compilation_cache(run_config.get("jax-cache-dir", DEFAULT_CACHE))
     task = load_task(run_config)
-    parse_faults(run_config, task.num_clients)  # a bad test-only fault: one line, no work
+    check_faults(run_config, task)  # a bad test-only fault: one line, no work
     check_deployable(task.algorithm)
     warm_up(task)
     return drive(grid, task, settings, hello)
