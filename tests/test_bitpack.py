@@ -40,6 +40,15 @@ def test_unpack_inverts_pack_and_the_layout_is_the_documented_bit_stream(bits, d
     np.testing.assert_array_equal(back, x)
 
 
+@pytest.mark.parametrize("bits", range(8, 33))  # every bits a DistributedDP plan accepts
+@pytest.mark.parametrize("d", [1, 7, 610])
+def test_every_plan_bits_round_trips_with_the_documented_layout(bits, d):
+    x = _words(bits * d, d, bits)
+    packed = pack_words(x, bits)
+    assert packed.tobytes() == _reference(x, bits) and packed.size == packed_size(d, bits)
+    np.testing.assert_array_equal(unpack_words(packed, d, bits), x)
+
+
 @pytest.mark.parametrize("bits", [8, 13, 16, 31, 32])
 def test_a_model_sized_upload_round_trips_at_the_plans_bits(bits):
     d = 817_872  # the Shakespeare LSTM's parameters
