@@ -18,7 +18,8 @@ residues (``d b = 7,930`` bits: the packed upload's last byte has 6 padding bits
   few answers to Unmasking) are refused: nothing unmasked, the model kept,
   ``refused_rounds`` counts them, and the epsilon still charges them. Four rounds: fewer
   cannot hold it (the two refusals need a round each; each released round holds at most
-  two faults, and a drop before, a drop after and a garbage upload must each be released).
+  two faults, and a drop before, a drop after and a garbage upload must each happen in a
+  released round).
 
 What the server cannot detect: a client that uploads in-range words of its own choosing
 (a poisoned but well-formed input); ``tests/test_secagg.py`` shows such a client shifts the
@@ -179,7 +180,7 @@ FAULTS = ",".join(
         "3:garbage-range@1",  # and padding bits set: left out; 3 = t uploads remain
         "2:drop-after-upload@2",  # round 2: its input counts, its seed reconstructed
         "0:garbage-length@2",  # and one byte too many: left out; 3 = t answer Unmasking
-        "1:garbage-dtype@3",  # round 3: three bad uploads, 2 < 3 left: refused
+        "1:garbage-dtype@3",  # round 3: three uploads bad or missing, 2 < 3 left: refused
         "3:drop-before-upload@3",
         "4:garbage-range@3",
         "0:drop-after-upload@4",  # round 4: 2 < 3 answer Unmasking: refused

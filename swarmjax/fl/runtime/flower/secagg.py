@@ -641,7 +641,9 @@ def check_worker(alg: Any, hello: Any, node: int) -> None:
     """One-line ``ValueError`` when a node whose ``hello`` reply says it answers without
     its worker (node configuration ``worker = false``) joins a secure-aggregation run:
     each stage would run in a fresh ClientApp process that has lost the client's secrets
-    of the stages before it, so the client would drop out of every round."""
+    of the stages before it, so the client would drop out of every round. The ServerApp
+    calls it on every hello: before round 1, and for a node that joins later (which then
+    stops the run in the same line: the deployment is misconfigured)."""
     if uses_secagg(alg) and not hello.get("worker", True):
         raise ValueError(
             f"node {node} has worker = false in its node configuration; secure aggregation "
