@@ -174,7 +174,8 @@ def test_dictator_draws_every_ballot_of_the_pool_once():
     for cast in (np.arange(50) % 3 != 1, np.zeros(50, bool), np.ones(50, bool)):
         pool = int(cast.sum()) + k
         u = (jnp.arange(pool) + 0.5) / pool
-        who, real, voters = jax.vmap(lambda x, c=cast: paaso._dictator(x, jnp.asarray(c), k))(u)
+        draw = jax.jit(jax.vmap(lambda x, c: paaso._dictator(x, c, k), in_axes=(0, None)))
+        who, real, voters = draw(u, jnp.asarray(cast))  # one program per pool size
         who, real = np.asarray(who), np.asarray(real)
         assert np.all(np.asarray(voters) == cast.sum())
         assert np.all(cast[who[real]]) and len(set(who[real])) == real.sum() == cast.sum()
