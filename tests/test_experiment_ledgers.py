@@ -337,8 +337,13 @@ def test_paaso_ledger(tmp_path, monkeypatch):
     """One release per configuration of every sweep (voting: agent-level DP, each run from
     its own secret key, so the configurations compose to a finite joint epsilon; PSO and
     FL: not private), the best configuration per (strategy, function) as public
-    selections, the sweep folders (their raw rows and secrets) as not released."""
+    selections, the sweep folders (their raw rows and secrets) as not released. The
+    figures are drawn but not rendered to PNG/PDF (half the run's time; the ledger never
+    lists them, and the PAASO figures are checked in tests/test_experiment_report.py)."""
+    from matplotlib.figure import Figure
+
     monkeypatch.setattr(paaso, "_setup_devices", lambda count: None)  # JAX already started
+    monkeypatch.setattr(Figure, "savefig", lambda self, *args, **kwargs: None)
     argv = ["--quick", "--runs", "2", "--iterations", "10", "--no-progress"]
     argv += ["--cpu-devices", "1", "--out", str(tmp_path)]
     paaso.main(argv)

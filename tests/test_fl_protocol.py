@@ -5,6 +5,7 @@ contribute exactly nothing, keys and noise are independent per run."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import chex
 import jax
@@ -344,6 +345,13 @@ def test_client_level_dp_fedavg_releases_expected_not_realised_participants(setu
     assert "selected" in res.private_diagnostics  # realised counts: diagnostics only
 
 
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _call(alg, method: str, *args):
+    """``alg.method(*args)`` in one jitted program per algorithm and method (the poison
+    value is an argument: every parametrisation below runs the programs of the first)."""
+    return getattr(alg, method)(*args)
+
+
 @pytest.mark.parametrize("bad", [np.nan, np.inf, 1e30])
 def test_unselected_slots_contribute_exactly_nothing(setup, bad):
     """NaN / inf / 1e30 in an unselected slot leave every aggregate bit-identical to zeros."""
@@ -360,7 +368,9 @@ def test_unselected_slots_contribute_exactly_nothing(setup, bad):
     server = ModelServer(params=params)
     reply = Update(delta=stacked, weight=jnp.array([10.0, 20.0, 30.0]))
     agg = [
-        fedavg.aggregate(
+        _call(
+            fedavg,
+            "aggregate",
             server,
             Update(poison(stacked, v), reply.weight.at[2].set(v)),
             Slots.everyone(mask),
@@ -379,7 +389,9 @@ def test_unselected_slots_contribute_exactly_nothing(setup, bad):
     dserver = dp.server_init(jax.random.key(0), hyper)
     upd = ClippedUpdate(update=stacked, unclipped=jnp.array([1.0, 0.0, 1.0]))
     out = [
-        dp.aggregate(
+        _call(
+            dp,
+            "aggregate",
             dserver,
             ClippedUpdate(poison(stacked, v), upd.unclipped.at[2].set(v)),
             Slots.everyone(mask),
@@ -394,12 +406,14 @@ def test_unselected_slots_contribute_exactly_nothing(setup, bad):
     pserver = pso.server_init(jax.random.key(0), pso.default_hyper(clients, spec))
     one_hot = jnp.array([False, True, False])
     models = [
-        pso.take_gbest(pserver, poison(stacked, v), Slots.everyone(one_hot), key, None)
+        _call(pso, "take_gbest", pserver, poison(stacked, v), Slots.everyone(one_hot), key, None)
         for v in (0.0, bad)
     ]
     chex.assert_trees_all_equal(*models)
     reports = [
-        pso.store_reports(pserver, jnp.array([1.0, 2.0, v]), Slots.everyone(mask), key, None)
+        _call(
+            pso, "store_reports", pserver, jnp.array([1.0, 2.0, v]), Slots.everyone(mask), key, None
+        )
         for v in (0.0, bad)
     ]
     chex.assert_trees_all_equal(*reports)
@@ -430,11 +444,20 @@ def test_keys_are_fold_in_only_and_distinct_per_party():
     )
 
 
-def test_variants_draw_independent_noise_unless_common_random_numbers(setup, results):
+@pytest.fixture(scope="module")
+def two_targets(setup):
+    """``fedavg_record_dp`` at two target epsilons (four runs) without diagnostics: one
+    compiled call for the batch test below and the empty-diagnostics check after it."""
+    clients, test = setup
+    alg, kwargs = _algorithms(clients)["fedavg_record_dp"]
+    return _run(alg, {**kwargs, "epsilon_target": [1.0, 8.0]}, clients, test)
+
+
+def test_variants_draw_independent_noise_unless_common_random_numbers(setup, results, two_targets):
     """Two target epsilons with the same seed: different keys (independent noise); a run's
     numbers do not depend on the rest of its batch (same secret); common random numbers
     share keys; another secret gives other keys."""
-    clients, test = setup
+    clients, _ = setup
     alg, kwargs = _algorithms(clients)["fedavg_record_dp"]
     two = _variants(alg, {**kwargs, "epsilon_target": [1.0, 8.0]}, clients)
     keys = jax.random.key_data(run_keys(SECRET, [0], variant_identities(alg, two), False))
@@ -443,7 +466,7 @@ def test_variants_draw_independent_noise_unless_common_random_numbers(setup, res
     np.testing.assert_array_equal(crn[0], crn[1])
     other = jax.random.key_data(run_keys(OTHER, [0], variant_identities(alg, two), False))
     assert not np.array_equal(other[0], keys[0]) and not np.array_equal(other[1], keys[1])
-    both = _run(alg, {**kwargs, "epsilon_target": [1.0, 8.0]}, clients, test)
+    both = two_targets
     alone = results["fedavg_record_dp"].history  # target 8 only, same seeds
     at8 = both.history[both.history["epsilon_target"] == 8.0].reset_index(drop=True)
     # equal up to float32 rounding (XLA may vectorise a batch of 4 runs unlike one of 2)
@@ -452,9 +475,10 @@ def test_variants_draw_independent_noise_unless_common_random_numbers(setup, res
     assert not np.allclose(at1["test_loss"], alone["test_loss"], rtol=1e-4)
 
 
-def test_equal_algorithms_compile_once(setup, results):
+def test_equal_algorithms_compile_once(setup, results, two_targets):
     """An algorithm equal to one already run (built anew) reuses its compiled rounds;
-    private diagnostics stay empty unless asked for."""
+    private diagnostics stay empty unless asked for (a call that did not ask: the
+    two-target batch, so that no program is compiled for this check alone)."""
     clients, test = setup
     alg, kwargs = _algorithms(clients)["fedavg"]
     first = results["fedavg"]  # compiled here (the fixture is lazy)
@@ -464,7 +488,8 @@ def test_equal_algorithms_compile_once(setup, results):
     res = _run(again, kwargs, clients, test, execution=Execution(diagnostics=True))
     assert sim.run_rounds._cache_size() == before
     pd.testing.assert_frame_equal(res.history, first.history)
-    assert _run(again, kwargs, clients, test).private_diagnostics == {}
+    assert two_targets.private_diagnostics == {}
+    assert results["fedavg_record_dp"].private_diagnostics  # the same algorithm, asked for
 
 
 def test_centralised_reference_keeps_its_optimiser_across_rounds(setup):
@@ -597,58 +622,55 @@ def forty_clients():
     return clients, 40, poisson_capacity(40, 0.1)
 
 
-def test_a_capped_exchange_runs_and_aggregates_only_the_cohorts_slots(setup):
-    """With ``max_selected`` the simulator calls ``client`` and hands the aggregate that
-    many slots (not N): a round's cost follows the cohort. DP-FedAvg's exchange is summed,
-    so the simulator hands ``aggregate_sum`` the replies' sum, never their stack."""
-    _, test = setup
-    clients, many, capacity = forty_clients()
-    assert capacity < many
-    seen = []
-
-    @dataclasses.dataclass(frozen=True)
-    class Spy(Private):
-        def aggregate_sum(self, server, replies, slots, key, hyper):
-            like = jax.tree.leaves(server.params)[0].shape
-            assert jax.tree.leaves(replies.update)[0].shape == like  # a sum: no slot axis
-            seen.append((slots.mask.shape[0], slots.num_clients))
-            return super().aggregate_sum(server, replies, slots, key, hyper)
-
-    dp = dp_fedavg(MODEL, training=LocalTraining(batch_size=10), participation=Poisson(capacity))
-    alg = Spy(dp.algorithm, dp.plan)
-    grid = Variants.grid(alg, clients, RunSpec(1, 1e-3), sample_rate=0.1)
-    res = simulate(alg, clients, test, grid)
-    assert seen and all(s == (capacity, many) for s in seen)
-    assert np.isfinite(res.history["test_loss"]).all()
-
-
 _TRAINED: list[int] = []  # one entry per client block that trained (_Counted's callback)
+_SUMMED: list[tuple[int, int]] = []  # (slots, clients) of each traced aggregate_sum
 
 
 @dataclasses.dataclass(frozen=True)
 class _Counted(Private):
     """DP-FedAvg whose client step counts the blocks that train, by a host callback (a
-    callback in a vmapped block runs once for the block)."""
+    callback in a vmapped block runs once for the block), and whose summed aggregate
+    records, when traced, how many slots it is handed and checks it gets a sum."""
 
     def client(self, state, data, request, key, hyper):
         jax.debug.callback(lambda: _TRAINED.append(1))
         return super().client(state, data, request, key, hyper)
 
+    def aggregate_sum(self, server, replies, slots, key, hyper):
+        like = jax.tree.leaves(server.params)[0].shape
+        assert jax.tree.leaves(replies.update)[0].shape == like  # a sum: no slot axis
+        _SUMMED.append((slots.mask.shape[0], slots.num_clients))
+        return super().aggregate_sum(server, replies, slots, key, hyper)
+
 
 @pytest.fixture(scope="module")
 def counted(setup):
-    """``(alg, clients, grid, capacity, everyone)``: :class:`_Counted` on
-    :func:`forty_clients` over 3 rounds, and its plain vmap over every slot (the numbers
-    each client map must give; one run for all of them)."""
+    """``(alg, clients, grid, capacity, everyone, summed)``: :class:`_Counted` on
+    :func:`forty_clients` over 3 rounds, its plain vmap over every slot (the numbers each
+    client map must give; one run for all of them) and what that run's summed aggregate
+    was handed."""
     _, test = setup
     clients, _, capacity = forty_clients()
     dp = dp_fedavg(MODEL, training=LocalTraining(batch_size=10), participation=Poisson(capacity))
     alg = _Counted(dp.algorithm, dp.plan)
     grid = Variants.grid(alg, clients, RunSpec(3, 1e-3), sample_rate=0.1)
+    _SUMMED.clear()
     everyone = simulate(
         alg, clients, test, grid, secret=SECRET, execution=Execution(client_map="vmap")
     )
-    return alg, clients, grid, capacity, everyone
+    return alg, clients, grid, capacity, everyone, list(_SUMMED)
+
+
+def test_a_capped_exchange_runs_and_aggregates_only_the_cohorts_slots(counted):
+    """With ``max_selected`` the simulator calls ``client`` and hands the aggregate that
+    many slots (not N): a round's cost follows the cohort. DP-FedAvg's exchange is summed,
+    so the simulator hands ``aggregate_sum`` the replies' sum, never their stack (checked
+    while the shared vmapped run of the client-map tests below is traced)."""
+    _, clients, _, capacity, everyone, summed = counted
+    many = clients.mask.shape[0]
+    assert many == 40 and capacity < many
+    assert summed and all(s == (capacity, many) for s in summed)
+    assert np.isfinite(everyone.history["test_loss"]).all()
 
 
 @pytest.mark.parametrize("client_map", ["sequential", 2, 3])
@@ -657,7 +679,7 @@ def test_clients_in_turn_skip_unused_slots_and_give_the_vmapped_numbers(setup, c
     buffer's unused tail) does not train (blocks counted by a host callback), and the numbers are
     those of the plain vmap over every slot. (3 does not divide the capacity: a tail block.)"""
     _, test = setup
-    alg, clients, grid, capacity, everyone = counted
+    alg, clients, grid, capacity, everyone, _ = counted
     _TRAINED.clear()
     execution = Execution(client_map=client_map, diagnostics=True)
     turns = simulate(alg, clients, test, grid, secret=SECRET, execution=execution)

@@ -15,9 +15,24 @@ from swarmjax.privacy import mechanisms as mech
 RUNS = 20
 
 
-def _run(cfg, hyper, runs=RUNS, offset=0):
+@functools.cache
+def _program(cfg, voting=False):
+    """One jitted program per static configuration, vmapped over runs, the hyper-parameters
+    (and, for ``strategy="voting"``, the strategy's index) its arguments: tests whose
+    configurations agree share a compilation whatever their numbers (most of this file's
+    time is compiling)."""
+    if voting:
+        return jax.jit(
+            jax.vmap(lambda k, h, v: paaso.run(k, cfg, h, voting=v), in_axes=(0, None, None))
+        )
+    return jax.jit(jax.vmap(lambda k, h: paaso.run(k, cfg, h), in_axes=(0, None)))
+
+
+def _run(cfg, hyper, runs=RUNS, offset=0, voting=None):
     keys = jax.vmap(jax.random.key)(jnp.arange(runs) + offset)
-    return jax.jit(jax.vmap(lambda k: paaso.run(k, cfg, hyper)))(keys)
+    if voting is not None:
+        return _program(cfg, voting=True)(keys, hyper, paaso.VOTING.index(voting))
+    return _program(cfg)(keys, hyper)
 
 
 PSO = paaso.PAASOHyper(w=0.7, phi_p=1.4, phi_g=1.4)
@@ -68,12 +83,18 @@ def test_paper_ordering_pso_then_fl_then_voting_on_f4():
     """f4, 50 agents, k_alpha 8, w 0.7, phi_p = phi_g = 1.4, wG 0.1, p_c 1, p_m 0.9.
 
     Convergence speed = first iteration at which the mean f over 20 runs is below 30.
+    The three voting strategies run as one program (``strategy="voting"``, the strategy
+    an index: the static programs' swarms, test_function_and_voting_strategy_as_data_...).
     """
     hyper = paaso.PAASOHyper(w=0.7, phi_p=1.4, phi_g=1.4, w_g=0.1, p_c=1.0, p_m=0.9)
     speed = {}
     for strategy in paaso.STRATEGIES:
-        cfg = paaso.PAASOConfig(strategy=strategy, function="f4", iterations=150)
-        speed[strategy] = _iterations_to(_run(cfg, hyper)["objective"], 30.0)
+        voting = strategy in paaso.VOTING
+        cfg = paaso.PAASOConfig(
+            strategy="voting" if voting else strategy, function="f4", iterations=150
+        )
+        out = _run(cfg, hyper, voting=strategy if voting else None)
+        speed[strategy] = _iterations_to(out["objective"], 30.0)
     assert speed["pso"] < speed["fl"] < min(speed[s] for s in ("adrd", "bdrd", "pbdrd"))
     assert max(speed.values()) < 150  # every strategy converges (privacy slows, not stops)
 
@@ -121,8 +142,9 @@ def test_voting_counts_and_privacy_summary():
 
 
 def test_all_voters_vote_with_pc_one_in_adrd():
+    # the configuration (and so the compiled program) of the next test's drawn casts
     hyper = paaso.PAASOHyper(p_c=1.0)
-    out = _run(paaso.PAASOConfig(strategy="adrd", iterations=20), hyper, runs=2)
+    out = _run(paaso.PAASOConfig(strategy="adrd", iterations=60), hyper, runs=8)
     assert np.all(np.asarray(out["voters"]) == 50)
 
 
@@ -152,7 +174,8 @@ def test_dictator_draws_every_ballot_of_the_pool_once():
     for cast in (np.arange(50) % 3 != 1, np.zeros(50, bool), np.ones(50, bool)):
         pool = int(cast.sum()) + k
         u = (jnp.arange(pool) + 0.5) / pool
-        who, real, voters = jax.vmap(lambda x, c=cast: paaso._dictator(x, jnp.asarray(c), k))(u)
+        draw = jax.jit(jax.vmap(lambda x, c: paaso._dictator(x, c, k), in_axes=(0, None)))
+        who, real, voters = draw(u, jnp.asarray(cast))  # one program per pool size
         who, real = np.asarray(who), np.asarray(real)
         assert np.all(np.asarray(voters) == cast.sum())
         assert np.all(cast[who[real]]) and len(set(who[real])) == real.sum() == cast.sum()
@@ -220,11 +243,11 @@ def test_function_and_voting_strategy_as_data_run_the_same_swarms_as_static_ones
     keys = jax.vmap(jax.random.key)(jnp.arange(4))
     cfg = paaso.PAASOConfig(**kw, strategy="voting", function=None)
     run_any = jax.jit(
-        jax.vmap(lambda k, f, v: paaso.run(k, cfg, hyper, f, v), in_axes=(0, None, None))
+        jax.vmap(lambda k, h, f, v: paaso.run(k, cfg, h, f, v), in_axes=(0, None, None, None))
     )
     for strategy, name in (("pbdrd", "f4"), ("adrd", "f7")):
         static = _run(paaso.PAASOConfig(**kw, strategy=strategy, function=name), hyper, runs=4)
-        data = run_any(keys, paaso.FUNCTIONS.index(name), paaso.VOTING.index(strategy))
+        data = run_any(keys, hyper, paaso.FUNCTIONS.index(name), paaso.VOTING.index(strategy))
         chex.assert_trees_all_equal_shapes(static, data)
         for k, v in static.items():
             if name == "f4" and not np.issubdtype(np.asarray(v).dtype, np.floating):
@@ -243,7 +266,8 @@ def test_k_alpha_as_data_runs_the_same_swarms_as_static_ones():
     ks = np.asarray([2, 3, 16, 64], np.int32)
     data_cfg = paaso.PAASOConfig(**kw, k_alpha=None)
     keys = jax.vmap(jax.random.key)(jnp.zeros(len(ks), jnp.int32))
-    data = jax.jit(jax.vmap(lambda key, k: paaso.run(key, data_cfg, hyper, k_alpha=k)))(keys, ks)
+    by_k = jax.vmap(lambda key, h, k: paaso.run(key, data_cfg, h, k_alpha=k), in_axes=(0, None, 0))
+    data = jax.jit(by_k)(keys, hyper, ks)
     for i, k in enumerate(ks):
         static = _run(paaso.PAASOConfig(**kw, k_alpha=int(k)), hyper, runs=1)
         for name, v in static.items():
@@ -283,9 +307,10 @@ def test_config_without_its_function_or_strategy_refuses_what_needs_them():
 
 
 def test_positions_stay_in_domain_with_divergent_inertia():
-    """The paper's Fig. 1 uses w = 4, which diverges without the clamps."""
+    """The paper's Fig. 1 uses w = 4, which diverges without the clamps (20 runs: the
+    program of test_cognitive_fl_rule_is_available_and_differs's direction rule)."""
     hyper = paaso.PAASOHyper(w=4.0, phi_p=2.0, phi_g=2.0, w_g=0.005)
-    out = _run(paaso.PAASOConfig(strategy="fl", iterations=100), hyper, runs=3)
+    out = _run(paaso.PAASOConfig(strategy="fl", iterations=100), hyper)
     pos = np.asarray(out["final_position"])
     assert np.all(np.isfinite(pos)) and np.all(np.abs(pos) <= 2.0)
 

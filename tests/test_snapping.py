@@ -270,9 +270,12 @@ def test_jit_vmap_and_eager_agree_and_the_draw_depends_only_on_key_and_structure
 def test_traced_noise_multiplier_uses_the_host_grid_rule():
     key, x = jax.random.key(6), jnp.linspace(-1.0, 1.0, 50)
     mults = jnp.array([0.3, 1.0, 7.0])
-    traced = jax.vmap(
-        lambda z: sn.snapped_gaussian_mechanism(
-            key, x, l2_sensitivity=0.4, noise_multiplier=z, bound=24.0
+    # traced under vmap, in one jitted program (not batched op by op: one compilation)
+    traced = jax.jit(
+        jax.vmap(
+            lambda z: sn.snapped_gaussian_mechanism(
+                key, x, l2_sensitivity=0.4, noise_multiplier=z, bound=24.0
+            )
         )
     )(mults)
     for i, z in enumerate([0.3, 1.0, 7.0]):
