@@ -17,6 +17,7 @@ uninterrupted over the same deployment.
 
 import os
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import jax
@@ -34,6 +35,30 @@ from swarmjax.fl.runtime.flower.task import load_task
 from tests.test_flower_runtime import FAST, FULL, _grid, assert_same_run, config, simulated
 
 pytestmark = pytest.mark.slow
+
+
+# seed 1: under the tests' SECRET (the config's secret-file) its round-1 Poisson draw
+# selects two of the three clients
+DP_FEDAVG = config("dp-fedavg", rounds=1, seed=1)
+
+
+@pytest.fixture(scope="module")
+def expected():
+    """The in-process runs the deployment is compared with (the simulator's three runs and
+    the loopback run that loses node 1's round-2 reply), computed in a thread while the
+    deployment starts and runs: its processes mostly wait on Flower's polls, so this
+    overlaps the test's waits instead of following them. Requested before ``deployment``,
+    so it starts first."""
+    with ThreadPoolExecutor(1) as pool:
+        futures = {
+            "dp-fedavg": pool.submit(simulated, DP_FEDAVG),
+            "fed-dp-pso": pool.submit(simulated, config("fed-dp-pso")),
+            "fedavg": pool.submit(simulated, config("fedavg")),
+            "lost": pool.submit(lambda: _lost_in_round_two(101)),
+        }
+        yield futures
+        for future in futures.values():  # a failed test leaves none running
+            future.cancel()
 
 
 @pytest.fixture(scope="module")
@@ -64,15 +89,18 @@ def _lost_in_round_two(node: int):
     return drive(grid, load_task(cfg), FAST)
 
 
-def _assert_deployment_equals_simulator(deployment, cfg: dict, out: Path) -> None:
+def _assert_deployment_equals_simulator(
+    deployment, cfg: dict, out: Path, sim: Future | None = None
+) -> None:
     """Run ``cfg`` over the deployment (writing to ``out``) and compare it with the
-    simulator's run of the same config: model, history, privacy record, bytes carried."""
+    simulator's run of the same config (``sim``: that run, being computed): model,
+    history, privacy record, bytes carried."""
     try:
         deployment.run({**cfg, "out-dir": str(out), "join-timeout": 1200.0}, timeout=1800)
     except RuntimeError as err:
         pytest.fail(f"{err}\n{deployment.logs()}")
     run = read_run(out, load_task(cfg))
-    sim = simulated(cfg)
+    sim = simulated(cfg) if sim is None else sim.result()
     assert_same_run(run, sim)
     assert len(run.operator.messages) > 0 and (run.operator.messages["status"] == "ok").all()
     for col in ("bytes_up", "bytes_down"):
@@ -80,15 +108,14 @@ def _assert_deployment_equals_simulator(deployment, cfg: dict, out: Path) -> Non
 
 
 def test_deployment_gives_the_simulators_numbers_and_survives_a_killed_supernode(
-    deployment, tmp_path
+    expected, deployment, tmp_path
 ):
-    _assert_deployment_equals_simulator(  # seed 1: under the tests' SECRET (the config's
-        # secret-file) its round-1 Poisson draw selects two of the three clients
-        deployment,
-        config("dp-fedavg", rounds=1, seed=1),
-        tmp_path / "dp-fedavg",
+    _assert_deployment_equals_simulator(
+        deployment, DP_FEDAVG, tmp_path / "dp-fedavg", expected["dp-fedavg"]
     )
-    _assert_deployment_equals_simulator(deployment, config("fed-dp-pso"), tmp_path / "fed-dp-pso")
+    _assert_deployment_equals_simulator(
+        deployment, config("fed-dp-pso"), tmp_path / "fed-dp-pso", expected["fed-dp-pso"]
+    )
 
     # reply-timeout: a live node answers within seconds (it compiled while joining); the
     # killed node's exchange ends when it runs out
@@ -110,7 +137,7 @@ def test_deployment_gives_the_simulators_numbers_and_survives_a_killed_supernode
             deployment.start_node(1)
     task = load_task(cfg)
     run = read_run(tmp_path / "fedavg", task)
-    sim = simulated(config("fedavg"))
+    sim = expected["fedavg"].result()
 
     # round 1: the simulator's numbers; the array bytes Flower carried are swarmjax's
     # communication accounting (on the wire each array adds an np.save header and its name)
@@ -130,7 +157,7 @@ def test_deployment_gives_the_simulators_numbers_and_survives_a_killed_supernode
     assert run.history["bytes_up"].iloc[1] == 2 / 3 * sim.history["bytes_up"].iloc[1]
     steps = run.privacy.steps[0]
     assert steps[1, 1] == steps[0, 1] > 0
-    other = _lost_in_round_two(101)
+    other = expected["lost"].result()
     for x, y in zip(jax.tree.leaves(run.server), jax.tree.leaves(other.server), strict=True):
         np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=0, atol=1e-6)
     for col in ("test_accuracy", "test_loss", "epsilon_max", "bytes_up", "bytes_down"):

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -24,12 +25,16 @@ from swarmjax.fl.runtime.flower.task import load_task
 from tests.test_flower_runtime import FAST, assert_same_run, config, simulated
 
 
-@pytest.mark.parametrize("module", ["relay", "server_app"])
-def test_the_apps_entry_modules_import_no_jax(module):
+def test_the_apps_entry_modules_import_no_jax():
+    """Both entry modules in one fresh process (one interpreter start instead of two):
+    after each import nothing of JAX or of the algorithms is loaded, so the exit status
+    names the first module that pulled them in (1: relay, 2: server_app)."""
     code = (
-        f"import sys; import swarmjax.fl.runtime.flower.{module}; "
-        "sys.exit(int(any(m == 'jax' or m.startswith('swarmjax.fl.algorithms') "
-        "for m in sys.modules)))"
+        "import sys\n"
+        "for status, module in enumerate(('relay', 'server_app'), 1):\n"
+        "    __import__(f'swarmjax.fl.runtime.flower.{module}')\n"
+        "    if any(m == 'jax' or m.startswith('swarmjax.fl.algorithms') for m in sys.modules):\n"
+        "        sys.exit(status)\n"
     )
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
 
@@ -56,12 +61,17 @@ def test_the_wire_carries_records_bit_for_bit():
 
 @pytest.fixture
 def worker_grid(tmp_path):
-    """FedAvg's loopback grid whose 3 nodes run the relay ClientApp, each with a worker."""
+    """FedAvg's loopback grid whose 3 nodes run the relay ClientApp, each with a worker.
+    The three workers are started here at once, as a deployment starts each node's
+    (``LocalDeployment.start_node``), so that their imports overlap: the loopback grid
+    asks its nodes one after the other, and a relay that found no worker would start each
+    in turn. The relay's own start of a worker is what the restart below exercises."""
     cfg = config("fedavg")
     grid = LoopbackGrid.with_partitions(relay.make_relay_app(), cfg, (0, 1, 2))
     for node in grid.nodes.values():
         pid = node.context.node_config["partition-id"]
         node.context.node_config["worker-dir"] = str(tmp_path / f"w{pid}")
+        relay.start_worker(tmp_path / f"w{pid}", os.getpid())
     yield cfg, grid, tmp_path
     for pid in range(3):  # the workers watch this test's parent process: stop them here
         pid_file = tmp_path / f"w{pid}" / relay.PID_FILE
@@ -86,9 +96,12 @@ def test_workers_give_the_simulators_numbers_and_survive_a_restart(worker_grid):
         return reply
 
     grid.nodes[101].rewrite = kill_worker_after_round_one
-    run = drive(grid, load_task(cfg), FAST)
+    # the simulator's run in a thread meanwhile: this process mostly waits on the workers
+    with ThreadPoolExecutor(1) as pool:
+        sim = pool.submit(simulated, cfg)
+        run = drive(grid, load_task(cfg), FAST)
     assert (run.operator.messages["status"] == "ok").all()
-    assert_same_run(run, simulated(cfg))
+    assert_same_run(run, sim.result())
     # node 1's worker was started again (its log holds both lives); the state came along
     assert int(pid_file.read_text()) != seen["pid"]
     log = (tmp / "w1" / relay.LOG_FILE).read_text()

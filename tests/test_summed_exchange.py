@@ -126,28 +126,55 @@ def _unsummed(cls, monkeypatch):
     monkeypatch.setattr(cls, "exchanges", property(stacked))
 
 
-@pytest.mark.parametrize("client_map", ["sequential", 3])
-@pytest.mark.parametrize("name", ["dp-fedavg", "fedavg"])
-def test_a_summed_run_is_the_stacked_run(federation, monkeypatch, client_map, name):
-    """Whole runs (Poisson cohort of DP-FedAvg with adaptive clipping, FedAvg's uniform
-    cohort): the summed fold and the stacked replies give the same bits."""
-    clients, test = federation
+NAMES, MAPS = ("dp-fedavg", "fedavg"), ("sequential", 3)
+
+
+def _algorithm(name: str):
+    """The class whose exchange carries the summed fold, the algorithm and its grid: DP-FedAvg
+    (Poisson cohort, adaptive clipping) is FedAvg under a plan, whose exchange is summed;
+    FedAvg's uniform cohort sums its own."""
     training = LocalTraining(batch_size=10)
     if name == "dp-fedavg":
-        cls = Private  # DP-FedAvg is FedAvg under a plan: the plan's exchange is summed
         alg = dp_fedavg(MODEL, training=training, participation=Poisson(20))
-        grid = {"sample_rate": 0.1, "noise_multiplier": 0.8}
-    else:
-        cls = FedAvg
-        alg = cls(MODEL, training, cohort=6, server_optimizer="sgd")
-        grid = {}
-    assert alg.exchanges[0].aggregate_sum is not None
-    variants = Variants.grid(alg, clients, RunSpec(3, 1e-3, (0, 1)), **grid)
-    # one supplied secret for both calls: the same cohorts, batches and noise
-    execution = Execution(client_map=client_map)
-    summed = simulate(alg, clients, test, variants, secret=SECRET, execution=execution)
-    _unsummed(cls, monkeypatch)
-    assert alg.exchanges[0].aggregate_sum is None
-    stacked = simulate(alg, clients, test, variants, secret=SECRET, execution=execution)
+        return Private, alg, {"sample_rate": 0.1, "noise_multiplier": 0.8}
+    return FedAvg, FedAvg(MODEL, training, cohort=6, server_optimizer="sgd"), {}
+
+
+@pytest.fixture(scope="module")
+def summed_and_stacked(federation):
+    """Each (algorithm, client map)'s run summed, then stacked: every summed run first, then
+    each class's stacked runs with its fold removed (the compiled programs dropped once per
+    class, not once per case), so runs of one kind share what they have in common (run
+    initialisation, evaluation). One supplied secret for every call: the same cohorts,
+    batches and noise."""
+    clients, test = federation
+
+    def run(alg, grid, client_map):
+        variants = Variants.grid(alg, clients, RunSpec(3, 1e-3, (0, 1)), **grid)
+        execution = Execution(client_map=client_map)
+        return simulate(alg, clients, test, variants, secret=SECRET, execution=execution)
+
+    out = {}
+    for name in NAMES:
+        _, alg, grid = _algorithm(name)
+        assert alg.exchanges[0].aggregate_sum is not None
+        for client_map in MAPS:
+            out[name, client_map] = [run(alg, grid, client_map)]
+    for name in NAMES:
+        cls, alg, grid = _algorithm(name)
+        with pytest.MonkeyPatch.context() as patch:
+            _unsummed(cls, patch)
+            assert alg.exchanges[0].aggregate_sum is None
+            for client_map in MAPS:
+                out[name, client_map].append(run(alg, grid, client_map))
+    jax.clear_caches()  # the stacked programs, keyed as the summed ones, must not outlive it
+    return out
+
+
+@pytest.mark.parametrize("client_map", MAPS)
+@pytest.mark.parametrize("name", NAMES)
+def test_a_summed_run_is_the_stacked_run(summed_and_stacked, client_map, name):
+    """Whole runs: the summed fold and the stacked replies give the same bits."""
+    summed, stacked = summed_and_stacked[name, client_map]
     chex.assert_trees_all_equal(summed.server, stacked.server)
     assert np.isfinite(np.asarray(summed.history["test_loss"])).all()
