@@ -108,3 +108,32 @@ def test_a_zero_size_leaf_round_trips_through_a_checkpoint(tmp_path):
     assert restored["noise"].shape == (0, 7)
     np.testing.assert_array_equal(np.asarray(restored["w"]), [0.0, 1.0, 2.0])
     np.testing.assert_array_equal(outputs["m"], np.ones((2, 1)))
+
+
+def test_a_restored_carry_is_placed_as_the_fresh_one_so_the_round_is_not_compiled_again(tmp_path):
+    """A fresh run's carry is uncommitted (default device); orbax restores committed arrays.
+    The compiled round is keyed by placement, so a resume in the same process (a notebook
+    after Ctrl-C, the tests) compiled it again. Restored leaves now take the fresh carry's
+    placement: uncommitted stays uncommitted (PRNG keys too), committed gets its sharding;
+    one jitted program serves both carries."""
+    from swarmjax.fl.runtime.checkpoint import Checkpoints
+
+    device = jax.devices()[0]
+    carry = {
+        "w": jax.numpy.arange(3.0),
+        "key": jax.random.key(1),
+        "pinned": jax.device_put(np.arange(4, dtype=np.int32), device),
+    }
+    saved = Checkpoints(tmp_path / "ck", "digest", {})
+    saved.save(1, carry, {"m": np.ones((1,))})
+    restored, _ = saved.restore(1, carry, {"m": np.zeros((1,))})
+    saved.close()
+    assert not restored["w"].committed and not restored["key"].committed
+    assert restored["pinned"].committed and restored["pinned"].sharding == carry["pinned"].sharding
+    np.testing.assert_array_equal(
+        jax.random.key_data(restored["key"]), jax.random.key_data(carry["key"])
+    )
+    step = jax.jit(lambda c: jax.tree.map(lambda x: x, c))
+    step(carry)
+    step(restored)
+    assert step._cache_size() == 1

@@ -210,13 +210,28 @@ class Checkpoints:
         ``outputs_like`` (any arrays of the right tree structure) give the structure."""
         restored = self._manager.restore(rounds_done, args=ocp.args.StandardRestore(_sized(carry)))
         # an empty leaf (e.g. a BLT of 0 buffers: shape (0, P)) went in as one zero
-        restored = jax.tree.map(lambda r, c: c if _empty(c) else r, restored, carry)
+        restored = jax.tree.map(lambda r, c: c if _empty(c) else _placed(r, c), restored, carry)
         with np.load(self._outputs(rounds_done)) as f:
             leaves = [f[f"arr_{i}"] for i in range(len(f.files))]
         return restored, jax.tree.unflatten(jax.tree.structure(outputs_like), leaves)
 
     def close(self) -> None:
         self._manager.close()
+
+
+def _placed(restored: Any, like: Any) -> Any:
+    """``restored`` placed as ``like`` is: an uncommitted array (a fresh run's carry on the
+    default device) stays uncommitted, a committed one gets ``like``'s sharding. The
+    compiled round is keyed by its arguments' placement, so a carry restored committed
+    beside a fresh uncommitted one would compile the round again in the same process."""
+    if not isinstance(like, jax.Array):
+        return restored
+    if like.committed:
+        return jax.device_put(restored, like.sharding)
+    if jax.dtypes.issubdtype(like.dtype, jax.dtypes.prng_key):
+        data = jax.device_put(np.asarray(jax.random.key_data(restored)))  # uncommitted
+        return jax.random.wrap_key_data(data, impl=jax.random.key_impl(like))
+    return jax.device_put(np.asarray(restored))  # no device named: uncommitted
 
 
 def _empty(leaf: Any) -> bool:
