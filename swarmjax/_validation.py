@@ -137,6 +137,17 @@ def check_int(name: str, value: Any, minimum: int | None = None) -> int:
     return int(value)
 
 
+def check_bool(name: str, value: Any, *, allow_none: bool = False) -> bool | None:
+    """Check ``value`` is ``True`` or ``False`` (a NumPy bool too; not ``0``/``1``), or
+    ``None`` when ``allow_none``; return it as a Python ``bool`` (or ``None``)."""
+    if allow_none and value is None:
+        return None
+    if not isinstance(value, bool | np.bool_):
+        allowed = "True, False or None" if allow_none else "True or False"
+        raise ValueError(f"{name} must be {allowed}; got {value!r}")
+    return bool(value)
+
+
 def check_choice(name: str, value: Any, choices: Iterable[Any]) -> Any:
     """Check ``value`` is one of ``choices``."""
     options = tuple(choices)

@@ -95,6 +95,32 @@ MODULE_SECONDS = {
 }
 
 
+# Modules whose tests mostly wait on other processes: a Flower SuperNode that finds no message
+# sleeps 3 s before it asks again (flwr/supernode/start_client_internal.py), so their wall
+# time is several times their CPU. They form ONE xdist work unit (below), so one worker
+# waits through them while the others keep both cores busy: the README runs three workers on
+# the 2-core CI machine for that reason (docs/testing.md, session 26).
+WAITING_MODULES = frozenset(
+    {"test_flower_secagg.py", "test_flower_deployment.py", "test_flower_relay.py"}
+)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    """``--dist loadscope`` with :data:`WAITING_MODULES` as one work unit (one worker runs
+    them one after the other); every other module is its own unit, as in loadscope."""
+    if config.getoption("dist", None) != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class _Scheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            if Path(nodeid.split("::", 1)[0]).name in WAITING_MODULES:
+                return "modules-waiting-on-processes"
+            return super()._split_scope(nodeid)
+
+    return _Scheduling(config, log)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Longest modules first (:data:`MODULE_SECONDS`); a stable sort, so each module's
     tests stay together and in their order."""

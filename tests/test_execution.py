@@ -90,6 +90,16 @@ def test_a_bad_execution_field_is_refused_at_construction(fields, message):
     assert "\n" not in str(err.value)
 
 
+def test_flags_take_numpy_bools_as_python_bools_in_both_checks():
+    """One check (``_validation.check_bool``) serves Execution's flags and RunSpec's."""
+    import numpy as np
+
+    run = Execution(progress=np.bool_(False), diagnostics=np.bool_(True))
+    assert run.progress is False and run.diagnostics is True
+    assert RunSpec(2, 1e-5, common_random_numbers=np.bool_(True)).common_random_numbers is True
+    assert Execution(progress=None).progress is None
+
+
 def test_a_mesh_without_a_clients_axis_is_refused_at_construction():
     import jax
     import numpy as np

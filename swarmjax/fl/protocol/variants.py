@@ -16,6 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import PyTree
 
+from swarmjax._validation import check_bool
+
 if TYPE_CHECKING:
     from swarmjax.fl.protocol.contract import Algorithm
 
@@ -54,14 +56,11 @@ class RunSpec:
             raise ValueError(f"seeds must be one or more integers >= 0; got {self.seeds!r}")
         if self.accountant not in ("pld", "rdp"):
             raise ValueError(f"unknown accountant {self.accountant!r}; choose one of 'pld', 'rdp'")
-        if not isinstance(self.common_random_numbers, bool | np.bool_):
-            raise ValueError(
-                f"common_random_numbers must be True or False; got {self.common_random_numbers!r}"
-            )
+        crn = check_bool("common_random_numbers", self.common_random_numbers)
         object.__setattr__(self, "rounds", int(self.rounds))
         object.__setattr__(self, "delta", float(self.delta))
         object.__setattr__(self, "seeds", seeds)
-        object.__setattr__(self, "common_random_numbers", bool(self.common_random_numbers))
+        object.__setattr__(self, "common_random_numbers", crn)
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from typing import Any, Literal, TypeVar
 
 from jax.sharding import Mesh
 
-from swarmjax._validation import check_choice, check_int
+from swarmjax._validation import check_bool, check_choice, check_int
 from swarmjax.fl.runtime.callbacks import RoundCallback
 from swarmjax.fl.runtime.mesh import check_mesh_options
 
@@ -46,12 +46,6 @@ def check_client_map(client_map: Any) -> None:
         raise ValueError(
             f"client_map must be 'vmap', 'sequential' or an int >= 1; got {client_map}"
         )
-
-
-def _check_flag(name: str, value: Any, allow_none: bool = False) -> None:
-    if not (isinstance(value, bool) or (allow_none and value is None)):
-        allowed = "True, False or None" if allow_none else "True or False"
-        raise ValueError(f"{name} must be {allowed}; got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -121,8 +115,8 @@ class Execution:
                 "checkpoint_dir must be a folder (str or os.PathLike) or None; got "
                 f"{type(folder).__name__}"
             )
-        _check_flag("progress", self.progress, allow_none=True)
-        _check_flag("diagnostics", self.diagnostics)
+        object.__setattr__(self, "progress", check_bool("progress", self.progress, allow_none=True))
+        object.__setattr__(self, "diagnostics", check_bool("diagnostics", self.diagnostics))
         if callable(self.callbacks) or not isinstance(self.callbacks, Sequence):
             raise ValueError(
                 "callbacks must be a sequence of callback(round, metrics, runs) callables "
