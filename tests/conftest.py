@@ -60,38 +60,41 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
         jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
-# CPU seconds of the longest modules (each file alone on the 2-core CPU, 2026-11-28; the
-# Flower deployment by wall time, its processes mostly wait; test_mesh.py with its
-# subprocesses). xdist hands out whole modules
-# (pyproject.toml: ``--dist loadscope --no-loadscope-reorder``, so that a module's shared
-# fixtures and compiled programs are made once, on one worker) in the order collected;
-# starting the longest first leaves short modules for the end, when the other worker may
-# already be idle. A stale number costs balance only; modules not listed keep their order.
+# Seconds of the longest modules in a whole-suite run (`-n 3`, 2026-11-29, session 26: three
+# workers sharing 2 cores, so each figure is about 1.5x the module alone; the Flower modules
+# by wall time, their processes mostly wait; test_mesh.py with its subprocesses). xdist hands
+# out whole modules (pyproject.toml: ``--dist loadscope --no-loadscope-reorder``, so that a
+# module's shared fixtures and compiled programs are made once, on one worker; the Flower
+# modules together, WAITING_MODULES below) in the order collected; starting the longest first
+# leaves short modules for the end, when the other workers may already be idle. A stale number
+# costs balance only; modules not listed keep their order.
 MODULE_SECONDS = {
-    "test_flower_deployment.py": 180,
-    "test_fl_protocol.py": 159,
-    "test_mesh.py": 136,  # its three processes (one of 4 devices, two jax.distributed ranks)
-    "test_experiment_ledgers.py": 118,
-    "test_work_cap.py": 98,
-    "test_distributed_dp.py": 92,
+    "test_flower_secagg.py": 220,
+    "test_experiment_ledgers.py": 154,
+    "test_mesh.py": 134,
+    "test_fl_protocol.py": 129,
+    "test_work_cap.py": 119,
+    "test_flower_deployment.py": 119,
+    "test_distributed_dp.py": 104,
     "test_experiment_fed_dp_pso.py": 72,
-    "test_summed_exchange.py": 68,
-    "test_canaries_record_clients.py": 40,  # session 23: its experiment run merged away
-    "test_canaries.py": 63,
-    "test_canaries_fedavg_record.py": 62,
-    "test_experiment_cross_device_ftrl.py": 60,
-    "test_sweep.py": 57,
-    "test_compile_level.py": 54,
-    "test_experiment_dp_fedavg.py": 53,
-    "test_flower_runtime.py": 53,
-    "test_fedavg.py": 52,
-    "test_shakespeare.py": 48,
-    "test_canaries_ftrl.py": 46,
-    "test_lora.py": 46,
-    "test_fed_dp_pso_readings.py": 45,
-    "test_canaries_shared_noise.py": 45,
-    "test_private_plans.py": 45,
-    "test_privacy_relations.py": 43,
+    "test_canaries.py": 35,
+    "test_experiment_cross_device_ftrl.py": 35,
+    "test_summed_exchange.py": 33,
+    "test_compile_level.py": 29,
+    "test_lora.py": 26,
+    "test_canaries_fedavg_record.py": 23,
+    "test_experiment_dp_fedavg.py": 23,
+    "test_fed_dp_pso.py": 23,
+    "test_sweep.py": 22,
+    "test_privacy_relations.py": 22,
+    "test_shakespeare.py": 21,
+    "test_flower_runtime.py": 19,
+    "test_canaries_ftrl.py": 19,
+    "test_snapping.py": 18,
+    "test_audit_power.py": 18,
+    "test_private_plans.py": 18,
+    "test_canaries_shared_noise.py": 18,
+    "test_fed_dp_pso_readings.py": 18,
 }
 
 
