@@ -16,6 +16,7 @@ import jax
 import numpy as np
 
 __all__ = [
+    "check_bool",
     "check_choice",
     "check_finite",
     "check_int",
@@ -128,9 +129,17 @@ def check_finite(name: str, value: Any) -> Any:
     return value
 
 
-def check_int(name: str, value: Any, minimum: int | None = None) -> int:
-    """Check ``value`` is an integer (not bool) ``>= minimum``; return it as ``int``."""
-    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+def check_int(name: str, value: Any, minimum: int | None = None, maximum: int | None = None) -> int:
+    """Check ``value`` is an integer (not bool) ``>= minimum`` (and ``<= maximum``: then
+    the message states the range, ``must be an integer in [minimum, maximum]``); return it
+    as ``int``."""
+    bad = isinstance(value, bool) or not isinstance(value, int | np.integer)
+    if maximum is not None:
+        low = -math.inf if minimum is None else minimum
+        if bad or not low <= value <= maximum:
+            raise ValueError(f"{name} must be an integer in [{low}, {maximum}]; got {value!r}")
+        return int(value)
+    if bad:
         raise ValueError(f"{name} must be an integer; got {value!r}")
     if minimum is not None and value < minimum:
         raise ValueError(f"{name} must be >= {minimum}; got {value!r}")

@@ -17,24 +17,17 @@ numpy's bit (un)packing, which holds ``32 d`` bytes of bits for a moment.
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
+
+from swarmjax._validation import check_int
 
 __all__ = ["pack_words", "packed_size", "unpack_words"]
 
 
-def _check(name: str, value: Any, low: int, high: int) -> int:
-    bad = isinstance(value, bool) or not isinstance(value, int | np.integer)
-    if bad or not low <= value <= high:
-        raise ValueError(f"{name} must be an integer in [{low}, {high}]; got {value!r}")
-    return int(value)
-
-
 def packed_size(d: int, bits: int) -> int:
     """Bytes of ``d`` packed words of ``bits`` bits: ``ceil(d bits / 8)``."""
-    d = _check("d", d, 0, 2**32 - 1)
-    bits = _check("bits", bits, 1, 32)
+    d = check_int("d", d, 0, 2**32 - 1)
+    bits = check_int("bits", bits, 1, 32)
     return (d * bits + 7) // 8
 
 
@@ -42,7 +35,7 @@ def pack_words(words: np.ndarray, bits: int) -> np.ndarray:
     """``(ceil(d bits / 8),)`` uint8: the ``(d,)`` uint32 ``words``, each ``< 2^bits``,
     packed ``bits`` bits a word (module docs); one-line ``ValueError`` for another shape or
     dtype or a word ``>= 2^bits``."""
-    bits = _check("bits", bits, 1, 32)
+    bits = check_int("bits", bits, 1, 32)
     if not isinstance(words, np.ndarray) or words.dtype != np.uint32 or words.ndim != 1:
         got = f"{words.shape} {words.dtype}" if isinstance(words, np.ndarray) else type(words)
         raise ValueError(f"words must be a (d,) uint32 array; got {got}")
