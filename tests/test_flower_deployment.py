@@ -66,7 +66,7 @@ def deployment(tmp_path_factory):
     # the suite's own compilation cache (tests/conftest.py) when there is one: the nodes,
     # their workers and the ServerApp load what the suite's processes compiled already
     cache = os.environ.get("JAX_COMPILATION_CACHE_DIR") or tmp_path_factory.mktemp("jax-cache")
-    with LocalDeployment(node_config={"jax-cache-dir": str(cache)}) as d:
+    with LocalDeployment(node_config={"jax-cache-dir": str(cache)}, task_poll_interval=0.5) as d:
         pids = [p.pid for p in d._procs]
         yield d
         pids += [w.pid for w in d.workers().values()]

@@ -98,7 +98,9 @@ def app(tmp_path_factory):
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory):
     cache = os.environ.get("JAX_COMPILATION_CACHE_DIR") or tmp_path_factory.mktemp("jax-cache")
-    with LocalDeployment(partitions=CLIENTS, node_config={"jax-cache-dir": str(cache)}) as d:
+    with LocalDeployment(
+        partitions=CLIENTS, node_config={"jax-cache-dir": str(cache)}, task_poll_interval=0.5
+    ) as d:
         pids = [p.pid for p in d._procs]
         yield d
         pids += [w.pid for w in d.workers().values()]

@@ -46,7 +46,7 @@ class ServerSettings:
 
     join_timeout: float = 120.0
     reply_timeout: float = 120.0
-    poll: float = 0.05
+    poll: float = 0.25
     reject_nonfinite: bool = True
     out_dir: Path | None = None
 
