@@ -42,7 +42,9 @@ def _as_float_array(name: str, value: Any) -> np.ndarray | None:
         return None
     try:
         dtype = getattr(value, "dtype", None)  # an array's own: no copy of it to look
-        if isinstance(value, str | bytes) or (dtype or np.asarray(value).dtype).kind in "USV":
+        if dtype is None:  # (a dtype is falsy: its len() counts its fields)
+            dtype = np.asarray(value).dtype
+        if isinstance(value, str | bytes) or np.dtype(dtype).kind in "USV":
             raise TypeError("text")  # "0.1" is no number, though NumPy would parse it
         arr = np.asarray(value, dtype=np.float64)
     except (TypeError, ValueError):
