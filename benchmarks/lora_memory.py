@@ -183,10 +183,16 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     try:
         config = lora.TransformerConfig(80, 64, args.d_model, args.heads, args.layers, args.mlp)
-        for rank in (4, 16):
+    except ValueError as err:
+        raise _cli.UserError(f"--d-model {args.d_model}, --heads {args.heads}: {err}") from None
+    try:
+        for rank in (4, 16):  # the ranks timed
             lora.check_lora(config, rank, args.layers_adapted)
     except ValueError as err:
-        raise _cli.UserError(str(err)) from None
+        option = "--d-model or --mlp (ranks 4 and 16 are timed)" if "rank" in str(err) else ""
+        raise _cli.UserError(
+            f"--layers-adapted: {err}{'; raise ' + option if option else ''}"
+        ) from None
     base = jax.tree.map(np.asarray, lora.full_transformer(config).init(jax.random.key(0)))
     store, test = federation(config, args.clients, args.windows)
     training = LocalTraining(epochs=1, batch_size=10)

@@ -54,6 +54,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, TypeVar
 
+from swarmjax._validation import check_folder, choice_hint
 from swarmjax.privacy.secret import Secret
 from swarmjax.resume import CallStore, OutputConflict
 
@@ -116,8 +117,8 @@ RENAMED_OPTIONS: dict[str, str] = {
 class _Parser(argparse.ArgumentParser):
     """argparse with one-line errors that records which options the command line gave."""
 
-    def error(self, message: str) -> None:  # one line, no usage block
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+    def error(self, message: str) -> None:  # one line, no usage block; a near miss named
+        self.exit(2, f"{self.prog}: error: {choice_hint(message)} (see --help)\n")
 
     def parse_known_args(
         self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
@@ -261,7 +262,7 @@ def parser(
     mode.add_argument("--full", action="store_true", help=full)
     p.add_argument(
         "--out",
-        type=Path,
+        type=_nonempty_path,
         default=RESULTS / experiment,
         help=f"output folder (default: results/{experiment}/ in the repository)",
     )
@@ -307,6 +308,16 @@ def parser(
             "<out>/calls/<id>/secret/ (not released) so an interrupted run resumes",
         )
     return p
+
+
+def _nonempty_path(text: str) -> Path:
+    """argparse ``type`` of a path option: ``""`` (an unset shell variable) is refused, not
+    read as the current folder."""
+    if not text:
+        raise argparse.ArgumentTypeError(
+            "is empty; give a path (an empty one is the current folder)"
+        )
+    return Path(text).expanduser()
 
 
 def _secret_file(text: str) -> Secret:
@@ -475,7 +486,7 @@ def data_dir(given: str | os.PathLike[str] | None, needs: Iterable[str] = ()) ->
     env = os.environ.get("SWARMJAX_DATA")
     needs = list(needs)
     if given is not None:
-        source, path = "--data-dir", Path(given)
+        source, path = "--data-dir", _folder("--data-dir", given)
     elif env:
         source, path = "$SWARMJAX_DATA", Path(env)
     else:  # the fetch cache: absent until the first fetch, so the datasets' checks speak
@@ -688,8 +699,10 @@ def memory_line(need: int) -> str:
 def out_file(args: argparse.Namespace, dest: str = "out") -> Path:
     """The file option ``dest`` (e.g. a benchmark's ``--out results/x.json``): its folder
     created and checked writable now, before any work; else a :class:`UserError`."""
-    path = Path(getattr(args, dest))
     flag = _flag(dest)
+    if not os.fspath(getattr(args, dest)):
+        raise UserError(f"{flag} is empty; give {flag} a file name")
+    path = Path(getattr(args, dest)).expanduser()
     name = f"{flag} {str(path)!r}" if dest in given(args) else f"the default {flag} {str(path)!r}"
     if path.is_dir():
         raise UserError(f"{name} is a folder; give {flag} a file name")
@@ -707,10 +720,8 @@ def out_file(args: argparse.Namespace, dest: str = "out") -> Path:
 def out_dir(args: argparse.Namespace) -> Path:
     """``--out`` (default ``results/<experiment>/`` in the repository), created and checked
     writable (results and the privacy ledger go there); else a :class:`UserError`."""
-    out = Path(args.out)
+    out = _folder("--out", args.out)
     name = f"--out {str(out)!r}" if "out" in given(args) else f"the default --out {str(out)!r}"
-    if out.exists() and not out.is_dir():
-        raise UserError(f"{name} exists and is not a folder; give --out a folder")
     try:
         out.mkdir(parents=True, exist_ok=True)
         probe = out / ".write-probe"
@@ -724,6 +735,16 @@ def out_dir(args: argparse.Namespace) -> Path:
         ) from None
     _lock(out, name)
     return out
+
+
+def _folder(flag: str, value: str | os.PathLike[str]) -> Path:
+    """``value`` of the folder option ``flag`` (:func:`swarmjax._validation.check_folder`:
+    ``~`` expanded; an empty one, which would mean the current folder, or a file refused
+    as a :class:`UserError`)."""
+    try:
+        return check_folder(flag, value)
+    except ValueError as err:
+        raise UserError(str(err)) from None
 
 
 _LOCKS: dict[Path, Any] = {}  # --out folders this process holds, kept open until it exits

@@ -390,6 +390,13 @@ def profile(args: argparse.Namespace) -> Profile:
             f"be at least {_cli.setting(args, 'batch_size', prof.batch_size, 'batch size')}: "
             "one batch"
         )
+    rows = prof.rows_per_client if prof.partition == "consecutive" else None
+    if rows is not None and rows < prof.batch_size:
+        raise _cli.UserError(  # else each client's one batch is silently all its rows
+            f"{_cli.setting(args, 'batch_size', prof.batch_size, 'batch size')} exceeds "
+            f"{_cli.setting(args, 'rows_per_client', rows, 'rows per client')}"
+            ": lower --batch-size (or raise --rows-per-client)"
+        )
     if prof.partition != "consecutive":
         _cli.refuse_unused(
             args, ["rows_per_client"], f"--partition {prof.partition} sizes the clients itself"

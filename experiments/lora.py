@@ -270,7 +270,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--epsilons",
         nargs="+",
-        type=_cli.positive_float("--epsilons"),
+        type=_cli.epsilon_target("--epsilons"),
         help="user-level target epsilons of the DP algorithms, one run each (default 2 8)",
     )
     counts = {

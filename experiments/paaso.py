@@ -156,6 +156,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("give --coordinator, --num-processes and --process-id together")
     if args.num_processes is not None and not 0 <= args.process_id < args.num_processes:
         p.error(f"--process-id must be in [0, {args.num_processes}); got {args.process_id}")
+    host, _, port = (args.coordinator or "").rpartition(":")
+    if args.coordinator is not None and not (host and port.isdigit() and 0 < int(port) < 65536):
+        p.error(f"--coordinator must be HOST:PORT (a port in 1..65535); got {args.coordinator!r}")
     return args
 
 

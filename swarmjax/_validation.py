@@ -8,31 +8,44 @@ JAX tracers through untouched: values only known at trace time cannot be checked
 
 from __future__ import annotations
 
+import difflib
 import math
+import os
+import re
+import sys
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
-import jax
 import numpy as np
 
 __all__ = [
     "check_bool",
     "check_choice",
     "check_finite",
+    "check_folder",
     "check_int",
     "check_nonnegative",
     "check_positive",
     "check_probability",
     "check_range",
     "check_stored",
+    "choice_hint",
+    "did_you_mean",
     "stored",
 ]
 
 
 def _as_float_array(name: str, value: Any) -> np.ndarray | None:
-    if isinstance(value, jax.core.Tracer):
+    jax = sys.modules.get("jax")  # not imported: no value is a tracer (swarmjax.data runs without)
+    if jax is not None and isinstance(value, jax.core.Tracer):
         return None
     try:
+        dtype = getattr(value, "dtype", None)  # an array's own: no copy of it to look
+        if dtype is None:  # (a dtype is falsy: its len() counts its fields)
+            dtype = np.asarray(value).dtype
+        if isinstance(value, str | bytes) or np.dtype(dtype).kind in "USV":
+            raise TypeError("text")  # "0.1" is no number, though NumPy would parse it
         arr = np.asarray(value, dtype=np.float64)
     except (TypeError, ValueError):
         raise ValueError(f"{name} must be numeric; got {value!r}") from None
@@ -106,9 +119,10 @@ def check_stored(
     return value
 
 
-def check_positive(name: str, value: Any) -> Any:
-    """Check ``value > 0`` elementwise (``inf`` allowed)."""
-    return check_range(name, value, 0.0, math.inf, low_open=True)
+def check_positive(name: str, value: Any, *, finite: bool = False) -> Any:
+    """Check ``value > 0`` elementwise (``inf`` allowed, unless ``finite``: e.g. a learning
+    rate, where ``inf`` would only turn the model into NaN)."""
+    return check_range(name, value, 0.0, math.inf, low_open=True, high_open=finite)
 
 
 def check_nonnegative(name: str, value: Any) -> Any:
@@ -161,5 +175,46 @@ def check_choice(name: str, value: Any, choices: Iterable[Any]) -> Any:
     """Check ``value`` is one of ``choices``."""
     options = tuple(choices)
     if value not in options:
-        raise ValueError(f"unknown {name} {value!r}; choose one of {', '.join(map(repr, options))}")
+        raise ValueError(
+            f"unknown {name} {value!r}{did_you_mean(value, options)}; choose one of "
+            f"{', '.join(map(repr, options))}"
+        )
     return value
+
+
+def did_you_mean(value: Any, choices: Iterable[Any]) -> str:
+    """``" (did you mean 'mnist'?)"``: the choice nearest to a mistyped ``value`` (case
+    ignored), or ``""`` when none is near or ``value`` is no text."""
+    if not isinstance(value, str):
+        return ""
+    options = {str(c).lower(): c for c in choices if isinstance(c, str)}
+    near = difflib.get_close_matches(value.lower(), list(options), n=1, cutoff=0.75)
+    return f" (did you mean {options[near[0]]!r}?)" if near else ""
+
+
+_INVALID_CHOICE = re.compile(r"invalid choice: '([^']*)' \(choose from (.*)\)")
+
+
+def choice_hint(message: str) -> str:
+    """An argparse error ``message`` with the nearest valid name added to an "invalid
+    choice" (:func:`did_you_mean`); other messages unchanged."""
+    found = _INVALID_CHOICE.search(message)
+    if found is None:
+        return message
+    choices = re.findall(r"'([^']*)'", found.group(2)) or found.group(2).split(", ")
+    hint = did_you_mean(found.group(1), choices)
+    return message[: found.end()] + hint + message[found.end() :] if hint else message
+
+
+def check_folder(name: str, value: str | os.PathLike[str]) -> Path:
+    """Check ``value`` names a folder (``~`` expanded): not the empty string (which would
+    silently mean the current folder) nor an existing file; it need not exist yet.
+    Returns it as a :class:`~pathlib.Path`."""
+    if not isinstance(value, str | os.PathLike) or not os.fspath(value):
+        raise ValueError(
+            f"{name} must name a folder (an empty one is the current folder); got {value!r}"
+        )
+    path = Path(value).expanduser()
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"{name} {str(path)!r} exists and is not a folder; give a folder")
+    return path

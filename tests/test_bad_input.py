@@ -22,6 +22,7 @@ from benchmarks import (
     dpsgd_overhead,
     fed_round,
     flower_round,
+    lora_memory,
     paaso_strategies,
     pso_throughput,
     scaling,
@@ -36,6 +37,7 @@ from experiments import (
     dp_fedavg,
     fed_dp_pso,
     fed_dp_pso_study,
+    lora,
     paaso,
 )
 from tests.argv import refused
@@ -353,3 +355,68 @@ def test_benchmarks_write_results_only_when_asked(monkeypatch, capsys):
 def test_no_benchmark_has_a_no_write_flag():
     for path in Path(dpsgd_overhead.__file__).parent.glob("*.py"):
         assert "--no-write" not in path.read_text(), path
+
+
+# --- new mistakes of a first day (issue 50) -------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("main", "argv", "named"),
+    [
+        (cross_device.main, ["--quick", "--out", ""], "--out: is empty"),
+        (cross_device.main, ["--quick", "--data-dir", ""], "--data-dir must name a folder"),
+        (vs_pfl.main, ["--only", "swarmjax", "--out", ""], "--out is empty"),
+    ],
+    ids=["out", "data-dir", "bench-out-file"],
+)
+def test_an_empty_path_is_not_the_current_folder(main, argv, named, tmp_path, capsys, monkeypatch):
+    """``--out "$UNSET"`` once wrote results (and a lock) into the current folder."""
+    monkeypatch.chdir(tmp_path)
+    argv = argv if "--out" in argv else [*argv, "--out", str(tmp_path / "o")]
+    assert named in _refused(main, argv, capsys)
+    assert not (tmp_path / ".lock").exists()
+
+
+def test_an_out_or_data_dir_that_is_a_file_is_one_line(tmp_path, capsys):
+    (tmp_path / "file").write_text("")
+    argv = ["--quick", "--out", str(tmp_path / "file")]
+    assert "--out" in (err := _refused(cross_device.main, argv, capsys))
+    assert "exists and is not a folder" in err
+    argv = ["--quick", "--out", str(tmp_path / "o"), "--data-dir", str(tmp_path / "file")]
+    assert "--data-dir" in (err := _refused(cross_device.main, argv, capsys))
+    assert "is not a folder" in err
+
+
+@pytest.mark.parametrize(
+    ("main", "argv", "named"),
+    [
+        (cross_device.main, ["--datasets", "mnsit"], "(did you mean 'mnist'?)"),
+        (cross_device.main, ["--algorithms", "DP-FedAvg"], "(did you mean 'dp-fedavg'?)"),
+        (fed_dp_pso.main, ["--datasets", "fashion-mnist"], "(did you mean 'fashion_mnist'?)"),
+    ],
+    ids=["dataset", "algorithm", "fed_dp_pso-dataset"],
+)
+def test_a_near_miss_choice_names_the_nearest(main, argv, named, tmp_path, capsys):
+    err = _refused(main, ["--quick", "--out", str(tmp_path), *argv], capsys)
+    assert "invalid choice" in err and named in err
+
+
+@pytest.mark.parametrize(
+    ("main", "argv", "named"),
+    [
+        (lora.main, ["--quick", "--epsilons", "1e9"], "--epsilons: must be at most 700"),
+        (paaso.main, ["--quick", "--coordinator", "10.0.0.1", "--num-processes", "2",
+                      "--process-id", "1"], "--coordinator must be HOST:PORT"),
+        (paaso.main, ["--quick", "--coordinator", "h:99999", "--num-processes", "2",
+                      "--process-id", "1"], "a port in 1..65535"),
+        (lora_memory.main, ["--layers-adapted", "zz"], "--layers-adapted: lora layers: no layer"),
+        (lora_memory.main, ["--d-model", "8"], "raise --d-model"),
+        (cross_device.main, ["--quick", "--batch-size", "64", "--rows-per-client", "50"],
+         "--batch-size 64 exceeds --rows-per-client 50: lower --batch-size"),
+    ],
+    ids=["lora-epsilons", "paaso-coordinator", "paaso-port", "lora_memory-layers",
+         "lora_memory-rank", "cross_device-batch"],
+)  # fmt: skip
+def test_values_refused_in_one_line_naming_the_option(main, argv, named, tmp_path, capsys):
+    out = [] if main is lora_memory.main else ["--out", str(tmp_path / "o")]
+    assert named in _refused(main, [*argv, *out], capsys)

@@ -232,6 +232,26 @@ def test_an_unknown_name_gets_one_line_listing_the_names(tmp_path, capsys):
     assert not any(tmp_path.iterdir())
 
 
+def test_a_near_miss_name_and_a_data_dir_that_is_no_folder_are_one_line(tmp_path, capsys):
+    """A misspelt name suggests the nearest; ``--data-dir ""`` (an unset variable: the
+    current folder) and a --data-dir that is a file are refused before any download."""
+    code, _, err = _run(["fetch", "mnsit", "--data-dir", str(tmp_path)], capsys)
+    assert code == 2 and "(did you mean 'mnist'?)" in err
+    with pytest.raises(SystemExit):
+        main(["lst"])
+    assert "(did you mean 'list'?)" in capsys.readouterr().err
+    (tmp_path / "file").write_text("")
+    for folder, named in [
+        ("", "an empty one is the current folder"),
+        (str(tmp_path / "file"), "is not a folder"),
+    ]:
+        code, _, err = _run(["fetch", "tabular", "--data-dir", folder], capsys)
+        assert code == 2 and len(err.strip().splitlines()) == 1, err
+        assert "--data-dir" in err and named in err and "Traceback" not in err
+    with pytest.raises(ValueError, match="data_dir must name a folder"):
+        data.data_dir("")
+
+
 def test_no_server_is_one_line_and_stages_nothing(tmp_path, capsys):
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import re
 
 import pytest
 from jax.sharding import Mesh
@@ -145,3 +146,40 @@ def test_options_of_the_wrong_kind_and_a_bad_spec_are_refused():
         simulate(None, None, None, None, publication="runs.csv")
     with pytest.raises(ValueError, match=r"^common_random_numbers must be True or False"):
         RunSpec(2, 1e-5, common_random_numbers=1)
+
+
+@pytest.mark.parametrize(
+    ("seeds", "message"),
+    [
+        ("12", "seeds must be one or more integers >= 0; got '12'"),  # not seeds 1 and 2
+        ((1.5,), "seeds must be an integer; got 1.5"),  # not seed 1
+        (True, "seeds must be an integer; got True"),
+        (3.0, "seeds must be one or more integers >= 0; got 3.0"),
+        (None, "seeds must be one or more integers >= 0; got None"),
+        ((0, 0), "seeds has repeated values"),  # the same run twice
+        ((0, -1), "seeds must be >= 0; got -1"),
+    ],
+)
+def test_run_spec_seeds_are_distinct_integers(seeds, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        RunSpec(2, 1e-5, seeds=seeds)
+
+
+def test_run_spec_takes_numpy_numbers_and_names_a_near_miss_accountant():
+    import numpy as np
+
+    spec = RunSpec(np.int64(2), np.float32(1e-5), seeds=np.arange(2))
+    assert spec.rounds == 2 and spec.seeds == (0, 1) and 0 < spec.delta < 1
+    with pytest.raises(ValueError, match=r"delta must be a number in \(0, 1\); got True"):
+        RunSpec(2, True)
+    with pytest.raises(ValueError, match=r"'PLD' \(did you mean 'pld'\?\)"):
+        RunSpec(2, 1e-5, accountant="PLD")
+
+
+def test_a_checkpoint_dir_that_is_empty_or_a_file_is_refused_at_construction(tmp_path):
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ValueError, match="checkpoint_dir must name a folder"):
+        Execution(checkpoint_dir="")
+    with pytest.raises(ValueError, match=r"checkpoint_dir .* exists and is not a folder"):
+        Execution(checkpoint_dir=tmp_path / "file")
+    assert Execution(checkpoint_dir=tmp_path / "new").checkpoint_dir == tmp_path / "new"

@@ -65,6 +65,30 @@ def test_an_unknown_name_is_one_line_listing_the_allowed_ones():
         registry.cross_device("fed-dp-pso", _run())  # registered, not a cross-device one
 
 
+def test_a_near_miss_name_suggests_the_nearest():
+    with pytest.raises(
+        ValueError, match=r"^unknown algorithm 'FedAvg' \(did you mean 'fedavg'\?\); allowed"
+    ):
+        registry.lookup("FedAvg")
+    with pytest.raises(ValueError, match=r"'dpfedavg' \(did you mean 'dp-fedavg'\?\)"):
+        registry.lookup("dpfedavg")
+
+
+@pytest.mark.parametrize(
+    ("name", "values", "message"),
+    [
+        ("fedavg", {"learning_rate": math.inf}, r"learning_rate must be in \(0.0, inf\); got inf"),
+        ("fedavg", {"server_lr": math.inf}, r"server_lr must be in \(0.0, inf\)"),
+        ("dp-fedavg", {"clip": math.inf}, r"clip must be in \(0.0, inf\)"),
+        ("fedavg", {"learning_rate": "0.1"}, r"learning_rate must be numeric; got '0.1'"),
+    ],
+)
+def test_an_infinite_rate_or_clip_and_a_number_as_text_are_refused(name, values, message):
+    """inf would only turn the model into NaN (or the noise infinite); text is no number."""
+    with pytest.raises(ValueError, match=message):
+        registry.settings(name, **values).check()
+
+
 @pytest.mark.parametrize("name", [*CROSS_DEVICE, "dp-ftrl"])
 def test_each_name_builds_its_class_and_a_grid_the_algorithm_takes(name):
     rng = np.random.default_rng(0)

@@ -42,8 +42,12 @@ def test_every_entry_has_settings_whose_defaults_hold():
 @pytest.mark.parametrize(
     ("name", "values", "message"),
     [
-        ("fedavg", {"learning_rate": 0.0}, "learning_rate must be in (0.0, inf]; got 0.0"),
-        ("fedavg", {"server_optimizer": "sgdm"}, "unknown server_optimizer 'sgdm'; choose"),
+        ("fedavg", {"learning_rate": 0.0}, "learning_rate must be in (0.0, inf); got 0.0"),
+        (
+            "fedavg",
+            {"server_optimizer": "sgdm"},
+            "unknown server_optimizer 'sgdm' (did you mean 'sgd'?); choose",
+        ),
         ("fedavg", {"cohort": 0}, "cohort must be >= 1; got 0"),
         ("fedprox", {"mu": -1.0}, "mu must be in [0.0, inf]; got -1.0"),
         ("dp-fedavg", {"client_rate": 1.5}, "client_rate must be in (0.0, 1.0]; got 1.5"),
@@ -54,7 +58,11 @@ def test_every_entry_has_settings_whose_defaults_hold():
         ("dp-ftrl", {"min_separation": 0}, "min_separation must be >= 1; got 0"),
         ("dp-fedavg-secagg", {"epsilon": 4.0, "dropout": 2.0}, "dropout must be in"),
         ("fed-dp-pso", {"particles": 0}, "particles must be >= 1; got 0"),
-        ("fed-dp-pso", {"refine_start": "best"}, "unknown refine_start 'best'; choose one"),
+        (
+            "fed-dp-pso",
+            {"refine_start": "best"},
+            "unknown refine_start 'best' (did you mean 'pbest'?); choose one",
+        ),
     ],
 )
 def test_a_bad_setting_is_one_line_naming_it(name, values, message):
@@ -109,7 +117,11 @@ def test_the_flower_apps_own_configuration_gives_every_flower_algorithm_its_defa
         ("fed-dp-pso", {"reading": "mine"}, "unknown reading 'mine'; choose one of 'paper'"),
         # a refused value names its key, as the run configuration spells it
         ("dp-ftrl", {"min-separation": 0}, "min-separation must be >= 1; got 0"),
-        ("fed-dp-pso", {"refine-start": "best"}, "unknown refine-start 'best'; choose one"),
+        (
+            "fed-dp-pso",
+            {"refine-start": "best"},
+            "unknown refine-start 'best' (did you mean 'pbest'?); choose one",
+        ),
     ],
 )
 def test_a_bad_run_configuration_value_is_one_line_naming_its_key(name, config, message):

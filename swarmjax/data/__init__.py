@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from swarmjax._validation import check_folder, did_you_mean
 from swarmjax.data._fetch import FetchError, fetch, staged, verify
 from swarmjax.data._sources import ALIASES, SOURCES, Archive, Pin, Source
 
@@ -60,7 +61,7 @@ def default_data_dir() -> Path:
 def data_dir(given: str | os.PathLike[str] | None = None) -> Path:
     """The data folder: ``given``, else ``$SWARMJAX_DATA``, else :func:`default_data_dir`."""
     if given is not None:
-        return Path(given).expanduser()
+        return check_folder("data_dir", given)  # "" is no folder; nor is a file
     env = os.environ.get(DATA_ENV)
     return Path(env).expanduser() if env else default_data_dir()
 
@@ -83,7 +84,10 @@ def source(name: str) -> Source:
     """
     key = ALIASES.get(name, name)
     if key not in SOURCES:
-        raise FetchError(f"unknown dataset {name!r}; the names are: {', '.join(SOURCES)} (or all)")
+        raise FetchError(
+            f"unknown dataset {name!r}{did_you_mean(name, [*SOURCES, *ALIASES])}; the names "
+            f"are: {', '.join(SOURCES)} (or all)"
+        )
     return SOURCES[key]
 
 

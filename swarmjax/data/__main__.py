@@ -11,6 +11,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from swarmjax._validation import check_folder, choice_hint
 from swarmjax.data import (
     DATA_ENV,
     MIRROR_ENV,
@@ -29,7 +30,7 @@ PROG = "python -m swarmjax.data"
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # one line, no usage block
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+        self.exit(2, f"{self.prog}: error: {choice_hint(message)} (see --help)\n")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -110,7 +111,13 @@ def _verify(root, names: list[str]) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    root = data_dir(args.data_dir)
+    try:  # before any download: "" (the current folder) or a file is no data folder
+        root = data_dir(
+            None if args.data_dir is None else check_folder("--data-dir", args.data_dir)
+        )
+    except ValueError as err:
+        print(f"{PROG}: error: {err}", file=sys.stderr)
+        return 2
     try:
         if args.command == "list":
             return _list(root)

@@ -649,7 +649,7 @@ class FedDPPSO(Algorithm):
                 "epsilon_target must be inf exactly when training.record_dp is None; got "
                 f"{target} with record_dp={self.training.record_dp}"
             )
-        check_positive("learning_rate", float(hyper.learning_rate))
+        check_positive("learning_rate", float(hyper.learning_rate), finite=True)
         pso = hyper.pso.validate()
         eps1 = (
             self.selection_epsilon / selection_releases(self.particles, spec.rounds)

@@ -365,8 +365,8 @@ class FedAvg(Algorithm):
     ) -> FedAvgHyper:
         """``sigma_i`` calibrated per client to ``epsilon_target``
         (:func:`~swarmjax.fl.algorithms.common.record_level_noise`)."""
-        check_positive("learning_rate", float(hyper.learning_rate))
-        check_positive("server_lr", float(hyper.server_lr))
+        check_positive("learning_rate", float(hyper.learning_rate), finite=True)
+        check_positive("server_lr", float(hyper.server_lr), finite=True)
         if self.audit is not None:
             self.check_audit()  # record_dp first: the inf check below would hide it
         if self.audit is not None and (epsilon_target is None or math.isinf(epsilon_target)):

@@ -169,7 +169,7 @@ class LocalOnly(Algorithm):
     def resolve(
         self, hyper: LocalHyper, clients: ClientData, spec: RunSpec, epsilon_target: float | None
     ) -> LocalHyper:
-        check_positive("learning_rate", float(hyper.learning_rate))
+        check_positive("learning_rate", float(hyper.learning_rate), finite=True)
         return super().resolve(hyper, clients, spec, epsilon_target)
 
 

@@ -33,6 +33,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from swarmjax._validation import did_you_mean
 from swarmjax.fl.algorithms.client_level_dp_fedavg import dp_fedavg
 from swarmjax.fl.algorithms.dp_ftrl import dp_ftrl
 from swarmjax.fl.algorithms.fed_dp_pso import FedDPPSO, fed_dp_pso, reading_hyper
@@ -443,7 +444,10 @@ def lookup(name: str, allowed: tuple[str, ...] | None = None) -> Entry:
     default every registered name) for any other."""
     allowed = tuple(REGISTRY) if allowed is None else allowed
     if name not in allowed:
-        raise ValueError(f"unknown algorithm {name!r}; allowed: {', '.join(allowed)}")
+        raise ValueError(
+            f"unknown algorithm {name!r}{did_you_mean(name, allowed)}; allowed: "
+            f"{', '.join(allowed)}"
+        )
     return REGISTRY[name]
 
 

@@ -177,8 +177,8 @@ class FedAvgSettings(Settings):
     cohort: int | None = None
 
     def check(self) -> None:
-        check_positive("learning_rate", self.learning_rate)
-        check_positive("server_lr", self.server_lr)
+        check_positive("learning_rate", self.learning_rate, finite=True)
+        check_positive("server_lr", self.server_lr, finite=True)
         check_choice("server_optimizer", self.server_optimizer, SERVER_OPTIMIZERS)
         _check_optional_int("cohort", self.cohort, 1)
 
@@ -193,7 +193,7 @@ class FedProxSettings(Settings):
     cohort: int | None = None
 
     def check(self) -> None:
-        check_positive("learning_rate", self.learning_rate)
+        check_positive("learning_rate", self.learning_rate, finite=True)
         check_nonnegative("mu", self.mu)
         _check_optional_int("cohort", self.cohort, 1)
 
@@ -222,9 +222,9 @@ class UserDpSettings(Settings):
     noise_multiplier: float | None = 1.0
 
     def check(self) -> None:
-        check_positive("clip", self.clip)
-        check_positive("learning_rate", self.learning_rate)
-        check_positive("server_lr", self.server_lr)
+        check_positive("clip", self.clip, finite=True)
+        check_positive("learning_rate", self.learning_rate, finite=True)
+        check_positive("server_lr", self.server_lr, finite=True)
         given = [n for n in ("epsilon", "noise_multiplier") if getattr(self, n) is not None]
         if len(given) != 1:
             raise ValueError(

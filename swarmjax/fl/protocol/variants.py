@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import PyTree
 
-from swarmjax._validation import check_bool
+from swarmjax._validation import check_bool, check_choice, check_int
 
 if TYPE_CHECKING:
     from swarmjax.fl.protocol.contract import Algorithm
@@ -48,14 +48,18 @@ class RunSpec:
             raise ValueError(f"rounds must be an integer >= 1; got {self.rounds!r}")
         if self.rounds < 1:
             raise ValueError(f"rounds must be an integer >= 1; got {self.rounds!r}")
-        if not (isinstance(self.delta, int | float) and 0.0 < self.delta < 1.0):
-            raise ValueError(f"delta must be in (0, 1); got {self.delta!r}")
+        real = isinstance(self.delta, int | float | np.floating | np.integer)
+        if isinstance(self.delta, bool) or not (real and 0.0 < self.delta < 1.0):
+            raise ValueError(f"delta must be a number in (0, 1); got {self.delta!r}")
         seeds = (self.seeds,) if isinstance(self.seeds, int | np.integer) else self.seeds
-        seeds = tuple(int(s) for s in seeds)
-        if not seeds or min(seeds) < 0:
+        if isinstance(seeds, str | bytes) or not isinstance(seeds, Iterable):
             raise ValueError(f"seeds must be one or more integers >= 0; got {self.seeds!r}")
-        if self.accountant not in ("pld", "rdp"):
-            raise ValueError(f"unknown accountant {self.accountant!r}; choose one of 'pld', 'rdp'")
+        seeds = tuple(check_int("seeds", s, 0) for s in seeds)
+        if not seeds:
+            raise ValueError(f"seeds must be one or more integers >= 0; got {self.seeds!r}")
+        if len(set(seeds)) < len(seeds):  # two runs of one seed: the same run twice
+            raise ValueError(f"seeds has repeated values; give each seed once; got {seeds}")
+        check_choice("accountant", self.accountant, ("pld", "rdp"))
         crn = check_bool("common_random_numbers", self.common_random_numbers)
         object.__setattr__(self, "rounds", int(self.rounds))
         object.__setattr__(self, "delta", float(self.delta))

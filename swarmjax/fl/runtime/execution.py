@@ -26,7 +26,7 @@ from typing import Any, Literal, TypeVar
 
 from jax.sharding import Mesh
 
-from swarmjax._validation import check_bool, check_choice, check_int
+from swarmjax._validation import check_bool, check_choice, check_folder, check_int
 from swarmjax.fl.runtime.callbacks import RoundCallback
 from swarmjax.fl.runtime.mesh import check_mesh_options
 
@@ -115,6 +115,8 @@ class Execution:
                 "checkpoint_dir must be a folder (str or os.PathLike) or None; got "
                 f"{type(folder).__name__}"
             )
+        if folder is not None:  # "" (the current folder) or a file: refused before any work
+            check_folder("checkpoint_dir", folder)
         object.__setattr__(self, "progress", check_bool("progress", self.progress, allow_none=True))
         object.__setattr__(self, "diagnostics", check_bool("diagnostics", self.diagnostics))
         if callable(self.callbacks) or not isinstance(self.callbacks, Sequence):
