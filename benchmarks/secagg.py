@@ -16,9 +16,10 @@ Compared, in one process on one device:
   uploads on public min-separation cohorts (no amplification).
 
 Round time is the median of a run's rounds after its first (which compiles), timed between
-its per-round callbacks; the run has ``2 --rounds`` rounds. Bytes up per client: float32
-words of the model for central DP, ``ceil(d b / 8)`` for a b-bit upload of the rotation's
-``d`` coordinates. Accuracy: the last
+its per-round callbacks; the run has ``2 --rounds`` rounds. Bytes up per client: the run's
+history (``bytes_up`` over the clients it counts): the model's float32 words for central
+DP, ``ceil(d b / 8)`` for a b-bit upload of the rotation's ``d``
+coordinates (packed, as the deployment sends it). Accuracy: the last
 round's model on the full test split. Prints one table and the ratios to central DP;
 ``--write`` writes it to ``benchmarks/RESULTS.md`` with the machine and the date.
 
@@ -28,7 +29,6 @@ Example: ``python -m benchmarks.secagg --rounds 4 --bits 16 20``.
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 from dataclasses import dataclass
 
@@ -42,10 +42,9 @@ from experiments import _cli, shakespeare
 from swarmjax.fl.algorithms import registry
 from swarmjax.fl.client.training import LocalTraining
 from swarmjax.fl.data import ClientStore, partition
-from swarmjax.fl.distributed import Distributed
 from swarmjax.fl.protocol import RunSpec, Variants
 from swarmjax.fl.runtime import Execution, simulate
-from swarmjax.models import Model, evaluate, param_count, simple_cnn
+from swarmjax.models import Model, evaluate, simple_cnn
 
 ROWS, CLIP = 50, 0.4
 
@@ -143,6 +142,14 @@ def _time(name: str, work: Work, args, bits: int | None):
     return float(np.median(np.diff(marks))), res, alg
 
 
+def bytes_up_per_client(res, alg) -> int:
+    """Bytes one client uploads in the first round, as the run's history states them:
+    ``bytes_up`` over the clients the round's exchanges count (``selected_<exchange>``; an
+    expected count where the cohort is a secret sample, hence the rounding)."""
+    h = res.history.iloc[0]
+    return round(h["bytes_up"] / sum(h[f"selected_{ex.name}"] for ex in alg.exchanges))
+
+
 @_cli.entry_point
 def main(argv: list[str] | None = None) -> None:
     p = _bcli.parser("secagg", __doc__, writes="secagg-<date>")
@@ -201,10 +208,7 @@ def main(argv: list[str] | None = None) -> None:
             continue
         params = jax.tree.map(lambda a: a[0], res.server.params)
         _, acc = evaluate(work.model.apply, params, *work.final_test, batch_size=250)
-        n = param_count(params)
-        up = 4 * n
-        if isinstance(alg, Distributed):
-            up = math.ceil(alg.plan.dimension(n) * bits / 8)
+        up = bytes_up_per_client(res, alg)
         rows.append(
             {
                 "algorithm": name,

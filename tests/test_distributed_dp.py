@@ -20,10 +20,11 @@ from swarmjax.fl.data import load_dataset
 from swarmjax.fl.data.clients import stack_clients
 from swarmjax.fl.data.partition import iid_partition
 from swarmjax.fl.private import algorithm_name, private
-from swarmjax.fl.protocol import RunSpec, Variants
-from swarmjax.fl.runtime import Execution, simulate
+from swarmjax.fl.protocol import Exchange, RunSpec, Variants
+from swarmjax.fl.runtime import Execution, simulate, start
 from swarmjax.models import mlp
 from swarmjax.privacy import discrete
+from swarmjax.privacy.bitpack import packed_size
 from swarmjax.privacy.chacha20 import chacha20
 from swarmjax.privacy.distributed import DistributedDP
 from swarmjax.privacy.participation import FixedCohort, MinSeparation, Poisson
@@ -229,7 +230,7 @@ def test_residues_round_trip_and_sum(bits):
 # ------------------------------------------------------------------ the plan end to end
 
 
-MODEL = mlp((16,), 10, (8, 8, 1))  # 234 parameters: d = 256
+MODEL = mlp((16,), 10, (8, 8, 1))  # 64 * 16 + 16 + 16 * 10 + 10 = 1,210 parameters: d
 N, PER_CLIENT, ROUNDS, DELTA = 12, 40, 3, 1e-3
 TRAINING = LocalTraining(epochs=1, batch_size=10)
 SPEC = RunSpec(ROUNDS, DELTA, (0,), accountant="rdp")
@@ -349,6 +350,46 @@ def test_record_is_the_skellam_event_that_calibrated(dp_run):
     z = float(np.asarray(p.noise_multiplier).ravel()[0])
     assert z == pytest.approx(math.sqrt(2 * float(hyper.noise)) / float(hyper.l2_bound))
     assert "secure aggregation" in " ".join(p.covers)
+
+
+def test_the_history_counts_the_packed_upload(digits):
+    """The history's bytes up per client (what :func:`start` hands it) are the packed upload,
+    ``ceil(d b / 8)`` (d = 1,210: at 13 bits 15,730 bits, 1,967 bytes), where FedAvg's stay
+    the float32 model and its weight."""
+    clients, test = digits
+    d = 1210
+    fedavg = start(_inner(), clients, test, Variants.grid(_inner(), clients, SPEC), secret=SECRET)
+    assert fedavg.sizes[0][1] == 4 * d + 4
+    for bits, expect in [(8, 1210), (13, 1967), (20, 3025), (32, 4840)]:
+        alg = private(_inner(), DistributedDP(FixedCohort(6), bits=bits, min_survivors=5))
+        variants = Variants.grid(alg, clients, SPEC, initial_clip=0.5, grid_scale=1.0, noise=0.0)
+        sizes = start(alg, clients, test, variants, secret=SECRET).sizes
+        assert sizes[0][1] == packed_size(d, bits) == math.ceil(d * bits / 8) == expect
+        assert sizes[0][0] == fedavg.sizes[0][0] + 4  # the model and the round index down
+
+
+def test_reply_bits_pack_unsigned_leaves_only():
+    """``Exchange.reply_bits`` packs the unsigned-integer leaves; floats, signed integers and
+    bools keep their full width; a narrower unsigned leaf or bad bits: one line."""
+    words, floats = jax.ShapeDtypeStruct((5,), jnp.uint32), jax.ShapeDtypeStruct((3,), jnp.float32)
+    reply = {"w": words, "f": floats, "i": jnp.zeros((2,), jnp.int32), "b": jnp.zeros((3,), bool)}
+    fns = (None,) * 4
+    assert Exchange("x", *fns).reply_bytes(reply) == 20 + 12 + 8 + 3
+    assert Exchange("x", *fns, reply_bits=12).reply_bytes(reply) == 8 + 12 + 8 + 3
+    with pytest.raises(ValueError, match="reply_bits=12 exceeds its uint8") as err:
+        Exchange("x", *fns, reply_bits=12).reply_bytes(jnp.zeros((4,), jnp.uint8))
+    assert "\n" not in str(err.value)
+    for bad in (0, 33, 8.0):
+        with pytest.raises(ValueError, match="reply_bits"):
+            Exchange("x", *fns, reply_bits=bad)
+
+
+def test_a_run_releases_the_packed_bytes(dp_run):
+    alg, res, _ = dp_run
+    h = res.history
+    per_client = h["bytes_up"] / h[f"selected_{alg.exchanges[0].name}"]
+    assert (per_client == packed_size(1210, 20)).all() and packed_size(1210, 20) == 3025
+    np.testing.assert_array_equal(h["cum_bytes_up"], np.cumsum(h["bytes_up"]))
 
 
 def test_dropouts_beyond_the_threshold_refuse_the_round(digits):

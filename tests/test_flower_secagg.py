@@ -55,6 +55,7 @@ from swarmjax.fl.runtime.flower.loopback import LoopbackGrid
 from swarmjax.fl.runtime.flower.secagg import BUNDLE_BYTES, FAULT_KEY, step_function
 from swarmjax.fl.runtime.flower.server import read_run, serve
 from swarmjax.fl.runtime.flower.task import load_task
+from swarmjax.privacy.bitpack import packed_size
 from tests.reproducible import secret_file
 from tests.test_flower_runtime import assert_same_run, simulated
 
@@ -164,14 +165,15 @@ def test_secure_aggregation_across_processes_gives_the_simulators_run(deployment
     for col in ("advertised", "shared", "uploaded", "unmasked"):
         assert rec[col] == "0 1 2 3 4"
     # bytes per client of each stage (array payloads): 2 public keys up; 4 bundles up; the
-    # model down and d = 610 words of 13 bits up, packed: 992 bytes where the simulator
-    # counts 610 uint32 words; 5 seed shares up
+    # model down and d = 610 words of 13 bits up, packed: 992 bytes, what the simulator's
+    # history counts too (the exchange's reply_bits); 5 seed shares up
     m = run.operator.messages.set_index("exchange")
     up = m.groupby("exchange")["bytes_up"].max()
     sim_up = simulated(cfg).history["bytes_up"].iloc[0] / len(CLIENTS)
     assert up["train/advertise"] == 64
     assert up["train/share"] == 4 * (8 + BUNDLE_BYTES)
-    assert up["train/mask"] == math.ceil(D * BITS / 8) == 992 and sim_up == 4 * D
+    assert up["train/mask"] == packed_size(D, BITS) == math.ceil(D * BITS / 8) == 992
+    assert sim_up == 992
     assert up["train/unmask"] == 5 * (8 + 66)
     assert (m["status"] == "ok").all()
 

@@ -59,7 +59,9 @@ class Distributed(PlanAround):
 
     @property
     def exchanges(self) -> tuple[Exchange, ...]:
-        """The wrapped exchange with the plan's cohort, encoding, secure sum and decoding."""
+        """The wrapped exchange with the plan's cohort, encoding, secure sum and decoding;
+        its upload, ``d`` residues modulo ``2^bits``, goes on the wire packed
+        (``reply_bits``: ``ceil(d bits / 8)`` bytes)."""
         protection = {"upload": Protection("accounted", "client", self.plan.describe())}
         return (
             Exchange(
@@ -70,6 +72,7 @@ class Distributed(PlanAround):
                 self.aggregate,
                 protection,
                 max_selected=self.plan.participation.max_selected,
+                reply_bits=self.plan.bits,
             ),
         )
 

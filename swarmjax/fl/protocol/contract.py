@@ -13,12 +13,17 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import flax.struct
+import jax
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray, PyTree
 
+from swarmjax._validation import check_int
 from swarmjax.fl.data.cohort import fixed_cohort
 from swarmjax.fl.protocol.accounting import Accounting
 from swarmjax.fl.protocol.slots import Slots, slot_sum
+from swarmjax.models import param_bytes
+from swarmjax.privacy.bitpack import packed_size
 
 if TYPE_CHECKING:
     from swarmjax.fl.protocol.variants import RunSpec
@@ -161,6 +166,13 @@ class Exchange:
             (:func:`add_reply`) instead of holding the ``S`` replies. The simulator does
             under one-at-a-time and blocked client maps: no ``(S, ...)`` stack of replies
             (466 MB for 97 slots of a 1.2 M-parameter model), the same bits on a CPU.
+        reply_bits: ``None`` (default): every Reply leaf goes on the wire at its dtype's
+            full width. An integer ``b`` in ``[1, 32]``: each word of an unsigned-integer
+            Reply leaf carries only its low ``b`` bits, packed ``b`` bits a word
+            (:mod:`swarmjax.privacy.bitpack`: ``ceil(k b / 8)`` bytes for ``k`` words, as
+            secure aggregation's residues modulo ``2^b`` travel); leaves of any other dtype
+            (floats, signed integers, bools) still count their full width. The released
+            byte counts (the history's ``bytes_up``) are :meth:`reply_bytes`.
     """
 
     name: str
@@ -174,6 +186,28 @@ class Exchange:
     aggregate_sum: (
         Callable[[ServerState, Reply, Slots, PRNGKeyArray, Hyper], ServerState] | None
     ) = None
+    reply_bits: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.reply_bits is not None:
+            check_int("reply_bits", self.reply_bits, 1, 32)
+
+    def reply_bytes(self, reply: Reply) -> int:
+        """Bytes one client's ``reply`` (arrays or ``jax.ShapeDtypeStruct`` shapes) puts on
+        the wire: each leaf's size times its dtype's width, but ``packed_size(k,
+        reply_bits)`` for an unsigned-integer leaf of ``k`` words when :attr:`reply_bits`
+        is set (one-line ``ValueError`` for such a leaf narrower than ``reply_bits``)."""
+        bits, total = self.reply_bits, 0
+        for a in jax.tree.leaves(reply):
+            if bits is None or not jnp.issubdtype(getattr(a, "dtype", None), np.unsignedinteger):
+                total += param_bytes(a)
+            elif 8 * a.dtype.itemsize < bits:
+                raise ValueError(
+                    f"exchange {self.name!r}: reply_bits={bits} exceeds its {a.dtype} reply leaf"
+                )
+            else:
+                total += packed_size(int(np.prod(a.shape)), bits)
+        return total
 
     def __hash__(self) -> int:
         return hash(
@@ -187,6 +221,7 @@ class Exchange:
                 self.max_selected,
                 self.expected_selected,
                 self.aggregate_sum,
+                self.reply_bits,
             )
         )
 

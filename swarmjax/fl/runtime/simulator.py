@@ -524,7 +524,9 @@ def cohort_memory(
 
 
 def _message_bytes(alg: Algorithm, carry, keys, hypers, clients: PyTree) -> list[tuple[int, int]]:
-    """``(request bytes, reply bytes)`` of each round exchange, from the message dtypes."""
+    """``(request bytes, reply bytes)`` of each round exchange, from the message shapes: the
+    request's dtypes and the reply's bytes on the wire (:meth:`Exchange.reply_bytes`: packed
+    where the exchange declares ``reply_bits``)."""
     first = jax.tree.map(lambda a: a[0], (carry[0], carry[1], keys, hypers))
     server, states, key, hyper = first
     one_state = jax.tree.map(lambda a: a[0], states)
@@ -540,7 +542,7 @@ def _message_bytes(alg: Algorithm, carry, keys, hypers, clients: PyTree) -> list
             key,
             hyper,
         )
-        out.append((param_bytes(req), param_bytes(reply)))
+        out.append((param_bytes(req), ex.reply_bytes(reply)))
     return out
 
 
