@@ -242,7 +242,14 @@ def run_dataset(name, prof: Profile, data_dir, out, store, cells, rounds_rows, l
     lr = lr if prof.lr is None else prof.lr
     parts = {part: _partition(ds, part) for part in prof.partitions}
     sizes = [p.sizes for p in parts.values()]
-    bs = min(prof.batch_size, int(min(s.min() for s in sizes)))
+    smallest = int(min(s.min() for s in sizes))
+    bs = min(prof.batch_size, smallest)
+    if bs < prof.batch_size:  # said, not silent: the runs' batch differs from the setting
+        print(
+            f"{name}: batch size {bs}, not {prof.batch_size}: its smallest client holds "
+            f"{smallest} rows (a batch is at most one client's rows)",
+            flush=True,
+        )
     sequential = prof.client_map == "sequential"
     pad_to = int(max(s.max() for s in sizes)) if sequential else None
     shared = algorithm(prof, model, sizes, bs)  # one program for every partition

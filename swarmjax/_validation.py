@@ -121,8 +121,13 @@ def check_stored(
 
 def check_positive(name: str, value: Any, *, finite: bool = False) -> Any:
     """Check ``value > 0`` elementwise (``inf`` allowed, unless ``finite``: e.g. a learning
-    rate, where ``inf`` would only turn the model into NaN)."""
-    return check_range(name, value, 0.0, math.inf, low_open=True, high_open=finite)
+    rate, where ``inf`` would only turn the model into NaN; a finite value is also checked
+    as the device stores it, :func:`check_stored`: ``1e-320`` is 0 in float32, ``1e39``
+    inf)."""
+    check_range(name, value, 0.0, math.inf, low_open=True, high_open=finite)
+    if finite:
+        check_stored(name, value, 0.0, math.inf, low_open=True, high_open=True)
+    return value
 
 
 def check_nonnegative(name: str, value: Any) -> Any:

@@ -264,3 +264,22 @@ def test_audit_larger_than_fig3s_model_is_refused_before_any_work(tmp_path, caps
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"exceeds pathmnist's model's {params} parameters" in err[0]
     assert not (tmp_path / "o").exists()
+
+
+def test_a_batch_larger_than_a_client_is_said_not_silently_capped(
+    tmp_path, monkeypatch, capsys
+) -> None:
+    """A batch is at most one client's rows: ``--batch-size`` above the smallest client's
+    rows runs at that size, and the run says so before any training (the algorithm's
+    construction replaced by one that stops, so nothing compiles)."""
+
+    def stop(prof, model, sizes, batch_size):
+        raise RuntimeError(f"built with batch {batch_size}")
+
+    monkeypatch.setattr(fed_dp_pso, "algorithm", stop)
+    options = ["--quick", "--rounds", "1", "--epsilons", "5", "--no-fig3"]
+    with pytest.raises(RuntimeError, match="built with batch") as err:
+        fed_dp_pso.main([*options, "--batch-size", "100000", "--out", str(tmp_path)])
+    used = int(str(err.value).rsplit(" ", 1)[1])
+    line = f"digits: batch size {used}, not 100000: its smallest client holds {used} rows"
+    assert line in capsys.readouterr().out

@@ -37,6 +37,17 @@ def test_delta_outside_the_open_interval_is_one_line(bad):
         PrivacyPlan("client", 100, 0.1, 10, bad)
 
 
+def test_a_delta_not_below_one_over_the_units_is_warned_in_one_line(recwarn):
+    PrivacyPlan("client", 100, 0.1, 10, 0.5)
+    PrivacyPlan("record", 20, 0.1, 10, 0.05)  # exactly 1 / 20: still no guarantee
+    PrivacyPlan("client", 100, 0.1, 10, 1e-3)  # below: nothing said
+    texts = [str(w.message) for w in recwarn.list]
+    assert len(texts) == 2 and all("\n" not in t for t in texts)
+    assert texts[0].startswith("delta 0.5 is not below 1/100 (one over the plan's clients)")
+    assert "default_delta gives 1e-05" in texts[0]
+    assert texts[1].startswith("delta 0.05 is not below 1/20 (one over the plan's records)")
+
+
 def test_overflow_is_charged_on_the_worse_neighbour():
     client = PrivacyPlan("client", 100, 0.1, 20, 1e-5, capacity=22)
     record = PrivacyPlan("record", 100, 0.1, 20, 1e-5, capacity=22)

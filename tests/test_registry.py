@@ -80,11 +80,14 @@ def test_a_near_miss_name_suggests_the_nearest():
         ("fedavg", {"learning_rate": math.inf}, r"learning_rate must be in \(0.0, inf\); got inf"),
         ("fedavg", {"server_lr": math.inf}, r"server_lr must be in \(0.0, inf\)"),
         ("dp-fedavg", {"clip": math.inf}, r"clip must be in \(0.0, inf\)"),
+        ("fedavg", {"learning_rate": 1e-320}, r"learning_rate \(as float32\) must be in"),
+        ("fedavg", {"server_lr": 1e39}, r"server_lr \(as float32\) must be in"),
         ("fedavg", {"learning_rate": "0.1"}, r"learning_rate must be numeric; got '0.1'"),
     ],
 )
 def test_an_infinite_rate_or_clip_and_a_number_as_text_are_refused(name, values, message):
-    """inf would only turn the model into NaN (or the noise infinite); text is no number."""
+    """inf would only turn the model into NaN (or the noise infinite), and so would a
+    finite value float32 cannot hold (it stores 0 or inf); text is no number."""
     with pytest.raises(ValueError, match=message):
         registry.settings(name, **values).check()
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 from dataclasses import dataclass
 from typing import Literal
 
@@ -213,6 +214,15 @@ class PrivacyPlan:
         check_range("sample_rate", self.rate, 0.0, 1.0, low_open=True)
         check_int("steps", self.steps, 0)
         check_delta(self.delta)
+        if self.delta * self.population >= 1.0:  # legal, but no guarantee worth stating
+            warnings.warn(
+                f"delta {self.delta:g} is not below 1/{self.population} (one over the plan's "
+                f"{self.unit}s): a mechanism that publishes one {self.unit} in full at random "
+                f"meets it; choose delta well below (default_delta gives "
+                f"{default_delta(self.population):.3g})",
+                UserWarning,
+                stacklevel=3,
+            )
         check_accountant(self.accountant)
         if self.capacity is not None:
             check_int("capacity", self.capacity, 1)
