@@ -133,6 +133,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Bool, Int, PRNGKeyArray, UInt32
 
+from swarmjax._validation import check_int
 from swarmjax.privacy.chacha20 import block
 
 __all__ = [
@@ -238,9 +239,7 @@ def _check_round(rnd: SecAggRound, shape: tuple[int, ...]) -> tuple[int, int]:
             raise ValueError(f"rnd.{name} must have shape ({s},); got {jnp.shape(leaf)}")
     if not jnp.issubdtype(jnp.result_type(rnd.ids), jnp.integer):
         raise ValueError(f"rnd.ids must be integers; got {jnp.result_type(rnd.ids)}")
-    bits = rnd.bits
-    if isinstance(bits, bool) or not isinstance(bits, int) or not 1 <= bits <= 32:
-        raise ValueError(f"bits must be an integer in [1, 32] (uint32 words); got {bits!r}")
+    check_int("bits", rnd.bits, 1, 32)  # uint32 words
     check_threshold(rnd.threshold, s, rnd.colluders)
     if rnd.degree is not None:
         floor = min_degree(s, rnd.threshold, rnd.colluders) or 2
