@@ -11,24 +11,43 @@ clip); accuracy on 1,000 test windows. Both: cohort ``--cohort``, one local epoc
 10, user-level epsilon ``--epsilon`` at delta ``1 / users``, RDP accountant for every run.
 Compared, in one process on one device:
 
-* ``dp-fedavg``: central DP (the server trusted; a secret Poisson cohort, amplified);
+* ``dp-fedavg (secret Poisson)`` (``--central poisson``): central DP (the server trusted,
+  registry ``dp-fedavg``): a secret Poisson cohort of expected size ``--cohort``, amplified
+  by sampling;
+* ``dp-fedavg (public cohort)`` (``--central public``): central DP on the SAME public
+  participation as the distributed runs (registry ``dp-ftrl`` with
+  ``factorization="prefix-sum"``: ``C = I``, independent Gaussian noise each round, DP-SGD's
+  mechanism, on the same min-separation schedule: cohorts of ``--cohort``, each client at
+  most ``k`` times, at least ``b = min(users // cohort, T)`` rounds apart, no
+  amplification). The
+  central plan with ``dp-fedavg``'s own participations cannot take this schedule
+  (``UserLevelDP`` pairs a min-separation schedule with correlated noise only, and
+  ``FixedCohort`` charges every client every round); the prefix-sum factorization is that
+  pairing with ``C = I``, its release equal to the Gaussian mechanism's (docs/dp_ftrl.md).
+  It is the like-for-like baseline: it differs from the distributed runs only in the
+  discretisation (rotation, rounding to a grid, Skellam for Gaussian noise, b-bit modular
+  sums) and the noise of the clients that secure aggregation lets drop;
 * ``dp-fedavg-secagg`` at each of ``--bits``: client-added Skellam shares and masked b-bit
   uploads on public min-separation cohorts (no amplification).
 
-Round time is the median of a run's rounds after its first (which compiles), timed between
-its per-round callbacks; the run has ``2 --rounds`` rounds. Bytes up per client: the run's
-history (``bytes_up`` over the clients it counts): the model's float32 words for central
-DP, ``ceil(d b / 8)`` for a b-bit upload of the rotation's ``d``
-coordinates (packed, as the deployment sends it). Accuracy: the last
-round's model on the full test split. Prints one table and the ratios to central DP;
-``--write`` writes it to ``benchmarks/RESULTS.md`` with the machine and the date.
+Noise: ``noise_multiplier`` is the accounted one as the run's privacy record states it
+(per round for Poisson; of the whole run for the public cohort, whose rounds' noise is
+``sqrt(k)`` times it; a Gaussian of the honest Skellam noise's variance per round for the
+distributed runs); ``noise_std_per_round`` puts every run on one scale: the standard
+deviation of the noise one round adds to the cohort's sum per coordinate, in units of the
+clip (the distributed runs: ``sqrt(2 mu m / h) / (gamma C)``, all ``m`` clients' shares
+though only ``h`` honest survivors' are counted). ``participations``: ``k``, the rounds a
+client takes part in on the public schedule. ``--min-survivors`` sets the distributed runs'
+threshold ``t`` (default ``ceil(0.8 cohort)``; ``--cohort``: no dropout tolerated and every
+share counted, Kairouz et al.'s setting); ``--seed`` the runs' seed.
 
-Example: ``python -m benchmarks.secagg --rounds 4 --bits 16 20``.
+Example: ``python -m benchmarks.secagg --rounds 4 --bits 16 20 --central public``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from dataclasses import dataclass
 
@@ -45,8 +64,16 @@ from swarmjax.fl.data import ClientStore, partition
 from swarmjax.fl.protocol import RunSpec, Variants
 from swarmjax.fl.runtime import Execution, simulate
 from swarmjax.models import Model, evaluate, simple_cnn
+from swarmjax.privacy.distributed import DistributedDP
 
 ROWS, CLIP = 50, 0.4
+
+CENTRAL: dict[str, tuple[str, str, dict[str, str]]] = {
+    "poisson": ("dp-fedavg (secret Poisson)", "dp-fedavg", {}),
+    "public": ("dp-fedavg (public cohort)", "dp-ftrl", {"factorization": "prefix-sum"}),
+}
+"""``--central`` choice -> (row name, registry name, registry options)."""
+DISTRIBUTED = "dp-fedavg-secagg"
 
 
 @dataclass(frozen=True)
@@ -102,9 +129,11 @@ def shakespeare_work(data_dir, users: int) -> Work:
     )
 
 
-def _build(name: str, work: Work, cohort: int, rounds: int, epsilon: float, bits: int | None):
+def _build(
+    name: str, work: Work, cohort: int, rounds: int, epsilon: float, options: dict, seed: int = 0
+):
     users = work.store.num_clients
-    spec = RunSpec(rounds, 1.0 / users, (0,), accountant="rdp")
+    spec = RunSpec(rounds, 1.0 / users, (seed,), accountant="rdp")
     run = registry.CrossDeviceRun(
         work.model,
         users,
@@ -115,17 +144,20 @@ def _build(name: str, work: Work, cohort: int, rounds: int, epsilon: float, bits
         learning_rate=work.learning_rate,
         clip=work.clip,
         eval_batch_size=250,
-        options={} if bits is None else {"bits": bits},
+        options=options,
     )
     alg, grid = registry.cross_device(name, run)
     return alg, grid, spec
 
 
-def _time(name: str, work: Work, args, bits: int | None):
+def _time(name: str, work: Work, args, options: dict):
     """One run of ``2 --rounds`` rounds: the median seconds of its rounds after the first
-    (which compiles), timed between the per-round callbacks; the result; the algorithm."""
+    (which compiles), timed between the per-round callbacks; the result; the algorithm;
+    the variants (their resolved numbers)."""
     store, test = work.store, work.round_test
-    alg, grid, spec = _build(name, work, args.cohort, 2 * args.rounds, args.epsilon, bits)
+    alg, grid, spec = _build(
+        name, work, args.cohort, 2 * args.rounds, args.epsilon, options, args.seed
+    )
     variants = Variants.grid(alg, store, spec, **grid)
     marks = []
     res = simulate(
@@ -139,7 +171,70 @@ def _time(name: str, work: Work, args, bits: int | None):
             callbacks=(lambda *_: marks.append(time.perf_counter()),),
         ),
     )
-    return float(np.median(np.diff(marks))), res, alg
+    return float(np.median(np.diff(marks))), res, alg, variants
+
+
+def noise_std_per_round(alg, variants, multiplier: float) -> float:
+    """Std of the noise one round adds to the cohort's sum (per coordinate), in units of
+    the clip: ``z`` for i.i.d. Gaussian noise, ``z sens`` for a whole-run multiplier on a
+    min-separation schedule (``sens = sqrt(k)`` for the prefix-sum factorization), and
+    ``sqrt(2 mu m / h) / (gamma C)`` for the distributed plan (every client's Skellam share
+    of ``mu / h``, ``gamma C`` grid steps per clip)."""
+    hyper, plan = variants.hyper.plan, alg.plan
+    if isinstance(plan, DistributedDP):
+        mu, gamma, clip = (
+            float(np.ravel(a)[0]) for a in (hyper.noise, hyper.grid_scale, hyper.initial_clip)
+        )
+        return math.sqrt(2.0 * mu * plan.cohort / plan.honest) / (gamma * clip)
+    strategy = hyper.strategy
+    return multiplier * (1.0 if strategy is None else float(np.ravel(strategy.sensitivity)[0]))
+
+
+def participations(alg) -> int | None:
+    """``k``, the rounds one client takes part in on a public schedule (``None``: a
+    secret Poisson cohort)."""
+    return getattr(alg.plan.participation, "max_participations", None)
+
+
+def against_central(rows: list[dict]) -> list[dict]:
+    """Each distributed row against each central row (rows that ran): the accuracy
+    difference in points, the round time and the bytes up as ratios."""
+    central = [r for r in rows if r["bits"] is None]
+    return [
+        {
+            "bits": d["bits"],
+            "against": c["algorithm"],
+            "accuracy_points": 100.0 * (d["test_accuracy"] - c["test_accuracy"]),
+            "s_per_round_ratio": d["s_per_round"] / c["s_per_round"],
+            "bytes_up_ratio": d["bytes_up_per_client"] / c["bytes_up_per_client"],
+        }
+        for d in rows
+        if d["bits"] is not None
+        for c in central
+    ]
+
+
+def tables(rows: list[dict]) -> str:
+    """The rows that ran as one markdown table (counts as integers, ``-`` where none
+    applies), the table :func:`against_central` of them, and a line for each refused
+    run."""
+    ran = [r for r in rows if "refused" not in r]
+    text = []
+    if ran:
+        shown = [
+            {k: "-" if v is None else f"{v:,}" if isinstance(v, int) else v for k, v in r.items()}
+            for r in ran
+        ]
+        text.append(pd.DataFrame(shown).to_markdown(index=False, floatfmt=".4g"))
+    ratios = against_central(ran)
+    if ratios:
+        text.append(pd.DataFrame(ratios).to_markdown(index=False, floatfmt=".4g"))
+    text += [
+        f"{r['algorithm']} at {r['bits']} bits: refused: {r['refused']}"
+        for r in rows
+        if "refused" in r
+    ]
+    return "\n\n".join(text)
 
 
 def bytes_up_per_client(res, alg) -> int:
@@ -188,54 +283,87 @@ def main(argv: list[str] | None = None) -> None:
         default=[16, 20],
         help="bits per uploaded coordinate, 8..32, one run each (default 16 20)",
     )
+    p.add_argument(
+        "--central",
+        choices=tuple(CENTRAL),
+        nargs="+",
+        default=list(CENTRAL),
+        help="central DP-FedAvg baselines: poisson (a secret Poisson cohort, amplified) and "
+        "public (the distributed runs' public min-separation cohorts, no amplification); "
+        "default both",
+    )
+    p.add_argument(
+        "--seed",
+        type=_cli.count("--seed", 0),
+        default=0,
+        help="the runs' seed (training, cohorts drawn, noise; the data split and the public "
+        "schedule keep seed 0); a seed other than 0 is written to its own section (0)",
+    )
+    p.add_argument(
+        "--min-survivors",
+        type=_cli.count("--min-survivors"),
+        help="the distributed runs' secure-aggregation threshold t: noise is counted from t "
+        "honest survivors, every client adds a share of it (default: the plan's ceil(0.8 "
+        "cohort); --cohort: no dropout tolerated, every share counted)",
+    )
     args = p.parse_args(argv)
     if args.cohort > args.users:
         raise _cli.UserError(f"--cohort {args.cohort} must be <= --users {args.users}")
     if max(args.bits) > 32:
         raise _cli.UserError(f"--bits {max(args.bits)}: at most 32 (uint32 words)")
+    if args.min_survivors is not None and args.min_survivors > args.cohort:
+        raise _cli.UserError(
+            f"--min-survivors {args.min_survivors} must be <= --cohort {args.cohort}"
+        )
+    survivors = {} if args.min_survivors is None else {"min_survivors": args.min_survivors}
     data_dir = _cli.data_dir(args.data_dir)
     if args.work == "mnist":
         work = mnist_work(data_dir, _cli.data_source(args), args.users)
     else:
         work = shakespeare_work(data_dir, args.users)
+    runs = [CENTRAL[c] for c in dict.fromkeys(args.central)]
+    runs += [(DISTRIBUTED, DISTRIBUTED, {"bits": b, **survivors}) for b in args.bits]
     rows = []
-    for name, bits in [("dp-fedavg", None), *[("dp-fedavg-secagg", b) for b in args.bits]]:
+    for label, name, options in runs:
+        bits = options.get("bits")
         try:
-            seconds, res, alg = _time(name, work, args, bits)
+            seconds, res, alg, variants = _time(name, work, args, options)
         except ValueError as err:  # bits too few for the target: the library's one line
-            rows.append({"algorithm": name, "bits": bits, "refused": str(err)})
-            print(f"{name} bits={bits}: refused: {err}")
+            rows.append({"algorithm": label, "bits": bits, "refused": str(err)})
+            print(f"{label} bits={bits}: refused: {err}")
             continue
         params = jax.tree.map(lambda a: a[0], res.server.params)
         _, acc = evaluate(work.model.apply, params, *work.final_test, batch_size=250)
-        up = bytes_up_per_client(res, alg)
+        z = float(np.ravel(res.privacy.noise_multiplier)[0])
         rows.append(
             {
-                "algorithm": name,
+                "algorithm": label,
                 "bits": bits,
                 "s_per_round": seconds,
-                "bytes_up_per_client": up,
+                "bytes_up_per_client": bytes_up_per_client(res, alg),
                 "test_accuracy": float(acc),
                 "epsilon": float(np.max(res.privacy.final_epsilon)),
-                "noise_multiplier": float(np.ravel(res.privacy.noise_multiplier)[0]),
+                "participations": participations(alg),
+                "noise_multiplier": z,
+                "noise_std_per_round": noise_std_per_round(alg, variants, z),
             }
         )
         print(rows[-1])
-    table = pd.DataFrame(rows)
-    base = table.iloc[0]
-    for col in ("s_per_round", "bytes_up_per_client"):
-        if col in table:
-            table[f"{col}_vs_central"] = table[col] / base[col]
-    text = table.to_markdown(index=False, floatfmt=".4g")
+    text = tables(rows)
     print(text)
     if args.write:
-        head = (
-            f"`python -m benchmarks.secagg --work {args.work} --users {args.users} "
-            f"--cohort {args.cohort} "
-            f"--rounds {args.rounds} --epsilon {args.epsilon} --bits "
-            f"{' '.join(map(str, args.bits))}` on {machine()}"
+        command = (
+            f"python -m benchmarks.secagg --work {args.work} --users {args.users} "
+            f"--cohort {args.cohort} --rounds {args.rounds} --epsilon {args.epsilon} "
+            f"--bits {' '.join(map(str, args.bits))} --central {' '.join(args.central)} "
+            f"--seed {args.seed}"
         )
+        if args.min_survivors is not None:
+            command += f" --min-survivors {args.min_survivors}"
+        head = f"`{command}` on {machine()}"
         name = "secagg-" + ("" if args.work == "mnist" else "shakespeare-")
+        name += f"eps{args.epsilon:g}-" + (f"seed{args.seed}-" if args.seed else "")
+        name += "" if args.min_survivors is None else f"survivors{args.min_survivors}-"
         write_section(name + time.strftime("%Y%m%d"), head + "\n\n" + text)
 
 

@@ -328,6 +328,9 @@ def test_given_tracks_the_command_line_not_the_defaults():
         (secagg.main, ["--record"], "unrecognized"),  # --write, as every benchmark
         (secagg.main, ["--work", "cifar"], "--work: invalid choice"),
         (secagg.main, ["--users", "1300"], "--users 1300 x 50 rows exceed MNIST's 60,000"),
+        (secagg.main, ["--central", "none"], "--central: invalid choice"),
+        (secagg.main, ["--seed", "-1"], "--seed: must be >= 0"),
+        (secagg.main, ["--min-survivors", "11", "--cohort", "10"], "--min-survivors 11 must be"),
         (scaling.main, ["--devices", "2", "4"], "--devices 2 4: must start at 1"),
         (scaling.main, ["--devices", "1", "0"], "--devices"),
         (scaling.main, ["--per-device", "700"], "exceeds the vs_pfl work's 1200 users"),

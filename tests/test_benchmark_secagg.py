@@ -1,0 +1,86 @@
+"""benchmarks.secagg end to end at a tiny size (a 1,210-parameter MLP on random 8x8 images
+in place of MNIST's simple_cnn): both central baselines, the secret Poisson cohort and the
+distributed runs' public cohort, beside one distributed run; the rows it prints, the noise
+on one scale and the table against each baseline. Its refusals are in
+tests/test_bad_input.py."""
+
+from __future__ import annotations
+
+import ast
+import math
+
+import numpy as np
+import pytest
+
+from benchmarks import secagg
+from swarmjax.fl.data import ClientStore
+from swarmjax.models import mlp
+
+USERS, COHORT = 20, 5
+
+
+def _tiny_work(data_dir, source, users):
+    del data_dir, source
+    rng = np.random.default_rng(0)
+    x, y = rng.random((10 * users, 8, 8, 1), np.float32), rng.integers(0, 10, 10 * users)
+    store = ClientStore.build(x, y, np.array_split(np.arange(10 * users), users))
+    test = (x[:100], y[:100])
+    return secagg.Work("mnist", mlp((16,), 10, (8, 8, 1)), store, test, test, 0.1, 0.4)
+
+
+@pytest.fixture
+def tiny(monkeypatch):
+    monkeypatch.setattr(secagg, "mnist_work", _tiny_work)
+
+
+def _rows(out: str) -> dict[str, dict]:
+    rows = [ast.literal_eval(line) for line in out.splitlines() if line.startswith("{")]
+    return {(r["algorithm"], r["bits"]): r for r in rows}
+
+
+def test_the_public_baseline_takes_the_distributed_runs_schedule(tiny):
+    work = _tiny_work(None, None, USERS)
+    public, distributed = (
+        secagg._build(name, work, COHORT, 8, 8.0, options)[0]
+        for _, name, options in (secagg.CENTRAL["public"], (0, secagg.DISTRIBUTED, {"bits": 16}))
+    )
+    assert public.plan.participation == distributed.plan.participation  # b, k, kind, seed
+    assert public.plan.participation.min_separation == USERS // COHORT
+    assert public.plan.participation.max_participations == 2  # 8 rounds, b = 4
+    assert public.plan.noise.factorization == "prefix-sum"  # C = I: independent noise
+    poisson = secagg._build("dp-fedavg", work, COHORT, 8, 8.0, {})[0]
+    assert secagg.participations(poisson) is None
+
+
+def test_secagg_prints_both_baselines_and_each_distributed_row_against_them(tiny, capsys, tmp_path):
+    argv = ["--users", str(USERS), "--cohort", str(COHORT), "--rounds", "1", "--bits", "16"]
+    secagg.main([*argv, "--data-dir", str(tmp_path)])
+    out = capsys.readouterr().out
+    rows = _rows(out)
+    poisson = rows[("dp-fedavg (secret Poisson)", None)]
+    public = rows[("dp-fedavg (public cohort)", None)]
+    dist = rows[("dp-fedavg-secagg", 16)]
+    for r in (poisson, public, dist):
+        assert r["epsilon"] == pytest.approx(8.0, abs=0.05)
+        assert 0.0 <= r["test_accuracy"] <= 1.0
+    assert poisson["participations"] is None
+    assert public["participations"] == dist["participations"] == 1  # 2 rounds, b = 2
+    # one participation: the public cohort's whole-run multiplier is its per-round one
+    assert public["noise_std_per_round"] == pytest.approx(public["noise_multiplier"])
+    # same participation, same budget: the Skellam event costs what the Gaussian does
+    assert dist["noise_multiplier"] == pytest.approx(public["noise_multiplier"], rel=0.1)
+    # every client's share is added, only h = ceil(0.8 m) = 4 of 5 honest ones are counted
+    assert dist["noise_std_per_round"] >= dist["noise_multiplier"] * math.sqrt(5 / 4) * 0.999
+    assert dist["bytes_up_per_client"] / public["bytes_up_per_client"] == pytest.approx(0.5, 1e-3)
+    for name in ("dp-fedavg (secret Poisson)", "dp-fedavg (public cohort)"):
+        assert f"|     16 | {name}" in out  # the table against each baseline
+    gap = 100 * (dist["test_accuracy"] - public["test_accuracy"])
+    assert f"{gap:.4g}" in out
+
+
+def test_secagg_runs_one_baseline_when_asked(tiny, capsys, tmp_path):
+    argv = ["--users", str(USERS), "--cohort", str(COHORT), "--rounds", "1", "--bits", "16"]
+    secagg.main([*argv, "--central", "public", "--data-dir", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert set(_rows(out)) == {("dp-fedavg (public cohort)", None), ("dp-fedavg-secagg", 16)}
+    assert "secret Poisson" not in out
