@@ -178,6 +178,17 @@ CLEAR_CACHES_AT_MAPS = 20_000
 CLEAR_CACHES_AT_RSS = 6 * 2**30
 
 
+@pytest.fixture(autouse=True)
+def _data_env_restored(monkeypatch: pytest.MonkeyPatch):
+    """An experiment's ``--data-dir`` is exported as ``$SWARMJAX_DATA`` (for the processes it
+    starts): restored after each test, so a test's temporary folder never becomes the next
+    test's data folder on the same worker."""
+    if (value := os.environ.get("SWARMJAX_DATA")) is not None:
+        monkeypatch.setenv("SWARMJAX_DATA", value)
+    else:
+        monkeypatch.delenv("SWARMJAX_DATA", raising=False)
+
+
 @pytest.fixture(autouse=True, scope="module")
 def _free_compiled_programs(request: pytest.FixtureRequest):
     """After a test module, drop JAX's compiled programs when the process holds many, or when
