@@ -112,9 +112,8 @@ def _verify(root, names: list[str]) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:  # before any download: "" (the current folder) or a file is no data folder
-        root = data_dir(
-            None if args.data_dir is None else check_folder("--data-dir", args.data_dir)
-        )
+        given = args.data_dir
+        root = data_dir() if given is None else check_folder("--data-dir", given)
     except ValueError as err:
         print(f"{PROG}: error: {err}", file=sys.stderr)
         return 2
