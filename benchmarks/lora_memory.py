@@ -186,12 +186,15 @@ def main(argv: list[str] | None = None) -> None:
     except ValueError as err:
         raise _cli.UserError(f"--d-model {args.d_model}, --heads {args.heads}: {err}") from None
     try:
-        for rank in (4, 16):  # the ranks timed
+        lora.adapter_layers(config, args.layers_adapted)
+    except ValueError as err:
+        raise _cli.UserError(f"--layers-adapted: {err}") from None
+    try:
+        for rank in (4, 16):  # the ranks timed; the names are checked above
             lora.check_lora(config, rank, args.layers_adapted)
     except ValueError as err:
-        option = "--d-model or --mlp (ranks 4 and 16 are timed)" if "rank" in str(err) else ""
         raise _cli.UserError(
-            f"--layers-adapted: {err}{'; raise ' + option if option else ''}"
+            f"--layers-adapted: {err}; raise --d-model or --mlp (ranks 4 and 16 are timed)"
         ) from None
     base = jax.tree.map(np.asarray, lora.full_transformer(config).init(jax.random.key(0)))
     store, test = federation(config, args.clients, args.windows)

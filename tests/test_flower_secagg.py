@@ -3,12 +3,16 @@ SuperNodes on 127.0.0.1 (:class:`LocalDeployment`), distributed-DP FedAvg on a t
 cohort 5, ``min_survivors`` 3 (``2 t > m``: the fewest Bonawitz et al. allow), 13-bit
 residues (``d b = 7,930`` bits: the packed upload's last byte has 6 padding bits).
 
-* Without faults the deployment gives the simulator's run: the unmasked sum of residues
-  is bit for bit the sum of the simulator's clients' encoded uploads (SHA-256 in the
-  operator's ``secagg.csv``); the model agrees to 1e-6 (measured: 3e-8): the decode is
-  one function, but the simulator runs it inside its vmapped round and the ServerApp
-  alone, and XLA may order the float32 DCT's sums differently.
-* Faults injected per round (the test-only ``secagg-fault-injection`` run configuration
+One run of 5 rounds on the deployment (one ``flwr run``: one ServerApp and one join):
+
+* Round 1 runs without faults and gives the simulator's run: the unmasked sum of
+  residues is bit for bit the sum of the simulator's clients' encoded uploads (SHA-256 in
+  the operator's ``secagg.csv``); its metrics and bytes, and every round's epsilon, are
+  the simulator's; the final model is the unmasked replay's to 1e-6 (measured: 3e-8), and
+  that replay with every client counted is the simulator's model (checked in process):
+  the decode is one function, but the simulator runs it inside its vmapped round and the
+  ServerApp alone, and XLA may order the float32 DCT's sums differently.
+* Rounds 2-5 inject faults (the test-only ``secagg-fault-injection`` run configuration
   key), two to a released round (5 - 2 = 3 = t): a client dropping before its upload (its
   masks removed through its reconstructed mask key) or after it (its self mask removed
   through its reconstructed seed; its input counts), and garbage packed uploads (padding
@@ -16,17 +20,17 @@ residues (``d b = 7,930`` bits: the packed upload's last byte has 6 padding bits
   decode to the sum of the clients whose upload was accepted, checked against that sum
   computed without any masks; two rounds beyond the threshold (too few valid uploads; too
   few answers to Unmasking) are refused: nothing unmasked, the model kept,
-  ``refused_rounds`` counts them, and the epsilon still charges them. Four rounds: fewer
-  cannot hold it (the two refusals need a round each; each released round holds at most
-  two faults, and a drop before, a drop after and a garbage upload must each happen in a
-  released round).
+  ``refused_rounds`` counts them, and the epsilon still charges them. Four fault rounds:
+  fewer cannot hold it (the two refusals need a round each; each released round holds at
+  most two faults, and a drop before, a drop after and a garbage upload must each happen
+  in a released round).
 
 What the server cannot detect: a client that uploads in-range words of its own choosing
 (a poisoned but well-formed input); ``tests/test_secagg.py`` shows such a client shifts the
 sum by exactly what it chose. Every process is stopped even when a test fails.
 
-Runtimes on the shared 2-core CPU: see docs/testing.md (the first test's nodes compile while
-they join; the bad settings run in process, no deployment).
+Runtimes on the shared 2-core CPU: see docs/testing.md (the nodes compile while they join;
+the bad settings run in process, no deployment).
 """
 
 import hashlib
@@ -57,7 +61,7 @@ from swarmjax.fl.runtime.flower.server import read_run, serve
 from swarmjax.fl.runtime.flower.task import load_task
 from swarmjax.privacy.bitpack import packed_size
 from tests.reproducible import secret_file
-from tests.test_flower_runtime import assert_same_run, simulated
+from tests.test_flower_runtime import simulated
 
 pytestmark = pytest.mark.slow
 
@@ -155,84 +159,98 @@ def _replay(cfg: dict, rounds: list[tuple[set[int], set[int], bool]]):
     return digests, server
 
 
-def test_secure_aggregation_across_processes_gives_the_simulators_run(deployment, app, tmp_path):
-    cfg = config()
-    run = _deploy(deployment, app, cfg, tmp_path / "clean")
-    assert_same_run(run, simulated(cfg), atol=1e-6)
-    digests, _ = _replay(cfg, [(set(CLIENTS), set(CLIENTS), True)])
-    rec = run.operator.secagg.iloc[0]
-    assert rec["outcome"] == "released" and rec["sum_sha256"] == digests[0]
-    for col in ("advertised", "shared", "uploaded", "unmasked"):
-        assert rec[col] == "0 1 2 3 4"
-    # bytes per client of each stage (array payloads): 2 public keys up; 4 bundles up; the
-    # model down and d = 610 words of 13 bits up, packed: 992 bytes, what the simulator's
-    # history counts too (the exchange's reply_bits); 5 seed shares up
-    m = run.operator.messages.set_index("exchange")
-    up = m.groupby("exchange")["bytes_up"].max()
-    sim_up = simulated(cfg).history["bytes_up"].iloc[0] / len(CLIENTS)
-    assert up["train/advertise"] == 64
-    assert up["train/share"] == 4 * (8 + BUNDLE_BYTES)
-    assert up["train/mask"] == packed_size(D, BITS) == math.ceil(D * BITS / 8) == 992
-    assert sim_up == 992
-    assert up["train/unmask"] == 5 * (8 + 66)
-    assert (m["status"] == "ok").all()
-
-
 FAULTS = ",".join(
-    [
-        "1:drop-before-upload@1",  # round 1: its masks removed via its mask key
-        "3:garbage-range@1",  # and padding bits set: left out; 3 = t uploads remain
-        "2:drop-after-upload@2",  # round 2: its input counts, its seed reconstructed
-        "0:garbage-length@2",  # and one byte too many: left out; 3 = t answer Unmasking
-        "1:garbage-dtype@3",  # round 3: three uploads bad or missing, 2 < 3 left: refused
-        "3:drop-before-upload@3",
-        "4:garbage-range@3",
-        "0:drop-after-upload@4",  # round 4: 2 < 3 answer Unmasking: refused
-        "1:drop-after-upload@4",
-        "2:drop-after-upload@4",
+    [  # round 1 runs without a fault
+        "1:drop-before-upload@2",  # round 2: its masks removed via its mask key
+        "3:garbage-range@2",  # and padding bits set: left out; 3 = t uploads remain
+        "2:drop-after-upload@3",  # round 3: its input counts, its seed reconstructed
+        "0:garbage-length@3",  # and one byte too many: left out; 3 = t answer Unmasking
+        "1:garbage-dtype@4",  # round 4: three uploads bad or missing, 2 < 3 left: refused
+        "3:drop-before-upload@4",
+        "4:garbage-range@4",
+        "0:drop-after-upload@5",  # round 5: 2 < 3 answer Unmasking: refused
+        "1:drop-after-upload@5",
+        "2:drop-after-upload@5",
     ]
 )
 
 
-def test_dropouts_and_garbage_within_the_threshold_decode_and_beyond_are_refused(
+def test_the_replay_without_masks_is_the_simulators_run():
+    """The reference the deployment is checked against below: with every client counted,
+    the unmasked replay's model is the simulator's (so a deployment equal to the replay is
+    equal to the simulator)."""
+    cfg = config(rounds=5)
+    _, server = _replay(cfg, [(set(CLIENTS), set(CLIENTS), True)] * 5)
+    for x, y in zip(jax.tree.leaves(server), jax.tree.leaves(simulated(cfg).server), strict=True):
+        np.testing.assert_allclose(np.asarray(y)[0], np.asarray(x), rtol=0, atol=1e-6)
+
+
+def test_across_processes_a_clean_round_is_the_simulators_and_faults_decode_or_are_refused(
     deployment, app, tmp_path
 ):
-    cfg = config(rounds=4)
+    """One deployment run of 5 rounds: round 1 without faults (the simulator's numbers,
+    every client in every stage, the bytes of each stage), then the four fault rounds."""
+    cfg = config(rounds=5)
     run = _deploy(deployment, app, {**cfg, FAULT_KEY: FAULTS}, tmp_path / "faults")
     everyone = set(CLIENTS)
     digests, server = _replay(
         cfg,
         [  # (computed an update, upload counted, released)
+            (everyone, everyone, True),
             ({0, 2, 3, 4}, {0, 2, 4}, True),
             (everyone, {1, 2, 3, 4}, True),
             ({0, 1, 2, 4}, {0, 2}, False),
             (everyone, everyone, False),
         ],
     )
+    # round 1: the simulator's numbers; every round charges the simulator's epsilon
+    sim = simulated(cfg)
+    h, first = run.history, run.history.iloc[:1]
+    assert list(h.columns) == list(sim.history.columns)
+    for col in ("test_accuracy", "test_loss"):
+        np.testing.assert_allclose(first[col], sim.history[col].iloc[:1], rtol=0, atol=1e-6)
+    np.testing.assert_allclose(h["epsilon_max"], sim.history["epsilon_max"], rtol=0, atol=1e-6)
+    np.testing.assert_allclose(run.privacy.epsilon, sim.privacy.epsilon)
+    assert run.privacy.covers == sim.privacy.covers
+    assert run.privacy.not_covered == sim.privacy.not_covered
     rec = run.operator.secagg
-    assert list(rec["uploaded"]) == ["0 2 4", "1 2 3 4", "0 2", "0 1 2 3 4"]
-    assert list(rec["unmasked"]) == ["0 2 4", "1 3 4", "", "3 4"]
+    for col in ("advertised", "shared"):
+        assert rec[col].iloc[0] == "0 1 2 3 4"
+    assert list(rec["uploaded"]) == ["0 1 2 3 4", "0 2 4", "1 2 3 4", "0 2", "0 1 2 3 4"]
+    assert list(rec["unmasked"]) == ["0 1 2 3 4", "0 2 4", "1 3 4", "", "3 4"]
     assert list(rec["sum_sha256"]) == digests  # the unmasked sums, bit for bit
-    assert list(rec["outcome"][:2]) == ["released"] * 2
-    assert rec["outcome"][2].startswith("refused: 2 valid masked inputs")
-    assert rec["outcome"][3].startswith("refused: 2 clients answered Unmasking")
+    assert list(rec["outcome"][:3]) == ["released"] * 3
+    assert rec["outcome"][3].startswith("refused: 2 valid masked inputs")
+    assert rec["outcome"][4].startswith("refused: 2 clients answered Unmasking")
     for x, y in zip(jax.tree.leaves(run.server), jax.tree.leaves(server), strict=True):
         np.testing.assert_allclose(np.asarray(x)[0], np.asarray(y), rtol=0, atol=1e-6)
-    status = run.operator.messages.set_index(["round", "exchange", "client"])["status"]
+    # bytes per client of each stage in round 1 (array payloads): 2 public keys up; 4
+    # bundles up; the model down and d = 610 words of 13 bits up, packed: 992 bytes, what
+    # the simulator's history counts too (the exchange's reply_bits); 5 seed shares up
+    messages = run.operator.messages
+    m = messages[messages["round"] == 1]
+    up = m.groupby("exchange")["bytes_up"].max()
+    assert up["train/advertise"] == 64
+    assert up["train/share"] == 4 * (8 + BUNDLE_BYTES)
+    assert up["train/mask"] == packed_size(D, BITS) == math.ceil(D * BITS / 8) == 992
+    assert sim.history["bytes_up"].iloc[0] / len(CLIENTS) == 992
+    assert up["train/unmask"] == 5 * (8 + 66)
+    assert (m["status"] == "ok").all()
+    # the faults, each detected where it happened
+    status = messages.set_index(["round", "exchange", "client"])["status"]
     padding = "rejected: packed words have padding bits set (after bit 7930)"
-    assert "drops before uploading" in status[(1, "train/mask", 1)]
-    assert status[(1, "train/mask", 3)] == status[(3, "train/mask", 4)] == padding
-    assert "drops after uploading" in status[(2, "train/unmask", 2)]
+    assert "drops before uploading" in status[(2, "train/mask", 1)]
+    assert status[(2, "train/mask", 3)] == status[(4, "train/mask", 4)] == padding
+    assert "drops after uploading" in status[(3, "train/unmask", 2)]
     assert (
-        "'packed' has shape (993,) and dtype uint8; expected (992,)" in status[(2, "train/mask", 0)]
+        "'packed' has shape (993,) and dtype uint8; expected (992,)" in status[(3, "train/mask", 0)]
     )
-    assert "'packed' has shape (992,) and dtype int8; expected" in status[(3, "train/mask", 1)]
-    assert "drops before uploading" in status[(3, "train/mask", 3)]
-    assert all("drops after uploading" in status[(4, "train/unmask", c)] for c in (0, 1, 2))
+    assert "'packed' has shape (992,) and dtype int8; expected" in status[(4, "train/mask", 1)]
+    assert "drops before uploading" in status[(4, "train/mask", 3)]
+    assert all("drops after uploading" in status[(5, "train/unmask", c)] for c in (0, 1, 2))
     # the released record: refused rounds counted, the model kept, the epsilon charged
-    h = run.history
-    assert list(h["refused_rounds"]) == [0, 0, 1, 2]
-    assert h["test_accuracy"].iloc[2] == h["test_accuracy"].iloc[3] == h["test_accuracy"].iloc[1]
+    assert list(h["refused_rounds"]) == [0, 0, 0, 1, 2]
+    assert h["test_accuracy"].iloc[3] == h["test_accuracy"].iloc[4] == h["test_accuracy"].iloc[2]
     assert (np.diff(h["epsilon_max"]) > 0).all()
 
 
