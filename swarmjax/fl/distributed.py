@@ -33,7 +33,6 @@ from swarmjax.fl.protocol import (
     Protection,
     RunSpec,
     Slots,
-    Spend,
     Update,
 )
 from swarmjax.privacy.distributed import DistributedDP
@@ -195,19 +194,6 @@ class DistributedUserLevel(UserLevel):
     """
 
     plan: DistributedDP
-
-    def spend(self, server: PrivateServer, client_state: Any) -> Spend:
-        """Participations so far (``q = 1``: a public cohort); ``sigma`` is the Gaussian
-        multiplier of equal variance, ``sqrt(2 mu) / Delta_2``, shown in the record; the
-        accounted event is the plan's Skellam event (:meth:`step_event`)."""
-        del client_state
-        steps = self.plan.accounted_steps(server.plan)
-        return Spend(
-            sample_rate=jnp.ones((), jnp.float32),
-            noise_multiplier=server.plan.noise_multiplier,
-            steps=steps,
-            extra_epsilon=jnp.zeros((), jnp.float32),
-        )
 
     def step_event(self, hyper: PrivateHyper) -> Callable[[float, float, int], Any]:
         """``(q, sigma, steps) ->`` ``steps`` participations of the plan's Skellam event of

@@ -29,7 +29,6 @@ from typing import Any, ClassVar
 
 import flax.struct
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Bool, Int, PRNGKeyArray, PyTree
 
@@ -40,7 +39,6 @@ from swarmjax.fl.protocol import (
     Protection,
     RunSpec,
     Slots,
-    Spend,
     SummedAggregate,
     Update,
     privacy_unit,
@@ -270,8 +268,9 @@ class Private(SummedAggregate, PlanAround):
 
 @dataclass(frozen=True)
 class UserLevel(Accounting):
-    """What the accountings of user-level plans share: the unit is the client and the
-    plan states what its released floats reveal.
+    """What the accountings of user-level plans share: the unit is the client, the server
+    counts the plan's steps, the plan gives its rates and states what its released floats
+    reveal.
 
     Attributes:
         plan: the user-level plan (central or distributed).
@@ -284,11 +283,29 @@ class UserLevel(Accounting):
     def floating_point(self) -> str:
         return self.plan.floating_point()
 
+    def steps(self, server: PrivateServer, client_state: Any) -> Int[Array, ""]:
+        """The plan's accounted steps (server side), the same for every client."""
+        del client_state
+        return self.plan.accounted_steps(server.plan)
+
+    def rates(
+        self,
+        hyper: PrivateHyper,
+        rounds: int,
+        num_clients: int,
+        sizes: np.ndarray | None = None,
+        padded: int | None = None,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:
+        """The plan's ``(q, z)`` of every client and its overflow charge, from the runs'
+        plan hyper values (``rates`` of the plan); no other release."""
+        del rounds, sizes, padded
+        return (*self.plan.rates(hyper.plan, num_clients), None)
+
 
 @dataclass(frozen=True)
 class CentralUserLevel(UserLevel):
-    """The accounting of a central user-level plan (:class:`Private`): every client's spend
-    is the plan's accounted ``(q, z, steps)``, the Poisson draw of clients is charged its
+    """The accounting of a central user-level plan (:class:`Private`): every client is
+    accounted by the plan's ``(q, z, steps)``, the Poisson draw of clients is charged its
     overflow, and client-level canaries take part by the plan's participation rule.
 
     Attributes:
@@ -299,29 +316,6 @@ class CentralUserLevel(UserLevel):
 
     plan: UserLevelDP
     broadcast: Callable[[Any], Any]
-
-    def spend(self, server: PrivateServer, client_state: Any) -> Spend:
-        """The plan's accounted ``(q, z, steps)``, the same for every client."""
-        del client_state
-        q, z, steps = self.plan.accounted(server.plan)
-        return Spend(
-            sample_rate=q,
-            noise_multiplier=z,
-            steps=steps,
-            extra_epsilon=jnp.zeros((), jnp.float32),
-        )
-
-    def overflow(
-        self,
-        spend: Spend,
-        num_clients: int,
-        sizes: np.ndarray | None = None,
-        padded: int | None = None,
-    ) -> np.ndarray | None:
-        """``(runs, 1, N)`` per-round overflow chance of the Poisson draw of clients."""
-        del sizes, padded
-        over = self.plan.overflow(np.asarray(spend.sample_rate)[:, -1, :], num_clients)
-        return None if over is None else over[:, None, :]
 
     def canary_hook(self) -> CanaryHook:
         """Client-level canaries by the plan's participation rule: each in canary takes part

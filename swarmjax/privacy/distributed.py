@@ -646,6 +646,17 @@ class DistributedDP:
             return steps if cap is None else jnp.minimum(steps, cap)
         return state.rounds
 
+    def rates(
+        self, hyper: DistributedHyper, num_clients: int
+    ) -> tuple[np.ndarray, np.ndarray, None]:
+        """Host side: what the privacy record states beside :meth:`accounted_steps` for runs
+        of ``hyper`` (leading run axis ``R``): ``q = 1`` (a public cohort) and ``sigma =
+        sqrt(2 mu) / Delta_2`` (the Gaussian multiplier of equal variance; the record
+        composes the plan's Skellam :meth:`event`), both ``(R, N)``; nothing overflows."""
+        sigma = np.asarray(hyper.noise_multiplier).reshape(-1, 1)
+        sigma = np.repeat(sigma, num_clients, axis=1)
+        return np.ones(sigma.shape, sigma.dtype), sigma, None
+
     def metrics(self, state: DistributedState) -> dict[str, Array]:
         """Public metrics: rounds refused so far."""
         return {"refused_rounds": state.refused}

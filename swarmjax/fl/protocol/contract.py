@@ -55,10 +55,11 @@ class Protection:
     """How one Reply field computed by a client is protected.
 
     Attributes:
-        kind: ``"accounted"``: produced by DP steps the client's accountant counts (its
-            :class:`Spend`), or, with ``unit="client"``, released only through the server's
-            accounted client-level mechanism; ``"noised"``: a noised release whose epsilon
-            the client adds to ``Spend.extra_epsilon``; ``"public"``: not computed from
+        kind: ``"accounted"``: produced by DP steps the client's accountant counts
+            (:meth:`~swarmjax.fl.protocol.accounting.Accounting.steps`), or, with
+            ``unit="client"``, released only through the server's accounted client-level
+            mechanism; ``"noised"``: a noised release whose epsilon the accounting adds
+            (its ``rates``' ``extra_epsilon``); ``"public"``: not computed from
             private data; ``"unprotected"``: an exact private statistic (a paper-faithful
             mode), never covered by any epsilon.
         unit: the privacy unit: ``"record"`` (one example of a client) or ``"client"``
@@ -77,8 +78,8 @@ UNPROTECTED = Protection("unprotected", None, "exact statistic of private data")
 
 
 def noised(note: str, unit: Literal["record", "client"] = "record") -> Protection:
-    """A noised release (its epsilon is added to the client's
-    :attr:`~swarmjax.fl.protocol.accounting.Spend.extra_epsilon`)."""
+    """A noised release (its epsilon is added by the accounting's
+    :meth:`~swarmjax.fl.protocol.accounting.Accounting.rates`, ``extra_epsilon``)."""
     return Protection("noised", unit, note)
 
 
@@ -262,7 +263,8 @@ class Algorithm:
 
     Host-side members (called before any work, never traced): :meth:`client_data`,
     :meth:`check`, :meth:`default_hyper` and :meth:`resolve`. A private algorithm's whole
-    privacy (its unit, each client's spend, overflow charges, non-Gaussian events, audits)
+    privacy (its unit, each client's steps, rates and overflow charges, non-Gaussian events,
+    audits)
     is one object, :meth:`accounting`; ``None`` (the default) makes no claim.
     """
 
@@ -291,7 +293,7 @@ class Algorithm:
 
     def accounting(self) -> Accounting | None:
         """How this algorithm's privacy is accounted
-        (:class:`~swarmjax.fl.protocol.accounting.Accounting`: unit, spend, overflow,
+        (:class:`~swarmjax.fl.protocol.accounting.Accounting`: unit, steps, rates,
         events, floating point, audit hooks), or ``None`` (default): no DP claim, every
         epsilon infinite."""
         return None

@@ -52,7 +52,7 @@ from swarmjax.fl.protocol import (
     server_init_key,
     server_key,
     slot_sum,
-    spend_of,
+    steps_of,
     variant_identities,
     where_selected,
 )
@@ -104,7 +104,8 @@ __all__ = [
 _ROWS_STREAM = 0x726F7773  # fold_in constant of a round's capped-rows draw (ClientStore.take)
 
 CHECKPOINT_NOT_RELEASED = (
-    "checkpoints: the run's carry (client states, per-client spend) and per-round outputs with "
+    "checkpoints: the run's carry (client states, per-client step counts) and per-round "
+    "outputs with "
     "the realised cohorts, statistics of private data covered by no epsilon, and secret.key, "
     "the run's secret, from which its noise can be regenerated"
 )
@@ -411,7 +412,7 @@ def _rounds_one(ctx: RunContext, carry, test, rounds: int, diagnostics: bool):
         server, states, counts, dropped = _exchanges(ctx, alg.exchanges, r, server, states)
         out = {
             "metrics": alg.evaluate(server, test),
-            "spend": jax.vmap(lambda s: spend_of(accounting, server, s))(states),
+            "steps": jax.vmap(lambda s: steps_of(accounting, server, s))(states),
             "selected": counts,
         }
         if ctx.canaries is not None:
@@ -470,7 +471,8 @@ class Rounds:
 @partial(jax.jit, static_argnames=("call",))
 def run_rounds(call: Rounds, carry, keys, hypers, clients, test, canaries=None):
     """Jitted: ``call.rounds`` more rounds of every run from ``carry`` (:func:`init_runs`'s
-    output); returns ``(carry, per-round outputs)`` (metrics, spend, selected counts).
+    output); returns ``(carry, per-round outputs)`` (metrics, accounted steps, selected
+    counts).
     With ``call.audit`` (a :class:`~swarmjax.privacy.canaries.CanaryAudit`), canaries of
     directions ``canaries`` (a :class:`~swarmjax.privacy.canaries.DiracDirections`, or a
     Haar frame: a pytree like the model with a leading ``M`` axis; shared by every run)
@@ -689,9 +691,9 @@ class Run:
 
     Holds every (variant, seed) run of one call: ``runs = variants.size * len(seeds)``
     along a leading axis of ``keys``, ``hyper`` and the ``carry`` (server states, client
-    states and per-client spend). ``done``: rounds advanced so far (at most
+    states and per-client step counts). ``done``: rounds advanced so far (at most
     ``variants.spec.rounds``, the rounds the runs were calibrated for); ``outputs``: the
-    per-call outputs on the host (metrics ``(runs, rounds)``, spend, selections).
+    per-call outputs on the host (metrics ``(runs, rounds)``, accounted steps, selections).
     """
 
     alg: Algorithm
@@ -865,7 +867,7 @@ def finish(run: Run, *, publication: Publication | None = None) -> Result:
     sizes_known = stacked or _gathers(clients)
     record = run_privacy(
         alg,
-        out["spend"],
+        out["steps"],
         run.hyper,
         spec,
         n_clients,
