@@ -289,16 +289,11 @@ class UserLevel(Accounting):
         return self.plan.accounted_steps(server.plan)
 
     def rates(
-        self,
-        hyper: PrivateHyper,
-        rounds: int,
-        num_clients: int,
-        sizes: np.ndarray | None = None,
-        padded: int | None = None,
+        self, hyper: PrivateHyper, rounds: int, num_clients: int, sizes: np.ndarray | None = None
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:
         """The plan's ``(q, z)`` of every client and its overflow charge, from the runs'
         plan hyper values (``rates`` of the plan); no other release."""
-        del rounds, sizes, padded
+        del rounds, sizes
         return (*self.plan.rates(hyper.plan, num_clients), None)
 
 

@@ -161,14 +161,15 @@ def record_level_noise(
 
 
 def record_rates(
-    training: LocalTraining, hyper: Any, sizes: np.ndarray | None, padded: int | None
+    training: LocalTraining, hyper: Any, sizes: np.ndarray | None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """Record-level DP's part of :meth:`~swarmjax.fl.protocol.Accounting.rates`, from the
     plan (``training``) and the runs' ``hyper`` (``noise_multiplier`` ``(R, N)``): each
     client's ``q_i = B / |D_i|`` (float32, as its DP steps draw their batches), its
     ``sigma_i`` and the per-step overflow chance ``(N,)`` of its Poisson batch buffer for
-    clients of ``sizes`` padded to ``padded`` rows (``None``: the largest of ``sizes``);
-    ``(0, 0, None)`` without ``training.record_dp`` (steps counted, no noise)."""
+    clients of ``sizes`` (a buffer of ``record_dp.capacity`` rows; ``None``: the padded
+    length, at least every client's rows, which never overflows); ``(0, 0, None)`` without
+    ``training.record_dp`` (steps counted, no noise)."""
     sigma = np.asarray(hyper.noise_multiplier)
     if training.record_dp is None:
         zero = np.zeros(sigma.shape, sigma.dtype)
@@ -179,7 +180,7 @@ def record_rates(
         )
     sizes = np.asarray(sizes, np.int64).reshape(-1)
     q = np.asarray(sample_rate(jnp.asarray(sizes), training.batch_size), np.float32)
-    over = training.sampler_overflow(sizes, int(sizes.max() if padded is None else padded))
+    over = training.sampler_overflow(sizes, int(sizes.max()))
     return np.broadcast_to(q, sigma.shape), sigma, over
 
 
@@ -280,12 +281,7 @@ class RecordLevel(Accounting):
         return client_state.steps
 
     def rates(
-        self,
-        hyper: Any,
-        rounds: int,
-        num_clients: int,
-        sizes: np.ndarray | None = None,
-        padded: int | None = None,
+        self, hyper: Any, rounds: int, num_clients: int, sizes: np.ndarray | None = None
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:
         del num_clients
         extra = None
@@ -294,7 +290,7 @@ class RecordLevel(Accounting):
             done = np.float32(self.releases[0]) * eps
             per_round = np.float32(self.releases[1]) * eps
             extra = np.concatenate([done := done + per_round for _ in range(rounds)], axis=1)
-        return (*record_rates(self.training, hyper, sizes, padded), extra)
+        return (*record_rates(self.training, hyper, sizes), extra)
 
     def audited(self, result: Any) -> Any:
         """``result`` with each run's pooled record-level canary report

@@ -63,12 +63,7 @@ class Accounting:
         raise NotImplementedError
 
     def rates(
-        self,
-        hyper: PyTree,
-        rounds: int,
-        num_clients: int,
-        sizes: np.ndarray | None = None,
-        padded: int | None = None,
+        self, hyper: PyTree, rounds: int, num_clients: int, sizes: np.ndarray | None = None
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:
         """Host side: what the privacy record composes with the counted :meth:`steps`, from
         the plan and the runs' ``hyper`` (leading run axis ``R``).
@@ -80,8 +75,6 @@ class Accounting:
             sizes: ``(N,)`` the clients' real row counts (record-level ``q_i = B /
                 |D_i|``; ``|D_i|`` is public under record-level zero-out), ``None`` where
                 the runtime was given none.
-            padded: the clients' padded row count (a static-size batch buffer's default
-                capacity); ``None``: the largest of ``sizes``.
 
         Returns:
             ``(sample_rate, noise_multiplier, overflow, extra_epsilon)``:

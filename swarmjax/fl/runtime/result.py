@@ -337,7 +337,6 @@ def run_privacy(
     num_clients: int,
     *,
     sizes: np.ndarray | None = None,
-    padded: int | None = None,
     disclosure: Disclosure = Disclosure(),
 ) -> PrivacyRecord:
     """The privacy record of ``alg``'s runs as every runtime releases it (the simulator's
@@ -354,7 +353,7 @@ def run_privacy(
         hyper: the runs' hyper values (leading run axis).
         spec: the run's :class:`~swarmjax.fl.protocol.RunSpec`.
         num_clients: ``N``.
-        sizes, padded: the clients' real and padded row counts (record-level ``q_i`` and
+        sizes: ``(N,)`` the clients' real row counts (record-level ``q_i`` and buffer
             overflow); ``None`` where the runtime has none.
         disclosure: what the runtime states beside the epsilons (its ``floating_point`` is
             replaced by the accounting's own note).
@@ -365,7 +364,7 @@ def run_privacy(
     rates: tuple = (0.0, 0.0, None, None)
     if acc is not None:
         host = jax.device_get(hyper)
-        q, sigma, over, extra = acc.rates(host, rounds, num_clients, sizes, padded)
+        q, sigma, over, extra = acc.rates(host, rounds, num_clients, sizes)
         rates = (np.asarray(q)[:, None, :], np.asarray(sigma)[:, None, :], over, extra)
     return privacy_record(
         steps,

@@ -863,8 +863,7 @@ def finish(run: Run, *, publication: Publication | None = None) -> Result:
     n_clients = num_clients(data)
     expected = _expected_selected(alg, run.hyper, n_clients, runs, rounds)
     selected = np.where(np.isnan(expected), out["selected"], expected)  # what is released
-    stacked = isinstance(clients, ClientData)
-    sizes_known = stacked or _gathers(clients)
+    sizes_known = isinstance(clients, ClientData) or _gathers(clients)
     record = run_privacy(
         alg,
         out["steps"],
@@ -872,7 +871,6 @@ def finish(run: Run, *, publication: Publication | None = None) -> Result:
         spec,
         n_clients,
         sizes=np.asarray(clients.sizes) if sizes_known else None,
-        padded=(clients.max_size if stacked else clients.max_rows) if sizes_known else None,
         disclosure=Disclosure(
             randomness=randomness(run.secret_source, spec.common_random_numbers),
             key_fingerprints=fingerprints(run.keys),
