@@ -235,7 +235,7 @@ def test_bad_options_fail_naming_the_field(setup):
         ("init_scale", 0.0),
     ):
         with pytest.raises(ValueError, match=field):
-            FedDPPSO(MODEL, PLAIN, **{field: value}).check(clients, test)
+            FedDPPSO(MODEL, PLAIN, **{field: value}).client_data(clients, test)
 
 
 @pytest.mark.parametrize(

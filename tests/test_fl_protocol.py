@@ -206,7 +206,7 @@ def test_fed_dp_pso_uploads_one_model_and_counts_one_observation_per_round(resul
     assert set(res.history["bytes_up"]) == {N * 4 + BYTES}
     assert set(res.history["bytes_down"]) == {N * BYTES}
     diag = res.private_diagnostics
-    np.testing.assert_array_equal(diag["iteration"][:, -1], ROUNDS)  # once per round
+    np.testing.assert_array_equal(diag["swarm.iteration"][:, -1], ROUNDS)  # once per round
     np.testing.assert_array_equal(diag["selected"][:, :, 1], 1)
     # the setup's upload plus one per round picked a client among the top 3
     assert set(np.unique(res.metrics["leader"])) <= set(range(N))

@@ -424,7 +424,7 @@ def test_privacy_parameters_are_checked_as_stored_in_float32(digits):
             Variants.grid(pso, clients, spec, epsilon_target=4.0)
     training = LocalTraining(batch_size=30, record_dp=RecordDP(clip_norm=1e-46, capacity=60))
     with pytest.raises(ValueError, match="clip_norm"):
-        FedDPPSO(MODEL, training).check(clients, test)
+        FedDPPSO(MODEL, training).client_data(clients, test)
 
 
 def test_a_small_score_epsilon_gets_its_full_laplace_scale(digits):

@@ -151,8 +151,8 @@ class Distributed(PlanAround):
         """The plan's accounting under secure aggregation (:class:`DistributedUserLevel`)."""
         return DistributedUserLevel(self.plan)
 
-    def check(self, clients: Any, test: tuple[Array, Array] | None = None) -> None:
-        self.algorithm.check(clients, test)
+    def fits(self, clients: Any) -> None:
+        """One ``ValueError`` line unless the plan's cohort fits ``clients``."""
         n = clients.num_clients
         if self.plan.cohort > n:
             raise ValueError(f"cohort must be <= num_clients ({n}); got {self.plan.cohort}")
@@ -162,6 +162,7 @@ class Distributed(PlanAround):
     ) -> PrivateHyper:
         """The algorithm's values checked without a target; the plan's grid and noise
         derived from ``epsilon_target`` for the model's rotated dimension."""
+        self.fits(clients)
         if spec.accountant != "rdp":
             raise ValueError(
                 "accountant must be 'rdp' for a DistributedDP plan (dp-accounting's PLD cannot "

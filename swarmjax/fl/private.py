@@ -139,11 +139,10 @@ class PlanAround(Algorithm):
         out.update(self.plan.metrics(server.plan))
         return out
 
-    def private_diagnostics(self, client_state: Any) -> dict[str, Array]:
-        return self.algorithm.private_diagnostics(client_state)
-
-    def client_data(self, clients: Any) -> PyTree:
-        return self.algorithm.client_data(clients)
+    def client_data(self, clients: Any, test: tuple[Array, Array] | None = None) -> PyTree:
+        """The wrapped algorithm's client data, once it and the plan fit ``clients``."""
+        self.fits(clients)
+        return self.algorithm.client_data(clients, test)
 
     def default_hyper(self, clients: Any, spec: RunSpec) -> PrivateHyper:
         return PrivateHyper(
@@ -244,8 +243,8 @@ class Private(SummedAggregate, PlanAround):
 
     # ------------------------------------------------------------------ host side
 
-    def check(self, clients: Any, test: tuple[Array, Array] | None = None) -> None:
-        self.algorithm.check(clients, test)
+    def fits(self, clients: Any) -> None:
+        """One ``ValueError`` line unless the plan's public cohort fits ``clients``."""
         cohort = self.plan.participation.public_cohort
         n = clients.num_clients
         if cohort is not None and cohort > n:
@@ -256,6 +255,7 @@ class Private(SummedAggregate, PlanAround):
     ) -> PrivateHyper:
         """The algorithm's values checked without a target (it makes no claim); the plan's
         calibrated to ``epsilon_target``."""
+        self.fits(clients)
         return PrivateHyper(
             inner=self.algorithm.resolve(hyper.inner, clients, spec, None),
             plan=self.plan.resolve(hyper.plan, clients.num_clients, spec, epsilon_target),

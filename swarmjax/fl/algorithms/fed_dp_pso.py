@@ -560,18 +560,11 @@ class FedDPPSO(Algorithm):
         out["reported_score"] = server.reports
         return out
 
-    def private_diagnostics(self, state: PSOClient) -> dict[str, Array]:
-        return {
-            "refine_loss": state.refine_loss,
-            "refine_steps": state.refine_steps,
-            "iteration": state.swarm.iteration,
-            "nonfinite": state.swarm.nonfinite,
-        }
-
     # ------------------------------------------------------------------------ host side
 
-    def check(self, clients: ClientData, test: tuple[Array, Array] | None = None) -> None:
-        """``ValueError`` naming the field unless the settings fit ``clients``."""
+    def fits(self, clients: ClientData, test: tuple[Array, Array] | None = None) -> None:
+        """One ``ValueError`` line naming the field unless the settings fit ``clients`` and
+        the public ``test`` set (``None``: not checked)."""
         check_int("particles", self.particles, 1)
         check_int("top_k", self.top_k, 1)
         check_stored("loss_bound", self.loss_bound, 0.0, math.inf, low_open=True)
@@ -609,8 +602,10 @@ class FedDPPSO(Algorithm):
         steps."""
         return in_client_audit_reports(self.audit, result)
 
-    def client_data(self, clients: ClientData) -> PSOData:
-        """Stacked :class:`PSOData` (the scoring subset drawn once, public randomness)."""
+    def client_data(self, clients: ClientData, test: tuple[Array, Array] | None = None) -> PSOData:
+        """Stacked :class:`PSOData` (the scoring subset drawn once, public randomness), once
+        the settings fit ``clients`` and ``test`` (:meth:`fits`)."""
+        self.fits(clients, test)
         score = (
             clients if self.eval_subset is None else evaluation_subset(clients, self.eval_subset)
         )
@@ -637,6 +632,7 @@ class FedDPPSO(Algorithm):
         """``sigma_i`` calibrated per client to ``epsilon_target`` (which must be inf exactly
         when ``training.record_dp`` is None); with ``private_selection`` each score gets
         ``selection_epsilon /`` :func:`selection_releases`."""
+        self.fits(clients)
         target = math.inf if epsilon_target is None else epsilon_target
         if (self.training.record_dp is None) != math.isinf(target):
             raise ValueError(

@@ -294,16 +294,19 @@ class FedAvg(Algorithm):
     def evaluate(self, server: ModelServer, test: tuple[Array, Array]) -> dict[str, Array]:
         return public_metrics(self.model, server.params, test, self.eval_batch_size)
 
-    def private_diagnostics(self, state: Trainer) -> dict[str, Array]:
-        return {"local_train_loss": state.loss}
-
     # ------------------------------------------------------------------------ host side
 
-    def client_data(self, clients: ClientData) -> ClientData:
-        """The clients under ``training.max_examples`` (a flat store gathers the cap)."""
+    def client_data(
+        self, clients: ClientData, test: tuple[Array, Array] | None = None
+    ) -> ClientData:
+        """The clients under ``training.max_examples`` (a flat store gathers the cap), once
+        the settings fit them and ``test`` (:meth:`fits`)."""
+        self.fits(clients, test)
         return self.training.client_data(clients)
 
-    def check(self, clients: ClientData, test: tuple[Array, Array] | None = None) -> None:
+    def fits(self, clients: ClientData, test: tuple[Array, Array] | None = None) -> None:
+        """One ``ValueError`` line naming the setting unless it fits ``clients`` and the
+        public ``test`` set (``None``: not checked)."""
         self.training.check(clients.sizes)
         check_choice("server_optimizer", self.server_optimizer, (None, "sgd", "adam", "yogi"))
         check_choice("weighting", self.weighting, ("examples", "uniform"))
@@ -360,6 +363,7 @@ class FedAvg(Algorithm):
     ) -> FedAvgHyper:
         """``sigma_i`` calibrated per client to ``epsilon_target``
         (:func:`~swarmjax.fl.algorithms.common.record_level_noise`)."""
+        self.fits(clients)
         check_positive("learning_rate", float(hyper.learning_rate), finite=True)
         check_positive("server_lr", float(hyper.server_lr), finite=True)
         if self.audit is not None:

@@ -489,7 +489,8 @@ class Result:
         privacy: the :class:`PrivacyRecord`.
         runs: one row per run: its labels.
         private_diagnostics: statistics of private data for debugging (empty unless the run
-            asked for them); never part of the history, NOT covered by any epsilon.
+            asked for them: the clients' state scalars by path and the realised selections);
+            never part of the history, NOT covered by any epsilon.
         audit: per run, its :class:`~swarmjax.privacy.canaries.CanaryReport` (the empirical
             epsilon lower bound beside the accounted one); empty without ``audit=``.
         algorithm: the algorithm's class name, e.g. ``"FedAvg"`` (``None`` when the runtime

@@ -418,7 +418,7 @@ def _rounds_one(ctx: RunContext, carry, test, rounds: int, diagnostics: bool):
         if ctx.canaries is not None:
             out["canaries_dropped"] = dropped
         if diagnostics:
-            out["diagnostics"] = jax.vmap(alg.private_diagnostics)(states)
+            out["diagnostics"] = jax.vmap(state_scalars)(states)
         return (server, states, r), out
 
     return jax.lax.scan(body, carry, None, length=rounds)
@@ -581,7 +581,8 @@ def simulate(
         alg: the algorithm (hashable; a static jit argument).
         clients: stacked client data (usually :class:`~swarmjax.fl.data.clients.ClientData`
             with a leading client axis); every client holds its slice of
-            ``alg.client_data(clients)``. Checked with ``alg.check`` before any work.
+            ``alg.client_data(clients, test)``, which checks them (and ``test``) before
+            any work.
         test: public ``(x, y)`` test set for ``alg.evaluate``.
         variants: the hyper pytree with a variant axis, its labels and the call's
             :class:`~swarmjax.fl.protocol.RunSpec` (rounds, delta, seeds,
@@ -762,9 +763,8 @@ def start(
             f"secret must be a swarmjax.privacy.secret.Secret or None; got {type(secret).__name__}"
         )
     test = as_test_set(test)
-    alg.check(clients, test)
+    data = alg.client_data(clients, test)  # checked against the algorithm first
     warn_input_mismatch(clients, test)
-    data = alg.client_data(clients)
     client_map = execution.client_map
     if client_map is None:
         client_map = default_client_map()
@@ -929,6 +929,17 @@ def long_run_warning(seconds_per_round: float, rounds_left: int) -> bool:
         stacklevel=4,  # past simulate and its moved_options wrapper: the caller
     )
     return True
+
+
+def state_scalars(state: PyTree) -> dict[str, Array]:
+    """The private diagnostics of one client's state: every numeric scalar leaf, named by
+    its path (``"loss"``, ``"swarm.iteration"``, ``"opt_state.0.count"``)."""
+    leaves = jax.tree_util.tree_leaves_with_path(state)
+    return {
+        jax.tree_util.keystr(path, simple=True, separator="."): leaf
+        for path, leaf in leaves
+        if jnp.ndim(leaf) == 0 and jnp.issubdtype(leaf.dtype, jnp.number)
+    }
 
 
 def warn_input_mismatch(clients: Any, test: tuple[Array, Array]) -> str | None:
