@@ -299,6 +299,22 @@ class DistributedDP:
         """``h = t - max_colluders``: honest survivors whose noise is counted."""
         return self.threshold - self.max_colluders
 
+    def noise_std(self, hyper: DistributedHyper) -> np.ndarray:
+        """Std of the noise one round adds to the cohort's decoded sum, per coordinate, in
+        units of the clip ``C`` (float64, ``hyper``'s shape: one value per variant):
+        ``sqrt(2 mu m / h) / (gamma C)``, every one of the ``m`` clients' Skellam shares of
+        ``mu / h`` (variance ``2 mu / h`` grid units each) over ``gamma C`` grid steps per
+        clip; ``0`` without noise. Comparable with a central plan's ``z`` per round."""
+        mu, gamma, clip = (
+            np.asarray(a, np.float64) for a in (hyper.noise, hyper.grid_scale, hyper.initial_clip)
+        )
+        if np.any(~np.isfinite(gamma) | (gamma <= 0)) or np.any(clip <= 0):
+            raise ValueError(
+                "hyper: noise_std needs a resolved plan (grid_scale > 0, initial_clip > 0); "
+                f"got grid_scale={gamma}, initial_clip={clip}"
+            )
+        return np.sqrt(2.0 * mu * self.cohort / self.honest) / (gamma * clip)
+
     def compositions(self, num_clients: int, rounds: int) -> int:
         """``k``: rounds one client takes part in (every round under a fixed cohort)."""
         if isinstance(self.participation, MinSeparation):
