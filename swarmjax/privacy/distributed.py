@@ -176,12 +176,10 @@ class DistributedHyper:
 @flax.struct.dataclass
 class DistributedState:
     """The plan's server state: rounds done, rounds refused (too few survivors: nothing
-    released), the variant's :attr:`DistributedHyper.noise_multiplier` and the public
-    schedule (min-separation)."""
+    released) and the public schedule (min-separation)."""
 
     rounds: Int[Array, ""]
     refused: Int[Array, ""]
-    noise_multiplier: Float[Array, ""]
     schedule: Int[Array, "T m"] | None = None
 
 
@@ -540,12 +538,7 @@ class DistributedDP:
     def init(self, hyper: DistributedHyper) -> DistributedState:
         """The plan's server state before round 1."""
         zero = jnp.zeros((), jnp.int32)
-        return DistributedState(
-            rounds=zero,
-            refused=zero,
-            noise_multiplier=hyper.noise_multiplier,
-            schedule=hyper.schedule,
-        )
+        return DistributedState(rounds=zero, refused=zero, schedule=hyper.schedule)
 
     def select(self, state: DistributedState, key: PRNGKeyArray, n: int) -> Bool[Array, " N"]:
         """``(N,)`` the public cohort of this round."""

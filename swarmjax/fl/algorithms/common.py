@@ -35,7 +35,6 @@ __all__ = [
     "masked",
     "public_metrics",
     "record_level_noise",
-    "record_rates",
     "slot_sum",
     "weighted_average",
 ]
@@ -160,30 +159,6 @@ def record_level_noise(
     return np.where(s32 < s, np.nextafter(s32, np.float32(np.inf)), s32).astype(np.float32)
 
 
-def record_rates(
-    training: LocalTraining, hyper: Any, sizes: np.ndarray | None
-) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    """Record-level DP's part of :meth:`~swarmjax.fl.protocol.Accounting.rates`, from the
-    plan (``training``) and the runs' ``hyper`` (``noise_multiplier`` ``(R, N)``): each
-    client's ``q_i = B / |D_i|`` (float32, as its DP steps draw their batches), its
-    ``sigma_i`` and the per-step overflow chance ``(N,)`` of its Poisson batch buffer for
-    clients of ``sizes`` (a buffer of ``record_dp.capacity`` rows; ``None``: the padded
-    length, at least every client's rows, which never overflows); ``(0, 0, None)`` without
-    ``training.record_dp`` (steps counted, no noise)."""
-    sigma = np.asarray(hyper.noise_multiplier)
-    if training.record_dp is None:
-        zero = np.zeros(sigma.shape, sigma.dtype)
-        return zero, zero, None
-    if sizes is None:
-        raise ValueError(
-            "sizes: record-level accounting needs the clients' row counts (q_i = B / |D_i|)"
-        )
-    sizes = np.asarray(sizes, np.int64).reshape(-1)
-    q = np.asarray(sample_rate(jnp.asarray(sizes), training.batch_size), np.float32)
-    over = training.sampler_overflow(sizes, int(sizes.max()))
-    return np.broadcast_to(q, sigma.shape), sigma, over
-
-
 def check_model_inputs(model: Model, clients: Any, test: tuple[Array, Array] | None) -> None:
     """Model, client data (stacked ``ClientData`` or a flat ``ClientStore``) and test set
     (``None``: not checked) against each other: shapes, classes, labels."""
@@ -253,11 +228,11 @@ def with_audit_reports(result: Any, reports: tuple[Any, ...]) -> Any:
 class RecordLevel(Accounting):
     """The accounting of local training (FedAvg, Fed-DP-PSO): each client counts its own
     DP steps (``client_state.steps``); their ``q_i = B / |D_i|`` and ``sigma_i`` (the
-    variant's ``noise_multiplier``) are the plan's, read on the host
-    (:func:`record_rates`). With ``training.record_dp`` (DP-SGD/DP-Adam) the unit is the
-    record, its Poisson batch buffer's overflow is charged to delta and canaries the
-    clients carry (``audit``) are scored when the run finishes; without it the unit is
-    ``None``: the steps are counted and stated, no claim is made.
+    variant's ``noise_multiplier``) are the plan's, read on the host (:meth:`rates`).
+    With ``training.record_dp`` (DP-SGD/DP-Adam) the unit is the record, its Poisson batch
+    buffer's overflow is charged to delta and canaries the clients carry (``audit``) are
+    scored when the run finishes; without it the unit is ``None``: the steps are counted
+    and stated, no claim is made.
 
     Attributes:
         training: the clients' :class:`~swarmjax.fl.client.training.LocalTraining` (its
@@ -283,6 +258,11 @@ class RecordLevel(Accounting):
     def rates(
         self, hyper: Any, rounds: int, num_clients: int, sizes: np.ndarray | None = None
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:
+        """``q_i = B / |D_i|`` (float32, as the clients' DP steps draw their batches) and
+        ``sigma_i`` ``(R, N)``, the ``(N,)`` overflow chance of each client's Poisson batch
+        buffer (:meth:`~swarmjax.fl.client.training.LocalTraining.sampler_overflow`; a
+        buffer of the padded length never overflows) and the other releases' epsilon
+        ``(R, T, 1)``; ``(0, 0, None)`` without ``training.record_dp``."""
         del num_clients
         extra = None
         if self.releases != (0, 0):  # summed in float32, release by release, round by round
@@ -290,7 +270,15 @@ class RecordLevel(Accounting):
             done = np.float32(self.releases[0]) * eps
             per_round = np.float32(self.releases[1]) * eps
             extra = np.concatenate([done := done + per_round for _ in range(rounds)], axis=1)
-        return (*record_rates(self.training, hyper, sizes), extra)
+        sigma = np.asarray(hyper.noise_multiplier)
+        if self.training.record_dp is None:
+            return np.zeros_like(sigma), np.zeros_like(sigma), None, extra
+        if sizes is None:
+            raise ValueError("sizes: record-level accounting needs the clients' row counts")
+        sizes = np.asarray(sizes, np.int64).reshape(-1)
+        q = np.asarray(sample_rate(jnp.asarray(sizes), self.training.batch_size), np.float32)
+        over = self.training.sampler_overflow(sizes, int(sizes.max()))
+        return np.broadcast_to(q, sigma.shape), sigma, over, extra
 
     def audited(self, result: Any) -> Any:
         """``result`` with each run's pooled record-level canary report
