@@ -52,7 +52,7 @@ from experiments._report import write_json
 from swarmjax.fl.algorithms import registry
 from swarmjax.fl.client.training import LocalTraining
 from swarmjax.fl.data import ClientStore, load_dataset, partition
-from swarmjax.fl.protocol import RunSpec, Spend, Variants
+from swarmjax.fl.protocol import RunSpec, Variants
 from swarmjax.fl.runtime import Execution, advance, finish, simulate, start
 from swarmjax.fl.runtime.result import privacy_record
 from swarmjax.models import evaluate, param_count, simple_cnn
@@ -124,21 +124,14 @@ def algorithm(dp: dict | None, block_eval: int = 250):
 
 
 def record_seconds(res) -> float:
-    """Seconds to build ``res``'s privacy record again from its spend (the per-round epsilon
-    curve of each group of clients), as :func:`simulate` builds it after the rounds; the
-    accountant's per-event PLDs are cached by then (``_pld_leaf``), so this is the part
-    that grows with the rounds.  Checked: the final epsilon equals the run's."""
+    """Seconds to build ``res``'s privacy record again from its steps and rates (the
+    per-round epsilon curve of each group of clients), as :func:`simulate` builds it after
+    the rounds; the accountant's per-event PLDs are cached by then (``_pld_leaf``), so this
+    is the part that grows with the rounds.  Checked: the final epsilon equals the run's."""
     pr = res.privacy
     if any(len(groups) != 1 for groups in pr.groups):
         raise ValueError("record_seconds times runs of one group of clients (vs_pfl's)")
-    shape = pr.steps.shape
-    runs, _, clients = shape
-    spend = Spend(
-        sample_rate=np.broadcast_to(pr.sample_rate[:, None, :], shape),
-        noise_multiplier=np.broadcast_to(pr.noise_multiplier[:, None, :], shape),
-        steps=pr.steps,
-        extra_epsilon=np.zeros(shape),
-    )
+    runs, _, clients = pr.steps.shape
     # vs_pfl's runs are one group a run, a step a round: the charge per step
     per_step = [
         g[2] / max(int(pr.steps[r, -1].max()), 1) for r in range(runs) for g in pr.groups[r]
@@ -146,7 +139,14 @@ def record_seconds(res) -> float:
     over = np.broadcast_to(np.asarray(per_step).reshape(runs, 1, 1), (runs, 1, clients))
     t0 = time.perf_counter()
     again = privacy_record(
-        spend, (), unit=pr.unit, delta=pr.delta, overflow_prob=over, accountant=pr.accountant
+        pr.steps,
+        (),
+        unit=pr.unit,
+        delta=pr.delta,
+        sample_rate=pr.sample_rate[:, None, :],
+        noise_multiplier=pr.noise_multiplier[:, None, :],
+        overflow_prob=over,
+        accountant=pr.accountant,
     )
     seconds = time.perf_counter() - t0
     np.testing.assert_allclose(again.final_epsilon, pr.final_epsilon, rtol=1e-12)

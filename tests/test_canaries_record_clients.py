@@ -58,11 +58,11 @@ def test_tenfold_less_noise_is_caught(runs):
 def test_bad_input_names_the_option(federation):
     clients, _ = federation
     with pytest.raises(ValueError, match=r"^audit needs a private run: training.record_dp"):
-        _alg(clients, record_dp=False).check(clients)
+        _alg(clients, record_dp=False).client_data(clients)
     with pytest.raises(ValueError, match=r"^audit canaries must be <= 506 "):
-        _alg(clients, audit=CanaryAudit(507, score="gradient")).check(clients)
+        _alg(clients, audit=CanaryAudit(507, score="gradient")).client_data(clients)
     with pytest.raises(ValueError, match=r"^audit score 'cosine' is not available for in-client"):
-        _alg(clients, audit=CanaryAudit(8)).check(clients)
+        _alg(clients, audit=CanaryAudit(8)).client_data(clients)
     with pytest.raises(ValueError, match=r"^audit_reports needs an audited algorithm"):
         _alg(clients, audit=None).audit_reports(None)
 

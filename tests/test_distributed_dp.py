@@ -321,6 +321,24 @@ def test_noise_reaches_the_decoded_sum_with_its_variance():
     assert bool(ok) and np.asarray(total["w"]).var() / expect == pytest.approx(1.0, abs=0.15)
 
 
+def test_noise_std_is_the_decoded_sums_noise_in_clip_units():
+    """``DistributedDP.noise_std``: the std per coordinate of one round's decoded-sum noise
+    over the clip, ``sqrt(2 mu m / h) / (gamma C)``, as measured; an unresolved plan (NaN
+    grid) is one ``ValueError`` line naming it."""
+    scale, mu, clip = 4.0, 900.0, 2.0
+    hyper = _hyper(clip, scale, mu)
+    want = np.sqrt(2 * mu * 6 / PIPE.honest) / (scale * clip)
+    np.testing.assert_allclose(PIPE.noise_std(hyper), want, rtol=1e-12)
+    total, _, ok = _pipeline(np.zeros((6, 40, 25)), hyper)
+    measured = np.asarray(total["w"]).std() / clip
+    assert bool(ok) and measured / float(PIPE.noise_std(hyper)) == pytest.approx(1.0, abs=0.08)
+    stacked = jax.tree.map(lambda a: jnp.stack([a, a]), hyper)  # one value per variant
+    np.testing.assert_allclose(PIPE.noise_std(stacked), [want, want], rtol=1e-12)
+    assert PIPE.noise_std(_hyper(clip, scale, 0.0)) == 0.0
+    with pytest.raises(ValueError, match="grid_scale"):
+        PIPE.noise_std(PIPE.default_hyper(N, ROUNDS))
+
+
 def test_too_few_survivors_release_nothing():
     total, survived, ok = _pipeline(np.ones((6, 40, 25)), _hyper(1.0, 100.0, 10.0), (0, 3))
     assert not bool(ok) and int(survived.sum()) == 4

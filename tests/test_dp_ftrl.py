@@ -297,8 +297,8 @@ def test_bad_input_is_one_line_naming_the_option(settings, name):
 def test_training_settings_are_checked_like_dp_fedavg():
     clients, _, model = small()
     with pytest.raises(ValueError, match="clipping"):
-        dp_ftrl(model, MinSeparation(2), clipping="none").check(clients)
+        dp_ftrl(model, MinSeparation(2), clipping="none").client_data(clients)
     with pytest.raises(ValueError, match="server_momentum"):
         dp_ftrl(
             model, MinSeparation(2), server_momentum=1.5, training=LocalTraining(batch_size=5)
-        ).check(clients)
+        ).client_data(clients)

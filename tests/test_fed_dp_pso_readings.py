@@ -70,13 +70,18 @@ def test_shared_init_starts_every_particle_near_one_public_model(setup):
     chex.assert_trees_all_equal(new.swarm.best_position, new.swarm.position)
     assert np.all(np.isfinite(np.asarray(new.swarm.best_loss)))
     assert new.swarm.seed == state.swarm.seed and int(new.swarm.iteration) == 0
-    chex.assert_trees_all_equal(new.spend, state.spend)  # its S scores counted at init
+    chex.assert_trees_all_equal(_counted(new), _counted(state))  # its S scores counted at init
     # independent inits are unrelated networks, far apart
     indep = FedDPPSO(MODEL, PLAIN, particles=S)
     _, _, other = _client(indep, clients)
     gap = jax.tree.map(lambda p: p[0] - p[1], other.swarm.position)
     assert max(float(jnp.max(jnp.abs(g))) for g in jax.tree.leaves(gap)) > 10 * alg.init_scale
     assert [ex.name for ex in indep.setup] == ["report", "upload"]
+
+
+def _counted(state):
+    """What a client's accountant keeps: its DP steps and their noise multiplier."""
+    return state.steps, state.noise_multiplier
 
 
 def _train(alg, state, data, hyper, gbest, key=3):
@@ -94,7 +99,7 @@ def test_refine_update_always_replaces_the_refined_slots_pbest(setup):
     b, _ = _train(always, state, data, hyper, gbest)
     chex.assert_trees_all_equal(a.swarm.position, b.swarm.position)  # same moves, same refine
     chex.assert_trees_all_equal(a.swarm.velocity, b.swarm.velocity)
-    chex.assert_trees_all_equal(a.spend, b.spend)
+    chex.assert_trees_all_equal(_counted(a), _counted(b))
     differs = np.asarray(a.swarm.best_loss != b.swarm.best_loss)
     assert differs.sum() == 1
     j = int(np.argmax(differs))
@@ -122,7 +127,7 @@ def test_persistent_optimizer_state_lives_in_the_client_and_carries_over(setup):
     a2, _ = _train(fresh, a, data, hyper, gbest, key=4)
     b2, _ = _train(kept, b, data, hyper, gbest, key=4)
     assert int(optax.tree_utils.tree_get(b2.opt_state, "count")) == 2 * steps
-    chex.assert_trees_all_equal(a2.spend, b2.spend)  # nothing new accounted
+    chex.assert_trees_all_equal(_counted(a2), _counted(b2))  # nothing new accounted
     gap = jax.tree.map(lambda x, y: jnp.max(jnp.abs(x - y)), a2.swarm.position, b2.swarm.position)
     assert max(float(g) for g in jax.tree.leaves(gap)) > 0  # round 2 differs
 
@@ -230,7 +235,7 @@ def test_bad_options_fail_naming_the_field(setup):
         ("init_scale", 0.0),
     ):
         with pytest.raises(ValueError, match=field):
-            FedDPPSO(MODEL, PLAIN, **{field: value}).check(clients, test)
+            FedDPPSO(MODEL, PLAIN, **{field: value}).client_data(clients, test)
 
 
 @pytest.mark.parametrize(

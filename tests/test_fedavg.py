@@ -176,7 +176,7 @@ def test_a_cohort_round_trains_and_sends_only_the_cohort(digits):
     model_bytes = 4 * (64 * 32 + 32 + 32 * 10 + 10)
     assert (res.history["bytes_up"] == 2 * (model_bytes + 4)).all()
     assert (res.history["bytes_down"] == 2 * model_bytes).all()
-    loss = np.asarray(res.private_diagnostics["local_train_loss"])[0]  # (rounds, N): last
+    loss = np.asarray(res.private_diagnostics["loss"])[0]  # (rounds, N): last
     trained = np.diff(loss, axis=0, prepend=0.0) != 0  # a client's loss moves when it trains
     assert (trained.sum(axis=1) == 2).all() and trained.any(axis=0).sum() > 2  # cohorts vary
     with pytest.raises(ValueError, match="cohort"):

@@ -206,7 +206,7 @@ def test_fed_dp_pso_uploads_one_model_and_counts_one_observation_per_round(resul
     assert set(res.history["bytes_up"]) == {N * 4 + BYTES}
     assert set(res.history["bytes_down"]) == {N * BYTES}
     diag = res.private_diagnostics
-    np.testing.assert_array_equal(diag["iteration"][:, -1], ROUNDS)  # once per round
+    np.testing.assert_array_equal(diag["swarm.iteration"][:, -1], ROUNDS)  # once per round
     np.testing.assert_array_equal(diag["selected"][:, :, 1], 1)
     # the setup's upload plus one per round picked a client among the top 3
     assert set(np.unique(res.metrics["leader"])) <= set(range(N))
@@ -240,17 +240,28 @@ def test_fed_dp_pso_epsilon_per_client_is_the_accountants_and_within_target(setu
 
 
 def _uniform_spend(*, runs, rounds, clients, sample_rate, noise_multiplier):
-    """A client-level ``Spend`` where every client takes one step per round at the same
-    ``(q_c, z)``."""
-    from swarmjax.fl.protocol import Spend
-
+    """Client-level accounting where every client takes one step per round at the same
+    ``(q_c, z)``: the record's ``steps`` and ``privacy_record`` keywords."""
     shape = (runs, rounds, clients)
-    return Spend(
-        sample_rate=np.full(shape, sample_rate),
-        noise_multiplier=np.full(shape, noise_multiplier),
-        steps=np.broadcast_to(np.arange(1, rounds + 1)[None, :, None], shape),
-        extra_epsilon=np.zeros(shape),
+    steps = np.broadcast_to(np.arange(1, rounds + 1)[None, :, None], shape)
+    rates = {
+        "sample_rate": np.full(shape, sample_rate),
+        "noise_multiplier": np.full(shape, noise_multiplier),
+    }
+    return steps, rates
+
+
+def _plan_overflow(alg, spend, n):
+    """The overflow a user-level plan's accounting charges (its ``rates``) for runs of
+    ``spend``'s ``(q_c, z)``."""
+    from types import SimpleNamespace
+
+    steps, rates = spend
+    plan = SimpleNamespace(
+        sample_rate=rates["sample_rate"][:, -1, 0],
+        noise_multiplier=rates["noise_multiplier"][:, -1, 0],
     )
+    return alg.accounting().rates(SimpleNamespace(plan=plan), steps.shape[1], n)[2]
 
 
 def test_client_level_sampling_overflow_is_charged_to_delta(setup):
@@ -264,19 +275,19 @@ def test_client_level_sampling_overflow_is_charged_to_delta(setup):
     n, q = 1000, 0.05
     alg = dp_fedavg(MODEL, participation=Poisson(90))
     spend = _uniform_spend(runs=2, rounds=3, clients=n, sample_rate=q, noise_multiplier=1.0)
-    over = alg.accounting().overflow(spend, n)
+    over = _plan_overflow(alg, spend, n)
     chex.assert_shape(over, (2, 1, n))
     p = overflow_probability(n, q, 90, add_one=True)  # the add-one neighbour: N + 1
     assert 0 < p < 1e-6
     np.testing.assert_allclose(over, p)
-    record = privacy_record(spend, (), unit="client", delta=1e-6, overflow_prob=over)
+    record = privacy_record(spend[0], (), unit="client", delta=1e-6, overflow_prob=over, **spend[1])
     want = accounted(q, 1.0, 3, 1e-6, overflow_prob=p)
     np.testing.assert_allclose(record.final_epsilon, want)
     assert want > accounted(q, 1.0, 3, 1e-6)
-    assert dp_fedavg(MODEL).accounting().overflow(spend, n) is None
-    assert dp_fedavg(MODEL, participation=Poisson(n + 1)).accounting().overflow(spend, n) is None
+    assert _plan_overflow(dp_fedavg(MODEL), spend, n) is None
+    assert _plan_overflow(dp_fedavg(MODEL, participation=Poisson(n + 1)), spend, n) is None
     # a capacity of exactly N overflows on the add-one neighbour (N + 1 clients): charged
-    exactly_n = dp_fedavg(MODEL, participation=Poisson(n)).accounting().overflow(spend, n)
+    exactly_n = _plan_overflow(dp_fedavg(MODEL, participation=Poisson(n)), spend, n)
     np.testing.assert_allclose(exactly_n, q ** (n + 1), rtol=1e-6)
 
 
@@ -294,9 +305,15 @@ def test_client_level_plan_calibration_meets_the_target_of_the_charged_record():
 
     def recorded(z: float, accountant: str = "pld") -> float:
         spend = _uniform_spend(runs=1, rounds=rounds, clients=n, sample_rate=q, noise_multiplier=z)
-        over = alg.accounting().overflow(spend, n)
+        over = _plan_overflow(alg, spend, n)
         record = privacy_record(
-            spend, (), unit="client", delta=delta, overflow_prob=over, accountant=accountant
+            spend[0],
+            (),
+            unit="client",
+            delta=delta,
+            overflow_prob=over,
+            accountant=accountant,
+            **spend[1],
         )
         return float(record.final_epsilon.max())
 
@@ -539,7 +556,6 @@ def test_record_dp_accounts_the_samplers_overflow_over_the_whole_run(setup, resu
     """The Poisson buffer's overflow is charged to delta at every accounted step: the record's
     epsilon is the accountant's with ``overflow_prob``; a run-sized buffer adds at most
     1e-3 delta; a too-small buffer makes epsilon grow (or inf), never silently ignored."""
-    from swarmjax.fl.protocol import Spend
     from swarmjax.fl.runtime.result import privacy_record
     from swarmjax.privacy.accounting import epsilon as accounted
     from swarmjax.privacy.sampling import overflow_probability, sampler_delta
@@ -564,14 +580,10 @@ def test_record_dp_accounts_the_samplers_overflow_over_the_whole_run(setup, resu
         LocalTraining(batch_size=32).sampler_overflow(sizes, clients.mask.shape[1]), 0.0
     )
     shape = (1, 2, N)
-    spend = Spend(
-        sample_rate=np.full(shape, 0.16),
-        noise_multiplier=np.full(shape, 1.1),
-        steps=np.broadcast_to(np.array([10, 20])[None, :, None], shape),
-        extra_epsilon=np.zeros(shape),
-    )
-    exact = privacy_record(spend, (), unit="record", delta=delta, overflow_prob=over)
-    naive = privacy_record(spend, (), unit="record", delta=delta)
+    steps = np.broadcast_to(np.array([10, 20])[None, :, None], shape)
+    rates = {"sample_rate": np.full(shape, 0.16), "noise_multiplier": np.full(shape, 1.1)}
+    exact = privacy_record(steps, (), unit="record", delta=delta, overflow_prob=over, **rates)
+    naive = privacy_record(steps, (), unit="record", delta=delta, **rates)
     for i in range(N):
         assert exact.epsilon[0, 1, i] == pytest.approx(
             accounted(0.16, 1.1, 20, delta, overflow_prob=over[i])

@@ -148,18 +148,20 @@ def test_record_epsilon_agrees_with_dp_accounting_directly(accountant):
     from dp_accounting.pld import pld_privacy_accountant
     from dp_accounting.rdp import rdp_privacy_accountant
 
-    from swarmjax.fl.protocol import Spend
     from swarmjax.fl.runtime.result import privacy_record
 
     runs, rounds, clients, q, z, delta = 1, 30, 4, 0.05, 1.1, 1e-5
     shape = (runs, rounds, clients)
-    spend = Spend(
+    steps = np.broadcast_to(np.arange(1, rounds + 1)[None, :, None], shape)
+    record = privacy_record(
+        steps,
+        (),
+        unit="client",
+        delta=delta,
         sample_rate=np.full(shape, q),
         noise_multiplier=np.full(shape, z),
-        steps=np.broadcast_to(np.arange(1, rounds + 1)[None, :, None], shape),
-        extra_epsilon=np.zeros(shape),
+        accountant=accountant,
     )
-    record = privacy_record(spend, (), unit="client", delta=delta, accountant=accountant)
     assert record.accountant == accountant
     event = dp_accounting.SelfComposedDpEvent(
         dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(z)), rounds
@@ -205,19 +207,20 @@ def test_record_groups_clients_by_their_whole_run_event_extra_epsilon_included()
     event to the other."""
     import numpy as np
 
-    from swarmjax.fl.protocol import Spend
     from swarmjax.fl.runtime.result import privacy_record
 
     shape = (1, 2, 3)
     extra = np.zeros(shape)
     extra[0, :, 2] = [0.5, 1.0]
-    spend = Spend(
+    record = privacy_record(
+        np.broadcast_to(np.arange(1, 3)[None, :, None], shape),
+        (),
+        unit="record",
+        delta=1e-5,
         sample_rate=np.full(shape, 0.1),
         noise_multiplier=np.ones(shape),
-        steps=np.broadcast_to(np.arange(1, 3)[None, :, None], shape),
         extra_epsilon=extra,
     )
-    record = privacy_record(spend, (), unit="record", delta=1e-5)
     groups = {ids: event for ids, event, _ in record.run_events(0)}
     assert set(groups) == {(0, 1), (2,)}
     assert accounting.PureDpEvent(1.0) in groups[(2,)].events

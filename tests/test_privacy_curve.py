@@ -157,18 +157,17 @@ def test_vs_pfl_times_the_same_record_again():
     from types import SimpleNamespace
 
     from benchmarks.vs_pfl import record_seconds
-    from swarmjax.fl.protocol import Spend
     from swarmjax.fl.runtime.result import privacy_record
 
     shape = (2, 3, 5)  # runs, rounds, clients
-    spend = Spend(
+    record = privacy_record(
+        np.broadcast_to(np.arange(1, 4)[None, :, None], shape),
+        (),
+        unit="client",
+        delta=DELTA,
         sample_rate=np.full(shape, np.float32(Q)),
         noise_multiplier=np.full(shape, 0.9),
-        steps=np.broadcast_to(np.arange(1, 4)[None, :, None], shape),
-        extra_epsilon=np.zeros(shape),
-    )
-    record = privacy_record(
-        spend, (), unit="client", delta=DELTA, overflow_prob=np.full(5, 4.9e-10)
+        overflow_prob=np.full(5, 4.9e-10),
     )
     assert [len(g) for g in record.groups] == [1, 1]  # one group a run: the fast path
     assert record.groups[0][0][0] is None  # ... of every client

@@ -307,9 +307,11 @@ def test_a_bfloat16_model_gets_float32_server_noise_through_simulate(digits):
 def test_client_level_overflow_is_charged_conservatively_for_one_more_client():
     """Both zero-out neighbours draw from ``N`` clients; the charge keeps the ``N + 1``
     count of the former add/remove statement, an upper bound that changed no number."""
+    from types import SimpleNamespace
+
     from scipy import stats
 
-    from swarmjax.fl.protocol import RunSpec, Spend
+    from swarmjax.fl.protocol import RunSpec
     from swarmjax.privacy.accounting import sigma_for_epsilon
     from swarmjax.privacy.plan import PrivacyPlan
     from swarmjax.privacy.sampling import overflow_probability, poisson_capacity
@@ -323,14 +325,9 @@ def test_client_level_overflow_is_charged_conservatively_for_one_more_client():
     np.testing.assert_allclose(client_draw_overflow(cap, n, q), worse, rtol=1e-12)
     np.testing.assert_allclose(overflow_probability(n, q, cap, add_one=True), worse, rtol=1e-12)
     alg = dp_fedavg(MODEL, participation=Poisson(cap))
-    shape = (1, 3, n)
-    spend = Spend(
-        sample_rate=np.full(shape, q),
-        noise_multiplier=np.ones(shape),
-        steps=np.broadcast_to(np.arange(1, 4)[None, :, None], shape),
-        extra_epsilon=np.zeros(shape),
-    )
-    np.testing.assert_allclose(alg.accounting().overflow(spend, n), worse, rtol=1e-12)
+    plan = SimpleNamespace(sample_rate=np.full(1, q), noise_multiplier=np.ones(1))
+    over = alg.accounting().rates(SimpleNamespace(plan=plan), 3, n)[2]  # the plan's charge
+    np.testing.assert_allclose(over, worse, rtol=1e-12)
     # a buffer of exactly N clients is still charged as if N + 1 could be drawn
     assert client_draw_overflow(n, n, q) == pytest.approx(q ** (n + 1))
     assert client_draw_overflow(n + 1, n, q) == 0.0 == client_draw_overflow(None, n, q)
@@ -427,7 +424,7 @@ def test_privacy_parameters_are_checked_as_stored_in_float32(digits):
             Variants.grid(pso, clients, spec, epsilon_target=4.0)
     training = LocalTraining(batch_size=30, record_dp=RecordDP(clip_norm=1e-46, capacity=60))
     with pytest.raises(ValueError, match="clip_norm"):
-        FedDPPSO(MODEL, training).check(clients, test)
+        FedDPPSO(MODEL, training).client_data(clients, test)
 
 
 def test_a_small_score_epsilon_gets_its_full_laplace_scale(digits):

@@ -5,14 +5,13 @@ its own step events included (distributed DP's Skellam event, not a Gaussian's).
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from swarmjax.fl.algorithms import registry
 from swarmjax.fl.client.training import LocalTraining
 from swarmjax.fl.data.clients import stack_clients
-from swarmjax.fl.protocol import RunSpec, Spend, Variants
+from swarmjax.fl.protocol import RunSpec, Variants
 from swarmjax.fl.runtime.result import privacy_record, run_privacy, step_events
 from swarmjax.models import mlp
 
@@ -37,30 +36,27 @@ def _secagg() -> tuple[object, Variants]:
     return alg, Variants.grid(alg, clients, spec, **grid)
 
 
-def _spend(sigma: float) -> Spend:
-    """Every client once, in round 1 (one run, ROUNDS rounds, CLIENTS clients)."""
+def _spend(sigma: float) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """Every client once, in round 1 (one run, ROUNDS rounds, CLIENTS clients): the steps
+    and, as Gaussian steps would have them, ``q = 1`` and ``sigma``."""
     steps = np.ones((1, ROUNDS, CLIENTS), np.int32)
     full = np.ones((1, ROUNDS, CLIENTS), np.float32)
-    return Spend(
-        sample_rate=jnp.asarray(full),
-        noise_multiplier=jnp.asarray(full * sigma),
-        steps=jnp.asarray(steps),
-        extra_epsilon=jnp.zeros((1, ROUNDS, CLIENTS), jnp.float32),
-    )
+    return steps, {"sample_rate": full, "noise_multiplier": full * sigma}
 
 
-def _record(alg, spend: Spend, **events) -> object:
+def _record(alg, spend: tuple, **events) -> object:
     """The record of ``spend`` under ``alg``'s declarations, at the test's delta (rdp)."""
     covers = alg.setup + alg.exchanges
+    steps, rates = spend
     return privacy_record(
-        spend, covers, unit=alg.accounting().unit, delta=1e-3, accountant="rdp", **events
+        steps, covers, unit=alg.accounting().unit, delta=1e-3, accountant="rdp", **rates, **events
     )
 
 
 def test_the_record_uses_the_algorithms_own_step_events():
     alg, variants = _secagg()
     spend = _spend(1.0)
-    record = run_privacy(alg, spend, variants.hyper, variants.spec, CLIENTS)
+    record = run_privacy(alg, spend[0], variants.hyper, variants.spec, CLIENTS)
     row = jax.tree.map(lambda a: a[0], jax.device_get(variants.hyper))
     by_hand = _record(alg, spend, step_events=[alg.accounting().step_event(row)])
     np.testing.assert_array_equal(record.epsilon, by_hand.epsilon)

@@ -26,7 +26,6 @@ _LAZY = {
     "Exchange": "protocol",
     "Protection": "protocol",
     "RunSpec": "protocol",
-    "Spend": "protocol",
     "Variants": "protocol",
     "client_key": "protocol",
     "server_key": "protocol",

@@ -33,7 +33,6 @@ from swarmjax.fl.protocol import (
     Protection,
     RunSpec,
     Slots,
-    Spend,
     Update,
 )
 from swarmjax.privacy.distributed import DistributedDP
@@ -152,8 +151,8 @@ class Distributed(PlanAround):
         """The plan's accounting under secure aggregation (:class:`DistributedUserLevel`)."""
         return DistributedUserLevel(self.plan)
 
-    def check(self, clients: Any, test: tuple[Array, Array] | None = None) -> None:
-        self.algorithm.check(clients, test)
+    def fits(self, clients: Any) -> None:
+        """One ``ValueError`` line unless the plan's cohort fits ``clients``."""
         n = clients.num_clients
         if self.plan.cohort > n:
             raise ValueError(f"cohort must be <= num_clients ({n}); got {self.plan.cohort}")
@@ -163,6 +162,7 @@ class Distributed(PlanAround):
     ) -> PrivateHyper:
         """The algorithm's values checked without a target; the plan's grid and noise
         derived from ``epsilon_target`` for the model's rotated dimension."""
+        self.fits(clients)
         if spec.accountant != "rdp":
             raise ValueError(
                 "accountant must be 'rdp' for a DistributedDP plan (dp-accounting's PLD cannot "
@@ -195,19 +195,6 @@ class DistributedUserLevel(UserLevel):
     """
 
     plan: DistributedDP
-
-    def spend(self, server: PrivateServer, client_state: Any) -> Spend:
-        """Participations so far (``q = 1``: a public cohort); ``sigma`` is the Gaussian
-        multiplier of equal variance, ``sqrt(2 mu) / Delta_2``, shown in the record; the
-        accounted event is the plan's Skellam event (:meth:`step_event`)."""
-        del client_state
-        steps = self.plan.accounted_steps(server.plan)
-        return Spend(
-            sample_rate=jnp.ones((), jnp.float32),
-            noise_multiplier=server.plan.noise_multiplier,
-            steps=steps,
-            extra_epsilon=jnp.zeros((), jnp.float32),
-        )
 
     def step_event(self, hyper: PrivateHyper) -> Callable[[float, float, int], Any]:
         """``(q, sigma, steps) ->`` ``steps`` participations of the plan's Skellam event of

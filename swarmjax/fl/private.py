@@ -29,7 +29,6 @@ from typing import Any, ClassVar
 
 import flax.struct
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Bool, Int, PRNGKeyArray, PyTree
 
@@ -40,7 +39,6 @@ from swarmjax.fl.protocol import (
     Protection,
     RunSpec,
     Slots,
-    Spend,
     SummedAggregate,
     Update,
     privacy_unit,
@@ -141,11 +139,10 @@ class PlanAround(Algorithm):
         out.update(self.plan.metrics(server.plan))
         return out
 
-    def private_diagnostics(self, client_state: Any) -> dict[str, Array]:
-        return self.algorithm.private_diagnostics(client_state)
-
-    def client_data(self, clients: Any) -> PyTree:
-        return self.algorithm.client_data(clients)
+    def client_data(self, clients: Any, test: tuple[Array, Array] | None = None) -> PyTree:
+        """The wrapped algorithm's client data, once it and the plan fit ``clients``."""
+        self.fits(clients)
+        return self.algorithm.client_data(clients, test)
 
     def default_hyper(self, clients: Any, spec: RunSpec) -> PrivateHyper:
         return PrivateHyper(
@@ -246,8 +243,8 @@ class Private(SummedAggregate, PlanAround):
 
     # ------------------------------------------------------------------ host side
 
-    def check(self, clients: Any, test: tuple[Array, Array] | None = None) -> None:
-        self.algorithm.check(clients, test)
+    def fits(self, clients: Any) -> None:
+        """One ``ValueError`` line unless the plan's public cohort fits ``clients``."""
         cohort = self.plan.participation.public_cohort
         n = clients.num_clients
         if cohort is not None and cohort > n:
@@ -258,6 +255,7 @@ class Private(SummedAggregate, PlanAround):
     ) -> PrivateHyper:
         """The algorithm's values checked without a target (it makes no claim); the plan's
         calibrated to ``epsilon_target``."""
+        self.fits(clients)
         return PrivateHyper(
             inner=self.algorithm.resolve(hyper.inner, clients, spec, None),
             plan=self.plan.resolve(hyper.plan, clients.num_clients, spec, epsilon_target),
@@ -270,8 +268,9 @@ class Private(SummedAggregate, PlanAround):
 
 @dataclass(frozen=True)
 class UserLevel(Accounting):
-    """What the accountings of user-level plans share: the unit is the client and the
-    plan states what its released floats reveal.
+    """What the accountings of user-level plans share: the unit is the client, the server
+    counts the plan's steps, the plan gives its rates and states what its released floats
+    reveal.
 
     Attributes:
         plan: the user-level plan (central or distributed).
@@ -284,11 +283,24 @@ class UserLevel(Accounting):
     def floating_point(self) -> str:
         return self.plan.floating_point()
 
+    def steps(self, server: PrivateServer, client_state: Any) -> Int[Array, ""]:
+        """The plan's accounted steps (server side), the same for every client."""
+        del client_state
+        return self.plan.accounted_steps(server.plan)
+
+    def rates(
+        self, hyper: PrivateHyper, rounds: int, num_clients: int, sizes: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:
+        """The plan's ``(q, z)`` of every client and its overflow charge, from the runs'
+        plan hyper values (``rates`` of the plan); no other release."""
+        del rounds, sizes
+        return (*self.plan.rates(hyper.plan, num_clients), None)
+
 
 @dataclass(frozen=True)
 class CentralUserLevel(UserLevel):
-    """The accounting of a central user-level plan (:class:`Private`): every client's spend
-    is the plan's accounted ``(q, z, steps)``, the Poisson draw of clients is charged its
+    """The accounting of a central user-level plan (:class:`Private`): every client is
+    accounted by the plan's ``(q, z, steps)``, the Poisson draw of clients is charged its
     overflow, and client-level canaries take part by the plan's participation rule.
 
     Attributes:
@@ -299,29 +311,6 @@ class CentralUserLevel(UserLevel):
 
     plan: UserLevelDP
     broadcast: Callable[[Any], Any]
-
-    def spend(self, server: PrivateServer, client_state: Any) -> Spend:
-        """The plan's accounted ``(q, z, steps)``, the same for every client."""
-        del client_state
-        q, z, steps = self.plan.accounted(server.plan)
-        return Spend(
-            sample_rate=q,
-            noise_multiplier=z,
-            steps=steps,
-            extra_epsilon=jnp.zeros((), jnp.float32),
-        )
-
-    def overflow(
-        self,
-        spend: Spend,
-        num_clients: int,
-        sizes: np.ndarray | None = None,
-        padded: int | None = None,
-    ) -> np.ndarray | None:
-        """``(runs, 1, N)`` per-round overflow chance of the Poisson draw of clients."""
-        del sizes, padded
-        over = self.plan.overflow(np.asarray(spend.sample_rate)[:, -1, :], num_clients)
-        return None if over is None else over[:, None, :]
 
     def canary_hook(self) -> CanaryHook:
         """Client-level canaries by the plan's participation rule: each in canary takes part

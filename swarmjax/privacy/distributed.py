@@ -176,12 +176,10 @@ class DistributedHyper:
 @flax.struct.dataclass
 class DistributedState:
     """The plan's server state: rounds done, rounds refused (too few survivors: nothing
-    released), the variant's :attr:`DistributedHyper.noise_multiplier` and the public
-    schedule (min-separation)."""
+    released) and the public schedule (min-separation)."""
 
     rounds: Int[Array, ""]
     refused: Int[Array, ""]
-    noise_multiplier: Float[Array, ""]
     schedule: Int[Array, "T m"] | None = None
 
 
@@ -298,6 +296,22 @@ class DistributedDP:
     def honest(self) -> int:
         """``h = t - max_colluders``: honest survivors whose noise is counted."""
         return self.threshold - self.max_colluders
+
+    def noise_std(self, hyper: DistributedHyper) -> np.ndarray:
+        """Std of the noise one round adds to the cohort's decoded sum, per coordinate, in
+        units of the clip ``C`` (float64, ``hyper``'s shape: one value per variant):
+        ``sqrt(2 mu m / h) / (gamma C)``, every one of the ``m`` clients' Skellam shares of
+        ``mu / h`` (variance ``2 mu / h`` grid units each) over ``gamma C`` grid steps per
+        clip; ``0`` without noise. Comparable with a central plan's ``z`` per round."""
+        mu, gamma, clip = (
+            np.asarray(a, np.float64) for a in (hyper.noise, hyper.grid_scale, hyper.initial_clip)
+        )
+        if np.any(~np.isfinite(gamma) | (gamma <= 0)) or np.any(clip <= 0):
+            raise ValueError(
+                "hyper: noise_std needs a resolved plan (grid_scale > 0, initial_clip > 0); "
+                f"got grid_scale={gamma}, initial_clip={clip}"
+            )
+        return np.sqrt(2.0 * mu * self.cohort / self.honest) / (gamma * clip)
 
     def compositions(self, num_clients: int, rounds: int) -> int:
         """``k``: rounds one client takes part in (every round under a fixed cohort)."""
@@ -524,12 +538,7 @@ class DistributedDP:
     def init(self, hyper: DistributedHyper) -> DistributedState:
         """The plan's server state before round 1."""
         zero = jnp.zeros((), jnp.int32)
-        return DistributedState(
-            rounds=zero,
-            refused=zero,
-            noise_multiplier=hyper.noise_multiplier,
-            schedule=hyper.schedule,
-        )
+        return DistributedState(rounds=zero, refused=zero, schedule=hyper.schedule)
 
     def select(self, state: DistributedState, key: PRNGKeyArray, n: int) -> Bool[Array, " N"]:
         """``(N,)`` the public cohort of this round."""
@@ -645,6 +654,17 @@ class DistributedDP:
             cap = p.max_participations
             return steps if cap is None else jnp.minimum(steps, cap)
         return state.rounds
+
+    def rates(
+        self, hyper: DistributedHyper, num_clients: int
+    ) -> tuple[np.ndarray, np.ndarray, None]:
+        """Host side: what the privacy record states beside :meth:`accounted_steps` for runs
+        of ``hyper`` (leading run axis ``R``): ``q = 1`` (a public cohort) and ``sigma =
+        sqrt(2 mu) / Delta_2`` (the Gaussian multiplier of equal variance; the record
+        composes the plan's Skellam :meth:`event`), both ``(R, N)``; nothing overflows."""
+        sigma = np.asarray(hyper.noise_multiplier).reshape(-1, 1)
+        sigma = np.repeat(sigma, num_clients, axis=1)
+        return np.ones(sigma.shape, sigma.dtype), sigma, None
 
     def metrics(self, state: DistributedState) -> dict[str, Array]:
         """Public metrics: rounds refused so far."""

@@ -484,18 +484,29 @@ class UserLevelDP:
         )
         return noised, denominator, state
 
-    def accounted(
-        self, state: PlanState
-    ) -> tuple[Float[Array, ""], Float[Array, ""], Int[Array, ""]]:
-        """``(q, z, steps)`` accounted so far: Poisson ``(q, z, rounds)``, a fixed cohort
-        ``(1, z, rounds)``; min-separation charges its whole-run event from the first round
-        on, ``(1, z, min(rounds, 1))`` (each prefix is a post-processing of the whole)."""
-        one = jnp.ones((), jnp.float32)
-        if isinstance(self.participation, Poisson):
-            return state.sample_rate, state.noise_multiplier, state.rounds
-        if isinstance(self.participation, FixedCohort):
-            return one, state.noise_multiplier, state.rounds
-        return one, state.noise_multiplier, jnp.minimum(state.rounds, 1)
+    def accounted_steps(self, state: PlanState) -> Int[Array, ""]:
+        """Accounted steps so far (int32 ``()``): the rounds done under Poisson sampling or
+        a fixed cohort; min-separation charges its whole-run event from the first round on,
+        ``min(rounds, 1)`` (each prefix is a post-processing of the whole)."""
+        if isinstance(self.participation, Poisson | FixedCohort):
+            return state.rounds
+        return jnp.minimum(state.rounds, 1)
+
+    def rates(
+        self, hyper: PlanHyper, num_clients: int
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """Host side: what the privacy record composes with :meth:`accounted_steps`, for
+        runs of ``hyper`` (leading run axis ``R``; its dtype, float32 in a run): the
+        accounted ``(q, z)`` of every client ``(R, N)`` (Poisson ``(q, z)``, a public
+        cohort ``(1, z)``) and the per-round :meth:`overflow` of the draw of clients,
+        ``(R, 1, N)`` or ``None``."""
+        z = np.asarray(hyper.noise_multiplier).reshape(-1, 1)
+        q = np.asarray(hyper.sample_rate).reshape(-1, 1)
+        if not isinstance(self.participation, Poisson):
+            q = np.ones(z.shape, z.dtype)
+        q, z = np.repeat(q, num_clients, axis=1), np.repeat(z, num_clients, axis=1)
+        over = self.overflow(q, num_clients)
+        return q, z, None if over is None else over[:, None, :]
 
     def metrics(self, state: PlanState) -> dict[str, Array]:
         """Public metrics of the plan: ``clip_norm`` and, adaptive, the noised unclipped

@@ -15,13 +15,13 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, ArrayLike, Bool, Float, PyTree
+from jaxtyping import Array, ArrayLike, Bool, Float, Int, PyTree
 
 from swarmjax._validation import check_positive
-from swarmjax.fl.client.training import LocalTraining
+from swarmjax.fl.client.training import LocalTraining, sample_rate
 from swarmjax.fl.data.clients import ClientData, as_test_set, check_federated_inputs
 from swarmjax.fl.data.store import ClientStore
-from swarmjax.fl.protocol import Accounting, RunSpec, Spend, slot_sum, where_selected
+from swarmjax.fl.protocol import Accounting, RunSpec, slot_sum, where_selected
 from swarmjax.models import Model, evaluate
 
 __all__ = [
@@ -35,7 +35,6 @@ __all__ = [
     "masked",
     "public_metrics",
     "record_level_noise",
-    "record_sampling_overflow",
     "slot_sum",
     "weighted_average",
 ]
@@ -62,10 +61,19 @@ class ModelReply:
 
 @flax.struct.dataclass
 class Trainer:
-    """Client state of the model-averaging algorithms: its privacy spend and, for the
-    private diagnostics only, the mean loss of its last local training (nats)."""
+    """Client state of the model-averaging algorithms.
 
-    spend: Spend
+    Attributes:
+        steps: ``()`` int32, the local (DP) steps taken so far: what the client's
+            accountant counts (:meth:`RecordLevel.steps`).
+        noise_multiplier: ``()`` float32 ``sigma_i`` of its DP steps (0 without
+            record-level DP).
+        loss: ``()`` mean loss of its last local training (nats), for the private
+            diagnostics only.
+    """
+
+    steps: Int[Array, ""]
+    noise_multiplier: Float[Array, ""]
     loss: Float[Array, ""]
 
 
@@ -151,26 +159,6 @@ def record_level_noise(
     return np.where(s32 < s, np.nextafter(s32, np.float32(np.inf)), s32).astype(np.float32)
 
 
-def record_sampling_overflow(
-    training: LocalTraining, spend: Spend, sizes: np.ndarray | None, padded: int | None
-) -> np.ndarray | None:
-    """:meth:`~swarmjax.fl.protocol.Accounting.overflow` of record-level DP: the
-    per-step overflow chance ``(clients,)`` of each client's Poisson batch buffer, for
-    clients of ``sizes`` padded to ``padded`` rows. Without ``sizes`` (a deployment, where
-    the server holds no data) client ``i``'s size is ``B / q_i`` from the sample rate it
-    reported, already part of the record; a client that never reported (``q_i = 0``) took
-    no step and is charged nothing. ``None`` without record-level DP."""
-    if training.record_dp is None:
-        return None
-    if sizes is not None:
-        sizes = np.asarray(sizes, np.int64)
-        return training.sampler_overflow(sizes, int(sizes.max() if padded is None else padded))
-    rates = np.asarray(spend.sample_rate, np.float64)  # (runs, rounds, N)
-    q = rates.reshape(-1, rates.shape[-1]).max(axis=0)  # (N,): any round it reported in
-    derived = np.rint(training.batch_size / np.where(q > 0, q, 1.0)).astype(np.int64)
-    return np.where(q > 0, training.sampler_overflow(derived, int(derived.max())), 0.0)
-
-
 def check_model_inputs(model: Model, clients: Any, test: tuple[Array, Array] | None) -> None:
     """Model, client data (stacked ``ClientData`` or a flat ``ClientStore``) and test set
     (``None``: not checked) against each other: shapes, classes, labels."""
@@ -238,38 +226,59 @@ def with_audit_reports(result: Any, reports: tuple[Any, ...]) -> Any:
 
 @dataclass(frozen=True)
 class RecordLevel(Accounting):
-    """The accounting of local training (FedAvg, Fed-DP-PSO): each client's accountant is
-    the :class:`Spend` in its own state (``client_state.spend``). With ``training.record_dp``
-    (DP-SGD/DP-Adam) the unit is the record, its Poisson batch buffer's overflow is charged
-    to delta and canaries the clients carry (``audit``) are scored when the run finishes;
-    without it the unit is ``None``: the steps are counted and stated, no claim is made.
+    """The accounting of local training (FedAvg, Fed-DP-PSO): each client counts its own
+    DP steps (``client_state.steps``); their ``q_i = B / |D_i|`` and ``sigma_i`` (the
+    variant's ``noise_multiplier``) are the plan's, read on the host (:meth:`rates`).
+    With ``training.record_dp`` (DP-SGD/DP-Adam) the unit is the record, its Poisson batch
+    buffer's overflow is charged to delta and canaries the clients carry (``audit``) are
+    scored when the run finishes; without it the unit is ``None``: the steps are counted
+    and stated, no claim is made.
 
     Attributes:
         training: the clients' :class:`~swarmjax.fl.client.training.LocalTraining` (its
             ``record_dp`` set).
         audit: the in-client :class:`~swarmjax.privacy.canaries.CanaryAudit`, or ``None``.
+        releases: ``(a, b)``: each client makes ``a`` other noised releases when it starts
+            and ``b`` a round, each at the variant's ``score_epsilon`` (Fed-DP-PSO's
+            scores); ``(0, 0)``: none.
     """
 
     training: LocalTraining
     audit: Any = None
+    releases: tuple[int, int] = (0, 0)
 
     @property
     def unit(self) -> str | None:  # type: ignore[override]
         return "record" if self.training.record_dp is not None else None
 
-    def spend(self, server: PyTree, client_state: Any) -> Spend:
+    def steps(self, server: PyTree, client_state: Any) -> Int[Array, ""]:
         del server
-        return client_state.spend
+        return client_state.steps
 
-    def overflow(
-        self,
-        spend: Spend,
-        num_clients: int,
-        sizes: np.ndarray | None = None,
-        padded: int | None = None,
-    ) -> np.ndarray | None:
+    def rates(
+        self, hyper: Any, rounds: int, num_clients: int, sizes: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:
+        """``q_i = B / |D_i|`` (float32, as the clients' DP steps draw their batches) and
+        ``sigma_i`` ``(R, N)``, the ``(N,)`` overflow chance of each client's Poisson batch
+        buffer (:meth:`~swarmjax.fl.client.training.LocalTraining.sampler_overflow`; a
+        buffer of the padded length never overflows) and the other releases' epsilon
+        ``(R, T, 1)``; ``(0, 0, None)`` without ``training.record_dp``."""
         del num_clients
-        return record_sampling_overflow(self.training, spend, sizes, padded)
+        extra = None
+        if self.releases != (0, 0):  # summed in float32, release by release, round by round
+            eps = np.asarray(hyper.score_epsilon, np.float32).reshape(-1, 1, 1)
+            done = np.float32(self.releases[0]) * eps
+            per_round = np.float32(self.releases[1]) * eps
+            extra = np.concatenate([done := done + per_round for _ in range(rounds)], axis=1)
+        sigma = np.asarray(hyper.noise_multiplier)
+        if self.training.record_dp is None:
+            return np.zeros_like(sigma), np.zeros_like(sigma), None, extra
+        if sizes is None:
+            raise ValueError("sizes: record-level accounting needs the clients' row counts")
+        sizes = np.asarray(sizes, np.int64).reshape(-1)
+        q = np.asarray(sample_rate(jnp.asarray(sizes), self.training.batch_size), np.float32)
+        over = self.training.sampler_overflow(sizes, int(sizes.max()))
+        return np.broadcast_to(q, sigma.shape), sigma, over, extra
 
     def audited(self, result: Any) -> Any:
         """``result`` with each run's pooled record-level canary report

@@ -61,7 +61,7 @@ from swarmjax.fl.algorithms.common import (
     record_level_noise,
     slot_sum,
 )
-from swarmjax.fl.client.training import LocalTraining, RecordDP, sample_rate
+from swarmjax.fl.client.training import LocalTraining, RecordDP
 from swarmjax.fl.data.clients import ClientData
 from swarmjax.fl.protocol import (
     ACCOUNTED,
@@ -71,7 +71,6 @@ from swarmjax.fl.protocol import (
     Protection,
     RunSpec,
     Slots,
-    Spend,
     everyone,
     noised,
 )
@@ -130,14 +129,16 @@ class FedDPPSOHyper:
 
 @flax.struct.dataclass
 class PSOClient:
-    """A client's swarm ``(S, ...)``, its privacy spend, the Laplace scale of its scores
+    """A client's swarm ``(S, ...)``, its DP-Adam steps so far and their noise multiplier
+    ``sigma_i`` (what its accountant keeps), the Laplace scale of its scores
     (nats), its optimiser state (``optimizer_state="persistent"``; ``()`` otherwise), its
     record-level canaries (with ``audit``; ``()`` otherwise: they never leave the client
     in a deployment, the simulation reads their scores after the run) and, for the
     private diagnostics only, its last DP-Adam loss and step count."""
 
     swarm: swarm.SwarmState
-    spend: Spend
+    steps: Int[Array, ""]
+    noise_multiplier: Float[Array, ""]
     score_scale: Float[Array, ""]
     refine_loss: Float[Array, ""]
     refine_steps: Int[Array, ""]
@@ -261,15 +262,16 @@ class FedDPPSO(Algorithm):
 
     def accounting(self) -> RecordLevel:
         """The clients' own accountants (:class:`~swarmjax.fl.algorithms.common.RecordLevel`,
-        with :attr:`audit`'s canaries): record-level DP when ``training.record_dp`` is set,
-        else steps counted and no claim (unit ``None``)."""
-        return RecordLevel(self.training, self.audit)
+        with :attr:`audit`'s canaries and the noised scores: ``S`` at the start, ``S + 1``
+        a round, :func:`selection_releases`): record-level DP when ``training.record_dp``
+        is set, else steps counted and no claim (unit ``None``)."""
+        return RecordLevel(self.training, self.audit, (self.particles, self.particles + 1))
 
     # ------------------------------------------------------------------------ exchanges
 
     def _score_protection(self) -> Protection:
         if self.private_selection:
-            return noised("clipped mean score + Laplace; epsilon in Spend.extra_epsilon")
+            return noised("clipped mean score + Laplace; its epsilon added by basic composition")
         return UNPROTECTED
 
     def _report(self) -> Exchange:
@@ -378,13 +380,8 @@ class FedDPPSO(Algorithm):
             losses = self.scores(positions, data.score, k_score, scale)
         state = swarm.init(k_swarm, positions, losses)
         # The S initial scores are counted here in both modes ("shared": scored at setup).
-        spend = Spend.none().replace(extra_epsilon=self.particles * eps1)
-        if self.training.record_dp is not None:
-            spend = spend.replace(
-                sample_rate=sample_rate(data.train.sizes, self.training.batch_size),
-                noise_multiplier=hyper.noise_multiplier[client_id],
-            )
         zero = jnp.zeros((), jnp.float32)
+        sigma = zero if self.training.record_dp is None else hyper.noise_multiplier[client_id]
         opt_state = ()
         if self.optimizer_state == "persistent":
             template = _take(positions, 0)
@@ -393,7 +390,8 @@ class FedDPPSO(Algorithm):
         if self.audit is not None:  # the client's own coins and coordinates (secret key)
             d = sum(int(np.size(leaf)) for leaf in jax.tree.leaves(_take(positions, 0)))
             canaries = ClientCanaries.create(key, self.audit.canaries, d)
-        return PSOClient(state, spend, scale, zero, jnp.zeros((), jnp.int32), opt_state, canaries)
+        steps = jnp.zeros((), jnp.int32)
+        return PSOClient(state, steps, sigma, scale, zero, steps, opt_state, canaries)
 
     def start_swarm(
         self,
@@ -465,7 +463,7 @@ class FedDPPSO(Algorithm):
             data.train,
             k_train,
             hyper.learning_rate,
-            state.spend.noise_multiplier,
+            state.noise_multiplier,
             None if self.audit is None else state.canaries,
             opt_state=state.opt_state if persistent else None,
         )
@@ -486,13 +484,9 @@ class FedDPPSO(Algorithm):
         s = after.replace(
             iteration=s.iteration, nonfinite=s.nonfinite + (~jnp.isfinite(new)).astype(jnp.int32)
         )
-        spend = state.spend.replace(
-            steps=state.spend.steps + res.steps,
-            extra_epsilon=state.spend.extra_epsilon + (self.particles + 1) * hyper.score_epsilon,
-        )
         new_state = state.replace(
             swarm=s,
-            spend=spend,
+            steps=state.steps + res.steps,
             refine_loss=res.loss,
             refine_steps=res.steps,
             opt_state=res.opt_state if persistent else state.opt_state,
@@ -566,18 +560,11 @@ class FedDPPSO(Algorithm):
         out["reported_score"] = server.reports
         return out
 
-    def private_diagnostics(self, state: PSOClient) -> dict[str, Array]:
-        return {
-            "refine_loss": state.refine_loss,
-            "refine_steps": state.refine_steps,
-            "iteration": state.swarm.iteration,
-            "nonfinite": state.swarm.nonfinite,
-        }
-
     # ------------------------------------------------------------------------ host side
 
-    def check(self, clients: ClientData, test: tuple[Array, Array] | None = None) -> None:
-        """``ValueError`` naming the field unless the settings fit ``clients``."""
+    def fits(self, clients: ClientData, test: tuple[Array, Array] | None = None) -> None:
+        """One ``ValueError`` line naming the field unless the settings fit ``clients`` and
+        the public ``test`` set (``None``: not checked)."""
         check_int("particles", self.particles, 1)
         check_int("top_k", self.top_k, 1)
         check_stored("loss_bound", self.loss_bound, 0.0, math.inf, low_open=True)
@@ -615,8 +602,10 @@ class FedDPPSO(Algorithm):
         steps."""
         return in_client_audit_reports(self.audit, result)
 
-    def client_data(self, clients: ClientData) -> PSOData:
-        """Stacked :class:`PSOData` (the scoring subset drawn once, public randomness)."""
+    def client_data(self, clients: ClientData, test: tuple[Array, Array] | None = None) -> PSOData:
+        """Stacked :class:`PSOData` (the scoring subset drawn once, public randomness), once
+        the settings fit ``clients`` and ``test`` (:meth:`fits`)."""
+        self.fits(clients, test)
         score = (
             clients if self.eval_subset is None else evaluation_subset(clients, self.eval_subset)
         )
@@ -643,6 +632,7 @@ class FedDPPSO(Algorithm):
         """``sigma_i`` calibrated per client to ``epsilon_target`` (which must be inf exactly
         when ``training.record_dp`` is None); with ``private_selection`` each score gets
         ``selection_epsilon /`` :func:`selection_releases`."""
+        self.fits(clients)
         target = math.inf if epsilon_target is None else epsilon_target
         if (self.training.record_dp is None) != math.isinf(target):
             raise ValueError(

@@ -46,7 +46,7 @@ from swarmjax.fl.algorithms.common import (
     slot_sum,
     weighted_average,
 )
-from swarmjax.fl.client.training import LocalTraining, sample_rate
+from swarmjax.fl.client.training import LocalTraining
 from swarmjax.fl.data.clients import ClientData
 from swarmjax.fl.protocol import (
     ACCOUNTED,
@@ -56,7 +56,6 @@ from swarmjax.fl.protocol import (
     Protection,
     RunSpec,
     Slots,
-    Spend,
     UniformCohort,
     Update,
     everyone,
@@ -191,19 +190,15 @@ class FedAvg(Algorithm):
     def client_init(
         self, key: PRNGKeyArray, data: ClientData, hyper: FedAvgHyper, client_id: Int[Array, ""]
     ) -> Trainer:
-        dp = self.training.record_dp is not None
-        spend = Spend.none()
-        if dp:
-            spend = spend.replace(
-                sample_rate=sample_rate(data.sizes, self.training.batch_size),
-                noise_multiplier=hyper.noise_multiplier[client_id],
-            )
-        loss = jnp.zeros((), jnp.float32)
+        del data
+        zero = jnp.zeros((), jnp.float32)
+        sigma = zero if self.training.record_dp is None else hyper.noise_multiplier[client_id]
+        state = Trainer(steps=jnp.zeros((), jnp.int32), noise_multiplier=sigma, loss=zero)
         if self.audit is None:
-            return Trainer(spend=spend, loss=loss)
+            return state
         # the client's own coins and coordinates (its secret key)
         canaries = ClientCanaries.create(key, self.audit.canaries, self._parameters())
-        return AuditedTrainer(spend=spend, loss=loss, canaries=canaries)
+        return AuditedTrainer(state.steps, state.noise_multiplier, state.loss, canaries)
 
     def _parameters(self) -> int:
         """The model's parameter count (shapes only: no work)."""
@@ -221,12 +216,11 @@ class FedAvg(Algorithm):
         key: PRNGKeyArray,
         hyper: FedAvgHyper,
     ) -> tuple[Trainer, ModelReply]:
-        args = (self.model, params, data, key, hyper.learning_rate, state.spend.noise_multiplier)
+        args = (self.model, params, data, key, hyper.learning_rate, state.noise_multiplier)
         transform = self.gradient_transform(hyper)
         res, canaries = self.training.train_audited(  # canaries None without an audit
             *args, getattr(state, "canaries", None), gradient_transform=transform
         )
-        spend = state.spend.replace(steps=state.spend.steps + res.steps)
         weight = self.training.examples(data.sizes).astype(jnp.float32)
         if self.weighting == "uniform":
             weight = jnp.ones((), jnp.float32)
@@ -237,9 +231,10 @@ class FedAvg(Algorithm):
             reply = Update(delta=delta, weight=weight)
         else:
             reply = ModelReply(params=res.params, weight=weight)
+        state = state.replace(steps=state.steps + res.steps, loss=res.loss)
         if self.audit is None:
-            return Trainer(spend=spend, loss=res.loss), reply
-        return AuditedTrainer(spend=spend, loss=res.loss, canaries=canaries), reply
+            return state, reply
+        return state.replace(canaries=canaries), reply
 
     def gradient_transform(self, hyper: FedAvgHyper) -> optax.GradientTransformation | None:
         """A transform of the local gradient before the optimiser (FedAvg: none; FedProx
@@ -299,16 +294,19 @@ class FedAvg(Algorithm):
     def evaluate(self, server: ModelServer, test: tuple[Array, Array]) -> dict[str, Array]:
         return public_metrics(self.model, server.params, test, self.eval_batch_size)
 
-    def private_diagnostics(self, state: Trainer) -> dict[str, Array]:
-        return {"local_train_loss": state.loss}
-
     # ------------------------------------------------------------------------ host side
 
-    def client_data(self, clients: ClientData) -> ClientData:
-        """The clients under ``training.max_examples`` (a flat store gathers the cap)."""
+    def client_data(
+        self, clients: ClientData, test: tuple[Array, Array] | None = None
+    ) -> ClientData:
+        """The clients under ``training.max_examples`` (a flat store gathers the cap), once
+        the settings fit them and ``test`` (:meth:`fits`)."""
+        self.fits(clients, test)
         return self.training.client_data(clients)
 
-    def check(self, clients: ClientData, test: tuple[Array, Array] | None = None) -> None:
+    def fits(self, clients: ClientData, test: tuple[Array, Array] | None = None) -> None:
+        """One ``ValueError`` line naming the setting unless it fits ``clients`` and the
+        public ``test`` set (``None``: not checked)."""
         self.training.check(clients.sizes)
         check_choice("server_optimizer", self.server_optimizer, (None, "sgd", "adam", "yogi"))
         check_choice("weighting", self.weighting, ("examples", "uniform"))
@@ -365,6 +363,7 @@ class FedAvg(Algorithm):
     ) -> FedAvgHyper:
         """``sigma_i`` calibrated per client to ``epsilon_target``
         (:func:`~swarmjax.fl.algorithms.common.record_level_noise`)."""
+        self.fits(clients)
         check_positive("learning_rate", float(hyper.learning_rate), finite=True)
         check_positive("server_lr", float(hyper.server_lr), finite=True)
         if self.audit is not None:

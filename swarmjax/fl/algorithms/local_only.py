@@ -152,10 +152,16 @@ class LocalOnly(Algorithm):
             out = {k: v[0] for k, v in out.items()}
         return out
 
-    def private_diagnostics(self, state: LocalClient) -> dict[str, Array]:
-        return {"local_train_loss": state.loss}
+    def client_data(
+        self, clients: ClientData, test: tuple[Array, Array] | None = None
+    ) -> ClientData:
+        """The clients as they are, once the settings fit them and ``test`` (:meth:`fits`)."""
+        self.fits(clients, test)
+        return clients
 
-    def check(self, clients: ClientData, test: tuple[Array, Array] | None = None) -> None:
+    def fits(self, clients: ClientData, test: tuple[Array, Array] | None = None) -> None:
+        """One ``ValueError`` line naming the setting unless it fits ``clients`` and the
+        public ``test`` set (``None``: not checked)."""
         self.training.check(clients.sizes)
         if self.training.record_dp is not None:
             raise ValueError("training.record_dp must be None for the local-only references")
@@ -169,6 +175,7 @@ class LocalOnly(Algorithm):
     def resolve(
         self, hyper: LocalHyper, clients: ClientData, spec: RunSpec, epsilon_target: float | None
     ) -> LocalHyper:
+        self.fits(clients)
         check_positive("learning_rate", float(hyper.learning_rate), finite=True)
         return super().resolve(hyper, clients, spec, epsilon_target)
 

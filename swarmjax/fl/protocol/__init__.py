@@ -7,7 +7,7 @@ A run is ``setup`` exchanges once, then ``rounds`` rounds of ``exchanges``. One 
    (public: it uses the server's state and key only);
 2. the server builds ONE request for all of them, ``request(server) -> Request``;
 3. every selected client runs ``client(state, data, request, key, hyper) -> (state, Reply)``
-   on its own data; its state (swarm, optimiser state, privacy spend) never leaves it;
+   on its own data; its state (swarm, optimiser state, step count) never leaves it;
 4. the server folds the replies in, ``aggregate(server, replies, slots, key, hyper) ->
    server`` (``key``: :func:`aggregate_key`, for server-side noise). ``replies`` are stacked
    over ``S`` reply slots (all ``N`` clients, or an exchange's ``max_selected`` cohort
@@ -18,7 +18,7 @@ A run is ``setup`` exchanges once, then ``rounds`` rounds of ``exchanges``. One 
 
 Privacy follows the messages: every exchange declares, per Reply field, how that field is
 protected (:class:`Protection`). The run's privacy record is derived from those
-declarations and the clients' :class:`Spend` (what their accountant counted, asked of the
+declarations, the clients' accounted steps and the plan's rates (both asked of the
 algorithm's one :class:`Accounting`), never written by hand per algorithm
 (:func:`coverage`).
 
@@ -51,15 +51,15 @@ vmapped) and the Flower runtime (:mod:`swarmjax.fl.runtime.flower`).
 
 The protocol is cut by room: :mod:`~swarmjax.fl.protocol.contract` (what an algorithm
 author reads: :class:`Algorithm`, :class:`Exchange`, :class:`Protection`, :class:`Update`),
-:mod:`~swarmjax.fl.protocol.accounting` (:class:`Accounting` and :class:`Spend`: what a
-private algorithm answers about its privacy), :mod:`~swarmjax.fl.protocol.slots` (reply
+:mod:`~swarmjax.fl.protocol.accounting` (:class:`Accounting`: what a private algorithm
+answers about its privacy), :mod:`~swarmjax.fl.protocol.slots` (reply
 slots and their sums),
 :mod:`~swarmjax.fl.protocol.variants` (:class:`RunSpec`, :class:`Variants`) and
 :mod:`~swarmjax.fl.protocol.keys` (keys and release identity). Every name is importable
 from here.
 """
 
-from swarmjax.fl.protocol.accounting import Accounting, Spend, privacy_unit, spend_of
+from swarmjax.fl.protocol.accounting import Accounting, privacy_unit, steps_of
 from swarmjax.fl.protocol.contract import (
     ACCOUNTED,
     PUBLIC,
@@ -118,7 +118,6 @@ __all__ = [
     "RunSpec",
     "ServerState",
     "Slots",
-    "Spend",
     "SummedAggregate",
     "UniformCohort",
     "Update",
@@ -138,7 +137,7 @@ __all__ = [
     "server_init_key",
     "server_key",
     "slot_sum",
-    "spend_of",
+    "steps_of",
     "variant_identities",
     "where_selected",
 ]

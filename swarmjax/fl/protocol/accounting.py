@@ -1,16 +1,17 @@
 """What a private algorithm answers about its privacy: :class:`Accounting` (one object,
-returned by :meth:`~swarmjax.fl.protocol.Algorithm.accounting`; ``None`` without DP) and
-what a client's accountant counted, :class:`Spend`.
+returned by :meth:`~swarmjax.fl.protocol.Algorithm.accounting`; ``None`` without DP).
 
 A runtime asks the algorithm once, ``acc = alg.accounting()``, and then only ``acc``: its
-privacy unit, each client's :meth:`Accounting.spend` after every round (device side), the
-chance that a static-size Poisson buffer overflowed (:meth:`Accounting.overflow`, charged
-to delta), the dp-accounting event of a non-Gaussian mechanism
+privacy unit, each client's accounted :meth:`Accounting.steps` after every round (device
+side: a count, the one number the clients' accountants keep), and on the host the rest of
+the record from the plan, :meth:`Accounting.rates` (each client's Poisson rate and noise
+multiplier, the chance that a static-size Poisson buffer overflowed, charged to delta, and
+the epsilon of other noised releases), the dp-accounting event of a non-Gaussian mechanism
 (:meth:`Accounting.step_event`), what exact float values reveal
 (:meth:`Accounting.floating_point`) and how an audit attaches
 (:meth:`Accounting.canary_hook` for client-level canaries, :meth:`Accounting.audited` for
 canaries the clients carry themselves). An algorithm author who makes no privacy claim
-never meets either type.
+never meets it.
 
 The three accountings of the library: record-level DP-SGD in the clients
 (:class:`~swarmjax.fl.algorithms.common.RecordLevel`, FedAvg + DP-SGD and Fed-DP-PSO), a
@@ -24,15 +25,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
 
-import flax.struct
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Float, Int, PyTree
+from jaxtyping import Array, Int, PyTree
 
 if TYPE_CHECKING:
     from swarmjax.privacy.canaries import CanaryHook
 
-__all__ = ["Accounting", "Spend", "privacy_unit", "spend_of"]
+__all__ = ["Accounting", "privacy_unit", "steps_of"]
 
 FLOAT_NOISE = (
     "float: noise is added in float32 (inside the clients' DP steps or by the server); "
@@ -43,37 +43,11 @@ FLOAT_NOISE = (
 :meth:`Accounting.floating_point`)."""
 
 
-@flax.struct.dataclass
-class Spend:
-    """What a client's privacy accountant has counted so far (one client; stacked over
-    clients, seeds and rounds by the simulator).
-
-    Attributes:
-        sample_rate: Poisson rate ``q`` of the accounted steps (records per client for
-            record-level DP, clients for client-level DP).
-        noise_multiplier: ``sigma`` of the accounted steps (0: no noise, epsilon = inf).
-        steps: accounted steps taken so far.
-        extra_epsilon: epsilon of other noised releases, added by basic composition.
-    """
-
-    sample_rate: Float[Array, ""]
-    noise_multiplier: Float[Array, ""]
-    steps: Int[Array, ""]
-    extra_epsilon: Float[Array, ""]
-
-    @classmethod
-    def none(cls) -> Spend:
-        """Nothing accounted (a non-private algorithm, or a client that never reported)."""
-        z = jnp.zeros((), jnp.float32)
-        return cls(
-            sample_rate=z, noise_multiplier=z, steps=jnp.zeros((), jnp.int32), extra_epsilon=z
-        )
-
-
 class Accounting:
     """How a private algorithm's privacy is accounted: everything a runtime asks after a
     run to write the privacy record, and the hooks an audit attaches to. Subclasses set
-    :attr:`unit` and define :meth:`spend`; every other member has a default.
+    :attr:`unit` and define :meth:`steps` and :meth:`rates`; every other member has a
+    default.
 
     Attributes:
         unit: the privacy unit, ``"record"`` (one example of a client) or ``"client"``;
@@ -83,25 +57,36 @@ class Accounting:
 
     unit: Literal["record", "client"] | None
 
-    def spend(self, server: PyTree, client_state: PyTree) -> Spend:
-        """Device side: what one client's accountant counted so far (after a round), from
-        the server state and that client's state."""
+    def steps(self, server: PyTree, client_state: PyTree) -> Int[Array, ""]:
+        """Device side: how many accounted steps one client has taken so far (after a
+        round), from the server state and that client's state: int32, ``()``."""
         raise NotImplementedError
 
-    def overflow(
-        self,
-        spend: Spend,
-        num_clients: int,
-        sizes: np.ndarray | None = None,
-        padded: int | None = None,
-    ) -> np.ndarray | None:
-        """Per-step chance that a static-size Poisson draw the privacy rests on overflowed
-        (charged to delta by the privacy record), broadcastable to the spend's
-        ``(runs, rounds, clients)``; ``sizes``/``padded``: the clients' real and padded row
-        counts, ``None`` in a deployment (the server holds no data). Default: nothing can
-        overflow."""
-        del spend, num_clients, sizes, padded
-        return None
+    def rates(
+        self, hyper: PyTree, rounds: int, num_clients: int, sizes: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:
+        """Host side: what the privacy record composes with the counted :meth:`steps`, from
+        the plan and the runs' ``hyper`` (leading run axis ``R``).
+
+        Args:
+            hyper: the runs' hyper values, leaves with a leading run axis.
+            rounds: ``T``, the rounds the record covers.
+            num_clients: ``N``.
+            sizes: ``(N,)`` the clients' real row counts (record-level ``q_i = B /
+                |D_i|``; ``|D_i|`` is public under record-level zero-out), ``None`` where
+                the runtime was given none.
+
+        Returns:
+            ``(sample_rate, noise_multiplier, overflow, extra_epsilon)``:
+            ``sample_rate``, ``noise_multiplier`` ``(R, N)`` float32, the Poisson rate
+            ``q`` and the noise multiplier ``sigma`` of the accounted steps (0 and 0
+            without noise); ``overflow`` ``None`` (nothing can overflow) or the per-step
+            chance that a static-size Poisson draw the privacy rests on overflowed,
+            broadcastable to ``(R, T, N)`` (charged to delta); ``extra_epsilon`` ``None``
+            or ``(R, T, N)``: the epsilon of other noised releases after each round (added
+            by basic composition).
+        """
+        raise NotImplementedError
 
     def step_event(self, hyper: PyTree) -> Callable[[float, float, int], Any] | None:
         """How the privacy record turns one variant's accounted ``(q, sigma, steps)`` of a
@@ -131,12 +116,12 @@ class Accounting:
         return result
 
 
-def spend_of(accounting: Accounting | None, server: PyTree, client_state: PyTree) -> Spend:
-    """Device side: one client's :class:`Spend` under ``accounting`` (an algorithm's
-    :meth:`~swarmjax.fl.protocol.Algorithm.accounting`); nothing counted without one."""
+def steps_of(accounting: Accounting | None, server: PyTree, client_state: PyTree) -> Int[Array, ""]:
+    """Device side: one client's accounted steps under ``accounting`` (an algorithm's
+    :meth:`~swarmjax.fl.protocol.Algorithm.accounting`); ``0`` without one."""
     if accounting is None:
-        return Spend.none()
-    return accounting.spend(server, client_state)
+        return jnp.zeros((), jnp.int32)
+    return jnp.asarray(accounting.steps(server, client_state), jnp.int32)
 
 
 def privacy_unit(accounting: Accounting | None) -> Literal["record", "client"] | None:

@@ -55,10 +55,11 @@ class Protection:
     """How one Reply field computed by a client is protected.
 
     Attributes:
-        kind: ``"accounted"``: produced by DP steps the client's accountant counts (its
-            :class:`Spend`), or, with ``unit="client"``, released only through the server's
-            accounted client-level mechanism; ``"noised"``: a noised release whose epsilon
-            the client adds to ``Spend.extra_epsilon``; ``"public"``: not computed from
+        kind: ``"accounted"``: produced by DP steps the client's accountant counts
+            (:meth:`~swarmjax.fl.protocol.accounting.Accounting.steps`), or, with
+            ``unit="client"``, released only through the server's accounted client-level
+            mechanism; ``"noised"``: a noised release whose epsilon the accounting adds
+            (its ``rates``' ``extra_epsilon``); ``"public"``: not computed from
             private data; ``"unprotected"``: an exact private statistic (a paper-faithful
             mode), never covered by any epsilon.
         unit: the privacy unit: ``"record"`` (one example of a client) or ``"client"``
@@ -77,8 +78,8 @@ UNPROTECTED = Protection("unprotected", None, "exact statistic of private data")
 
 
 def noised(note: str, unit: Literal["record", "client"] = "record") -> Protection:
-    """A noised release (its epsilon is added to the client's
-    :attr:`~swarmjax.fl.protocol.accounting.Spend.extra_epsilon`)."""
+    """A noised release (its epsilon is added by the accounting's
+    :meth:`~swarmjax.fl.protocol.accounting.Accounting.rates`, ``extra_epsilon``)."""
     return Protection("noised", unit, note)
 
 
@@ -256,13 +257,13 @@ class Algorithm:
       slice of :meth:`client_data`), both required;
     * ``setup`` (exchanges run once before round 1) and ``exchanges`` (one round);
     * ``evaluate(server, test) -> dict[str, Array]``: public metrics on the public test set
-      (the history's columns), required;
-    * ``private_diagnostics(client_state)``: statistics of private data, collected only on
-      request, never released.
+      (the history's columns), required.
 
-    Host-side members (called before any work, never traced): :meth:`client_data`,
-    :meth:`check`, :meth:`default_hyper` and :meth:`resolve`. A private algorithm's whole
-    privacy (its unit, each client's spend, overflow charges, non-Gaussian events, audits)
+    Host-side members (called before any work, never traced): :meth:`client_data` and
+    :meth:`resolve`, which also validate (the data and the public test set; every setting
+    and hyper value), and :meth:`default_hyper`. A private algorithm's whole
+    privacy (its unit, each client's steps, rates and overflow charges, non-Gaussian events,
+    audits)
     is one object, :meth:`accounting`; ``None`` (the default) makes no claim.
     """
 
@@ -282,30 +283,23 @@ class Algorithm:
     def evaluate(self, server: ServerState, test: tuple[Array, Array]) -> dict[str, Array]:
         raise NotImplementedError
 
-    def private_diagnostics(self, client_state: ClientState) -> dict[str, Array]:
-        """Statistics of a client's private data for debugging (default: none)."""
-        del client_state
-        return {}
-
     # -------------------------------------------------------------------- host side
 
     def accounting(self) -> Accounting | None:
         """How this algorithm's privacy is accounted
-        (:class:`~swarmjax.fl.protocol.accounting.Accounting`: unit, spend, overflow,
+        (:class:`~swarmjax.fl.protocol.accounting.Accounting`: unit, steps, rates,
         events, floating point, audit hooks), or ``None`` (default): no DP claim, every
         epsilon infinite."""
         return None
 
-    def client_data(self, clients: Any) -> PyTree:
+    def client_data(self, clients: Any, test: tuple[Array, Array] | None = None) -> PyTree:
         """What each client holds, stacked over clients, from stacked
-        :class:`~swarmjax.fl.data.clients.ClientData` (default: the data itself)."""
+        :class:`~swarmjax.fl.data.clients.ClientData`, after a ``ValueError`` naming the
+        setting unless the algorithm fits ``clients`` and the public ``test`` set
+        (``None``: not checked). The runtimes call it before any work. Default: the data
+        itself, unchecked."""
+        del test
         return clients
-
-    def check(self, clients: Any, test: tuple[Array, Array] | None = None) -> None:
-        """``ValueError`` naming the setting unless the algorithm fits ``clients`` (stacked
-        ``ClientData``) and the public ``test`` set (``None``: not checked); default: no
-        check. :meth:`Variants.grid` and the runtimes call it before any work."""
-        del clients, test
 
     def default_hyper(self, clients: Any, spec: RunSpec) -> Hyper:
         """The hyper pytree of one variant (no variant axis) before :meth:`resolve`."""
@@ -315,8 +309,10 @@ class Algorithm:
         self, hyper: Hyper, clients: Any, spec: RunSpec, epsilon_target: float | None
     ) -> Hyper:
         """One variant's final hyper-parameters: derived values filled in (e.g. the noise
-        calibrated to ``epsilon_target``), every value checked (``ValueError`` naming it).
-        Default: an algorithm without DP accepts no finite ``epsilon_target``."""
+        calibrated to ``epsilon_target``), every setting and value checked against
+        ``clients`` (``ValueError`` naming it; :meth:`Variants.grid` calls it for every row
+        before any work). Default: an algorithm without DP accepts no finite
+        ``epsilon_target``."""
         del clients, spec
         if epsilon_target is not None and math.isfinite(epsilon_target):
             raise ValueError(

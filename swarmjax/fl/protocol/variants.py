@@ -117,7 +117,6 @@ class Variants:
         Axes (given as lists) become labels, in the order given with ``epsilon_target``
         first; rows are their product, the first axis outermost.
         """
-        alg.check(clients)
         base = alg.default_hyper(clients, spec)
         names = _hyper_names(base)
         for name in values:

@@ -9,7 +9,7 @@ named run options) the folder belongs to; resuming with other settings is an err
 silent mix.
 
 A checkpoint folder is NOT a release: it holds the realised cohorts, every client's state
-and per-client privacy spend, statistics of private data that no epsilon covers. Each
+and per-client accounted steps, statistics of private data that no epsilon covers. Each
 folder gets a :data:`NOT_RELEASED` marker file when it is created; :func:`not_released`
 tells a ledger (or a publishing script) which folders must never be published.
 """
@@ -49,8 +49,8 @@ NOT RELEASED - do not publish this folder or anything copied from it.
 
 This is a swarmjax checkpoint folder (swarmjax.fl.runtime.checkpoint): it holds a
 simulation's saved carry and per-round outputs, including the realised cohorts (which
-clients were selected in each round), every client's state and its per-client privacy
-spend. These are statistics of private data and are not covered by any epsilon the run
+clients were selected in each round), every client's state and its per-client accounted
+steps. These are statistics of private data and are not covered by any epsilon the run
 reports; only the run's released results (history, privacy record) may be published.
 Keep it private and delete it when the run is finished.
 """

@@ -90,9 +90,10 @@ class Execution:
         callbacks: called once per finished round with that round's public metrics of
             every run (:mod:`~swarmjax.fl.runtime.callbacks`: ``JsonLines``, ``CsvRows``,
             ``TensorBoard``, or any ``callback(round, metrics, runs)``; ``simulate`` only).
-        diagnostics: also collect ``alg.private_diagnostics`` and the realised selections
-            (statistics of private data, NOT covered by epsilon) into
-            ``Result.private_diagnostics``.
+        diagnostics: also collect every numeric scalar of each client's state after each
+            round (:func:`~swarmjax.fl.runtime.simulator.state_scalars`: ``(runs, rounds,
+            clients)`` by path, e.g. ``"loss"``) and the realised selections (statistics of
+            private data, NOT covered by epsilon) into ``Result.private_diagnostics``.
     """
 
     client_map: ClientMap | None = "vmap"

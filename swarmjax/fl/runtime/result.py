@@ -1,5 +1,5 @@
 """What every federated run returns: :class:`Result` (final states, public history, privacy
-record), how the privacy record is derived from the clients' :class:`Spend`,
+record), how the privacy record is derived from the clients' accounted steps and the plan,
 :func:`report`, which turns any runtime's outputs (the simulator's and the Flower
 ServerApp's) into that one :class:`Result`, and :class:`Publication`: what a call publishes
 and where it is recorded."""
@@ -23,7 +23,6 @@ from swarmjax.fl.protocol import (
     Algorithm,
     Exchange,
     RunSpec,
-    Spend,
     Variants,
     coverage,
     privacy_unit,
@@ -91,7 +90,8 @@ def relation(unit: str | None) -> str | None:
 
 @dataclass(frozen=True)
 class PrivacyRecord:
-    """The privacy of a run, derived from the exchanges' declarations and the clients' spend.
+    """The privacy of a run, derived from the exchanges' declarations, the clients' accounted
+    steps and the plan's rates.
 
     Attributes:
         unit: ``"record"`` (one example of a client), ``"client"`` (a whole client) or
@@ -206,11 +206,14 @@ class Disclosure:
 
 
 def privacy_record(
-    spend: Spend,
+    steps: np.ndarray,
     exchanges: tuple[Exchange, ...],
     *,
     unit: str | None,
     delta: float,
+    sample_rate: np.ndarray | float = 0.0,
+    noise_multiplier: np.ndarray | float = 0.0,
+    extra_epsilon: np.ndarray | None = None,
     overflow_prob: np.ndarray | None = None,
     accountant: str = "pld",
     step_events: Sequence[StepEvent | None] | None = None,
@@ -219,20 +222,25 @@ def privacy_record(
     """The privacy record of a run: epsilon per (run, round, client) by ``accountant``.
 
     Args:
-        spend: what the clients' accountants counted after each round (a :class:`Spend`
-            with ``(runs, rounds, clients)`` leaves).
+        steps: ``(runs, rounds, clients)`` accounted steps of each client after each round
+            (:meth:`~swarmjax.fl.protocol.Accounting.steps`).
         exchanges: the algorithm's exchanges; their declarations say what epsilon covers.
         unit: ``"record"``, ``"client"`` or ``None`` (no DP: every epsilon is inf).
         delta: the delta every epsilon is stated at.
-        overflow_prob: per-step chance (``(clients,)`` or broadcastable to the spend's
+        sample_rate, noise_multiplier: Poisson rate ``q`` and noise multiplier ``sigma`` of
+            the accounted steps, broadcastable to ``steps``' shape (``(runs, 1, clients)``
+            from :meth:`~swarmjax.fl.protocol.Accounting.rates`).
+        extra_epsilon: ``None`` or the epsilon of other noised releases after each round,
+            broadcastable to ``steps``' shape, added by basic composition.
+        overflow_prob: per-step chance (``(clients,)`` or broadcastable to ``steps``'
             shape) that a static-size Poisson draw overflowed (a client's batch buffer, or
             the draw of clients), charged to ``delta`` so the stated delta covers the
             sampler.
         accountant: ``"pld"`` or ``"rdp"`` (:mod:`swarmjax.privacy.accounting`).
         step_events: per run, how its ``(q, sigma, steps)`` become events
-            (:meth:`~swarmjax.fl.protocol.Algorithm.step_event`); ``None`` (or a ``None``
+            (:meth:`~swarmjax.fl.protocol.Accounting.step_event`); ``None`` (or a ``None``
             entry): Poisson-subsampled Gaussian steps. With any entry set, no two runs
-            share a group (their events differ beyond the spend).
+            share a group (their events differ beyond ``(q, sigma, steps)``).
         disclosure: what the record states beside its epsilons (:class:`Disclosure`).
 
     Returns:
@@ -240,10 +248,14 @@ def privacy_record(
         overflow)`` are accounted once (a 10,000-client federation under client-level DP is
         one composition).
     """
-    q = np.asarray(spend.sample_rate, np.float64)
-    sigma = np.asarray(spend.noise_multiplier, np.float64)
-    steps = np.asarray(spend.steps, np.int64)
-    extra = np.asarray(spend.extra_epsilon, np.float64)
+    steps = np.asarray(steps, np.int64)
+    if steps.ndim != 3:
+        raise ValueError(f"steps must be (runs, rounds, clients); got shape {steps.shape}")
+    q = np.broadcast_to(np.asarray(sample_rate, np.float64), steps.shape)
+    sigma = np.broadcast_to(np.asarray(noise_multiplier, np.float64), steps.shape)
+    extra = np.broadcast_to(
+        np.asarray(0.0 if extra_epsilon is None else extra_epsilon, np.float64), steps.shape
+    )
     runs, rounds, clients = steps.shape
     over = np.broadcast_to(
         np.zeros(clients) if overflow_prob is None else np.asarray(overflow_prob), steps.shape
@@ -319,43 +331,52 @@ def privacy_record(
 
 def run_privacy(
     alg: Algorithm,
-    spend: Spend,
+    steps: np.ndarray,
     hyper: Any,
     spec: RunSpec,
     num_clients: int,
     *,
     sizes: np.ndarray | None = None,
-    padded: int | None = None,
     disclosure: Disclosure = Disclosure(),
 ) -> PrivacyRecord:
     """The privacy record of ``alg``'s runs as every runtime releases it (the simulator's
     ``finish`` and the Flower ServerApp): :func:`privacy_record` with what the algorithm
     declares (its exchanges) and what its one
-    :class:`~swarmjax.fl.protocol.Accounting` answers (unit, floating-point note, per-run
-    step events and sampler overflow) at ``spec``'s delta and accountant.
+    :class:`~swarmjax.fl.protocol.Accounting` answers (unit, floating-point note, the
+    plan's rates, overflow and other releases, per-run step events) at ``spec``'s delta
+    and accountant.
 
     Args:
         alg: the algorithm that ran.
-        spend: the clients' :class:`Spend` after each round (``(runs, rounds, clients)``).
+        steps: the clients' accounted steps after each round (``(runs, rounds, clients)``
+            ints).
         hyper: the runs' hyper values (leading run axis).
         spec: the run's :class:`~swarmjax.fl.protocol.RunSpec`.
         num_clients: ``N``.
-        sizes, padded: the clients' real and padded row counts (record-level overflow);
-            ``None`` where the runtime holds no data (a deployment's server).
+        sizes: ``(N,)`` the clients' real row counts (record-level ``q_i`` and buffer
+            overflow); ``None`` where the runtime has none.
         disclosure: what the runtime states beside the epsilons (its ``floating_point`` is
             replaced by the accounting's own note).
     """
     acc = alg.accounting()
+    steps = np.asarray(steps, np.int64)
+    runs, rounds = steps.shape[:2]
+    rates: tuple = (0.0, 0.0, None, None)
+    if acc is not None:
+        host = jax.device_get(hyper)
+        q, sigma, over, extra = acc.rates(host, rounds, num_clients, sizes)
+        rates = (np.asarray(q)[:, None, :], np.asarray(sigma)[:, None, :], over, extra)
     return privacy_record(
-        spend,
+        steps,
         alg.setup + alg.exchanges,
         unit=privacy_unit(acc),
         delta=spec.delta,
+        sample_rate=rates[0],
+        noise_multiplier=rates[1],
+        overflow_prob=rates[2],
+        extra_epsilon=rates[3],
         accountant=spec.accountant,
-        step_events=step_events(alg, hyper, np.shape(spend.steps)[0]),
-        overflow_prob=None
-        if acc is None
-        else acc.overflow(spend, num_clients, sizes=sizes, padded=padded),
+        step_events=step_events(alg, hyper, runs),
         disclosure=dataclasses.replace(
             disclosure, floating_point=None if acc is None else acc.floating_point()
         ),
@@ -468,7 +489,8 @@ class Result:
         privacy: the :class:`PrivacyRecord`.
         runs: one row per run: its labels.
         private_diagnostics: statistics of private data for debugging (empty unless the run
-            asked for them); never part of the history, NOT covered by any epsilon.
+            asked for them: the clients' state scalars by path and the realised selections);
+            never part of the history, NOT covered by any epsilon.
         audit: per run, its :class:`~swarmjax.privacy.canaries.CanaryReport` (the empirical
             epsilon lower bound beside the accounted one); empty without ``audit=``.
         algorithm: the algorithm's class name, e.g. ``"FedAvg"`` (``None`` when the runtime

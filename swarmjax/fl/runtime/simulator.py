@@ -52,7 +52,7 @@ from swarmjax.fl.protocol import (
     server_init_key,
     server_key,
     slot_sum,
-    spend_of,
+    steps_of,
     variant_identities,
     where_selected,
 )
@@ -104,7 +104,8 @@ __all__ = [
 _ROWS_STREAM = 0x726F7773  # fold_in constant of a round's capped-rows draw (ClientStore.take)
 
 CHECKPOINT_NOT_RELEASED = (
-    "checkpoints: the run's carry (client states, per-client spend) and per-round outputs with "
+    "checkpoints: the run's carry (client states, per-client step counts) and per-round "
+    "outputs with "
     "the realised cohorts, statistics of private data covered by no epsilon, and secret.key, "
     "the run's secret, from which its noise can be regenerated"
 )
@@ -411,13 +412,13 @@ def _rounds_one(ctx: RunContext, carry, test, rounds: int, diagnostics: bool):
         server, states, counts, dropped = _exchanges(ctx, alg.exchanges, r, server, states)
         out = {
             "metrics": alg.evaluate(server, test),
-            "spend": jax.vmap(lambda s: spend_of(accounting, server, s))(states),
+            "steps": jax.vmap(lambda s: steps_of(accounting, server, s))(states),
             "selected": counts,
         }
         if ctx.canaries is not None:
             out["canaries_dropped"] = dropped
         if diagnostics:
-            out["diagnostics"] = jax.vmap(alg.private_diagnostics)(states)
+            out["diagnostics"] = jax.vmap(state_scalars)(states)
         return (server, states, r), out
 
     return jax.lax.scan(body, carry, None, length=rounds)
@@ -470,7 +471,8 @@ class Rounds:
 @partial(jax.jit, static_argnames=("call",))
 def run_rounds(call: Rounds, carry, keys, hypers, clients, test, canaries=None):
     """Jitted: ``call.rounds`` more rounds of every run from ``carry`` (:func:`init_runs`'s
-    output); returns ``(carry, per-round outputs)`` (metrics, spend, selected counts).
+    output); returns ``(carry, per-round outputs)`` (metrics, accounted steps, selected
+    counts).
     With ``call.audit`` (a :class:`~swarmjax.privacy.canaries.CanaryAudit`), canaries of
     directions ``canaries`` (a :class:`~swarmjax.privacy.canaries.DiracDirections`, or a
     Haar frame: a pytree like the model with a leading ``M`` axis; shared by every run)
@@ -579,7 +581,8 @@ def simulate(
         alg: the algorithm (hashable; a static jit argument).
         clients: stacked client data (usually :class:`~swarmjax.fl.data.clients.ClientData`
             with a leading client axis); every client holds its slice of
-            ``alg.client_data(clients)``. Checked with ``alg.check`` before any work.
+            ``alg.client_data(clients, test)``, which checks them (and ``test``) before
+            any work.
         test: public ``(x, y)`` test set for ``alg.evaluate``.
         variants: the hyper pytree with a variant axis, its labels and the call's
             :class:`~swarmjax.fl.protocol.RunSpec` (rounds, delta, seeds,
@@ -689,9 +692,9 @@ class Run:
 
     Holds every (variant, seed) run of one call: ``runs = variants.size * len(seeds)``
     along a leading axis of ``keys``, ``hyper`` and the ``carry`` (server states, client
-    states and per-client spend). ``done``: rounds advanced so far (at most
+    states and per-client step counts). ``done``: rounds advanced so far (at most
     ``variants.spec.rounds``, the rounds the runs were calibrated for); ``outputs``: the
-    per-call outputs on the host (metrics ``(runs, rounds)``, spend, selections).
+    per-call outputs on the host (metrics ``(runs, rounds)``, accounted steps, selections).
     """
 
     alg: Algorithm
@@ -760,9 +763,8 @@ def start(
             f"secret must be a swarmjax.privacy.secret.Secret or None; got {type(secret).__name__}"
         )
     test = as_test_set(test)
-    alg.check(clients, test)
+    data = alg.client_data(clients, test)  # checked against the algorithm first
     warn_input_mismatch(clients, test)
-    data = alg.client_data(clients)
     client_map = execution.client_map
     if client_map is None:
         client_map = default_client_map()
@@ -861,16 +863,14 @@ def finish(run: Run, *, publication: Publication | None = None) -> Result:
     n_clients = num_clients(data)
     expected = _expected_selected(alg, run.hyper, n_clients, runs, rounds)
     selected = np.where(np.isnan(expected), out["selected"], expected)  # what is released
-    stacked = isinstance(clients, ClientData)
-    sizes_known = stacked or _gathers(clients)
+    sizes_known = isinstance(clients, ClientData) or _gathers(clients)
     record = run_privacy(
         alg,
-        out["spend"],
+        out["steps"],
         run.hyper,
         spec,
         n_clients,
         sizes=np.asarray(clients.sizes) if sizes_known else None,
-        padded=(clients.max_size if stacked else clients.max_rows) if sizes_known else None,
         disclosure=Disclosure(
             randomness=randomness(run.secret_source, spec.common_random_numbers),
             key_fingerprints=fingerprints(run.keys),
@@ -929,6 +929,17 @@ def long_run_warning(seconds_per_round: float, rounds_left: int) -> bool:
         stacklevel=4,  # past simulate and its moved_options wrapper: the caller
     )
     return True
+
+
+def state_scalars(state: PyTree) -> dict[str, Array]:
+    """The private diagnostics of one client's state: every numeric scalar leaf, named by
+    its path (``"loss"``, ``"swarm.iteration"``, ``"opt_state.0.count"``)."""
+    leaves = jax.tree_util.tree_leaves_with_path(state)
+    return {
+        jax.tree_util.keystr(path, simple=True, separator="."): leaf
+        for path, leaf in leaves
+        if jnp.ndim(leaf) == 0 and jnp.issubdtype(leaf.dtype, jnp.number)
+    }
 
 
 def warn_input_mismatch(clients: Any, test: tuple[Array, Array]) -> str | None:

@@ -13,7 +13,7 @@ Messages it answers (the ServerApp sends them, :mod:`swarmjax.fl.runtime.flower.
   (``round``, ``exchange``, ``setup``); runs ``exchange.client`` with the simulator's key
   ``client_key(run_key, round, exchange, i)`` and replies with ``reply`` (the Reply pytree)
   and, unless the algorithm accounts at the client level (then the server does),
-  ``spend`` (the client's :class:`~swarmjax.fl.protocol.Spend`: counts and rates, public).
+  ``steps`` (its accounted step count, public).
 
 The client's state (its swarm, optimiser state, accountant) is stored as an ``ArrayRecord``
 in ``context.state`` and never leaves the node. :func:`answer` executes one message; this
@@ -39,7 +39,7 @@ import jax
 from flwr.app import ArrayRecord, ConfigRecord, Context, RecordDict
 from flwr.clientapp import ClientApp
 
-from swarmjax.fl.protocol import client_init_key, client_key, spend_of
+from swarmjax.fl.protocol import client_init_key, client_key, steps_of
 from swarmjax.fl.runtime.flower.records import from_record, to_record
 from swarmjax.fl.runtime.flower.relay import STATE_KEY, make_relay_app
 from swarmjax.fl.runtime.flower.task import (
@@ -53,7 +53,7 @@ from swarmjax.fl.runtime.flower.task import (
 __all__ = [
     "STATE_KEY",
     "answer",
-    "client_spend",
+    "client_steps",
     "compute_reply",
     "make_client_app",
     "partition_id",
@@ -88,11 +88,12 @@ def _client_data(task: Task, pid: int) -> Any:
     return task.client_data(pid)
 
 
-def client_spend(task: Task, state: Any) -> Any:
-    """The client's record-level spend (its accounting's ``spend`` with a zero server
-    state: a record-level accounting reads the client's own accountant only)."""
+def client_steps(task: Task, state: Any) -> Any:
+    """The client's record-level accounted steps, int32 ``()`` (its accounting's ``steps``
+    with a zero server state: a record-level accounting reads the client's own count
+    only)."""
     zero_server = jax.tree.map(lambda s: jax.numpy.zeros(s.shape, s.dtype), task.server_like)
-    return spend_of(task.algorithm.accounting(), zero_server, state)
+    return steps_of(task.algorithm.accounting(), zero_server, state)
 
 
 def _state(task: Task, stored: ArrayRecord | None, pid: int, data: Any) -> Any:
@@ -125,7 +126,7 @@ def _run_exchange(
     state, reply = compute_reply(task, pid, stored, content)
     out = RecordDict({"reply": to_record(reply)})
     if not client_level(task.algorithm):
-        out["spend"] = to_record(client_spend(task, state))
+        out["steps"] = to_record(client_steps(task, state))
     return out, to_record(state)
 
 

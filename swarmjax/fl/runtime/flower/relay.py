@@ -10,7 +10,7 @@ the task, the partition and the compiled client functions in memory.
 
 What crosses the socket: the message content (the Request's arrays and the exchange's
 ``meta``), the run and node configuration, and the client's state as the node stores it
-in ``context.state``; back: the reply content (Reply, Spend) and the new state, which the
+in ``context.state``; back: the reply content (Reply, step count) and the new state, which the
 relay stores in ``context.state`` again. The worker keeps no state of its own that a
 restart could lose, and nothing but the reply leaves the node. The worker is started on
 first use (detached, in its own session) and restarted transparently if it died; it exits

@@ -10,9 +10,11 @@ that does not answer in time, answers with an error, or answers something that i
 algorithm's Reply (another structure, shape or dtype, or non-finite numbers) is left out of
 that exchange and logged with the reason: the round finishes with the clients that answered.
 
-Privacy spend per client: record-level algorithms report their :class:`Spend` with every
+Accounted steps per client: record-level algorithms report their step count with every
 reply (a client that did not reply has released nothing new, so its last report stands);
-client-level algorithms are accounted by the server (``algorithm.accounting().spend(server, .)``).
+client-level algorithms are accounted by the server (``algorithm.accounting().steps(server,
+.)``). The rest of the record is the plan's (``accounting().rates``), with the task's public
+row counts (:attr:`~swarmjax.fl.runtime.flower.task.Task.sizes`) for record-level ``q_i``.
 
 The run's :class:`~swarmjax.fl.runtime.result.Result` is the simulator's, made by the same
 :func:`~swarmjax.fl.runtime.result.report`: ``server`` with a leading run axis of 1,
@@ -56,7 +58,6 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -72,11 +73,10 @@ from swarmjax.fl.private import algorithm_name
 from swarmjax.fl.protocol import (
     Exchange,
     Slots,
-    Spend,
     aggregate_key,
     server_init_key,
     server_key,
-    spend_of,
+    steps_of,
 )
 from swarmjax.fl.runtime.flower.records import (
     RecordError,
@@ -228,7 +228,7 @@ class _Coordinator:
     def exchange(
         self, server: PyTree, ex: Exchange, index: int, round_index: int, setup: bool
     ) -> tuple[PyTree, dict[int, PyTree], dict[str, float]]:
-        """One exchange: ``(server, spend reported by the clients that replied, release)``;
+        """One exchange: ``(server, steps reported by the clients that replied, release)``;
         ``release``: the selected count and bytes down/up the history publishes."""
         task, n = self.task, self.task.num_clients
         key = server_key(task.run_key, round_index, index)
@@ -236,7 +236,7 @@ class _Coordinator:
         if ex.max_selected is not None:  # as the simulator: the first max_selected ids only
             selected[np.flatnonzero(selected)[ex.max_selected :]] = False
         request = _jit(ex.request)(server)
-        reply_like, spend_like = _reply_like(task, ex, request)
+        reply_like, steps_like = _reply_like(task, ex, request)
         start = len(self.messages)
         if not setup and uses_secagg(task.algorithm):  # real masks: four stages
             server, rows, summary = secure_exchange(
@@ -257,7 +257,7 @@ class _Coordinator:
         replies = self._send(contents, "train.exchange", group, self.settings.reply_timeout)
         slots = jax.tree.map(lambda s: np.zeros((n, *s.shape), s.dtype), _plain(reply_like))
         mask = np.zeros(n, bool)
-        spends: dict[int, PyTree] = {}
+        counts: dict[int, PyTree] = {}
         for cid, node in targets.items():
             row = {"round": round_index, "setup": setup, "exchange": ex.name, "client": cid}
             row |= {"node": node, "bytes_down": 0, "wire_down": 0, "bytes_up": 0, "wire_up": 0}
@@ -266,14 +266,14 @@ class _Coordinator:
             else:
                 row |= {"bytes_down": payload_bytes(request)}
                 row |= {"wire_down": request_record.count_bytes()}
-                reply, status = self._accept(replies[node], reply_like, spend_like, row)
+                reply, status = self._accept(replies[node], reply_like, steps_like, row)
                 row["status"] = status
                 if reply is not None:
-                    value, spend = reply
+                    value, steps = reply
                     jax.tree.map(lambda buf, v, c=cid: buf.__setitem__(c, v), slots, value)
                     mask[cid] = True
-                    if spend is not None:
-                        spends[cid] = spend
+                    if steps is not None:
+                        counts[cid] = steps
             if row["status"] != "ok":
                 log.warning("%s: client %d left out: %s", group, cid, row["status"])
             self.messages.append(row)
@@ -281,7 +281,7 @@ class _Coordinator:
         server = _jit(ex.aggregate)(
             server, slots, Slots.everyone(jnp.asarray(mask)), agg_key, task.hyper
         )
-        return server, spends, self._release(ex, selected, request, reply_like, start)
+        return server, counts, self._release(ex, selected, request, reply_like, start)
 
     def _release(
         self, ex: Exchange, selected: np.ndarray, request: PyTree, reply_like: PyTree, start: int
@@ -302,7 +302,7 @@ class _Coordinator:
         return {"selected": realised, "down": down, "up": up, "realised": realised}
 
     def _accept(
-        self, reply: Message | str, reply_like: PyTree, spend_like: PyTree | None, row: dict
+        self, reply: Message | str, reply_like: PyTree, steps_like: PyTree | None, row: dict
     ) -> tuple[tuple[PyTree, PyTree | None] | None, str]:
         if isinstance(reply, str):
             return None, reply
@@ -313,13 +313,13 @@ class _Coordinator:
             record = content["reply"]
             row |= {"wire_up": record.count_bytes()}
             value = from_record(record, reply_like)
-            spend = None if spend_like is None else from_record(content["spend"], spend_like)
+            steps = None if steps_like is None else from_record(content["steps"], steps_like)
         except (RecordError, KeyError, TypeError) as err:
             return None, f"rejected: {err}"
         if self.settings.reject_nonfinite and not _finite(value):
             return None, "rejected: non-finite values in the reply"
         row |= {"bytes_up": payload_bytes(value)}
-        return (value, spend), "ok"
+        return (value, steps), "ok"
 
 
 # ----------------------------------------------------------------------- compiled pieces
@@ -346,15 +346,13 @@ def _plain(tree: PyTree) -> PyTree:
 
 
 def _reply_like(task: Task, ex: Exchange, request: PyTree) -> tuple[PyTree, PyTree | None]:
-    """Shapes of the Reply of ``ex`` and of a client's Spend (``None`` at client level)."""
+    """Shapes of the Reply of ``ex`` and of a client's reported step count (``None`` at
+    client level)."""
     _, reply = jax.eval_shape(
         ex.client, task.state_like, task.data_like, request, task.run_key, task.hyper
     )
-    spend = None
-    if not client_level(task.algorithm):
-        acc = task.algorithm.accounting()
-        spend = jax.eval_shape(partial(spend_of, acc), task.server_like, task.state_like)
-    return reply, spend
+    steps = None if client_level(task.algorithm) else jax.ShapeDtypeStruct((), jnp.int32)
+    return reply, steps
 
 
 def _finite(tree: PyTree) -> bool:
@@ -362,15 +360,14 @@ def _finite(tree: PyTree) -> bool:
     return all(np.isfinite(x).all() for x in leaves if np.issubdtype(x.dtype, np.inexact))
 
 
-def _spend_table(task: Task, server: PyTree, reported: dict[int, PyTree]) -> PyTree:
-    """Every client's :class:`Spend` after a round (leaves ``(clients,)``)."""
+def _steps_row(task: Task, server: PyTree, reported: dict[int, PyTree]) -> np.ndarray:
+    """Every client's accounted steps after a round (``(clients,)``)."""
     n = task.num_clients
     if client_level(task.algorithm):
         zero = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), task.state_like)
-        one = task.algorithm.accounting().spend(server, zero)
-        return jax.tree.map(lambda a: np.repeat(np.asarray(a)[None], n, axis=0), one)
-    rows = [reported.get(c, Spend.none()) for c in range(n)]
-    return jax.tree.map(lambda *xs: np.stack([np.asarray(x) for x in xs]), *rows)
+        one = steps_of(task.algorithm.accounting(), server, zero)
+        return np.repeat(np.asarray(one)[None], n, axis=0)
+    return np.asarray([np.asarray(reported.get(c, 0)) for c in range(n)], np.int64)
 
 
 # --------------------------------------------------------------------------------- driver
@@ -415,32 +412,34 @@ def _drive(grid: Grid, task: Task, settings: ServerSettings, hello: Hello | None
     server = _jit(alg.server_init)(server_init_key(task.run_key), task.hyper)
     reported: dict[int, PyTree] = {}
     for e, ex in enumerate(alg.setup):
-        server, spends, _ = co.exchange(server, ex, e, 0, setup=True)
-        reported |= spends
-    releases, spend_rounds, metrics_rounds, operator_rows = [], [], [], []
+        server, counts, _ = co.exchange(server, ex, e, 0, setup=True)
+        reported |= counts
+    releases, steps_rounds, metrics_rounds, operator_rows = [], [], [], []
     for r in range(1, task.rounds + 1):
         co.greet(time.monotonic())  # nodes that joined late take part from this round on
         t0 = time.perf_counter()
         released: dict[str, dict[str, float]] = {}
         for e, ex in enumerate(alg.exchanges):
-            server, spends, released[ex.name] = co.exchange(server, ex, e, r, setup=False)
-            reported |= spends
+            server, counts, released[ex.name] = co.exchange(server, ex, e, r, setup=False)
+            reported |= counts
         metrics = _jit(alg.evaluate)(server, task.test)
         metrics_rounds.append({k: np.asarray(v) for k, v in metrics.items()})
         # wall time of the round at the server: it tracks the realised cohort (operator-only)
         private = {f"{SELECTED}{name}": x["realised"] for name, x in released.items()}
         operator_rows.append({"round": r, **private, "seconds": time.perf_counter() - t0})
         releases.append(released)
-        spend_rounds.append(_spend_table(task, server, reported))
-    spend = jax.tree.map(lambda *xs: np.stack(xs)[None], *spend_rounds)  # (1, rounds, N)
-    # the simulator's record of the same spend (the server holds no data: no row counts)
+        steps_rounds.append(_steps_row(task, server, reported))
+    steps = np.stack(steps_rounds)[None]  # (1, rounds, N)
+    # the simulator's record of the same steps (the server holds no data, only the public
+    # row counts of record-level q_i = B / |D_i|)
     source = "entropy" if task.secret is None else task.secret.source
     privacy = run_privacy(
         alg,
-        spend,
+        steps,
         task.variants.hyper,
         task.variants.spec,
         task.num_clients,
+        sizes=task.sizes,
         disclosure=Disclosure(
             randomness=randomness(source, task.variants.spec.common_random_numbers)
         ),

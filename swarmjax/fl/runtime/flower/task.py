@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import jax
+import numpy as np
 from jaxtyping import Array, PRNGKeyArray, PyTree
 
 from swarmjax.fl.protocol import (
@@ -100,6 +101,15 @@ class Task:
         return self.variants.spec.rounds
 
     @property
+    def sizes(self) -> np.ndarray | None:
+        """``(N,)`` the clients' row counts ``|D_i|`` (public under record-level DP, whose
+        ``q_i = B / |D_i|`` the privacy record states and whose ``sigma_i`` the task's
+        hyper-parameters were calibrated from), read from :attr:`stacked`; ``None`` for a
+        task built without it."""
+        sizes = getattr(self.stacked, "sizes", None)
+        return None if sizes is None else np.asarray(sizes)
+
+    @property
     def seed(self) -> int:
         """The run seed."""
         return self.variants.spec.seeds[0]
@@ -147,7 +157,7 @@ DEFAULT_CACHE = Path.home() / ".cache" / "swarmjax" / "jax"
 
 def client_level(alg: Any) -> bool:
     """Whether ``alg`` is accounted at the client level: by the server, from its own state
-    (the clients then report no spend with their replies)."""
+    (the clients then report no steps with their replies)."""
     return privacy_unit(alg.accounting()) == "client"
 
 
