@@ -137,3 +137,30 @@ def test_a_restored_carry_is_placed_as_the_fresh_one_so_the_round_is_not_compile
     step(carry)
     step(restored)
     assert step._cache_size() == 1
+
+
+@pytest.mark.parametrize("changed", ["carry", "outputs"])
+def test_a_checkpoint_of_another_state_layout_is_one_line_not_a_traceback(tmp_path, changed):
+    """A folder saved by another version of the code (its client states held other fields:
+    session 28 replaced each client's ``Spend`` by a step count) under the same settings'
+    fingerprint: the resume stops in one line naming the folder and ``--restart``, before
+    any round, instead of orbax's tree mismatch or outputs unflattened into the wrong
+    leaves."""
+    from swarmjax.fl.runtime.checkpoint import Checkpoints
+    from swarmjax.resume import OutputConflict
+
+    carry = {"w": jax.numpy.arange(3.0), "spend": {"q": np.zeros(2), "steps": np.zeros(2, int)}}
+    outputs = {"m": np.ones((1, 2)), "steps": np.zeros((1, 2, 4), np.int32)}
+    saved = Checkpoints(tmp_path / "ck", "digest", {})
+    saved.save(1, carry, outputs)
+    saved.close()
+    if changed == "carry":
+        carry = {"w": jax.numpy.zeros(3), "steps": np.zeros(2, np.int32)}
+    else:
+        outputs = {"m": np.ones((1, 2)), "steps": np.zeros((1, 2), np.int32)}
+    again = Checkpoints(tmp_path / "ck", "digest", {})
+    with pytest.raises(OutputConflict) as err:
+        again.restore(1, carry, outputs)
+    again.close()
+    message = str(err.value)
+    assert "\n" not in message and str(tmp_path / "ck") in message and "--restart" in message

@@ -208,11 +208,23 @@ class Checkpoints:
     def restore(self, rounds_done: int, carry: PyTree, outputs_like: PyTree) -> tuple:
         """``(carry, outputs)`` saved after ``rounds_done`` rounds; ``carry`` and
         ``outputs_like`` (any arrays of the right tree structure) give the structure."""
-        restored = self._manager.restore(rounds_done, args=ocp.args.StandardRestore(_sized(carry)))
+        other = OutputConflict(
+            f"checkpoint_dir {self.folder} holds a run saved with another layout of the "
+            "run's state (another swarmjax version): delete it or rerun with --restart"
+        )
+        try:
+            restored = self._manager.restore(
+                rounds_done, args=ocp.args.StandardRestore(_sized(carry))
+            )
+        except (ValueError, KeyError, TypeError) as err:  # orbax: a tree that does not match
+            raise other from err
         # an empty leaf (e.g. a BLT of 0 buffers: shape (0, P)) went in as one zero
         restored = jax.tree.map(lambda r, c: c if _empty(c) else _placed(r, c), restored, carry)
+        expected = jax.tree.leaves(outputs_like)
         with np.load(self._outputs(rounds_done)) as f:
             leaves = [f[f"arr_{i}"] for i in range(len(f.files))]
+        if [(a.ndim, a.dtype) for a in leaves] != [(e.ndim, np.dtype(e.dtype)) for e in expected]:
+            raise other
         return restored, jax.tree.unflatten(jax.tree.structure(outputs_like), leaves)
 
     def close(self) -> None:
