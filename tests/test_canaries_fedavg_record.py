@@ -120,3 +120,22 @@ def test_a_deployment_refuses_an_audited_algorithm(federation):
     )
     with pytest.raises(ValueError, match=r"^audit: FedAvg\(audit=\.\.\.\) runs in the simulator"):
         stacked_task(alg, variants, clients, test)
+
+
+def test_a_deployment_refuses_canaries_carried_in_the_clients_in_one_line(federation):
+    """The canaries ride in the clients' states, which a deployment never gathers: the
+    Flower task refuses the algorithm before any message, asking its declared accounting
+    (no attribute looked up on the algorithm); without an audit it is accepted."""
+    from swarmjax.fl.runtime.flower.task import stacked_task
+
+    clients, test = federation
+    for audit in (AUDIT, None):
+        alg = _alg(clients, audit=audit)
+        grid = Variants.grid(alg, clients, RunSpec(2, 1e-5), epsilon_target=[EPSILON])
+        if audit is None:
+            assert stacked_task(alg, grid, clients, test).algorithm is alg
+            continue
+        with pytest.raises(ValueError) as err:
+            stacked_task(alg, grid, clients, test)
+        assert str(err.value).startswith("audit: FedAvg(audit=...) runs in the simulator only")
+        assert "\n" not in str(err.value)

@@ -24,6 +24,7 @@ import numpy as np
 from jaxtyping import Array, PRNGKeyArray, PyTree
 
 from swarmjax.fl.protocol import (
+    Accounting,
     Algorithm,
     Variants,
     client_init_key,
@@ -46,6 +47,19 @@ __all__ = [
     "stacked_task",
     "use_compilation_cache",
 ]
+
+
+def _audits_in_clients(accounting: Accounting | None) -> bool:
+    """Whether canaries ride in the clients' states (:meth:`Accounting.audited` scores them
+    from states a deployment never gathers): a record-level accounting with an ``audit``,
+    or any accounting of one's own that overrides ``audited``."""
+    from swarmjax.fl.algorithms.common import RecordLevel
+
+    if accounting is None:
+        return False
+    if isinstance(accounting, RecordLevel):
+        return accounting.audit is not None
+    return type(accounting).audited is not Accounting.audited
 
 
 @dataclass(frozen=True, eq=False)  # identity hash: a process builds its task once
@@ -89,7 +103,7 @@ class Task:
             raise ValueError(f"variants must hold exactly 1 variant; got {self.variants.size}")
         if len(self.variants.spec.seeds) != 1:
             raise ValueError(f"a task runs one seed; got {self.variants.spec.seeds}")
-        if getattr(self.algorithm, "audit", None) is not None:
+        if _audits_in_clients(self.algorithm.accounting()):
             raise ValueError(
                 f"audit: {type(self.algorithm).__name__}(audit=...) runs in the simulator only "
                 "(its report is built by simulate's finish); deploy it with audit=None"
