@@ -291,9 +291,10 @@ def _ptrs_propose(
 ) -> tuple[Int[Array, " n"], Bool[Array, " n"]]:
     """``n`` independent PTRS proposals ``k - floor(lam)`` and whether each is accepted.
 
-    Hormann's test accepts ``k >= 1`` when ``log(v / alpha / (a / us^2 + b)) <= log P(k) +
-    lam - k log(lam) + ...``; written through the deviation ``lam - k`` (``t = (lam - k) /
-    k``) it is ``log(v sqrt(2 pi k) / (alpha (a / us^2 + b))) <= k (log(1 + t) - t) -
+    Hormann's test accepts ``k >= 1`` when ``log(v / (alpha (a / us^2 + b))) <= log P(k) =
+    k log(lam) - lam - log(k!)``. With ``t = (lam - k) / k`` and Stirling's remainder
+    ``s(k)``, ``log P(k) = k (log(1 + t) - t) - log(2 pi k) / 2 - s(k)``, so the test is
+    ``log(v sqrt(2 pi k) / (alpha (a / us^2 + b))) <= k (log(1 + t) - t) -
     s(k)`` (:func:`_log1p_minus`, :func:`_stirling`): one logarithm of a product of
     float32 factors each within a few ulps, so the left side is within about ``3e-7`` of
     the exact one, and no term of size ``log k`` is formed and cancelled. ``k = 0``: ``log
