@@ -84,3 +84,14 @@ def test_secagg_runs_one_baseline_when_asked(tiny, capsys, tmp_path):
     out = capsys.readouterr().out
     assert set(_rows(out)) == {("dp-fedavg (public cohort)", None), ("dp-fedavg-secagg", 16)}
     assert "secret Poisson" not in out
+
+
+def test_secagg_stages_times_every_stage_at_a_tiny_size(capsys):
+    """benchmarks.secagg_stages at d = 300, a cohort of 5: one line per stage."""
+    from benchmarks import secagg_stages
+
+    secagg_stages.main(["--d", "300", "--cohort", "5", "--lam", "50", "--repeats", "1"])
+    out = capsys.readouterr().out
+    for stage in ("rotate", "round", "skellam", "to_residues", "masks", "unmask", "decode"):
+        assert f"\n{stage} " in "\n" + out
+    assert "median-sum" in out

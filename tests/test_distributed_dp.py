@@ -204,6 +204,70 @@ def test_skellam_beyond_float32_integers(lam):
     assert stats.kstest(draws / sd, "norm").pvalue > 1e-3
 
 
+_POISSON = jax.jit(lambda key, lam: discrete._poisson_deviation(key, lam, (2**17,)))
+
+
+def _poisson_chi2_pvalue(draws: np.ndarray, lam: float) -> float:
+    """Chi-square p-value of Poisson draws against Poisson(``lam``)'s pmf (scipy), the
+    tails beyond the 1e-5 quantiles in one bin each, bins expecting > 5."""
+    lo, hi = (int(v) for v in stats.poisson.ppf([1e-5, 1 - 1e-5], lam))
+    obs = np.bincount(np.clip(draws, lo, hi) - lo, minlength=hi - lo + 1)
+    pmf = stats.poisson.pmf(np.arange(lo, hi + 1), lam)
+    pmf[0] = stats.poisson.cdf(lo, lam)
+    pmf[-1] = stats.poisson.sf(hi - 1, lam)
+    exp = pmf * len(draws)
+    keep = exp > 5
+    chi = float(np.sum((obs[keep] - exp[keep]) ** 2 / exp[keep]))
+    return float(stats.chi2.sf(chi, keep.sum() - 1))
+
+
+@pytest.mark.parametrize("lam", [10.0, 12.5, 40.0, 1e3, 2e5])
+def test_ptrs_with_its_buffers_matches_poissons_pmf(lam):
+    """2^17 Poisson draws of the PTRS path (first pass, shrinking buffers, in-place loop)
+    against Poisson's pmf, fixed key, p > 1e-3; the same draws are refused against a pmf
+    shifted by a tenth of a standard deviation (the test has the power to see a wrong
+    sampler)."""
+    draws = np.asarray(_POISSON(KEY, lam), np.int64) + math.floor(lam)
+    assert _poisson_chi2_pvalue(draws, lam) > 1e-3
+    assert _poisson_chi2_pvalue(draws, lam + 0.1 * math.sqrt(lam)) < 1e-6
+
+
+def test_the_acceptance_tests_terms_are_float64s_to_float32():
+    """The Stirling table and the series of log(1 + t) - t against float64."""
+    k = np.arange(1, 10, dtype=np.float64)
+    exact = np.array([math.lgamma(v + 1) for v in k]) - (
+        k * np.log(k) - k + 0.5 * np.log(2 * math.pi * k)
+    )
+    np.testing.assert_allclose(discrete._STIRLING_SMALL[1:], exact, rtol=1e-7)
+    kf = jnp.arange(1.0, 40.0)
+    got = np.asarray(discrete._stirling(kf, 1.0 / kf), np.float64)
+    big = np.arange(1.0, 40.0)
+    want = np.array([math.lgamma(v + 1) for v in big]) - (
+        big * np.log(big) - big + 0.5 * np.log(2 * math.pi * big)
+    )
+    np.testing.assert_allclose(got, want, rtol=2e-6)
+    t = np.concatenate([np.linspace(-0.9, 3.0, 2001), np.geomspace(1e-6, 0.3, 200)])
+    t = np.concatenate([t, -t[t < 0.9]]).astype(np.float32)
+    got = np.asarray(discrete._log1p_minus(jnp.asarray(t)), np.float64)
+    want = np.log1p(t.astype(np.float64)) - t.astype(np.float64)
+    assert np.all(np.abs(got - want) <= 2e-6 * np.abs(want) + 1e-7 * np.abs(t) ** 2)
+
+
+def test_each_sampler_runs_for_its_own_lam_under_a_batched_lam():
+    """Vmapped over lam (variants), inversion below 10 and PTRS above give each variant
+    what an unbatched call gives; vmapped over keys of long vectors, one call at a time
+    gives what separate calls give."""
+    lams = jnp.asarray([3.0, 2.5e3, 0.0], jnp.float32)
+    batched = jax.vmap(lambda lam: discrete.skellam(KEY, lam, (300,)))(lams)
+    for row, lam in zip(np.asarray(batched), lams, strict=True):
+        np.testing.assert_array_equal(row, np.asarray(discrete.skellam(KEY, lam, (300,))))
+    keys = jax.random.split(KEY, 3)
+    d = discrete._SEQUENTIAL_LANES
+    mapped = jax.jit(jax.vmap(lambda k: discrete.skellam(k, 40.0, (d,))))(keys)
+    for row, k in zip(np.asarray(mapped), keys, strict=True):
+        np.testing.assert_array_equal(row, np.asarray(discrete.skellam(k, 40.0, (d,))))
+
+
 def test_skellam_zero_and_shares_sum():
     assert not np.any(np.asarray(_SKELLAM(KEY, 0.0)))
     keys = jax.random.split(KEY, 20)

@@ -367,25 +367,29 @@ def test_a_deployment_round_trip_with_real_keys():
 
 
 def test_mask_words_is_the_simulators_prg_and_the_reference_keystream():
-    for seed, d, bits in ((0, 37, 32), (1, 37, 8), (2, 300, 20)):
+    for seed, d, bits in ((0, 37, 32), (1, 37, 8), (2, 300, 20), (4, 301, 16), (5, 40, 10)):
         key = jax.random.fold_in(_key(seed), 77)
         raw = sc.key_bytes(key)
         assert sc.key_bytes(key_from_bytes(raw)) == raw
-        sim = np.asarray(jax.random.bits(key, (d,), jnp.uint32)) & ((1 << bits) - 1)
+        f = sa.fields(bits)  # coordinates a word: field i mod f of word i // f, lowest first
+        words = np.asarray(jax.random.bits(key, (-(-d // f),), jnp.uint32))
+        sim = np.array([(int(words[i // f]) >> (bits * (i % f))) % (1 << bits) for i in range(d)])
         np.testing.assert_array_equal(sc.mask_words(raw, d, bits), sim)
         # the RFC 8439 layout directly: 32-bit counter word 12 = 0, then words 13-15
         from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 
         nonce = struct.pack("<IIII", 0, 0, 0, 0x42495453)
         stream = Cipher(algorithms.ChaCha20(raw, nonce), mode=None).encryptor().update(bytes(4 * d))
-        np.testing.assert_array_equal(
-            np.frombuffer(stream, "<u4") & ((1 << bits) - 1), sc.mask_words(raw, d, bits)
-        )
-    # the simulator's tiles: words 16 first .. 16 (first + per) of jax.random.bits
+        np.testing.assert_array_equal(np.frombuffer(stream, "<u4")[: len(words)], words)
+    # the simulator's tiles: words 16 first .. 16 (first + per) of jax.random.bits, split
+    # into fields; masked uploads then equal the deployment's (tests (a) and (d))
     keys = jax.random.split(_key(3), 5)
     tile = sa._prg_tile(jax.random.key_data(keys), jnp.int32(3), 2)
     full = jax.vmap(lambda k: jax.random.bits(k, (80,), jnp.uint32))(keys)
     np.testing.assert_array_equal(np.asarray(tile), np.asarray(full)[:, 48:80])
+    packed = np.asarray(sa._prg_tile(jax.random.key_data(keys), jnp.int32(3), 2, 16))
+    halves = np.stack([np.asarray(full)[:, 48:80] & 0xFFFF, np.asarray(full)[:, 48:80] >> 16], -1)
+    np.testing.assert_array_equal(packed & 0xFFFF, halves.reshape(5, 64))
 
 
 # ---------------------------------------------------------------------- (f) bad input

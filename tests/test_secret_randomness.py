@@ -115,6 +115,11 @@ def test_bits_fold_in_and_split_are_the_reference_keystreams():
         assert _le(jax.random.bits(key, (bulk,), jnp.uint32)) == _reference_stream(
             raw, 0, BITS, 4 * bulk
         )
+        # beyond cc._TILE_BLOCKS blocks the stream is generated tile by tile: the same stream
+        tiled = 16 * (2 * cc._TILE_BLOCKS) + 5  # two tiles and a part of a third
+        assert _le(jax.random.bits(key, (tiled,), jnp.uint32)) == _reference_stream(
+            raw, 0, BITS, 4 * tiled
+        )
         # 16-bit and 8-bit draws: the high bits of each word
         high = np.asarray(jax.random.bits(key, (9,), jnp.uint16))
         np.testing.assert_array_equal(high, np.asarray(words[:9]) >> 16)

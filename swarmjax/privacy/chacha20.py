@@ -132,9 +132,29 @@ def block(
     return (end + start).T
 
 
+_TILE_BLOCKS = 4096
+"""Blocks per step of a long keystream (:func:`keystream`): the 16 state arrays of a
+tile (256 KiB) stay in cache through the 20 rounds, where one pass over a long stream
+reads and writes them from memory 20 times. Same bits either way; measured 2026-11-29 on
+the 2-core AMD EPYC: 4.8 M words of one key 0.081 s in one pass, 0.017 s in tiles of
+4,096 blocks (0.022-0.023 s at 1,024 and 2,048); ten keys vmapped 0.60 s against 0.30 s
+(0.25-0.30 s at 512-8,192)."""
+
+
 def keystream(key: UInt32[Array, "8"], words: int, purpose: int = _BITS) -> UInt32[Array, " w"]:
-    """The first ``words`` 32-bit words of ``key``'s keystream under ``(0, purpose)``."""
+    """The first ``words`` 32-bit words of ``key``'s keystream under ``(0, purpose)``:
+    block ``i`` at the 64-bit counter ``i``, in tiles of :data:`_TILE_BLOCKS` blocks
+    (``lax.map``) when the stream is longer than one tile."""
     blocks = max(1, -(-words // 16))
+    tiles = -(-blocks // _TILE_BLOCKS)
+    if tiles > 1 and tiles * _TILE_BLOCKS <= 2**32:  # counters fit the low word
+
+        def tile(t: Array) -> Array:
+            first = t.astype(jnp.uint32) * jnp.uint32(_TILE_BLOCKS)
+            lo = first + jnp.arange(_TILE_BLOCKS, dtype=jnp.uint32)
+            return block(key, lo, jnp.uint32(0), (0, purpose))
+
+        return jax.lax.map(tile, jnp.arange(tiles, dtype=jnp.int32)).reshape(-1)[:words]
     index = np.arange(blocks, dtype=np.uint64)
     lo = jnp.asarray((index & 0xFFFFFFFF).astype(np.uint32))
     hi = jnp.asarray((index >> 32).astype(np.uint32))

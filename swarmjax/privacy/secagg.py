@@ -12,9 +12,15 @@ graph of Bell et al., "Secure Single-Server Aggregation with (Poly)Logarithmic O
     y_i = x_i + PRG(b_i) + sum_{j in N(i), id_j > id_i} PRG(s_ij)
                          - sum_{j in N(i), id_j < id_i} PRG(s_ij)        (mod 2^b)
 
-``PRG(k)`` is the ChaCha20 keystream of the 256-bit key ``k``
-(``jax.random.bits(k, (d,), uint32)`` under :mod:`swarmjax.privacy.chacha20`), reduced
-modulo ``2^b``. ``b_i`` is the client's self-mask seed and ``s_ij = s_ji`` the secret it
+``PRG(k)`` is the ChaCha20 keystream of the 256-bit key ``k`` (the words of
+``jax.random.bits(k, (w,), uint32)`` under :mod:`swarmjax.privacy.chacha20`), each word
+holding the masks of ``f = floor(32 / b)`` coordinates in its ``b``-bit fields, lowest
+first (:func:`fields`: 2 for ``11 <= b <= 16``, so ``ceil(d / 2)`` words, up to 4 at
+``b = 8``; 1 above 16, the word reduced modulo ``2^b``). Until 2026-11-29 every
+coordinate took a word of its own; the masks of ``b <= 16`` changed then (both the
+simulator and :func:`~swarmjax.privacy.secagg_crypto.mask_words` of a deployment), not
+their law.
+``b_i`` is the client's self-mask seed and ``s_ij = s_ji`` the secret it
 agreed with its neighbour ``j``. A deployment draws ``b_i`` from its own entropy and
 agrees ``s_ij`` by X25519 + HKDF (:mod:`swarmjax.privacy.secagg_crypto`); **in this
 simulation every seed is a function of the round's secret key** ``rnd.key``::
@@ -87,7 +93,8 @@ deployment); dropouts during unmasking (here every survivor answers); the Shamir
 itself (every client shares with all ``n`` selected clients, Bonawitz-style; Bell et al.'s
 sharing with neighbours only, with its own per-neighbourhood threshold, is not modelled).
 
-**Cost.** ``masked_uploads`` draws ``S (1 + L)`` keystreams of ``d`` words, ``L`` the
+**Cost.** ``masked_uploads`` draws ``S (1 + L)`` keystreams of ``ceil(d / f)`` words
+(the table below predates the packing: ``d`` words), ``L`` the
 number of offsets of each pair's lower end (``floor(S/2)`` for the complete graph, ``k/2``
 on the ring), each pair's mask once, added to one end and subtracted from the other;
 ``unmask_sum`` draws ``S + (S - t) L'`` (``L' = S - 1`` complete, ``k`` ring). Memory is
@@ -336,19 +343,35 @@ def _mod_mask(bits: int) -> UInt32[Array, ""]:
     return jnp.uint32((1 << bits) - 1)
 
 
-def _tiles(rows: int, d: int) -> tuple[int, int]:
-    """``(per, chunks)``: ChaCha20 blocks of each key per tile, and tiles covering ``d``."""
-    blocks = -(-d // 16)
+def fields(bits: int) -> int:
+    """``f = floor(32 / bits)``: the ``bits``-bit mask fields one 32-bit keystream word
+    holds (2 for 11-16 bits, 1 above 16)."""
+    return max(1, 32 // bits)
+
+
+def _tiles(rows: int, d: int, f: int = 1) -> tuple[int, int]:
+    """``(per, chunks)``: ChaCha20 blocks of each key per tile, and tiles covering ``d``
+    coordinates of ``f`` fields a word."""
+    blocks = -(-d // (16 * f))
     per = max(1, min(blocks, _TILE_BLOCKS // rows))
     return per, -(-blocks // per)
 
 
-def _prg_tile(words: UInt32[Array, "R 8"], first: Int[Array, ""], per: int) -> UInt32[Array, "R w"]:
-    """Words ``16 first .. 16 (first + per)`` of the PRG of ``R`` keys (key data): the
-    keystream ``jax.random.bits(key, (d,), uint32)`` reads, one tile of it."""
+def _prg_tile(
+    words: UInt32[Array, "R 8"], first: Int[Array, ""], per: int, bits: int = 32
+) -> UInt32[Array, "R w"]:
+    """One tile of the PRG of ``R`` keys (key data): keystream words ``16 first .. 16
+    (first + per)`` (those ``jax.random.bits(key, (d,), uint32)`` reads), each split into
+    its :func:`fields` ``f`` fields of ``bits`` bits, lowest first: ``(R, 16 per f)``
+    uint32 (the caller reduces modulo ``2^bits``; at ``f = 1`` the words themselves)."""
     counters = first.astype(jnp.uint32) + jnp.arange(per, dtype=jnp.uint32)
     out = jax.vmap(lambda k: block(k, counters, jnp.uint32(0), (0, _BITS_NONCE)))(words)
-    return out.reshape(words.shape[0], 16 * per)
+    out = out.reshape(words.shape[0], 16 * per)
+    f = fields(bits)
+    if f == 1:
+        return out
+    shifts = jnp.arange(f, dtype=jnp.uint32) * jnp.uint32(bits)
+    return (out[:, :, None] >> shifts).reshape(words.shape[0], 16 * per * f)
 
 
 # ---------------------------------------------------------------------- the protocol
@@ -393,11 +416,17 @@ def masked_uploads(values: UInt32[Array, "S d"], rnd: SecAggRound) -> UInt32[Arr
     if values.dtype != jnp.uint32:
         raise ValueError(f"values must be uint32 residues; got dtype {values.dtype}")
     return _masked(
-        values, rnd.key, rnd.ids, rnd.selected, _mod_mask(rnd.bits), h=_half(rnd.degree, s)
+        values,
+        rnd.key,
+        rnd.ids,
+        rnd.selected,
+        _mod_mask(rnd.bits),
+        h=_half(rnd.degree, s),
+        bits=rnd.bits,
     )
 
 
-@partial(jax.jit, static_argnames=("h",))
+@partial(jax.jit, static_argnames=("h", "bits"))
 def _masked(
     values: UInt32[Array, "S d"],
     key: PRNGKeyArray,
@@ -406,6 +435,7 @@ def _masked(
     modmask: UInt32[Array, ""],
     *,
     h: int,
+    bits: int,
 ) -> UInt32[Array, "S d"]:
     s, d = values.shape
     ids = jnp.asarray(ids)
@@ -434,14 +464,14 @@ def _masked(
     plus = own | (idb < ids[partner])
     # slot j is the partner of the slot at ring position pos[j] - o (a bijection)
     back = order[jnp.mod(pos - offsets, n1)]
-    per, chunks = _tiles(s, d)
-    width = 16 * per
+    per, chunks = _tiles(s, d, fields(bits))
+    width = 16 * per * fields(bits)
     buf = jnp.pad(values, ((0, 0), (0, chunks * width - d)))
 
     def tile(c: Array, buf: Array) -> Array:
         def step(acc: Array, xs: tuple[Array, ...]) -> tuple[Array, None]:
             words, sign, on, other, first = xs
-            w = _prg_tile(words, c * per, per) & modmask
+            w = _prg_tile(words, c * per, per, bits) & modmask
             contrib = jnp.where(on[:, None], jnp.where(sign[:, None], w, -w), jnp.uint32(0))
             return acc + contrib - jnp.where(first, jnp.uint32(0), contrib[other]), None
 
@@ -482,10 +512,11 @@ def unmask_sum(
         jnp.int32(rnd.threshold),
         h=_half(rnd.degree, s),
         room=s - rnd.threshold,
+        bits=rnd.bits,
     )
 
 
-@partial(jax.jit, static_argnames=("h", "room"))
+@partial(jax.jit, static_argnames=("h", "room", "bits"))
 def _unmask(
     received: UInt32[Array, " d"],
     key: PRNGKeyArray,
@@ -497,6 +528,7 @@ def _unmask(
     *,
     h: int,
     room: int,
+    bits: int,
 ) -> tuple[Array, Array]:
     (d,) = received.shape
     s = ids.shape[0]
@@ -536,14 +568,14 @@ def _unmask(
         own.ravel(),
     ).reshape(*rows.shape, -1)
     plus = own | (ids[partner] < ids[rows])
-    per, chunks = _tiles(width, d)
-    span = 16 * per
+    per, chunks = _tiles(width, d, fields(bits))
+    span = 16 * per * fields(bits)
     buf = jnp.pad(received, (0, chunks * span - d))
 
     def tile(c: Array, buf: Array) -> Array:
         def step(acc: Array, xs: tuple[Array, ...]) -> tuple[Array, None]:
             words, sign, on = xs
-            w = _prg_tile(words, c * per, per) & modmask
+            w = _prg_tile(words, c * per, per, bits) & modmask
             added = jnp.where(on[:, None], jnp.where(sign[:, None], w, -w), jnp.uint32(0))
             return acc - jnp.sum(added, axis=0, dtype=jnp.uint32), None
 

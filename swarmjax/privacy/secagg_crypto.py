@@ -204,17 +204,26 @@ def mask_words(key: bytes, d: int, bits: int) -> np.ndarray:
     """``(d,)`` uint32: the mask a 32-byte seed expands to, modulo ``2^bits``.
 
     The words are ChaCha20's keystream (RFC 8439) under ``key`` with the 64-bit block
-    counter in state words 12-13 from 0 and the nonce words ``(0, "BITS")``: exactly
-    ``jax.random.bits(key_from_bytes(key), (d,), uint32)`` of the simulator, reduced modulo
-    ``2^bits``. Computed by OpenSSL (``cryptography``), no loop over ``d``.
+    counter in state words 12-13 from 0 and the nonce words ``(0, "BITS")`` (the words of
+    ``jax.random.bits(key_from_bytes(key), (w,), uint32)`` in the simulator). Each word
+    holds ``f = floor(32 / bits)`` coordinates' masks, its ``bits``-bit fields lowest
+    first (``f = 2`` at 16 bits, 1 above 16): coordinate ``i`` is field ``i mod f`` of word
+    ``floor(i / f)``, so ``ceil(d / f)`` words are drawn and no random bit is dropped but
+    the ``32 - f bits`` spare ones of a word. Computed by OpenSSL (``cryptography``), no
+    loop over ``d``; the simulator's PRG (:func:`swarmjax.privacy.secagg._prg_tile`) is the
+    same function.
     """
     _check_bytes("key", key)
     d = _check_int("d", d, 1, 2**32 - 1)
     bits = _check_int("bits", bits, 1, 32)
+    f = max(1, 32 // bits)
     nonce = struct.pack("<QII", 0, 0, _BITS_NONCE)
     encryptor = Cipher(algorithms.ChaCha20(key, nonce), mode=None).encryptor()
-    stream = encryptor.update(bytes(4 * d)) + encryptor.finalize()
+    stream = encryptor.update(bytes(4 * -(-d // f))) + encryptor.finalize()
     words = np.frombuffer(stream, "<u4").astype(np.uint32)
+    if f > 1:
+        shifts = np.arange(f, dtype=np.uint32) * np.uint32(bits)
+        words = (words[:, None] >> shifts).reshape(-1)[:d]
     return words & np.uint32((1 << bits) - 1)
 
 
