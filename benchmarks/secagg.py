@@ -47,7 +47,6 @@ Example: ``python -m benchmarks.secagg --rounds 4 --bits 16 20 --central public`
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 from dataclasses import dataclass
 
@@ -177,15 +176,11 @@ def _time(name: str, work: Work, args, options: dict):
 def noise_std_per_round(alg, variants, multiplier: float) -> float:
     """Std of the noise one round adds to the cohort's sum (per coordinate), in units of
     the clip: ``z`` for i.i.d. Gaussian noise, ``z sens`` for a whole-run multiplier on a
-    min-separation schedule (``sens = sqrt(k)`` for the prefix-sum factorization), and
-    ``sqrt(2 mu m / h) / (gamma C)`` for the distributed plan (every client's Skellam share
-    of ``mu / h``, ``gamma C`` grid steps per clip)."""
+    min-separation schedule (``sens = sqrt(k)`` for the prefix-sum factorization), and the
+    distributed plan's own :meth:`~swarmjax.privacy.distributed.DistributedDP.noise_std`."""
     hyper, plan = variants.hyper.plan, alg.plan
     if isinstance(plan, DistributedDP):
-        mu, gamma, clip = (
-            float(np.ravel(a)[0]) for a in (hyper.noise, hyper.grid_scale, hyper.initial_clip)
-        )
-        return math.sqrt(2.0 * mu * plan.cohort / plan.honest) / (gamma * clip)
+        return float(np.ravel(plan.noise_std(hyper))[0])
     strategy = hyper.strategy
     return multiplier * (1.0 if strategy is None else float(np.ravel(strategy.sensitivity)[0]))
 
