@@ -184,10 +184,10 @@ def _data_env_restored(monkeypatch: pytest.MonkeyPatch):
     """An experiment's ``--data-dir`` is exported as ``$SWARMJAX_DATA`` (for the processes it
     starts): restored after each test, so a test's temporary folder never becomes the next
     test's data folder on the same worker."""
-    if (value := os.environ.get("SWARMJAX_DATA")) is not None:
-        monkeypatch.setenv("SWARMJAX_DATA", value)
-    else:
-        monkeypatch.delenv("SWARMJAX_DATA", raising=False)
+    value = os.environ.get("SWARMJAX_DATA")
+    monkeypatch.setenv("SWARMJAX_DATA", value or "")  # recorded: restored (or removed) after
+    if value is None:
+        monkeypatch.delenv("SWARMJAX_DATA")  # delenv alone records nothing for an unset one
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -6,6 +6,8 @@ loading functions are replaced by ones that fail, so a refusal that came late wo
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from experiments import _cli, apdim, combined_learning, dp_fedavg, fed_dp_pso, paaso
@@ -109,3 +111,20 @@ def test_an_unwritable_out_folder_is_one_line_before_any_work(tmp_path, capsys, 
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "--out" in err and "writable" in err
+
+
+_DATA_ENV: dict[str, str | None] = {}
+
+
+def test_a_data_folder_an_experiment_exports_is_undone_after_its_test_1(tmp_path):
+    """An experiment exports its --data-dir as $SWARMJAX_DATA (for the processes it
+    starts); tests/conftest.py undoes it after the test, also when the variable was unset
+    before (as on CI), so a temporary folder never becomes a later test's data folder.
+    The second half is the next test (one worker runs a module's tests in order)."""
+    _DATA_ENV["before"] = os.environ.get("SWARMJAX_DATA")
+    os.environ["SWARMJAX_DATA"] = str(tmp_path)
+
+
+def test_a_data_folder_an_experiment_exports_is_undone_after_its_test_2():
+    assert "before" in _DATA_ENV, "the first half runs first, on this worker"
+    assert os.environ.get("SWARMJAX_DATA") == _DATA_ENV["before"]
