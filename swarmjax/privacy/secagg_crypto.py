@@ -54,6 +54,8 @@ import jax
 import numpy as np
 from jaxtyping import PRNGKeyArray
 
+from swarmjax.privacy.secagg import fields
+
 try:
     from cryptography.exceptions import InvalidTag
     from cryptography.hazmat.primitives import hashes, serialization
@@ -216,7 +218,7 @@ def mask_words(key: bytes, d: int, bits: int) -> np.ndarray:
     _check_bytes("key", key)
     d = _check_int("d", d, 1, 2**32 - 1)
     bits = _check_int("bits", bits, 1, 32)
-    f = max(1, 32 // bits)
+    f = fields(bits)
     nonce = struct.pack("<QII", 0, 0, _BITS_NONCE)
     encryptor = Cipher(algorithms.ChaCha20(key, nonce), mode=None).encryptor()
     stream = encryptor.update(bytes(4 * -(-d // f))) + encryptor.finalize()
