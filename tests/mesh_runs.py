@@ -156,7 +156,9 @@ def memory_limited(refused: str, runs_on: str) -> tuple[str, dict[str, np.ndarra
     client states) needs per device on mesh ``refused`` and above all a device holds on
     mesh ``runs_on``, which splits the federation (the simulator's own estimate): the
     refusal's line, and the numbers of the run on ``runs_on``, with the estimates as
-    ``estimate/memory`` (federation on ``refused``, on ``runs_on``; all on each)."""
+    ``estimate/memory`` (federation on ``refused``, on ``runs_on``; all on each) and what
+    the run held as ``estimate/blocks`` (the states' clients and one device's share of
+    them, then the same for the data)."""
     from swarmjax.fl.protocol import RunSpec, Variants
     from swarmjax.fl.runtime import simulator
 
@@ -175,8 +177,28 @@ def memory_limited(refused: str, runs_on: str) -> tuple[str, dict[str, np.ndarra
         line = str(e)
     else:
         raise AssertionError(f"not refused on mesh {refused}")
-    estimates = {"estimate/memory": np.asarray([alone, split, high, low], np.int64)}
-    return line, numbers(run("dp-fedavg", runs_on), "memory") | estimates
+    blocks: list[int] = []  # what one device holds: client rows of the states and the data
+    advance = simulator.advance
+
+    def spy(r, rounds):  # simulate's own loop, which looks at the run's placement
+        r, metrics = advance(r, rounds)
+        held = []
+        for tree, axis in ((r.carry[1], 1), (r.federation, 0)):  # states: (runs, clients, ...)
+            leaf = jax.tree.leaves(tree)[0]
+            held += [leaf.shape[axis], leaf.addressable_shards[0].data.shape[axis]]
+        blocks[:] = held
+        return r, metrics
+
+    simulator.advance = spy
+    try:
+        found = numbers(run("dp-fedavg", runs_on), "memory")
+    finally:
+        simulator.advance = advance
+    estimates = {
+        "estimate/memory": np.asarray([alone, split, high, low], np.int64),
+        "estimate/blocks": np.asarray(blocks, np.int64),
+    }
+    return line, found | estimates
 
 
 def experiment(folder: str, devices: str) -> dict[str, np.ndarray]:

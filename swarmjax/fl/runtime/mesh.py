@@ -4,7 +4,7 @@
 On a ``clients`` axis of 2 or more devices the federation's (stacked) data and every
 client's state are split by client id too (padded with unused clients, never selected):
 each device holds a block of clients, receives its slots' rows from their owners
-(:func:`gather_slots`, ``ppermute`` by ``k`` devices, ``k = 1 .. d - 1``), trains those
+(:func:`gather_slots`, a ring of ``ppermute``s to the next device), trains those
 clients, adds their replies in slot order into its partial sum, and sends the new states
 back to their owners the same way (:func:`scatter_slots`); one ``psum`` over the
 ``clients`` axis gives every device the cohort's sum, and the server step then runs once,
@@ -235,51 +235,41 @@ def split_clients(mesh: Mesh, tree: PyTree) -> PyTree:
     return jax.tree.map(place, tree)
 
 
-def _ring(
-    mesh: Mesh, pieces: Callable[[Array], PyTree], merge: Callable[[PyTree, Array], None]
-) -> None:
-    """Every device's ``pieces(t)`` (what it has for device ``t``) delivered to ``t``:
-    ``merge(piece, source)`` is called on each device for its own piece (source: itself)
-    and then for the piece of each other device, one ``ppermute`` by ``k`` places at a time
-    (``k = 1 .. d - 1``): a device holds one piece in flight at a time, never a cohort's
-    worth of them, and every value arrives exactly (a copy, no arithmetic)."""
+def _next(mesh: Mesh) -> list[tuple[int, int]]:
+    """The ring's one step: every device of the ``clients`` axis sends to the next."""
     d = int(mesh.shape[CLIENTS])
-    me = jax.lax.axis_index(CLIENTS)
-    merge(pieces(me), me)
-    for k in range(1, d):
-        perm = [(j, (j + k) % d) for j in range(d)]
-        got = jax.lax.ppermute(pieces((me + k) % d), CLIENTS, perm)
-        merge(got, (me - k) % d)
+    return [(j, (j + 1) % d) for j in range(d)]
 
 
 def gather_slots(mesh: Mesh, block: PyTree, ids: Int[Array, " S"], s: int) -> PyTree:
     """Inside ``shard_map``: this device's ``s`` slots' rows (slots ``me*s .. me*s+s-1``
     of ``ids``, every client id ``< N``), taken from the devices that own them. ``block``:
-    this device's clients (leading axis ``B``: clients ``me*B .. me*B+B-1``)."""
-    b = int(jax.tree.leaves(block)[0].shape[0])
+    this device's clients (leading axis ``B``: clients ``me*B .. me*B+B-1``).
+
+    A ring: each device's ``s``-row message starts at home with the rows it owns, goes
+    round the ``clients`` axis one device a step (``ppermute``, in a ``fori_loop``), each
+    device on the way putting in the rows it owns (a ``where``: copies, exact for every
+    dtype), and is home again after ``d`` steps. A device holds one message at a time,
+    never a cohort's worth of rows."""
+    d, b = int(mesh.shape[CLIENTS]), int(jax.tree.leaves(block)[0].shape[0])
     me = jax.lax.axis_index(CLIENTS)
-    mine = jax.lax.dynamic_slice_in_dim(ids, me * s, s)
-    owner = mine // b
-    out: list[PyTree] = []
 
-    def pieces(t: Array) -> PyTree:  # my rows of device t's slots (garbage where not mine)
-        theirs = jax.lax.dynamic_slice_in_dim(ids, t * s, s)
+    def fill(rows: PyTree, step: Array) -> PyTree:  # the message of device me - step
+        theirs = jax.lax.dynamic_slice_in_dim(ids, (me - step) % d * s, s)
+        keep = theirs // b == me
         local = jnp.clip(theirs - me * b, 0, b - 1)
-        return jax.tree.map(lambda a: a[local], block)
 
-    def merge(piece: PyTree, source: Array) -> None:
-        if not out:
-            out.append(piece)
-            return
-        keep = owner == source
-        out[0] = jax.tree.map(
-            lambda new, old: jnp.where(keep.reshape((-1,) + (1,) * (new.ndim - 1)), new, old),
-            piece,
-            out[0],
-        )
+        def one(old: Array, a: Array) -> Array:
+            return jnp.where(keep.reshape((-1,) + (1,) * (a.ndim - 1)), a[local], old)
 
-    _ring(mesh, pieces, merge)
-    return out[0]
+        return jax.tree.map(one, rows, block)
+
+    def step(k: Array, rows: PyTree) -> PyTree:
+        return fill(jax.lax.ppermute(rows, CLIENTS, _next(mesh)), k)
+
+    start = jax.tree.map(lambda a: a[:s], block)  # any values: every row is filled once
+    rows = jax.lax.fori_loop(1, d, step, fill(start, jnp.zeros((), jnp.int32)))
+    return jax.lax.ppermute(rows, CLIENTS, _next(mesh))  # home
 
 
 def scatter_slots(
@@ -288,20 +278,27 @@ def scatter_slots(
     """Inside ``shard_map``: ``block`` (this device's clients) with the new states of every
     device's used slots that this device owns written at their clients (``new``: this
     device's ``s`` slots' states; ``ids``/``used``: every slot's, ``(S,)``). Other clients
-    keep theirs, as :meth:`~swarmjax.fl.protocol.Slots.update` does."""
-    b = int(jax.tree.leaves(block)[0].shape[0])
+    keep theirs, as :meth:`~swarmjax.fl.protocol.Slots.update` does. The same ring as
+    :func:`gather_slots`: each device's new states go round once, each owner writing its
+    own."""
+    d, b = int(mesh.shape[CLIENTS]), int(jax.tree.leaves(block)[0].shape[0])
     s = int(jax.tree.leaves(new)[0].shape[0])
     me = jax.lax.axis_index(CLIENTS)
-    out = [block]
 
-    def merge(piece: PyTree, source: Array) -> None:
-        theirs = jax.lax.dynamic_slice_in_dim(ids, source * s, s)
-        write = jax.lax.dynamic_slice_in_dim(used, source * s, s) & (theirs // b == me)
-        local = jnp.where(write, theirs - me * b, b)  # b: out of range, dropped
-        out[0] = jax.tree.map(lambda a, v: a.at[local].set(v, mode="drop"), out[0], piece)
+    def write(held: PyTree, states: PyTree, step: Array) -> PyTree:  # states of me - step
+        source = (me - step) % d * s
+        theirs = jax.lax.dynamic_slice_in_dim(ids, source, s)
+        mine = jax.lax.dynamic_slice_in_dim(used, source, s) & (theirs // b == me)
+        local = jnp.where(mine, theirs - me * b, b)  # b: out of range, dropped
+        return jax.tree.map(lambda a, v: a.at[local].set(v, mode="drop"), held, states)
 
-    _ring(mesh, lambda t: new, merge)
-    return out[0]
+    def step(k: Array, carry: tuple) -> tuple:
+        held, states = carry
+        states = jax.lax.ppermute(states, CLIENTS, _next(mesh))
+        return write(held, states, k), states
+
+    held = write(block, new, jnp.zeros((), jnp.int32))
+    return jax.lax.fori_loop(1, d, step, (held, new))[0]
 
 
 def shard_cohort(
