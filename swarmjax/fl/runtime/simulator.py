@@ -376,7 +376,7 @@ def _mesh_exchange(
     if not splits(ctx.mesh):
         owned, shared = None, (states, rows_key, inputs)
     else:  # states (and stacked data) split by client id: gathered from their owners
-        stacked = not _gathers(clients)
+        stacked = _stacked(clients)  # as start placed it: split by client id
         owned = (states, clients if stacked else None)
         shared = (None, rows_key, (None, *inputs[1:]) if stacked else inputs)
 
@@ -440,7 +440,7 @@ def _init_split(ctx: RunContext) -> PyTree:
     ``N`` inits from the last client's data under its own id; it is never selected)."""
     mesh, clients, n = ctx.mesh, ctx.clients, _num(ctx)
     block = padded_clients(mesh, n) // int(mesh.shape[CLIENTS])
-    stacked = not _gathers(clients)
+    stacked = _stacked(clients)  # as start placed it: split by client id
 
     def per_device(mine: PyTree, run_key: Array, hyper: PyTree, store: PyTree) -> PyTree:
         ids = jax.lax.axis_index(CLIENTS) * block + jnp.arange(block)
