@@ -152,9 +152,13 @@ def audited(label: str) -> dict[str, np.ndarray]:
 
 
 def memory_limited(refused: str, runs_on: str) -> tuple[str, dict[str, np.ndarray]]:
-    """DP-FedAvg under a device memory limit between what its cohort needs per device on
-    mesh ``refused`` and on mesh ``runs_on`` (the simulator's own estimate): the refusal's
-    line, and the numbers of the run on ``runs_on``."""
+    """DP-FedAvg under a device memory limit below what the federation alone (its data and
+    client states) needs per device on mesh ``refused`` and above all a device holds on
+    mesh ``runs_on``, which splits the federation (the simulator's own estimate): the
+    refusal's line, and the numbers of the run on ``runs_on``, with the estimates as
+    ``estimate/memory`` (federation on ``refused``, on ``runs_on``; all on each) and what
+    the run held as ``estimate/blocks`` (the states' clients and one device's share of
+    them, then the same for the data)."""
     from swarmjax.fl.protocol import RunSpec, Variants
     from swarmjax.fl.runtime import simulator
 
@@ -164,15 +168,37 @@ def memory_limited(refused: str, runs_on: str) -> tuple[str, dict[str, np.ndarra
     keys = jax.random.split(jax.random.key(0), 1)
     memory = simulator.cohort_memory(alg, alg.client_data(clients), keys, variants.hyper, 1)
     low, high = (memory.per_device(mesh(x, 1)) for x in (runs_on, refused))
-    assert low < high, (low, high)
-    simulator.device_memory_bytes = lambda device=None: (low + high) // 2
+    alone, split = (memory.federation(mesh(x, 1)) for x in (refused, runs_on))
+    assert low < alone < high, (low, alone, high)
+    simulator.device_memory_bytes = lambda device=None: (low + alone) // 2
     try:
         run("dp-fedavg", refused)
     except ValueError as e:
         line = str(e)
     else:
         raise AssertionError(f"not refused on mesh {refused}")
-    return line, numbers(run("dp-fedavg", runs_on), "memory")
+    blocks: list[int] = []  # what one device holds: client rows of the states and the data
+    advance = simulator.advance
+
+    def spy(r, rounds):  # simulate's own loop, which looks at the run's placement
+        r, metrics = advance(r, rounds)
+        held = []
+        for tree, axis in ((r.carry[1], 1), (r.federation, 0)):  # states: (runs, clients, ...)
+            leaf = jax.tree.leaves(tree)[0]
+            held += [leaf.shape[axis], leaf.addressable_shards[0].data.shape[axis]]
+        blocks[:] = held
+        return r, metrics
+
+    simulator.advance = spy
+    try:
+        found = numbers(run("dp-fedavg", runs_on), "memory")
+    finally:
+        simulator.advance = advance
+    estimates = {
+        "estimate/memory": np.asarray([alone, split, high, low], np.int64),
+        "estimate/blocks": np.asarray(blocks, np.int64),
+    }
+    return line, found | estimates
 
 
 def experiment(folder: str, devices: str) -> dict[str, np.ndarray]:

@@ -218,10 +218,18 @@ def test_canary_audit_on_four_devices_is_the_unsharded_audit(local):
 
 
 def test_cohort_refused_for_memory_on_one_device_runs_on_four(local):
+    """Refused on one device because the federation (data and client states) alone does
+    not fit; on 4 devices, each holding a quarter of it, the unsharded run's numbers."""
     numbers, log = local
     refused = next(line for line in log.splitlines() if line.startswith("refused:"))
     assert "on 1 device(s)" in refused and "clients_per_device" in refused
+    assert "data and client states, which alone do not fit" in refused
     _compare(numbers, "memory/", "dp-fedavg/0/")
+    alone, split, everything, four = numbers["estimate/memory"].tolist()
+    assert four < alone < everything
+    assert split == -(-alone // 4)  # 24 clients: 6 a device, a quarter of data and states
+    # and so it ran: each device held 6 of the 24 clients' states and data
+    assert numbers["estimate/blocks"].tolist() == [24, 6, 24, 6]
 
 
 def test_layout_is_printed_and_cpu_reports_no_peak_memory(local):
@@ -351,6 +359,15 @@ def test_cohort_memory_per_device():
         check_memory(memory, None, limit=1379)
     with pytest.raises(ValueError, match="data and client states alone do not fit"):
         check_memory(memory, None, limit=999)
+    # a stacked federation (2,400 bytes of data, 5 bytes of state per client and run, 24
+    # clients) is split over a clients axis: a quarter of it per device on 4 devices
+    split = CohortMemory(0, 10, 19, 2, split=2400, per_client=5, clients=24)
+    assert split.per_device(None) == 2400 + 5 * 24 * 2 + 10 * 19 * 2
+    assert split.federation(clients_mesh(1)) == 2400 + 5 * 24 * 2
+    assert split.on_devices(4, 2) == 600 + 5 * 6 * 2 + 10 * 5 * 2
+    assert split.fits_on(1500) == 4
+    with pytest.raises(ValueError, match=r"states, which alone do not fit.*=clients_mesh\(4\)"):
+        check_memory(split, None, limit=1500)
 
 
 def test_describe_and_peak_memory_in_process():

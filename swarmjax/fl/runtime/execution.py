@@ -72,7 +72,10 @@ class Execution:
             across ``jax.distributed`` processes too): every summed exchange's cohort slots
             are split over the ``clients`` axis (padded with unused slots to a multiple of
             it), each device training its share and the partial sums added across devices
-            before the server step; the runs are split over ``runs``. Equal to the run
+            before the server step; the runs are split over ``runs``. On a ``clients``
+            axis of 2 or more devices the federation's stacked data and the client
+            states are split by client id as well (each device holds a block of clients;
+            a flat store's data stays whole), which changes no number. Equal to the run
             without a mesh to float32 rounding (the sum's order; docs/scaling.md). ``None``
             (default): one device. An algorithm with a round exchange that is not summed is
             refused when the call starts.

@@ -1,11 +1,15 @@
 """One run's cohort over a device mesh: the slots of a summed exchange split over a
 ``clients`` mesh axis (and the runs over a ``runs`` axis when the mesh has one).
 
-Each device gathers the data and client states of its share of the cohort's slots (its
-slots' ids; the federation's data and states stay replicated), trains those clients,
-adds their replies in slot order into its partial sum, and one ``psum`` over the
-``clients`` axis gives every device the cohort's sum; the server step then runs once, on
-that sum. Written with :func:`jax.shard_map` inside the one compiled program of a call
+On a ``clients`` axis of 2 or more devices the federation's (stacked) data and every
+client's state are split by client id too (padded with unused clients, never selected):
+each device holds a block of clients, receives its slots' rows from their owners
+(:func:`gather_slots`, a ring of ``ppermute``s to the next device), trains those
+clients, adds their replies in slot order into its partial sum, and sends the new states
+back to their owners the same way (:func:`scatter_slots`); one ``psum`` over the
+``clients`` axis gives every device the cohort's sum, and the server step then runs once,
+on that sum. The rows move as copies, so splitting the federation changes no number.
+Written with :func:`jax.shard_map` inside the one compiled program of a call
 (docs/scaling.md says why not DrJAX). Per-client randomness is keyed by client id
 (:func:`~swarmjax.fl.protocol.client_key`), so a client draws the same numbers on any
 device; the sum is added in another order (per device, then across devices), so a
@@ -40,10 +44,16 @@ __all__ = [
     "check_mesh_options",
     "clients_mesh",
     "describe",
+    "gather_slots",
     "mesh_for",
+    "pad_clients",
+    "padded_clients",
     "peak_memory",
     "replicated",
+    "scatter_slots",
     "shard_cohort",
+    "split_clients",
+    "splits",
 ]
 
 CLIENTS = "clients"
@@ -177,95 +187,264 @@ def replicated(mesh: Mesh, tree: PyTree) -> PyTree:
     return jax.tree.map(place, tree)
 
 
+def splits(mesh: Mesh | None) -> bool:
+    """Whether a run on ``mesh`` splits the federation's (stacked) data and the clients'
+    states by client id over the ``clients`` axis: a clients axis of 2 or more devices
+    (one device, or no mesh: everything whole, today's program)."""
+    return mesh is not None and int(mesh.shape[CLIENTS]) > 1
+
+
+def padded_clients(mesh: Mesh | None, clients: int) -> int:
+    """How many clients a split federation holds: ``clients`` padded with unused clients
+    (never selected) up to a multiple of the ``clients`` axis; ``clients`` when not split."""
+    if not splits(mesh):
+        return clients
+    d = int(mesh.shape[CLIENTS])
+    return -(-clients // d) * d
+
+
+def pad_clients(tree: PyTree, padded: int) -> PyTree:
+    """``tree`` (leading client axis on every leaf) padded to ``padded`` clients with copies
+    of its last client (real values: an unused client's init and training see no zeros)."""
+
+    def one(a: Any) -> Any:
+        extra = padded - a.shape[0]
+        if extra <= 0:
+            return a
+        tail = jnp.broadcast_to(a[-1:], (extra, *a.shape[1:]))
+        return jnp.concatenate([a, tail])
+
+    return jax.tree.map(one, tree)
+
+
+def split_clients(mesh: Mesh, tree: PyTree) -> PyTree:
+    """Host values ``tree`` (leading client axis ``N``) placed split by client id over
+    ``mesh``'s ``clients`` axis (padded to :func:`padded_clients`; whole over a ``runs``
+    axis): each device holds only its block. Over ``jax.distributed`` every process passes
+    the same values and places its own devices' blocks."""
+    sharding = NamedSharding(mesh, PartitionSpec(CLIENTS))
+
+    def place(x: Any) -> Array:
+        host = np.asarray(x)
+        n = host.shape[0]
+        extra = padded_clients(mesh, n) - n
+        if extra:
+            host = np.concatenate([host, np.repeat(host[-1:], extra, axis=0)])
+        return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+
+    return jax.tree.map(place, tree)
+
+
+def _next(mesh: Mesh) -> list[tuple[int, int]]:
+    """The ring's one step: every device of the ``clients`` axis sends to the next."""
+    d = int(mesh.shape[CLIENTS])
+    return [(j, (j + 1) % d) for j in range(d)]
+
+
+def gather_slots(mesh: Mesh, block: PyTree, ids: Int[Array, " S"], s: int) -> PyTree:
+    """Inside ``shard_map``: this device's ``s`` slots' rows (slots ``me*s .. me*s+s-1``
+    of ``ids``, every client id ``< N``), taken from the devices that own them. ``block``:
+    this device's clients (leading axis ``B``: clients ``me*B .. me*B+B-1``).
+
+    A ring: each device's ``s``-row message starts at home with the rows it owns, goes
+    round the ``clients`` axis one device a step (``ppermute``, in a ``fori_loop``), each
+    device on the way putting in the rows it owns (a ``where``: copies, exact for every
+    dtype), and is home again after ``d`` steps. A device holds one message at a time,
+    never a cohort's worth of rows."""
+    d, b = int(mesh.shape[CLIENTS]), int(jax.tree.leaves(block)[0].shape[0])
+    me = jax.lax.axis_index(CLIENTS)
+
+    def fill(rows: PyTree, step: Array) -> PyTree:  # the message of device me - step
+        theirs = jax.lax.dynamic_slice_in_dim(ids, (me - step) % d * s, s)
+        keep = theirs // b == me
+        local = jnp.clip(theirs - me * b, 0, b - 1)
+
+        def one(old: Array, a: Array) -> Array:
+            return jnp.where(keep.reshape((-1,) + (1,) * (a.ndim - 1)), a[local], old)
+
+        return jax.tree.map(one, rows, block)
+
+    def step(k: Array, rows: PyTree) -> PyTree:
+        return fill(jax.lax.ppermute(rows, CLIENTS, _next(mesh)), k)
+
+    start = jax.tree.map(lambda a: a[:s], block)  # any values: every row is filled once
+    rows = jax.lax.fori_loop(1, d, step, fill(start, jnp.zeros((), jnp.int32)))
+    return jax.lax.ppermute(rows, CLIENTS, _next(mesh))  # home
+
+
+def scatter_slots(
+    mesh: Mesh, block: PyTree, new: PyTree, ids: Int[Array, " S"], used: Bool[Array, " S"]
+) -> PyTree:
+    """Inside ``shard_map``: ``block`` (this device's clients) with the new states of every
+    device's used slots that this device owns written at their clients (``new``: this
+    device's ``s`` slots' states; ``ids``/``used``: every slot's, ``(S,)``). Other clients
+    keep theirs, as :meth:`~swarmjax.fl.protocol.Slots.update` does. The same ring as
+    :func:`gather_slots`: each device's new states go round once, each owner writing its
+    own."""
+    d, b = int(mesh.shape[CLIENTS]), int(jax.tree.leaves(block)[0].shape[0])
+    s = int(jax.tree.leaves(new)[0].shape[0])
+    me = jax.lax.axis_index(CLIENTS)
+
+    def write(held: PyTree, states: PyTree, step: Array) -> PyTree:  # states of me - step
+        source = (me - step) % d * s
+        theirs = jax.lax.dynamic_slice_in_dim(ids, source, s)
+        mine = jax.lax.dynamic_slice_in_dim(used, source, s) & (theirs // b == me)
+        local = jnp.where(mine, theirs - me * b, b)  # b: out of range, dropped
+        return jax.tree.map(lambda a, v: a.at[local].set(v, mode="drop"), held, states)
+
+    def step(k: Array, carry: tuple) -> tuple:
+        held, states = carry
+        states = jax.lax.ppermute(states, CLIENTS, _next(mesh))
+        return write(held, states, k), states
+
+    held = write(block, new, jnp.zeros((), jnp.int32))
+    return jax.lax.fori_loop(1, d, step, (held, new))[0]
+
+
 def shard_cohort(
     mesh: Mesh,
-    local: Callable[[Int[Array, " s"], Bool[Array, " s"], PyTree], tuple[PyTree, PyTree]],
+    local: Callable[[Int[Array, " s"], Bool[Array, " s"], PyTree, PyTree], tuple[PyTree, PyTree]],
     ids: Int[Array, " S"],
     used: Bool[Array, " S"],
     shared: PyTree,
+    owned: PyTree = None,
 ) -> tuple[PyTree, PyTree]:
     """A summed client map over the ``clients`` axis of ``mesh``, inside a traced program.
 
-    ``local(ids, used, shared)``: ONE device's share, ``(s,)`` slot ids and use bits ->
-    ``(client states (s, ...), reply sum of its used slots)``; it gathers its own slots'
-    data and states from ``shared`` (arrays every device holds whole: the federation's
-    data and client states). ``ids``/``used`` (``(S,)``) are padded with unused slots to a multiple
-    of the axis (the padded slots repeat ``ids[0]`` and add nothing). Returns
-    ``(states (S, ...), the cohort's reply sum)``: the partial sums added over devices
-    (``psum``), the same on every device."""
+    ``local(ids, used, shared, rows)``: ONE device's share, ``(s,)`` slot ids and use bits
+    -> ``(client states (s, ...), reply sum of its used slots)``. ``shared``: arrays every
+    device holds whole (a flat store's data, the round's inputs). ``owned``: ``None``, or
+    ``(states, data)`` split by client id over the axis (:func:`splits`; ``data`` may be
+    ``None``): each device then receives its slots' rows from their owners
+    (:func:`gather_slots`, ``rows`` passed to ``local``) and, after training, its slots'
+    new states go back to their owners (:func:`scatter_slots`). ``ids``/``used`` (``(S,)``,
+    ids ``< N``) are padded with unused slots to a multiple of the axis (the padded slots
+    repeat ``ids[0]`` and add nothing). Returns ``(states, the cohort's reply sum)``: the
+    partial sums added over devices (``psum``), the same on every device; ``states`` are
+    the slots' new states ``(S, ...)``, or with ``owned`` the updated split states."""
     s = int(ids.shape[0])
     pad = padded_slots(mesh, s) - s
     if pad:
         ids = jnp.concatenate([ids, jnp.broadcast_to(ids[:1], (pad,))])
         used = jnp.concatenate([used, jnp.zeros((pad,), bool)])
+    share = (s + pad) // int(mesh.shape[CLIENTS])
 
-    def per_device(i: Array, u: Array, whole: PyTree) -> tuple[PyTree, PyTree]:
-        states, total = local(i, u, whole)
+    def per_device(i: Array, u: Array, whole: PyTree, every: tuple, split: PyTree):
+        rows = None if split is None else gather_slots(mesh, split, every[0], share)
+        states, total = local(i, u, whole, rows)
+        if split is not None:
+            states = None if states is None else scatter_slots(mesh, split[0], states, *every)
         return states, jax.lax.psum(total, CLIENTS)
 
-    spec, every = PartitionSpec(CLIENTS), PartitionSpec()
+    spec, whole = PartitionSpec(CLIENTS), PartitionSpec()
     # check_vma off: the client code's loops (lax.scan, fori_loop, cond) start carries from
     # constants that become per-device values, which the varying-axis types would refuse
     states, total = jax.shard_map(
         per_device,
         mesh=mesh,
-        in_specs=(spec, spec, every),
-        out_specs=(spec, every),
+        in_specs=(spec, spec, whole, whole, spec),
+        out_specs=(spec, whole),
         check_vma=False,
-    )(ids, used, shared)
-    return (jax.tree.map(lambda a: a[:s], states) if pad else states), total
+    )(ids, used, shared, (ids, used), owned)
+    if owned is None and pad:
+        states = jax.tree.map(lambda a: a[:s], states)
+    return states, total
 
 
 @dataclass(frozen=True)
 class CohortMemory:
-    """What a run's cohort holds on a device, in bytes, from shapes alone (a lower bound:
-    the clients' training activations are not counted).
+    """What a run's cohort and federation hold on a device, in bytes, from shapes alone (a
+    lower bound: the clients' training activations and the one slot message in flight of
+    :func:`gather_slots` are not counted).
 
     Attributes:
-        shared: held whole by every device, for all of its runs: the federation's data
-            and every client's state.
+        shared: held whole by every device: a flat store's data (never split).
         per_slot: one cohort slot of one run: its gathered data, its client state, its new
             state and its reply.
         slots: the cohort's slot buffer ``S`` (the largest of the round exchanges').
-        runs: the call's runs (variants x seeds).
+        runs: the call's runs (variants x seeds) one device holds before a mesh splits them.
+        split: the federation's stacked data, split by client id over a ``clients`` axis
+            of 2 or more devices (:func:`splits`), whole otherwise.
+        per_client: one client's state in one run, split the same way.
+        clients: the federation's clients ``N``.
     """
 
     shared: int
     per_slot: int
     slots: int
     runs: int
+    split: int = 0
+    per_client: int = 0
+    clients: int = 0
+
+    def federation(self, mesh: Mesh | None) -> int:
+        """Bytes of the federation's data and the clients' states on one device of
+        ``mesh``: the shared part, and its block of the padded clients (all of them
+        without a clients axis of 2 or more) for each run it holds."""
+        d = int(mesh.shape[CLIENTS]) if mesh is not None else 1
+        return self._federation(d, self._runs(mesh))
 
     def per_device(self, mesh: Mesh | None) -> int:
-        """Bytes on one device of ``mesh`` (``None``: one device holds it all): the shared
-        part plus its share of the padded slots of its share of the runs."""
-        if mesh is None:
-            return self.shared + self.per_slot * self.slots * self.runs
-        runs = self.runs // (mesh.shape[RUNS] if RUNS in mesh.axis_names else 1)
-        slots = padded_slots(mesh, self.slots) // int(mesh.shape[CLIENTS])
-        return self.shared + self.per_slot * slots * runs
+        """Bytes on one device of ``mesh`` (``None``: one device holds it all): the
+        federation's part (:meth:`federation`) plus its share of the padded slots of its
+        share of the runs."""
+        d = int(mesh.shape[CLIENTS]) if mesh is not None else 1
+        return self.on_devices(d, self._runs(mesh))
+
+    def _runs(self, mesh: Mesh | None) -> int:
+        if mesh is None or RUNS not in mesh.axis_names:
+            return self.runs
+        return self.runs // int(mesh.shape[RUNS])
+
+    def _federation(self, d: int, runs: int) -> int:
+        n = self.clients
+        block = -(-n // d) if d > 1 else n
+        data = self.split if n == 0 or d == 1 else -(-self.split * block // n)
+        return self.shared + data + self.per_client * block * runs
+
+    def on_devices(self, d: int, runs: int) -> int:
+        """Bytes on one device of a ``clients`` axis of ``d`` devices holding ``runs`` runs."""
+        return self._federation(d, runs) + self.per_slot * (-(-self.slots // d)) * runs
+
+    def fits_on(self, limit: int, most: int = 1 << 16) -> int | None:
+        """The fewest devices of 1, 2, 4, ... on a ``clients`` axis (no ``runs`` axis) on
+        which a device holds at most ``limit`` bytes; ``None`` if not even ``most``."""
+        d = 1
+        while d <= most:
+            if self.on_devices(d, self.runs) <= limit:
+                return d
+            d *= 2
+        return None
 
 
 def check_memory(memory: CohortMemory, mesh: Mesh | None, limit: int) -> None:
     """One ``ValueError`` line when a device of ``mesh`` would hold more than ``limit``
-    bytes of the cohort (:meth:`CohortMemory.per_device`), naming the options that spread
-    it over more devices; nothing otherwise."""
+    bytes (:meth:`CohortMemory.per_device`), saying whether the federation (its data and
+    the clients' states) alone is too large there, and naming the options that spread it
+    over more devices; nothing otherwise."""
     need = memory.per_device(mesh)
     if need <= limit:
         return
     devices = 1 if mesh is None else int(mesh.shape[CLIENTS])
-    spare = limit - memory.shared
-    fits = spare // (memory.per_slot * memory.runs) if spare > 0 else 0
-    hint = (
-        "spread the cohort over more devices (Execution(mesh=clients_mesh(d)) or "
-        f"Execution(clients_per_device<={fits}))"
-        if fits
-        else "the federation's data and client states alone do not fit: use fewer clients"
-    )
+    federation = memory.federation(mesh)
+    fits = memory.fits_on(limit)
+    if fits is None:
+        hint = (
+            "the federation's data and client states alone do not fit even split over "
+            "devices: use fewer clients"
+        )
+    else:
+        hint = (
+            f"spread the cohort and the federation over {fits} or more devices "
+            f"(Execution(mesh=clients_mesh({fits})) or "
+            f"Execution(clients_per_device<={-(-memory.slots // fits)}))"
+        )
+    alone = ", which alone do not fit" if federation > limit else ""
     raise ValueError(
         f"mesh: the cohort's {memory.slots} slots on {devices} device(s) need at least "
-        f"{need / 2**20:.4g} MiB per device ({memory.shared / 2**20:.4g} MiB shared, "
-        f"{memory.per_slot / 2**20:.4g} MiB per slot and run), more than the device's "
-        f"{limit / 2**20:.4g} MiB: {hint}"
+        f"{need / 2**20:.4g} MiB per device ({federation / 2**20:.4g} MiB of the federation's "
+        f"data and client states{alone}, {memory.per_slot / 2**20:.4g} MiB per slot and run), "
+        f"more than the device's {limit / 2**20:.4g} MiB: {hint}"
     )
 
 

@@ -61,12 +61,17 @@ from swarmjax.fl.runtime.canary_audit import CanaryCall, CanaryRound, canary_hoo
 from swarmjax.fl.runtime.checkpoint import Checkpoints, checkpoint_secret, fingerprint
 from swarmjax.fl.runtime.execution import ClientMap, Execution, moved_options
 from swarmjax.fl.runtime.mesh import (
+    CLIENTS,
     RUNS,
     CohortMemory,
     check_memory,
     mesh_for,
+    pad_clients,
+    padded_clients,
     replicated,
     shard_cohort,
+    split_clients,
+    splits,
 )
 from swarmjax.fl.runtime.result import (
     Disclosure,
@@ -234,6 +239,14 @@ class RunContext:
     client_map: ClientMap = "vmap"
     canaries: CanaryRound | None = None
     mesh: Mesh | None = None  # summed exchanges split their slots over its "clients" axis
+    # the federation's clients when ``clients`` and the states are split over the mesh's
+    # clients axis (padded with unused clients); None: ``num_clients(clients)``
+    num: int | None = None
+
+
+def _num(ctx: RunContext) -> int:
+    """The federation's clients ``N`` (not counting a split federation's padding)."""
+    return num_clients(ctx.clients) if ctx.num is None else ctx.num
 
 
 def run_exchange(
@@ -250,7 +263,7 @@ def run_exchange(
     ``aggregate`` (never in the selected count), and a fourth value is returned: how many
     taking part sat out over the ``K`` slots (``int32``)."""
     clients, hyper, run_key, client_map = ctx.clients, ctx.hyper, ctx.run_key, ctx.client_map
-    n = num_clients(clients)
+    n = _num(ctx)
     ids = jnp.arange(n)
     mask = ex.select(server, server_key(run_key, round_index, index), n)
     request = ex.request(server)
@@ -280,8 +293,11 @@ def run_exchange(
     rows_key = jax.random.fold_in(server_key(run_key, round_index, index), _ROWS_STREAM)
     summed = ex.aggregate_sum is not None  # replies folded into their sum as they come
     if ctx.mesh is not None and summed:  # the cohort's slots split over the devices
-        new, replies, slots = _mesh_exchange(ctx, ex, (client_fn, inputs), mask, states, rows_key)
-        if not all(kept):
+        client = (client_fn, inputs, kept)
+        new, replies, slots = _mesh_exchange(ctx, ex, client, mask, states, rows_key)
+        if splits(ctx.mesh):  # the split states, updated by their owners (None: untouched)
+            states = states if new is None else new
+        elif not all(kept):
             states = slots.update(states, new)
     elif ex.max_selected is None or ex.max_selected >= n:
         every = take_clients(clients, ids, rows_key) if _gathers(clients) else clients
@@ -343,8 +359,11 @@ def _mesh_exchange(
     of its share of the slots (``ex.max_selected`` of them, or one per client) and adds its
     used slots' replies in slot order; ``client = (client_fn, inputs)``: ``client_fn(inputs)``
     is ``one(state, data, id)``, one client, built inside each device's program from
-    ``inputs`` passed to it (with the federation first: ``inputs[0] is ctx.clients``). Returns
-    ``(new states (S, ...), the replies' sum, the slots)``."""
+    ``inputs`` passed to it (with the federation first: ``inputs[0] is ctx.clients``);
+    ``kept``, set while tracing, whether every client returned its state untouched.
+    Returns ``(new states, the replies' sum, the slots)``: the slots' new states
+    ``(S, ...)``, or where the mesh splits the states (:func:`~swarmjax.fl.runtime.mesh.splits`)
+    the split states with the new ones written by their owners (``None``: untouched)."""
     clients, n = ctx.clients, int(mask.shape[0])
     if ex.max_selected is None or ex.max_selected >= n:
         chosen, cmap = jnp.arange(n, dtype=jnp.int32), ctx.client_map
@@ -352,16 +371,27 @@ def _mesh_exchange(
         chosen, cmap = _cohort_slots(clients, mask, ex.max_selected, ctx.client_map)
     used = (chosen < n) & mask[jnp.minimum(chosen, n - 1)]
 
-    client_fn, inputs = client
+    client_fn, inputs, kept = client
+    safe = jnp.minimum(chosen, n - 1)
+    if not splits(ctx.mesh):
+        owned, shared = None, (states, rows_key, inputs)
+    else:  # states (and stacked data) split by client id: gathered from their owners
+        stacked = _stacked(clients)  # as start placed it: split by client id
+        owned = (states, clients if stacked else None)
+        shared = (None, rows_key, (None, *inputs[1:]) if stacked else inputs)
 
-    def local(ids: Int[Array, " s"], u: Array, shared: PyTree) -> tuple[PyTree, PyTree]:
-        whole_states, key, passed = shared
-        safe = jnp.minimum(ids, n - 1)
-        data = take_clients(passed[0], safe, key)
-        mine = jax.tree.map(lambda a: a[safe], whole_states)
-        return _map_clients(client_fn(passed), (mine, data, safe), cmap, u, summed=True)
+    def local(ids: Int[Array, " s"], u: Array, whole: PyTree, rows: PyTree):
+        whole_states, key, passed = whole
+        if rows is None:
+            mine, data = jax.tree.map(lambda a: a[ids], whole_states), None
+        else:
+            mine, data = rows
+        if data is None:
+            data = take_clients(passed[0], ids, key)
+        new, total = _map_clients(client_fn(passed), (mine, data, ids), cmap, u, summed=True)
+        return (None if rows is not None and all(kept) else new), total
 
-    new, total = shard_cohort(ctx.mesh, local, chosen, used, (states, rows_key, inputs))
+    new, total = shard_cohort(ctx.mesh, local, safe, used, shared, owned)
     return new, total, Slots(mask=used, ids=chosen, num_clients=n)
 
 
@@ -392,7 +422,9 @@ def _init_one(ctx: RunContext):
     def one(data: PyTree, cid: Int[Array, ""]) -> PyTree:
         return alg.client_init(client_init_key(run_key, cid), data, hyper, cid)
 
-    if _gathers(clients):  # one client's rows at a time: never the whole federation padded
+    if splits(ctx.mesh):  # each device inits the clients it holds
+        states = _init_split(ctx)
+    elif _gathers(clients):  # one client's rows at a time: never the whole federation padded
         batch = min(int(ids.shape[0]), 256)
         states = jax.lax.map(lambda i: one(_one_client(clients, i), i), ids, batch_size=batch)
     else:
@@ -402,9 +434,45 @@ def _init_one(ctx: RunContext):
     return server, states, zero
 
 
+def _init_split(ctx: RunContext) -> PyTree:
+    """The client states of a federation split over ``ctx.mesh``'s clients axis: each
+    device runs ``client_init`` on its block of the padded clients (an unused client past
+    ``N`` inits from the last client's data under its own id; it is never selected)."""
+    mesh, clients, n = ctx.mesh, ctx.clients, _num(ctx)
+    block = padded_clients(mesh, n) // int(mesh.shape[CLIENTS])
+    stacked = _stacked(clients)  # as start placed it: split by client id
+
+    def per_device(mine: PyTree, run_key: Array, hyper: PyTree, store: PyTree) -> PyTree:
+        ids = jax.lax.axis_index(CLIENTS) * block + jnp.arange(block)
+
+        def one(data: PyTree, cid: Int[Array, ""]) -> PyTree:
+            return ctx.alg.client_init(client_init_key(run_key, cid), data, hyper, cid)
+
+        if stacked:
+            return _map_clients(one, (mine, ids), ctx.client_map)
+        return jax.lax.map(
+            lambda i: one(_one_client(store, jnp.minimum(i, n - 1)), i),
+            ids,
+            batch_size=min(block, 256),
+        )
+
+    spec, whole = PartitionSpec(CLIENTS), PartitionSpec()
+    return jax.shard_map(
+        per_device,
+        mesh=mesh,
+        in_specs=(spec, whole, whole, whole),
+        out_specs=spec,
+        check_vma=False,
+    )(clients if stacked else None, ctx.run_key, ctx.hyper, None if stacked else clients)
+
+
 def _rounds_one(ctx: RunContext, carry, test, rounds: int, diagnostics: bool):
     alg = ctx.alg
     accounting = alg.accounting()
+    n = _num(ctx)
+
+    def real(per_client: PyTree) -> PyTree:  # a split federation's padding dropped
+        return jax.tree.map(lambda a: a[:n], per_client) if ctx.num is not None else per_client
 
     def body(c, _):
         server, states, t = c
@@ -412,28 +480,30 @@ def _rounds_one(ctx: RunContext, carry, test, rounds: int, diagnostics: bool):
         server, states, counts, dropped = _exchanges(ctx, alg.exchanges, r, server, states)
         out = {
             "metrics": alg.evaluate(server, test),
-            "steps": jax.vmap(lambda s: steps_of(accounting, server, s))(states),
+            "steps": real(jax.vmap(lambda s: steps_of(accounting, server, s))(states)),
             "selected": counts,
         }
         if ctx.canaries is not None:
             out["canaries_dropped"] = dropped
         if diagnostics:
-            out["diagnostics"] = jax.vmap(state_scalars)(states)
+            out["diagnostics"] = real(jax.vmap(state_scalars)(states))
         return (server, states, r), out
 
     return jax.lax.scan(body, carry, None, length=rounds)
 
 
-@partial(jax.jit, static_argnames=("alg", "cmap", "mesh"))
-def init_runs(alg, keys, hypers, clients, cmap, mesh=None):
+@partial(jax.jit, static_argnames=("alg", "cmap", "mesh", "num"))
+def init_runs(alg, keys, hypers, clients, cmap, mesh=None, num=None):
     """Jitted: init + setup of every run; ``(server, client states, rounds done)`` with a run
     axis (``keys (runs,)``, ``hypers`` with a run axis; ``cmap``: the client map; ``mesh``:
-    summed setup exchanges split their cohort over its ``clients`` axis)."""
+    summed setup exchanges split their cohort over its ``clients`` axis; ``num``: the
+    clients ``N`` of a federation split over it, ``clients`` then padded, see
+    :func:`_carry_on_mesh`)."""
 
     def one(k, h):
-        return _init_one(RunContext(alg, clients, h, k, cmap, mesh=mesh))
+        return _init_one(RunContext(alg, clients, h, k, cmap, mesh=mesh, num=num))
 
-    return _on_mesh(mesh, _runs_map(mesh, one)(keys, hypers))
+    return _carry_on_mesh(mesh, _runs_map(mesh, one)(keys, hypers))
 
 
 def _runs_map(mesh: Mesh | None, fn: Any) -> Any:
@@ -452,6 +522,54 @@ def _on_mesh(mesh: Mesh | None, tree: PyTree) -> PyTree:
     return jax.lax.with_sharding_constraint(tree, NamedSharding(mesh, PartitionSpec()))
 
 
+def _split_sharding(mesh: Mesh) -> NamedSharding:
+    """Client states ``(runs, N', ...)`` split by client id over the ``clients`` axis (and by
+    run over a ``runs`` axis)."""
+    runs = RUNS if RUNS in mesh.axis_names else None
+    return NamedSharding(mesh, PartitionSpec(runs, CLIENTS))
+
+
+def _carry_on_mesh(mesh: Mesh | None, carry: tuple) -> tuple:
+    """A compiled call's carry ``(server, client states, rounds)`` on ``mesh``: replicated
+    (:func:`_on_mesh`), except the client states of a mesh that splits them
+    (:func:`~swarmjax.fl.runtime.mesh.splits`), which stay padded and split by client id
+    between calls (:func:`portable_carry` gives the ``N`` clients, whole)."""
+    if not splits(mesh):
+        return _on_mesh(mesh, carry)
+    server, states, done = carry
+    server, done = _on_mesh(mesh, (server, done))
+    return server, jax.lax.with_sharding_constraint(states, _split_sharding(mesh)), done
+
+
+@partial(jax.jit, static_argnames=("num", "mesh"))
+def _unsplit(carry: tuple, num: int, mesh: Mesh) -> tuple:
+    server, states, done = carry
+    return _on_mesh(mesh, (server, jax.tree.map(lambda a: a[:, :num], states), done))
+
+
+@partial(jax.jit, static_argnames=("mesh",))
+def _resplit(carry: tuple, mesh: Mesh) -> tuple:
+    server, states, done = carry
+    n = int(jax.tree.leaves(states)[0].shape[1])
+    states = jax.vmap(lambda s: pad_clients(s, padded_clients(mesh, n)))(states)
+    return _carry_on_mesh(mesh, (server, states, done))
+
+
+def portable_carry(run: Run) -> tuple:
+    """``run``'s carry as a checkpoint saves it and :func:`finish` reports it: the ``N``
+    clients' states, replicated over the mesh (gathered from their owners where the mesh
+    splits them), so it is the same on any device count."""
+    if not splits(run.mesh):
+        return run.carry
+    return _unsplit(run.carry, num_clients(run.data), run.mesh)
+
+
+def placed_carry(run: Run, carry: tuple) -> tuple:
+    """A :func:`portable_carry` (restored from a checkpoint) placed as ``run``'s compiled
+    calls take it: the client states padded and split where the mesh splits them."""
+    return _resplit(carry, run.mesh) if splits(run.mesh) else carry
+
+
 @dataclass(frozen=True)
 class Rounds:
     """The static part of a compiled call of rounds (a jit static argument: equal values
@@ -466,6 +584,7 @@ class Rounds:
     audit: CanaryAudit | None = None
     canary_slots: int | None = None
     mesh: Mesh | None = None
+    num: int | None = None  # the clients N of a federation split over the mesh (else None)
 
 
 @partial(jax.jit, static_argnames=("call",))
@@ -486,13 +605,17 @@ def run_rounds(call: Rounds, carry, keys, hypers, clients, test, canaries=None):
         round_canaries = CanaryRound(canary_hook(call.alg), audit, canaries, slots)
 
     def one(c, k, h):
-        ctx = RunContext(call.alg, clients, h, k, call.client_map, round_canaries, call.mesh)
+        ctx = RunContext(
+            call.alg, clients, h, k, call.client_map, round_canaries, call.mesh, call.num
+        )
         return _rounds_one(ctx, c, test, call.rounds, call.diagnostics)
 
     if keys.shape[0] == 1:  # one run: unbatched, so a cond can skip unused client blocks
         single = jax.tree.map(lambda a: a[0], (carry, keys, hypers))
-        return _on_mesh(call.mesh, jax.tree.map(lambda a: a[None], one(*single)))
-    return _on_mesh(call.mesh, _runs_map(call.mesh, one)(carry, keys, hypers))
+        carry, outs = jax.tree.map(lambda a: a[None], one(*single))
+    else:
+        carry, outs = _runs_map(call.mesh, one)(carry, keys, hypers)
+    return _carry_on_mesh(call.mesh, carry), _on_mesh(call.mesh, outs)
 
 
 def cohort_memory(
@@ -502,8 +625,8 @@ def cohort_memory(
     from shapes alone (no work): ``key`` ``(R,)`` run keys, ``hyper`` with a run axis and
     ``runs``, how many of the runs one device holds before a mesh splits them.
     A slot counts one client's gathered data, its state twice (old and new) and one
-    request-sized reply (a model's worth); the shared part, the federation's data and
-    every run's client states."""
+    request-sized reply (a model's worth); the federation is its data (split by client
+    when stacked, shared when a flat store) and one state per client and run."""
     row = jax.tree.map(lambda a: a[0], hyper)
     one = jax.eval_shape(lambda: take_clients(data, jnp.zeros((1,), jnp.int32)))
     one = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), one)
@@ -517,11 +640,24 @@ def cohort_memory(
         (param_bytes(jax.eval_shape(ex.request, server)) for ex in alg.exchanges), default=0
     )
     n = num_clients(data)
+    stacked = _stacked(data)
     return CohortMemory(
-        shared=param_bytes(data) + runs * n * param_bytes(state),
+        shared=0 if stacked else param_bytes(data),
         per_slot=param_bytes(one) + 2 * param_bytes(state) + reply,
         slots=slot_buffer(alg, n),
         runs=runs,
+        split=param_bytes(data) if stacked else 0,
+        per_client=param_bytes(state),
+        clients=n,
+    )
+
+
+def _stacked(data: PyTree) -> bool:
+    """Whether the federation's data is stacked (every leaf with a leading client axis),
+    which a clients mesh axis splits; a flat store's arrays stay whole on every device."""
+    n = num_clients(data)
+    return not _gathers(data) and all(
+        getattr(a, "ndim", 0) >= 1 and a.shape[0] == n for a in jax.tree.leaves(data)
     )
 
 
@@ -646,8 +782,8 @@ def simulate(
     if saved is not None and saved.latest() is not None:
         done = saved.latest()
         like = jax.eval_shape(lambda c: _call(run, c, 1)[1], run.carry)
-        carry, first = saved.restore(done, run.carry, like)
-        run = dataclasses.replace(run, carry=carry, outputs=(first,), done=done)
+        carry, first = saved.restore(done, portable_carry(run), like)
+        run = dataclasses.replace(run, carry=placed_carry(run, carry), outputs=(first,), done=done)
     progress = sys.stderr.isatty() if execution.progress is None else execution.progress
     labels = pd.DataFrame(dict(run.labels))
     with tqdm(
@@ -665,7 +801,7 @@ def simulate(
             notify(execution.callbacks, run.done - n + 1, metrics, labels)
             if saved is not None:
                 run = dataclasses.replace(run, outputs=(_joined(run.outputs),))
-                saved.save(run.done, run.carry, run.outputs[0])
+                saved.save(run.done, portable_carry(run), run.outputs[0])
     if saved is not None:
         saved.close()
     result = finish(run, publication=publication)
@@ -714,6 +850,9 @@ class Run:
     done: int = 0
     outputs: tuple[dict, ...] = ()
     mesh: Mesh | None = None  # the clients (and runs) mesh of the call, or None: one device
+    # the federation as the compiled calls read it (on the mesh: split by client id where
+    # it splits them, else replicated); None: ``data``
+    federation: PyTree = None
 
     @property
     def runs(self) -> int:
@@ -787,11 +926,17 @@ def start(
     limit = device_memory_bytes(first if first.process_index == jax.process_index() else None)
     held = len(keys) if mesh is not None else len(keys) // _run_devices(len(keys))
     check_memory(cohort_memory(alg, data, keys, hyper, held), mesh, limit)
+    federation, num = data, None
     if mesh is None:
         keys, hyper = _sharded((keys, hyper))
     else:  # every process passes the same values; the program splits the work
-        keys, hyper, data, test = replicated(mesh, (keys, hyper, data, test))
-    carry = init_runs(alg, keys, hyper, data, client_map, mesh)
+        keys, hyper, test = replicated(mesh, (keys, hyper, test))
+        if splits(mesh) and _stacked(data):  # each device holds its clients' block
+            federation = split_clients(mesh, data)
+        else:
+            federation = replicated(mesh, data)
+        num = num_clients(data) if splits(mesh) else None
+    carry = init_runs(alg, keys, hyper, federation, client_map, mesh, num)
     canaries = None
     if hook is not None:
         canaries = CanaryCall.start(hook, audit, carry[0], keys, variants.spec.rounds)
@@ -811,15 +956,18 @@ def start(
         mesh=mesh,
         sizes=_message_bytes(alg, carry, keys, hyper, data),
         carry=carry,
+        federation=federation,
     )
 
 
 def _call(run: Run, carry: Any, rounds: int) -> tuple[Any, dict]:
     canaries = run.canaries
     audit, slots = (None, None) if canaries is None else (canaries.audit, canaries.slots)
-    call = Rounds(run.alg, rounds, run.client_map, run.diagnostics, audit, slots, run.mesh)
+    num = num_clients(run.data) if splits(run.mesh) else None
+    call = Rounds(run.alg, rounds, run.client_map, run.diagnostics, audit, slots, run.mesh, num)
     directions = None if canaries is None else canaries.directions
-    return run_rounds(call, carry, run.keys, run.hyper, run.data, run.test, directions)
+    data = run.data if run.federation is None else run.federation
+    return run_rounds(call, carry, run.keys, run.hyper, data, run.test, directions)
 
 
 def advance(run: Run, rounds: int = 1) -> tuple[Run, dict[str, np.ndarray]]:
@@ -898,7 +1046,7 @@ def finish(run: Run, *, publication: Publication | None = None) -> Result:
         rounds,
         record,
         server=run.carry[0],
-        clients=run.carry[1],
+        clients=portable_carry(run)[1],
         private_diagnostics=diag,
         audit=reports,
         algorithm=algorithm_name(alg),
@@ -993,12 +1141,20 @@ def _check_mesh(
     if chosen is None:
         return None
     unsummed = [e for e, ex in enumerate(alg.exchanges) if ex.aggregate_sum is None]
+    option = "mesh" if mesh is not None else "clients_per_device"
     if unsummed:
-        option = "mesh" if mesh is not None else "clients_per_device"
         raise ValueError(
             f"{option}: {algorithm_name(alg)}'s round exchange(s) {unsummed} aggregate stacked "
             "replies (no aggregate_sum); only summed exchanges split their cohort over "
             "devices: pass mesh=None and clients_per_device=None"
+        )
+    setup = [e for e, ex in enumerate(alg.setup) if ex.aggregate_sum is None]
+    if setup and splits(chosen):
+        raise ValueError(
+            f"{option}: {algorithm_name(alg)}'s setup exchange(s) {setup} aggregate stacked "
+            "replies, which need every client's state on one device, and a clients axis of "
+            f"{chosen.shape[CLIENTS]} devices splits them: pass mesh=None and "
+            "clients_per_device=None"
         )
     return chosen
 
