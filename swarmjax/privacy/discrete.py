@@ -13,10 +13,14 @@ and the server undoes the last steps on the sum (:func:`from_residues`, :func:`u
   coordinates becomes sub-Gaussian over the signs with variance proxy
   ``sum_i R_ki^2 x_i^2 <= spread ||x||^2 / d`` (Hoeffding), ``spread = d max R_ki^2``
   (:data:`SPREAD`). Two choices of ``R`` (:data:`ROTATIONS`): ``"dct"``, the orthonormal
-  DCT-II, for any length ``d`` (no padding; ``R_ki^2 <= 2 / d``, spread 2), by FFT; and
-  ``"hadamard"``, ``H / sqrt(d)`` with :func:`hadamard` (``log2 d`` butterfly passes;
-  ``d`` a power of two, the vector zero-padded to :func:`padded_dim`; spread 1).
-  :func:`rotation_dim` is the length a rotation works on.
+  DCT-II (``R_ki^2 <= 2 / d``, spread 2), by FFT, the vector zero-padded to the next
+  length of prime factors 2, 3, 5 and 7 only (:func:`smooth_dim`: ``d = 1,200,000`` for
+  MNIST's 1,199,882 parameters, +0.01 %; at most +0.8 % from ``10^5`` to ``2 x 10^6``
+  coordinates), where the FFT runs fast; and ``"hadamard"``, ``H / sqrt(d)`` with
+  :func:`hadamard` (``log2 d`` butterfly passes; ``d`` a power of two, the vector
+  zero-padded to :func:`padded_dim`; spread 1). :func:`rotation_dim` is the length a
+  rotation works on, the ``d`` of the accounting, the rounding, the noise and the upload.
+  Zero padding keeps the L2 norm.
 * :func:`conditional_round`: each coordinate to ``floor(x)`` or ``floor(x) + 1`` with the
   probability that keeps it unbiased, redrawn until the integer vector's L2 norm is within
   ``bound`` (Kairouz, Liu and Steinke 2021, "The Distributed Discrete Gaussian Mechanism",
@@ -61,6 +65,7 @@ __all__ = [
     "rotation_dim",
     "rotation_signs",
     "skellam",
+    "smooth_dim",
     "sum_error",
     "to_residues",
     "unrotate",
@@ -78,6 +83,30 @@ def padded_dim(n: int) -> int:
     if n < 1:
         raise ValueError(f"a vector to rotate needs >= 1 coordinate; got {n}")
     return 1 << (n - 1).bit_length()
+
+
+_SMOOTH_PRIMES = (2, 3, 5, 7)
+
+
+def smooth_dim(n: int) -> int:
+    """The smallest length ``>= n`` whose prime factors are all 2, 3, 5 or 7 (``n >= 1``):
+    the DCT rotation's dimension. XLA's FFT takes such lengths fast and falls back to a
+    slower algorithm for a large prime factor (the 10 clients' DCT at MNIST's ``n =
+    1,199,882 = 2 x 599,941`` took 2.2-2.5x the time at 1,200,000 = 2^7 3 5^5 or 1,200,500
+    = 2^2 5^3 7^4; 2026-11-29, the 2-core AMD EPYC, medians of 5 and 9 under load). Such
+    lengths are dense: at most 0.8 % above ``n`` for ``10^5 <= n <= 2 x 10^6``, 2 % from
+    ``10^3``."""
+    if n < 1:
+        raise ValueError(f"a vector to rotate needs >= 1 coordinate; got {n}")
+    m = n
+    while True:
+        r = m
+        for p in _SMOOTH_PRIMES:
+            while r % p == 0:
+                r //= p
+        if r == 1:
+            return m
+        m += 1
 
 
 def hadamard(x: Float[Array, " d"]) -> Float[Array, " d"]:
@@ -108,13 +137,15 @@ proxy of a rotated coordinate (the DCT-II's rows k >= 1 reach ``2 / d``)."""
 
 
 def rotation_dim(n: int, rotation: str = "hadamard") -> int:
-    """The length ``d`` a rotation of ``n`` coordinates works on: ``n`` for ``"dct"``, the
-    next power of two for ``"hadamard"`` (zero-padded)."""
+    """The length ``d`` a rotation of ``n`` coordinates works on (the vector zero-padded to
+    it): :func:`smooth_dim` for ``"dct"``, the next power of two for ``"hadamard"``. The one
+    definition of ``d``: the accounting, the wrap bound, the rounding, the noise, the masks
+    and the upload's bytes all follow it."""
     if rotation not in ROTATIONS:
         raise ValueError(f"rotation must be one of {', '.join(ROTATIONS)}; got {rotation!r}")
     if n < 1:
         raise ValueError(f"a vector to rotate needs >= 1 coordinate; got {n}")
-    return n if rotation == "dct" else padded_dim(n)
+    return smooth_dim(n) if rotation == "dct" else padded_dim(n)
 
 
 def rotate(
