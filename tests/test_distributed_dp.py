@@ -257,6 +257,21 @@ def test_ptrs_with_its_buffers_matches_poissons_pmf(lam):
     assert _poisson_chi2_pvalue(draws, lam + 0.1 * math.sqrt(lam)) < 1e-6
 
 
+@pytest.mark.parametrize("n", [2**16, 2**16 + 1])
+def test_uniform_pairs_are_independent_24_bit_uniforms(n):
+    """PTRS's ``(u, v)`` from 1.5 keystream words a proposal: each on the 24-bit grid of
+    ``(0, 1]``, uniform (KS), the two and neighbouring lanes uncorrelated, and ``v``'s
+    lanes built from the three words' low bytes as uniform as the others."""
+    u, v = (np.asarray(a, np.float64) for a in discrete._uniform_pairs(KEY, n))
+    assert u.shape == v.shape == (n,)
+    half = -(-n // 2)
+    for x in (u, v, v[half:]):
+        assert np.all((x > 0) & (x <= 1)) and np.all(x * 2**24 == np.round(x * 2**24))
+        assert stats.kstest(x, "uniform").pvalue > 1e-3
+    for a, b in ((u, v), (u[:-1], u[1:]), (v[:-1], v[1:]), (u[: n // 2], u[half:])):
+        assert abs(np.corrcoef(a, b)[0, 1]) < 5 / math.sqrt(len(a))
+
+
 def test_the_acceptance_tests_terms_are_float64s_to_float32():
     """The Stirling table and the series of log(1 + t) - t against float64."""
     k = np.arange(1, 10, dtype=np.float64)
@@ -576,8 +591,8 @@ def test_wrap_bound_holds_empirically():
 
 
 def test_ptrs_buffer_overflow_still_samples_every_coordinate(monkeypatch):
-    """With a buffer far too small for the first pass's rejections, the coordinates beyond
-    it loop in place: every coordinate is still a Poisson draw."""
+    """With buffers far too small for the first pass's rejections, further passes serve
+    the coordinates beyond them: every coordinate is still a Poisson draw."""
     monkeypatch.setattr(discrete, "_BUFFER", 4096)
     lam = 400.0
     draws = np.asarray(discrete._poisson_deviation(KEY, lam, (2**14,)), np.float64) + 400

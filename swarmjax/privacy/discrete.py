@@ -73,7 +73,7 @@ __all__ = [
 
 _KNUTH_LIMIT = 10.0  # below: inversion of the cdf; at or above: PTRS
 _MAX_ROUNDS = 64  # cap on rejection rounds of the vectorised samplers (see _poisson_*)
-_BUFFER = 4  # the rejections of m PTRS proposals go to a buffer of about m / _BUFFER
+_BUFFER = 8  # the rejections of m PTRS proposals go to buffers of about m / _BUFFER
 _LOOP_LANES = 4096  # from this many lanes down, PTRS's rejections loop in place (_fill)
 _SEQUENTIAL_LANES = 1 << 16  # from this many lanes, a vmapped sampler runs one call at a time
 
@@ -248,10 +248,31 @@ def _conditional_round(
     return jnp.where(ok, z, 0), ok
 
 
+def _open24(bits: UInt32[Array, "..."]) -> Float[Array, "..."]:
+    """Uniform on ``(0, 1]`` in float32 from 24 random bits (the low 24 of ``bits``; never
+    0, so logs are finite)."""
+    low = bits & jnp.uint32(0xFFFFFF)
+    return (low.astype(jnp.float32) + 1.0) * jnp.float32(2.0**-24)
+
+
 def _uniform_open(key: PRNGKeyArray, shape: tuple[int, ...]) -> Float[Array, "..."]:
-    """Uniform on ``(0, 1]`` in float32 (24 random bits; never 0, so logs are finite)."""
-    bits = jax.random.bits(key, shape, jnp.uint32) >> jnp.uint32(8)
-    return (bits.astype(jnp.float32) + 1.0) * jnp.float32(2.0**-24)
+    """Uniform on ``(0, 1]`` in float32 (24 random bits of one word each)."""
+    return _open24(jax.random.bits(key, shape, jnp.uint32) >> jnp.uint32(8))
+
+
+def _uniform_pairs(key: PRNGKeyArray, n: int) -> tuple[Float[Array, " n"], Float[Array, " n"]]:
+    """``(u, v)``: ``2 n`` independent uniforms on ``(0, 1]`` of 24 bits each (as
+    :func:`_uniform_open`) from ``3 ceil(n / 2)`` keystream words instead of ``2 n``: words
+    ``a, b, c`` give ``u`` the high 24 bits of ``a`` and of ``b``, ``v`` the high 24 bits of
+    ``c`` and the three words' low bytes together (disjoint bits of uniform words: the
+    four uniforms are independent)."""
+    half = -(-n // 2)
+    a, b, c = jax.random.bits(key, (3, half), jnp.uint32)
+    eight = jnp.uint32(8)
+    low = (a & 0xFF) | ((b & 0xFF) << eight) | ((c & 0xFF) << jnp.uint32(16))
+    u = jnp.concatenate([_open24(a >> eight), _open24(b >> eight)])[:n]
+    v = jnp.concatenate([_open24(c >> eight), _open24(low)])[:n]
+    return u, v
 
 
 def _poisson_small(key: PRNGKeyArray, lam: Float[Array, ""], shape: tuple[int, ...]) -> Array:
@@ -331,9 +352,8 @@ def _ptrs_propose(
     the exact one, and no term of size ``log k`` is formed and cancelled. ``k = 0``: ``log
     P(0) = -lam``."""
     whole, f, b, a, inv_alpha, v_r = consts
-    k1, k2 = jax.random.split(key)
-    u = _uniform_open(k1, (n,)) - 0.5
-    v = _uniform_open(k2, (n,))
+    u, v = _uniform_pairs(key, n)  # 1.5 keystream words a proposal
+    u = u - 0.5
     us = 0.5 - jnp.abs(u)
     j = jnp.floor((2.0 * a / us + b) * u + f + 0.43)  # k - floor(lam)
     k = whole + j
@@ -369,10 +389,11 @@ def _until_accepted(
 
 
 def _buffer(n: int) -> int:
-    """Lanes of the buffer that takes the rejections among ``n`` proposals: PTRS rejects
-    at most a quarter of them (0.247 at ``lam = 10``, 0.11 from ``lam = 10^4``; measured,
-    tests/test_distributed_dp.py), so ``n / 4 + 6 sqrt(n) + 16`` holds them all but with a
-    chance below ``1e-9``; an overflow costs time only (:func:`_fill`)."""
+    """Lanes of a buffer that takes the rejections among ``n`` proposals: ``n / 8 + 6
+    sqrt(n) + 16``. PTRS rejects 0.11 of them from ``lam = 10^4`` (up to 0.247 at ``lam =
+    10``; measured, tests/test_distributed_dp.py), so from ``lam = 10^4`` one buffer holds
+    them all but with a chance below ``1e-9``; more rejections take one more buffer pass
+    each (:func:`_fill`): time only."""
     return min(n, n // _BUFFER + 6 * math.isqrt(n) + 16)
 
 
@@ -381,25 +402,35 @@ def _fill(
 ) -> Int[Array, " m"]:
     """Every lane not ``done`` replaced by the first accepted of fresh i.i.d. proposals.
 
-    The open lanes are gathered (``jnp.nonzero``) into a buffer of :func:`_buffer` lanes,
-    which draws one proposal each and fills its own rejections the same way, a quarter
-    the size each level down, until a level of at most :data:`_LOOP_LANES` lanes loops in
-    place (:func:`_until_accepted`); proposals drawn add up to about ``4 / 3`` of the
-    first level's lanes, against one pass per rejection round over a fixed buffer. Which
-    buffer lane serves a coordinate depends only on the acceptance of other proposals,
-    never on the values of the proposals it receives, so each coordinate still keeps the
-    first accepted of i.i.d. proposals (a Poisson draw, independent of the others). Open
-    lanes beyond a full buffer (an overflow) loop in place."""
+    The first (up to) :func:`_buffer` open lanes are gathered (``jnp.nonzero``) into a
+    buffer, which draws one proposal each and fills its own rejections the same way, an
+    eighth the size each level down, until a level of at most :data:`_LOOP_LANES` lanes
+    loops in place (:func:`_until_accepted`); while open lanes remain (more rejections than
+    a buffer holds: PTRS below ``lam = 10^4``), another pass gathers the next ones. At
+    large ``lam`` the proposals drawn add up to about ``8 / 7`` of the first level's lanes
+    (the buffers a quarter the size: ``4 / 3``). Which buffer lane serves a coordinate
+    depends only on the acceptance of other proposals, never on the values of the
+    proposals it receives, so each coordinate still keeps the first accepted of i.i.d.
+    proposals (a Poisson draw, independent of the others)."""
     m = dev.shape[0]
     cap = _buffer(m)
     if m <= _LOOP_LANES or cap >= m:
         return _until_accepted(key, propose, dev, done)
-    open_ids = jnp.nonzero(~done, size=cap, fill_value=m)[0]
-    j, accept = propose(jax.random.fold_in(key, 0), cap)
-    lanes = _fill(jax.random.fold_in(key, 1), propose, j, accept | (open_ids >= m))
-    dev = dev.at[open_ids].set(lanes, mode="drop")
-    served = done | (jnp.cumsum(~done) <= cap)  # open lanes beyond the buffer stay open
-    return _until_accepted(jax.random.fold_in(key, 2), propose, dev, served)
+
+    def cond(carry: tuple) -> Bool[Array, ""]:
+        i, _, done = carry
+        return (i < _MAX_ROUNDS) & ~jnp.all(done)
+
+    def one_pass(carry: tuple) -> tuple:
+        i, dev, done = carry
+        k = jax.random.fold_in(key, i)
+        open_ids = jnp.nonzero(~done, size=cap, fill_value=m)[0]
+        j, accept = propose(jax.random.fold_in(k, 0), cap)
+        lanes = _fill(jax.random.fold_in(k, 1), propose, j, accept | (open_ids >= m))
+        dev = dev.at[open_ids].set(lanes, mode="drop")
+        return i + 1, dev, done | (jnp.cumsum(~done) <= cap)  # the lanes served
+
+    return jax.lax.while_loop(cond, one_pass, (jnp.int32(0), dev, done))[1]
 
 
 def _when(pred: Bool[Array, ""], fn: Any, otherwise: Array) -> Array:
