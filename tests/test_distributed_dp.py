@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import scipy.fft
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
@@ -65,6 +66,18 @@ def test_the_dct_is_orthonormal_with_the_stated_spread(d):
     np.testing.assert_allclose(r @ r.T, np.eye(d), atol=1e-5)
     assert d * np.max(r**2) <= discrete.SPREAD["dct"] * (1 + 1e-5)
     assert discrete.rotation_dim(d, "dct") == discrete.smooth_dim(d)
+
+
+@pytest.mark.parametrize("d", [1, 2, 3, 7, 8, 64, 1001, 1008])
+def test_the_real_fft_dct_is_scipys_orthonormal_dct_ii(d):
+    """``discrete.dct`` (one real FFT, Makhoul) against scipy's float64 DCT-II, even and
+    odd lengths; ``unrotate`` (jax's inverse DCT) undoes it."""
+    x = np.random.default_rng(d).standard_normal(d)
+    want = scipy.fft.dct(x, type=2, norm="ortho")
+    got = np.asarray(discrete.dct(jnp.asarray(x, jnp.float32)), np.float64)
+    np.testing.assert_allclose(got, want, atol=2e-6 * max(1.0, np.abs(want).max()))
+    back = discrete.unrotate(jnp.asarray(got, jnp.float32), jnp.ones(d), "dct")
+    np.testing.assert_allclose(np.asarray(back), x, atol=1e-5)
 
 
 def test_the_dct_pads_to_the_next_length_of_small_prime_factors():
