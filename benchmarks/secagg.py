@@ -2,13 +2,14 @@
 (issue 47, item 4): round time, bytes per client and accuracy.
 
 Work (``--work``): ``mnist``: MNIST train split into ``--users`` users of 50 rows (seeded
-consecutive chunks), pfl's ``simple_cnn`` (d = 1,199,882 coordinates under the default DCT
-rotation), local SGD at rate 0.1, fixed clip 0.4; ``shakespeare``: ``--users`` speaking
-roles (a seeded sample of the staged plays' roles with at least 2 lines), 50 random
-80-character windows each, ``experiments.shakespeare``'s character LSTM (two layers of 256;
-d = 818,640), local SGD at the paper's rate 1.47, fixed clip 0.5 (that experiment's initial
-clip); accuracy on 1,000 test windows. Both: cohort ``--cohort``, one local epoch of batch
-10, user-level epsilon ``--epsilon`` at delta ``1 / users``, RDP accountant for every run.
+consecutive chunks), pfl's ``simple_cnn`` (1,199,882 parameters, d = 1,200,000 coordinates
+under the default DCT rotation, zero-padded), local SGD at rate 0.1, fixed clip 0.4;
+``shakespeare``: ``--users`` speaking roles (a seeded sample of the staged plays' roles
+with at least 2 lines), 50 random 80-character windows each, ``experiments.shakespeare``'s
+character LSTM (two layers of 256; 818,640 parameters, d = 819,200), local SGD at the
+paper's rate 1.47, fixed clip 0.5 (that experiment's initial clip); accuracy on 1,000 test
+windows. Both: cohort ``--cohort``, one local epoch of batch 10, user-level epsilon
+``--epsilon`` at delta ``1 / users``, RDP accountant for every run.
 Compared, in one process on one device:
 
 * ``dp-fedavg (secret Poisson)`` (``--central poisson``): central DP (the server trusted,

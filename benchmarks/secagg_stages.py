@@ -12,7 +12,9 @@ and ChaCha20 masks), ``unmask`` (:func:`~swarmjax.privacy.secagg.unmask_sum`: th
 survivors' sum, their self masks and the dropouts' pair masks), ``decode`` (centring and
 the inverse rotation). ``bits``: ``S`` ChaCha20 keystreams of ``d`` words, for scale.
 
-Defaults: MNIST's ``simple_cnn`` (``d = 1,199,882``), a cohort of 10, threshold 8,
+Defaults: MNIST's ``simple_cnn`` (``--d 1,199,882`` parameters, rotated in
+:func:`~swarmjax.privacy.discrete.rotation_dim` coordinates: 1,200,000 under the DCT), a
+cohort of 10, threshold 8,
 degree 4, 16 bits and ``lam = 1.78e6`` (what ``python -m benchmarks.secagg`` derives at
 epsilon 8 and 16 bits), one dropout.
 

@@ -71,7 +71,9 @@ def test_secagg_prints_both_baselines_and_each_distributed_row_against_them(tiny
     assert dist["noise_multiplier"] == pytest.approx(public["noise_multiplier"], rel=0.1)
     # every client's share is added, only h = ceil(0.8 m) = 4 of 5 honest ones are counted
     assert dist["noise_std_per_round"] >= dist["noise_multiplier"] * math.sqrt(5 / 4) * 0.999
-    assert dist["bytes_up_per_client"] / public["bytes_up_per_client"] == pytest.approx(0.5, 1e-3)
+    # 16 of 32 bits, over the 1,210 parameters rotated in d = 1,215 (DCT: zero-padded)
+    ratio = dist["bytes_up_per_client"] / public["bytes_up_per_client"]
+    assert ratio == pytest.approx(0.5 * 1215 / 1210, 1e-3)
     for name in ("dp-fedavg (secret Poisson)", "dp-fedavg (public cohort)"):
         assert f"|     16 | {name}" in out  # the table against each baseline
     gap = 100 * (dist["test_accuracy"] - public["test_accuracy"])

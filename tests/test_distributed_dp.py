@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import scipy.fft
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
@@ -64,7 +65,44 @@ def test_the_dct_is_orthonormal_with_the_stated_spread(d):
     r = np.asarray(jax.vmap(lambda e: discrete.rotate(e, jnp.ones(d), "dct"))(jnp.eye(d))).T
     np.testing.assert_allclose(r @ r.T, np.eye(d), atol=1e-5)
     assert d * np.max(r**2) <= discrete.SPREAD["dct"] * (1 + 1e-5)
-    assert discrete.rotation_dim(d, "dct") == d
+    assert discrete.rotation_dim(d, "dct") == discrete.smooth_dim(d)
+
+
+@pytest.mark.parametrize("d", [1, 2, 3, 7, 8, 64, 1001, 1008])
+def test_the_real_fft_dct_is_scipys_orthonormal_dct_ii(d):
+    """``discrete.dct`` (one real FFT, Makhoul) against scipy's float64 DCT-II, even and
+    odd lengths; ``unrotate`` (jax's inverse DCT) undoes it."""
+    x = np.random.default_rng(d).standard_normal(d)
+    want = scipy.fft.dct(x, type=2, norm="ortho")
+    got = np.asarray(discrete.dct(jnp.asarray(x, jnp.float32)), np.float64)
+    np.testing.assert_allclose(got, want, atol=2e-6 * max(1.0, np.abs(want).max()))
+    back = discrete.unrotate(jnp.asarray(got, jnp.float32), jnp.ones(d), "dct")
+    np.testing.assert_allclose(np.asarray(back), x, atol=1e-5)
+
+
+def test_the_dct_pads_to_the_next_length_of_small_prime_factors():
+    """``smooth_dim``: the least ``m >= n`` with prime factors in {2, 3, 5, 7} (checked
+    against a brute-force search); MNIST's 1,199,882 = 2 x 599,941 goes to 1,200,000
+    (+118 coordinates, 0.01 %); zero padding keeps the norm, so the rotation of the padded
+    vector keeps it too."""
+
+    def smooth(m):
+        for p in (2, 3, 5, 7):
+            while m % p == 0:
+                m //= p
+        return m == 1
+
+    for n in [*range(1, 300), 1001, 1210, 65537, 1_199_882]:
+        m = discrete.smooth_dim(n)
+        assert m >= n and smooth(m) and not any(smooth(k) for k in range(n, m))
+    assert discrete.smooth_dim(1_199_882) == 1_200_000
+    assert discrete.rotation_dim(1_199_882, "dct") == 1_200_000
+    x = jax.random.normal(jax.random.key(4), (1001,))
+    padded = jnp.pad(x, (0, discrete.rotation_dim(1001, "dct") - 1001))
+    y = discrete.rotate(padded, discrete.rotation_signs(jax.random.key(5), 1008), "dct")
+    assert float(jnp.linalg.norm(y)) == pytest.approx(float(jnp.linalg.norm(x)), rel=1e-5)
+    with pytest.raises(ValueError, match=">= 1 coordinate"):
+        discrete.smooth_dim(0)
 
 
 def test_the_wrap_bound_holds_for_the_dct_rotation():
@@ -232,6 +270,21 @@ def test_ptrs_with_its_buffers_matches_poissons_pmf(lam):
     assert _poisson_chi2_pvalue(draws, lam + 0.1 * math.sqrt(lam)) < 1e-6
 
 
+@pytest.mark.parametrize("n", [2**16, 2**16 + 1])
+def test_uniform_pairs_are_independent_24_bit_uniforms(n):
+    """PTRS's ``(u, v)`` from 1.5 keystream words a proposal: each on the 24-bit grid of
+    ``(0, 1]``, uniform (KS), the two and neighbouring lanes uncorrelated, and ``v``'s
+    lanes built from the three words' low bytes as uniform as the others."""
+    u, v = (np.asarray(a, np.float64) for a in discrete._uniform_pairs(KEY, n))
+    assert u.shape == v.shape == (n,)
+    half = -(-n // 2)
+    for x in (u, v, v[half:]):
+        assert np.all((x > 0) & (x <= 1)) and np.all(x * 2**24 == np.round(x * 2**24))
+        assert stats.kstest(x, "uniform").pvalue > 1e-3
+    for a, b in ((u, v), (u[:-1], u[1:]), (v[:-1], v[1:]), (u[: n // 2], u[half:])):
+        assert abs(np.corrcoef(a, b)[0, 1]) < 5 / math.sqrt(len(a))
+
+
 def test_the_acceptance_tests_terms_are_float64s_to_float32():
     """The Stirling table and the series of log(1 + t) - t against float64."""
     k = np.arange(1, 10, dtype=np.float64)
@@ -294,7 +347,7 @@ def test_residues_round_trip_and_sum(bits):
 # ------------------------------------------------------------------ the plan end to end
 
 
-MODEL = mlp((16,), 10, (8, 8, 1))  # 64 * 16 + 16 + 16 * 10 + 10 = 1,210 parameters: d
+MODEL = mlp((16,), 10, (8, 8, 1))  # 64 * 16 + 16 + 16 * 10 + 10 = 1,210 parameters (d = 1,215)
 N, PER_CLIENT, ROUNDS, DELTA = 12, 40, 3, 1e-3
 TRAINING = LocalTraining(epochs=1, batch_size=10)
 SPEC = RunSpec(ROUNDS, DELTA, (0,), accountant="rdp")
@@ -436,13 +489,14 @@ def test_record_is_the_skellam_event_that_calibrated(dp_run):
 
 def test_the_history_counts_the_packed_upload(digits):
     """The history's bytes up per client (what :func:`start` hands it) are the packed upload,
-    ``ceil(d b / 8)`` (d = 1,210: at 13 bits 15,730 bits, 1,967 bytes), where FedAvg's stay
-    the float32 model and its weight."""
+    ``ceil(d b / 8)`` (the 1,210 parameters rotated in d = 1,215 = 3^5 x 5 coordinates: at
+    13 bits 15,795 bits, 1,975 bytes), where FedAvg's stay the float32 model and its
+    weight."""
     clients, test = digits
-    d = 1210
+    n, d = 1210, 1215
     fedavg = start(_inner(), clients, test, Variants.grid(_inner(), clients, SPEC), secret=SECRET)
-    assert fedavg.sizes[0][1] == 4 * d + 4
-    for bits, expect in [(8, 1210), (13, 1967), (20, 3025), (32, 4840)]:
+    assert fedavg.sizes[0][1] == 4 * n + 4
+    for bits, expect in [(8, 1215), (13, 1975), (20, 3038), (32, 4860)]:
         alg = private(_inner(), DistributedDP(FixedCohort(6), bits=bits, min_survivors=5))
         variants = Variants.grid(alg, clients, SPEC, initial_clip=0.5, grid_scale=1.0, noise=0.0)
         sizes = start(alg, clients, test, variants, secret=SECRET).sizes
@@ -470,7 +524,8 @@ def test_a_run_releases_the_packed_bytes(dp_run):
     alg, res, _ = dp_run
     h = res.history
     per_client = h["bytes_up"] / h[f"selected_{alg.exchanges[0].name}"]
-    assert (per_client == packed_size(1210, 20)).all() and packed_size(1210, 20) == 3025
+    # the 1,210 parameters rotated in d = 1,215 coordinates (DCT: zero-padded)
+    assert (per_client == packed_size(1215, 20)).all() and packed_size(1215, 20) == 3038
     np.testing.assert_array_equal(h["cum_bytes_up"], np.cumsum(h["bytes_up"]))
 
 
@@ -549,8 +604,8 @@ def test_wrap_bound_holds_empirically():
 
 
 def test_ptrs_buffer_overflow_still_samples_every_coordinate(monkeypatch):
-    """With a buffer far too small for the first pass's rejections, the coordinates beyond
-    it loop in place: every coordinate is still a Poisson draw."""
+    """With buffers far too small for the first pass's rejections, further passes serve
+    the coordinates beyond them: every coordinate is still a Poisson draw."""
     monkeypatch.setattr(discrete, "_BUFFER", 4096)
     lam = 400.0
     draws = np.asarray(discrete._poisson_deviation(KEY, lam, (2**14,)), np.float64) + 400

@@ -1,7 +1,9 @@
 """Real secure aggregation across processes (issue 47, items 3 and 5): a SuperLink and 5
 SuperNodes on 127.0.0.1 (:class:`LocalDeployment`), distributed-DP FedAvg on a tiny MLP,
 cohort 5, ``min_survivors`` 3 (``2 t > m``: the fewest Bonawitz et al. allow), 13-bit
-residues (``d b = 7,930`` bits: the packed upload's last byte has 6 padding bits).
+residues (the MLP's 610 parameters rotated in ``d = 625`` coordinates, zero-padded to a
+length the FFT takes fast; ``d b = 8,125`` bits: the packed upload's last byte has 3
+padding bits).
 
 One run of 5 rounds on the deployment (one ``flwr run``: one ServerApp and one join):
 
@@ -66,11 +68,12 @@ from tests.test_flower_runtime import simulated
 pytestmark = pytest.mark.slow
 
 CLIENTS = (0, 1, 2, 3, 4)
-D, BITS = 610, 13
+D, BITS = 625, 13  # d: the 610 parameters zero-padded to 5^4 (DCT rotation)
 
 
 def config(**extra: object) -> dict:
-    """Distributed DP-FedAvg on 150 digits rows (5 clients), an 8-unit MLP (d = 610)."""
+    """Distributed DP-FedAvg on 150 digits rows (5 clients), an 8-unit MLP (610 parameters,
+    rotated in d = 625)."""
     return {
         "task": "swarmjax.fl.runtime.flower.tasks:digits",
         "algorithm": "dp-fedavg-secagg",
@@ -225,27 +228,26 @@ def test_across_processes_a_clean_round_is_the_simulators_and_faults_decode_or_a
     for x, y in zip(jax.tree.leaves(run.server), jax.tree.leaves(server), strict=True):
         np.testing.assert_allclose(np.asarray(x)[0], np.asarray(y), rtol=0, atol=1e-6)
     # bytes per client of each stage in round 1 (array payloads): 2 public keys up; 4
-    # bundles up; the model down and d = 610 words of 13 bits up, packed: 992 bytes, what
+    # bundles up; the model down and d = 625 words of 13 bits up, packed: 1,016 bytes, what
     # the simulator's history counts too (the exchange's reply_bits); 5 seed shares up
     messages = run.operator.messages
     m = messages[messages["round"] == 1]
     up = m.groupby("exchange")["bytes_up"].max()
     assert up["train/advertise"] == 64
     assert up["train/share"] == 4 * (8 + BUNDLE_BYTES)
-    assert up["train/mask"] == packed_size(D, BITS) == math.ceil(D * BITS / 8) == 992
-    assert sim.history["bytes_up"].iloc[0] / len(CLIENTS) == 992
+    assert up["train/mask"] == packed_size(D, BITS) == math.ceil(D * BITS / 8) == 1016
+    assert sim.history["bytes_up"].iloc[0] / len(CLIENTS) == 1016
     assert up["train/unmask"] == 5 * (8 + 66)
     assert (m["status"] == "ok").all()
     # the faults, each detected where it happened
     status = messages.set_index(["round", "exchange", "client"])["status"]
-    padding = "rejected: packed words have padding bits set (after bit 7930)"
+    padding = "rejected: packed words have padding bits set (after bit 8125)"
     assert "drops before uploading" in status[(2, "train/mask", 1)]
     assert status[(2, "train/mask", 3)] == status[(4, "train/mask", 4)] == padding
     assert "drops after uploading" in status[(3, "train/unmask", 2)]
-    assert (
-        "'packed' has shape (993,) and dtype uint8; expected (992,)" in status[(3, "train/mask", 0)]
-    )
-    assert "'packed' has shape (992,) and dtype int8; expected" in status[(4, "train/mask", 1)]
+    longer = "'packed' has shape (1017,) and dtype uint8; expected (1016,)"
+    assert longer in status[(3, "train/mask", 0)]
+    assert "'packed' has shape (1016,) and dtype int8; expected" in status[(4, "train/mask", 1)]
     assert "drops before uploading" in status[(4, "train/mask", 3)]
     assert all("drops after uploading" in status[(5, "train/unmask", c)] for c in (0, 1, 2))
     # the released record: refused rounds counted, the model kept, the epsilon charged

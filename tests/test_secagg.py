@@ -12,6 +12,7 @@ implementations; (f) bad input.
 from __future__ import annotations
 
 import itertools
+import math
 import random
 import struct
 from collections import Counter
@@ -367,13 +368,16 @@ def test_a_deployment_round_trip_with_real_keys():
 
 
 def test_mask_words_is_the_simulators_prg_and_the_reference_keystream():
-    for seed, d, bits in ((0, 37, 32), (1, 37, 8), (2, 300, 20), (4, 301, 16), (5, 40, 10)):
+    cases = ((0, 37, 32), (1, 37, 8), (2, 300, 20), (4, 301, 16), (5, 40, 10), (6, 45, 13))
+    for seed, d, bits in (*cases, (7, 1001, 20), (8, 99, 24), (9, 77, 12)):
         key = jax.random.fold_in(_key(seed), 77)
         raw = sc.key_bytes(key)
         assert sc.key_bytes(key_from_bytes(raw)) == raw
-        f = sa.fields(bits)  # coordinates a word: field i mod f of word i // f, lowest first
-        words = np.asarray(jax.random.bits(key, (-(-d // f),), jnp.uint32))
-        sim = np.array([(int(words[i // f]) >> (bits * (i % f))) % (1 << bits) for i in range(d)])
+        w, f = sa.fields(bits)  # w words hold f masks: one bit stream, lowest bit first
+        assert 32 * w == f * bits and math.gcd(w, f) == 1
+        words = np.asarray(jax.random.bits(key, (w * -(-d // f),), jnp.uint32))
+        stream = sum(int(x) << (32 * i) for i, x in enumerate(words))  # word 0 lowest
+        sim = np.array([(stream >> (bits * i)) % (1 << bits) for i in range(d)])
         np.testing.assert_array_equal(sc.mask_words(raw, d, bits), sim)
         # the RFC 8439 layout directly: 32-bit counter word 12 = 0, then words 13-15
         from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
@@ -390,6 +394,14 @@ def test_mask_words_is_the_simulators_prg_and_the_reference_keystream():
     packed = np.asarray(sa._prg_tile(jax.random.key_data(keys), jnp.int32(3), 2, 16))
     halves = np.stack([np.asarray(full)[:, 48:80] & 0xFFFF, np.asarray(full)[:, 48:80] >> 16], -1)
     np.testing.assert_array_equal(packed & 0xFFFF, halves.reshape(5, 64))
+    # 20 bits: 5 words hold 8 masks, across word boundaries; 10 blocks = 160 words, 256 masks
+    full = np.asarray(jax.vmap(lambda k: jax.random.bits(k, (240,), jnp.uint32))(keys))
+    tile = np.asarray(sa._prg_tile(jax.random.key_data(keys), jnp.int32(5), 10, 20))
+    assert tile.shape == (5, 256) and sa._tile_width(10, 20) == 256
+    row = sum(int(x) << (32 * i) for i, x in enumerate(full[2, 80:240]))
+    want = [(row >> (20 * i)) & 0xFFFFF for i in range(256)]
+    np.testing.assert_array_equal(tile[2] & 0xFFFFF, want)
+    assert sa._tiles(3, 10**6, 20)[0] % 5 == 0  # tiles hold whole groups of 5 words
 
 
 # ---------------------------------------------------------------------- (f) bad input

@@ -209,8 +209,10 @@ class DistributedDP:
         beta: the conditional rounding's per-draw failure bound (Kairouz et al. 2021);
             default ``exp(-1/2)``.
         tries: rounding draws before a client sends zeros instead; default 16.
-        rotation: ``"dct"`` (default: the randomized orthonormal DCT-II of the ``d``
-            parameters, no padding, so an upload is ``b / 32`` of float32's bytes) or
+        rotation: ``"dct"`` (default: the randomized orthonormal DCT-II of the
+            parameters zero-padded to the next length of prime factors 2, 3, 5 and 7,
+            where the FFT runs fast: +0.01 % at MNIST's 1,199,882, so an upload is about
+            ``b / 32`` of float32's bytes; :func:`~swarmjax.privacy.discrete.smooth_dim`) or
             ``"hadamard"`` (randomized Hadamard after zero-padding to the next power of two:
             up to 2x the coordinates to upload, noise and mask; half the DCT's spread in
             :func:`wrap_bound`). :mod:`swarmjax.privacy.discrete`.

@@ -13,13 +13,15 @@ graph of Bell et al., "Secure Single-Server Aggregation with (Poly)Logarithmic O
                          - sum_{j in N(i), id_j < id_i} PRG(s_ij)        (mod 2^b)
 
 ``PRG(k)`` is the ChaCha20 keystream of the 256-bit key ``k`` (the words of
-``jax.random.bits(k, (w,), uint32)`` under :mod:`swarmjax.privacy.chacha20`), each word
-holding the masks of ``f = floor(32 / b)`` coordinates in its ``b``-bit fields, lowest
-first (:func:`fields`: 2 for ``11 <= b <= 16``, so ``ceil(d / 2)`` words, up to 4 at
-``b = 8``; 1 above 16, the word reduced modulo ``2^b``). Until 2026-11-29 every
-coordinate took a word of its own; the masks of ``b <= 16`` changed then (both the
-simulator and :func:`~swarmjax.privacy.secagg_crypto.mask_words` of a deployment), not
-their law.
+``jax.random.bits(k, (w,), uint32)`` under :mod:`swarmjax.privacy.chacha20`) read as one
+bit stream, lowest bit first, coordinate ``i``'s mask its bits ``b i .. b (i + 1) - 1``
+(:func:`fields`, :func:`split_fields`: ``w`` words hold ``f`` masks exactly, ``32 w = f
+b``; 2 masks a word at 16 bits, 8 masks in 5 words at 20, so ``5 d / 8`` words). Until
+2026-11-29 every coordinate took a word of its own; the masks of ``b <= 16`` changed then
+(two 16-bit fields a word), and those of every ``b`` that does not divide 32 changed on
+2026-11-29 again (fields across word boundaries, no spare bit), in the simulator and in
+:func:`~swarmjax.privacy.secagg_crypto.mask_words` of a deployment alike; their law did
+not.
 ``b_i`` is the client's self-mask seed and ``s_ij = s_ji`` the secret it
 agreed with its neighbour ``j``. A deployment draws ``b_i`` from its own entropy and
 agrees ``s_ij`` by X25519 + HKDF (:mod:`swarmjax.privacy.secagg_crypto`); **in this
@@ -132,7 +134,9 @@ and holds only with high probability, which nothing accounts: refused.
 
 from __future__ import annotations
 
+import math
 from functools import partial
+from typing import Any
 
 import flax.struct
 import jax
@@ -343,35 +347,63 @@ def _mod_mask(bits: int) -> UInt32[Array, ""]:
     return jnp.uint32((1 << bits) - 1)
 
 
-def fields(bits: int) -> int:
-    """``f = floor(32 / bits)``: the ``bits``-bit mask fields one 32-bit keystream word
-    holds (2 for 11-16 bits, 1 above 16)."""
-    return max(1, 32 // bits)
+def fields(bits: int) -> tuple[int, int]:
+    """``(w, f)``: ``w`` 32-bit keystream words hold ``f`` masks of ``bits`` bits exactly
+    (``32 w = f bits``, ``g = gcd(32, bits)``, ``w = bits / g``, ``f = 32 / g``): the words
+    read as one bit stream, lowest bit first, mask ``i`` its bits ``bits i .. bits (i + 1)
+    - 1`` (:func:`split_fields`). ``(1, 2)`` at 16 bits, ``(5, 8)`` at 20, ``(1, 1)`` at 32;
+    no keystream bit is dropped."""
+    g = math.gcd(32, check_int("bits", bits, 1))
+    return bits // g, 32 // g
 
 
-def _tiles(rows: int, d: int, f: int = 1) -> tuple[int, int]:
-    """``(per, chunks)``: ChaCha20 blocks of each key per tile, and tiles covering ``d``
-    coordinates of ``f`` fields a word."""
-    blocks = -(-d // (16 * f))
-    per = max(1, min(blocks, _TILE_BLOCKS // rows))
+def split_fields(words: Any, bits: int) -> Any:
+    """``(..., n w)`` uint32 keystream words (numpy or JAX) to the ``(..., n f)`` masks they
+    hold (:func:`fields`), each in the low ``bits`` bits of a uint32 (higher bits left for
+    the caller to reduce away): the one definition the simulator (:func:`_prg_tile`) and a
+    deployment (:func:`~swarmjax.privacy.secagg_crypto.mask_words`) share."""
+    w, f = fields(bits)
+    if f == 1:
+        return words
+    xp = np if isinstance(words, np.ndarray) else jnp
+    group = words.reshape(*words.shape[:-1], -1, w)
+    out = []
+    for j in range(f):
+        i, shift = divmod(bits * j, 32)
+        v = group[..., i] >> np.uint32(shift)
+        if shift + bits > 32:  # the field runs on into the next word
+            v = v | (group[..., i + 1] << np.uint32(32 - shift))
+        out.append(v)
+    return xp.stack(out, axis=-1).reshape(*words.shape[:-1], -1)
+
+
+def _tiles(rows: int, d: int, bits: int = 32) -> tuple[int, int]:
+    """``(per, chunks)``: ChaCha20 blocks of each key per tile (a multiple of the ``w`` of
+    :func:`fields`, so no group of words straddles two tiles), and tiles covering ``d``
+    coordinates of ``bits`` bits."""
+    w, f = fields(bits)
+    blocks = -(-(w * -(-d // f)) // 16)
+    per = max(w, min(blocks, _TILE_BLOCKS // rows) // w * w)
     return per, -(-blocks // per)
+
+
+def _tile_width(per: int, bits: int) -> int:
+    """Coordinates one tile of ``per`` blocks (``16 per`` words) holds."""
+    w, f = fields(bits)
+    return 16 * per // w * f
 
 
 def _prg_tile(
     words: UInt32[Array, "R 8"], first: Int[Array, ""], per: int, bits: int = 32
 ) -> UInt32[Array, "R w"]:
     """One tile of the PRG of ``R`` keys (key data): keystream words ``16 first .. 16
-    (first + per)`` (those ``jax.random.bits(key, (d,), uint32)`` reads), each split into
-    its :func:`fields` ``f`` fields of ``bits`` bits, lowest first: ``(R, 16 per f)``
-    uint32 (the caller reduces modulo ``2^bits``; at ``f = 1`` the words themselves)."""
+    (first + per)`` (those ``jax.random.bits(key, (d,), uint32)`` reads; ``16 first`` and
+    ``16 per`` multiples of the ``w`` of :func:`fields`), split into their masks of ``bits``
+    bits (:func:`split_fields`): ``(R, _tile_width(per, bits))`` uint32 (the caller reduces
+    modulo ``2^bits``; at 32 bits the words themselves)."""
     counters = first.astype(jnp.uint32) + jnp.arange(per, dtype=jnp.uint32)
     out = jax.vmap(lambda k: block(k, counters, jnp.uint32(0), (0, _BITS_NONCE)))(words)
-    out = out.reshape(words.shape[0], 16 * per)
-    f = fields(bits)
-    if f == 1:
-        return out
-    shifts = jnp.arange(f, dtype=jnp.uint32) * jnp.uint32(bits)
-    return (out[:, :, None] >> shifts).reshape(words.shape[0], 16 * per * f)
+    return split_fields(out.reshape(words.shape[0], 16 * per), bits)
 
 
 # ---------------------------------------------------------------------- the protocol
@@ -464,8 +496,8 @@ def _masked(
     plus = own | (idb < ids[partner])
     # slot j is the partner of the slot at ring position pos[j] - o (a bijection)
     back = order[jnp.mod(pos - offsets, n1)]
-    per, chunks = _tiles(s, d, fields(bits))
-    width = 16 * per * fields(bits)
+    per, chunks = _tiles(s, d, bits)
+    width = _tile_width(per, bits)
     buf = jnp.pad(values, ((0, 0), (0, chunks * width - d)))
 
     def tile(c: Array, buf: Array) -> Array:
@@ -568,8 +600,8 @@ def _unmask(
         own.ravel(),
     ).reshape(*rows.shape, -1)
     plus = own | (ids[partner] < ids[rows])
-    per, chunks = _tiles(width, d, fields(bits))
-    span = 16 * per * fields(bits)
+    per, chunks = _tiles(width, d, bits)
+    span = _tile_width(per, bits)
     buf = jnp.pad(received, (0, chunks * span - d))
 
     def tile(c: Array, buf: Array) -> Array:

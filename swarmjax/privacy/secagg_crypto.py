@@ -54,7 +54,7 @@ import jax
 import numpy as np
 from jaxtyping import PRNGKeyArray
 
-from swarmjax.privacy.secagg import fields
+from swarmjax.privacy.secagg import fields, split_fields
 
 try:
     from cryptography.exceptions import InvalidTag
@@ -207,26 +207,24 @@ def mask_words(key: bytes, d: int, bits: int) -> np.ndarray:
 
     The words are ChaCha20's keystream (RFC 8439) under ``key`` with the 64-bit block
     counter in state words 12-13 from 0 and the nonce words ``(0, "BITS")`` (the words of
-    ``jax.random.bits(key_from_bytes(key), (w,), uint32)`` in the simulator). Each word
-    holds ``f = floor(32 / bits)`` coordinates' masks, its ``bits``-bit fields lowest
-    first (``f = 2`` at 16 bits, 1 above 16): coordinate ``i`` is field ``i mod f`` of word
-    ``floor(i / f)``, so ``ceil(d / f)`` words are drawn and no random bit is dropped but
-    the ``32 - f bits`` spare ones of a word. Computed by OpenSSL (``cryptography``), no
-    loop over ``d``; the simulator's PRG (:func:`swarmjax.privacy.secagg._prg_tile`) is the
-    same function.
+    ``jax.random.bits(key_from_bytes(key), (w,), uint32)`` in the simulator), read as one
+    bit stream, lowest bit first: coordinate ``i``'s mask is its bits ``bits i .. bits (i
+    + 1) - 1`` (:func:`~swarmjax.privacy.secagg.fields`: ``w`` words hold ``f`` masks
+    exactly, ``(1, 2)`` at 16 bits, ``(5, 8)`` at 20), so ``w ceil(d / f)`` words are drawn
+    and no random bit is dropped. Computed by OpenSSL (``cryptography``), no loop over
+    ``d``; the split into masks is the simulator's
+    (:func:`~swarmjax.privacy.secagg.split_fields`, used by its PRG
+    :func:`swarmjax.privacy.secagg._prg_tile`).
     """
     _check_bytes("key", key)
     d = _check_int("d", d, 1, 2**32 - 1)
     bits = _check_int("bits", bits, 1, 32)
-    f = fields(bits)
+    w, f = fields(bits)
     nonce = struct.pack("<QII", 0, 0, _BITS_NONCE)
     encryptor = Cipher(algorithms.ChaCha20(key, nonce), mode=None).encryptor()
-    stream = encryptor.update(bytes(4 * -(-d // f))) + encryptor.finalize()
+    stream = encryptor.update(bytes(4 * w * -(-d // f))) + encryptor.finalize()
     words = np.frombuffer(stream, "<u4").astype(np.uint32)
-    if f > 1:
-        shifts = np.arange(f, dtype=np.uint32) * np.uint32(bits)
-        words = (words[:, None] >> shifts).reshape(-1)[:d]
-    return words & np.uint32((1 << bits) - 1)
+    return split_fields(words, bits)[:d] & np.uint32((1 << bits) - 1)
 
 
 # ---------------------------------------------------------------------- Shamir
