@@ -13,10 +13,12 @@ median of ``--repeats`` calls each.
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import time
+
+from benchmarks import _cli as _bcli
+from experiments import _cli
 
 
 def _methods(mesh, block: int, share: int) -> dict:
@@ -51,12 +53,16 @@ def _methods(mesh, block: int, share: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.mesh_gather", description=__doc__)
-    p.add_argument("--devices", type=int, default=4)
-    p.add_argument("--clients", type=int, default=1200)
-    p.add_argument("--slots", type=int, default=96, help="a multiple of --devices")
-    p.add_argument("--row", type=int, default=39200, help="float32 values per client")
-    p.add_argument("--repeats", type=int, default=21)
+    p = _bcli.parser("mesh_gather", __doc__.split("\n\n")[0])
+    p.add_argument("--devices", type=_cli.count("--devices", 2), default=4, help="CPU devices (4)")
+    p.add_argument("--clients", type=_cli.count("--clients"), default=1200, help="(1200)")
+    p.add_argument(
+        "--slots", type=_cli.count("--slots"), default=96, help="a multiple of --devices (96)"
+    )
+    p.add_argument(
+        "--row", type=_cli.count("--row"), default=39200, help="float32 values per client"
+    )
+    p.add_argument("--repeats", type=_cli.count("--repeats"), default=21, help="(21)")
     args = p.parse_args(argv)
     if args.slots % args.devices or args.clients % args.devices or args.slots > args.clients:
         p.error("--devices must divide --slots and --clients, and --slots <= --clients")
