@@ -1,10 +1,16 @@
-"""Helpers of the command-line tests: a refusal read as one line, and option overrides."""
+"""Helpers of the command-line tests: a refusal read as one line, option overrides, and a
+module run in its own process."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def refused(main: Callable, argv: list[str], capsys) -> str:
@@ -27,3 +33,19 @@ def override(base: list[str], extra: list[str]) -> list[str]:
         if not skip:
             out.append(a)
     return [*out, *extra]
+
+
+def run_module(module: str, argv: list[str], env: dict | None = None) -> str:
+    """``python -m module *argv`` in a fresh process from the repository (``env``: its
+    environment, else this one's); asserts it exits 0 and returns its stdout."""
+    proc = subprocess.run(
+        [sys.executable, "-m", module, *argv],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout

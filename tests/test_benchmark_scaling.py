@@ -7,13 +7,10 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.argv import REPO, run_module
 
 
 def test_scaling_runs_and_prints_its_ratios(data_dir):
@@ -24,17 +21,7 @@ def test_scaling_runs_and_prints_its_ratios(data_dir):
     results = (REPO / "benchmarks" / "RESULTS.md").read_text()
     argv = ["--quick", "--devices", "1", "2", "--per-device", "1", "--rounds", "1"]
     argv += ["--workloads", "shakespeare", "--data-dir", str(data_dir)]
-    proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.scaling", *argv],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = proc.stdout
+    out = run_module("benchmarks.scaling", argv, env)
     assert "shakespeare weak: one device: the cohort's 1 slots on cpu:0" in out
     assert "cohort of 2 slots over 2 cpu devices (1 slots each)" in out
     rows = re.findall(r"^\| shakespeare \| (weak|strong) \| (\d) \| (\d) \| ([\d.]+) \|", out, re.M)
