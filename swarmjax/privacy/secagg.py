@@ -16,12 +16,9 @@ graph of Bell et al., "Secure Single-Server Aggregation with (Poly)Logarithmic O
 ``jax.random.bits(k, (w,), uint32)`` under :mod:`swarmjax.privacy.chacha20`) read as one
 bit stream, lowest bit first, coordinate ``i``'s mask its bits ``b i .. b (i + 1) - 1``
 (:func:`fields`, :func:`split_fields`: ``w`` words hold ``f`` masks exactly, ``32 w = f
-b``; 2 masks a word at 16 bits, 8 masks in 5 words at 20, so ``5 d / 8`` words). Until
-2026-11-29 every coordinate took a word of its own; the masks of ``b <= 16`` changed then
-(two 16-bit fields a word), and those of every ``b`` that does not divide 32 changed on
-2026-11-29 again (fields across word boundaries, no spare bit), in the simulator and in
-:func:`~swarmjax.privacy.secagg_crypto.mask_words` of a deployment alike; their law did
-not.
+b``; 2 masks a word at 16 bits, 8 masks in 5 words at 20, so ``5 d / 8`` words), in the
+simulator and in :func:`~swarmjax.privacy.secagg_crypto.mask_words` of a deployment alike
+(docs/secure_aggregation.md says when the layout changed and which masks it changed).
 ``b_i`` is the client's self-mask seed and ``s_ij = s_ji`` the secret it
 agreed with its neighbour ``j``. A deployment draws ``b_i`` from its own entropy and
 agrees ``s_ij`` by X25519 + HKDF (:mod:`swarmjax.privacy.secagg_crypto`); **in this

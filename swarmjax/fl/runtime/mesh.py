@@ -204,15 +204,16 @@ def padded_clients(mesh: Mesh | None, clients: int) -> int:
 
 
 def pad_clients(tree: PyTree, padded: int) -> PyTree:
-    """``tree`` (leading client axis on every leaf) padded to ``padded`` clients with copies
-    of its last client (real values: an unused client's init and training see no zeros)."""
+    """``tree`` (leading client axis on every leaf; numpy leaves stay numpy, on the host)
+    padded to ``padded`` clients with copies of its last client (real values: an unused
+    client's init and training see no zeros)."""
 
     def one(a: Any) -> Any:
         extra = padded - a.shape[0]
         if extra <= 0:
             return a
-        tail = jnp.broadcast_to(a[-1:], (extra, *a.shape[1:]))
-        return jnp.concatenate([a, tail])
+        xp = np if isinstance(a, np.ndarray) else jnp
+        return xp.concatenate([a, xp.broadcast_to(a[-1:], (extra, *a.shape[1:]))])
 
     return jax.tree.map(one, tree)
 
@@ -226,10 +227,7 @@ def split_clients(mesh: Mesh, tree: PyTree) -> PyTree:
 
     def place(x: Any) -> Array:
         host = np.asarray(x)
-        n = host.shape[0]
-        extra = padded_clients(mesh, n) - n
-        if extra:
-            host = np.concatenate([host, np.repeat(host[-1:], extra, axis=0)])
+        host = pad_clients(host, padded_clients(mesh, host.shape[0]))
         return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
 
     return jax.tree.map(place, tree)

@@ -935,7 +935,7 @@ def start(
             federation = split_clients(mesh, data)
         else:
             federation = replicated(mesh, data)
-        num = num_clients(data) if splits(mesh) else None
+        num = _split_num(mesh, data)
     carry = init_runs(alg, keys, hyper, federation, client_map, mesh, num)
     canaries = None
     if hook is not None:
@@ -960,10 +960,17 @@ def start(
     )
 
 
+def _split_num(mesh: Mesh | None, data: PyTree) -> int | None:
+    """The clients ``N`` a compiled call passes as ``num`` where ``mesh`` splits the
+    federation (:func:`~swarmjax.fl.runtime.mesh.splits`; its arrays then padded), else
+    ``None``."""
+    return num_clients(data) if splits(mesh) else None
+
+
 def _call(run: Run, carry: Any, rounds: int) -> tuple[Any, dict]:
     canaries = run.canaries
     audit, slots = (None, None) if canaries is None else (canaries.audit, canaries.slots)
-    num = num_clients(run.data) if splits(run.mesh) else None
+    num = _split_num(run.mesh, run.data)
     call = Rounds(run.alg, rounds, run.client_map, run.diagnostics, audit, slots, run.mesh, num)
     directions = None if canaries is None else canaries.directions
     data = run.data if run.federation is None else run.federation
