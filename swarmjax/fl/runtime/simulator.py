@@ -417,21 +417,42 @@ def _exchanges(ctx: RunContext, exchanges, round_index, server, states):
 def _init_one(ctx: RunContext):
     alg, run_key, hyper, clients = ctx.alg, ctx.run_key, ctx.hyper, ctx.clients
     server = alg.server_init(server_init_key(run_key), hyper)
-    ids = jnp.arange(num_clients(clients))
+    if splits(ctx.mesh):  # each device inits the clients it holds
+        states = _init_split(ctx)
+    else:
+        n = num_clients(clients)
+        ids = jnp.arange(n)
+        states = _init_states(alg, run_key, hyper, clients, ids, ctx.client_map, _gathers(clients))
+    zero = jnp.zeros((), jnp.int32)
+    server, states, _, _ = _exchanges(ctx, alg.setup, zero, server, states)
+    return server, states, zero
+
+
+def _init_states(
+    alg: Algorithm,
+    run_key: PRNGKeyArray,
+    hyper: PyTree,
+    clients: PyTree,
+    ids: Int[Array, " B"],
+    client_map: ClientMap,
+    gather: bool,
+) -> PyTree:
+    """``client_init`` of clients ``ids`` (``(B, ...)`` states): ``clients`` stacked over
+    exactly those ids (mapped by ``client_map``), or with ``gather`` a flat store read one
+    client's rows at a time (never the whole federation padded; an id past the store's
+    last client reads the last client's rows)."""
 
     def one(data: PyTree, cid: Int[Array, ""]) -> PyTree:
         return alg.client_init(client_init_key(run_key, cid), data, hyper, cid)
 
-    if splits(ctx.mesh):  # each device inits the clients it holds
-        states = _init_split(ctx)
-    elif _gathers(clients):  # one client's rows at a time: never the whole federation padded
-        batch = min(int(ids.shape[0]), 256)
-        states = jax.lax.map(lambda i: one(_one_client(clients, i), i), ids, batch_size=batch)
-    else:
-        states = _map_clients(one, (clients, ids), ctx.client_map)
-    zero = jnp.zeros((), jnp.int32)
-    server, states, _, _ = _exchanges(ctx, alg.setup, zero, server, states)
-    return server, states, zero
+    if not gather:
+        return _map_clients(one, (clients, ids), client_map)
+    last = num_clients(clients) - 1
+    return jax.lax.map(
+        lambda i: one(_one_client(clients, jnp.minimum(i, last)), i),
+        ids,
+        batch_size=min(int(ids.shape[0]), 256),
+    )
 
 
 def _init_split(ctx: RunContext) -> PyTree:
@@ -444,17 +465,8 @@ def _init_split(ctx: RunContext) -> PyTree:
 
     def per_device(mine: PyTree, run_key: Array, hyper: PyTree, store: PyTree) -> PyTree:
         ids = jax.lax.axis_index(CLIENTS) * block + jnp.arange(block)
-
-        def one(data: PyTree, cid: Int[Array, ""]) -> PyTree:
-            return ctx.alg.client_init(client_init_key(run_key, cid), data, hyper, cid)
-
-        if stacked:
-            return _map_clients(one, (mine, ids), ctx.client_map)
-        return jax.lax.map(
-            lambda i: one(_one_client(store, jnp.minimum(i, n - 1)), i),
-            ids,
-            batch_size=min(block, 256),
-        )
+        data = mine if stacked else store
+        return _init_states(ctx.alg, run_key, hyper, data, ids, ctx.client_map, not stacked)
 
     spec, whole = PartitionSpec(CLIENTS), PartitionSpec()
     return jax.shard_map(
