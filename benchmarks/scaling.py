@@ -126,7 +126,8 @@ def measure(name: str, quick: bool, data_dir: Path, cohort: int, devices: int, r
         t0 = time.perf_counter()
         run, _ = advance(run, 1)  # returns host values: the round has finished
         times.append(time.perf_counter() - t0)
-    return statistics.median(times[1:]), describe(mesh, slot_buffer(alg, store.num_clients))
+    line = describe(mesh, slot_buffer(alg, store.num_clients), store.num_clients)
+    return statistics.median(times[1:]), line
 
 
 def ratios(timings: list[Timing]) -> list[str]:

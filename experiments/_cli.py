@@ -465,7 +465,7 @@ def layout(algorithm: Any, clients: int, name: str, count: int, asked: bool) -> 
             )
         n, note = 1, f" ({name}'s exchange is not summed: one device, not {n})"
     mesh = None if n == 1 else clients_mesh(n)
-    return mesh, describe(mesh, slot_buffer(algorithm, clients)) + note
+    return mesh, describe(mesh, slot_buffer(algorithm, clients), clients) + note
 
 
 def seeds(args: argparse.Namespace, default: int) -> list[int]:

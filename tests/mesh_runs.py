@@ -94,7 +94,8 @@ def layout(name: str, label: str, processes: int) -> str:
     from swarmjax.fl.runtime.simulator import slot_buffer
 
     alg = algorithms()[name.removesuffix("-2")][0]
-    return describe(mesh(label, processes), slot_buffer(alg, NUM_CLIENTS))
+    slots = slot_buffer(alg, NUM_CLIENTS)
+    return describe(mesh(label, processes), slots, NUM_CLIENTS, data_split=True)
 
 
 def run(name: str, label: str, processes: int = 1, audit=None, **kw):

@@ -235,6 +235,7 @@ def test_cohort_refused_for_memory_on_one_device_runs_on_four(local):
 def test_layout_is_printed_and_cpu_reports_no_peak_memory(local):
     _, log = local
     assert "cohort of 19 slots over 4 cpu devices (5 slots each, 1 padding)" in log
+    assert "the 24 clients' data and states split 6 a device; 4 devices" in log
     assert "runs over 2 devices" in log
     # the CPU runtime reports no memory statistics: peak memory per device is None
     assert "peak memory {'cpu:0': None, 'cpu:1': None, 'cpu:2': None, 'cpu:3': None}" in log
@@ -253,6 +254,7 @@ def test_experiment_devices_two_is_devices_one(local):
         )
     assert "fedavg: one device: the cohort's 5 slots on cpu:0" in log
     assert "fedavg: cohort of 5 slots over 2 cpu devices (3 slots each, 1 padding)" in log
+    assert "clients' states (their data whole on each) split" in log  # a flat store
 
 
 def test_two_processes_are_the_unsharded_run(local, distributed):

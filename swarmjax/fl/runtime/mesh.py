@@ -153,8 +153,13 @@ def padded_slots(mesh: Mesh, slots: int) -> int:
     return -(-slots // d) * d
 
 
-def describe(mesh: Mesh | None, slots: int) -> str:
-    """One line: how a run's cohort of ``slots`` slots is laid out over ``mesh``."""
+def describe(
+    mesh: Mesh | None, slots: int, clients: int | None = None, *, data_split: bool = False
+) -> str:
+    """One line: how a run's cohort of ``slots`` slots is laid out over ``mesh`` and, given
+    the federation's size ``clients``, how its client states (and, with ``data_split``, its
+    stacked data; a flat store's stays whole) are split by client id over the ``clients``
+    axis (:func:`splits`)."""
     if mesh is None:
         return f"one device: the cohort's {slots} slots on {jax.devices()[0].platform}:0"
     d = int(mesh.shape[CLIENTS])
@@ -162,9 +167,15 @@ def describe(mesh: Mesh | None, slots: int) -> str:
     pad = padded_slots(mesh, slots) - slots
     runs = f", runs over {mesh.shape[RUNS]} devices" if RUNS in mesh.axis_names else ""
     procs = len({dev.process_index for dev in mesh.devices.flat})
+    split = ""
+    if clients is not None and splits(mesh):
+        held = padded_clients(mesh, clients)
+        extra = f", {held - clients} unused" if held > clients else ""
+        what = "data and states" if data_split else "states (their data whole on each)"
+        split = f"; the {clients} clients' {what} split {held // d} a device{extra}"
     return (
         f"cohort of {slots} slots over {d} {mesh.devices.flat[0].platform} devices "
-        f"({per} slots each{f', {pad} padding' if pad else ''}){runs}; "
+        f"({per} slots each{f', {pad} padding' if pad else ''}){runs}{split}; "
         f"{mesh.devices.size} devices on {procs} process(es)"
     )
 
