@@ -461,7 +461,7 @@ def check_model(model: Model, num_classes: int, input_shape: Sequence[int] | Non
             f"model {model.name!r} has num_classes={model.num_classes} but the data has "
             f"{num_classes} classes"
         )
-    params = jax.eval_shape(model.init, jax.random.key(0))
+    params = jax.eval_shape(lambda: model.init(jax.random.key(0)))
     x = jax.ShapeDtypeStruct((2, *shape), jnp.float32)
     try:
         out = jax.eval_shape(model.apply, params, x)

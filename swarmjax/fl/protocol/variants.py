@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jaxtyping import PyTree
 
@@ -143,7 +142,10 @@ class Variants:
             eps = row.pop("epsilon_target", None)
             hyper = _with_values(base, row) if row else base
             rows.append(alg.resolve(hyper, clients, spec, None if eps is None else float(eps)))
-        hyper = jax.tree.map(lambda *xs: jnp.stack([jnp.asarray(x) for x in xs]), *rows)
+        # stacked on the host, then placed: an eager stack compiles a program a leaf
+        hyper = jax.tree.map(
+            lambda *xs: jax.device_put(np.stack([np.asarray(x) for x in xs])), *rows
+        )
         labels = {name: [combo[i] for combo in combos] for i, name in enumerate(axes)}
         return cls(hyper=hyper, labels=labels, spec=spec)
 

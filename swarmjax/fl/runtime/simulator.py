@@ -639,15 +639,15 @@ def cohort_memory(
     A slot counts one client's gathered data, its state twice (old and new) and one
     request-sized reply (a model's worth); the federation is its data (split by client
     when stacked, shared when a flat store) and one state per client and run."""
-    row = jax.tree.map(lambda a: a[0], hyper)
-    one = jax.eval_shape(lambda: take_clients(data, jnp.zeros((1,), jnp.int32)))
-    one = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), one)
+    row, key = _row_shapes((hyper, key))
+    one = _row_shapes(jax.eval_shape(lambda: take_clients(data, jnp.zeros((1,), jnp.int32))))
     state = jax.eval_shape(
-        lambda k, d: alg.client_init(k, _bound(data, d), row, jnp.zeros((), jnp.int32)),
-        key[0],
+        lambda k, d, h: alg.client_init(k, _bound(data, d), h, jnp.zeros((), jnp.int32)),
+        key,
         one,
+        row,
     )
-    server = jax.eval_shape(lambda k: alg.server_init(k, row), key[0])
+    server = jax.eval_shape(alg.server_init, key, row)
     reply = max(
         (param_bytes(jax.eval_shape(ex.request, server)) for ex in alg.exchanges), default=0
     )
@@ -664,6 +664,12 @@ def cohort_memory(
     )
 
 
+def _row_shapes(tree: PyTree) -> PyTree:
+    """The shape and dtype of row 0 of every leaf's leading axis (no work, no program: a
+    slice of a device array would compile one)."""
+    return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), tree)
+
+
 def _stacked(data: PyTree) -> bool:
     """Whether the federation's data is stacked (every leaf with a leading client axis),
     which a clients mesh axis splits; a flat store's arrays stay whole on every device."""
@@ -677,10 +683,9 @@ def _message_bytes(alg: Algorithm, carry, keys, hypers, clients: PyTree) -> list
     """``(request bytes, reply bytes)`` of each round exchange, from the message shapes: the
     request's dtypes and the reply's bytes on the wire (:meth:`Exchange.reply_bytes`: packed
     where the exchange declares ``reply_bits``)."""
-    first = jax.tree.map(lambda a: a[0], (carry[0], carry[1], keys, hypers))
-    server, states, key, hyper = first
-    one_state = jax.tree.map(lambda a: a[0], states)
-    one_data = _one_client(clients, 0)
+    server, states, key, hyper = _row_shapes((carry[0], carry[1], keys, hypers))
+    one_state = _row_shapes(states)
+    one_data = jax.eval_shape(lambda c: _one_client(c, 0), clients)
     out = []
     for ex in alg.exchanges:
         req = jax.eval_shape(ex.request, server)
@@ -930,8 +935,8 @@ def start(
     seed_list = list(variants.spec.seeds)
     identities = variant_identities(alg, variants)
     keys = run_keys(secret, seed_list, identities, variants.spec.common_random_numbers)
-    hyper = jax.tree.map(
-        lambda a: jnp.repeat(jnp.asarray(a), len(seed_list), axis=0), variants.hyper
+    hyper = jax.tree.map(  # on the host: an eager repeat would compile a program a leaf
+        lambda a: jax.device_put(np.repeat(np.asarray(a), len(seed_list), axis=0)), variants.hyper
     )
     labels = run_labels(variants)
     first = jax.devices()[0] if mesh is None else mesh.devices.flat[0]
