@@ -368,7 +368,7 @@ class _Compiled:
             ids = np.asarray([int(r, 16) for r in chunk.run_ids], np.uint64)
             words = np.stack([ids & 0xFFFFFFFF, ids >> np.uint64(32)], axis=1)
             words = _pad(words.astype(np.uint32), size)
-        return fold_words(self.root, jax.numpy.asarray(words))
+        return fold_words(self.root, words)
 
     def __call__(self, chunk: Chunk) -> Outputs:
         program, data = self.task.program(chunk.static)

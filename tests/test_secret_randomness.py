@@ -46,6 +46,7 @@ from swarmjax.privacy.secret import (
     GENERATOR,
     Secret,
     fingerprints,
+    fold_words,
     keys_for_runs,
 )
 from tests.reproducible import OTHER, SECRET
@@ -159,6 +160,31 @@ def test_split_fold_in_and_bits_work_under_jit_and_vmap():
         np.testing.assert_array_equal(np.asarray(batched[i]), np.asarray(one))
     assert len({tuple(np.asarray(r)) for r in batched}) == 4
     assert jax.random.key_impl(keys) == jax.random.key_impl(key)  # children stay ChaCha20
+
+
+def test_the_host_fold_is_the_devices_fold_in():
+    """``fold_words`` (run keys, on the host through ``chacha20.fold_rows``) gives the keys
+    of ``jax.random.fold_in`` chained on the device, for words at the 32-bit edges too,
+    and refuses a key of another generator."""
+    rng = np.random.default_rng(7)
+    words = rng.integers(0, 2**32, size=(5, 9), dtype=np.uint32)
+    words[0] = 0
+    words[1] = 2**32 - 1
+    key = SECRET.key()
+
+    @jax.jit
+    @jax.vmap
+    def chained(row):
+        k = key
+        for j in range(row.shape[0]):
+            k = jax.random.fold_in(k, row[j])
+        return jax.random.key_data(k)
+
+    host = fold_words(key, words)
+    assert jax.random.key_impl(host) == jax.random.key_impl(key)
+    np.testing.assert_array_equal(np.asarray(jax.random.key_data(host)), chained(words))
+    with pytest.raises(ValueError, match="folds ChaCha20 keys"):
+        fold_words(jax.random.key(0), words)
 
 
 def test_the_bytes_look_uniform():

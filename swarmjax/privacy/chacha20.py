@@ -34,7 +34,7 @@ import numpy as np
 from jax.extend.random import define_prng_impl
 from jaxtyping import Array, PRNGKeyArray, UInt32
 
-__all__ = ["KEY_WORDS", "block", "chacha20", "key_from_bytes", "keystream"]
+__all__ = ["KEY_WORDS", "block", "chacha20", "fold_rows", "key_from_bytes", "keystream"]
 
 KEY_WORDS = 8
 """Words of a key: 8 x 32 = 256 bits."""
@@ -45,7 +45,9 @@ _BITS, _FOLD, _SPLIT, _SEED = 0x42495453, 0x464F4C44, 0x53504C54, 0x53454544
 
 
 def _rotl(x: Array, r: int) -> Array:
-    return (x << jnp.uint32(r)) | (x >> jnp.uint32(32 - r))
+    """Rotate 32-bit words left by ``r``: JAX or NumPy uint32 arrays alike (the shift
+    counts are Python ints, which take the words' dtype)."""
+    return (x << r) | (x >> (32 - r))
 
 
 def _quarter(a: Array, b: Array, c: Array, d: Array) -> tuple[Array, Array, Array, Array]:
@@ -172,6 +174,28 @@ def _seed(seed: Array) -> Array:
     return block(zero, lo[None], jnp.asarray(hi)[None], (0, _SEED))[0, :KEY_WORDS]
 
 
+def fold_rows(
+    keys: np.ndarray[tuple[int, int], np.dtype[np.uint32]],
+    words: np.ndarray[tuple[int, int], np.dtype[np.uint32]],
+) -> np.ndarray[tuple[int, int], np.dtype[np.uint32]]:
+    """``fold_in`` on the host, bit for bit the device's: key ``i`` (row ``i`` of ``keys``,
+    ``(n, 8)`` uint32 words) with the words of row ``i`` of ``words`` (``(n, w)`` uint32)
+    folded in one after another. NumPy, so deriving a handful of run keys compiles no
+    program (a jitted fold compiled for 0.2-0.3 s per shape)."""
+    keys = np.asarray(keys, np.uint32).T  # (8, n): word-major, as the device's state
+    words = np.asarray(words, np.uint32)
+    n = keys.shape[1]
+    fixed = [np.full(n, w, np.uint32) for w in (*_SIGMA, 0, _FOLD)]
+    zero = np.zeros(n, np.uint32)
+    for column in words.T:
+        start = (*fixed[:4], *keys, column, zero, *fixed[4:])
+        state = start
+        for i in range(10):
+            state = _double_round_words(i, state)
+        keys = np.stack([a + b for a, b in zip(state[:KEY_WORDS], start[:KEY_WORDS], strict=True)])
+    return np.ascontiguousarray(keys.T)
+
+
 def _split(key: Array, shape: tuple[int, ...]) -> Array:
     num = math.prod(shape)
     return keystream(key, num * KEY_WORDS, _SPLIT).reshape(*shape, KEY_WORDS)
@@ -212,4 +236,4 @@ def key_from_bytes(secret: bytes) -> PRNGKeyArray:
     if not isinstance(secret, bytes) or len(secret) != 4 * KEY_WORDS:
         raise ValueError(f"a ChaCha20 key is {4 * KEY_WORDS} bytes; got {len(secret)!r}")
     words = np.frombuffer(secret, "<u4").copy()
-    return jax.random.wrap_key_data(jnp.asarray(words), impl=chacha20)
+    return jax.random.wrap_key_data(jax.device_put(words), impl=chacha20)

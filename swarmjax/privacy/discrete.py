@@ -46,6 +46,7 @@ accounting assumes exact Skellam noise, and the privacy record says so.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -110,6 +111,7 @@ def smooth_dim(n: int) -> int:
         m += 1
 
 
+@jax.jit
 def hadamard(x: Float[Array, " d"]) -> Float[Array, " d"]:
     """``H x`` for the ``d x d`` Walsh-Hadamard matrix of +-1 entries (``d`` a power of
     two): ``log2 d`` butterfly passes, ``O(d log d)``; ``H H = d I``."""
@@ -125,6 +127,7 @@ def hadamard(x: Float[Array, " d"]) -> Float[Array, " d"]:
     return x
 
 
+@functools.partial(jax.jit, static_argnames="d")
 def rotation_signs(key: PRNGKeyArray, d: int) -> Float[Array, " d"]:
     """``(d,)`` the public +-1 diagonal ``D`` of one round's rotation."""
     return jnp.where(jax.random.bits(key, (d,), jnp.uint8) & 1, 1.0, -1.0).astype(jnp.float32)
@@ -149,6 +152,7 @@ def rotation_dim(n: int, rotation: str = "hadamard") -> int:
     return smooth_dim(n) if rotation == "dct" else padded_dim(n)
 
 
+@jax.jit
 def dct(x: Float[Array, " d"]) -> Float[Array, " d"]:
     """The orthonormal DCT-II of ``x`` (scipy's ``dct(x, type=2, norm="ortho")``) by one
     real FFT of length ``d`` (Makhoul, "A fast cosine transform in one and two
@@ -172,6 +176,7 @@ def dct(x: Float[Array, " d"]) -> Float[Array, " d"]:
     return out * scale
 
 
+@functools.partial(jax.jit, static_argnames="rotation")
 def rotate(
     x: Float[Array, " d"], signs: Float[Array, " d"], rotation: str = "hadamard"
 ) -> Float[Array, " d"]:
@@ -181,6 +186,7 @@ def rotate(
     return hadamard(x * signs) / jnp.sqrt(jnp.float32(x.shape[-1]))
 
 
+@functools.partial(jax.jit, static_argnames="rotation")
 def unrotate(
     y: Float[Array, " d"], signs: Float[Array, " d"], rotation: str = "hadamard"
 ) -> Float[Array, " d"]:
@@ -202,6 +208,7 @@ def sum_error(d: int) -> float:
     return (1.0 + u) / (1.0 - (levels + 1) * u) - 1.0
 
 
+@jax.jit
 def norm_within(z: Int[Array, " d"], bound: Float[Array, ""]) -> Bool[Array, ""]:
     """Whether the float32 squared norm of the integer vector ``z``, summed pairwise, is at
     most ``bound^2`` (float32): True certifies ``||z||_2 <= bound sqrt(1 + sum_error(d))``

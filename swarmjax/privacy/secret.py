@@ -34,11 +34,10 @@ from pathlib import Path
 from typing import Literal
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jaxtyping import PRNGKeyArray
 
-from swarmjax.privacy.chacha20 import chacha20, key_from_bytes
+from swarmjax.privacy.chacha20 import chacha20, fold_rows, key_from_bytes
 
 __all__ = [
     "GENERATOR",
@@ -246,24 +245,23 @@ def keys_for_runs(
             )
     seed_words = np.tile(np.asarray(seed_list, np.uint32), len(ids))[:, None]
     if common_random_numbers:
-        return fold_words(root, jnp.asarray(seed_words))
+        return fold_words(root, seed_words)
     words = np.stack([np.frombuffer(i[: 4 * _IDENTITY_WORDS], "<u4") for i in ids])
     words = np.repeat(words, len(seed_list), axis=0)
-    return fold_words(root, jnp.asarray(np.concatenate([words, seed_words], axis=1)))
+    return fold_words(root, np.concatenate([words, seed_words], axis=1))
 
 
-@jax.jit
-def fold_words(root: PRNGKeyArray, words: jax.Array) -> PRNGKeyArray:
-    """``(n,)`` keys: ``root`` with each row of ``words`` ``(n, w)`` (uint32) folded in, in
-    order (compiled once per ``(n, w)``)."""
-
-    def one(row: jax.Array) -> PRNGKeyArray:
-        key = root
-        for j in range(row.shape[0]):
-            key = jax.random.fold_in(key, row[j])
-        return key
-
-    return jax.vmap(one)(words)
+def fold_words(root: PRNGKeyArray, words: np.ndarray) -> PRNGKeyArray:
+    """``(n,)`` keys: ``root`` (one ChaCha20 key) with each row of ``words`` ``(n, w)``
+    (uint32) folded in, in order: ``jax.random.fold_in`` once a word, computed on the host
+    (:func:`~swarmjax.privacy.chacha20.fold_rows`, the same bits), so no program is
+    compiled for it."""
+    if jax.random.key_impl(root) != chacha20:
+        raise ValueError(f"fold_words folds ChaCha20 keys; got {jax.random.key_impl(root)}")
+    words = np.asarray(words, np.uint32)
+    root_words = np.asarray(jax.random.key_data(root), np.uint32).reshape(1, -1)
+    out = fold_rows(np.repeat(root_words, words.shape[0], axis=0), words)
+    return jax.random.wrap_key_data(jax.device_put(out), impl=chacha20)
 
 
 def fingerprint(key: PRNGKeyArray) -> str:
