@@ -266,13 +266,14 @@ class ClientStore:
             raise ValueError("ClientStore: x must be finite (no NaN or inf)")
         table = None
         if compress and (codes := _uint8_codes(source)) is not None:
-            source, table = codes, jnp.asarray(_LEVELS)
+            source, table = codes, jax.device_put(_LEVELS)
         offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
         return cls(
-            x=jnp.asarray(source[rows]),
-            y=jnp.asarray(y[rows].astype(np.int32)),
-            offsets=jnp.asarray(offsets.astype(np.int32)),
-            sizes=jnp.asarray(sizes.astype(np.int32)),
+            # placed, not jnp.asarray'd: that compiles a copy program per shape
+            x=jax.device_put(source[rows]),
+            y=jax.device_put(y[rows].astype(np.int32)),
+            offsets=jax.device_put(offsets.astype(np.int32)),
+            sizes=jax.device_put(sizes.astype(np.int32)),
             max_rows=int(sizes.max()),
             x_table=table,
             vmap_block=VMAP_BLOCK if sizes.min() < sizes.max() else 0,

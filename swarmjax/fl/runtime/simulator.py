@@ -18,6 +18,7 @@ number of clients a deployment would message.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import sys
 import time
 import warnings
@@ -1114,6 +1115,13 @@ def state_scalars(state: PyTree) -> dict[str, Array]:
     }
 
 
+@functools.partial(jax.jit, static_argnums=1)
+def input_rows(x: Array, lead: int) -> Array:
+    """At most 4,096 rows of ``x``, its first ``lead`` axes flattened into one (one program
+    a shape; eager slicing would compile one a step)."""
+    return x.reshape(-1, *x.shape[lead:])[:4096]
+
+
 def warn_input_mismatch(clients: Any, test: tuple[Array, Array]) -> str | None:
     """Warn (one line, ``UserWarning``) when the clients' inputs and the test set's differ
     in kind: integer against floating dtype, or scales apart by more than 10x (e.g. raw
@@ -1122,9 +1130,8 @@ def warn_input_mismatch(clients: Any, test: tuple[Array, Array]) -> str | None:
     x = getattr(clients, "x", None)
     if x is None or test is None:
         return None
-    b = np.asarray(test[0][:4096])
-    rows = x.reshape(-1, *x.shape[2:]) if x.ndim == b.ndim + 1 else x  # (clients, rows, ...)
-    a = np.asarray(rows[:4096])
+    b = np.asarray(input_rows(test[0], 1))
+    a = np.asarray(input_rows(x, 2 if x.ndim == b.ndim + 1 else 1))  # (clients, rows, ...)
     table = getattr(clients, "x_table", None)  # a store's uint8 codes and their values
     if table is not None:
         a = np.asarray(table)[a]
