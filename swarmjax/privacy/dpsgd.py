@@ -379,14 +379,19 @@ def _mixing_reason(module, params, x, out_shapes, loss_fn, y) -> str | None:
         t[row] = draw(s)[row]
         return t
 
-    with jax.ensure_compile_time_eval():
-        for row in (0, batch - 1):
-            tangents = (seeded(_spec(x), row), [seeded(s, row) for s in out_shapes])
-            if bool(moved_elsewhere(p_probe, draw(_spec(x)), tangents, row)):
-                return (
-                    f"example {row} changes other examples' outputs (batch statistics or "
-                    "other mixing across the batch); per-example clipping needs independence"
-                )
+    probes = {}
+    for row in (0, batch - 1):  # the tangents drawn first, then the inputs, as always
+        tangents = (seeded(_spec(x), row), [seeded(s, row) for s in out_shapes])
+        probes[row] = (p_probe, draw(_spec(x)), tangents, np.int32(row))
+    # compiled ahead of time and run on the probes: concrete even while the caller's step
+    # is being traced, and one program (evaluated eagerly, each op compiled its own)
+    moved = moved_elsewhere.lower(*probes[0]).compile()
+    for row, args in probes.items():
+        if bool(moved(*args)):
+            return (
+                f"example {row} changes other examples' outputs (batch statistics or "
+                "other mixing across the batch); per-example clipping needs independence"
+            )
     return None
 
 
