@@ -180,14 +180,19 @@ CLEAR_CACHES_AT_RSS = 6 * 2**30
 
 
 @pytest.fixture(autouse=True)
-def _data_env_restored(monkeypatch: pytest.MonkeyPatch):
+def _data_env_restored():
     """An experiment's ``--data-dir`` is exported as ``$SWARMJAX_DATA`` (for the processes it
-    starts): restored after each test, so a test's temporary folder never becomes the next
-    test's data folder on the same worker."""
+    starts): restored (or removed) after each test, so a test's temporary folder never
+    becomes the next test's data folder on the same worker. By hand, not through
+    ``monkeypatch``: an autouse fixture that requested it would put ``monkeypatch`` in
+    every test's fixtures, and :func:`_free_compiled_programs` would drop JAX's programs
+    after every module (it did from session 27 to 30: docs/testing.md, session 30)."""
     value = os.environ.get("SWARMJAX_DATA")
-    monkeypatch.setenv("SWARMJAX_DATA", value or "")  # recorded: restored (or removed) after
+    yield
     if value is None:
-        monkeypatch.delenv("SWARMJAX_DATA")  # delenv alone records nothing for an unset one
+        os.environ.pop("SWARMJAX_DATA", None)
+    else:
+        os.environ["SWARMJAX_DATA"] = value
 
 
 @pytest.fixture(autouse=True, scope="module")
