@@ -504,33 +504,87 @@ class SwarmjaxBlocks:
         return out
 
 
-def alternate(ours: Callable[[int], Block], theirs: PflServer, pairs: int, rounds: int) -> dict:
+QUIET_SHARE = 0.10
+"""A pair counts as quiet when other processes used at most this share of the machine's CPU
+time (all cores) during each of its two blocks."""
+
+
+def cpu_seconds() -> tuple[float, float] | None:
+    """``(busy, total)`` CPU seconds of the whole machine, all cores, since boot (Linux's
+    ``/proc/stat``; steal counts as busy: a host's other tenants are load too); None where
+    there is no ``/proc/stat``."""
+    try:
+        fields = [float(f) for f in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
+    except (OSError, ValueError):
+        return None
+    tick = os.sysconf("SC_CLK_TCK")
+    user, nice, system, idle, iowait, irq, softirq, steal = (fields + [0.0] * 8)[:8]
+    busy = user + nice + system + irq + softirq + steal
+    return busy / tick, (busy + idle + iowait) / tick
+
+
+def others_share(
+    before: tuple[float, float] | None, after: tuple[float, float] | None, own: float
+) -> float:
+    """The share of the machine's CPU time (0-1) that other processes used between two
+    :func:`cpu_seconds` readings, given ``own`` CPU seconds of the system timed in between
+    (NaN where unknown)."""
+    if before is None or after is None or after[1] <= before[1]:
+        return math.nan
+    return min(max((after[0] - before[0] - own) / (after[1] - before[1]), 0.0), 1.0)
+
+
+def alternate(
+    ours: Callable[[int], Block],
+    theirs: PflServer,
+    pairs: int,
+    rounds: int,
+    machine_cpu: Callable[[], tuple[float, float] | None] = cpu_seconds,
+) -> dict:
     """``pairs`` pairs of blocks of ``rounds`` rounds: swarmjax's block, then pfl's, then
     swarmjax's... (each waits while the other runs). Each pair's ratio is pfl's seconds per
     round over swarmjax's in that pair (the means of the block's rounds: swarmjax's rounds
     per second over pfl's), wall and CPU, and per trained client (swarmjax's DP cohort is
     Poisson around pfl's fixed 50); the measure is the median over the pairs, with its min
-    and max, so that a phase or a load hits both sides of a pair alike."""
+    and max, so that a phase of the machine hits both sides of a pair alike.
+
+    Load from other processes does not hit them alike (pfl's two PyTorch threads lose far
+    more to a competing process than XLA's), so each block also records the share of the
+    machine's CPU that others used meanwhile (:func:`others_share`), and the median over the
+    quiet pairs (:data:`QUIET_SHARE`) is given apart."""
     blocks: dict[str, list[Block]] = {"swarmjax": [], "pfl": []}
+    others: dict[str, list[float]] = {"swarmjax": [], "pfl": []}
     for _ in range(pairs):
-        blocks["swarmjax"].append(ours(rounds))
-        blocks["pfl"].append(theirs.run(rounds))
+        for name, side in (("swarmjax", ours), ("pfl", theirs.run)):
+            before = machine_cpu()
+            blocks[name].append(side(rounds))
+            others[name].append(others_share(before, machine_cpu(), sum(blocks[name][-1].cpu)))
     ratios: dict[str, list[float]] = {"wall": [], "cpu": [], "wall_per_client": []}
     for sj, pf in zip(blocks["swarmjax"], blocks["pfl"], strict=True):
         ratios["wall"].append(sum(pf.wall) / sum(sj.wall))
         ratios["cpu"].append(sum(pf.cpu) / sum(sj.cpu))
         per_client = (sum(pf.wall) / sum(pf.clients)) / (sum(sj.wall) / max(sum(sj.clients), 1))
         ratios["wall_per_client"].append(per_client)
+    quiet = [i for i in range(pairs) if max(others["swarmjax"][i], others["pfl"][i]) <= QUIET_SHARE]
     spread = {
         f"{k}_ratio_{stat}": float(fn(v))
         for k, v in ratios.items()
         for stat, fn in (("median", np.median), ("min", np.min), ("max", np.max))
     }
+    quiet_wall = [ratios["wall"][i] for i in quiet]
+    spread.update(
+        {
+            f"quiet_wall_ratio_{stat}": float(fn(quiet_wall)) if quiet else math.nan
+            for stat, fn in (("median", np.median), ("min", np.min), ("max", np.max))
+        }
+    )
     return {
         "pairs": pairs,
         "rounds": rounds,
         **spread,
         "pair_ratios": ratios,
+        "others_share": others,
+        "quiet_pairs": quiet,
         "blocks": {name: [b._asdict() for b in bs] for name, bs in blocks.items()},
     }
 
@@ -569,12 +623,24 @@ def alternated_line(turns: dict) -> str:
     """What :func:`alternated` measured, in one line."""
     privacy = f"user-level DP ({turns['accountant']})" if turns["dp"] else "no DP"
     pairs = ", ".join(f"{r:.2f}" for r in turns["pair_ratios"]["wall"])
+    shares = [x for v in turns["others_share"].values() for x in v if not math.isnan(x)]
+    n = len(turns["quiet_pairs"])
+    if n:
+        quiet = (
+            f"{n} of {turns['pairs']} pairs quiet (others at most {QUIET_SHARE:.0%} of the CPU): "
+            f"median {turns['quiet_wall_ratio_median']:.2f}x (min "
+            f"{turns['quiet_wall_ratio_min']:.2f}, max {turns['quiet_wall_ratio_max']:.2f})"
+        )
+    elif shares:
+        quiet = f"no pair quiet (others used up to {max(shares):.0%} of the CPU): loaded"
+    else:
+        quiet = "others' CPU use unknown (no /proc/stat)"
     return (
         f"alternated, {turns['pairs']} pairs of {turns['rounds']} rounds, {privacy}: swarmjax "
         f"{turns['wall_ratio_median']:.2f}x pfl's rounds per second (median of the pairs; "
         f"min {turns['wall_ratio_min']:.2f}, max {turns['wall_ratio_max']:.2f}; pairs "
         f"{pairs}), CPU {turns['cpu_ratio_median']:.2f}x, per trained client "
-        f"{turns['wall_per_client_ratio_median']:.2f}x; load {turns['load'][0]:.1f}-"
+        f"{turns['wall_per_client_ratio_median']:.2f}x; {quiet}; load {turns['load'][0]:.1f}-"
         f"{turns['load'][1]:.1f}"
     )
 
