@@ -540,6 +540,7 @@ def alternate(
     pairs: int,
     rounds: int,
     machine_cpu: Callable[[], tuple[float, float] | None] = cpu_seconds,
+    say: Callable[[str], None] | None = None,
 ) -> dict:
     """``pairs`` pairs of blocks of ``rounds`` rounds: swarmjax's block, then pfl's, then
     swarmjax's... (each waits while the other runs). Each pair's ratio is pfl's seconds per
@@ -551,14 +552,22 @@ def alternate(
     Load from other processes does not hit them alike (pfl's two PyTorch threads lose far
     more to a competing process than XLA's), so each block also records the share of the
     machine's CPU that others used meanwhile (:func:`others_share`), and the median over the
-    quiet pairs (:data:`QUIET_SHARE`) is given apart."""
+    quiet pairs (:data:`QUIET_SHARE`) is given apart. ``say``: gets a line after each pair.
+    """
     blocks: dict[str, list[Block]] = {"swarmjax": [], "pfl": []}
     others: dict[str, list[float]] = {"swarmjax": [], "pfl": []}
-    for _ in range(pairs):
+    for i in range(pairs):
         for name, side in (("swarmjax", ours), ("pfl", theirs.run)):
             before = machine_cpu()
             blocks[name].append(side(rounds))
             others[name].append(others_share(before, machine_cpu(), sum(blocks[name][-1].cpu)))
+        if say is not None:
+            sj, pf = (sum(blocks[n][-1].wall) / rounds for n in ("swarmjax", "pfl"))
+            say(
+                f"  pair {i + 1}/{pairs}: swarmjax {sj:.2f} s, pfl {pf:.2f} s a round: "
+                f"{pf / sj:.2f}x; others used {others['swarmjax'][-1]:.0%} and "
+                f"{others['pfl'][-1]:.0%} of the CPU"
+            )
     ratios: dict[str, list[float]] = {"wall": [], "cpu": [], "wall_per_client": []}
     for sj, pf in zip(blocks["swarmjax"], blocks["pfl"], strict=True):
         ratios["wall"].append(sum(pf.wall) / sum(sj.wall))
@@ -607,7 +616,7 @@ def alternated(
     with PflServer(pfl, workdir, timeout_s) as theirs:
         ours = SwarmjaxBlocks(store, round_test, 1 + pairs * rounds, dp, block)
         first = theirs.ready()
-        turns = alternate(ours, theirs, pairs, rounds)
+        turns = alternate(ours, theirs, pairs, rounds, say=lambda line: print(line, flush=True))
         summary = theirs.close()
     return {
         "dp": dp is not None,

@@ -78,7 +78,10 @@ def test_blocks_alternate_pair_up_and_give_the_median_ratio(tmp_path):
     )
     with _server(tmp_path, "ok", pfl_walls) as pfl:
         assert pfl.ready().wall == [9.0]
-        turns = alternate(ours, pfl, pairs=5, rounds=3, machine_cpu=lambda: next(readings))
+        said: list[str] = []
+        turns = alternate(
+            ours, pfl, pairs=5, rounds=3, machine_cpu=lambda: next(readings), say=said.append
+        )
         assert pfl.close()["noise_multiplier"] == 0.6
     assert log.read_text().split("\n")[:-1] == ["swarmjax 3", "pfl 3"] * 5 + ["pfl end"]
     assert turns["pair_ratios"]["wall"] == pytest.approx([1.2, 3.0, 1.5, 0.8, 1.3])
@@ -89,6 +92,9 @@ def test_blocks_alternate_pair_up_and_give_the_median_ratio(tmp_path):
     assert turns["wall_per_client_ratio_median"] == pytest.approx(1.3 * 40 / 50)
     assert [len(b["wall"]) for b in turns["blocks"]["pfl"]] == [3] * 5
     assert turns["others_share"]["pfl"] == pytest.approx([0.05, 0.5, 0.0, 0.0, 0.02])
+    assert said[1] == (
+        "  pair 2/5: swarmjax 1.00 s, pfl 3.00 s a round: 3.00x; others used 0% and 50% of the CPU"
+    )
     assert turns["quiet_pairs"] == [0, 2, 4]  # others at most 10 % in both blocks
     assert turns["quiet_wall_ratio_median"] == pytest.approx(1.3)
     assert (turns["quiet_wall_ratio_min"], turns["quiet_wall_ratio_max"]) == pytest.approx(
