@@ -5,6 +5,15 @@ another interpreter (``--pfl-python``). It reads the users and test set that the
 wrote (``data.npz``: ``x (rows, 28, 28, 1)``, ``y``, ``offsets``, ``sizes``, ``x_test``,
 ``y_test``) and prints one JSON line with per-round times, accuracy and epsilon.
 
+``--serve`` (``vs_pfl --alternate``): the same run, paused between blocks of rounds so that
+swarmjax's blocks can be timed in turn. After the first round it prints one JSON line
+``{"round_times": [s], "round_cpu_times": [s]}`` (wall and CPU seconds of that round) and
+waits on stdin; each ``run K`` line runs the next K rounds of the same pfl loop and answers
+with the same line for those K rounds (each round timed from the command's arrival, so the
+wait is in none of them); ``stop`` or the end of stdin ends the loop, after which the usual
+summary line follows. A bad command is answered ``{"error": "..."}`` and ends the loop.
+While serving, stdout holds only these lines (anything else printed goes to stderr).
+
 Workload (issue #31, point 5): FedAvg of deltas, cohort 50 drawn uniformly by pfl's
 ``"random"`` user sampler, 1 local epoch of SGD (lr 0.1, batch 10), central SGD lr 1.0,
 pfl's ``simple_cnn`` architecture; with ``--dp``: user-level clip 0.4 and pfl's Gaussian
@@ -19,6 +28,7 @@ import json
 import os
 import sys
 import time
+from typing import TextIO
 
 import numpy as np
 import torch
@@ -72,11 +82,19 @@ class SimpleCNN(torch.nn.Module):
 
 
 class RoundTimer(TrainingProcessCallback):
-    """Wall time of every central iteration (pfl calls this after each one)."""
+    """Wall and CPU seconds of every central iteration (pfl calls this after each one).
 
-    def __init__(self) -> None:
+    ``serve``: the stream of ``--serve``'s answers; the first round is a block of its own,
+    then each block is as long as its ``run K`` command asks (at most the ``rounds`` left).
+    """
+
+    def __init__(self, rounds: int, serve: TextIO | None = None) -> None:
         self.times: list[float] = []
         self.cpu: list[float] = []
+        self.rounds = rounds
+        self.serve = serve
+        self._left = 1  # rounds left in the block being run (serving)
+        self._block = 0  # index of the block's first round
         self._last = time.perf_counter()
         self._cpu = time.process_time()
 
@@ -85,7 +103,38 @@ class RoundTimer(TrainingProcessCallback):
         self.times.append(now - self._last)
         self.cpu.append(cpu - self._cpu)
         self._last, self._cpu = now, cpu
-        return False, type(aggregate_metrics)()
+        stop = False
+        if self.serve is not None:
+            self._left -= 1
+            if self._left == 0:
+                self._answer(
+                    {
+                        "round_times": self.times[self._block :],
+                        "round_cpu_times": self.cpu[self._block :],
+                    }
+                )
+                self._block = len(self.times)
+                stop = self._command(sys.stdin.readline())
+                self._last, self._cpu = time.perf_counter(), time.process_time()
+        return stop, type(aggregate_metrics)()
+
+    def _answer(self, reply: dict) -> None:
+        assert self.serve is not None
+        print(json.dumps(reply), file=self.serve, flush=True)
+
+    def _command(self, line: str) -> bool:
+        """Reads one ``run K`` / ``stop`` line (``""``: stdin ended); True: end the loop."""
+        words = line.split()
+        if not words or words == ["stop"]:
+            return True
+        left = self.rounds - len(self.times)
+        if len(words) == 2 and words[0] == "run" and words[1].isdigit():
+            k = int(words[1])
+            if 1 <= k <= left:
+                self._left = k
+                return False
+        self._answer({"error": f"expected 'run K' with 1 <= K <= {left} or 'stop'; got {line!r}"})
+        return True
 
 
 def accuracy(model: SimpleCNN, x: np.ndarray, y: np.ndarray) -> float:
@@ -126,6 +175,12 @@ def main() -> None:
         help="gaussian: DP-FedAvg, Poisson-amplified PLD; banded_mf: pfl's DP-FTRL with banded "
         "matrix-factorization noise, users in a fixed cycle (pfl's 'minimize_reuse' sampler)",
     )
+    p.add_argument(
+        "--serve",
+        action="store_true",
+        help="pause after the first round and after each block; run blocks of rounds as stdin "
+        "asks ('run K'), one JSON line of their times each (vs_pfl --alternate)",
+    )
     a = p.parse_args()
     for name in ("rounds", "cohort", "threads"):
         if getattr(a, name) < 1:
@@ -141,6 +196,9 @@ def main() -> None:
                 p.error(f"--{name.replace('_', '-')} does not apply without --dp")
     if not os.path.isfile(a.data):
         p.error(f"--data {a.data!r} is not a file")
+    answers = None
+    if a.serve:  # stdout holds the protocol's lines only
+        answers, sys.stdout = sys.stdout, sys.stderr
     torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)
     np.random.seed(a.seed)  # noqa: NPY002 (pfl's "random" user sampler draws from it)
@@ -202,7 +260,7 @@ def main() -> None:
         postprocessors = [CentrallyAppliedPrivacyMechanism(mechanism)]
         epsilon, noise = accountant.epsilon, accountant.cohort_noise_parameter
     backend = SimulatedBackend(training_data=train, val_data=None, postprocessors=postprocessors)
-    timer = RoundTimer()
+    timer = RoundTimer(a.rounds, answers)
     params = NNAlgorithmParams(
         central_num_iterations=a.rounds,
         evaluation_frequency=10**9,
@@ -247,7 +305,9 @@ def main() -> None:
                 "threads": torch.get_num_threads(),
                 "device": str(next(cnn.parameters()).device),
             }
-        )
+        ),
+        file=answers or sys.stdout,
+        flush=True,
     )
 
 

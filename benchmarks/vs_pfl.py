@@ -26,7 +26,10 @@ writes ``results/vs_pfl.json`` and prints a table (``--write``: also the ``vs_pf
 of benchmarks/RESULTS.md). Timing runs: each system's median over its rounds after the
 first (swarmjax's rounds timed one by one with ``start``/``advance``, the privacy record
 apart); full runs: wall seconds over the rounds (swarmjax's
-compilation included; pfl's set-up included, its interpreter start not).
+compilation included; pfl's set-up included, its interpreter start not). ``--alternate K``
+(issue 46): swarmjax and pfl kept alive and timed in turn, K pairs of blocks of
+``--timing-rounds`` rounds (pfl's ``--serve`` mode answers each block on a pipe), the ratio
+the median of the pairs', so that both sample the same phases of a shared machine.
 """
 
 from __future__ import annotations
@@ -34,12 +37,15 @@ from __future__ import annotations
 import json
 import math
 import os
+import queue
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -279,6 +285,43 @@ def interleaved(
     }
 
 
+def pfl_data(indices: list[np.ndarray], ds, workdir: Path) -> Path:
+    """The users' rows and the test set as ``workdir/data.npz`` for ``pfl_run.py`` (written
+    once a working directory)."""
+    data = workdir / "data.npz"
+    if not data.exists():
+        rows = np.concatenate(indices)
+        sizes = np.array([len(i) for i in indices])
+        np.savez(
+            data,
+            x=ds.x_train[rows],
+            y=ds.y_train[rows],
+            offsets=np.concatenate([[0], np.cumsum(sizes)[:-1]]),
+            sizes=sizes,
+            x_test=ds.x_test,
+            y_test=ds.y_test,
+        )
+    return data
+
+
+def pfl_command(
+    python: str,
+    data: Path,
+    rounds: int,
+    dp: bool,
+    *,
+    epsilon: float = EPSILON,
+    mechanism: str = "gaussian",
+    serve: bool = False,
+) -> list[str]:
+    """``pfl_run.py``'s command line for a run of ``rounds`` rounds of the vs_pfl work."""
+    cmd = [python, str(Path(__file__).with_name("pfl_run.py")), "--data", str(data)]
+    cmd += ["--rounds", str(rounds), "--cohort", str(COHORT), "--threads", str(os.cpu_count())]
+    if dp:
+        cmd += ["--dp", "--clip", str(CLIP), "--epsilon", str(epsilon), "--mechanism", mechanism]
+    return cmd + (["--serve"] if serve else [])
+
+
 def run_pfl(
     python: str,
     indices: list[np.ndarray],
@@ -293,23 +336,8 @@ def run_pfl(
     """pfl on the same users, in a subprocess under ``python``; with ``dp``, ``mechanism``
     is ``"gaussian"`` (DP-FedAvg, random cohorts) or ``"banded_mf"`` (pfl's DP-FTRL, users
     in a fixed cycle) at user-level ``epsilon``."""
-    data = workdir / "data.npz"
-    if not data.exists():
-        rows = np.concatenate(indices)
-        sizes = np.array([len(i) for i in indices])
-        np.savez(
-            data,
-            x=ds.x_train[rows],
-            y=ds.y_train[rows],
-            offsets=np.concatenate([[0], np.cumsum(sizes)[:-1]]),
-            sizes=sizes,
-            x_test=ds.x_test,
-            y_test=ds.y_test,
-        )
-    cmd = [python, str(Path(__file__).with_name("pfl_run.py")), "--data", str(data)]
-    cmd += ["--rounds", str(rounds), "--cohort", str(COHORT), "--threads", str(os.cpu_count())]
-    if dp:
-        cmd += ["--dp", "--clip", str(CLIP), "--epsilon", str(epsilon), "--mechanism", mechanism]
+    data = pfl_data(indices, ds, workdir)
+    cmd = pfl_command(python, data, rounds, dp, epsilon=epsilon, mechanism=mechanism)
     # in workdir: pfl's banded MF saves its strategy matrix under the working directory
     out = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=workdir)
     result = json.loads(out.stdout.strip().splitlines()[-1])
@@ -322,6 +350,308 @@ def run_pfl(
         load=os.getloadavg()[0],
     )
     return result
+
+
+# --- swarmjax and pfl in turn (--alternate) ---------------------------------------------------
+
+PFL_ANSWER_TIMEOUT_S = 900.0
+"""The longest wait for one answer of pfl's (its set-up and first round, or one block)."""
+
+
+class PflError(_cli.UserError):
+    """pfl's side of ``--alternate`` failed (exited, answered something else, or timed out):
+    one line on stderr, exit status 2, as bad input (a wrong ``--pfl-python`` is the usual
+    cause)."""
+
+
+class Block(NamedTuple):
+    """One system's block of rounds: wall and CPU seconds of each round, clients trained."""
+
+    wall: list[float]
+    cpu: list[float]
+    clients: list[int]
+
+
+class PflServer:
+    """``pfl_run.py --serve`` kept alive: :meth:`ready` waits for its first round,
+    :meth:`run` runs its next ``k`` rounds (while this process waits on the pipe, so the two
+    never compete), :meth:`close` ends the loop and returns pfl's summary line. Every wait is
+    at most ``timeout_s`` seconds; a process that exits, answers anything but the protocol's
+    JSON line, or does not answer in time is killed and raises :class:`PflError` naming what
+    happened (and pfl's last line on stderr)."""
+
+    def __init__(self, cmd: list[str], workdir: Path, timeout_s: float = PFL_ANSWER_TIMEOUT_S):
+        self.timeout_s = timeout_s
+        self._log = (workdir / "pfl_serve.err").open("w+")
+        self._proc = subprocess.Popen(
+            cmd,
+            cwd=workdir,  # pfl's banded MF saves its strategy matrix under it
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+            text=True,
+            bufsize=1,
+        )
+        self._lines: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self._proc.stdout is not None
+        for line in self._proc.stdout:
+            self._lines.put(line)
+        self._lines.put(None)  # the process closed its stdout: it ended
+
+    def __enter__(self) -> PflServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.kill()
+
+    def kill(self) -> None:
+        """Ends the process (if still running) and closes its pipes and log."""
+        if self._proc.poll() is None:
+            self._proc.kill()
+        self._proc.wait()
+        for f in (self._proc.stdin, self._proc.stdout, self._log):
+            if f is not None and not f.closed:
+                f.close()
+
+    def _fail(self, what: str) -> PflError:
+        self.kill()
+        return PflError(f"pfl (--pfl-python, --alternate) {what}{self._last_error()}")
+
+    def _last_error(self) -> str:
+        try:
+            lines = Path(self._log.name).read_text(errors="replace").strip().splitlines()
+        except OSError:
+            return ""
+        return f"; its last line on stderr: {lines[-1].strip()[:300]}" if lines else ""
+
+    def _answer(self, what: str) -> dict:
+        try:
+            line = self._lines.get(timeout=self.timeout_s)
+        except queue.Empty:
+            raise self._fail(f"did not answer {what} within {self.timeout_s:g} s") from None
+        if line is None:
+            code = self._proc.wait()
+            raise self._fail(f"exited with status {code} before answering {what}")
+        try:
+            reply = json.loads(line)
+        except ValueError:
+            reply = None
+        if not isinstance(reply, dict) or "error" in reply:
+            raise self._fail(f"answered {line.strip()[:200]!r} to {what}, not its JSON line")
+        return reply
+
+    def _block(self, k: int, what: str) -> Block:
+        reply = self._answer(what)
+        wall, cpu = reply.get("round_times"), reply.get("round_cpu_times")
+        if not (isinstance(wall, list) and isinstance(cpu, list) and len(wall) == len(cpu) == k):
+            raise self._fail(f"answered {k} round(s) of {what} with {str(reply)[:200]}")
+        return Block([float(w) for w in wall], [float(c) for c in cpu], [COHORT] * k)
+
+    def ready(self) -> Block:
+        """Waits for the set-up and the first (warm-up) round: its times."""
+        return self._block(1, "its first round")
+
+    def run(self, k: int) -> Block:
+        """Runs pfl's next ``k`` rounds: their times."""
+        try:
+            assert self._proc.stdin is not None
+            self._proc.stdin.write(f"run {k}\n")
+            self._proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            raise self._fail(f"closed its stdin before 'run {k}'") from None
+        return self._block(k, f"'run {k}'")
+
+    def close(self) -> dict:
+        """Ends pfl's loop (stdin closed) and returns its summary line."""
+        assert self._proc.stdin is not None
+        try:
+            self._proc.stdin.close()
+        except (BrokenPipeError, OSError):
+            pass
+        summary = self._answer("the end of its run")
+        self.kill()
+        return summary
+
+
+class SwarmjaxBlocks:
+    """A swarmjax run of ``rounds`` rounds kept compiled: ``start`` and its first round
+    (which compiles) at construction, then each call runs the next ``k`` rounds, each timed
+    on its own (:func:`timed_round`, as the timing rows; the privacy record, built after
+    the rounds, is not in them)."""
+
+    def __init__(
+        self, store: ClientStore, round_test: tuple, rounds: int, dp: dict | None, block: int | None
+    ) -> None:
+        alg, grid = algorithm(dp)
+        accountant = "pld" if dp is None else dp["accountant"]
+        spec = RunSpec(rounds, 1.0 / USERS, (0,), accountant=accountant)
+        variants = Variants.grid(alg, store, spec, **grid)
+        t0 = time.perf_counter()
+        run = start(alg, store, round_test, variants, execution=Execution(client_map=block))
+        self.run, _, _, _ = timed_round(run)
+        self.first_call_s = time.perf_counter() - t0
+
+    def __call__(self, k: int) -> Block:
+        out = Block([], [], [])
+        for _ in range(k):
+            self.run, wall, cpu, trained = timed_round(self.run)
+            out.wall.append(wall)
+            out.cpu.append(cpu)
+            out.clients.append(trained)
+        return out
+
+
+QUIET_SHARE = 0.10
+"""A pair counts as quiet when other processes used at most this share of the machine's CPU
+time (all cores) during each of its two blocks."""
+
+
+def cpu_seconds() -> tuple[float, float] | None:
+    """``(busy, total)`` CPU seconds of the whole machine, all cores, since boot (Linux's
+    ``/proc/stat``; steal counts as busy: a host's other tenants are load too); None where
+    there is no ``/proc/stat``."""
+    try:
+        fields = [float(f) for f in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
+    except (OSError, ValueError):
+        return None
+    tick = os.sysconf("SC_CLK_TCK")
+    user, nice, system, idle, iowait, irq, softirq, steal = (fields + [0.0] * 8)[:8]
+    busy = user + nice + system + irq + softirq + steal
+    return busy / tick, (busy + idle + iowait) / tick
+
+
+def others_share(
+    before: tuple[float, float] | None, after: tuple[float, float] | None, own: float
+) -> float:
+    """The share of the machine's CPU time (0-1) that other processes used between two
+    :func:`cpu_seconds` readings, given ``own`` CPU seconds of the system timed in between
+    (NaN where unknown)."""
+    if before is None or after is None or after[1] <= before[1]:
+        return math.nan
+    return min(max((after[0] - before[0] - own) / (after[1] - before[1]), 0.0), 1.0)
+
+
+def alternate(
+    ours: Callable[[int], Block],
+    theirs: PflServer,
+    pairs: int,
+    rounds: int,
+    machine_cpu: Callable[[], tuple[float, float] | None] = cpu_seconds,
+    say: Callable[[str], None] | None = None,
+) -> dict:
+    """``pairs`` pairs of blocks of ``rounds`` rounds: swarmjax's block, then pfl's, then
+    swarmjax's... (each waits while the other runs). Each pair's ratio is pfl's seconds per
+    round over swarmjax's in that pair (the means of the block's rounds: swarmjax's rounds
+    per second over pfl's), wall and CPU, and per trained client (swarmjax's DP cohort is
+    Poisson around pfl's fixed 50); the measure is the median over the pairs, with its min
+    and max, so that a phase of the machine hits both sides of a pair alike.
+
+    Load from other processes does not hit them alike (pfl's two PyTorch threads lose far
+    more to a competing process than XLA's), so each block also records the share of the
+    machine's CPU that others used meanwhile (:func:`others_share`), and the median over the
+    quiet pairs (:data:`QUIET_SHARE`) is given apart. ``say``: gets a line after each pair.
+    """
+    blocks: dict[str, list[Block]] = {"swarmjax": [], "pfl": []}
+    others: dict[str, list[float]] = {"swarmjax": [], "pfl": []}
+    for i in range(pairs):
+        for name, side in (("swarmjax", ours), ("pfl", theirs.run)):
+            before = machine_cpu()
+            blocks[name].append(side(rounds))
+            others[name].append(others_share(before, machine_cpu(), sum(blocks[name][-1].cpu)))
+        if say is not None:
+            sj, pf = (sum(blocks[n][-1].wall) / rounds for n in ("swarmjax", "pfl"))
+            say(
+                f"  pair {i + 1}/{pairs}: swarmjax {sj:.2f} s, pfl {pf:.2f} s a round: "
+                f"{pf / sj:.2f}x; others used {others['swarmjax'][-1]:.0%} and "
+                f"{others['pfl'][-1]:.0%} of the CPU"
+            )
+    ratios: dict[str, list[float]] = {"wall": [], "cpu": [], "wall_per_client": []}
+    for sj, pf in zip(blocks["swarmjax"], blocks["pfl"], strict=True):
+        ratios["wall"].append(sum(pf.wall) / sum(sj.wall))
+        ratios["cpu"].append(sum(pf.cpu) / sum(sj.cpu))
+        per_client = (sum(pf.wall) / sum(pf.clients)) / (sum(sj.wall) / max(sum(sj.clients), 1))
+        ratios["wall_per_client"].append(per_client)
+    quiet = [i for i in range(pairs) if max(others["swarmjax"][i], others["pfl"][i]) <= QUIET_SHARE]
+    spread = {
+        f"{k}_ratio_{stat}": float(fn(v))
+        for k, v in ratios.items()
+        for stat, fn in (("median", np.median), ("min", np.min), ("max", np.max))
+    }
+    quiet_wall = [ratios["wall"][i] for i in quiet]
+    spread.update(
+        {
+            f"quiet_wall_ratio_{stat}": float(fn(quiet_wall)) if quiet else math.nan
+            for stat, fn in (("median", np.median), ("min", np.min), ("max", np.max))
+        }
+    )
+    return {
+        "pairs": pairs,
+        "rounds": rounds,
+        **spread,
+        "pair_ratios": ratios,
+        "others_share": others,
+        "quiet_pairs": quiet,
+        "blocks": {name: [b._asdict() for b in bs] for name, bs in blocks.items()},
+    }
+
+
+def alternated(
+    store: ClientStore,
+    round_test: tuple,
+    pfl: list[str],
+    workdir: Path,
+    pairs: int,
+    rounds: int,
+    block: int | None,
+    dp: dict | None,
+    timeout_s: float = PFL_ANSWER_TIMEOUT_S,
+) -> dict:
+    """swarmjax and pfl (``pfl``: its ``--serve`` command, a run of ``1 + pairs * rounds``
+    rounds as ``dp``'s) on the same work in turn (:func:`alternate`), both kept alive after
+    their first round; pfl's set-up runs while swarmjax compiles (neither is timed)."""
+    load = os.getloadavg()[0]
+    with PflServer(pfl, workdir, timeout_s) as theirs:
+        ours = SwarmjaxBlocks(store, round_test, 1 + pairs * rounds, dp, block)
+        first = theirs.ready()
+        turns = alternate(ours, theirs, pairs, rounds, say=lambda line: print(line, flush=True))
+        summary = theirs.close()
+    return {
+        "dp": dp is not None,
+        "accountant": None if dp is None else dp["accountant"],
+        **turns,
+        "first_round_s": {"swarmjax": ours.first_call_s, "pfl": first.wall[0]},
+        "pfl_noise_multiplier": summary.get("noise_multiplier"),
+        "load": [load, os.getloadavg()[0]],
+    }
+
+
+def alternated_line(turns: dict) -> str:
+    """What :func:`alternated` measured, in one line."""
+    privacy = f"user-level DP ({turns['accountant']})" if turns["dp"] else "no DP"
+    pairs = ", ".join(f"{r:.2f}" for r in turns["pair_ratios"]["wall"])
+    shares = [x for v in turns["others_share"].values() for x in v if not math.isnan(x)]
+    n = len(turns["quiet_pairs"])
+    if n:
+        quiet = (
+            f"{n} of {turns['pairs']} pairs quiet (others at most {QUIET_SHARE:.0%} of the CPU): "
+            f"median {turns['quiet_wall_ratio_median']:.2f}x (min "
+            f"{turns['quiet_wall_ratio_min']:.2f}, max {turns['quiet_wall_ratio_max']:.2f})"
+        )
+    elif shares:
+        quiet = f"no pair quiet (others used up to {max(shares):.0%} of the CPU): loaded"
+    else:
+        quiet = "others' CPU use unknown (no /proc/stat)"
+    return (
+        f"alternated, {turns['pairs']} pairs of {turns['rounds']} rounds, {privacy}: swarmjax "
+        f"{turns['wall_ratio_median']:.2f}x pfl's rounds per second (median of the pairs; "
+        f"min {turns['wall_ratio_min']:.2f}, max {turns['wall_ratio_max']:.2f}; pairs "
+        f"{pairs}), CPU {turns['cpu_ratio_median']:.2f}x, per trained client "
+        f"{turns['wall_per_client_ratio_median']:.2f}x; {quiet}; load {turns['load'][0]:.1f}-"
+        f"{turns['load'][1]:.1f}"
+    )
 
 
 @_cli.entry_point
@@ -369,15 +699,27 @@ def main(argv: list[str] | None = None) -> None:
         "round of each and their ratio, without the privacy record (0: not run)",
     )
     p.add_argument(
+        "--alternate",
+        type=count("--alternate", 0),
+        default=0,
+        help="also swarmjax and pfl in turn, both kept alive: this many pairs of blocks of "
+        "--timing-rounds rounds (a swarmjax block, a pfl block, ...), for each of FedAvg and "
+        "DP-FedAvg run; the median of the pairs' ratios (0: not run)",
+    )
+    p.add_argument(
         "--out",
         default=str(_cli.RESULTS / "vs_pfl.json"),
         help="the runs as JSON (results/vs_pfl.json)",
     )
     a = p.parse_args(argv)
     if a.only == "swarmjax":
-        _cli.refuse_unused(a, ["pfl_python"], "--only swarmjax runs no pfl")
+        _cli.refuse_unused(a, ["pfl_python", "alternate"], "--only swarmjax runs no pfl")
     if a.only == "pfl":
-        _cli.refuse_unused(a, ["block", "accountants", "interleave"], "--only pfl runs no swarmjax")
+        _cli.refuse_unused(
+            a, ["block", "accountants", "interleave", "alternate"], "--only pfl runs no swarmjax"
+        )
+    if a.alternate and not a.pfl_python:
+        p.error("--alternate times swarmjax beside pfl; --pfl-python '' skips pfl")
     if a.no_dp:
         _cli.refuse_unused(a, ["accountants", "interleave"], "--no-dp runs no DP")
     if a.dp_only:
@@ -423,6 +765,18 @@ def main(argv: list[str] | None = None) -> None:
         turns = interleaved(store, tests[0], a.interleave, a.block, a.accountants[0])
         summary["interleaved"] = turns
         print(interleaved_line(turns), flush=True)
+    if a.alternate and ours and theirs:
+        with tempfile.TemporaryDirectory() as tmp:
+            data = pfl_data(indices, ds, Path(tmp))
+            for dp in modes:
+                total = 1 + a.alternate * a.timing_rounds
+                cfg = dp_config(total, a.accountants[0]) if dp else None
+                cmd = pfl_command(a.pfl_python, data, total, dp, serve=True)
+                turns = alternated(
+                    store, tests[0], cmd, Path(tmp), a.alternate, a.timing_rounds, a.block, cfg
+                )
+                summary.setdefault("alternated", []).append(turns)
+                print(alternated_line(turns), flush=True)
     write_json(out, {"summary": summary, "runs": results})
     for line in ratio_lines(results) + dp_cost_lines(results):
         print(line)
@@ -539,6 +893,11 @@ def report(results: list[dict], summary: dict, argv: list[str] | None, name: str
             *(
                 ["", interleaved_line(summary["interleaved"]) + "."]
                 if "interleaved" in summary
+                else []
+            ),
+            *(
+                ["", "; ".join(alternated_line(t) for t in summary["alternated"]) + "."]
+                if "alternated" in summary
                 else []
             ),
         ]

@@ -268,10 +268,14 @@ def test_memory_check_uses_the_physical_memory(monkeypatch):
          "--pfl-python does not apply"),
         (vs_pfl.main, ["--no-dp", "--accountants", "rdp"], "--accountants does not apply"),
         (vs_pfl.main, ["--only", "swarmjax", "--write"], "--write records swarmjax beside pfl"),
+        (vs_pfl.main, ["--only", "pfl", "--alternate", "3"], "--alternate does not apply"),
+        (vs_pfl.main, ["--pfl-python", "", "--alternate", "3"],
+         "--alternate times swarmjax beside pfl"),
         (fed_round.main, ["--tables-only", "--rounds", "3"], "--rounds does not apply"),
     ],
     ids=["xd-epsilon", "xd-rows", "xd-data-dir", "flower-seeds", "flower-eps", "vs_pfl-python",
-         "vs_pfl-accountants", "vs_pfl-write", "fed_round"],
+         "vs_pfl-accountants", "vs_pfl-write", "vs_pfl-alternate-only", "vs_pfl-alternate-pfl",
+         "fed_round"],
 )  # fmt: skip
 def test_options_that_do_not_apply_are_refused(main, argv, named, tmp_path, capsys):
     out = ["--out", str(tmp_path / "o")] if main is not fed_round.main else []
@@ -322,6 +326,7 @@ def test_given_tracks_the_command_line_not_the_defaults():
         (cross_device_scaling.main, ["--block", "0"], "--block"),
         (vs_pfl.main, ["--timing-rounds", "1"], "--timing-rounds"),
         (vs_pfl.main, ["--no-dp", "--dp-only"], "--dp-only"),
+        (vs_pfl.main, ["--alternate", "-2"], "--alternate"),
         (secagg.main, ["--bits", "40"], "--bits 40: at most 32"),
         (secagg.main, ["--bits", "4"], "--bits: must be >= 8"),
         (secagg.main, ["--cohort", "30", "--users", "20"], "--cohort 30 must be <= --users 20"),
