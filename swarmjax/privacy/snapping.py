@@ -47,6 +47,7 @@ sample is far too heavy a delta for ``10^8`` coordinate-releases, and its float3
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Literal
@@ -185,6 +186,7 @@ def _check_words(words: ArrayLike, prec: _Precision) -> Array:
     return words
 
 
+@functools.partial(jax.jit, static_argnames="dtype")
 def normal_from_bits(
     words: UInt32[ArrayLike, " words *s"], dtype: jnp.dtype | type = jnp.float32
 ) -> Float[Array, "*s"]:
@@ -203,6 +205,7 @@ def normal_from_bits(
     return jnp.where(_negative(words, prec), -magnitude, magnitude)
 
 
+@functools.partial(jax.jit, static_argnames="dtype")
 def laplace_from_bits(
     words: UInt32[ArrayLike, " words *s"], dtype: jnp.dtype | type = jnp.float32
 ) -> Float[Array, "*s"]:
@@ -244,6 +247,7 @@ def _draw(key: PRNGKeyArray, shape: tuple[int, ...], prec: _Precision, from_bits
     return chunks.reshape(-1)[:n].reshape(shape)
 
 
+@functools.partial(jax.jit, static_argnames=("shape", "dtype"))
 def standard_normal(
     key: PRNGKeyArray, shape: tuple[int, ...] = (), dtype: jnp.dtype | type = jnp.float32
 ) -> Float[Array, "*shape"]:
@@ -252,6 +256,7 @@ def standard_normal(
     return _draw(key, tuple(shape), _precision(dtype), normal_from_bits)
 
 
+@functools.partial(jax.jit, static_argnames=("shape", "dtype"))
 def standard_laplace(
     key: PRNGKeyArray, shape: tuple[int, ...] = (), dtype: jnp.dtype | type = jnp.float32
 ) -> Float[Array, "*shape"]:
