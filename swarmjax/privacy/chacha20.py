@@ -218,12 +218,15 @@ def _random_bits(key: Array, bit_width: int, shape: tuple[int, ...]) -> Array:
     return (words >> jnp.uint32(32 - bit_width)).astype(dtype)
 
 
+# Each operation jitted (as JAX's Threefry ones are): a key operation on a concrete key runs
+# one program where, evaluated op by op, every op compiled its own (session 30: 788 in the
+# suite); inside a traced program the jit is inlined, the same integer ops.
 chacha20 = define_prng_impl(
     key_shape=(KEY_WORDS,),
-    seed=_seed,
-    split=_split,
-    random_bits=_random_bits,
-    fold_in=_fold_in,
+    seed=jax.jit(_seed),
+    split=jax.jit(_split, static_argnums=1),
+    random_bits=jax.jit(_random_bits, static_argnums=(1, 2)),
+    fold_in=jax.jit(_fold_in),
     name="chacha20",
     tag="cc20",
 )
