@@ -94,6 +94,7 @@ from swarmjax.fl.protocol.slots import (
     Slots,
     add_reply,
     reply_sum_zeros,
+    row_shapes,
     slot_sum,
     where_selected,
 )
@@ -133,6 +134,7 @@ __all__ = [
     "privacy_unit",
     "release_identity",
     "reply_sum_zeros",
+    "row_shapes",
     "run_keys",
     "server_init_key",
     "server_key",

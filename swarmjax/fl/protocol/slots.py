@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Bool, Float, Int, PyTree
 
-__all__ = ["Slots", "add_reply", "reply_sum_zeros", "slot_sum", "where_selected"]
+__all__ = ["Slots", "add_reply", "reply_sum_zeros", "row_shapes", "slot_sum", "where_selected"]
 
 
 @flax.struct.dataclass
@@ -74,6 +74,13 @@ def add_reply(total: PyTree, reply: PyTree, used: Bool[Array, ""]) -> PyTree:
     )
 
 
+def row_shapes(tree: PyTree) -> PyTree:
+    """The shape and dtype of one row of a tree stacked over a leading axis (slots, clients
+    or runs): every leaf's ``jax.ShapeDtypeStruct`` without its first axis. Shapes only, no
+    work: slicing row 0 of a device array would compile a program a leaf."""
+    return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), tree)
+
+
 def reply_sum_zeros(like: PyTree) -> PyTree:
     """The empty sum of replies shaped like ``like`` (one reply, or its shape structure):
     zeros, float32 or wider."""
@@ -100,8 +107,7 @@ def slot_sum(
     (docs/cross_device.md). On an accelerator, where a loop step is a kernel launch and the
     copy is cheap, the masked stack times the (weight) vector: one product."""
     if start is None:  # from the shapes alone (no slot need exist)
-        like = jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(leaf.shape[1:], leaf.dtype), tree)
-        start = reply_sum_zeros(like)
+        start = reply_sum_zeros(row_shapes(tree))
     if mask.shape[0] == 0:
         return start
 

@@ -49,6 +49,7 @@ from swarmjax.fl.protocol import (
     client_key,
     privacy_unit,
     reply_sum_zeros,
+    row_shapes,
     run_keys,
     server_init_key,
     server_key,
@@ -191,7 +192,7 @@ def _map_clients(
         return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), jax.eval_shape(one, a))
 
     if summed:
-        first = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), args)
+        first = row_shapes(args)
         start = reply_sum_zeros(jax.eval_shape(lambda a: fn(*a), first)[1])
 
         def step(total: PyTree, a_u: tuple) -> tuple[PyTree, PyTree]:
@@ -640,8 +641,8 @@ def cohort_memory(
     A slot counts one client's gathered data, its state twice (old and new) and one
     request-sized reply (a model's worth); the federation is its data (split by client
     when stacked, shared when a flat store) and one state per client and run."""
-    row, key = _row_shapes((hyper, key))
-    one = _row_shapes(jax.eval_shape(lambda: take_clients(data, jnp.zeros((1,), jnp.int32))))
+    row, key = row_shapes((hyper, key))
+    one = row_shapes(jax.eval_shape(lambda: take_clients(data, jnp.zeros((1,), jnp.int32))))
     state = jax.eval_shape(
         lambda k, d, h: alg.client_init(k, _bound(data, d), h, jnp.zeros((), jnp.int32)),
         key,
@@ -665,12 +666,6 @@ def cohort_memory(
     )
 
 
-def _row_shapes(tree: PyTree) -> PyTree:
-    """The shape and dtype of row 0 of every leaf's leading axis (no work, no program: a
-    slice of a device array would compile one)."""
-    return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), tree)
-
-
 def _stacked(data: PyTree) -> bool:
     """Whether the federation's data is stacked (every leaf with a leading client axis),
     which a clients mesh axis splits; a flat store's arrays stay whole on every device."""
@@ -684,8 +679,8 @@ def _message_bytes(alg: Algorithm, carry, keys, hypers, clients: PyTree) -> list
     """``(request bytes, reply bytes)`` of each round exchange, from the message shapes: the
     request's dtypes and the reply's bytes on the wire (:meth:`Exchange.reply_bytes`: packed
     where the exchange declares ``reply_bits``)."""
-    server, states, key, hyper = _row_shapes((carry[0], carry[1], keys, hypers))
-    one_state = _row_shapes(states)
+    server, states, key, hyper = row_shapes((carry[0], carry[1], keys, hypers))
+    one_state = row_shapes(states)
     one_data = jax.eval_shape(lambda c: _one_client(c, 0), clients)
     out = []
     for ex in alg.exchanges:

@@ -29,6 +29,7 @@ from swarmjax.fl.protocol import (
     Variants,
     client_init_key,
     privacy_unit,
+    row_shapes,
     run_keys,
     server_init_key,
     variant_identities,
@@ -250,7 +251,7 @@ def stacked_task(
     def one(pid: int) -> PyTree:
         return jax.tree.map(lambda a: a[pid], data)
 
-    like = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), data)
+    like = row_shapes(data)
     return Task(algorithm, variants, num_clients(data), one, like, test, clients, secret)
 
 
