@@ -252,23 +252,19 @@ def interleaved(
     :func:`record_seconds` times, is not in them): the median wall and CPU seconds of each
     one's round and their ratio, so that a change of load during the measurement hits both
     alike."""
-    runs = {}
-    for name, dp in (("plain", None), ("dp", dp_config(rounds + 1, accountant))):
-        alg, grid = algorithm(dp)
-        spec = RunSpec(rounds + 1, 1.0 / USERS, (0,), accountant=accountant)
-        variants = Variants.grid(alg, store, spec, **grid)
-        execution = Execution(client_map=block)
-        run, _ = advance(start(alg, store, round_test, variants, execution=execution), 1)
-        runs[name] = run
+    runs = {
+        name: SwarmjaxBlocks(store, round_test, rounds + 1, dp, block)
+        for name, dp in (("plain", None), ("dp", dp_config(rounds + 1, accountant)))
+    }
     wall: dict[str, list[float]] = {name: [] for name in runs}
     cpu: dict[str, list[float]] = {name: [] for name in runs}
     cohort: dict[str, list[int]] = {name: [] for name in runs}
     for _ in range(rounds):
-        for name in runs:
-            runs[name], w, c, trained = timed_round(runs[name])
-            wall[name].append(w)
-            cpu[name].append(c)
-            cohort[name].append(trained)
+        for name, blocks in runs.items():
+            one = blocks(1)
+            wall[name] += one.wall
+            cpu[name] += one.cpu
+            cohort[name] += one.clients
     med = {f"{k}_{n}": float(np.median(v[n])) for k, v in (("wall", wall), ("cpu", cpu)) for n in v}
     per_client = {n: sum(cpu[n]) / max(sum(cohort[n]), 1) for n in runs}
     return {
