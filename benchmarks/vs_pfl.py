@@ -106,6 +106,11 @@ def dp_config(rounds: int, accountant: str = "pld") -> dict:
     return {"rate": COHORT / USERS, "spec": spec, "accountant": accountant}
 
 
+def _spec(rounds: int, dp: dict | None) -> RunSpec:
+    """One run's spec (seed 0, delta ``1 / USERS``) under ``dp``'s accountant."""
+    return RunSpec(rounds, 1.0 / USERS, (0,), accountant="pld" if dp is None else dp["accountant"])
+
+
 def model():
     """pfl's ``simple_cnn`` on MNIST's 28x28x1 images (every run's)."""
     return simple_cnn(10, (28, 28, 1))
@@ -177,28 +182,19 @@ def run_swarmjax(
     ``simulate`` calls: a difference of two run times, whose noise on a shared machine was
     of the size of the rounds themselves; docs/measurements.md.)"""
     round_test, full_test = tests
-    alg, grid = algorithm(dp)
-    accountant = "pld" if dp is None else dp["accountant"]
-    spec = RunSpec(rounds, 1.0 / USERS, (0,), accountant=accountant)
-    variants = Variants.grid(alg, store, spec, **grid)
     record = math.nan
     if timing:
-        t0 = time.perf_counter()
-        execution = Execution(client_map=block, diagnostics=True)
-        run = start(alg, store, round_test, variants, execution=execution)
-        run, _, _, _ = timed_round(run)  # compiles
-        first = time.perf_counter() - t0  # start's checks and initialisation included
-        walls, cpus = [], []
-        for _ in range(rounds - 1):
-            run, wall, cpu, _ = timed_round(run)
-            walls.append(wall)
-            cpus.append(cpu)
-        wall, cpu = float(np.median(walls)) * rounds, float(np.median(cpus)) * rounds
-        res = finish(run)
+        blocks = SwarmjaxBlocks(store, round_test, rounds, dp, block, diagnostics=True)
+        first = blocks.first_call_s  # start's checks and initialisation included
+        rest = blocks(rounds - 1)
+        wall, cpu = float(np.median(rest.wall)) * rounds, float(np.median(rest.cpu)) * rounds
+        res = finish(blocks.run)
         trained = _trained(res)
         if dp is not None:
             record = record_seconds(res)
     else:
+        alg, grid = algorithm(dp)
+        variants = Variants.grid(alg, store, _spec(rounds, dp), **grid)
         t0, c0 = time.perf_counter(), time.process_time()
         execution = Execution(client_map=block, progress=True, diagnostics=True)
         res = simulate(alg, store, round_test, variants, execution=execution)
@@ -479,15 +475,20 @@ class SwarmjaxBlocks:
     the rounds, is not in them)."""
 
     def __init__(
-        self, store: ClientStore, round_test: tuple, rounds: int, dp: dict | None, block: int | None
+        self,
+        store: ClientStore,
+        round_test: tuple,
+        rounds: int,
+        dp: dict | None,
+        block: int | None,
+        diagnostics: bool = False,
     ) -> None:
         alg, grid = algorithm(dp)
-        accountant = "pld" if dp is None else dp["accountant"]
-        spec = RunSpec(rounds, 1.0 / USERS, (0,), accountant=accountant)
-        variants = Variants.grid(alg, store, spec, **grid)
+        variants = Variants.grid(alg, store, _spec(rounds, dp), **grid)
+        execution = Execution(client_map=block, diagnostics=diagnostics)
         t0 = time.perf_counter()
-        run = start(alg, store, round_test, variants, execution=Execution(client_map=block))
-        self.run, _, _, _ = timed_round(run)
+        run = start(alg, store, round_test, variants, execution=execution)
+        self.run, _, _, _ = timed_round(run)  # compiles
         self.first_call_s = time.perf_counter() - t0
 
     def __call__(self, k: int) -> Block:
