@@ -16,7 +16,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 # The suite is compile-bound: its programs are small and run once or twice, and most of a
-# test's time is XLA's CPU compiler. Two flags cut it without changing results beyond
+# test's time is XLA's CPU compiler. Three flags cut it without changing results beyond
 # float32 rounding (tests/test_compile_level.py checks a DP run and a PAASO swarm against
 # XLA's defaults; docs/testing.md has the measurements):
 # * LLVM at -O0 (a vmapped threefry draw compiles in 3.4 s at the default -O2, 0.15 s at
@@ -24,13 +24,19 @@ REPO = Path(__file__).resolve().parents[1]
 # * XLA's legacy elemental fusion emitters instead of the MLIR fusion emitters
 #   (``--xla_cpu_use_fusion_emitters=false``): 37-40 % less compile CPU on test_fedavg,
 #   test_dpsgd and test_paaso; fusions may round differently, so two formulations of one
-#   computation that are bitwise equal at XLA's defaults are compared to 1e-6 here.
+#   computation that are bitwise equal at XLA's defaults are compared to 1e-6 here;
+# * one LLVM module per program (``--xla_cpu_parallel_codegen_split_count=1``): XLA splits a
+#   program's module to compile the parts on parallel threads, which buys nothing when every
+#   core is busy with another worker's compilation and costs 9-15 % of the suite's CPU
+#   (session 31: test_fedavg + test_dp_fedavg + test_paaso 35.8 -> 29.2-31.1 CPU-s,
+#   test_fl_protocol + test_distributed_dp 74.3 -> 67.8).
 # Each is added unless XLA_FLAGS already sets it; processes the tests start (SuperNodes,
 # sweep workers, experiment subprocesses) inherit them. Experiments and benchmarks run at
 # XLA's defaults.
 SUITE_XLA_FLAGS = {
     "xla_backend_optimization_level": "0",
     "xla_cpu_use_fusion_emitters": "false",
+    "xla_cpu_parallel_codegen_split_count": "1",
 }
 _flags = os.environ.get("XLA_FLAGS", "")
 _added = [f"--{k}={v}" for k, v in SUITE_XLA_FLAGS.items() if k not in _flags]

@@ -1,10 +1,11 @@
-"""The suite compiles with its own XLA flags (``tests/conftest.py``: LLVM at -O0 and the
-legacy elemental fusion emitters) on the premise that they change speed, not results. This
-checks it: the same DP-Adam FedAvg round (Poisson sampling, per-example clipping, Gaussian
-noise, a matmul model) and the same PAASO voting swarm, computed in fresh processes with the
-suite's flags and at XLA's defaults (what users run), make the same discrete choices and
-agree to float32 rounding (they are not bit-identical: -O2 fuses multiply-adds, and the two
-emitters fuse differently; measured 1e-7 relative on the model, 5e-7 on the swarms)."""
+"""The suite compiles with its own XLA flags (``tests/conftest.py``: LLVM at -O0, the
+legacy elemental fusion emitters and one LLVM module per program) on the premise that they
+change speed, not results. This checks it: the same DP-Adam FedAvg round (Poisson sampling,
+per-example clipping, Gaussian noise, a matmul model) and the same PAASO voting swarm,
+computed in fresh processes with the suite's flags and at XLA's defaults (what users run),
+make the same discrete choices and agree to float32 rounding (they are not bit-identical:
+-O2 fuses multiply-adds, and the two emitters fuse differently; measured 1e-7 relative on
+the model, 5e-7 on the swarms)."""
 
 from __future__ import annotations
 
