@@ -168,13 +168,17 @@ AGENT_BYTES = 200  # an agent's state and step temporaries, with a margin (memor
 
 
 def memory_estimate(args: argparse.Namespace) -> int:
-    """Bytes one compiled block of runs holds, estimated before JAX starts: per run (a block
-    of ``--block`` runs, else the CPU's 128, at most the runs) the swarm's state and the
-    step's temporaries (:data:`AGENT_BYTES` an agent, measured: 117 B for PSO and 175 B for
-    bDRD at 200,000 agents, 2026-11-28) plus ``4 k_alpha`` bytes of votes, and the
-    per-iteration trace (4 numbers an iteration), for the largest swarm of the figures."""
-    runs = args.runs or max(p["runs"] for p in PROFILES.values())
-    block = min(args.block or BLOCK_CPU, runs) * args.cpu_devices
+    """Bytes one compiled block of runs holds, estimated before JAX starts: per run the
+    swarm's state and the step's temporaries (:data:`AGENT_BYTES` an agent) plus ``4
+    k_alpha`` bytes of votes, and the per-iteration trace (4 numbers an iteration), for the
+    largest swarm of the figures, times the runs of a block: ``--block`` (else the CPU's
+    128) on each of ``--cpu-devices``. The sweep pads every call to a full block
+    (:mod:`swarmjax.sweep`: a configuration gets the same block alone or in any sweep), so
+    a block holds that many runs however few the configuration has. Measured with XLA's
+    memory analysis of the sweep's compiled block (ChaCha20 run keys, 40 runs, 100
+    iterations; 2026-11-29): 108 B an agent and run for PSO and FL, 112-118 B for the
+    voting program, whatever ``k_alpha``."""
+    block = (args.block or BLOCK_CPU) * args.cpu_devices
     agents = max(args.agents, *FIG5_AGENTS)
     iterations = args.iterations or PROFILES[_cli.profile_name(args)]["iterations"]
     per_agent = AGENT_BYTES // 4 + args.k_alpha
@@ -191,9 +195,11 @@ def check(args: argparse.Namespace) -> None:
             f"{have / 2**30:.3g} GiB; give less"
         )
     option = _cli.option_named(args, ["agents", "k_alpha", "iterations", "block", "runs"])
+    per_device = args.block or BLOCK_CPU
     what = (
         f"a block of runs of {max(args.agents, *FIG5_AGENTS)} agents, k_alpha {args.k_alpha}, "
-        f"{args.iterations or 'the profile'} iterations"
+        f"{args.iterations or 'the profile'} iterations; {per_device} runs a block (--block) "
+        f"on each of {args.cpu_devices} CPU devices"
     )
     _cli.check_memory(memory_estimate(args), option, what)
 

@@ -276,8 +276,3 @@ def fingerprints(keys: PRNGKeyArray) -> tuple[str, ...]:
     """:func:`fingerprint` of each key of a ``(runs,)`` key array."""
     data = np.asarray(jax.random.key_data(keys), "<u4")
     return tuple(hashlib.sha256(_FINGERPRINT + row.tobytes()).hexdigest()[:32] for row in data)
-
-
-def is_secret_key(key: PRNGKeyArray) -> bool:
-    """Whether ``key`` is of the ChaCha20 implementation (what secret runs draw with)."""
-    return jax.random.key_impl(key) == chacha20

@@ -107,7 +107,6 @@ __all__ = [
 log = logging.getLogger("swarmjax.fl.runtime.flower")
 
 KIND = "train.secagg"
-STAGES = ("advertise", "share", "mask", "unmask")
 FAULT_KEY = "secagg-fault-injection"
 FAULTS = (
     "drop-before-upload",  # answers AdvertiseKeys and ShareKeys, then never uploads
