@@ -257,6 +257,15 @@ def test_paaso_counts_the_runs_of_a_padded_block(monkeypatch, tmp_path, capsys):
     paaso.check(args)  # no refusal
 
 
+def test_dp_fedavg_counts_what_a_seed_holds(monkeypatch, tmp_path, capsys):
+    """``--quick --seeds 500`` passed the estimate (4 model-sized arrays a buffer slot: 15
+    GiB) and reached 20.5 GB resident in 40 s on a 23.5 GiB machine; counted as measured
+    (5: 19 GiB), it is refused before any work on a 20 GiB machine, where 4 let it start."""
+    monkeypatch.setattr(_cli, "physical_memory", lambda: 20 * 2**30)
+    err = _refused(dp_fedavg.main, ["--quick", "--seeds", "500", "--out", str(tmp_path)], capsys)
+    assert "--seeds: the run would allocate about" in err and "500 seed(s)" in err
+
+
 def test_memory_check_uses_the_physical_memory(monkeypatch):
     monkeypatch.setattr(_cli, "physical_memory", lambda: 10 * 2**30)
     _cli.check_memory(7 * 2**30, "--x", "a test")  # under 80 %
