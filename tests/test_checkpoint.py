@@ -1,6 +1,8 @@
 """Mid-run checkpoints: a simulation killed (SIGKILL) after round 2 of 5 resumes from its
 orbax checkpoint (and the secret saved beside it) and ends with exactly the numbers of an
-uninterrupted run under that secret; a folder of another run is refused."""
+uninterrupted run under that secret; a folder of another run is refused. Client states
+saved with one padding restore with another (the padding cut, or grown and refilled), and
+what a checkpoint cannot hold is one line. (Split over several devices: tests/test_mesh.py.)"""
 
 from __future__ import annotations
 

@@ -82,8 +82,8 @@ SECRET_FILE = "secret.key"
 
 def _primary() -> bool:
     """Whether this process writes the folder's host-side files: the only one, or process 0
-    of a ``jax.distributed`` job (every process computes the same replicated carry and
-    outputs; two writers of one file race)."""
+    of a ``jax.distributed`` job (every process computes the same outputs; two writers of
+    one file race; orbax writes the carry itself, each process its own blocks)."""
     return jax.process_index() == 0
 
 

@@ -568,7 +568,8 @@ def final_states(run: Run) -> PyTree:
 
 
 def placed_carry(run: Run, carry: tuple) -> tuple:
-    """A carry restored from a checkpoint (:meth:`Checkpoints.restore` into ``run``'s
+    """A carry restored from a checkpoint
+    (:meth:`~swarmjax.fl.runtime.checkpoint.Checkpoints.restore` into ``run``'s
     fresh carry: its shapes and placement) ready for ``run``'s compiled calls: where the
     mesh splits the client states into more than ``N`` rows, the padding rows become copies
     of client ``N - 1`` again (:func:`~swarmjax.fl.runtime.mesh.refill_padding`)."""
