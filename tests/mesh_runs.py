@@ -164,41 +164,41 @@ def record_saves() -> None:
 RESIZE_CLIENTS = 21
 
 
-def resized(folder: str) -> dict[str, np.ndarray]:
-    """Client states of 21 clients ``(runs 2, clients, 3)`` saved split over 4 devices
-    (padded to 24 with -1s) and over 3 (21 rows), each restored onto other device counts
-    (4 -> 2: 22 rows, one from the saved padding; 4 -> 3: 21, the padding dropped; 3 -> 4:
-    24, three past the rows saved) through ``Checkpoints`` and ``refill_padding``, as a
-    resume does: the restored padded states as ``resize/<saved on>-<restored on>``."""
-    import jax.numpy as jnp
-
+def resized(folder: str, pairs: str) -> dict[str, np.ndarray]:
+    """Client states of 21 clients ``(runs 2, clients, 3)`` saved split over ``d`` devices
+    (padded with -1s) and restored onto ``e`` for each ``d-e`` of ``pairs`` (``"4-2,3-4"``;
+    e.g. 4 -> 2: 22 rows, one from the saved padding; 4 -> 3: 21, the padding dropped;
+    3 -> 4: 24, three past the rows saved) through ``Checkpoints`` and ``refill_padding``,
+    as a resume does: the restored padded states, brought to the host by ``on_host``, as
+    ``resize/<d>-<e>``."""
     from swarmjax.fl.runtime import simulator
     from swarmjax.fl.runtime.checkpoint import Checkpoints
-    from swarmjax.fl.runtime.mesh import padded_clients, refill_padding
+    from swarmjax.fl.runtime.mesh import on_host, padded_clients, refill_padding
 
     n = RESIZE_CLIENTS
     states = np.arange(2 * n * 3, dtype=np.float32).reshape(2, n, 3)
 
     def carry(devices: int, fill: float) -> tuple:  # (server, states, done) split on devices
-        rows = padded_clients(mesh(str(devices), 1), n)
+        on = mesh(str(devices), jax.process_count())
+        rows = padded_clients(on, n)
         padded = np.concatenate([states, np.full((2, rows - n, 3), fill, np.float32)], axis=1)
-        split = jax.device_put(padded, simulator._split_sharding(mesh(str(devices), 1)))
-        return jnp.ones((2, 4)), split, jnp.asarray(1, jnp.int32)
+        sharding = simulator._split_sharding(on)  # each process places its own blocks
+        split = jax.make_array_from_callback(padded.shape, sharding, lambda i: padded[i])
+        return np.ones((2, 4), np.float32), split, np.ones((), np.int32)
 
     out = {"resize/states": states}
-    for saved_on, restored_on in ((4, (2, 3)), (3, (4,))):
-        folder_d = Path(folder) / str(saved_on)
-        saved = Checkpoints(folder_d, "resize", {})
+    for pair in pairs.split(","):
+        saved_on, restored_on = (int(d) for d in pair.split("-"))
+        saved = Checkpoints(Path(folder) / pair, "resize", {})
         saved.save(1, carry(saved_on, -1.0), {"m": np.zeros((1, 1))}, clients=n)
-        for d in restored_on:
-            like = carry(d, 0.0)
-            restored, _ = saved.restore(1, like, {"m": np.zeros((1, 1))}, clients=n)
-            split = restored[1]
-            if split.shape[1] > n:
-                split = refill_padding(like[1].sharding, split, n)
-            assert split.sharding == like[1].sharding, split.sharding
-            out[f"resize/{saved_on}-{d}"] = np.asarray(split)
+        like = carry(restored_on, 0.0)
+        restored, _ = saved.restore(1, like, {"m": np.zeros((1, 1))}, clients=n)
         saved.close()
+        split = restored[1]
+        if split.shape[1] > n:
+            split = refill_padding(like[1].sharding, split, n)
+        assert split.sharding == like[1].sharding, split.sharding
+        out[f"resize/{pair}"] = on_host(split, split.shape[1])
     return out
 
 
@@ -322,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("out")
     p.add_argument("runs", nargs="+", help="NAME:MESH,MESH,... e.g. fedavg:0,1,2,4 fedavg-2:2x2")
     p.add_argument("--resume", help="DIR:FROM:TO[:AGAIN], e.g. /tmp/ck:4:2:0 (DP-FedAvg)")
-    p.add_argument("--resize", help="DIR of the toy states' checkpoints (resized)")
+    p.add_argument("--resize", help="DIR:PAIRS of toy states' checkpoints, e.g. /tmp/r:4-2,3-4")
     p.add_argument("--memory", help="DIR:REFUSED:RUNS_ON meshes, e.g. /tmp/m:1:4 (DP-FedAvg)")
     p.add_argument("--experiment", help="DIR:DEVICES, e.g. /tmp/xd:1,2 (cross_device)")
     p.add_argument("--audit", help="MESHES of an audited DP-FedAvg run, e.g. 0,4")
@@ -356,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
         for label in again:  # the finished run's last checkpoint, restored on `label`
             out |= numbers(run("dp-fedavg", label, checkpoint_dir=folder), "resumed-again")
     if args.resize:
-        out |= resized(args.resize)
+        out |= resized(*args.resize.split(":"))
     if args.audit:
         for label in args.audit.split(","):
             out |= audited(label)

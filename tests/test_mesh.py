@@ -118,10 +118,12 @@ def launched(tmp_path_factory):
         s.bind(("127.0.0.1", 0))
         port = str(s.getsockname()[1])
     local = ["fedavg:0,1,2,4", "fedavg-2:0,2x2", "dp-fedavg:0,2,4", "dp-ftrl:0,4"]
-    local += ["--resume", f"{tmp / 'checkpoints'}:4:2:0", "--resize", str(tmp / "resize")]
+    local += ["--resume", f"{tmp / 'checkpoints'}:4:2:0"]
+    local += ["--resize", f"{tmp / 'resize'}:4-2,4-3,3-4"]
     local += ["--memory", f"{tmp / 'memory'}:1:4"]
     local += ["--experiment", f"{tmp / 'cross_device'}:1,2", "--audit", "0,4"]
     resume = ["--resume", f"{tmp / 'checkpoints-two'}:4:4"]
+    resume += ["--resize", f"{tmp / 'resize-two'}:4-3,3-4"]
     ranks = [
         ["dp-fedavg:4", "dp-ftrl:4", *resume, "--rank", str(r), "--port", port, "--processes", "2"]
         for r in (0, 1)
@@ -214,28 +216,42 @@ def test_checkpoints_hold_the_states_split_as_the_mesh_does(local):
     them: one disjoint block of clients per device of the clients axis (``N'`` rows in
     ``d`` blocks of ``N'/d``), never a replicated copy, with the true ``N`` recorded. In
     order: DP-FedAvg on 4 devices (round 1) and resumed on 2 (rounds 2, 3); the toy states
-    on 4 and 3; cross_device on 1 device and on 2 (a flat store: 40 clients' states split);
-    the unsharded DP-FedAvg and the memory-limited run resumed from it on 4."""
+    on 4, 4 and 3; cross_device on 1 device and on 2 (a flat store: 40 clients' states
+    split); the unsharded DP-FedAvg and the memory-limited run resumed from it on 4."""
     numbers, _ = local
     saves = numbers["checkpoint/saves"].tolist()
     assert all(rows == blocks * block for rows, blocks, block, _ in saves), saves
-    assert [blocks for _, blocks, _, _ in saves] == [4, 2, 2, 4, 3, 1, 1, 2, 2, 1, 4, 4]
-    assert [n for *_, n in saves] == [24] * 3 + [21] * 2 + [40] * 4 + [24] * 3
+    assert [blocks for _, blocks, _, _ in saves] == [4, 2, 2, 4, 4, 3, 1, 1, 2, 2, 1, 4, 4]
+    assert [n for *_, n in saves] == [24] * 3 + [21] * 3 + [40] * 4 + [24] * 3
 
 
-def test_a_checkpoint_restores_onto_another_device_count(local):
-    """21 clients' states saved over 4 devices (padded to 24) restore onto 2 (22 rows: the
-    saved padding row re-made) and 3 (21: the padding dropped); saved over 3, onto 4 (24:
-    three rows past those saved): the 21 clients as saved, every padding row a copy of
-    client 20 (as a fresh run pads), each device reading its own rows."""
-    numbers, _ = local
+RESIZED = {"4-2": 22, "4-3": 21, "3-4": 24}  # saved on - restored on: rows restored
+
+
+def _check_resized(numbers: dict, pairs: list[str]) -> None:
+    """Each ``resize/<pair>`` holds the 21 toy clients as saved, then padding rows that
+    are all copies of client 20."""
     states = numbers["resize/states"]
-    for name, rows in (("4-2", 22), ("4-3", 21), ("3-4", 24)):
-        got = numbers[f"resize/{name}"]
+    for name in pairs:
+        rows, got = RESIZED[name], numbers[f"resize/{name}"]
         assert got.shape == (2, rows, 3), name
         np.testing.assert_array_equal(got[:, :21], states, err_msg=name)
         padding = np.broadcast_to(states[:, 20:21], (2, rows - 21, 3))
         np.testing.assert_array_equal(got[:, 21:], padding, err_msg=name)
+
+
+def test_a_checkpoint_restores_onto_another_device_count(local, distributed):
+    """21 clients' states saved over 4 devices (padded to 24) restore onto 2 (22 rows: the
+    saved padding row re-made) and 3 (21: the padding dropped); saved over 3, onto 4 (24:
+    three rows past those saved): the 21 clients as saved, every padding row a copy of
+    client 20 (as a fresh run pads), each device reading its own rows. Over the 2
+    processes too (4 -> 3: 2 devices on process 0 and 1 on process 1; 3 -> 4), where
+    each process gets the whole states on its host."""
+    numbers, _ = local
+    _check_resized(numbers, ["4-2", "4-3", "3-4"])
+    two, _ = distributed
+    _check_resized(two, ["4-3", "3-4"])
+    _check_resized({k.removeprefix("rank1/"): v for k, v in two.items()}, ["4-3", "3-4"])
 
 
 def test_canary_audit_on_four_devices_is_the_unsharded_audit(local):
@@ -328,8 +344,9 @@ def test_two_processes_checkpoint_and_resume(local, distributed):
     numbers, _ = local
     two, _ = distributed
     _compare({**numbers, **{f"two/{k}": v for k, v in two.items()}}, "two/resumed/", "dp-fedavg/0/")
-    # each process handed orbax its own 2 of the 4 blocks (6 clients each) of the split states
-    assert two["checkpoint/saves"].tolist() == [[24, 4, 6, 24]] * 3
+    # each process handed orbax its own blocks of the split states (then the toy states')
+    saves = [[24, 4, 6, 24]] * 3 + [[24, 4, 6, 21], [21, 3, 7, 21]]
+    assert two["checkpoint/saves"].tolist() == saves
 
 
 # ---- bad input: one line, before any work (this process: one CPU device) ----

@@ -282,26 +282,28 @@ def on_host(states: PyTree, num: int) -> PyTree:
     """``states`` (leaves ``(runs, N', ...)``, split over a mesh by client id) as host
     arrays of their first ``num`` clients, ``(runs, num, ...)``, assembled block by block:
     no device ever holds more of them than its own block (and, over ``jax.distributed``,
-    one block of each process at a time: :func:`_assembled`). A PRNG key leaf comes back as
-    a key array of that host key data (on the default device)."""
+    one block of each process at a time: :func:`_assembled`; every process must call it,
+    and every one gets the whole). A PRNG key leaf comes back as a key array of that host
+    key data (on the default device)."""
 
     def one(a: Array) -> Any:
         if jax.dtypes.issubdtype(a.dtype, jax.dtypes.prng_key):
             data = one(jax.random.key_data(a))
             return jax.random.wrap_key_data(data, impl=jax.random.key_impl(a))
-        # fully addressable: numpy copies each device's block into place (jax.Array._value)
-        whole = np.asarray(a) if a.is_fully_addressable else _assembled(a)
+        # one process: numpy copies each device's block into place (jax.Array._value)
+        whole = np.asarray(a) if jax.process_count() == 1 else _assembled(a)
         return whole[:, :num]
 
     return jax.tree.map(one, states)
 
 
 def _assembled(a: Array) -> np.ndarray:
-    """The whole of ``a`` (split over the devices of several ``jax.distributed``
-    processes) on every process's host: in step ``k`` every process hands over the ``k``-th
-    block it owns (``multihost_utils.process_allgather``, which lands the step's blocks,
-    one per process, on every device before they reach the host); every process places all
-    the blocks it receives. Every process must call it, in the same order."""
+    """The whole of ``a`` (split over the devices of ``jax.distributed`` processes, some
+    of which may hold none of it) on every process's host: in step ``k`` every process
+    hands over the ``k``-th block it owns, zeros once it has none left
+    (``multihost_utils.process_allgather``, which lands the step's blocks, one per process,
+    on every device before they reach the host); every process places all the blocks it
+    receives. Every process must call it, in the same order."""
     from jax.experimental import multihost_utils
 
     where = a.sharding.devices_indices_map(a.shape)  # every device's block, all processes
