@@ -3,8 +3,12 @@ federations, unsharded and over client meshes: what tests/test_mesh.py compares.
 script in a process whose XLA_FLAGS give it several CPU devices (and, with ``--rank``,
 under ``jax.distributed``); it writes one ``.npz`` of every run's numbers.
 
-    python tests/mesh_runs.py OUT.npz RUNS [--resume ...] [--memory ...] [--experiment DIR:1,2]
-        [--audit 0,4] [--rank R --port P --processes N]
+    python tests/mesh_runs.py OUT.npz RUNS [--resume ...] [--resize DIR] [--memory ...]
+        [--experiment DIR:1,2] [--audit 0,4] [--rank R --port P --processes N]
+
+Over ``jax.distributed`` process 0 writes ``OUT.npz`` and process ``r`` its own numbers to
+``OUT.rank<r>.npz``. Every checkpoint the process saves is recorded (``checkpoint/saves``,
+see :func:`record_saves`).
 """
 
 from __future__ import annotations
@@ -133,6 +137,71 @@ def interrupted(folder: str, label: str, after: int, processes: int = 1) -> None
     raise AssertionError("the run was not interrupted")
 
 
+SAVES: list[tuple[int, int, int, int]] = []
+"""Per checkpoint saved in this process, its client states ``(runs, N', ...)`` as handed to
+orbax: ``N'``, how many distinct blocks of clients the devices hold, the rows of one
+device's block, and the ``N`` recorded."""
+
+
+def record_saves() -> None:
+    """Record every checkpoint's client states as ``simulate`` hands them to orbax
+    (:data:`SAVES`): split by client id over the mesh, never gathered first."""
+    from swarmjax.fl.runtime.checkpoint import Checkpoints
+
+    save = Checkpoints.save
+
+    def spy(self, rounds_done, carry, outputs, clients=None):
+        leaf = jax.tree.leaves(carry[1])[0]
+        where = leaf.sharding.devices_indices_map(leaf.shape).values()  # every process's
+        blocks = len({tuple((s.start, s.stop) for s in index) for index in where})
+        rows = leaf.addressable_shards[0].data.shape[1]
+        SAVES.append((leaf.shape[1], blocks, rows, clients))
+        return save(self, rounds_done, carry, outputs, clients)
+
+    Checkpoints.save = spy
+
+
+RESIZE_CLIENTS = 21
+
+
+def resized(folder: str, pairs: str) -> dict[str, np.ndarray]:
+    """Client states of 21 clients ``(runs 2, clients, 3)`` saved split over ``d`` devices
+    (padded with -1s) and restored onto ``e`` for each ``d-e`` of ``pairs`` (``"4-2,3-4"``;
+    e.g. 4 -> 2: 22 rows, one from the saved padding; 4 -> 3: 21, the padding dropped;
+    3 -> 4: 24, three past the rows saved) through ``Checkpoints`` and ``refill_padding``,
+    as a resume does: the restored padded states, brought to the host by ``on_host``, as
+    ``resize/<d>-<e>``."""
+    from swarmjax.fl.runtime import simulator
+    from swarmjax.fl.runtime.checkpoint import Checkpoints
+    from swarmjax.fl.runtime.mesh import on_host, padded_clients, refill_padding
+
+    n = RESIZE_CLIENTS
+    states = np.arange(2 * n * 3, dtype=np.float32).reshape(2, n, 3)
+
+    def carry(devices: int, fill: float) -> tuple:  # (server, states, done) split on devices
+        on = mesh(str(devices), jax.process_count())
+        rows = padded_clients(on, n)
+        padded = np.concatenate([states, np.full((2, rows - n, 3), fill, np.float32)], axis=1)
+        sharding = simulator._split_sharding(on)  # each process places its own blocks
+        split = jax.make_array_from_callback(padded.shape, sharding, lambda i: padded[i])
+        return np.ones((2, 4), np.float32), split, np.ones((), np.int32)
+
+    out = {"resize/states": states}
+    for pair in pairs.split(","):
+        saved_on, restored_on = (int(d) for d in pair.split("-"))
+        saved = Checkpoints(Path(folder) / pair, "resize", {})
+        saved.save(1, carry(saved_on, -1.0), {"m": np.zeros((1, 1))}, clients=n)
+        like = carry(restored_on, 0.0)
+        restored, _ = saved.restore(1, like, {"m": np.zeros((1, 1))}, clients=n)
+        saved.close()
+        split = restored[1]
+        if split.shape[1] > n:
+            split = refill_padding(like[1].sharding, split, n)
+        assert split.sharding == like[1].sharding, split.sharding
+        out[f"resize/{pair}"] = on_host(split, split.shape[1])
+    return out
+
+
 AUDIT_CANARIES = 32
 
 
@@ -152,16 +221,22 @@ def audited(label: str) -> dict[str, np.ndarray]:
     return out
 
 
-def memory_limited(refused: str, runs_on: str) -> tuple[str, dict[str, np.ndarray]]:
+def memory_limited(folder: str, refused: str, runs_on: str) -> tuple[str, dict[str, np.ndarray]]:
     """DP-FedAvg under a device memory limit below what the federation alone (its data and
     client states) needs per device on mesh ``refused`` and above all a device holds on
     mesh ``runs_on``, which splits the federation (the simulator's own estimate): the
     refusal's line, and the numbers of the run on ``runs_on``, with the estimates as
     ``estimate/memory`` (federation on ``refused``, on ``runs_on``; all on each) and what
     the run held as ``estimate/blocks`` (the states' clients and one device's share of
-    them, then the same for the data)."""
+    them, then the same for the data). The run on ``runs_on`` resumes from a checkpoint in
+    ``folder`` written by the unsharded run (killed after round 2, before the limit is
+    lowered), checkpoints its last round and finishes: ``estimate/finished`` is the
+    states' clients and one device's share of them as ``finish`` takes them to the host,
+    then whether every client state came back as a host array."""
     from swarmjax.fl.protocol import RunSpec, Variants
     from swarmjax.fl.runtime import simulator
+
+    interrupted(folder, "0", after=2)
 
     clients, _ = federation()
     alg, grid = algorithms()["dp-fedavg"]
@@ -190,14 +265,25 @@ def memory_limited(refused: str, runs_on: str) -> tuple[str, dict[str, np.ndarra
         blocks[:] = held
         return r, metrics
 
-    simulator.advance = spy
+    finished: list[int] = []
+    on_host = simulator.on_host
+
+    def spy_host(states, num):  # finish's states: split until they reach the host
+        leaf = jax.tree.leaves(states)[0]
+        host = on_host(states, num)
+        whole = all(isinstance(a, np.ndarray) for a in jax.tree.leaves(host))
+        finished[:] = [leaf.shape[1], leaf.addressable_shards[0].data.shape[1], whole]
+        return host
+
+    simulator.advance, simulator.on_host = spy, spy_host
     try:
-        found = numbers(run("dp-fedavg", runs_on), "memory")
+        found = numbers(run("dp-fedavg", runs_on, checkpoint_dir=folder), "memory")
     finally:
-        simulator.advance = advance
+        simulator.advance, simulator.on_host = advance, on_host
     estimates = {
         "estimate/memory": np.asarray([alone, split, high, low], np.int64),
         "estimate/blocks": np.asarray(blocks, np.int64),
+        "estimate/finished": np.asarray(finished, np.int64),
     }
     return line, found | estimates
 
@@ -235,8 +321,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("out")
     p.add_argument("runs", nargs="+", help="NAME:MESH,MESH,... e.g. fedavg:0,1,2,4 fedavg-2:2x2")
-    p.add_argument("--resume", help="DIR:FROM:TO, e.g. /tmp/ck:4:2 (DP-FedAvg)")
-    p.add_argument("--memory", help="REFUSED:RUNS_ON meshes, e.g. 1:4 (DP-FedAvg)")
+    p.add_argument("--resume", help="DIR:FROM:TO[:AGAIN], e.g. /tmp/ck:4:2:0 (DP-FedAvg)")
+    p.add_argument("--resize", help="DIR:PAIRS of toy states' checkpoints, e.g. /tmp/r:4-2,3-4")
+    p.add_argument("--memory", help="DIR:REFUSED:RUNS_ON meshes, e.g. /tmp/m:1:4 (DP-FedAvg)")
     p.add_argument("--experiment", help="DIR:DEVICES, e.g. /tmp/xd:1,2 (cross_device)")
     p.add_argument("--audit", help="MESHES of an audited DP-FedAvg run, e.g. 0,4")
     p.add_argument("--rank", type=int)
@@ -252,6 +339,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     from swarmjax.fl.runtime.mesh import peak_memory
 
+    record_saves()
     out: dict[str, np.ndarray] = {}
     for item in args.runs:
         name, labels = item.split(":")
@@ -261,10 +349,14 @@ def main(argv: list[str] | None = None) -> int:
             line = layout(name, label, args.processes)
             print(f"{name} {label}: {time.perf_counter() - started:.1f} s; {line}", flush=True)
     if args.resume:
-        folder, first, then = args.resume.split(":")
+        folder, first, then, *again = args.resume.split(":")
         interrupted(folder, first, after=2, processes=args.processes)
         resumed = run("dp-fedavg", then, args.processes, checkpoint_dir=folder)
         out |= numbers(resumed, "resumed")
+        for label in again:  # the finished run's last checkpoint, restored on `label`
+            out |= numbers(run("dp-fedavg", label, checkpoint_dir=folder), "resumed-again")
+    if args.resize:
+        out |= resized(*args.resize.split(":"))
     if args.audit:
         for label in args.audit.split(","):
             out |= audited(label)
@@ -275,9 +367,12 @@ def main(argv: list[str] | None = None) -> int:
         print("refused:", line, flush=True)
         out |= more
     print("peak memory", peak_memory(), flush=True)
-    if args.rank in (None, 0):
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        np.savez(args.out, **out)
+    out["checkpoint/saves"] = np.asarray(SAVES, np.int64).reshape(-1, 4)
+    target = Path(args.out)
+    if args.rank:
+        target = target.with_suffix(f".rank{args.rank}.npz")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    np.savez(target, **out)
     if args.rank is not None:
         jax.distributed.shutdown()
     return 0

@@ -1,6 +1,8 @@
 """Mid-run checkpoints: a simulation killed (SIGKILL) after round 2 of 5 resumes from its
 orbax checkpoint (and the secret saved beside it) and ends with exactly the numbers of an
-uninterrupted run under that secret; a folder of another run is refused."""
+uninterrupted run under that secret; a folder of another run is refused. Client states
+saved with one padding restore with another (the padding cut, or grown and refilled), and
+what a checkpoint cannot hold is one line. (Split over several devices: tests/test_mesh.py.)"""
 
 from __future__ import annotations
 
@@ -40,8 +42,8 @@ from swarmjax.fl.runtime import checkpoint
 
 save = checkpoint.Checkpoints.save
 
-def save_then_die(self, rounds_done, carry, outputs):
-    save(self, rounds_done, carry, outputs)
+def save_then_die(self, rounds_done, *args, **kwargs):
+    save(self, rounds_done, *args, **kwargs)
     if rounds_done == 2:
         os.kill(os.getpid(), signal.SIGKILL)
 
@@ -164,3 +166,69 @@ def test_a_checkpoint_of_another_state_layout_is_one_line_not_a_traceback(tmp_pa
     again.close()
     message = str(err.value)
     assert "\n" not in message and str(tmp_path / "ck") in message and "--restart" in message
+
+
+def _split_carry(rows: int, fill: float) -> tuple:
+    """A simulator-like carry ``(server, client states, rounds done)``: 5 real clients'
+    states ``(runs 2, rows, 3)`` then ``rows - 5`` padding rows of ``fill``."""
+    states = np.arange(30, dtype=np.float32).reshape(2, 5, 3)
+    padding = np.full((2, rows - 5, 3), fill, np.float32)
+    split = jax.numpy.asarray(np.concatenate([states, padding], axis=1))
+    return jax.numpy.ones(4), split, np.ones((), np.int32)
+
+
+def test_client_states_restore_with_another_padding_and_the_padding_is_refilled(tmp_path):
+    """Client states saved with 8 rows (5 clients, 3 padding) restore into 6 rows (the
+    padding cut) and 10 (zeros past the 8 saved, which ``refill_padding`` turns into copies
+    of client 4, as a fresh run pads), the 5 clients as saved, with the target's
+    placement."""
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from swarmjax.fl.runtime.checkpoint import Checkpoints
+    from swarmjax.fl.runtime.mesh import clients_mesh, refill_padding
+
+    carry = _split_carry(8, -1.0)
+    saved = Checkpoints(tmp_path / "ck", "digest", {})
+    saved.save(1, carry, {"m": np.ones((1,))}, clients=5)
+    real = np.asarray(carry[1])[:, :5]
+    (_, cut, _), _ = saved.restore(1, _split_carry(6, 0.0), {"m": np.zeros((1,))}, clients=5)
+    np.testing.assert_array_equal(np.asarray(cut), np.asarray(carry[1])[:, :6])
+    sharding = NamedSharding(clients_mesh(1), PartitionSpec(None, "clients"))
+    like = (carry[0], jax.device_put(np.zeros((2, 10, 3), np.float32), sharding), carry[2])
+    (_, grown, _), _ = saved.restore(1, like, {"m": np.zeros((1,))}, clients=5)
+    saved.close()
+    assert grown.sharding == sharding
+    np.testing.assert_array_equal(np.asarray(grown)[:, 8:], 0.0)  # past the rows saved
+    refilled = np.asarray(refill_padding(sharding, grown, 5))
+    np.testing.assert_array_equal(refilled[:, :5], real)
+    np.testing.assert_array_equal(refilled[:, 5:], np.broadcast_to(real[:, 4:], (2, 5, 3)))
+
+
+@pytest.mark.parametrize("change", ["too few rows", "another N", "server", "old folder"])
+def test_a_client_states_checkpoint_it_cannot_hold_is_one_line(tmp_path, change):
+    """Refused in one ``OutputConflict`` line, never padded or cut silently: a target with
+    fewer rows than the clients ``N``, another ``N`` than recorded, a server leaf of
+    another shape, and a folder saved before ``N`` was recorded (the carry alone)."""
+    import orbax.checkpoint as ocp
+
+    from swarmjax.fl.runtime.checkpoint import Checkpoints
+    from swarmjax.resume import OutputConflict
+
+    saved = Checkpoints(tmp_path / "ck", "digest", {})
+    carry, clients, like = _split_carry(8, -1.0), 5, _split_carry(6, 0.0)
+    if change == "old folder":
+        saved._manager.save(1, args=ocp.args.StandardSave(carry))
+        saved.save(2, carry, {"m": np.ones((1,))}, clients=5)  # writes outputs_2.npz
+        (tmp_path / "ck" / "outputs_2.npz").rename(tmp_path / "ck" / "outputs_1.npz")
+    else:
+        saved.save(1, carry, {"m": np.ones((1,))}, clients=5)
+    if change == "too few rows":
+        like = (carry[0], np.zeros((2, 4, 3), np.float32), carry[2])
+    elif change == "another N":
+        clients = 6
+    elif change == "server":
+        like = (jax.numpy.ones(3), *like[1:])
+    with pytest.raises(OutputConflict, match="another layout") as err:
+        saved.restore(1, like, {"m": np.zeros((1,))}, clients=clients)
+    saved.close()
+    assert "\n" not in str(err.value) and "--restart" in str(err.value)

@@ -6,9 +6,12 @@ CPU devices (one subprocess with 4 virtual devices, tests/mesh_runs.py) and over
 ``jax.distributed`` processes of 2 devices each (started on loopback, cleaned up after)
 against the unsharded run: the same privacy record, cohorts and client states bit for bit,
 the model to float32 rounding (the replies' sum is added per device, then across devices;
-one device: bit for bit). Also: a checkpoint written on 4 devices resumes on 2, a cohort
-refused for memory on one device runs on 4, a 2-process run killed mid-way resumes from its
-checkpoint, a client-level canary audit on 4 devices is the unsharded audit, and bad input
+one device: bit for bit). Also: a checkpoint written on 4 devices resumes on 2 and the
+finished run's on one, checkpoints hold the client states split as the mesh holds them
+(never gathered) and restore onto another device count (padding re-made), a cohort refused
+for memory on one device runs on 4 from an unsharded checkpoint, checkpoints and finishes,
+a 2-process run killed mid-way resumes from its checkpoint and both processes report the
+same result, a client-level canary audit on 4 devices is the unsharded audit, and bad input
 is one line before any work.
 """
 
@@ -115,9 +118,12 @@ def launched(tmp_path_factory):
         s.bind(("127.0.0.1", 0))
         port = str(s.getsockname()[1])
     local = ["fedavg:0,1,2,4", "fedavg-2:0,2x2", "dp-fedavg:0,2,4", "dp-ftrl:0,4"]
-    local += ["--resume", f"{tmp / 'checkpoints'}:4:2", "--memory", "1:4"]
+    local += ["--resume", f"{tmp / 'checkpoints'}:4:2:0"]
+    local += ["--resize", f"{tmp / 'resize'}:4-2,4-3,3-4"]
+    local += ["--memory", f"{tmp / 'memory'}:1:4"]
     local += ["--experiment", f"{tmp / 'cross_device'}:1,2", "--audit", "0,4"]
     resume = ["--resume", f"{tmp / 'checkpoints-two'}:4:4"]
+    resume += ["--resize", f"{tmp / 'resize-two'}:4-3,3-4"]
     ranks = [
         ["dp-fedavg:4", "dp-ftrl:4", *resume, "--rank", str(r), "--port", port, "--processes", "2"]
         for r in (0, 1)
@@ -140,8 +146,13 @@ def local(launched):
 
 @pytest.fixture(scope="module")
 def distributed(launched):
-    """The numbers of the 2-process runs, and each process's output."""
-    return launched["distributed"].finish()
+    """The numbers of the 2-process runs (process 0's, and process 1's under ``rank1/``),
+    and each process's output."""
+    job = launched["distributed"]
+    numbers, logs = job.finish()
+    with np.load(job.out.with_suffix(".rank1.npz")) as f:
+        numbers |= {f"rank1/{k}": v for k, v in f.items()}
+    return numbers, logs
 
 
 def _compare(numbers: dict, got: str, want: str, exact: bool = False) -> int:
@@ -192,10 +203,55 @@ def test_the_runs_differ_from_each_other(local):
 
 
 def test_checkpoint_of_four_devices_resumes_on_two(local):
-    """DP-FedAvg killed after round 2 on 4 devices, resumed from its checkpoint on 2: the
+    """DP-FedAvg killed after round 2 on 4 devices, resumed from its checkpoint on 2, and
+    the finished run's last checkpoint (written on 2) restored without a mesh: both the
     numbers of the uninterrupted unsharded run."""
     numbers, _ = local
     _compare(numbers, "resumed/", "dp-fedavg/0/")
+    _compare(numbers, "resumed-again/", "dp-fedavg/0/")
+
+
+def test_checkpoints_hold_the_states_split_as_the_mesh_does(local):
+    """Every checkpoint of the 4-device process got the client states as the mesh holds
+    them: one disjoint block of clients per device of the clients axis (``N'`` rows in
+    ``d`` blocks of ``N'/d``), never a replicated copy, with the true ``N`` recorded. In
+    order: DP-FedAvg on 4 devices (round 1) and resumed on 2 (rounds 2, 3); the toy states
+    on 4, 4 and 3; cross_device on 1 device and on 2 (a flat store: 40 clients' states
+    split); the unsharded DP-FedAvg and the memory-limited run resumed from it on 4."""
+    numbers, _ = local
+    saves = numbers["checkpoint/saves"].tolist()
+    assert all(rows == blocks * block for rows, blocks, block, _ in saves), saves
+    assert [blocks for _, blocks, _, _ in saves] == [4, 2, 2, 4, 4, 3, 1, 1, 2, 2, 1, 4, 4]
+    assert [n for *_, n in saves] == [24] * 3 + [21] * 3 + [40] * 4 + [24] * 3
+
+
+RESIZED = {"4-2": 22, "4-3": 21, "3-4": 24}  # saved on - restored on: rows restored
+
+
+def _check_resized(numbers: dict, pairs: list[str]) -> None:
+    """Each ``resize/<pair>`` holds the 21 toy clients as saved, then padding rows that
+    are all copies of client 20."""
+    states = numbers["resize/states"]
+    for name in pairs:
+        rows, got = RESIZED[name], numbers[f"resize/{name}"]
+        assert got.shape == (2, rows, 3), name
+        np.testing.assert_array_equal(got[:, :21], states, err_msg=name)
+        padding = np.broadcast_to(states[:, 20:21], (2, rows - 21, 3))
+        np.testing.assert_array_equal(got[:, 21:], padding, err_msg=name)
+
+
+def test_a_checkpoint_restores_onto_another_device_count(local, distributed):
+    """21 clients' states saved over 4 devices (padded to 24) restore onto 2 (22 rows: the
+    saved padding row re-made) and 3 (21: the padding dropped); saved over 3, onto 4 (24:
+    three rows past those saved): the 21 clients as saved, every padding row a copy of
+    client 20 (as a fresh run pads), each device reading its own rows. Over the 2
+    processes too (4 -> 3: 2 devices on process 0 and 1 on process 1; 3 -> 4), where
+    each process gets the whole states on its host."""
+    numbers, _ = local
+    _check_resized(numbers, ["4-2", "4-3", "3-4"])
+    two, _ = distributed
+    _check_resized(two, ["4-3", "3-4"])
+    _check_resized({k.removeprefix("rank1/"): v for k, v in two.items()}, ["4-3", "3-4"])
 
 
 def test_canary_audit_on_four_devices_is_the_unsharded_audit(local):
@@ -219,7 +275,10 @@ def test_canary_audit_on_four_devices_is_the_unsharded_audit(local):
 
 def test_cohort_refused_for_memory_on_one_device_runs_on_four(local):
     """Refused on one device because the federation (data and client states) alone does
-    not fit; on 4 devices, each holding a quarter of it, the unsharded run's numbers."""
+    not fit; on 4 devices, each holding a quarter of it, the unsharded run's numbers. The
+    run on 4 resumes from an unsharded run's checkpoint (round 1), checkpoints its rounds
+    split (test_checkpoints_hold_the_states_split_as_the_mesh_does) and finishes: the
+    states reach the host from the split carry, a quarter per device."""
     numbers, log = local
     refused = next(line for line in log.splitlines() if line.startswith("refused:"))
     assert "on 1 device(s)" in refused and "clients_per_device" in refused
@@ -230,6 +289,8 @@ def test_cohort_refused_for_memory_on_one_device_runs_on_four(local):
     assert split == -(-alone // 4)  # 24 clients: 6 a device, a quarter of data and states
     # and so it ran: each device held 6 of the 24 clients' states and data
     assert numbers["estimate/blocks"].tolist() == [24, 6, 24, 6]
+    # finish took them to the host from their 4 blocks: host arrays of the 24 clients
+    assert numbers["estimate/finished"].tolist() == [24, 6, 1]
 
 
 def test_layout_is_printed_and_cpu_reports_no_peak_memory(local):
@@ -259,7 +320,9 @@ def test_experiment_devices_two_is_devices_one(local):
 
 def test_two_processes_are_the_unsharded_run(local, distributed):
     """2 jax.distributed processes of 2 devices each (a 4-device clients mesh across
-    them) give the unsharded run's numbers, as one process with 4 devices does."""
+    them) give the unsharded run's numbers, as one process with 4 devices does; both
+    processes report the same result bit for bit (the client states reach each host block
+    by block)."""
     numbers, _ = local
     two, logs = distributed
     for alg in ("dp-fedavg", "dp-ftrl"):
@@ -267,6 +330,10 @@ def test_two_processes_are_the_unsharded_run(local, distributed):
             {**numbers, **{f"two/{k}": v for k, v in two.items()}}, f"two/{alg}/4/", f"{alg}/0/"
         )
     assert all("4 devices on 2 process(es)" in log for log in logs)
+    first = [k for k in two if not k.startswith("rank1/")]
+    assert len(first) == len(two) // 2
+    for name in first:
+        np.testing.assert_array_equal(two[f"rank1/{name}"], two[name], err_msg=name)
 
 
 def test_two_processes_checkpoint_and_resume(local, distributed):
@@ -277,6 +344,9 @@ def test_two_processes_checkpoint_and_resume(local, distributed):
     numbers, _ = local
     two, _ = distributed
     _compare({**numbers, **{f"two/{k}": v for k, v in two.items()}}, "two/resumed/", "dp-fedavg/0/")
+    # each process handed orbax its own blocks of the split states (then the toy states')
+    saves = [[24, 4, 6, 24]] * 3 + [[24, 4, 6, 21], [21, 3, 7, 21]]
+    assert two["checkpoint/saves"].tolist() == saves
 
 
 # ---- bad input: one line, before any work (this process: one CPU device) ----

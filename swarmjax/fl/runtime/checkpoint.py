@@ -2,8 +2,13 @@
 round and ends with the numbers of an uninterrupted one.
 
 A checkpoint folder holds one run of :func:`~swarmjax.fl.runtime.simulator.simulate`: the
-carry (server and client states, rounds done) after each compiled call, saved with orbax,
-and the per-round outputs so far (``outputs_<round>.npz``, written atomically). A
+carry (server and client states, rounds done) after each compiled call, saved with orbax
+as it lies on the devices, and the per-round outputs so far (``outputs_<round>.npz``,
+written atomically). Client states split over a device mesh are saved split: orbax writes
+each device's block of clients from the process that owns it, with the federation's true
+client count ``N`` recorded beside them, and a resume on another device count reads into
+each device only its own clients' rows (:meth:`Checkpoints.restore`); no device ever holds
+every client's state for a checkpoint. A
 ``fingerprint.json`` names the settings (algorithm, variants, spec, data, run keys and the
 named run options) the folder belongs to; resuming with other settings is an error, never a
 silent mix.
@@ -77,8 +82,8 @@ SECRET_FILE = "secret.key"
 
 def _primary() -> bool:
     """Whether this process writes the folder's host-side files: the only one, or process 0
-    of a ``jax.distributed`` job (every process computes the same replicated carry and
-    outputs; two writers of one file race)."""
+    of a ``jax.distributed`` job (every process computes the same outputs; two writers of
+    one file race; orbax writes the carry itself, each process its own blocks)."""
     return jax.process_index() == 0
 
 
@@ -179,8 +184,10 @@ class Checkpoints:
             tmp = self.folder / ".fingerprint.json.tmp"
             tmp.write_text(json.dumps({"fingerprint": digest, "options": options}))
             os.replace(tmp, stamp)
-        self._manager = ocp.CheckpointManager(
-            self.folder / "carry", options=ocp.CheckpointManagerOptions(max_to_keep=2)
+        self._manager = ocp.CheckpointManager(  # the handler named: a fresh process reads
+            self.folder / "carry",  # a step's shapes (item_metadata) before restoring it
+            options=ocp.CheckpointManagerOptions(max_to_keep=2),
+            item_handlers=ocp.StandardCheckpointHandler(),
         )
 
     def latest(self) -> int | None:
@@ -191,12 +198,22 @@ class Checkpoints:
     def _outputs(self, step: int) -> Path:
         return self.folder / f"outputs_{step}.npz"
 
-    def save(self, rounds_done: int, carry: PyTree, outputs: PyTree) -> None:
-        """Save the carry and the per-round outputs after ``rounds_done`` rounds (over
-        ``jax.distributed``: orbax saves the replicated carry once, process 0 writes the
-        outputs, and every process returns only when the checkpoint is complete, so all of
-        them resume from the same round)."""
-        self._manager.save(rounds_done, args=ocp.args.StandardSave(_sized(carry)))
+    def save(
+        self, rounds_done: int, carry: PyTree, outputs: PyTree, clients: int | None = None
+    ) -> None:
+        """Save the carry and the per-round outputs after ``rounds_done`` rounds.
+
+        ``carry`` is saved as it lies: a leaf split over devices is written block by block
+        by the processes that own the blocks (orbax), never gathered onto one device.
+        ``clients``: the federation's true client count ``N`` when ``carry`` is the
+        simulator's ``(server, client states, rounds done)``, whose client states' leaves
+        are ``(runs, N', ...)`` with ``N' >= N`` (``N' - N`` padding clients, see
+        :func:`~swarmjax.fl.runtime.mesh.padded_clients`); it is recorded with them, and
+        :meth:`restore` may then change ``N'``. Over ``jax.distributed``, process 0 writes
+        the outputs, and every process returns only when the checkpoint is complete, so all
+        of them resume from the same round."""
+        item = {_CARRY: _sized(carry), _CLIENTS: np.asarray(_recorded(clients), np.int64)}
+        self._manager.save(rounds_done, args=ocp.args.StandardSave(item))
         self._manager.wait_until_finished()
         if _primary():
             leaves, _ = jax.tree.flatten(outputs)
@@ -205,21 +222,44 @@ class Checkpoints:
             os.replace(tmp, self._outputs(rounds_done))
         _sync(f"saved at {rounds_done}")
 
-    def restore(self, rounds_done: int, carry: PyTree, outputs_like: PyTree) -> tuple:
-        """``(carry, outputs)`` saved after ``rounds_done`` rounds; ``carry`` and
-        ``outputs_like`` (any arrays of the right tree structure) give the structure."""
+    def restore(
+        self,
+        rounds_done: int,
+        carry: PyTree,
+        outputs_like: PyTree,
+        clients: int | None = None,
+    ) -> tuple:
+        """``(carry, outputs)`` saved after ``rounds_done`` rounds, each leaf of the carry
+        restored with the shape and placement of ``carry``'s (any arrays of the saved tree
+        structure: the fresh run's carry); ``outputs_like`` gives the outputs' structure.
+
+        Each device reads from the files only the block of each leaf that it holds. With
+        ``clients`` (the ``N`` passed to :meth:`save`; see there), the client states'
+        leaves may hold another number of rows ``N'' >= N`` than were saved (``N' >= N``):
+        rows ``0 .. N-1`` are the saved clients, rows past the saved ``N'`` are zeros and
+        the rows between ``N`` and ``N'`` the saved padding (re-pad them before use, as
+        :func:`~swarmjax.fl.runtime.mesh.refill_padding` does). Any other difference from
+        the saved tree (structure, a shape, another ``N``), e.g. a folder written by
+        another swarmjax version, raises one ``OutputConflict`` line."""
         other = OutputConflict(
             f"checkpoint_dir {self.folder} holds a run saved with another layout of the "
             "run's state (another swarmjax version): delete it or rerun with --restart"
         )
+        target = {_CARRY: _sized(carry), _CLIENTS: np.asarray(_recorded(clients), np.int64)}
         try:
+            if not _fits(self._manager.item_metadata(rounds_done), target, clients):
+                raise other
             restored = self._manager.restore(
-                rounds_done, args=ocp.args.StandardRestore(_sized(carry))
+                rounds_done, args=ocp.args.StandardRestore(target, strict=False)
             )
         except (ValueError, KeyError, TypeError) as err:  # orbax: a tree that does not match
             raise other from err
+        if int(restored[_CLIENTS]) != _recorded(clients):
+            raise other
         # an empty leaf (e.g. a BLT of 0 buffers: shape (0, P)) went in as one zero
-        restored = jax.tree.map(lambda r, c: c if _empty(c) else _placed(r, c), restored, carry)
+        restored = jax.tree.map(
+            lambda r, c: c if _empty(c) else _placed(r, c), restored[_CARRY], carry
+        )
         expected = jax.tree.leaves(outputs_like)
         with np.load(self._outputs(rounds_done)) as f:
             leaves = [f[f"arr_{i}"] for i in range(len(f.files))]
@@ -229,6 +269,54 @@ class Checkpoints:
 
     def close(self) -> None:
         self._manager.close()
+
+
+_CARRY, _CLIENTS = "carry", "clients"
+"""The two entries of a saved step: the carry, and the client count ``N`` of its states."""
+_STATES = (_CARRY, "1")
+"""Where the client states lie in a saved step: ``carry[1]`` of ``(server, states, done)``."""
+
+
+def _recorded(clients: int | None) -> int:
+    """What a step records for ``clients`` (``-1``: a carry without client states)."""
+    return -1 if clients is None else int(clients)
+
+
+def _stored_shape(leaf: Any) -> tuple[int, ...]:
+    """The shape orbax stores for ``leaf`` (a PRNG key array: its key data's)."""
+    if jax.dtypes.issubdtype(getattr(leaf, "dtype", None), jax.dtypes.prng_key):
+        return tuple(jax.eval_shape(jax.random.key_data, leaf).shape)
+    return tuple(np.shape(leaf))
+
+
+def _fits(saved: Any, target: PyTree, clients: int | None) -> bool:
+    """Whether a step whose orbax metadata is ``saved`` restores into ``target``: the same
+    leaves with the same shapes, except that with ``clients`` (``N``) the client states'
+    leaves ``(runs, N', ...)`` may differ in ``N'``, every one holding at least ``N``."""
+    if saved is None:
+        return False
+    shapes = {path: tuple(meta.shape) for path, meta in ocp.tree.to_flat_dict(saved).items()}
+    wanted = {path: _stored_shape(leaf) for path, leaf in ocp.tree.to_flat_dict(target).items()}
+    if shapes.keys() != wanted.keys():
+        return False
+    return all(
+        _resizes(shapes[path], shape, clients) if path[:2] == _STATES else shapes[path] == shape
+        for path, shape in wanted.items()
+    )
+
+
+def _resizes(saved: tuple[int, ...], wanted: tuple[int, ...], clients: int | None) -> bool:
+    """Whether a client states' leaf saved with ``saved`` shape restores as ``wanted``:
+    equal, or (with ``clients``, ``N``) ``(runs, N', ...)`` differing only in ``N'``, both
+    at least ``N``."""
+    if saved == wanted:
+        return True
+    return (
+        clients is not None
+        and len(saved) == len(wanted) >= 2
+        and saved[:1] + saved[2:] == wanted[:1] + wanted[2:]
+        and min(saved[1], wanted[1]) >= clients
+    )
 
 
 def _placed(restored: Any, like: Any) -> Any:

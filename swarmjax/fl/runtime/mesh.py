@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import jax
@@ -46,9 +47,11 @@ __all__ = [
     "describe",
     "gather_slots",
     "mesh_for",
+    "on_host",
     "pad_clients",
     "padded_clients",
     "peak_memory",
+    "refill_padding",
     "replicated",
     "scatter_slots",
     "shard_cohort",
@@ -242,6 +245,84 @@ def split_clients(mesh: Mesh, tree: PyTree) -> PyTree:
         return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
 
     return jax.tree.map(place, tree)
+
+
+def refill_padding(sharding: NamedSharding, states: PyTree, num: int) -> PyTree:
+    """``states`` (leaves ``(runs, N', ...)``, split by ``sharding``: client ids over its
+    mesh's ``clients`` axis) with the padding clients ``num .. N'-1`` made copies of client
+    ``num - 1``, as :func:`pad_clients` pads. A checkpoint restored onto another device
+    count holds other padding (zeros past the rows it saved); refilled, the run's client
+    maps read no zeros. Each device rewrites its own block; the one row copied reaches
+    every device by an ``all_gather`` of one row each (one client's state per device)."""
+    return _refilled(states, num, sharding)
+
+
+@partial(jax.jit, static_argnames=("num", "sharding"))
+def _refilled(states: PyTree, num: int, sharding: NamedSharding) -> PyTree:
+    def block_refilled(block: Array) -> Array:  # (runs, B, ...): clients me*B .. me*B+B-1
+        b = int(block.shape[1])
+        owner, at = divmod(num - 1, b)
+        last = jax.lax.all_gather(block[:, at : at + 1], CLIENTS)[owner]  # (runs, 1, ...)
+        ids = jax.lax.axis_index(CLIENTS) * b + jnp.arange(b)
+        return jnp.where((ids < num).reshape(1, b, *[1] * (block.ndim - 2)), block, last)
+
+    def one(a: Array) -> Array:
+        if jax.dtypes.issubdtype(a.dtype, jax.dtypes.prng_key):
+            data = one(jax.random.key_data(a))
+            return jax.random.wrap_key_data(data, impl=jax.random.key_impl(a))
+        spec = sharding.spec
+        return jax.shard_map(
+            block_refilled, mesh=sharding.mesh, in_specs=spec, out_specs=spec, check_vma=False
+        )(a)
+
+    return jax.tree.map(one, states)
+
+
+def on_host(states: PyTree, num: int) -> PyTree:
+    """``states`` (leaves ``(runs, N', ...)``, split over a mesh by client id) as host
+    arrays of their first ``num`` clients, ``(runs, num, ...)``, assembled block by block:
+    no device ever holds more of them than its own block (and, over ``jax.distributed``,
+    one block of each process at a time: :func:`_assembled`; every process must call it,
+    and every one gets the whole). A PRNG key leaf comes back as a key array of that host
+    key data (on the default device)."""
+
+    def one(a: Array) -> Any:
+        if jax.dtypes.issubdtype(a.dtype, jax.dtypes.prng_key):
+            data = one(jax.random.key_data(a))
+            return jax.random.wrap_key_data(data, impl=jax.random.key_impl(a))
+        # one process: numpy copies each device's block into place (jax.Array._value)
+        whole = np.asarray(a) if jax.process_count() == 1 else _assembled(a)
+        return whole[:, :num]
+
+    return jax.tree.map(one, states)
+
+
+def _assembled(a: Array) -> np.ndarray:
+    """The whole of ``a`` (split over the devices of ``jax.distributed`` processes, some
+    of which may hold none of it) on every process's host: in step ``k`` every process
+    hands over the ``k``-th block it owns, zeros once it has none left
+    (``multihost_utils.process_allgather``, which lands the step's blocks, one per process,
+    on every device before they reach the host); every process places all the blocks it
+    receives. Every process must call it, in the same order."""
+    from jax.experimental import multihost_utils
+
+    where = a.sharding.devices_indices_map(a.shape)  # every device's block, all processes
+    owners: dict[tuple, Any] = {}  # one device per distinct block (replicas hold copies)
+    for device in sorted(where, key=lambda d: d.id):
+        owners.setdefault(tuple((s.start, s.stop) for s in where[device]), device)
+    processes = range(jax.process_count())
+    held = [[d for d in owners.values() if d.process_index == p] for p in processes]
+    mine = {shard.device: shard.data for shard in a.addressable_shards}
+    block = a.sharding.shard_shape(a.shape)
+    out = np.empty(a.shape, a.dtype)
+    for k in range(max(len(devices) for devices in held)):
+        own = held[jax.process_index()]
+        piece = np.asarray(mine[own[k]]) if k < len(own) else np.zeros(block, a.dtype)
+        pieces = multihost_utils.process_allgather(piece)  # (processes, *block)
+        for p, devices in enumerate(held):
+            if k < len(devices):
+                out[where[devices[k]]] = pieces[p]
+    return out
 
 
 def _next(mesh: Mesh) -> list[tuple[int, int]]:

@@ -478,8 +478,9 @@ class Result:
     Attributes:
         server: final server states, leading run axis (a deployment: one run).
         clients: final client states, leading ``(runs, clients)`` axes, kept to resume or
-            inspect a simulation; ``None`` from a deployment, where they never leave the
-            clients (the server never holds them).
+            inspect a simulation (device arrays; host NumPy arrays where a device mesh split
+            them, copied to the host block by block); ``None`` from a deployment, where they
+            never leave the clients (the server never holds them).
         history: the released history: one row per (run, round) with the run's labels
             (``seed`` and e.g. ``epsilon_target``), ``round``, the algorithm's public metrics
             (server state + public test set), the bytes every exchange moved and

@@ -68,8 +68,9 @@ from swarmjax.fl.runtime.mesh import (
     CohortMemory,
     check_memory,
     mesh_for,
-    pad_clients,
+    on_host,
     padded_clients,
+    refill_padding,
     replicated,
     shard_cohort,
     split_clients,
@@ -547,7 +548,8 @@ def _carry_on_mesh(mesh: Mesh | None, carry: tuple) -> tuple:
     """A compiled call's carry ``(server, client states, rounds)`` on ``mesh``: replicated
     (:func:`_on_mesh`), except the client states of a mesh that splits them
     (:func:`~swarmjax.fl.runtime.mesh.splits`), which stay padded and split by client id
-    between calls (:func:`portable_carry` gives the ``N`` clients, whole)."""
+    between calls, in checkpoints and until :func:`finish` brings the ``N`` real clients'
+    states to the host (:func:`final_states`)."""
     if not splits(mesh):
         return _on_mesh(mesh, carry)
     server, states, done = carry
@@ -555,33 +557,27 @@ def _carry_on_mesh(mesh: Mesh | None, carry: tuple) -> tuple:
     return server, jax.lax.with_sharding_constraint(states, _split_sharding(mesh)), done
 
 
-@partial(jax.jit, static_argnames=("num", "mesh"))
-def _unsplit(carry: tuple, num: int, mesh: Mesh) -> tuple:
-    server, states, done = carry
-    return _on_mesh(mesh, (server, jax.tree.map(lambda a: a[:, :num], states), done))
-
-
-@partial(jax.jit, static_argnames=("mesh",))
-def _resplit(carry: tuple, mesh: Mesh) -> tuple:
-    server, states, done = carry
-    n = int(jax.tree.leaves(states)[0].shape[1])
-    states = jax.vmap(lambda s: pad_clients(s, padded_clients(mesh, n)))(states)
-    return _carry_on_mesh(mesh, (server, states, done))
-
-
-def portable_carry(run: Run) -> tuple:
-    """``run``'s carry as a checkpoint saves it and :func:`finish` reports it: the ``N``
-    clients' states, replicated over the mesh (gathered from their owners where the mesh
-    splits them), so it is the same on any device count."""
+def final_states(run: Run) -> PyTree:
+    """``run``'s client states as :func:`finish` reports them, ``(runs, N, ...)``: the
+    carry's own arrays, or where the mesh splits them, host arrays of the ``N`` real
+    clients assembled block by block (:func:`~swarmjax.fl.runtime.mesh.on_host`; the same
+    on every ``jax.distributed`` process), never gathered onto a device."""
     if not splits(run.mesh):
-        return run.carry
-    return _unsplit(run.carry, num_clients(run.data), run.mesh)
+        return run.carry[1]
+    return on_host(run.carry[1], num_clients(run.data))
 
 
 def placed_carry(run: Run, carry: tuple) -> tuple:
-    """A :func:`portable_carry` (restored from a checkpoint) placed as ``run``'s compiled
-    calls take it: the client states padded and split where the mesh splits them."""
-    return _resplit(carry, run.mesh) if splits(run.mesh) else carry
+    """A carry restored from a checkpoint
+    (:meth:`~swarmjax.fl.runtime.checkpoint.Checkpoints.restore` into ``run``'s
+    fresh carry: its shapes and placement) ready for ``run``'s compiled calls: where the
+    mesh splits the client states into more than ``N`` rows, the padding rows become copies
+    of client ``N - 1`` again (:func:`~swarmjax.fl.runtime.mesh.refill_padding`)."""
+    server, states, done = carry
+    num = num_clients(run.data)
+    if not splits(run.mesh) or padded_clients(run.mesh, num) == num:
+        return carry
+    return server, refill_padding(_split_sharding(run.mesh), states, num), done
 
 
 @dataclass(frozen=True)
@@ -795,7 +791,7 @@ def simulate(
     if saved is not None and saved.latest() is not None:
         done = saved.latest()
         like = jax.eval_shape(lambda c: _call(run, c, 1)[1], run.carry)
-        carry, first = saved.restore(done, portable_carry(run), like)
+        carry, first = saved.restore(done, run.carry, like, clients=num_clients(run.data))
         run = dataclasses.replace(run, carry=placed_carry(run, carry), outputs=(first,), done=done)
     progress = sys.stderr.isatty() if execution.progress is None else execution.progress
     labels = pd.DataFrame(dict(run.labels))
@@ -814,7 +810,7 @@ def simulate(
             notify(execution.callbacks, run.done - n + 1, metrics, labels)
             if saved is not None:
                 run = dataclasses.replace(run, outputs=(_joined(run.outputs),))
-                saved.save(run.done, portable_carry(run), run.outputs[0])
+                saved.save(run.done, run.carry, run.outputs[0], clients=num_clients(run.data))
     if saved is not None:
         saved.close()
     result = finish(run, publication=publication)
@@ -1066,7 +1062,7 @@ def finish(run: Run, *, publication: Publication | None = None) -> Result:
         rounds,
         record,
         server=run.carry[0],
-        clients=portable_carry(run)[1],
+        clients=final_states(run),
         private_diagnostics=diag,
         audit=reports,
         algorithm=algorithm_name(alg),
