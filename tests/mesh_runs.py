@@ -317,6 +317,33 @@ def experiment(folder: str, devices: str) -> dict[str, np.ndarray]:
     return out
 
 
+def evaluated(processes: int) -> dict[str, np.ndarray]:
+    """``mesh.evaluated_once`` on the largest clients mesh, two runs (a vmap over runs, as
+    the simulator calls it): an evaluation that reports the device computing it (its index
+    on the ``clients`` axis) and the test set's sum, against the plain call. Every device
+    computing it would report ``0 + 1 + ... + d-1``; one device reports 0."""
+    import jax.numpy as jnp
+
+    from swarmjax.fl.runtime.mesh import CLIENTS, evaluated_once
+
+    devices = jax.device_count()
+    mesh_d = mesh(str(devices), processes)
+    test = (jnp.arange(12.0).reshape(6, 2), jnp.arange(6))
+    server = jnp.asarray([1.5, -2.0])
+
+    def evaluate(server, test, inside=True):
+        x, y = test
+        device = jax.lax.axis_index(CLIENTS) if inside else jnp.int32(0)
+        return {"device": device, "sum": (x.sum(1) * server[0] + y).sum(), "ok": y.max() > 4}
+
+    once = jax.jit(jax.vmap(lambda s: evaluated_once(mesh_d, evaluate, s, test)))(
+        jnp.stack([server, 2 * server])
+    )
+    plain = jax.vmap(lambda s: evaluate(s, test, inside=False))(jnp.stack([server, 2 * server]))
+    return {f"evaluated/{devices}/{k}/{which}": np.asarray(v[k])
+            for which, v in (("once", once), ("plain", plain)) for k in v}  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("out")
@@ -357,6 +384,8 @@ def main(argv: list[str] | None = None) -> int:
             out |= numbers(run("dp-fedavg", label, checkpoint_dir=folder), "resumed-again")
     if args.resize:
         out |= resized(*args.resize.split(":"))
+    if args.rank is None:
+        out |= evaluated(args.processes)
     if args.audit:
         for label in args.audit.split(","):
             out |= audited(label)

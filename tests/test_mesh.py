@@ -293,6 +293,21 @@ def test_cohort_refused_for_memory_on_one_device_runs_on_four(local):
     assert numbers["estimate/finished"].tolist() == [24, 6, 1]
 
 
+def test_the_metrics_are_computed_by_one_device(local):
+    """On a 4-device clients mesh the round's evaluation runs on one device (the others
+    would repeat it: on CPU virtual devices that cost the cores 3 more evaluations a round)
+    and every device gets its metrics, equal to the plain call's for each of two runs."""
+    numbers, _ = local
+    got = {k.split("/")[2]: numbers[k] for k in numbers if k.startswith("evaluated/4/")}
+    assert got  # the check ran
+    np.testing.assert_array_equal(numbers["evaluated/4/device/once"], [0, 0])
+    for name in ("sum", "ok"):
+        np.testing.assert_array_equal(
+            numbers[f"evaluated/4/{name}/once"], numbers[f"evaluated/4/{name}/plain"]
+        )
+    assert numbers["evaluated/4/sum/once"][1] != numbers["evaluated/4/sum/once"][0]
+
+
 def test_layout_is_printed_and_cpu_reports_no_peak_memory(local):
     _, log = local
     assert "cohort of 19 slots over 4 cpu devices (5 slots each, 1 padding)" in log

@@ -45,6 +45,7 @@ __all__ = [
     "check_mesh_options",
     "clients_mesh",
     "describe",
+    "evaluated_once",
     "gather_slots",
     "mesh_for",
     "on_host",
@@ -439,6 +440,42 @@ def shard_cohort(
     if owned is None and pad:
         states = jax.tree.map(lambda a: a[:s], states)
     return states, total
+
+
+def evaluated_once(
+    mesh: Mesh | None, evaluate: Callable[[PyTree, PyTree], PyTree], server: PyTree, test: PyTree
+) -> PyTree:
+    """``evaluate(server, test)`` inside a traced program, computed by ONE device of the
+    ``clients`` axis of ``mesh`` and given to every device (``psum``: the others add exact
+    zeros), where a replicated evaluation would compute it on every device. The metrics
+    are the unsharded run's bit for bit (the same function on the same whole test set); on
+    accelerators the round takes as long, on CPU virtual devices, which share the cores,
+    the other devices' copies no longer cost ``d - 1`` evaluations of core time. Without a
+    ``clients`` axis of 2 or more devices: ``evaluate(server, test)``."""
+    if mesh is None or CLIENTS not in mesh.axis_names or int(mesh.shape[CLIENTS]) < 2:
+        return evaluate(server, test)
+
+    def per_device(server: PyTree, test: PyTree) -> PyTree:
+        shapes = jax.eval_shape(evaluate, server, test)
+
+        def none(server: PyTree, test: PyTree) -> PyTree:
+            return jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), shapes)
+
+        first = jax.lax.axis_index(CLIENTS) == 0
+        metrics = jax.lax.cond(first, evaluate, none, server, test)
+        return jax.tree.map(_summed_over_clients, metrics)
+
+    whole = PartitionSpec()
+    return jax.shard_map(
+        per_device, mesh=mesh, in_specs=(whole, whole), out_specs=whole, check_vma=False
+    )(server, test)
+
+
+def _summed_over_clients(a: Array) -> Array:
+    """``psum`` of ``a`` over the ``clients`` axis (a bool as an int: one device's True)."""
+    if a.dtype == jnp.bool_:
+        return jax.lax.psum(a.astype(jnp.int32), CLIENTS) > 0
+    return jax.lax.psum(a, CLIENTS)
 
 
 @dataclass(frozen=True)

@@ -67,6 +67,7 @@ from swarmjax.fl.runtime.mesh import (
     RUNS,
     CohortMemory,
     check_memory,
+    evaluated_once,
     mesh_for,
     on_host,
     padded_clients,
@@ -494,7 +495,7 @@ def _rounds_one(ctx: RunContext, carry, test, rounds: int, diagnostics: bool):
         r = t + 1
         server, states, counts, dropped = _exchanges(ctx, alg.exchanges, r, server, states)
         out = {
-            "metrics": alg.evaluate(server, test),
+            "metrics": evaluated_once(ctx.mesh, alg.evaluate, server, test),
             "steps": real(jax.vmap(lambda s: steps_of(accounting, server, s))(states)),
             "selected": counts,
         }
