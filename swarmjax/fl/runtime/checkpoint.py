@@ -34,6 +34,7 @@ import orbax.checkpoint as ocp
 from jaxtyping import PRNGKeyArray, PyTree
 
 from swarmjax.fl.protocol import describe
+from swarmjax.fl.runtime.mesh import through_key_data
 from swarmjax.privacy.secret import Secret
 from swarmjax.resume import OutputConflict
 
@@ -328,10 +329,8 @@ def _placed(restored: Any, like: Any) -> Any:
         return restored
     if like.committed:
         return jax.device_put(restored, like.sharding)
-    if jax.dtypes.issubdtype(like.dtype, jax.dtypes.prng_key):
-        data = jax.device_put(np.asarray(jax.random.key_data(restored)))  # uncommitted
-        return jax.random.wrap_key_data(data, impl=jax.random.key_impl(like))
-    return jax.device_put(np.asarray(restored))  # no device named: uncommitted
+    # no device named: uncommitted (a PRNG key array through its key data)
+    return through_key_data(lambda a: jax.device_put(np.asarray(a)), restored)
 
 
 def _empty(leaf: Any) -> bool:

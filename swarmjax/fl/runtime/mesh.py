@@ -58,6 +58,7 @@ __all__ = [
     "shard_cohort",
     "split_clients",
     "splits",
+    "through_key_data",
 ]
 
 CLIENTS = "clients"
@@ -193,13 +194,20 @@ def replicated(mesh: Mesh, tree: PyTree) -> PyTree:
         return jax.device_put(tree, sharding)
 
     def place(x: Any) -> Array:
-        if jax.dtypes.issubdtype(getattr(x, "dtype", None), jax.dtypes.prng_key):
-            impl = jax.random.key_impl(x)
-            return jax.random.wrap_key_data(place(jax.random.key_data(x)), impl=impl)
         host = np.asarray(x)
         return jax.make_array_from_process_local_data(sharding, host, host.shape)
 
-    return jax.tree.map(place, tree)
+    return jax.tree.map(lambda x: through_key_data(place, x), tree)
+
+
+def through_key_data(fn: Callable[[Any], Any], x: Any) -> Any:
+    """``fn(x)``; for a PRNG key array ``x``, ``fn`` of its key data (``uint32``, one more
+    trailing axis) wrapped back as keys of ``x``'s implementation: for functions that move
+    or reshape arrays by their client or run axes, which key arrays do not take directly."""
+    if jax.dtypes.issubdtype(getattr(x, "dtype", None), jax.dtypes.prng_key):
+        data = fn(jax.random.key_data(x))
+        return jax.random.wrap_key_data(data, impl=jax.random.key_impl(x))
+    return fn(x)
 
 
 def splits(mesh: Mesh | None) -> bool:
@@ -248,6 +256,7 @@ def split_clients(mesh: Mesh, tree: PyTree) -> PyTree:
     return jax.tree.map(place, tree)
 
 
+@partial(jax.jit, static_argnames=("sharding", "num"))
 def refill_padding(sharding: NamedSharding, states: PyTree, num: int) -> PyTree:
     """``states`` (leaves ``(runs, N', ...)``, split by ``sharding``: client ids over its
     mesh's ``clients`` axis) with the padding clients ``num .. N'-1`` made copies of client
@@ -255,11 +264,7 @@ def refill_padding(sharding: NamedSharding, states: PyTree, num: int) -> PyTree:
     count holds other padding (zeros past the rows it saved); refilled, the run's client
     maps read no zeros. Each device rewrites its own block; the one row copied reaches
     every device by an ``all_gather`` of one row each (one client's state per device)."""
-    return _refilled(states, num, sharding)
 
-
-@partial(jax.jit, static_argnames=("num", "sharding"))
-def _refilled(states: PyTree, num: int, sharding: NamedSharding) -> PyTree:
     def block_refilled(block: Array) -> Array:  # (runs, B, ...): clients me*B .. me*B+B-1
         b = int(block.shape[1])
         owner, at = divmod(num - 1, b)
@@ -267,16 +272,14 @@ def _refilled(states: PyTree, num: int, sharding: NamedSharding) -> PyTree:
         ids = jax.lax.axis_index(CLIENTS) * b + jnp.arange(b)
         return jnp.where((ids < num).reshape(1, b, *[1] * (block.ndim - 2)), block, last)
 
-    def one(a: Array) -> Array:
-        if jax.dtypes.issubdtype(a.dtype, jax.dtypes.prng_key):
-            data = one(jax.random.key_data(a))
-            return jax.random.wrap_key_data(data, impl=jax.random.key_impl(a))
-        spec = sharding.spec
-        return jax.shard_map(
-            block_refilled, mesh=sharding.mesh, in_specs=spec, out_specs=spec, check_vma=False
-        )(a)
-
-    return jax.tree.map(one, states)
+    refill = jax.shard_map(
+        block_refilled,
+        mesh=sharding.mesh,
+        in_specs=sharding.spec,
+        out_specs=sharding.spec,
+        check_vma=False,
+    )
+    return jax.tree.map(lambda a: through_key_data(refill, a), states)
 
 
 def on_host(states: PyTree, num: int) -> PyTree:
@@ -287,15 +290,12 @@ def on_host(states: PyTree, num: int) -> PyTree:
     and every one gets the whole). A PRNG key leaf comes back as a key array of that host
     key data (on the default device)."""
 
-    def one(a: Array) -> Any:
-        if jax.dtypes.issubdtype(a.dtype, jax.dtypes.prng_key):
-            data = one(jax.random.key_data(a))
-            return jax.random.wrap_key_data(data, impl=jax.random.key_impl(a))
+    def one(a: Array) -> np.ndarray:
         # one process: numpy copies each device's block into place (jax.Array._value)
         whole = np.asarray(a) if jax.process_count() == 1 else _assembled(a)
         return whole[:, :num]
 
-    return jax.tree.map(one, states)
+    return jax.tree.map(lambda a: through_key_data(one, a), states)
 
 
 def _assembled(a: Array) -> np.ndarray:
@@ -316,8 +316,8 @@ def _assembled(a: Array) -> np.ndarray:
     mine = {shard.device: shard.data for shard in a.addressable_shards}
     block = a.sharding.shard_shape(a.shape)
     out = np.empty(a.shape, a.dtype)
+    own = held[jax.process_index()]
     for k in range(max(len(devices) for devices in held)):
-        own = held[jax.process_index()]
         piece = np.asarray(mine[own[k]]) if k < len(own) else np.zeros(block, a.dtype)
         pieces = multihost_utils.process_allgather(piece)  # (processes, *block)
         for p, devices in enumerate(held):
