@@ -167,6 +167,11 @@ BLOCK_CPU = 128  # runs per compiled call on the CPU (swarmjax.sweep.BLOCK)
 AGENT_BYTES = 200  # an agent's state and step temporaries, with a margin (memory_estimate)
 
 
+def _block_runs(args: argparse.Namespace) -> int:
+    """Runs a compiled call holds on each CPU device: ``--block``, else the CPU's 128."""
+    return args.block or BLOCK_CPU
+
+
 def memory_estimate(args: argparse.Namespace) -> int:
     """Bytes one compiled block of runs holds, estimated before JAX starts: per run the
     swarm's state and the step's temporaries (:data:`AGENT_BYTES` an agent) plus ``4
@@ -178,7 +183,7 @@ def memory_estimate(args: argparse.Namespace) -> int:
     memory analysis of the sweep's compiled block (ChaCha20 run keys, 40 runs, 100
     iterations; 2026-11-29): 108 B an agent and run for PSO and FL, 112-118 B for the
     voting program, whatever ``k_alpha``."""
-    block = (args.block or BLOCK_CPU) * args.cpu_devices
+    block = _block_runs(args) * args.cpu_devices
     agents = max(args.agents, *FIG5_AGENTS)
     iterations = args.iterations or PROFILES[_cli.profile_name(args)]["iterations"]
     per_agent = AGENT_BYTES // 4 + args.k_alpha
@@ -195,11 +200,10 @@ def check(args: argparse.Namespace) -> None:
             f"{have / 2**30:.3g} GiB; give less"
         )
     option = _cli.option_named(args, ["agents", "k_alpha", "iterations", "block", "runs"])
-    per_device = args.block or BLOCK_CPU
     what = (
         f"a block of runs of {max(args.agents, *FIG5_AGENTS)} agents, k_alpha {args.k_alpha}, "
-        f"{args.iterations or 'the profile'} iterations; {per_device} runs a block (--block) "
-        f"on each of {args.cpu_devices} CPU devices"
+        f"{args.iterations or 'the profile'} iterations; {_block_runs(args)} runs a block "
+        f"(--block) on each of {args.cpu_devices} CPU devices"
     )
     _cli.check_memory(memory_estimate(args), option, what)
 
