@@ -25,12 +25,12 @@ def _methods(mesh, block: int, share: int) -> dict:
     import jax
     import jax.numpy as jnp
 
-    from swarmjax.fl.runtime.mesh import CLIENTS, gather_slots
+    from swarmjax.fl.runtime.mesh import CLIENTS, block_rows, gather_slots
 
     d = int(mesh.shape[CLIENTS])
 
     def ring(rows, ids):
-        return gather_slots(mesh, rows, ids, share)
+        return gather_slots(mesh, block_rows(rows), block, ids, share)
 
     def owned(rows, ids):  # this device's rows of every slot, and which slots it owns
         me = jax.lax.axis_index(CLIENTS)

@@ -111,7 +111,7 @@ def measure(name: str, quick: bool, data_dir: Path, cohort: int, devices: int, r
     from swarmjax.fl.protocol import RunSpec, Variants
     from swarmjax.fl.runtime import Execution, advance, start
     from swarmjax.fl.runtime.mesh import clients_mesh, describe
-    from swarmjax.fl.runtime.simulator import slot_buffer
+    from swarmjax.fl.runtime.simulator import slot_buffer, splits_data
     from swarmjax.privacy.secret import Secret
 
     alg, store, test, grid = workload(name, quick, data_dir, cohort)
@@ -126,7 +126,8 @@ def measure(name: str, quick: bool, data_dir: Path, cohort: int, devices: int, r
         t0 = time.perf_counter()
         run, _ = advance(run, 1)  # returns host values: the round has finished
         times.append(time.perf_counter() - t0)
-    line = describe(mesh, slot_buffer(alg, store.num_clients), store.num_clients)
+    n = store.num_clients
+    line = describe(mesh, slot_buffer(alg, n), n, data_split=splits_data(store))
     return statistics.median(times[1:]), line
 
 

@@ -447,14 +447,16 @@ def devices(args: argparse.Namespace) -> int:
     return present if args.devices is None else args.devices
 
 
-def layout(algorithm: Any, clients: int, name: str, count: int, asked: bool) -> tuple[Any, str]:
+def layout(algorithm: Any, clients: Any, name: str, count: int, asked: bool) -> tuple[Any, str]:
     """``(mesh or None, one line)``: how a run of ``algorithm`` (``name`` in messages) over
-    ``clients`` clients is laid out on ``count`` devices (:func:`devices`; ``asked``: the
-    command line gave ``--devices``). One device: no mesh (the one-device program). An
-    algorithm whose round exchange is not summed runs on one device: said in the line by
-    default, one :class:`UserError` line when ``--devices`` > 1 was asked."""
+    ``clients`` (the federation's data, or before it is loaded its number of clients: the
+    line then does not say whether its data is split) is laid out on ``count`` devices
+    (:func:`devices`; ``asked``: the command line gave ``--devices``). One device: no mesh
+    (the one-device program). An algorithm whose round exchange is not summed runs on one
+    device: said in the line by default, one :class:`UserError` line when ``--devices`` > 1
+    was asked."""
     from swarmjax.fl.runtime.mesh import clients_mesh, describe
-    from swarmjax.fl.runtime.simulator import slot_buffer
+    from swarmjax.fl.runtime.simulator import num_clients, slot_buffer, splits_data
 
     n, note = count, ""
     if n > 1 and any(ex.aggregate_sum is None for ex in algorithm.exchanges):
@@ -465,7 +467,12 @@ def layout(algorithm: Any, clients: int, name: str, count: int, asked: bool) -> 
             )
         n, note = 1, f" ({name}'s exchange is not summed: one device, not {n})"
     mesh = None if n == 1 else clients_mesh(n)
-    return mesh, describe(mesh, slot_buffer(algorithm, clients), clients) + note
+    if isinstance(clients, int):
+        line = describe(mesh, slot_buffer(algorithm, clients), clients)
+        return mesh, line + note
+    total = num_clients(clients)
+    split = splits_data(clients)
+    return mesh, describe(mesh, slot_buffer(algorithm, total), total, data_split=split) + note
 
 
 def seeds(args: argparse.Namespace, default: int) -> list[int]:

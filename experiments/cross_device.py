@@ -865,6 +865,11 @@ def main(argv: list[str] | None = None) -> None:
         shutil.rmtree(out / "checkpoints", ignore_errors=True)
     ledger = Ledger(out, "cross_device", accountant=prof.accountant)
     clients, test, full_test = clients_and_test(prof, data_dir, args)
+    asked, count = "devices" in _cli.given(args), _cli.devices(args)
+    todo = [  # each layout line now says whether the store's data is split too
+        dataclasses.replace(r, layout=_cli.layout(r.algorithm, clients, r.name, count, asked)[1])
+        for r in todo
+    ]
     test_sets = {
         "history": f"{curve_test_set(prof, len(test[1]))} (test_accuracy per round)",
         "summary": f"all {len(full_test[1])} rows of the {prof.dataset} test split "

@@ -372,7 +372,7 @@ def run_one(
     variants = Variants.grid(alg, store, spec(prof, store.num_clients), **grid)
     at = "" if epsilon is None else f" at epsilon {epsilon:g}"
     # every algorithm here has a summed exchange: a cohort over any --devices
-    mesh, layout = _cli.layout(alg, store.num_clients, label, prof.devices, asked=True)
+    mesh, layout = _cli.layout(alg, store, label, prof.devices, asked=True)
     print(f"{label}{at}: {prof.rounds} rounds; {layout}", flush=True)
     t0 = time.perf_counter()
     # the device's client map: one client at a time on a CPU (an LSTM cohort ran 2.2x

@@ -52,6 +52,40 @@ def test_gather_equals_stack_clients(toy, ids):
     assert_same(got, want)
 
 
+@pytest.mark.parametrize("cap", [None, 5])
+@pytest.mark.parametrize("devices", [2, 3, 4])
+def test_a_split_store_block_reads_what_the_whole_store_reads(toy, devices, cap):
+    """Each device's block of ``ClientStore.split`` (its rows, block offsets and sizes, as
+    a clients mesh axis places them) read through ``local``: the whole store's rows of the
+    same clients, a capped client's random subset drawn under its federation id included;
+    the padding clients past N read the last client's rows."""
+    x, y, indices = toy
+    store = ClientStore.build(x, y, indices).with_read("buffer").with_cap(cap)
+    split = store.split(devices)
+    n, b = store.num_clients, split.block
+    rows = split.x.shape[0] // devices
+    assert b == -(-n // devices) and split.offsets.shape == (b * devices,)
+    np.testing.assert_array_equal(split.sizes, store.sizes)  # whole on every device
+    key = jax.random.key(7)
+    for k in range(devices):
+        part = split.replace(
+            x=split.x[k * rows : (k + 1) * rows],
+            y=split.y[k * rows : (k + 1) * rows],
+            offsets=split.offsets[k * b : (k + 1) * b],
+        )
+        ids = np.minimum(np.arange(k * b, (k + 1) * b), n - 1)
+        got = part.local(k * b).take(jnp.arange(b), key, draw_ids=jnp.asarray(ids))
+        assert_same(got, store.take(jnp.asarray(ids), key))
+
+
+def test_only_a_buffer_store_splits(toy):
+    x, y, indices = toy
+    store = ClientStore.build(x, y, indices).with_read("step")
+    with pytest.raises(ValueError, match=r"^ClientStore.split needs read='buffer'") as err:
+        store.split(2)
+    assert "\n" not in str(err.value)
+
+
 def test_unused_slots_are_all_masked(toy):
     x, y, indices = toy
     store = ClientStore.build(x, y, indices)

@@ -320,7 +320,8 @@ def test_layout_is_printed_and_cpu_reports_no_peak_memory(local):
 def test_experiment_devices_two_is_devices_one(local):
     """``experiments.cross_device --devices 2`` (the 4-device process) gives ``--devices 1``'s
     accuracies and losses to the float32 tolerance, records the devices in summary.csv and
-    prints its layout before the run."""
+    prints its layout before the run: its flat store split over the 2 devices with the
+    client states (``ClientStore.split``), each device reading its own clients' rows."""
     numbers, log = local
     assert numbers["experiment/1/devices"].tolist() == [1]
     assert numbers["experiment/2/devices"].tolist() == [2]
@@ -330,7 +331,8 @@ def test_experiment_devices_two_is_devices_one(local):
         )
     assert "fedavg: one device: the cohort's 5 slots on cpu:0" in log
     assert "fedavg: cohort of 5 slots over 2 cpu devices (3 slots each, 1 padding)" in log
-    assert "clients' states (their data whole on each) split" in log  # a flat store
+    # its flat store (clients of equal size: read into buffers) is split with the states
+    assert "the 40 clients' data and states split 20 a device; 2 devices" in log
 
 
 def test_two_processes_are_the_unsharded_run(local, distributed):

@@ -103,6 +103,13 @@ class ClientStore:
             ``"step"`` when the largest client exceeds :data:`STEP_READ_SPREAD` times the
             mean, else ``"buffer"``; :meth:`with_cap` below the largest client sets
             ``"buffer"`` (its buffer is already ``cohort x cap``).
+        block: static; 0, or the clients each device holds of a store split over the
+            ``d`` devices of a clients mesh axis (:meth:`split`): ``x``, ``y`` and
+            ``offsets`` then hold ``d`` blocks, one a device (block ``k``: clients
+            ``k * block .. k * block + block - 1``, the last client's rows copied for the
+            padding clients past ``N``; ``offsets`` counted within the block) and
+            ``sizes`` stays ``(N,)``, whole. A device reads its own block through
+            :meth:`local`.
     """
 
     x: Float[Array, "rows ..."]
@@ -114,6 +121,7 @@ class ClientStore:
     sample: bool = flax.struct.field(pytree_node=False, default=False)
     vmap_block: int = flax.struct.field(pytree_node=False, default=0)
     read: str = flax.struct.field(pytree_node=False, default="buffer")
+    block: int = flax.struct.field(pytree_node=False, default=0)
 
     def index(
         self, client_ids: Int[ArrayLike, " cohort"], valid: Bool[ArrayLike, " cohort"] | None = None
@@ -154,12 +162,72 @@ class ClientStore:
         return self.replace(read=read)
 
     def take(
-        self, client_ids: Int[ArrayLike, " cohort"], key: PRNGKeyArray | None = None
+        self,
+        client_ids: Int[ArrayLike, " cohort"],
+        key: PRNGKeyArray | None = None,
+        draw_ids: Int[ArrayLike, " cohort"] | None = None,
+        decoded: bool = True,
     ) -> ClientData:
         """:func:`gather` of ``client_ids`` at :attr:`max_rows` rows per client: what the
         simulator calls to hand a round its cohort's data (``key``: the round's draw of the
-        capped clients' rows, used only when :attr:`sample`)."""
-        return gather(self, client_ids, self.max_rows, key=key if self.sample else None)
+        capped clients' rows, used only when :attr:`sample`; ``draw_ids``: the ids that
+        draw is keyed by, default ``client_ids``: a :meth:`local` block's clients draw
+        under their federation ids; ``decoded=False``: ``x`` as stored, see
+        :meth:`decoded`)."""
+        key = key if self.sample else None
+        return gather(self, client_ids, self.max_rows, key=key, draw_ids=draw_ids, decoded=decoded)
+
+    def decoded(self, data: ClientData) -> ClientData:
+        """A buffer of this store's rows gathered with ``decoded=False`` (:func:`gather`)
+        as :func:`gather` returns it: float32 examples, padded rows 0."""
+        return _masked(data.replace(x=decode(self, data.x)))
+
+    def split(self, devices: int) -> ClientStore:
+        """This store laid out in ``devices`` blocks of whole clients (:attr:`block`), on
+        the host (numpy arrays, for a mesh to place block ``k`` on device ``k`` of its
+        clients axis): ``block = ceil(N / devices)`` clients a device, padded past ``N``
+        with copies of the last client (never selected; as a split stacked federation is
+        padded), each block's rows back to back and zero rows after them up to the
+        largest block's. A block's own clients read exactly the rows they read here.
+        Only a store that reads its cohort into a buffer (``read="buffer"``) splits: a
+        step-reading store's slots read their batches straight from the whole store."""
+        devices = check_int("devices", devices, 1)
+        if self.read != "buffer":
+            raise ValueError(
+                f"ClientStore.split needs read='buffer' (a step-reading store's slots read "
+                f"the whole store); got read={self.read!r}"
+            )
+        n = self.num_clients
+        block = -(-n // devices)
+        ids = np.minimum(np.arange(block * devices), n - 1).reshape(devices, block)
+        sizes, offsets = np.asarray(self.sizes), np.asarray(self.offsets)
+        starts = np.concatenate([np.zeros((devices, 1), np.int64), np.cumsum(sizes[ids], 1)], 1)
+        rows = int(starts[:, -1].max())
+        x, y = np.asarray(self.x), np.asarray(self.y)
+        out_x = np.zeros((devices, rows, *x.shape[1:]), x.dtype)
+        out_y = np.zeros((devices, rows), y.dtype)
+        for k in range(devices):  # host-side, once a run: a loop over devices, not clients
+            used = int(starts[k, -1])
+            first = np.repeat(offsets[ids[k]] - starts[k, :-1], sizes[ids[k]])
+            source = first + np.arange(used)
+            out_x[k, :used], out_y[k, :used] = x[source], y[source]
+        return self.replace(
+            x=out_x.reshape(devices * rows, *x.shape[1:]),
+            y=out_y.reshape(-1),
+            offsets=starts[:, :-1].reshape(-1).astype(np.int32),
+            sizes=sizes.astype(np.int32),
+            x_table=None if self.x_table is None else np.asarray(self.x_table),
+            block=block,
+        )
+
+    def local(self, first: Int[ArrayLike, ""]) -> ClientStore:
+        """Inside a program that sees one device's block of a :meth:`split` store (``x``,
+        ``y``, ``offsets`` that block's, ``sizes`` whole): that block as a store of its
+        own, whose client ``j`` is the federation's client ``first + j`` (padding clients
+        past ``N`` the last client's size, as their copied rows)."""
+        n = self.num_clients
+        ids = jnp.minimum(jnp.asarray(first, jnp.int32) + jnp.arange(self.block), n - 1)
+        return self.replace(sizes=self.sizes[ids], block=0)
 
     def with_cap(self, max_examples: int | None) -> ClientStore:
         """This store under a per-round cap of ``max_examples`` rows per client (None: no
@@ -389,6 +457,8 @@ def gather(
     max_rows: int,
     valid: Bool[ArrayLike, " cohort"] | None = None,
     key: PRNGKeyArray | None = None,
+    draw_ids: Int[ArrayLike, " cohort"] | None = None,
+    decoded: bool = True,
 ) -> ClientData:
     """The cohort's clients as a stacked :class:`ClientData` (pure, jit-able).
 
@@ -403,6 +473,12 @@ def gather(
             A key: it gets a uniformly random subset of ``max_rows`` of its rows
             (:func:`~swarmjax.fl.data.cohort.subset_rows` with ``fold_in(key, id)``);
             clients of at most ``max_rows`` rows are gathered exactly as without a key.
+        draw_ids: the ids folded into ``key`` for each slot's draw; default
+            ``client_ids`` (another numbering: a block of a split store, whose local ids
+            are not the federation's).
+        decoded: False: ``x`` as stored (a compressed store's uint8 codes, padded rows
+            code 0: a quarter of float32's bytes to move, e.g. between the devices of a
+            split store); :meth:`ClientStore.decoded` then gives the float32 buffer.
 
     Returns:
         ``ClientData`` with ``x (cohort, max_rows, ...)``, ``y``, ``mask (cohort, max_rows)``
@@ -425,13 +501,20 @@ def gather(
     if key is not None:
         full = jnp.where(used, store.sizes[safe], 0)
         draw = jax.vmap(lambda i, n: subset_rows(jax.random.fold_in(key, i), n, max_rows))
-        pos = draw(safe, full)
+        drawn = safe if draw_ids is None else jnp.asarray(draw_ids, jnp.int32)
+        pos = draw(drawn, full)
     rows = jnp.where(mask, store.offsets[safe][:, None] + pos, 0)
     x = jnp.take(store.x, rows.reshape(-1), axis=0).reshape(*rows.shape, *store.x.shape[1:])
-    x = decode(store, x)
-    x = jnp.where(mask.reshape(*mask.shape, *([1] * (x.ndim - 2))), x, jnp.zeros((), x.dtype))
     y = jnp.where(mask, jnp.take(store.y, rows, axis=0), 0)
-    return ClientData(x=x, y=y, mask=mask, sizes=sizes)
+    data = ClientData(x=x, y=y, mask=mask, sizes=sizes)
+    return store.decoded(data) if decoded else _masked(data)
+
+
+def _masked(data: ClientData) -> ClientData:
+    """``data`` with its padded rows' ``x`` zero (code 0 of a uint8 store)."""
+    x, mask = data.x, data.mask
+    keep = mask.reshape(*mask.shape, *([1] * (x.ndim - 2)))
+    return data.replace(x=jnp.where(keep, x, jnp.zeros((), x.dtype)))
 
 
 def choose_max_rows(store: ClientStore, cap: int | None = None, *, truncate: bool = False) -> int:

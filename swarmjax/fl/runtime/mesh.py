@@ -41,6 +41,8 @@ __all__ = [
     "CLIENTS",
     "RUNS",
     "CohortMemory",
+    "SplitData",
+    "block_rows",
     "check_memory",
     "check_mesh_options",
     "clients_mesh",
@@ -52,6 +54,7 @@ __all__ = [
     "pad_clients",
     "padded_clients",
     "peak_memory",
+    "placed",
     "refill_padding",
     "replicated",
     "scatter_slots",
@@ -163,8 +166,9 @@ def describe(
 ) -> str:
     """One line: how a run's cohort of ``slots`` slots is laid out over ``mesh`` and, given
     the federation's size ``clients``, how its client states (and, with ``data_split``, its
-    stacked data; a flat store's stays whole) are split by client id over the ``clients``
-    axis (:func:`splits`)."""
+    data: stacked, or a flat store that reads its cohort into buffers; a step-reading
+    store's stays whole) are split by client id over the ``clients`` axis
+    (:func:`splits`)."""
     if mesh is None:
         return f"one device: the cohort's {slots} slots on {jax.devices()[0].platform}:0"
     d = int(mesh.shape[CLIENTS])
@@ -256,6 +260,20 @@ def split_clients(mesh: Mesh, tree: PyTree) -> PyTree:
     return jax.tree.map(place, tree)
 
 
+def placed(mesh: Mesh, tree: PyTree, spec: PyTree) -> PyTree:
+    """Host values ``tree`` placed on ``mesh`` as the ``PartitionSpec`` pytree ``spec``
+    says (e.g. a split store's blocks over the ``clients`` axis, its sizes whole). Over
+    ``jax.distributed`` every process passes the same values and places its own devices'
+    parts."""
+
+    def place(x: Any, where: PartitionSpec) -> Array:
+        host = np.asarray(x)
+        sharding = NamedSharding(mesh, where)
+        return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+
+    return jax.tree.map(place, tree, spec)
+
+
 @partial(jax.jit, static_argnames=("sharding", "num"))
 def refill_padding(sharding: NamedSharding, states: PyTree, num: int) -> PyTree:
     """``states`` (leaves ``(runs, N', ...)``, split by ``sharding``: client ids over its
@@ -332,35 +350,47 @@ def _next(mesh: Mesh) -> list[tuple[int, int]]:
     return [(j, (j + 1) % d) for j in range(d)]
 
 
-def gather_slots(mesh: Mesh, block: PyTree, ids: Int[Array, " S"], s: int) -> PyTree:
+def gather_slots(
+    mesh: Mesh, pick: Callable[[Array, Array], PyTree], b: int, ids: Int[Array, " S"], s: int
+) -> PyTree:
     """Inside ``shard_map``: this device's ``s`` slots' rows (slots ``me*s .. me*s+s-1``
-    of ``ids``, every client id ``< N``), taken from the devices that own them. ``block``:
-    this device's clients (leading axis ``B``: clients ``me*B .. me*B+B-1``).
+    of ``ids``, every client id ``< N``), taken from the devices that own them. Each
+    device holds a block of ``b`` clients (``me*b .. me*b+b-1``); ``pick(local, theirs)``
+    gives the rows of ``(s,)`` clients, ``theirs`` their federation ids and ``local``
+    their positions in this device's block (clipped into it: a slot this device does not
+    own gets any rows, replaced). :func:`block_rows` picks rows of stacked blocks.
 
     A ring: each device's ``s``-row message starts at home with the rows it owns, goes
     round the ``clients`` axis one device a step (``ppermute``, in a ``fori_loop``), each
     device on the way putting in the rows it owns (a ``where``: copies, exact for every
     dtype), and is home again after ``d`` steps. A device holds one message at a time,
     never a cohort's worth of rows."""
-    d, b = int(mesh.shape[CLIENTS]), int(jax.tree.leaves(block)[0].shape[0])
+    d = int(mesh.shape[CLIENTS])
     me = jax.lax.axis_index(CLIENTS)
 
     def fill(rows: PyTree, step: Array) -> PyTree:  # the message of device me - step
         theirs = jax.lax.dynamic_slice_in_dim(ids, (me - step) % d * s, s)
         keep = theirs // b == me
-        local = jnp.clip(theirs - me * b, 0, b - 1)
+        mine = pick(jnp.clip(theirs - me * b, 0, b - 1), theirs)
 
         def one(old: Array, a: Array) -> Array:
-            return jnp.where(keep.reshape((-1,) + (1,) * (a.ndim - 1)), a[local], old)
+            return jnp.where(keep.reshape((-1,) + (1,) * (a.ndim - 1)), a, old)
 
-        return jax.tree.map(one, rows, block)
+        return jax.tree.map(one, rows, mine)
 
     def step(k: Array, rows: PyTree) -> PyTree:
         return fill(jax.lax.ppermute(rows, CLIENTS, _next(mesh)), k)
 
-    start = jax.tree.map(lambda a: a[:s], block)  # any values: every row is filled once
+    shapes = jax.eval_shape(pick, ids[:s], ids[:s])  # any values: every row is filled once
+    start = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), shapes)
     rows = jax.lax.fori_loop(1, d, step, fill(start, jnp.zeros((), jnp.int32)))
     return jax.lax.ppermute(rows, CLIENTS, _next(mesh))  # home
+
+
+def block_rows(block: PyTree) -> Callable[[Array, Array], PyTree]:
+    """:func:`gather_slots`' ``pick`` for a stacked block (a leading client axis on every
+    leaf): row ``local`` of each leaf."""
+    return lambda local, theirs: jax.tree.map(lambda a: a[local], block)
 
 
 def scatter_slots(
@@ -392,6 +422,30 @@ def scatter_slots(
     return jax.lax.fori_loop(1, d, step, (held, new))[0]
 
 
+@dataclass(frozen=True)
+class SplitData:
+    """How a device of a ``clients`` axis holds the federation's data when it is not
+    stacked blocks (the default of :func:`shard_cohort`): a flat store split by client id
+    (:meth:`~swarmjax.fl.data.store.ClientStore.split`).
+
+    Attributes:
+        spec: the data's ``PartitionSpec`` pytree (what ``shard_map`` splits and what it
+            passes whole).
+        clients: the clients each device holds (``b`` of :func:`gather_slots`).
+        rows: ``(data, local, theirs, shared) -> rows`` inside ``shard_map``: the rows of
+            this device's clients at block positions ``local`` (federation ids ``theirs``),
+            ``shared`` what :func:`shard_cohort` passes every device whole; what travels
+            between devices.
+        arrived: ``(data, rows) -> rows`` on the device of the rows' slots, once they are
+            there (e.g. a store's uint8 codes decoded: a quarter of the bytes travel).
+    """
+
+    spec: PyTree
+    clients: int
+    rows: Callable[[PyTree, Array, Array, PyTree], PyTree]
+    arrived: Callable[[PyTree, PyTree], PyTree] = lambda data, rows: rows
+
+
 def shard_cohort(
     mesh: Mesh,
     local: Callable[[Int[Array, " s"], Bool[Array, " s"], PyTree, PyTree], tuple[PyTree, PyTree]],
@@ -399,13 +453,15 @@ def shard_cohort(
     used: Bool[Array, " S"],
     shared: PyTree,
     owned: PyTree = None,
+    split_data: SplitData | None = None,
 ) -> tuple[PyTree, PyTree]:
     """A summed client map over the ``clients`` axis of ``mesh``, inside a traced program.
 
     ``local(ids, used, shared, rows)``: ONE device's share, ``(s,)`` slot ids and use bits
     -> ``(client states (s, ...), reply sum of its used slots)``. ``shared``: arrays every
-    device holds whole (a flat store's data, the round's inputs). ``owned``: ``None``, or
-    ``(states, data)`` split by client id over the axis (:func:`splits`; ``data`` may be
+    device holds whole (a flat store's data that is not split, the round's inputs).
+    ``owned``: ``None``, or ``(states, data)`` split by client id over the axis
+    (:func:`splits`; ``data`` stacked blocks, a store split as ``split_data`` says, or
     ``None``): each device then receives its slots' rows from their owners
     (:func:`gather_slots`, ``rows`` passed to ``local``) and, after training, its slots'
     new states go back to their owners (:func:`scatter_slots`). ``ids``/``used`` (``(S,)``,
@@ -421,19 +477,34 @@ def shard_cohort(
     share = (s + pad) // int(mesh.shape[CLIENTS])
 
     def per_device(i: Array, u: Array, whole: PyTree, every: tuple, split: PyTree):
-        rows = None if split is None else gather_slots(mesh, split, every[0], share)
+        rows = None
+        if split is not None:
+            held, data = split
+            if split_data is None:
+                b, pick = int(jax.tree.leaves(split)[0].shape[0]), block_rows(split)
+            else:
+                b = split_data.clients
+
+                def pick(local: Array, theirs: Array) -> PyTree:
+                    mine = block_rows(held)(local, theirs)
+                    return mine, split_data.rows(data, local, theirs, whole)
+
+            rows = gather_slots(mesh, pick, b, every[0], share)
+            if split_data is not None:
+                rows = (rows[0], split_data.arrived(data, rows[1]))
         states, total = local(i, u, whole, rows)
         if split is not None:
             states = None if states is None else scatter_slots(mesh, split[0], states, *every)
         return states, jax.lax.psum(total, CLIENTS)
 
     spec, whole = PartitionSpec(CLIENTS), PartitionSpec()
+    owned_spec = spec if split_data is None else (spec, split_data.spec)
     # check_vma off: the client code's loops (lax.scan, fori_loop, cond) start carries from
     # constants that become per-device values, which the varying-axis types would refuse
     states, total = jax.shard_map(
         per_device,
         mesh=mesh,
-        in_specs=(spec, spec, whole, whole, spec),
+        in_specs=(spec, spec, whole, whole, owned_spec),
         out_specs=(spec, whole),
         check_vma=False,
     )(ids, used, shared, (ids, used), owned)

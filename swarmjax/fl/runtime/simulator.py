@@ -66,11 +66,13 @@ from swarmjax.fl.runtime.mesh import (
     CLIENTS,
     RUNS,
     CohortMemory,
+    SplitData,
     check_memory,
     evaluated_once,
     mesh_for,
     on_host,
     padded_clients,
+    placed,
     refill_padding,
     replicated,
     shard_cohort,
@@ -107,6 +109,7 @@ __all__ = [
     "run_exchange",
     "run_rounds",
     "simulate",
+    "splits_data",
     "start",
 ]
 
@@ -377,12 +380,15 @@ def _mesh_exchange(
 
     client_fn, inputs, kept = client
     safe = jnp.minimum(chosen, n - 1)
+    split_data = None
     if not splits(ctx.mesh):
         owned, shared = None, (states, rows_key, inputs)
-    else:  # states (and stacked data) split by client id: gathered from their owners
-        stacked = _stacked(clients)  # as start placed it: split by client id
-        owned = (states, clients if stacked else None)
-        shared = (None, rows_key, (None, *inputs[1:]) if stacked else inputs)
+    else:  # states (and the data, unless a step-reading store) split by client id
+        data_split = splits_data(clients)  # as start placed it: split by client id
+        owned = (states, clients if data_split else None)
+        shared = (None, rows_key, (None, *inputs[1:]) if data_split else inputs)
+        if data_split and _gathers(clients):
+            split_data = SplitData(_store_spec(clients), clients.block, _store_rows, _store_arrived)
 
     def local(ids: Int[Array, " s"], u: Array, whole: PyTree, rows: PyTree):
         whole_states, key, passed = whole
@@ -395,8 +401,40 @@ def _mesh_exchange(
         new, total = _map_clients(client_fn(passed), (mine, data, ids), cmap, u, summed=True)
         return (None if rows is not None and all(kept) else new), total
 
-    new, total = shard_cohort(ctx.mesh, local, safe, used, shared, owned)
+    new, total = shard_cohort(ctx.mesh, local, safe, used, shared, owned, split_data)
     return new, total, Slots(mask=used, ids=chosen, num_clients=n)
+
+
+def _store_rows(store: PyTree, local: Array, theirs: Array, shared: tuple) -> PyTree:
+    """:class:`~swarmjax.fl.runtime.mesh.SplitData`'s ``rows`` of a split flat store: the
+    buffers of this device's clients at block positions ``local`` (federation ids
+    ``theirs``: a capped client's rows are drawn under its own id, with the round's key,
+    as on one device), as stored (uint8 codes travel, not float32)."""
+    first = jax.lax.axis_index(CLIENTS) * store.block
+    return store.local(first).take(local, shared[1], draw_ids=theirs, decoded=False)
+
+
+def _store_arrived(store: PyTree, rows: PyTree) -> PyTree:
+    """:class:`~swarmjax.fl.runtime.mesh.SplitData`'s ``arrived``: the rows that travelled
+    as stored (uint8 codes) decoded on their slots' device, as one device gathers them."""
+    return store.decoded(rows)
+
+
+def _store_spec(store: PyTree) -> PyTree:
+    """What a ``clients`` axis splits of a split flat store (its rows and block offsets)
+    and what every device holds whole (the clients' sizes, the uint8 decoding table)."""
+    c, whole = PartitionSpec(CLIENTS), PartitionSpec()
+    return store.replace(
+        x=c, y=c, offsets=c, sizes=whole, x_table=None if store.x_table is None else whole
+    )
+
+
+def splits_data(data: PyTree) -> bool:
+    """Whether a clients mesh axis of 2 or more devices splits the federation's data by
+    client id: stacked data, or a flat store that reads its cohort into buffers
+    (:meth:`~swarmjax.fl.data.store.ClientStore.split`); a step-reading store stays whole
+    on every device (its slots read their batches from the whole store)."""
+    return _stacked(data) or (_gathers(data) and not _reads_steps(data))
 
 
 def _exchanges(ctx: RunContext, exchanges, round_index, server, states):
@@ -440,11 +478,13 @@ def _init_states(
     ids: Int[Array, " B"],
     client_map: ClientMap,
     gather: bool,
+    first: Int[Array, ""] | int = 0,
 ) -> PyTree:
     """``client_init`` of clients ``ids`` (``(B, ...)`` states): ``clients`` stacked over
     exactly those ids (mapped by ``client_map``), or with ``gather`` a flat store read one
     client's rows at a time (never the whole federation padded; an id past the store's
-    last client reads the last client's rows)."""
+    last client reads the last client's rows), client ``i``'s at store position
+    ``i - first`` (a device's block of a split store, whose first client is ``first``)."""
 
     def one(data: PyTree, cid: Int[Array, ""]) -> PyTree:
         return alg.client_init(client_init_key(run_key, cid), data, hyper, cid)
@@ -453,7 +493,7 @@ def _init_states(
         return _map_clients(one, (clients, ids), client_map)
     last = num_clients(clients) - 1
     return jax.lax.map(
-        lambda i: one(_one_client(clients, jnp.minimum(i, last)), i),
+        lambda i: one(_one_client(clients, jnp.minimum(i - first, last)), i),
         ids,
         batch_size=min(int(ids.shape[0]), 256),
     )
@@ -466,17 +506,24 @@ def _init_split(ctx: RunContext) -> PyTree:
     mesh, clients, n = ctx.mesh, ctx.clients, _num(ctx)
     block = padded_clients(mesh, n) // int(mesh.shape[CLIENTS])
     stacked = _stacked(clients)  # as start placed it: split by client id
+    split_store = not stacked and splits_data(clients)
+    store_spec = _store_spec(clients) if split_store else PartitionSpec()
 
     def per_device(mine: PyTree, run_key: Array, hyper: PyTree, store: PyTree) -> PyTree:
-        ids = jax.lax.axis_index(CLIENTS) * block + jnp.arange(block)
-        data = mine if stacked else store
-        return _init_states(ctx.alg, run_key, hyper, data, ids, ctx.client_map, not stacked)
+        first = jax.lax.axis_index(CLIENTS) * block
+        ids = first + jnp.arange(block)
+        if stacked:
+            return _init_states(ctx.alg, run_key, hyper, mine, ids, ctx.client_map, False)
+        if not split_store:  # a step-reading store, whole on every device
+            return _init_states(ctx.alg, run_key, hyper, store, ids, ctx.client_map, True)
+        local = store.local(first)  # this device's block: its own clients' rows
+        return _init_states(ctx.alg, run_key, hyper, local, ids, ctx.client_map, True, first)
 
     spec, whole = PartitionSpec(CLIENTS), PartitionSpec()
     return jax.shard_map(
         per_device,
         mesh=mesh,
-        in_specs=(spec, whole, whole, whole),
+        in_specs=(spec, whole, whole, store_spec),
         out_specs=spec,
         check_vma=False,
     )(clients if stacked else None, ctx.run_key, ctx.hyper, None if stacked else clients)
@@ -637,7 +684,8 @@ def cohort_memory(
     ``runs``, how many of the runs one device holds before a mesh splits them.
     A slot counts one client's gathered data, its state twice (old and new) and one
     request-sized reply (a model's worth); the federation is its data (split by client
-    when stacked, shared when a flat store) and one state per client and run."""
+    when stacked or a buffer-reading flat store, shared when a step-reading one) and one
+    state per client and run."""
     row, key = row_shapes((hyper, key))
     one = row_shapes(jax.eval_shape(lambda: take_clients(data, jnp.zeros((1,), jnp.int32))))
     state = jax.eval_shape(
@@ -651,13 +699,15 @@ def cohort_memory(
         (param_bytes(jax.eval_shape(ex.request, server)) for ex in alg.exchanges), default=0
     )
     n = num_clients(data)
-    stacked = _stacked(data)
+    split = 0  # what a clients axis splits: stacked data, or a buffer store's rows
+    if splits_data(data):
+        split = param_bytes(data if _stacked(data) else (data.x, data.y, data.offsets))
     return CohortMemory(
-        shared=0 if stacked else param_bytes(data),
+        shared=param_bytes(data) - split,
         per_slot=param_bytes(one) + 2 * param_bytes(state) + reply,
         slots=slot_buffer(alg, n),
         runs=runs,
-        split=param_bytes(data) if stacked else 0,
+        split=split,
         per_client=param_bytes(state),
         clients=n,
     )
@@ -665,7 +715,7 @@ def cohort_memory(
 
 def _stacked(data: PyTree) -> bool:
     """Whether the federation's data is stacked (every leaf with a leading client axis),
-    which a clients mesh axis splits; a flat store's arrays stay whole on every device."""
+    which a clients mesh axis splits as it is (a flat store: :func:`_splits_data`)."""
     n = num_clients(data)
     return not _gathers(data) and all(
         getattr(a, "ndim", 0) >= 1 and a.shape[0] == n for a in jax.tree.leaves(data)
@@ -943,6 +993,9 @@ def start(
         keys, hyper, test = replicated(mesh, (keys, hyper, test))
         if splits(mesh) and _stacked(data):  # each device holds its clients' block
             federation = split_clients(mesh, data)
+        elif splits(mesh) and splits_data(data):  # a flat store, in blocks of clients
+            store = data.split(int(mesh.shape[CLIENTS]))
+            federation = placed(mesh, store, _store_spec(store))
         else:
             federation = replicated(mesh, data)
         num = _split_num(mesh, data)
