@@ -165,28 +165,36 @@ RESIZE_CLIENTS = 21
 
 
 def resized(folder: str, pairs: str) -> dict[str, np.ndarray]:
-    """Client states of 21 clients ``(runs 2, clients, 3)`` saved split over ``d`` devices
-    (padded with -1s) and restored onto ``e`` for each ``d-e`` of ``pairs`` (``"4-2,3-4"``;
-    e.g. 4 -> 2: 22 rows, one from the saved padding; 4 -> 3: 21, the padding dropped;
-    3 -> 4: 24, three past the rows saved) through ``Checkpoints`` and ``refill_padding``,
-    as a resume does: the restored padded states, brought to the host by ``on_host``, as
-    ``resize/<d>-<e>``."""
+    """Client states of 21 clients, ``(runs 2, clients, 3)`` floats and a PRNG key leaf
+    ``(runs 2, clients)``, saved split over ``d`` devices (padded with -1s and other keys)
+    and restored onto ``e`` for each ``d-e`` of ``pairs`` (``"4-2,3-4"``; e.g. 4 -> 2: 22
+    rows, one from the saved padding; 4 -> 3: 21, the padding dropped; 3 -> 4: 24, three
+    past the rows saved) through ``Checkpoints`` and ``refill_padding``, as a resume does:
+    the restored padded states, brought to the host by ``on_host``, as ``resize/<d>-<e>``
+    and their keys' data as ``resize/<d>-<e>/keys``."""
     from swarmjax.fl.runtime import simulator
     from swarmjax.fl.runtime.checkpoint import Checkpoints
     from swarmjax.fl.runtime.mesh import on_host, padded_clients, refill_padding
 
     n = RESIZE_CLIENTS
     states = np.arange(2 * n * 3, dtype=np.float32).reshape(2, n, 3)
+    keys = np.arange(2 * n * 2, dtype=np.uint32).reshape(2, n, 2)  # threefry key data
 
     def carry(devices: int, fill: float) -> tuple:  # (server, states, done) split on devices
         on = mesh(str(devices), jax.process_count())
-        rows = padded_clients(on, n)
-        padded = np.concatenate([states, np.full((2, rows - n, 3), fill, np.float32)], axis=1)
+        extra = padded_clients(on, n) - n
         sharding = simulator._split_sharding(on)  # each process places its own blocks
-        split = jax.make_array_from_callback(padded.shape, sharding, lambda i: padded[i])
-        return np.ones((2, 4), np.float32), split, np.ones((), np.int32)
 
-    out = {"resize/states": states}
+        def split(values: np.ndarray, pad: float) -> jax.Array:
+            padded = np.concatenate([values, np.full((2, extra, values.shape[2]), pad)], 1)
+            padded = padded.astype(values.dtype)
+            return jax.make_array_from_callback(padded.shape, sharding, lambda i: padded[i])
+
+        key_leaf = jax.random.wrap_key_data(split(keys, 7 + fill), impl="threefry2x32")
+        held = {"floats": split(states, fill), "keys": key_leaf}
+        return np.ones((2, 4), np.float32), held, np.ones((), np.int32)
+
+    out = {"resize/states": states, "resize/keys": keys}
     for pair in pairs.split(","):
         saved_on, restored_on = (int(d) for d in pair.split("-"))
         saved = Checkpoints(Path(folder) / pair, "resize", {})
@@ -195,10 +203,14 @@ def resized(folder: str, pairs: str) -> dict[str, np.ndarray]:
         restored, _ = saved.restore(1, like, {"m": np.zeros((1, 1))}, clients=n)
         saved.close()
         split = restored[1]
-        if split.shape[1] > n:
-            split = refill_padding(like[1].sharding, split, n)
-        assert split.sharding == like[1].sharding, split.sharding
-        out[f"resize/{pair}"] = on_host(split, split.shape[1])
+        rows = split["floats"].shape[1]
+        if rows > n:
+            split = refill_padding(like[1]["floats"].sharding, split, n)
+        for name in ("floats", "keys"):
+            assert split[name].sharding == like[1][name].sharding, split[name].sharding
+        host = on_host(split, rows)
+        out[f"resize/{pair}"] = host["floats"]
+        out[f"resize/{pair}/keys"] = np.asarray(jax.random.key_data(host["keys"]))
     return out
 
 

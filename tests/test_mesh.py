@@ -230,23 +230,25 @@ RESIZED = {"4-2": 22, "4-3": 21, "3-4": 24}  # saved on - restored on: rows rest
 
 def _check_resized(numbers: dict, pairs: list[str]) -> None:
     """Each ``resize/<pair>`` holds the 21 toy clients as saved, then padding rows that
-    are all copies of client 20."""
-    states = numbers["resize/states"]
+    are all copies of client 20; their PRNG key leaf (``resize/<pair>/keys``, its key
+    data) the same way."""
     for name in pairs:
-        rows, got = RESIZED[name], numbers[f"resize/{name}"]
-        assert got.shape == (2, rows, 3), name
-        np.testing.assert_array_equal(got[:, :21], states, err_msg=name)
-        padding = np.broadcast_to(states[:, 20:21], (2, rows - 21, 3))
-        np.testing.assert_array_equal(got[:, 21:], padding, err_msg=name)
+        rows = RESIZED[name]
+        for leaf, suffix, width in (("states", "", 3), ("keys", "/keys", 2)):
+            saved, got = numbers[f"resize/{leaf}"], numbers[f"resize/{name}{suffix}"]
+            assert got.shape == (2, rows, width), (name, leaf)
+            np.testing.assert_array_equal(got[:, :21], saved, err_msg=f"{name} {leaf}")
+            padding = np.broadcast_to(saved[:, 20:21], (2, rows - 21, width))
+            np.testing.assert_array_equal(got[:, 21:], padding, err_msg=f"{name} {leaf}")
 
 
 def test_a_checkpoint_restores_onto_another_device_count(local, distributed):
     """21 clients' states saved over 4 devices (padded to 24) restore onto 2 (22 rows: the
     saved padding row re-made) and 3 (21: the padding dropped); saved over 3, onto 4 (24:
     three rows past those saved): the 21 clients as saved, every padding row a copy of
-    client 20 (as a fresh run pads), each device reading its own rows. Over the 2
-    processes too (4 -> 3: 2 devices on process 0 and 1 on process 1; 3 -> 4), where
-    each process gets the whole states on its host."""
+    client 20 (as a fresh run pads), each device reading its own rows; a PRNG key leaf of
+    the states likewise. Over the 2 processes too (4 -> 3: 2 devices on process 0 and 1
+    on process 1; 3 -> 4), where each process gets the whole states on its host."""
     numbers, _ = local
     _check_resized(numbers, ["4-2", "4-3", "3-4"])
     two, _ = distributed
