@@ -396,6 +396,13 @@ def main(argv: list[str] | None = None) -> int:
             out |= numbers(run("dp-fedavg", label, checkpoint_dir=folder), "resumed-again")
     if args.resize:
         out |= resized(*args.resize.split(":"))
+    if args.rank is not None:  # a mesh of process 0's 2 devices alone: refused, not hung
+        from swarmjax.fl.runtime.mesh import mesh_for
+
+        try:
+            mesh_for(mesh("2", args.processes), None, 6, 1)
+        except ValueError as err:
+            out["refused/processes"] = np.asarray(str(err))
     if args.rank is None:
         out |= evaluated(args.processes)
     if args.audit:

@@ -256,6 +256,18 @@ def test_a_checkpoint_restores_onto_another_device_count(local, distributed):
     _check_resized({k.removeprefix("rank1/"): v for k, v in two.items()}, ["4-3", "3-4"])
 
 
+def test_a_mesh_leaving_a_process_without_a_device_is_refused(distributed):
+    """Over 2 ``jax.distributed`` processes of 2 devices, a 2-device mesh holds process 0's
+    devices only; process 1 would wait for its collectives without end: one line, on both
+    processes, naming the devices that would include every process."""
+    two, _ = distributed
+    for prefix in ("", "rank1/"):
+        line = str(two[f"{prefix}refused/processes"])
+        assert line.startswith("mesh: its 2 devices are all on process(es) [0], none on "), line
+        assert "jax.distributed process(es) [1]" in line and "devices >= 4" in line, line
+        assert "\n" not in line
+
+
 def test_canary_audit_on_four_devices_is_the_unsharded_audit(local):
     """A client-level canary audit on a 4-device clients mesh (the canaries join after the
     cross-device sum, before the plan's noise): the run's numbers as the unsharded audited

@@ -43,6 +43,7 @@ __all__ = [
     "CohortMemory",
     "SplitData",
     "block_rows",
+    "check_every_process",
     "check_memory",
     "check_mesh_options",
     "clients_mesh",
@@ -133,7 +134,8 @@ def mesh_for(
     """The mesh a call runs on: ``mesh`` checked, or one over as many devices as
     ``clients_per_device`` needs for ``slots`` slots (``None`` and ``None``: no mesh, one
     device, today's program). ``runs``: the call's runs (a ``runs`` axis must divide it).
-    One ``ValueError`` line on bad input, before any work."""
+    One ``ValueError`` line on bad input, before any work, including a mesh that leaves a
+    ``jax.distributed`` process without a device (:func:`check_every_process`)."""
     check_mesh_options(mesh, clients_per_device)
     if clients_per_device is not None:
         k = clients_per_device
@@ -143,13 +145,32 @@ def mesh_for(
                 f"clients_per_device={k} needs {need} devices for the cohort's {slots} slots; "
                 f"{present} present: pass clients_per_device >= {math.ceil(slots / present)}"
             )
-        return clients_mesh(need)
+        return check_every_process(clients_mesh(need))
     if mesh is None:
         return None
+    check_every_process(mesh)
     if RUNS in mesh.axis_names and runs % mesh.shape[RUNS]:
         raise ValueError(
             f"mesh's {RUNS!r} axis ({mesh.shape[RUNS]} devices) must divide the call's "
             f"{runs} runs (variants x seeds)"
+        )
+    return mesh
+
+
+def check_every_process(mesh: Mesh) -> Mesh:
+    """``mesh``, after one ``ValueError`` line if a ``jax.distributed`` process holds none
+    of its devices: every process runs the call's program, and one with no device of the
+    mesh would wait for the others' collectives without end."""
+    held = {device.process_index for device in mesh.devices.flat}
+    missing = sorted(set(range(jax.process_count())) - held)
+    if missing:
+        need = 1 + max(i for i, d in enumerate(jax.devices()) if d.process_index in missing)
+        raise ValueError(
+            f"mesh: its {mesh.devices.size} devices are all on process(es) {sorted(held)}, "
+            f"none on jax.distributed process(es) {missing}, which would wait for them "
+            f"without end: use a mesh with devices of every process (clients_mesh(devices) "
+            f"takes the first devices of jax.devices(): devices >= {need}) or "
+            f"start {len(held)} process(es)"
         )
     return mesh
 
