@@ -39,8 +39,6 @@ from swarmjax.privacy.distributed import DistributedDP
 
 __all__ = ["Distributed", "DistributedUserLevel"]
 
-_INNER_KEY = 0x696E6E72  # fold_in tag of the wrapped algorithm's aggregate key
-
 
 @dataclass(frozen=True)
 class Distributed(PlanAround):
@@ -75,9 +73,6 @@ class Distributed(PlanAround):
             ),
         )
 
-    def select(self, server: PrivateServer, key: PRNGKeyArray, n: int) -> Bool[Array, " N"]:
-        return self.plan.select(server.plan, key, n)
-
     def request(self, server: PrivateServer) -> tuple[Any, Int[Array, ""]]:
         """The wrapped request and the round index (it names the public rotation)."""
         return self._inner.request(server.inner), server.plan.rounds
@@ -91,13 +86,8 @@ class Distributed(PlanAround):
         hyper: PrivateHyper,
     ) -> tuple[Any, UInt32[Array, " d"]]:
         inner_request, rounds = request
-        state, reply = self._inner.client(state, data, inner_request, key, hyper.inner)
-        if not isinstance(reply, Update):
-            raise TypeError(
-                f"{type(self.algorithm).__name__}'s client must reply with an Update(delta, "
-                f"weight) to take a privacy plan; got {type(reply).__name__}"
-            )
-        return state, self.plan.encode(reply.delta, hyper.plan, rounds, key)
+        state, delta = self._update(state, data, inner_request, key, hyper)
+        return state, self.plan.encode(delta, hyper.plan, rounds, key)
 
     def aggregate(
         self,
@@ -133,10 +123,7 @@ class Distributed(PlanAround):
         like = self._inner.request(server.inner)
         total_tree, plan = self.plan.decode(server.plan, total, ok, hyper.plan, like)
         weight = jnp.maximum(jnp.sum(survivors.mask), 1).astype(jnp.float32)
-        inner_key = jax.random.fold_in(key, _INNER_KEY)
-        stepped = self._inner.aggregate_sum(
-            server.inner, Update(total_tree, weight), survivors, inner_key, hyper.inner
-        )
+        stepped = self._inner_step(server, Update(total_tree, weight), survivors, key, hyper)
         inner = jax.tree.map(lambda a, b: jnp.where(ok, a, b), stepped, server.inner)
         return PrivateServer(inner=inner, plan=plan)
 

@@ -129,6 +129,32 @@ class PlanAround(Algorithm):
     def _inner(self) -> Exchange:
         return self.algorithm.exchanges[0]
 
+    def select(self, server: PrivateServer, key: PRNGKeyArray, n: int) -> Bool[Array, " N"]:
+        """The plan's participation selects the round's clients."""
+        return self.plan.select(server.plan, key, n)
+
+    def _update(
+        self, state: Any, data: Any, request: Any, key: PRNGKeyArray, hyper: PrivateHyper
+    ) -> tuple[Any, PyTree]:
+        """The wrapped client's new state and the ``delta`` of its
+        :class:`~swarmjax.fl.protocol.Update` (a ``TypeError`` naming the algorithm for any
+        other reply), which the plan then protects."""
+        state, reply = self._inner.client(state, data, request, key, hyper.inner)
+        if not isinstance(reply, Update):
+            raise TypeError(
+                f"{type(self.algorithm).__name__}'s client must reply with an Update(delta, "
+                f"weight) to take a privacy plan; got {type(reply).__name__}"
+            )
+        return state, reply.delta
+
+    def _inner_step(
+        self, server: PrivateServer, total: Update, slots: Slots, key: PRNGKeyArray, hyper: Any
+    ) -> PyTree:
+        """The wrapped algorithm's server step on ``total`` (the plan's released sum and
+        its denominator), under its own key folded from the exchange's."""
+        inner_key = jax.random.fold_in(key, _INNER_KEY)
+        return self._inner.aggregate_sum(server.inner, total, slots, inner_key, hyper.inner)
+
     def client_init(
         self, key: PRNGKeyArray, data: Any, hyper: PrivateHyper, client_id: Int[Array, ""]
     ) -> Any:
@@ -192,9 +218,6 @@ class Private(SummedAggregate, PlanAround):
             ),
         )
 
-    def select(self, server: PrivateServer, key: PRNGKeyArray, n: int) -> Bool[Array, " N"]:
-        return self.plan.select(server.plan, key, n)
-
     def request(self, server: PrivateServer) -> tuple[Any, Array]:
         return self._inner.request(server.inner), server.plan.clip
 
@@ -207,13 +230,8 @@ class Private(SummedAggregate, PlanAround):
         hyper: PrivateHyper,
     ) -> tuple[Any, ClippedUpdate]:
         inner_request, clip = request
-        state, reply = self._inner.client(state, data, inner_request, key, hyper.inner)
-        if not isinstance(reply, Update):
-            raise TypeError(
-                f"{type(self.algorithm).__name__}'s client must reply with an Update(delta, "
-                f"weight) to take a privacy plan; got {type(reply).__name__}"
-            )
-        return state, self.plan.clip(reply.delta, clip)
+        state, delta = self._update(state, data, inner_request, key, hyper)
+        return state, self.plan.clip(delta, clip)
 
     def aggregate_sum(
         self,
@@ -228,10 +246,7 @@ class Private(SummedAggregate, PlanAround):
         noised, denominator, plan = self.plan.release(
             server.plan, total, slots.mask, key, hyper.plan, slots.num_clients
         )
-        inner_key = jax.random.fold_in(key, _INNER_KEY)
-        inner = self._inner.aggregate_sum(
-            server.inner, Update(noised, denominator), slots, inner_key, hyper.inner
-        )
+        inner = self._inner_step(server, Update(noised, denominator), slots, key, hyper)
         return PrivateServer(inner=inner, plan=plan)
 
     # ------------------------------------------------------------------ device side
