@@ -74,7 +74,9 @@ class Timing:
 
 def workload(name: str, quick: bool, data_dir: Path, cohort: int):
     """``(algorithm, store, test set, grid values)`` of ``name`` with ``cohort`` clients a
-    round (a fixed cohort drawn uniformly)."""
+    round (a fixed cohort drawn uniformly; the round's evaluation in the device's chunks,
+    :func:`swarmjax.device.default_eval_batch`)."""
+    from swarmjax.device import default_eval_batch
     from swarmjax.fl.algorithms import registry
     from swarmjax.fl.client.training import LocalTraining
     from swarmjax.fl.protocol import RunSpec
@@ -91,7 +93,7 @@ def workload(name: str, quick: bool, data_dir: Path, cohort: int):
             LocalTraining(epochs=1, batch_size=10, optimizer="sgd"),
             learning_rate=0.1,
             server_lr=1.0,
-            eval_batch_size=250,
+            eval_batch_size=default_eval_batch(),
         )
         alg, grid = registry.cross_device("fedavg", run)
         return alg, store, (ds.x_test[:250], ds.y_test[:250]), grid

@@ -55,6 +55,7 @@ from benchmarks import _cli as _bcli
 from benchmarks._results import device_slug, machine, write_section
 from experiments import _cli
 from experiments._report import write_json
+from swarmjax.device import default_eval_batch
 from swarmjax.fl.algorithms import registry
 from swarmjax.fl.client.training import LocalTraining
 from swarmjax.fl.data import ClientStore, load_dataset, partition
@@ -116,9 +117,11 @@ def model():
     return simple_cnn(10, (28, 28, 1))
 
 
-def algorithm(dp: dict | None, block_eval: int = 250):
+def algorithm(dp: dict | None, block_eval: int | None = None):
     """``(algorithm, grid values)`` from the algorithm registry: ``fedavg`` with a cohort of
-    50, or ``dp-fedavg`` (fixed clipping) with the Poisson buffer its plan sizes for the run."""
+    50, or ``dp-fedavg`` (fixed clipping) with the Poisson buffer its plan sizes for the run;
+    the round's evaluation in chunks of ``block_eval`` test rows (default: the device's,
+    :func:`swarmjax.device.default_eval_batch`)."""
     run = registry.CrossDeviceRun(
         model(),
         USERS,
@@ -129,7 +132,7 @@ def algorithm(dp: dict | None, block_eval: int = 250):
         learning_rate=0.1,
         server_lr=1.0,
         clip=CLIP,
-        eval_batch_size=block_eval,
+        eval_batch_size=default_eval_batch() if block_eval is None else block_eval,
     )
     return registry.cross_device("fedavg" if dp is None else "dp-fedavg", run)
 

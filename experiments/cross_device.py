@@ -54,6 +54,7 @@ import pandas as pd
 from jax.sharding import Mesh
 
 from experiments import _cli, _report
+from swarmjax.device import default_eval_batch
 from swarmjax.fl.algorithms import registry
 from swarmjax.fl.client.training import LocalTraining
 from swarmjax.fl.data import partition
@@ -83,10 +84,11 @@ MODELS = {
     "mlp": lambda classes, shape: mlp((256, 256), classes, shape),  # 784-256-256-10
 }
 """``--model``: name -> ``builder(num_classes, input_shape)``."""
-EVAL_BATCH = 125  # test rows per evaluation chunk: a one-pass CNN evaluation of 1,000 rows
-# holds ~0.8 GiB of activations (measured); chunks keep a run's peak memory to the cohort's
-# (--quick peaked at 4.3 GiB with a final evaluation in chunks of 2,000, 1.53 GiB at 250
-# and 1.39 GiB at 125: issue 38's target is 1.5 GiB)
+# Test rows per evaluation chunk: swarmjax.device.default_eval_batch() (25 on a CPU, 250 on
+# an accelerator). A one-pass CNN evaluation of 1,000 rows holds ~0.8 GiB of activations;
+# chunks keep a run's peak memory to the cohort's (--quick peaked at 4.3 GiB with a final
+# evaluation in chunks of 2,000, 1.53 GiB at 250, 1.39 GiB at 125 and 1.17-1.20 GiB at 25:
+# issue 38's target is 1.5 GiB), and on a CPU they spare each round's page faults
 
 
 @dataclasses.dataclass(frozen=True)
@@ -623,7 +625,7 @@ def cross_device_run(prof: Profile, name: str, epsilon: float | None) -> registr
         adaptive_server_lr=prof.adaptive_server_lr,
         clip=prof.clip,
         mu=prof.mu,
-        eval_batch_size=EVAL_BATCH,
+        eval_batch_size=default_eval_batch(),
         options=prof.options(name),
     )
 
@@ -740,11 +742,12 @@ def run_one(
         ledger.mark_not_released(out / "checkpoints" / label, CHECKPOINT_NOT_RELEASED)
     wall = time.perf_counter() - t0
     params = res.server.params
-    # in EVAL_BATCH chunks: one chunk of 2,000 rows held 1.3 GB of the CNN's activations,
-    # the experiment's peak (issue 38)
+    # in default_eval_batch() chunks: one chunk of 2,000 rows held 1.3 GB of the CNN's
+    # activations, the experiment's peak (issue 38)
     apply = run.setup.model.apply
     pick = [jax.tree.map(lambda a, i=i: a[i], params) for i in range(len(prof.seeds))]
-    finals = [float(evaluate(apply, p, *full_test, EVAL_BATCH)[1]) for p in pick]
+    chunk = default_eval_batch()
+    finals = [float(evaluate(apply, p, *full_test, chunk)[1]) for p in pick]
     target = math.nan if run.epsilon is None else run.epsilon
     history = res.history.assign(algorithm=name, run=label, epsilon_target=target)
     eps = res.privacy.final_epsilon.max(axis=1)

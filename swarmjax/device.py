@@ -8,7 +8,8 @@
   (the CPU's cache-sized :data:`CPU_BLOCK`; on accelerators as many as a share of the
   device's memory holds, a power of two up to :data:`MAX_BLOCK`), and
   :func:`chunk_budget_bytes`, the default memory of a sweep chunk.
-* :func:`default_client_map`: how the federated simulator maps its clients.
+* :func:`default_client_map`: how the federated simulator maps its clients, and
+  :func:`default_eval_batch`: test rows per chunk of a CNN's round evaluation.
 * :func:`planned_backend`, :func:`configure_cpu_flags`: XLA's CPU flags (device count, LLVM
   level) set only when the backend will be the CPU, before JAX starts its backends.
 
@@ -37,6 +38,7 @@ __all__ = [
     "chunk_budget_bytes",
     "configure_cpu_flags",
     "default_client_map",
+    "default_eval_batch",
     "device_memory_bytes",
     "is_cpu",
     "memory_stats",
@@ -169,6 +171,30 @@ def default_client_map(platform: str | None = None) -> str:
     same result.
     """
     return "sequential" if is_cpu(platform) else "vmap"
+
+
+CPU_EVAL_BATCH = 25
+"""Test rows per evaluation chunk on the CPU (:func:`default_eval_batch`)."""
+
+ACCELERATOR_EVAL_BATCH = 250
+"""Test rows per evaluation chunk on an accelerator (:func:`default_eval_batch`)."""
+
+
+def default_eval_batch(platform: str | None = None) -> int:
+    """Test rows per chunk of a round's evaluation (``eval_batch_size``) for a CNN on
+    ``platform`` (default: this process's backend): :data:`CPU_EVAL_BATCH` on the CPU,
+    :data:`ACCELERATOR_EVAL_BATCH` on GPU/TPU.
+
+    On the CPU a large chunk costs time and memory, not only memory: XLA allocates each
+    execution's temporaries afresh, glibc maps a block above 32 MB with ``mmap`` and unmaps
+    it when freed, so every round page-faults all of them in again, and a ``simple_cnn``
+    chunk of 250 test rows holds 166 MB of patch columns alone. Measured on the 2-core AMD
+    EPYC (2026-11-29, docs/cross_device.md): a 16-client vs_pfl round with 250 test rows
+    took 100,000 page faults and 0.44 s in chunks of 250, 9,600 and 0.36 s in chunks of 25;
+    ``experiments.cross_device --quick`` peaked at 1.17-1.20 GB resident against
+    1.34-1.41 GB in chunks of 125. On an accelerator the chunks run one after another, so
+    fewer, larger ones keep it busy (a GPU round of the vs_pfl work takes 10 ms)."""
+    return CPU_EVAL_BATCH if is_cpu(platform) else ACCELERATOR_EVAL_BATCH
 
 
 _ACCELERATOR_PLUGINS = {  # module of a JAX PJRT plugin -> platform

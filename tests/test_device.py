@@ -71,9 +71,11 @@ def test_device_memory_from_bytes_limit_else_host_ram():
     assert device.device_memory_bytes() > 0
 
 
-def test_client_map_sequential_on_cpu_vmap_on_accelerators():
+def test_client_map_and_eval_chunk_follow_the_device():
     assert device.default_client_map("cpu") == "sequential"
     assert device.default_client_map("gpu") == device.default_client_map("tpu") == "vmap"
+    assert device.default_eval_batch("cpu") == device.CPU_EVAL_BATCH == 25
+    assert device.default_eval_batch("gpu") == device.default_eval_batch("tpu") == 250
     assert device.is_cpu() == (device.backend() == jax.default_backend() == "cpu")
 
 
