@@ -302,7 +302,7 @@ def memory_limited(folder: str, refused: str, runs_on: str) -> tuple[str, dict[s
 
 def experiment(folder: str, devices: str) -> dict[str, np.ndarray]:
     """``experiments.cross_device`` run with each ``--devices`` of ``devices`` (``"1,2"``)
-    under ``folder``: its summary's final accuracy and devices, and its history's per-round
+    under ``folder``, its clients capped at 16 of their 20 rows a round: its summary's final accuracy and devices, and its history's per-round
     test accuracy and loss, as ``experiment/<devices>/...``."""
     import pandas as pd
 
@@ -310,7 +310,9 @@ def experiment(folder: str, devices: str) -> dict[str, np.ndarray]:
     from tests.argv import override
     from tests.test_experiment_cross_device import ARGS  # its tiny digits run
 
-    tiny = override(ARGS, ["--algorithms", "fedavg"])
+    # a cap below the clients' 20 rows: each round draws a random 16 of a client's rows,
+    # which on 2 devices the client's owner draws (under its federation id) from its block
+    tiny = override(ARGS, ["--algorithms", "fedavg", "--max-examples", "16"])
 
     secret = Path(folder) / "secret.bin"  # one secret: the same cohorts and client keys
     secret.parent.mkdir(parents=True, exist_ok=True)

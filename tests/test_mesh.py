@@ -335,7 +335,8 @@ def test_experiment_devices_two_is_devices_one(local):
     """``experiments.cross_device --devices 2`` (the 4-device process) gives ``--devices 1``'s
     accuracies and losses to the float32 tolerance, records the devices in summary.csv and
     prints its layout before the run: its flat store split over the 2 devices with the
-    client states (``ClientStore.split``), each device reading its own clients' rows."""
+    client states (``ClientStore.split``), each device reading its own clients' rows and
+    drawing a capped client's random 16 of 20 rows as one device draws them."""
     numbers, log = local
     assert numbers["experiment/1/devices"].tolist() == [1]
     assert numbers["experiment/2/devices"].tolist() == [2]
