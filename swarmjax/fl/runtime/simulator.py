@@ -384,10 +384,10 @@ def _mesh_exchange(
     if not splits(ctx.mesh):
         owned, shared = None, (states, rows_key, inputs)
     else:  # states (and the data, unless a step-reading store) split by client id
-        data_split = splits_data(clients)  # as start placed it: split by client id
-        owned = (states, clients if data_split else None)
-        shared = (None, rows_key, (None, *inputs[1:]) if data_split else inputs)
-        if data_split and _gathers(clients):
+        held_split = splits_data(clients)  # as start placed it: split by client id
+        owned = (states, clients if held_split else None)
+        shared = (None, rows_key, (None, *inputs[1:]) if held_split else inputs)
+        if held_split and _gathers(clients):
             split_data = SplitData(_store_spec(clients), clients.block, _store_rows, _store_arrived)
 
     def local(ids: Int[Array, " s"], u: Array, whole: PyTree, rows: PyTree):
@@ -715,7 +715,7 @@ def cohort_memory(
 
 def _stacked(data: PyTree) -> bool:
     """Whether the federation's data is stacked (every leaf with a leading client axis),
-    which a clients mesh axis splits as it is (a flat store: :func:`_splits_data`)."""
+    which a clients mesh axis splits as it is (a flat store: :func:`splits_data`)."""
     n = num_clients(data)
     return not _gathers(data) and all(
         getattr(a, "ndim", 0) >= 1 and a.shape[0] == n for a in jax.tree.leaves(data)
