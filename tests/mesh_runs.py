@@ -302,8 +302,9 @@ def memory_limited(folder: str, refused: str, runs_on: str) -> tuple[str, dict[s
 
 def experiment(folder: str, devices: str) -> dict[str, np.ndarray]:
     """``experiments.cross_device`` run with each ``--devices`` of ``devices`` (``"1,2"``)
-    under ``folder``, its clients capped at 16 of their 20 rows a round: its summary's final accuracy and devices, and its history's per-round
-    test accuracy and loss, as ``experiment/<devices>/...``."""
+    under ``folder``, its clients capped at 16 of their 20 rows a round: its summary's
+    final accuracy and devices, and its history's per-round test accuracy and loss, as
+    ``experiment/<devices>/...``."""
     import pandas as pd
 
     from experiments import cross_device

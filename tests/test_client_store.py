@@ -78,12 +78,14 @@ def test_a_split_store_block_reads_what_the_whole_store_reads(toy, devices, cap)
         assert_same(got, store.take(jnp.asarray(ids), key))
 
 
-def test_only_a_buffer_store_splits(toy):
+def test_only_a_buffer_store_splits_and_only_a_split_store_has_blocks(toy):
     x, y, indices = toy
     store = ClientStore.build(x, y, indices).with_read("step")
     with pytest.raises(ValueError, match=r"^ClientStore.split needs read='buffer'") as err:
         store.split(2)
     assert "\n" not in str(err.value)
+    with pytest.raises(ValueError, match=r"^ClientStore.local reads one device's block"):
+        store.local(0)
 
 
 def test_unused_slots_are_all_masked(toy):

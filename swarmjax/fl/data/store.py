@@ -224,7 +224,13 @@ class ClientStore:
         """Inside a program that sees one device's block of a :meth:`split` store (``x``,
         ``y``, ``offsets`` that block's, ``sizes`` whole): that block as a store of its
         own, whose client ``j`` is the federation's client ``first + j`` (padding clients
-        past ``N`` the last client's size, as their copied rows)."""
+        past ``N`` the last client's size, as their copied rows). One ``ValueError`` line
+        on a store that is not split."""
+        if not self.block:
+            raise ValueError(
+                "ClientStore.local reads one device's block of a split store "
+                "(ClientStore.split); this store is not split"
+            )
         n = self.num_clients
         ids = jnp.minimum(jnp.asarray(first, jnp.int32) + jnp.arange(self.block), n - 1)
         return self.replace(sizes=self.sizes[ids], block=0)
