@@ -190,7 +190,11 @@ class ClientStore:
         padded), each block's rows back to back and zero rows after them up to the
         largest block's. A block's own clients read exactly the rows they read here.
         Only a store that reads its cohort into a buffer (``read="buffer"``) splits: a
-        step-reading store's slots read their batches straight from the whole store."""
+        step-reading store's slots read their batches straight from the whole store.
+
+        Returns the store with ``x (devices * R, ...)`` and ``y (devices * R,)`` (``R``:
+        the largest block's rows), ``offsets (devices * block,)`` int32 counted from each
+        block's first row, ``sizes (N,)`` as before and :attr:`block` set."""
         devices = check_int("devices", devices, 1)
         if self.read != "buffer":
             raise ValueError(
