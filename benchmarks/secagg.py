@@ -42,6 +42,12 @@ client takes part in on the public schedule. ``--min-survivors`` sets the distri
 threshold ``t`` (default ``ceil(0.8 cohort)``; ``--cohort``: no dropout tolerated and every
 share counted, Kairouz et al.'s setting); ``--seed`` the runs' seed.
 
+Every run maps its clients and chunks its evaluation as the experiments do, by the device
+(``client_map=None``, :func:`swarmjax.device.default_eval_batch`): one client at a time and
+25 test rows a chunk on a CPU. Until 2026-11-29 (session 32) the benchmark vmapped the
+cohort and evaluated 250 rows a chunk, which slowed the central round on a CPU more than
+the distributed one and flattered their ratio (docs/secure_aggregation.md).
+
 Example: ``python -m benchmarks.secagg --rounds 4 --bits 16 20 --central public``.
 """
 
@@ -58,6 +64,7 @@ import pandas as pd
 from benchmarks import _cli as _bcli
 from benchmarks._results import machine, write_section
 from experiments import _cli, shakespeare
+from swarmjax.device import default_eval_batch
 from swarmjax.fl.algorithms import registry
 from swarmjax.fl.client.training import LocalTraining
 from swarmjax.fl.data import ClientStore, partition
@@ -143,7 +150,7 @@ def _build(
         epsilon=epsilon,
         learning_rate=work.learning_rate,
         clip=work.clip,
-        eval_batch_size=250,
+        eval_batch_size=default_eval_batch(),  # the device's chunks, as the experiments
         options=options,
     )
     alg, grid = registry.cross_device(name, run)
@@ -167,6 +174,8 @@ def _time(name: str, work: Work, args, options: dict):
         variants,
         execution=Execution(
             rounds_per_call=1,
+            client_map=None,  # the device's choice, as the experiments run: one client at a
+            # time on a CPU (a vmapped CNN cohort is slower there and flattered the ratio)
             progress=False,
             callbacks=(lambda *_: marks.append(time.perf_counter()),),
         ),
