@@ -117,11 +117,10 @@ def model():
     return simple_cnn(10, (28, 28, 1))
 
 
-def algorithm(dp: dict | None, block_eval: int | None = None):
+def algorithm(dp: dict | None):
     """``(algorithm, grid values)`` from the algorithm registry: ``fedavg`` with a cohort of
     50, or ``dp-fedavg`` (fixed clipping) with the Poisson buffer its plan sizes for the run;
-    the round's evaluation in chunks of ``block_eval`` test rows (default: the device's,
-    :func:`swarmjax.device.default_eval_batch`)."""
+    the round's evaluation in the device's chunks (:func:`swarmjax.device.default_eval_batch`)."""
     run = registry.CrossDeviceRun(
         model(),
         USERS,
@@ -132,7 +131,7 @@ def algorithm(dp: dict | None, block_eval: int | None = None):
         learning_rate=0.1,
         server_lr=1.0,
         clip=CLIP,
-        eval_batch_size=default_eval_batch() if block_eval is None else block_eval,
+        eval_batch_size=default_eval_batch(),
     )
     return registry.cross_device("fedavg" if dp is None else "dp-fedavg", run)
 

@@ -467,11 +467,9 @@ def layout(algorithm: Any, clients: Any, name: str, count: int, asked: bool) -> 
             )
         n, note = 1, f" ({name}'s exchange is not summed: one device, not {n})"
     mesh = None if n == 1 else clients_mesh(n)
-    if isinstance(clients, int):
-        line = describe(mesh, slot_buffer(algorithm, clients), clients)
-        return mesh, line + note
-    total = num_clients(clients)
-    split = splits_data(clients)
+    counted = isinstance(clients, int)  # only the number: whether the data splits is unknown
+    total = clients if counted else num_clients(clients)
+    split = not counted and splits_data(clients)
     return mesh, describe(mesh, slot_buffer(algorithm, total), total, data_split=split) + note
 
 

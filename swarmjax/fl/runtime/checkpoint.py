@@ -213,8 +213,7 @@ class Checkpoints:
         :meth:`restore` may then change ``N'``. Over ``jax.distributed``, process 0 writes
         the outputs, and every process returns only when the checkpoint is complete, so all
         of them resume from the same round."""
-        item = {_CARRY: _sized(carry), _CLIENTS: np.asarray(_recorded(clients), np.int64)}
-        self._manager.save(rounds_done, args=ocp.args.StandardSave(item))
+        self._manager.save(rounds_done, args=ocp.args.StandardSave(_item(carry, clients)))
         self._manager.wait_until_finished()
         if _primary():
             leaves, _ = jax.tree.flatten(outputs)
@@ -246,7 +245,7 @@ class Checkpoints:
             f"checkpoint_dir {self.folder} holds a run saved with another layout of the "
             "run's state (another swarmjax version): delete it or rerun with --restart"
         )
-        target = {_CARRY: _sized(carry), _CLIENTS: np.asarray(_recorded(clients), np.int64)}
+        target = _item(carry, clients)
         try:
             if not _fits(self._manager.item_metadata(rounds_done), target, clients):
                 raise other
@@ -281,6 +280,11 @@ _STATES = (_CARRY, "1")
 def _recorded(clients: int | None) -> int:
     """What a step records for ``clients`` (``-1``: a carry without client states)."""
     return -1 if clients is None else int(clients)
+
+
+def _item(carry: PyTree, clients: int | None) -> dict[str, Any]:
+    """What a step saves (and what restores it): the carry and its recorded client count."""
+    return {_CARRY: _sized(carry), _CLIENTS: np.asarray(_recorded(clients), np.int64)}
 
 
 def _stored_shape(leaf: Any) -> tuple[int, ...]:

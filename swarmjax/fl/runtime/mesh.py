@@ -270,15 +270,14 @@ def split_clients(mesh: Mesh, tree: PyTree) -> PyTree:
     """Host values ``tree`` (leading client axis ``N``) placed split by client id over
     ``mesh``'s ``clients`` axis (padded to :func:`padded_clients`; whole over a ``runs``
     axis): each device holds only its block. Over ``jax.distributed`` every process passes
-    the same values and places its own devices' blocks."""
-    sharding = NamedSharding(mesh, PartitionSpec(CLIENTS))
+    the same values and places its own devices' blocks (:func:`placed`)."""
 
-    def place(x: Any) -> Array:
+    def padded(x: Any) -> np.ndarray:
         host = np.asarray(x)
-        host = pad_clients(host, padded_clients(mesh, host.shape[0]))
-        return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+        return pad_clients(host, padded_clients(mesh, host.shape[0]))
 
-    return jax.tree.map(place, tree)
+    hosts = jax.tree.map(padded, tree)
+    return placed(mesh, hosts, jax.tree.map(lambda _: PartitionSpec(CLIENTS), hosts))
 
 
 def placed(mesh: Mesh, tree: PyTree, spec: PyTree) -> PyTree:
