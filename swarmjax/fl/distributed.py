@@ -60,18 +60,7 @@ class Distributed(PlanAround):
         its upload, ``d`` residues modulo ``2^bits``, goes on the wire packed
         (``reply_bits``: ``ceil(d bits / 8)`` bytes)."""
         protection = {"upload": Protection("accounted", "client", self.plan.describe())}
-        return (
-            Exchange(
-                self._inner.name,
-                self.select,
-                self.request,
-                self.client,
-                self.aggregate,
-                protection,
-                max_selected=self.plan.participation.max_selected,
-                reply_bits=self.plan.bits,
-            ),
-        )
+        return self._exchange(protection, reply_bits=self.plan.bits)
 
     def request(self, server: PrivateServer) -> tuple[Any, Int[Array, ""]]:
         """The wrapped request and the round index (it names the public rotation)."""

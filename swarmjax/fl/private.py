@@ -129,6 +129,23 @@ class PlanAround(Algorithm):
     def _inner(self) -> Exchange:
         return self.algorithm.exchanges[0]
 
+    def _exchange(self, protection: dict[str, Protection], **options: Any) -> tuple[Exchange]:
+        """The round's one exchange: the wrapped exchange's name, this class's select,
+        request, client and aggregate, ``protection``, the plan's bound on the cohort
+        (``max_selected``) and ``options`` (the other :class:`Exchange` fields)."""
+        return (
+            Exchange(
+                self._inner.name,
+                self.select,
+                self.request,
+                self.client,
+                self.aggregate,
+                protection,
+                max_selected=self.plan.participation.max_selected,
+                **options,
+            ),
+        )
+
     def select(self, server: PrivateServer, key: PRNGKeyArray, n: int) -> Bool[Array, " N"]:
         """The plan's participation selects the round's clients."""
         return self.plan.select(server.plan, key, n)
@@ -204,18 +221,10 @@ class Private(SummedAggregate, PlanAround):
         if self.plan.adaptive:
             protection["unclipped"] = Protection("accounted", "client", self.plan.count_note())
         secret = self.plan.participation.public_cohort is None
-        return (
-            Exchange(
-                self._inner.name,
-                self.select,
-                self.request,
-                self.client,
-                self.aggregate,
-                protection,
-                max_selected=self.plan.participation.max_selected,
-                expected_selected=_expected_clients if secret else None,
-                aggregate_sum=self.aggregate_sum,
-            ),
+        return self._exchange(
+            protection,
+            expected_selected=_expected_clients if secret else None,
+            aggregate_sum=self.aggregate_sum,
         )
 
     def request(self, server: PrivateServer) -> tuple[Any, Array]:
