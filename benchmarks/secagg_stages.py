@@ -7,10 +7,13 @@ Stages (``S`` clients vmapped as the simulator runs them, ``d`` coordinates, ``l
 client's Skellam share, batched over a variant axis of 1 as ``Variants`` batches it):
 ``rotate`` (the randomized DCT-II, or Hadamard after padding), ``round`` (conditional
 rounding with its retry loop, up to 16 draws), ``skellam``, ``to_residues`` (plus the
-share, mod ``2^b``), ``masks`` (:func:`~swarmjax.privacy.secagg.masked_uploads`: seeds
-and ChaCha20 masks), ``unmask`` (:func:`~swarmjax.privacy.secagg.unmask_sum`: the
-survivors' sum, their self masks and the dropouts' pair masks), ``decode`` (centring and
-the inverse rotation). ``bits``: ``S`` ChaCha20 keystreams of ``d`` words, for scale.
+share, mod ``2^b``), ``secure_sum`` (:func:`~swarmjax.privacy.secagg.secure_sum`, as the
+simulator runs it: the clients' masks, seeds and ChaCha20 keystreams, and the server's
+unmasking, the survivors' self masks and the dropouts' pair masks), ``decode`` (centring
+and the inverse rotation). Timed beside them, not added to the round: its two halves alone
+(``masks``: :func:`~swarmjax.privacy.secagg.masked_uploads`; ``unmask``:
+:func:`~swarmjax.privacy.secagg.unmask_sum`), and ``bits``: ``S`` ChaCha20 keystreams of
+``d`` words, for scale.
 
 Defaults: MNIST's ``simple_cnn`` (``--d 1,199,882`` parameters, rotated in
 :func:`~swarmjax.privacy.discrete.rotation_dim` coordinates: 1,200,000 under the DCT), a
@@ -79,11 +82,17 @@ def stages(d: int, cohort: int, bits: int, lam: float, rotation: str) -> dict:
         "round": (rnd_, (keys, r)),
         "skellam": (sk, (keys,)),
         "to_residues": (res, (z, s)),
-        "masks": (lambda u: secagg.masked_uploads(u, rnd), (up,)),
-        "unmask": (lambda m: secagg.unmask_sum(m, rnd), (masked,)),
+        "secure_sum": (lambda u: secagg.secure_sum(u, rnd), (up,)),
         "decode": (dec, (total,)),
+        "  masks alone": (lambda u: secagg.masked_uploads(u, rnd), (up,)),
+        "  unmask alone": (lambda m: secagg.unmask_sum(m, rnd), (masked,)),
         "bits (for scale)": (bits_, (keys,)),
     }
+
+
+PARTS = ("  masks alone", "  unmask alone", "bits (for scale)")
+"""Stages timed for attribution only, not added to the round: ``secure_sum`` is the two
+first ones as the simulator runs them (:func:`~swarmjax.privacy.secagg.secure_sum`)."""
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -111,7 +120,7 @@ def main(argv: list[str] | None = None) -> None:
     total = 0.0
     for name, v in times.items():
         med = statistics.median(v)
-        total += med if not name.startswith("bits") else 0.0
+        total += 0.0 if name in PARTS else med
         print(f"{name:18s} median {med:7.3f} s  ({min(v):.3f}-{max(v):.3f})")
     print(f"{'round (sum)':18s} median-sum {total:7.3f} s")
 

@@ -2,7 +2,8 @@
 cryptography of a deployment (swarmjax.privacy.secagg_crypto).
 
 (a) the server recovers exactly the survivors' sum for every dropout pattern within the
-threshold, nothing beyond it, and the uploads are the protocol's formula computed on the host
+threshold, nothing beyond it, the whole round at once (``secure_sum``) gives the same bits,
+and the uploads are the protocol's formula computed on the host
 from the seeds' bytes; (b) one masked upload is uniform and independent of its value
 (chi-square); (c) Shamir: t shares reconstruct, t - 1 are independent of the secret;
 (d) X25519 agreement, HKDF contexts, sealed share bundles; (e) one PRG in three
@@ -103,6 +104,10 @@ def test_the_server_recovers_exactly_the_survivors_sum(config, bits, seed, data)
     assert bool(ok) == (survived.sum() >= t)
     want = values[survived].astype(np.uint64).sum(axis=0) % (1 << bits)
     np.testing.assert_array_equal(np.asarray(total), want if ok else 0)
+    # the whole round at once (the simulator's path: no (S, d) array of masked uploads)
+    fused, fused_ok = sa.secure_sum(jnp.asarray(values), rnd)
+    assert bool(fused_ok) == bool(ok)
+    np.testing.assert_array_equal(np.asarray(fused), np.asarray(total))
     # the server reads the survivors' rows only: anything else in the other rows is ignored
     noise = np.where(survived[:, None], 0, gen.integers(0, 2**32, (s, D), dtype=np.uint64))
     total2, _ = sa.unmask_sum(uploads + jnp.asarray(noise.astype(np.uint32)), rnd)
@@ -151,6 +156,7 @@ def test_tiles_of_the_keystream_join_up(monkeypatch):
     want = values[[0, 2, 3]].astype(np.uint64).sum(axis=0) % (1 << 20)
     assert bool(ok)
     np.testing.assert_array_equal(np.asarray(total), want)
+    np.testing.assert_array_equal(np.asarray(sa.secure_sum(jnp.asarray(values), rnd)[0]), want)
 
 
 def test_the_ring_is_k_connected_and_complete_when_small():
@@ -439,6 +445,8 @@ VALUES = jnp.zeros((4, 3), jnp.uint32)
         (lambda: sa.unmask_sum(VALUES, _ok_round(degree=0)), "degree"),
         (lambda: sa.unmask_sum(VALUES, "round"), "SecAggRound"),
         (lambda: sa.unmask_sum(VALUES, _ok_round().replace(key=jax.random.key(0))), "ChaCha20"),
+        (lambda: sa.secure_sum(VALUES, _ok_round(degree=0)), "degree"),
+        (lambda: sa.secure_sum(VALUES.astype(jnp.int32), _ok_round()), "uint32"),
         (lambda: sc.mask_words(b"short", 4, 8), "32 bytes"),
         (lambda: sc.mask_words(bytes(32), 0, 8), "d must"),
         (lambda: sc.mask_words(bytes(32), 4, 33), "bits"),

@@ -54,6 +54,7 @@ from jax.flatten_util import ravel_pytree
 from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray, PyTree, UInt32
 
 from swarmjax._validation import check_int, check_range, stored
+from swarmjax.privacy import secagg
 from swarmjax.privacy.clipping import clip_update
 from swarmjax.privacy.discrete import (
     ROTATIONS,
@@ -71,13 +72,7 @@ from swarmjax.privacy.discrete import (
 )
 from swarmjax.privacy.participation import FixedCohort, MinSeparation
 from swarmjax.privacy.plan import check_delta
-from swarmjax.privacy.secagg import (
-    SecAggRound,
-    check_threshold,
-    masked_uploads,
-    min_degree,
-    unmask_sum,
-)
+from swarmjax.privacy.secagg import SecAggRound, check_threshold, min_degree
 from swarmjax.privacy.skellam import (
     SkellamDpEvent,
     l1_bound,
@@ -600,7 +595,9 @@ class DistributedDP:
         survived, ok)``. The clients' masking is simulated first
         (:func:`~swarmjax.privacy.secagg.masked_uploads`, a client of ``mask`` dropping
         with chance :attr:`dropout`); the server then reads only the survivors' masked
-        uploads (:func:`~swarmjax.privacy.secagg.unmask_sum`). ``total``: ``(d,)`` uint32,
+        uploads (:func:`~swarmjax.privacy.secagg.unmask_sum`); both as one
+        :func:`~swarmjax.privacy.secagg.secure_sum`, which adds each tile of the
+        survivors' masked uploads as it is made. ``total``: ``(d,)`` uint32,
         the survivors' residues summed modulo ``2^b`` (zeros unless ``ok``); ``survived``
         ``(S,)`` (public); ``ok``: at least ``min_survivors`` survived. A deployment computes
         the same three with real cryptography
@@ -616,7 +613,7 @@ class DistributedDP:
             degree=self.mask_degree,
             colluders=self.max_colluders,
         )
-        total, ok = unmask_sum(masked_uploads(encoded, rnd), rnd)
+        total, ok = secagg.secure_sum(encoded, rnd)
         return total, rnd.survived, ok
 
     def decode(

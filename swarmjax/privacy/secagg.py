@@ -45,7 +45,11 @@ keys (hence their ``s_ij``) by Shamir reconstruction from the survivors' shares
 (:func:`swarmjax.privacy.secagg_crypto.reconstruct`), which needs ``t`` shares; here the
 same seeds are recomputed from ``rnd.key`` by the same functions, which is what the
 reconstruction would return. A round with fewer than ``t`` survivors releases nothing:
-``ok`` is False and the sum is zeros.
+``ok`` is False and the sum is zeros. The simulator runs both sides at once
+(:func:`secure_sum`): every masked upload is made tile by tile as above and the survivors'
+tiles are added as they are made, so the ``(S, d)`` array of masked uploads is never held;
+of the dropped clients' pair masks only those of real dropouts with surviving partners
+are drawn (a round's ``S - t`` possible dropouts bound the work, its actual ones set it).
 
 **Masking graph.** ``degree=None``: every pair of selected clients (Bonawitz). ``degree =
 k`` (even): the Harary graph ``H(k, n)`` (Harary, "The maximum connectivity of a graph",
@@ -152,6 +156,7 @@ __all__ = [
     "min_degree",
     "neighbours",
     "pair_key",
+    "secure_sum",
     "self_key",
     "unmask_sum",
 ]
@@ -449,23 +454,61 @@ def masked_uploads(values: UInt32[Array, "S d"], rnd: SecAggRound) -> UInt32[Arr
         rnd.key,
         rnd.ids,
         rnd.selected,
+        rnd.selected,
         _mod_mask(rnd.bits),
         h=_half(rnd.degree, s),
         bits=rnd.bits,
+        summed=False,
     )
 
 
-@partial(jax.jit, static_argnames=("h", "bits"))
+def secure_sum(
+    values: UInt32[Array, "S d"], rnd: SecAggRound
+) -> tuple[UInt32[Array, " d"], Bool[Array, ""]]:
+    """One whole round, client side and server side: ``unmask_sum(masked_uploads(values,
+    rnd), rnd)``, the same bits, without the ``(S, d)`` array of masked uploads. Each tile
+    of every selected client's masked upload is made as :func:`masked_uploads` makes it
+    and the survivors' tiles are added at once, so the server's sum of what it received
+    is all that stays (a copy of the cohort's uploads less in memory and in passes over
+    it).
+
+    Returns:
+        ``(total, ok)`` as :func:`unmask_sum`.
+    """
+    values = jnp.asarray(values)
+    s, _ = _check_round(rnd, values.shape)
+    if values.dtype != jnp.uint32:
+        raise ValueError(f"values must be uint32 residues; got dtype {values.dtype}")
+    alive = jnp.asarray(rnd.selected, bool) & jnp.asarray(rnd.survived, bool)
+    received = _masked(
+        values,
+        rnd.key,
+        rnd.ids,
+        rnd.selected,
+        alive,
+        _mod_mask(rnd.bits),
+        h=_half(rnd.degree, s),
+        bits=rnd.bits,
+        summed=True,
+    )
+    return _unmask_received(received, alive, rnd)
+
+
+@partial(jax.jit, static_argnames=("h", "bits", "summed"))
 def _masked(
     values: UInt32[Array, "S d"],
     key: PRNGKeyArray,
     ids: Int[Array, " S"],
     selected: Bool[Array, " S"],
+    alive: Bool[Array, " S"],
     modmask: UInt32[Array, ""],
     *,
     h: int,
     bits: int,
-) -> UInt32[Array, "S d"]:
+    summed: bool,
+) -> UInt32[Array, "S d"] | UInt32[Array, " d"]:
+    """The selected slots' masked uploads (``(S, d)``, zeros elsewhere); with ``summed``
+    the ``(d,)`` sum modulo ``2^b`` of those of the ``alive`` slots instead, tile by tile."""
     s, d = values.shape
     ids = jnp.asarray(ids)
     selected = jnp.asarray(selected, bool)
@@ -506,9 +549,22 @@ def _masked(
 
         acc = jax.lax.dynamic_slice(buf, (0, c * width), (s, width))
         acc, _ = jax.lax.scan(step, acc, (seeds, plus, live, back, own[:, 0]))
-        return jax.lax.dynamic_update_slice(buf, acc & modmask, (0, c * width))
+        return acc & modmask
 
-    buf = jax.lax.fori_loop(0, chunks, tile, buf)
+    if summed:  # only the alive slots' sum of each tile leaves it
+
+        def added(c: Array, out: Array) -> Array:
+            rows = jnp.where(alive[:, None], tile(c, buf), jnp.uint32(0))
+            part = jnp.sum(rows, axis=0, dtype=jnp.uint32) & modmask
+            return jax.lax.dynamic_update_slice(out, part, (c * width,))
+
+        out = jax.lax.fori_loop(0, chunks, added, jnp.zeros((chunks * width,), jnp.uint32))
+        return out[:d]
+
+    def stored(c: Array, buf: Array) -> Array:
+        return jax.lax.dynamic_update_slice(buf, tile(c, buf), (0, c * width))
+
+    buf = jax.lax.fori_loop(0, chunks, stored, buf)
     return jnp.where(selected[:, None], buf[:, :d], jnp.uint32(0))
 
 
@@ -526,13 +582,21 @@ def unmask_sum(
         ``2^b`` when ``ok``; zeros otherwise. ``ok``: at least ``threshold`` survivors.
     """
     uploads = jnp.asarray(uploads)
-    s, _ = _check_round(rnd, uploads.shape)
+    _check_round(rnd, uploads.shape)
     if uploads.dtype != jnp.uint32:
         raise ValueError(f"uploads must be uint32 residues; got dtype {uploads.dtype}")
     alive = jnp.asarray(rnd.selected, bool) & jnp.asarray(rnd.survived, bool)
     received = jnp.where(alive[:, None], uploads, jnp.uint32(0))  # survivors' rows only
+    return _unmask_received(jnp.sum(received, axis=0, dtype=jnp.uint32), alive, rnd)
+
+
+def _unmask_received(
+    received: UInt32[Array, " d"], alive: Bool[Array, " S"], rnd: SecAggRound
+) -> tuple[UInt32[Array, " d"], Bool[Array, ""]]:
+    """:func:`unmask_sum` from the survivors' uploads already summed (``received``)."""
+    s = rnd.ids.shape[0]
     return _unmask(
-        jnp.sum(received, axis=0, dtype=jnp.uint32),
+        received,
         rnd.key,
         rnd.ids,
         rnd.selected,
@@ -569,47 +633,63 @@ def _unmask(
     n1 = jnp.maximum(n, 1)
 
     # Steps of `width` rows: first the survivors' self masks (`fill` steps over the slots),
-    # then, for each of the at most S - t dropouts of a released round, its pair mask with
-    # the surviving neighbour at each offset, as that survivor added it (+ from the lower id).
+    # then the pair masks of the at most S - t dropouts of a released round: each dropout's
+    # mask with the surviving neighbour at each offset, as that survivor added it (+ from
+    # the lower id). Of the `len(offsets) * width` candidate pair rows only the live ones
+    # (real dropouts, surviving partners) are moved to the front and run, in as many steps
+    # as they fill: the others would draw keystreams only to add nothing.
     width = max(room, 1)
     fill = -(-s // width)
-    (gone,) = jnp.nonzero(dropped, size=width, fill_value=0)
-    real = (jnp.arange(width) < jnp.sum(dropped)) & (room > 0)
-    pair_offsets = jnp.asarray(_offsets(h, s))[:, None]
     cells = jnp.arange(fill * width, dtype=jnp.int32).reshape(fill, width)
-    rows = jnp.concatenate(
-        [jnp.minimum(cells, s - 1), jnp.broadcast_to(gone, (pair_offsets.shape[0], width))]
-    )
-    offsets = jnp.concatenate([jnp.zeros((fill, 1), jnp.int32), pair_offsets])
-    own = jnp.broadcast_to(offsets == 0, rows.shape)
-    partner = jnp.where(own, rows, order[jnp.mod(pos[rows] + offsets, n1)])
-    live = jnp.where(
-        own,
-        jnp.concatenate([cells < s, jnp.zeros((pair_offsets.shape[0], width), bool)]) & alive[rows],
-        real & _offset_valid(offsets, n, h) & alive[partner],
-    )
-    seeds = _seed_words(
-        _level1(key, ids),
-        ids[rows].ravel(),
-        rows.ravel(),
-        partner.ravel(),
-        ids[partner].ravel(),
-        own.ravel(),
-    ).reshape(*rows.shape, -1)
-    plus = own | (ids[partner] < ids[rows])
+    own_rows = jnp.minimum(cells, s - 1)
+    own_live = (cells < s) & alive[own_rows]
+    level1 = _level1(key, ids)
+    own_seeds = _seed_words(
+        level1,
+        ids[own_rows].ravel(),
+        own_rows.ravel(),
+        own_rows.ravel(),
+        ids[own_rows].ravel(),
+        jnp.ones(own_rows.size, bool),
+    ).reshape(fill, width, -1)
+    if room > 0:
+        (gone,) = jnp.nonzero(dropped, size=width, fill_value=0)
+        real = jnp.arange(width) < jnp.sum(dropped)
+        offsets = jnp.asarray(_offsets(h, s))[:, None]
+        rows = jnp.broadcast_to(gone, (offsets.shape[0], width)).ravel()
+        partner = order[jnp.mod(pos[rows] + jnp.repeat(offsets[:, 0], width), n1)]
+        live = (real & _offset_valid(offsets, n, h)).ravel() & alive[partner]
+        (first,) = jnp.nonzero(live, size=live.size, fill_value=0)
+        rows, partner = rows[first], partner[first]
+        live = jnp.arange(live.size) < jnp.sum(live)
+        pair_steps = -(-jnp.sum(live) // width)
+        pair_seeds = _seed_words(
+            level1, ids[rows], rows, partner, ids[partner], jnp.zeros_like(live)
+        ).reshape(live.size // width, width, -1)
+        pair_plus = (ids[partner] < ids[rows]).reshape(-1, width)
+        pair_live = live.reshape(-1, width)
     per, chunks = _tiles(width, d, bits)
     span = _tile_width(per, bits)
     buf = jnp.pad(received, (0, chunks * span - d))
 
     def tile(c: Array, buf: Array) -> Array:
-        def step(acc: Array, xs: tuple[Array, ...]) -> tuple[Array, None]:
-            words, sign, on = xs
+        def added(words: Array, sign: Array, on: Array) -> Array:
             w = _prg_tile(words, c * per, per, bits) & modmask
-            added = jnp.where(on[:, None], jnp.where(sign[:, None], w, -w), jnp.uint32(0))
-            return acc - jnp.sum(added, axis=0, dtype=jnp.uint32), None
+            signed = jnp.where(on[:, None], jnp.where(sign[:, None], w, -w), jnp.uint32(0))
+            return jnp.sum(signed, axis=0, dtype=jnp.uint32)
+
+        def own_step(acc: Array, xs: tuple[Array, ...]) -> tuple[Array, None]:
+            words, on = xs
+            return acc - added(words, jnp.ones_like(on), on), None
 
         acc = jax.lax.dynamic_slice(buf, (c * span,), (span,))
-        acc, _ = jax.lax.scan(step, acc, (seeds, plus, live))
+        acc, _ = jax.lax.scan(own_step, acc, (own_seeds, own_live))
+        if room > 0:
+
+            def pair_step(i: Array, acc: Array) -> Array:
+                return acc - added(pair_seeds[i], pair_plus[i], pair_live[i])
+
+            acc = jax.lax.fori_loop(0, pair_steps, pair_step, acc)
         return jax.lax.dynamic_update_slice(buf, acc & modmask, (c * span,))
 
     buf = jax.lax.fori_loop(0, chunks, tile, buf)
