@@ -144,16 +144,21 @@ def test_a_malicious_clients_garbage_shifts_the_sum_by_what_it_chose(bits):
     np.testing.assert_array_equal((want + m - values[3].astype(np.uint64) - shift) % m, others)
 
 
-def test_tiles_of_the_keystream_join_up(monkeypatch):
-    """Vectors longer than one tile: masks and unmasking agree with the host formula."""
-    monkeypatch.setattr(sa, "_TILE_BLOCKS", 4)  # one block per key per tile: 3 tiles
+@pytest.mark.parametrize(
+    ("bits", "d"),
+    [(20, 40), (32, 40), (32, 48), (16, 70)],  # at 4 blocks a tile: tiles of 128, 16, 16, 32
+)
+def test_tiles_of_the_keystream_join_up(monkeypatch, bits, d):
+    """Vectors longer than one tile (full tiles and a part, or full tiles only): masks,
+    unmasking and the one-pass sum agree with the host formula."""
+    monkeypatch.setattr(sa, "_TILE_BLOCKS", 4)  # one block per key per tile
     gen = np.random.default_rng(5)
-    values = gen.integers(0, 1 << 20, (4, 40), dtype=np.uint64).astype(np.uint32)
-    rnd = _round([9, 3, 7, 1], [1, 1, 1, 1], [1, 0, 1, 1], bits=20, threshold=3, degree=None)
+    values = gen.integers(0, 1 << bits, (4, d), dtype=np.uint64).astype(np.uint32)
+    rnd = _round([9, 3, 7, 1], [1, 1, 1, 1], [1, 0, 1, 1], bits=bits, threshold=3, degree=None)
     uploads = sa.masked_uploads(jnp.asarray(values), rnd)
     np.testing.assert_array_equal(np.asarray(uploads), _reference_uploads(values, rnd))
     total, ok = sa.unmask_sum(uploads, rnd)
-    want = values[[0, 2, 3]].astype(np.uint64).sum(axis=0) % (1 << 20)
+    want = values[[0, 2, 3]].astype(np.uint64).sum(axis=0) % (1 << bits)
     assert bool(ok)
     np.testing.assert_array_equal(np.asarray(total), want)
     np.testing.assert_array_equal(np.asarray(sa.secure_sum(jnp.asarray(values), rnd)[0]), want)

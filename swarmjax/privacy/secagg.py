@@ -467,10 +467,11 @@ def secure_sum(
 ) -> tuple[UInt32[Array, " d"], Bool[Array, ""]]:
     """One whole round, client side and server side: ``unmask_sum(masked_uploads(values,
     rnd), rnd)``, the same bits, without the ``(S, d)`` array of masked uploads. Each tile
-    of every selected client's masked upload is made as :func:`masked_uploads` makes it
-    and the survivors' tiles are added at once, so the server's sum of what it received
-    is all that stays (a copy of the cohort's uploads less in memory and in passes over
-    it).
+    of every selected client's masked upload is made as :func:`masked_uploads` makes it,
+    from ``values`` read in place, and the survivors' tiles are added at once, so the
+    server's sum of what it received is all that stays: no ``(S, d)`` temporary (5 MB of
+    XLA temporaries at 50 clients of 1.2 M coordinates, against 458 MB for the two
+    steps).
 
     Returns:
         ``(total, ok)`` as :func:`unmask_sum`.
@@ -538,31 +539,45 @@ def _masked(
     back = order[jnp.mod(pos - offsets, n1)]
     per, chunks = _tiles(s, d, bits)
     width = _tile_width(per, bits)
-    buf = jnp.pad(values, ((0, 0), (0, chunks * width - d)))
 
-    def tile(c: Array, buf: Array) -> Array:
+    def masked(c: Array, acc: Array) -> Array:
+        """Tile ``c`` of every slot's upload (``acc``, ``(S, width)``) with its masks."""
+
         def step(acc: Array, xs: tuple[Array, ...]) -> tuple[Array, None]:
             words, sign, on, other, first = xs
             w = _prg_tile(words, c * per, per, bits) & modmask
             contrib = jnp.where(on[:, None], jnp.where(sign[:, None], w, -w), jnp.uint32(0))
             return acc + contrib - jnp.where(first, jnp.uint32(0), contrib[other]), None
 
-        acc = jax.lax.dynamic_slice(buf, (0, c * width), (s, width))
         acc, _ = jax.lax.scan(step, acc, (seeds, plus, live, back, own[:, 0]))
         return acc & modmask
 
-    if summed:  # only the alive slots' sum of each tile leaves it
+    if summed:  # only the alive slots' sum of each tile leaves it; the uploads are read in
+        # place (full tiles sliced, the last one padded alone), never copied whole
+
+        def summed_tile(c: Array, acc: Array) -> Array:
+            rows = jnp.where(alive[:, None], masked(c, acc), jnp.uint32(0))
+            return jnp.sum(rows, axis=0, dtype=jnp.uint32) & modmask
+
+        full, rest = divmod(d, width)
 
         def added(c: Array, out: Array) -> Array:
-            rows = jnp.where(alive[:, None], tile(c, buf), jnp.uint32(0))
-            part = jnp.sum(rows, axis=0, dtype=jnp.uint32) & modmask
+            part = summed_tile(c, jax.lax.dynamic_slice(values, (0, c * width), (s, width)))
             return jax.lax.dynamic_update_slice(out, part, (c * width,))
 
-        out = jax.lax.fori_loop(0, chunks, added, jnp.zeros((chunks * width,), jnp.uint32))
-        return out[:d]
+        out = jnp.zeros((d,), jnp.uint32)
+        if full:  # (a tile wider than the uploads cannot be sliced from them)
+            out = jax.lax.fori_loop(0, full, added, out)
+        if rest:
+            last = jnp.pad(values[:, full * width :], ((0, 0), (0, width - rest)))
+            out = out.at[full * width :].set(summed_tile(jnp.int32(full), last)[:rest])
+        return out
+
+    buf = jnp.pad(values, ((0, 0), (0, chunks * width - d)))
 
     def stored(c: Array, buf: Array) -> Array:
-        return jax.lax.dynamic_update_slice(buf, tile(c, buf), (0, c * width))
+        acc = jax.lax.dynamic_slice(buf, (0, c * width), (s, width))
+        return jax.lax.dynamic_update_slice(buf, masked(c, acc), (0, c * width))
 
     buf = jax.lax.fori_loop(0, chunks, stored, buf)
     return jnp.where(selected[:, None], buf[:, :d], jnp.uint32(0))
