@@ -136,6 +136,7 @@ and holds only with high probability, which nothing accounts: refused.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -445,20 +446,15 @@ def masked_uploads(values: UInt32[Array, "S d"], rnd: SecAggRound) -> UInt32[Arr
     Returns:
         ``(S, d)`` uint32 masked uploads, each in ``[0, 2^b)``.
     """
-    values = jnp.asarray(values)
-    s, _ = _check_round(rnd, values.shape)
-    if values.dtype != jnp.uint32:
-        raise ValueError(f"values must be uint32 residues; got dtype {values.dtype}")
+    values, s = _residues("values", values, rnd)
     return _masked(
         values,
         rnd.key,
         rnd.ids,
         rnd.selected,
-        rnd.selected,
         _mod_mask(rnd.bits),
         h=_half(rnd.degree, s),
         bits=rnd.bits,
-        summed=False,
     )
 
 
@@ -476,12 +472,9 @@ def secure_sum(
     Returns:
         ``(total, ok)`` as :func:`unmask_sum`.
     """
-    values = jnp.asarray(values)
-    s, _ = _check_round(rnd, values.shape)
-    if values.dtype != jnp.uint32:
-        raise ValueError(f"values must be uint32 residues; got dtype {values.dtype}")
-    alive = jnp.asarray(rnd.selected, bool) & jnp.asarray(rnd.survived, bool)
-    received = _masked(
+    values, s = _residues("values", values, rnd)
+    alive = _alive(rnd)
+    received = _masked_sum(
         values,
         rnd.key,
         rnd.ids,
@@ -490,27 +483,38 @@ def secure_sum(
         _mod_mask(rnd.bits),
         h=_half(rnd.degree, s),
         bits=rnd.bits,
-        summed=True,
     )
     return _unmask_received(received, alive, rnd)
 
 
-@partial(jax.jit, static_argnames=("h", "bits", "summed"))
-def _masked(
-    values: UInt32[Array, "S d"],
+def _residues(name: str, words: Any, rnd: SecAggRound) -> tuple[UInt32[Array, "S d"], int]:
+    """``words`` as an array checked against ``rnd`` (:func:`_check_round`) and as uint32
+    residues (one ``ValueError`` line naming ``name`` otherwise); and ``S``."""
+    words = jnp.asarray(words)
+    s, _ = _check_round(rnd, words.shape)
+    if words.dtype != jnp.uint32:
+        raise ValueError(f"{name} must be uint32 residues; got dtype {words.dtype}")
+    return words, s
+
+
+def _alive(rnd: SecAggRound) -> Bool[Array, " S"]:
+    """``(S,)`` the slots whose upload the server reads: selected and survived."""
+    return jnp.asarray(rnd.selected, bool) & jnp.asarray(rnd.survived, bool)
+
+
+def _masker(
+    shape: tuple[int, int],
     key: PRNGKeyArray,
     ids: Int[Array, " S"],
     selected: Bool[Array, " S"],
-    alive: Bool[Array, " S"],
     modmask: UInt32[Array, ""],
-    *,
     h: int,
     bits: int,
-    summed: bool,
-) -> UInt32[Array, "S d"] | UInt32[Array, " d"]:
-    """The selected slots' masked uploads (``(S, d)``, zeros elsewhere); with ``summed``
-    the ``(d,)`` sum modulo ``2^b`` of those of the ``alive`` slots instead, tile by tile."""
-    s, d = values.shape
+) -> tuple[Callable[[Array, Array], Array], int, int]:
+    """``(masked, width, chunks)`` for uploads of ``shape`` ``(S, d)``: ``masked(c,
+    acc)`` is tile ``c`` of every slot's upload (``acc``, ``(S, width)``) with its masks
+    added, modulo ``2^b``; ``chunks`` tiles of ``width`` coordinates cover ``d``."""
+    s, d = shape
     ids = jnp.asarray(ids)
     selected = jnp.asarray(selected, bool)
     order, pos, n = _ring(ids, selected)
@@ -538,11 +542,8 @@ def _masked(
     # slot j is the partner of the slot at ring position pos[j] - o (a bijection)
     back = order[jnp.mod(pos - offsets, n1)]
     per, chunks = _tiles(s, d, bits)
-    width = _tile_width(per, bits)
 
     def masked(c: Array, acc: Array) -> Array:
-        """Tile ``c`` of every slot's upload (``acc``, ``(S, width)``) with its masks."""
-
         def step(acc: Array, xs: tuple[Array, ...]) -> tuple[Array, None]:
             words, sign, on, other, first = xs
             w = _prg_tile(words, c * per, per, bits) & modmask
@@ -552,27 +553,23 @@ def _masked(
         acc, _ = jax.lax.scan(step, acc, (seeds, plus, live, back, own[:, 0]))
         return acc & modmask
 
-    if summed:  # only the alive slots' sum of each tile leaves it; the uploads are read in
-        # place (full tiles sliced, the last one padded alone), never copied whole
+    return masked, _tile_width(per, bits), chunks
 
-        def summed_tile(c: Array, acc: Array) -> Array:
-            rows = jnp.where(alive[:, None], masked(c, acc), jnp.uint32(0))
-            return jnp.sum(rows, axis=0, dtype=jnp.uint32) & modmask
 
-        full, rest = divmod(d, width)
-
-        def added(c: Array, out: Array) -> Array:
-            part = summed_tile(c, jax.lax.dynamic_slice(values, (0, c * width), (s, width)))
-            return jax.lax.dynamic_update_slice(out, part, (c * width,))
-
-        out = jnp.zeros((d,), jnp.uint32)
-        if full:  # (a tile wider than the uploads cannot be sliced from them)
-            out = jax.lax.fori_loop(0, full, added, out)
-        if rest:
-            last = jnp.pad(values[:, full * width :], ((0, 0), (0, width - rest)))
-            out = out.at[full * width :].set(summed_tile(jnp.int32(full), last)[:rest])
-        return out
-
+@partial(jax.jit, static_argnames=("h", "bits"))
+def _masked(
+    values: UInt32[Array, "S d"],
+    key: PRNGKeyArray,
+    ids: Int[Array, " S"],
+    selected: Bool[Array, " S"],
+    modmask: UInt32[Array, ""],
+    *,
+    h: int,
+    bits: int,
+) -> UInt32[Array, "S d"]:
+    """The selected slots' masked uploads, ``(S, d)``, zeros elsewhere."""
+    s, d = values.shape
+    masked, width, chunks = _masker(values.shape, key, ids, selected, modmask, h, bits)
     buf = jnp.pad(values, ((0, 0), (0, chunks * width - d)))
 
     def stored(c: Array, buf: Array) -> Array:
@@ -580,7 +577,43 @@ def _masked(
         return jax.lax.dynamic_update_slice(buf, masked(c, acc), (0, c * width))
 
     buf = jax.lax.fori_loop(0, chunks, stored, buf)
-    return jnp.where(selected[:, None], buf[:, :d], jnp.uint32(0))
+    return jnp.where(jnp.asarray(selected, bool)[:, None], buf[:, :d], jnp.uint32(0))
+
+
+@partial(jax.jit, static_argnames=("h", "bits"))
+def _masked_sum(
+    values: UInt32[Array, "S d"],
+    key: PRNGKeyArray,
+    ids: Int[Array, " S"],
+    selected: Bool[Array, " S"],
+    alive: Bool[Array, " S"],
+    modmask: UInt32[Array, ""],
+    *,
+    h: int,
+    bits: int,
+) -> UInt32[Array, " d"]:
+    """The ``(d,)`` sum modulo ``2^b`` of the ``alive`` slots' masked uploads, tile by
+    tile: the uploads are read in place (full tiles sliced, the last one padded alone),
+    never copied whole."""
+    s, d = values.shape
+    masked, width, _ = _masker(values.shape, key, ids, selected, modmask, h, bits)
+
+    def summed(c: Array, acc: Array) -> Array:
+        rows = jnp.where(alive[:, None], masked(c, acc), jnp.uint32(0))
+        return jnp.sum(rows, axis=0, dtype=jnp.uint32) & modmask
+
+    def added(c: Array, out: Array) -> Array:
+        part = summed(c, jax.lax.dynamic_slice(values, (0, c * width), (s, width)))
+        return jax.lax.dynamic_update_slice(out, part, (c * width,))
+
+    full, rest = divmod(d, width)
+    out = jnp.zeros((d,), jnp.uint32)
+    if full:  # (a tile wider than the uploads cannot be sliced from them)
+        out = jax.lax.fori_loop(0, full, added, out)
+    if rest:
+        last = jnp.pad(values[:, full * width :], ((0, 0), (0, width - rest)))
+        out = out.at[full * width :].set(summed(jnp.int32(full), last)[:rest])
+    return out
 
 
 def unmask_sum(
@@ -596,11 +629,8 @@ def unmask_sum(
         ``(total, ok)``: ``total`` ``(d,)`` uint32, the survivors' values summed modulo
         ``2^b`` when ``ok``; zeros otherwise. ``ok``: at least ``threshold`` survivors.
     """
-    uploads = jnp.asarray(uploads)
-    _check_round(rnd, uploads.shape)
-    if uploads.dtype != jnp.uint32:
-        raise ValueError(f"uploads must be uint32 residues; got dtype {uploads.dtype}")
-    alive = jnp.asarray(rnd.selected, bool) & jnp.asarray(rnd.survived, bool)
+    uploads, _ = _residues("uploads", uploads, rnd)
+    alive = _alive(rnd)
     received = jnp.where(alive[:, None], uploads, jnp.uint32(0))  # survivors' rows only
     return _unmask_received(jnp.sum(received, axis=0, dtype=jnp.uint32), alive, rnd)
 
