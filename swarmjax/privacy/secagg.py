@@ -446,16 +446,8 @@ def masked_uploads(values: UInt32[Array, "S d"], rnd: SecAggRound) -> UInt32[Arr
     Returns:
         ``(S, d)`` uint32 masked uploads, each in ``[0, 2^b)``.
     """
-    values, s = _residues("values", values, rnd)
-    return _masked(
-        values,
-        rnd.key,
-        rnd.ids,
-        rnd.selected,
-        _mod_mask(rnd.bits),
-        h=_half(rnd.degree, s),
-        bits=rnd.bits,
-    )
+    values, _ = _residues("values", values, rnd)
+    return _masked(values, rnd)
 
 
 def secure_sum(
@@ -472,19 +464,8 @@ def secure_sum(
     Returns:
         ``(total, ok)`` as :func:`unmask_sum`.
     """
-    values, s = _residues("values", values, rnd)
-    alive = _alive(rnd)
-    received = _masked_sum(
-        values,
-        rnd.key,
-        rnd.ids,
-        rnd.selected,
-        alive,
-        _mod_mask(rnd.bits),
-        h=_half(rnd.degree, s),
-        bits=rnd.bits,
-    )
-    return _unmask_received(received, alive, rnd)
+    values, _ = _residues("values", values, rnd)
+    return _unmask_received(_masked_sum(values, rnd), _alive(rnd), rnd)
 
 
 def _residues(name: str, words: Any, rnd: SecAggRound) -> tuple[UInt32[Array, "S d"], int]:
@@ -503,20 +484,15 @@ def _alive(rnd: SecAggRound) -> Bool[Array, " S"]:
 
 
 def _masker(
-    shape: tuple[int, int],
-    key: PRNGKeyArray,
-    ids: Int[Array, " S"],
-    selected: Bool[Array, " S"],
-    modmask: UInt32[Array, ""],
-    h: int,
-    bits: int,
+    rnd: SecAggRound, shape: tuple[int, int]
 ) -> tuple[Callable[[Array, Array], Array], int, int]:
-    """``(masked, width, chunks)`` for uploads of ``shape`` ``(S, d)``: ``masked(c,
-    acc)`` is tile ``c`` of every slot's upload (``acc``, ``(S, width)``) with its masks
-    added, modulo ``2^b``; ``chunks`` tiles of ``width`` coordinates cover ``d``."""
+    """``(masked, width, chunks)`` for uploads of ``shape`` ``(S, d)`` in round ``rnd``:
+    ``masked(c, acc)`` is tile ``c`` of every slot's upload (``acc``, ``(S, width)``) with
+    its masks added, modulo ``2^b``; ``chunks`` tiles of ``width`` coordinates cover ``d``."""
     s, d = shape
-    ids = jnp.asarray(ids)
-    selected = jnp.asarray(selected, bool)
+    key, bits, h, modmask = rnd.key, rnd.bits, _half(rnd.degree, s), _mod_mask(rnd.bits)
+    ids = jnp.asarray(rnd.ids)
+    selected = jnp.asarray(rnd.selected, bool)
     order, pos, n = _ring(ids, selected)
     n1 = jnp.maximum(n, 1)
 
@@ -556,20 +532,11 @@ def _masker(
     return masked, _tile_width(per, bits), chunks
 
 
-@partial(jax.jit, static_argnames=("h", "bits"))
-def _masked(
-    values: UInt32[Array, "S d"],
-    key: PRNGKeyArray,
-    ids: Int[Array, " S"],
-    selected: Bool[Array, " S"],
-    modmask: UInt32[Array, ""],
-    *,
-    h: int,
-    bits: int,
-) -> UInt32[Array, "S d"]:
+@jax.jit
+def _masked(values: UInt32[Array, "S d"], rnd: SecAggRound) -> UInt32[Array, "S d"]:
     """The selected slots' masked uploads, ``(S, d)``, zeros elsewhere."""
     s, d = values.shape
-    masked, width, chunks = _masker(values.shape, key, ids, selected, modmask, h, bits)
+    masked, width, chunks = _masker(rnd, values.shape)
     buf = jnp.pad(values, ((0, 0), (0, chunks * width - d)))
 
     def stored(c: Array, buf: Array) -> Array:
@@ -577,26 +544,17 @@ def _masked(
         return jax.lax.dynamic_update_slice(buf, masked(c, acc), (0, c * width))
 
     buf = jax.lax.fori_loop(0, chunks, stored, buf)
-    return jnp.where(jnp.asarray(selected, bool)[:, None], buf[:, :d], jnp.uint32(0))
+    return jnp.where(jnp.asarray(rnd.selected, bool)[:, None], buf[:, :d], jnp.uint32(0))
 
 
-@partial(jax.jit, static_argnames=("h", "bits"))
-def _masked_sum(
-    values: UInt32[Array, "S d"],
-    key: PRNGKeyArray,
-    ids: Int[Array, " S"],
-    selected: Bool[Array, " S"],
-    alive: Bool[Array, " S"],
-    modmask: UInt32[Array, ""],
-    *,
-    h: int,
-    bits: int,
-) -> UInt32[Array, " d"]:
-    """The ``(d,)`` sum modulo ``2^b`` of the ``alive`` slots' masked uploads, tile by
-    tile: the uploads are read in place (full tiles sliced, the last one padded alone),
+@jax.jit
+def _masked_sum(values: UInt32[Array, "S d"], rnd: SecAggRound) -> UInt32[Array, " d"]:
+    """The ``(d,)`` sum modulo ``2^b`` of the survivors' (:func:`_alive`) masked uploads,
+    tile by tile: the uploads are read in place (full tiles sliced, the last one padded alone),
     never copied whole."""
     s, d = values.shape
-    masked, width, _ = _masker(values.shape, key, ids, selected, modmask, h, bits)
+    masked, width, _ = _masker(rnd, values.shape)
+    alive, modmask = _alive(rnd), _mod_mask(rnd.bits)
 
     def summed(c: Array, acc: Array) -> Array:
         rows = jnp.where(alive[:, None], masked(c, acc), jnp.uint32(0))
