@@ -6,9 +6,10 @@ consecutive chunks), pfl's ``simple_cnn`` (1,199,882 parameters, d = 1,200,000 c
 under the default DCT rotation, zero-padded), local SGD at rate 0.1, fixed clip 0.4;
 ``shakespeare``: ``--users`` speaking roles (a seeded sample of the staged plays' roles
 with at least 2 lines), 50 random 80-character windows each, ``experiments.shakespeare``'s
-character LSTM (two layers of 256; 818,640 parameters, d = 819,200), local SGD at the
-paper's rate 1.47, fixed clip 0.5 (that experiment's initial clip); accuracy on 1,000 test
-windows. Both: cohort ``--cohort``, one local epoch of batch 10, user-level epsilon
+character LSTM (by default two layers of 256; 817,872 parameters, d = 819,200;
+``--hidden`` sets the layers' widths, e.g. ``--hidden 64``: 24,528 parameters), local SGD
+at the paper's rate 1.47, fixed clip 0.5 (that experiment's initial clip); accuracy on
+1,000 test windows. Both: cohort ``--cohort``, one local epoch of batch 10, user-level epsilon
 ``--epsilon`` at delta ``1 / users``, RDP accountant for every run.
 Compared, in one process on one device:
 
@@ -40,7 +41,12 @@ clip (the distributed runs: ``sqrt(2 mu m / h) / (gamma C)``, all ``m`` clients'
 though only ``h`` honest survivors' are counted). ``participations``: ``k``, the rounds a
 client takes part in on the public schedule. ``--min-survivors`` sets the distributed runs'
 threshold ``t`` (default ``ceil(0.8 cohort)``; ``--cohort``: no dropout tolerated and every
-share counted, Kairouz et al.'s setting); ``--seed`` the runs' seed.
+share counted, Kairouz et al.'s setting); ``--seed`` the runs' seed, or several: every
+run then runs once per seed, and the output adds each run's mean accuracy over the seeds
+(with its standard deviation) and, against each central baseline, the difference of the
+means with its 95 % interval (Welch's t). Every run draws a fresh secret, so runs of one
+seed share the data, the initial model and the public cohorts, never the noise: the
+comparison is of means, not of per-seed pairs.
 
 Every run maps its clients and chunks its evaluation as the experiments do, by the device
 (``client_map=None``, :func:`swarmjax.device.default_eval_batch`): one client at a time and
@@ -48,7 +54,10 @@ Every run maps its clients and chunks its evaluation as the experiments do, by t
 cohort and evaluated 250 rows a chunk, which slowed the central round on a CPU more than
 the distributed one and flattered their ratio (docs/secure_aggregation.md).
 
-Example: ``python -m benchmarks.secagg --rounds 4 --bits 16 20 --central public``.
+Examples: ``python -m benchmarks.secagg --rounds 4 --bits 16 20 --central public``;
+``python -m benchmarks.secagg --work shakespeare --users 1200 --cohort 100 --hidden 64
+--rounds 60 --bits 12 16 20 --central public --seed 0 1 2 3`` (a character LSTM small
+enough for user-level DP to learn on the plays' 1,225 roles).
 """
 
 from __future__ import annotations
@@ -60,9 +69,10 @@ from dataclasses import dataclass
 import jax
 import numpy as np
 import pandas as pd
+from scipy import stats
 
 from benchmarks import _cli as _bcli
-from benchmarks._results import machine, write_section
+from benchmarks._results import device_slug, machine, write_section
 from experiments import _cli, shakespeare
 from swarmjax.device import default_eval_batch
 from swarmjax.fl.algorithms import registry
@@ -116,10 +126,12 @@ def mnist_work(data_dir, source: str | None, users: int) -> Work:
     )
 
 
-def shakespeare_work(data_dir, users: int) -> Work:
+def shakespeare_work(data_dir, users: int, hidden: tuple[int, ...] | None = None) -> Work:
     """``users`` speaking roles of the staged plays, ``experiments.shakespeare``'s default
-    LSTM and windows."""
+    windows and LSTM (layers of ``hidden`` units; ``None``: the experiment's)."""
     prof = dataclasses.replace(shakespeare.PROFILES["default"], clients=users)
+    if hidden is not None:
+        prof = dataclasses.replace(prof, hidden=tuple(hidden))
     try:
         fed, pick = shakespeare.federation(prof, data_dir)
     except _cli.UserError as err:  # the experiment's --clients is this benchmark's --users
@@ -157,14 +169,12 @@ def _build(
     return alg, grid, spec
 
 
-def _time(name: str, work: Work, args, options: dict):
+def _time(name: str, work: Work, args, options: dict, seed: int):
     """One run of ``2 --rounds`` rounds: the median seconds of its rounds after the first
     (which compiles), timed between the per-round callbacks; the result; the algorithm;
     the variants (their resolved numbers)."""
     store, test = work.store, work.round_test
-    alg, grid, spec = _build(
-        name, work, args.cohort, 2 * args.rounds, args.epsilon, options, args.seed
-    )
+    alg, grid, spec = _build(name, work, args.cohort, 2 * args.rounds, args.epsilon, options, seed)
     variants = Variants.grid(alg, store, spec, **grid)
     marks = []
     res = simulate(
@@ -202,11 +212,12 @@ def participations(alg) -> int | None:
 
 
 def against_central(rows: list[dict]) -> list[dict]:
-    """Each distributed row against each central row (rows that ran): the accuracy
-    difference in points, the round time and the bytes up as ratios."""
+    """Each distributed row against each central row of the same seed (rows that ran): the
+    accuracy difference in points, the round time and the bytes up as ratios."""
     central = [r for r in rows if r["bits"] is None]
     return [
         {
+            "seed": d["seed"],
             "bits": d["bits"],
             "against": c["algorithm"],
             "accuracy_points": 100.0 * (d["test_accuracy"] - c["test_accuracy"]),
@@ -216,30 +227,117 @@ def against_central(rows: list[dict]) -> list[dict]:
         for d in rows
         if d["bits"] is not None
         for c in central
+        if c["seed"] == d["seed"]
     ]
+
+
+def _groups(rows: list[dict]) -> dict[tuple, list[dict]]:
+    """The rows that ran, grouped by run (``(algorithm, bits)``), in order."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        if "refused" not in r:
+            groups.setdefault((r["algorithm"], r["bits"]), []).append(r)
+    return groups
+
+
+def over_seeds(rows: list[dict]) -> list[dict]:
+    """Each run over its seeds: how many ran, the mean test accuracy and its standard
+    deviation (percent; ``nan`` from one run), the median seconds a round and the bytes
+    up."""
+    out = []
+    for (alg, bits), g in _groups(rows).items():
+        acc = 100.0 * np.array([r["test_accuracy"] for r in g])
+        out.append(
+            {
+                "algorithm": alg,
+                "bits": bits,
+                "runs": len(g),
+                "accuracy_mean_pct": float(acc.mean()),
+                "accuracy_sd_pct": float(acc.std(ddof=1)) if acc.size > 1 else float("nan"),
+                "s_per_round": float(np.median([r["s_per_round"] for r in g])),
+                "bytes_up_per_client": g[0]["bytes_up_per_client"],
+            }
+        )
+    return out
+
+
+def mean_difference(a, b, level: float = 0.95) -> tuple[float, float, float]:
+    """``mean(a) - mean(b)`` and its ``level`` interval by Welch's t (unequal variances;
+    ``nan`` bounds unless both samples have at least two values)."""
+    a, b = np.asarray(a, float), np.asarray(b, float)
+    diff = float(a.mean() - b.mean())
+    if a.size < 2 or b.size < 2:
+        return diff, float("nan"), float("nan")
+    va, vb = a.var(ddof=1) / a.size, b.var(ddof=1) / b.size
+    se = float(np.sqrt(va + vb))
+    if se == 0.0:
+        return diff, diff, diff
+    dof = (va + vb) ** 2 / (va**2 / (a.size - 1) + vb**2 / (b.size - 1))
+    half = float(stats.t.ppf(0.5 + level / 2, dof)) * se
+    return diff, diff - half, diff + half
+
+
+def against_central_over_seeds(rows: list[dict]) -> list[dict]:
+    """Each distributed run against each central run, over their seeds: the difference of
+    the mean accuracies in points and its 95 % interval (:func:`mean_difference`)."""
+    groups = _groups(rows)
+    central = {k: g for k, g in groups.items() if k[1] is None}
+    out = []
+    for (_, bits), g in groups.items():
+        if bits is None:
+            continue
+        for (name, _), c in central.items():
+            diff, low, high = mean_difference(
+                [100.0 * r["test_accuracy"] for r in g], [100.0 * r["test_accuracy"] for r in c]
+            )
+            out.append(
+                {
+                    "bits": bits,
+                    "against": name,
+                    "runs": f"{len(g)} vs {len(c)}",
+                    "mean_accuracy_points": diff,
+                    "interval_95_low": low,
+                    "interval_95_high": high,
+                }
+            )
+    return out
 
 
 def tables(rows: list[dict]) -> str:
     """The rows that ran as one markdown table (counts as integers, ``-`` where none
-    applies), the table :func:`against_central` of them, and a line for each refused
+    applies), the table :func:`against_central` of them, with several seeds the tables
+    :func:`over_seeds` and :func:`against_central_over_seeds`, and a line for each refused
     run."""
     ran = [r for r in rows if "refused" not in r]
     text = []
     if ran:
-        shown = [
-            {k: "-" if v is None else f"{v:,}" if isinstance(v, int) else v for k, v in r.items()}
-            for r in ran
-        ]
-        text.append(pd.DataFrame(shown).to_markdown(index=False, floatfmt=".4g"))
+        text.append(_markdown(ran))
     ratios = against_central(ran)
     if ratios:
-        text.append(pd.DataFrame(ratios).to_markdown(index=False, floatfmt=".4g"))
+        text.append(_markdown(ratios))
+    if len({r["seed"] for r in ran}) > 1:
+        text.append(_markdown(over_seeds(ran)))
+        means = against_central_over_seeds(ran)
+        if means:
+            text.append(_markdown(means))
     text += [
-        f"{r['algorithm']} at {r['bits']} bits: refused: {r['refused']}"
+        f"{r['algorithm']} at {r['bits']} bits, seed {r['seed']}: refused: {r['refused']}"
         for r in rows
         if "refused" in r
     ]
     return "\n\n".join(text)
+
+
+def _markdown(rows: list[dict]) -> str:
+    """``rows`` as a markdown table: counts with thousands separators, ``-`` for ``None``."""
+    shown = [
+        {
+            k: "-" if v is None else f"{v:,}" if isinstance(v, int) and k != "seed" else v
+            for k, v in r.items()
+        }
+        for r in rows
+    ]
+    return pd.DataFrame(shown).to_markdown(index=False, floatfmt=".4g")
 
 
 def bytes_up_per_client(res, alg) -> int:
@@ -248,6 +346,31 @@ def bytes_up_per_client(res, alg) -> int:
     expected count where the cohort is a secret sample, hence the rounding)."""
     h = res.history.iloc[0]
     return round(h["bytes_up"] / sum(h[f"selected_{ex.name}"] for ex in alg.exchanges))
+
+
+def _row(label: str, name: str, options: dict, work: Work, args, seed: int) -> dict:
+    """One run (``name`` with ``options``) at ``seed``: its row, or the library's one-line
+    refusal as ``refused`` (bits too few for the target)."""
+    bits = options.get("bits")
+    try:
+        seconds, res, alg, variants = _time(name, work, args, options, seed)
+    except ValueError as err:
+        return {"algorithm": label, "bits": bits, "seed": seed, "refused": str(err)}
+    params = jax.tree.map(lambda a: a[0], res.server.params)
+    _, acc = evaluate(work.model.apply, params, *work.final_test, batch_size=250)
+    z = float(np.ravel(res.privacy.noise_multiplier)[0])
+    return {
+        "algorithm": label,
+        "bits": bits,
+        "seed": seed,
+        "s_per_round": seconds,
+        "bytes_up_per_client": bytes_up_per_client(res, alg),
+        "test_accuracy": float(acc),
+        "epsilon": float(np.max(res.privacy.final_epsilon)),
+        "participations": participations(alg),
+        "noise_multiplier": z,
+        "noise_std_per_round": noise_std_per_round(alg, variants, z),
+    }
 
 
 @_cli.entry_point
@@ -300,9 +423,19 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument(
         "--seed",
         type=_cli.count("--seed", 0),
-        default=0,
-        help="the runs' seed (training, cohorts drawn, noise; the data split and the public "
-        "schedule keep seed 0); a seed other than 0 is written to its own section (0)",
+        nargs="+",
+        default=[0],
+        help="the runs' seed, or several (each run once per seed): it seeds the training "
+        "and the secret Poisson cohorts' public parts; the noise comes from a fresh secret "
+        "in every run; the data split and the public schedule keep seed 0. Seeds other "
+        "than 0 are written to their own section (0)",
+    )
+    p.add_argument(
+        "--hidden",
+        type=_cli.count("--hidden"),
+        nargs="+",
+        help="--work shakespeare: the LSTM's layer widths (default the experiment's 256 256; "
+        "64: a model small enough for user-level DP to learn on the plays' roles)",
     )
     p.add_argument(
         "--min-survivors",
@@ -320,40 +453,23 @@ def main(argv: list[str] | None = None) -> None:
         raise _cli.UserError(
             f"--min-survivors {args.min_survivors} must be <= --cohort {args.cohort}"
         )
+    if args.hidden is not None and args.work != "shakespeare":
+        raise _cli.UserError(
+            "--hidden sets the LSTM of --work shakespeare; --work mnist runs simple_cnn"
+        )
     survivors = {} if args.min_survivors is None else {"min_survivors": args.min_survivors}
     data_dir = _cli.data_dir(args.data_dir)
     if args.work == "mnist":
         work = mnist_work(data_dir, _cli.data_source(args), args.users)
     else:
-        work = shakespeare_work(data_dir, args.users)
+        work = shakespeare_work(data_dir, args.users, args.hidden)
     runs = [CENTRAL[c] for c in dict.fromkeys(args.central)]
     runs += [(DISTRIBUTED, DISTRIBUTED, {"bits": b, **survivors}) for b in args.bits]
     rows = []
-    for label, name, options in runs:
-        bits = options.get("bits")
-        try:
-            seconds, res, alg, variants = _time(name, work, args, options)
-        except ValueError as err:  # bits too few for the target: the library's one line
-            rows.append({"algorithm": label, "bits": bits, "refused": str(err)})
-            print(f"{label} bits={bits}: refused: {err}")
-            continue
-        params = jax.tree.map(lambda a: a[0], res.server.params)
-        _, acc = evaluate(work.model.apply, params, *work.final_test, batch_size=250)
-        z = float(np.ravel(res.privacy.noise_multiplier)[0])
-        rows.append(
-            {
-                "algorithm": label,
-                "bits": bits,
-                "s_per_round": seconds,
-                "bytes_up_per_client": bytes_up_per_client(res, alg),
-                "test_accuracy": float(acc),
-                "epsilon": float(np.max(res.privacy.final_epsilon)),
-                "participations": participations(alg),
-                "noise_multiplier": z,
-                "noise_std_per_round": noise_std_per_round(alg, variants, z),
-            }
-        )
-        print(rows[-1])
+    for seed in args.seed:
+        for label, name, options in runs:
+            rows.append(_row(label, name, options, work, args, seed))
+            print(rows[-1])
     text = tables(rows)
     print(text)
     if args.write:
@@ -361,13 +477,21 @@ def main(argv: list[str] | None = None) -> None:
             f"python -m benchmarks.secagg --work {args.work} --users {args.users} "
             f"--cohort {args.cohort} --rounds {args.rounds} --epsilon {args.epsilon} "
             f"--bits {' '.join(map(str, args.bits))} --central {' '.join(args.central)} "
-            f"--seed {args.seed}"
+            f"--seed {' '.join(map(str, args.seed))}"
         )
+        if args.hidden is not None:
+            command += f" --hidden {' '.join(map(str, args.hidden))}"
         if args.min_survivors is not None:
             command += f" --min-survivors {args.min_survivors}"
         head = f"`{command}` on {machine()}"
         name = "secagg-" + ("" if args.work == "mnist" else "shakespeare-")
-        name += f"eps{args.epsilon:g}-" + (f"seed{args.seed}-" if args.seed else "")
+        name += "" if device_slug() == "cpu-cpu" else f"{device_slug()}-"  # a GPU's own
+        name += f"eps{args.epsilon:g}-"
+        name += "" if args.hidden is None else f"hidden{'-'.join(map(str, args.hidden))}-"
+        if args.seed != [0]:
+            name += (
+                ("seed" if len(args.seed) == 1 else "seeds") + "-".join(map(str, args.seed)) + "-"
+            )
         name += "" if args.min_survivors is None else f"survivors{args.min_survivors}-"
         write_section(name + time.strftime("%Y%m%d"), head + "\n\n" + text)
 

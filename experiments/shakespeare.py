@@ -192,6 +192,14 @@ def _parser() -> argparse.ArgumentParser:
         "rate for FedAvg at B = 10, its Figure 3)",
     )
     p.add_argument(
+        "--hidden",
+        nargs="+",
+        type=_cli.count("--hidden"),
+        help="the LSTM's layer widths (quick 16, default and full 256 256, the paper's; "
+        "64: a model small enough for user-level DP to learn on the plays' 1,225 roles, "
+        "docs/secure_aggregation.md)",
+    )
+    p.add_argument(
         "--algorithms", nargs="+", choices=ALGORITHMS, help="default: fedsgd fedavg dp-fedavg"
     )
     p.add_argument(
@@ -211,6 +219,7 @@ def profile(args: argparse.Namespace) -> Profile:
     given = {name: getattr(args, name) for name in (*same, "test_size", "learning_rate")}
     given |= {"accountant": args.accountant, "delta": args.delta, "devices": _cli.devices(args)}
     given |= {
+        "hidden": tuple(args.hidden) if args.hidden else None,
         "algorithms": tuple(args.algorithms) if args.algorithms else None,
         "epsilons": tuple(args.epsilons) if args.epsilons else None,
         "seeds": tuple(range(args.seeds)) if args.seeds else None,

@@ -104,3 +104,48 @@ def test_secagg_stages_times_every_stage_at_a_tiny_size(capsys):
     # the round adds the stages the simulator runs; the halves of secure_sum are not added
     total = float(out.split("median-sum")[1].split()[0])
     assert total == pytest.approx(sum(medians[k] for k in summed), abs=5e-3)
+
+
+def test_secagg_over_seeds_compares_means_with_welch_intervals(tiny, capsys, tmp_path):
+    """``--seed 0 1 2``: every run once per seed, per-seed pairs only within a seed, and
+    each run's mean over its seeds against the central one's with Welch's interval."""
+    argv = ["--users", str(USERS), "--cohort", str(COHORT), "--rounds", "1", "--bits", "16"]
+    secagg.main([*argv, "--central", "public", "--seed", "0", "1", "2"])
+    out = capsys.readouterr().out
+    rows = [ast.literal_eval(line) for line in out.splitlines() if line.startswith("{")]
+    assert [(r["seed"], r["bits"]) for r in rows] == [(s, b) for s in (0, 1, 2) for b in (None, 16)]
+    assert len(secagg.against_central(rows)) == 3  # one pair per seed, never across seeds
+    means = {(r["algorithm"], r["bits"]): r for r in secagg.over_seeds(rows)}
+    dist = [100 * r["test_accuracy"] for r in rows if r["bits"] == 16]
+    cent = [100 * r["test_accuracy"] for r in rows if r["bits"] is None]
+    assert means[("dp-fedavg-secagg", 16)]["runs"] == 3
+    assert means[("dp-fedavg-secagg", 16)]["accuracy_mean_pct"] == pytest.approx(np.mean(dist))
+    (vs,) = secagg.against_central_over_seeds(rows)
+    assert vs["runs"] == "3 vs 3"
+    assert vs["mean_accuracy_points"] == pytest.approx(np.mean(dist) - np.mean(cent))
+    assert "accuracy_mean_pct" in out and "interval_95_low" in out  # the two tables
+
+
+@pytest.mark.parametrize(
+    "a, b", [([1.0, 2.0, 4.0, 3.5], [0.5, 0.7, 2.0]), ([86.1, 85.8, 87.2], [86.4, 85.0])]
+)
+def test_mean_difference_is_welchs_interval(a, b):
+    from scipy import stats
+
+    diff, low, high = secagg.mean_difference(a, b)
+    ci = stats.ttest_ind(a, b, equal_var=False).confidence_interval(0.95)
+    assert diff == pytest.approx(np.mean(a) - np.mean(b))
+    assert (low, high) == pytest.approx((ci.low, ci.high))
+    assert all(map(math.isnan, secagg.mean_difference([1.0], [2.0, 3.0])[1:]))
+
+
+def test_shakespeare_work_takes_the_lstm_widths(data_dir):
+    if not (data_dir / "shakespeare").is_dir():
+        pytest.skip(f"no shakespeare/ in {data_dir}: the plays are not staged")
+    import jax
+
+    work = secagg.shakespeare_work(data_dir, 20, (16,))
+    params = work.model.init(jax.random.key(0))
+    # embedding 80 x 8, one LSTM layer (4 gates over 8 inputs + 16 state + bias), the head
+    assert sum(a.size for a in jax.tree.leaves(params)) == 80 * 8 + 4 * 16 * (8 + 16 + 1) + 17 * 80
+    assert work.store.num_clients == 20

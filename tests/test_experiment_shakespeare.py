@@ -83,6 +83,7 @@ def test_a_data_folder_without_the_plays(tmp_path, capsys, monkeypatch):
         (["--delta", "2"], "--delta: must be in (0, 1)"),
         (["--devices", "99"], "--devices 99: 1 cpu device(s) present"),
         (["--devices", "0"], "--devices"),
+        (["--hidden", "0"], "--hidden: must be >= 1"),
     ],
 )
 def test_bad_input_is_one_line_before_any_work(plays_dir, tmp_path, capsys, extra, message):
@@ -101,3 +102,16 @@ def test_devices_is_not_a_setting_of_the_calls():
     one = shakespeare.call_settings(prof, counts)
     assert one == shakespeare.call_settings(dataclasses.replace(prof, devices=2), counts)
     assert one != shakespeare.call_settings(dataclasses.replace(prof, rounds=3), counts)
+
+
+def test_hidden_sets_the_lstm_and_keys_the_calls():
+    """``--hidden 8 4``: two LSTM layers of 8 and 4 units, a setting that changes the
+    numbers (its own saved calls)."""
+    args = shakespeare._parser().parse_args(["--quick", "--hidden", "8", "4"])
+    prof = shakespeare.profile(args)
+    assert prof.hidden == (8, 4)
+    assert shakespeare.PROFILES["quick"].hidden == (16,)
+    counts = {"clients": 59}
+    assert shakespeare.call_settings(prof, counts) != shakespeare.call_settings(
+        shakespeare.PROFILES["quick"], counts
+    )
