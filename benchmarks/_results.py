@@ -73,3 +73,31 @@ def write_section(name: str, markdown: str, path: Path = RESULTS) -> None:
     else:
         text = text.rstrip() + "\n\n" + block + "\n"
     path.write_text(text)
+
+
+_SECTION = re.compile(r"<!-- (?P<name>[^ ]+):start -->\n.*?<!-- (?P=name):end -->", re.S)
+
+
+def sections(text: str) -> dict[str, str]:
+    """The sections of a RESULTS.md text: name -> its markdown between the markers."""
+    return {m["name"]: m[0].split("\n", 1)[1].rsplit("\n", 1)[0] for m in _SECTION.finditer(text)}
+
+
+def merge_sections(source: Path, path: Path = RESULTS) -> list[str]:
+    """Write into ``path`` every section of the RESULTS.md copy ``source`` that ``path``
+    lacks or holds differently (the sections a device run wrote into its own copy); returns
+    their names."""
+    have, came = sections(path.read_text() if path.exists() else ""), sections(source.read_text())
+    new = [name for name, md in came.items() if have.get(name) != md]
+    for name in new:
+        write_section(name, came[name], path)
+    return new
+
+
+if __name__ == "__main__":  # python -m benchmarks._results merge COPY_OF_RESULTS.md
+    import sys
+
+    if len(sys.argv) != 3 or sys.argv[1] != "merge" or not Path(sys.argv[2]).is_file():
+        sys.exit("usage: python -m benchmarks._results merge COPY_OF_RESULTS.md (an existing file)")
+    merged = merge_sections(Path(sys.argv[2]))
+    print(f"{len(merged)} section(s) written to {RESULTS}: {', '.join(merged) or 'none'}")
