@@ -63,6 +63,7 @@ from swarmjax.fl.protocol import RunSpec, Variants
 from swarmjax.fl.runtime import Execution, advance, finish, simulate, start
 from swarmjax.fl.runtime.result import privacy_record
 from swarmjax.models import evaluate, param_count, simple_cnn
+from swarmjax.privacy.accounting import Rates
 
 USERS, ROWS, COHORT = 1200, 50, 50
 CLIP, EPSILON = 0.4, 2.0
@@ -156,9 +157,7 @@ def record_seconds(res) -> float:
         (),
         unit=pr.unit,
         delta=pr.delta,
-        sample_rate=pr.sample_rate[:, None, :],
-        noise_multiplier=pr.noise_multiplier[:, None, :],
-        overflow_prob=over,
+        rates=Rates(pr.sample_rate[:, None, :], pr.noise_multiplier[:, None, :], over),
         accountant=pr.accountant,
     )
     seconds = time.perf_counter() - t0

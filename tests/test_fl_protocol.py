@@ -39,6 +39,7 @@ from swarmjax.fl.protocol import (
 from swarmjax.fl.runtime import Execution, simulate
 from swarmjax.fl.runtime import simulator as sim
 from swarmjax.models import mlp, param_bytes
+from swarmjax.privacy.accounting import Rates
 from swarmjax.privacy.participation import Poisson
 from swarmjax.privacy.user_level import ClippedUpdate
 from tests.reproducible import OTHER, SECRET
@@ -261,7 +262,7 @@ def _plan_overflow(alg, spend, n):
         sample_rate=rates["sample_rate"][:, -1, 0],
         noise_multiplier=rates["noise_multiplier"][:, -1, 0],
     )
-    return alg.accounting().rates(SimpleNamespace(plan=plan), steps.shape[1], n)[2]
+    return alg.accounting().rates(SimpleNamespace(plan=plan), steps.shape[1], n).overflow
 
 
 def test_client_level_sampling_overflow_is_charged_to_delta(setup):
@@ -280,7 +281,9 @@ def test_client_level_sampling_overflow_is_charged_to_delta(setup):
     p = overflow_probability(n, q, 90, add_one=True)  # the add-one neighbour: N + 1
     assert 0 < p < 1e-6
     np.testing.assert_allclose(over, p)
-    record = privacy_record(spend[0], (), unit="client", delta=1e-6, overflow_prob=over, **spend[1])
+    record = privacy_record(
+        spend[0], (), unit="client", delta=1e-6, rates=Rates(**spend[1], overflow=over)
+    )
     want = accounted(q, 1.0, 3, 1e-6, overflow_prob=p)
     np.testing.assert_allclose(record.final_epsilon, want)
     assert want > accounted(q, 1.0, 3, 1e-6)
@@ -311,9 +314,8 @@ def test_client_level_plan_calibration_meets_the_target_of_the_charged_record():
             (),
             unit="client",
             delta=delta,
-            overflow_prob=over,
+            rates=Rates(**spend[1], overflow=over),
             accountant=accountant,
-            **spend[1],
         )
         return float(record.final_epsilon.max())
 
@@ -582,8 +584,10 @@ def test_record_dp_accounts_the_samplers_overflow_over_the_whole_run(setup, resu
     shape = (1, 2, N)
     steps = np.broadcast_to(np.array([10, 20])[None, :, None], shape)
     rates = {"sample_rate": np.full(shape, 0.16), "noise_multiplier": np.full(shape, 1.1)}
-    exact = privacy_record(steps, (), unit="record", delta=delta, overflow_prob=over, **rates)
-    naive = privacy_record(steps, (), unit="record", delta=delta, **rates)
+    exact = privacy_record(
+        steps, (), unit="record", delta=delta, rates=Rates(**rates, overflow=over)
+    )
+    naive = privacy_record(steps, (), unit="record", delta=delta, rates=Rates(**rates))
     for i in range(N):
         assert exact.epsilon[0, 1, i] == pytest.approx(
             accounted(0.16, 1.1, 20, delta, overflow_prob=over[i])

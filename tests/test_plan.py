@@ -158,8 +158,7 @@ def test_record_epsilon_agrees_with_dp_accounting_directly(accountant):
         (),
         unit="client",
         delta=delta,
-        sample_rate=np.full(shape, q),
-        noise_multiplier=np.full(shape, z),
+        rates=accounting.Rates(np.full(shape, q), np.full(shape, z)),
         accountant=accountant,
     )
     assert record.accountant == accountant
@@ -217,9 +216,7 @@ def test_record_groups_clients_by_their_whole_run_event_extra_epsilon_included()
         (),
         unit="record",
         delta=1e-5,
-        sample_rate=np.full(shape, 0.1),
-        noise_multiplier=np.ones(shape),
-        extra_epsilon=extra,
+        rates=accounting.Rates(np.full(shape, 0.1), np.ones(shape), extra_epsilon=extra),
     )
     groups = {ids: event for ids, event, _ in record.run_events(0)}
     assert set(groups) == {(0, 1), (2,)}

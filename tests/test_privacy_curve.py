@@ -165,9 +165,7 @@ def test_vs_pfl_times_the_same_record_again():
         (),
         unit="client",
         delta=DELTA,
-        sample_rate=np.full(shape, np.float32(Q)),
-        noise_multiplier=np.full(shape, 0.9),
-        overflow_prob=np.full(5, 4.9e-10),
+        rates=acc.Rates(np.full(shape, np.float32(Q)), np.full(shape, 0.9), np.full(5, 4.9e-10)),
     )
     assert [len(g) for g in record.groups] == [1, 1]  # one group a run: the fast path
     assert record.groups[0][0][0] is None  # ... of every client

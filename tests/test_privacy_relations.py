@@ -326,7 +326,7 @@ def test_client_level_overflow_is_charged_conservatively_for_one_more_client():
     np.testing.assert_allclose(overflow_probability(n, q, cap, add_one=True), worse, rtol=1e-12)
     alg = dp_fedavg(MODEL, participation=Poisson(cap))
     plan = SimpleNamespace(sample_rate=np.full(1, q), noise_multiplier=np.ones(1))
-    over = alg.accounting().rates(SimpleNamespace(plan=plan), 3, n)[2]  # the plan's charge
+    over = alg.accounting().rates(SimpleNamespace(plan=plan), 3, n).overflow  # the plan's
     np.testing.assert_allclose(over, worse, rtol=1e-12)
     # a buffer of exactly N clients is still charged as if N + 1 could be drawn
     assert client_draw_overflow(n, n, q) == pytest.approx(q ** (n + 1))

@@ -14,6 +14,7 @@ from swarmjax.fl.data.clients import stack_clients
 from swarmjax.fl.protocol import RunSpec, Variants
 from swarmjax.fl.runtime.result import privacy_record, run_privacy, step_events
 from swarmjax.models import mlp
+from swarmjax.privacy.accounting import Rates
 
 ROUNDS, CLIENTS = 4, 40
 
@@ -49,7 +50,13 @@ def _record(alg, spend: tuple, **events) -> object:
     covers = alg.setup + alg.exchanges
     steps, rates = spend
     return privacy_record(
-        steps, covers, unit=alg.accounting().unit, delta=1e-3, accountant="rdp", **rates, **events
+        steps,
+        covers,
+        unit=alg.accounting().unit,
+        delta=1e-3,
+        accountant="rdp",
+        rates=Rates(**rates),
+        **events,
     )
 
 

@@ -43,6 +43,7 @@ from swarmjax.fl.protocol import (
     Update,
     privacy_unit,
 )
+from swarmjax.privacy.accounting import Rates
 from swarmjax.privacy.canaries import CanaryHook
 from swarmjax.privacy.user_level import ClippedUpdate, PlanHyper, PlanState, UserLevelDP
 
@@ -314,11 +315,11 @@ class UserLevel(Accounting):
 
     def rates(
         self, hyper: PrivateHyper, rounds: int, num_clients: int, sizes: np.ndarray | None = None
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:
+    ) -> Rates:
         """The plan's ``(q, z)`` of every client and its overflow charge, from the runs'
         plan hyper values (``rates`` of the plan); no other release."""
         del rounds, sizes
-        return (*self.plan.rates(hyper.plan, num_clients), None)
+        return self.plan.rates(hyper.plan, num_clients)
 
 
 @dataclass(frozen=True)

@@ -58,6 +58,7 @@ conservative side); TF-Privacy's test (q 0.0025, sigma 1.3, 6000 steps, delta 1e
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import logging
 import math
@@ -92,6 +93,7 @@ __all__ = [
     "PLD_INTERVAL",
     "PrivacyAccountant",
     "PureDpEvent",
+    "Rates",
     "advanced_composition",
     "basic_composition",
     "check_accountant",
@@ -107,6 +109,32 @@ __all__ = [
     "randomized_response_epsilon",
     "sigma_for_epsilon",
 ]
+
+
+@dataclasses.dataclass(frozen=True)
+class Rates:
+    """What a privacy record composes with each client's counted steps (host side, NumPy):
+    the mechanism's parameters of every client, for runs ``R``, rounds ``T`` and clients
+    ``N``.
+
+    Attributes:
+        sample_rate: the Poisson rate ``q`` of an accounted step (``1``: a public cohort;
+            ``0`` without noise), broadcastable to ``(R, T, N)``.
+        noise_multiplier: its noise multiplier ``sigma`` (``0`` without noise),
+            broadcastable to ``(R, T, N)``.
+        overflow: ``None`` (nothing can overflow), or the per-step chance that a
+            static-size Poisson draw the privacy rests on overflowed (a client's batch
+            buffer, or the draw of clients), broadcastable to ``(R, T, N)``: charged to
+            delta.
+        extra_epsilon: ``None``, or the epsilon of other noised releases after each round,
+            broadcastable to ``(R, T, N)``, added by basic composition.
+    """
+
+    sample_rate: np.ndarray | float = 0.0
+    noise_multiplier: np.ndarray | float = 0.0
+    overflow: np.ndarray | None = None
+    extra_epsilon: np.ndarray | None = None
+
 
 ACCOUNTANTS: tuple[str, ...] = ("pld", "rdp")
 DEFAULT_ACCOUNTANT = "pld"

@@ -55,6 +55,7 @@ from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray, PyTree, UInt32
 
 from swarmjax._validation import check_int, check_range, stored
 from swarmjax.privacy import secagg
+from swarmjax.privacy.accounting import Rates
 from swarmjax.privacy.clipping import clip_update
 from swarmjax.privacy.discrete import (
     ROTATIONS,
@@ -654,16 +655,14 @@ class DistributedDP:
             return steps if cap is None else jnp.minimum(steps, cap)
         return state.rounds
 
-    def rates(
-        self, hyper: DistributedHyper, num_clients: int
-    ) -> tuple[np.ndarray, np.ndarray, None]:
+    def rates(self, hyper: DistributedHyper, num_clients: int) -> Rates:
         """Host side: what the privacy record states beside :meth:`accounted_steps` for runs
         of ``hyper`` (leading run axis ``R``): ``q = 1`` (a public cohort) and ``sigma =
         sqrt(2 mu) / Delta_2`` (the Gaussian multiplier of equal variance; the record
         composes the plan's Skellam :meth:`event`), both ``(R, N)``; nothing overflows."""
         sigma = np.asarray(hyper.noise_multiplier).reshape(-1, 1)
         sigma = np.repeat(sigma, num_clients, axis=1)
-        return np.ones(sigma.shape, sigma.dtype), sigma, None
+        return Rates(np.ones(sigma.shape, sigma.dtype), sigma)
 
     def metrics(self, state: DistributedState) -> dict[str, Array]:
         """Public metrics: rounds refused so far."""

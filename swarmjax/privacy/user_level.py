@@ -40,6 +40,7 @@ import numpy as np
 from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray, PyTree
 
 from swarmjax._validation import check_int, check_range, stored
+from swarmjax.privacy.accounting import Rates
 from swarmjax.privacy.clipping import (
     AdaptiveClipping,
     FixedClipping,
@@ -492,21 +493,19 @@ class UserLevelDP:
             return state.rounds
         return jnp.minimum(state.rounds, 1)
 
-    def rates(
-        self, hyper: PlanHyper, num_clients: int
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    def rates(self, hyper: PlanHyper, num_clients: int) -> Rates:
         """Host side: what the privacy record composes with :meth:`accounted_steps`, for
         runs of ``hyper`` (leading run axis ``R``; its dtype, float32 in a run): the
         accounted ``(q, z)`` of every client ``(R, N)`` (Poisson ``(q, z)``, a public
         cohort ``(1, z)``) and the per-round :meth:`overflow` of the draw of clients,
-        ``(R, 1, N)`` or ``None``."""
+        ``(R, 1, N)`` or ``None``; no other release."""
         z = np.asarray(hyper.noise_multiplier).reshape(-1, 1)
         q = np.asarray(hyper.sample_rate).reshape(-1, 1)
         if not isinstance(self.participation, Poisson):
             q = np.ones(z.shape, z.dtype)
         q, z = np.repeat(q, num_clients, axis=1), np.repeat(z, num_clients, axis=1)
         over = self.overflow(q, num_clients)
-        return q, z, None if over is None else over[:, None, :]
+        return Rates(q, z, None if over is None else over[:, None, :])
 
     def metrics(self, state: PlanState) -> dict[str, Array]:
         """Public metrics of the plan: ``clip_norm`` and, adaptive, the noised unclipped

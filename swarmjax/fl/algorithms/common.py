@@ -23,6 +23,7 @@ from swarmjax.fl.data.clients import ClientData, as_test_set, check_federated_in
 from swarmjax.fl.data.store import ClientStore
 from swarmjax.fl.protocol import Accounting, RunSpec, slot_sum, where_selected
 from swarmjax.models import Model, evaluate
+from swarmjax.privacy.accounting import Rates
 
 __all__ = [
     "Aggregator",
@@ -257,12 +258,12 @@ class RecordLevel(Accounting):
 
     def rates(
         self, hyper: Any, rounds: int, num_clients: int, sizes: np.ndarray | None = None
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:
+    ) -> Rates:
         """``q_i = B / |D_i|`` (float32, as the clients' DP steps draw their batches) and
         ``sigma_i`` ``(R, N)``, the ``(N,)`` overflow chance of each client's Poisson batch
         buffer (:meth:`~swarmjax.fl.client.training.LocalTraining.sampler_overflow`; a
         buffer of the padded length never overflows) and the other releases' epsilon
-        ``(R, T, 1)``; ``(0, 0, None)`` without ``training.record_dp``."""
+        ``(R, T, 1)``; ``q = sigma = 0`` and no overflow without ``training.record_dp``."""
         del num_clients
         extra = None
         if self.releases != (0, 0):  # summed in float32, release by release, round by round
@@ -272,13 +273,13 @@ class RecordLevel(Accounting):
             extra = np.concatenate([done := done + per_round for _ in range(rounds)], axis=1)
         sigma = np.asarray(hyper.noise_multiplier)
         if self.training.record_dp is None:
-            return np.zeros_like(sigma), np.zeros_like(sigma), None, extra
+            return Rates(np.zeros_like(sigma), np.zeros_like(sigma), None, extra)
         if sizes is None:
             raise ValueError("sizes: record-level accounting needs the clients' row counts")
         sizes = np.asarray(sizes, np.int64).reshape(-1)
         q = np.asarray(sample_rate(jnp.asarray(sizes), self.training.batch_size), np.float32)
         over = self.training.sampler_overflow(sizes, int(sizes.max()))
-        return np.broadcast_to(q, sigma.shape), sigma, over, extra
+        return Rates(np.broadcast_to(q, sigma.shape), sigma, over, extra)
 
     def audited(self, result: Any) -> Any:
         """``result`` with each run's pooled record-level canary report

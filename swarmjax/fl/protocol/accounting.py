@@ -30,6 +30,7 @@ import numpy as np
 from jaxtyping import Array, Int, PyTree
 
 if TYPE_CHECKING:
+    from swarmjax.privacy.accounting import Rates
     from swarmjax.privacy.canaries import CanaryHook
 
 __all__ = ["Accounting", "privacy_unit", "steps_of"]
@@ -64,7 +65,7 @@ class Accounting:
 
     def rates(
         self, hyper: PyTree, rounds: int, num_clients: int, sizes: np.ndarray | None = None
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:
+    ) -> Rates:
         """Host side: what the privacy record composes with the counted :meth:`steps`, from
         the plan and the runs' ``hyper`` (leading run axis ``R``).
 
@@ -77,14 +78,14 @@ class Accounting:
                 the runtime was given none.
 
         Returns:
-            ``(sample_rate, noise_multiplier, overflow, extra_epsilon)``:
-            ``sample_rate``, ``noise_multiplier`` ``(R, N)`` float32, the Poisson rate
-            ``q`` and the noise multiplier ``sigma`` of the accounted steps (0 and 0
-            without noise); ``overflow`` ``None`` (nothing can overflow) or the per-step
-            chance that a static-size Poisson draw the privacy rests on overflowed,
-            broadcastable to ``(R, T, N)`` (charged to delta); ``extra_epsilon`` ``None``
-            or ``(R, T, N)``: the epsilon of other noised releases after each round (added
-            by basic composition).
+            :class:`~swarmjax.privacy.accounting.Rates`: ``sample_rate`` and
+            ``noise_multiplier`` ``(R, N)`` float32, the Poisson rate ``q`` and the noise
+            multiplier ``sigma`` of the accounted steps (0 and 0 without noise);
+            ``overflow`` ``None`` (nothing can overflow) or the per-step chance that a
+            static-size Poisson draw the privacy rests on overflowed, broadcastable to
+            ``(R, T, N)`` (charged to delta); ``extra_epsilon`` ``None`` or ``(R, T, N)``:
+            the epsilon of other noised releases after each round (added by basic
+            composition).
         """
         raise NotImplementedError
 

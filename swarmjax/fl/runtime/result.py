@@ -27,7 +27,12 @@ from swarmjax.fl.protocol import (
     coverage,
     privacy_unit,
 )
-from swarmjax.privacy.accounting import PureDpEvent, epsilon_curve, poisson_gaussian_event
+from swarmjax.privacy.accounting import (
+    PureDpEvent,
+    Rates,
+    epsilon_curve,
+    poisson_gaussian_event,
+)
 from swarmjax.privacy.canaries import CanaryReport
 from swarmjax.privacy.ledger import Ledger
 from swarmjax.privacy.plan import RELATIONS
@@ -211,10 +216,7 @@ def privacy_record(
     *,
     unit: str | None,
     delta: float,
-    sample_rate: np.ndarray | float = 0.0,
-    noise_multiplier: np.ndarray | float = 0.0,
-    extra_epsilon: np.ndarray | None = None,
-    overflow_prob: np.ndarray | None = None,
+    rates: Rates | None = None,
     accountant: str = "pld",
     step_events: Sequence[StepEvent | None] | None = None,
     disclosure: Disclosure = Disclosure(),
@@ -227,15 +229,13 @@ def privacy_record(
         exchanges: the algorithm's exchanges; their declarations say what epsilon covers.
         unit: ``"record"``, ``"client"`` or ``None`` (no DP: every epsilon is inf).
         delta: the delta every epsilon is stated at.
-        sample_rate, noise_multiplier: Poisson rate ``q`` and noise multiplier ``sigma`` of
-            the accounted steps, broadcastable to ``steps``' shape (``(runs, 1, clients)``
-            from :meth:`~swarmjax.fl.protocol.Accounting.rates`).
-        extra_epsilon: ``None`` or the epsilon of other noised releases after each round,
-            broadcastable to ``steps``' shape, added by basic composition.
-        overflow_prob: per-step chance (``(clients,)`` or broadcastable to ``steps``'
-            shape) that a static-size Poisson draw overflowed (a client's batch buffer, or
-            the draw of clients), charged to ``delta`` so the stated delta covers the
-            sampler.
+        rates: the accounted steps' Poisson rate ``q`` and noise multiplier ``sigma``, the
+            chance a static-size Poisson draw overflowed (charged to ``delta``, so the
+            stated delta covers the sampler) and the epsilon of other noised releases
+            (added by basic composition), each broadcastable to ``steps``' shape
+            (:class:`~swarmjax.privacy.accounting.Rates`; ``q``, ``sigma`` as
+            ``(runs, 1, clients)`` from :meth:`~swarmjax.fl.protocol.Accounting.rates`);
+            ``None``: ``Rates()``, no noise.
         accountant: ``"pld"`` or ``"rdp"`` (:mod:`swarmjax.privacy.accounting`).
         step_events: per run, how its ``(q, sigma, steps)`` become events
             (:meth:`~swarmjax.fl.protocol.Accounting.step_event`); ``None`` (or a ``None``
@@ -251,14 +251,16 @@ def privacy_record(
     steps = np.asarray(steps, np.int64)
     if steps.ndim != 3:
         raise ValueError(f"steps must be (runs, rounds, clients); got shape {steps.shape}")
-    q = np.broadcast_to(np.asarray(sample_rate, np.float64), steps.shape)
-    sigma = np.broadcast_to(np.asarray(noise_multiplier, np.float64), steps.shape)
+    rates = Rates() if rates is None else rates
+    q = np.broadcast_to(np.asarray(rates.sample_rate, np.float64), steps.shape)
+    sigma = np.broadcast_to(np.asarray(rates.noise_multiplier, np.float64), steps.shape)
     extra = np.broadcast_to(
-        np.asarray(0.0 if extra_epsilon is None else extra_epsilon, np.float64), steps.shape
+        np.asarray(0.0 if rates.extra_epsilon is None else rates.extra_epsilon, np.float64),
+        steps.shape,
     )
     runs, rounds, clients = steps.shape
     over = np.broadcast_to(
-        np.zeros(clients) if overflow_prob is None else np.asarray(overflow_prob), steps.shape
+        np.zeros(clients) if rates.overflow is None else np.asarray(rates.overflow), steps.shape
     )
     dsteps = np.diff(steps, axis=1, prepend=0)
     # one row per (run, client): its per-round (q, sigma, new steps, overflow)
@@ -361,20 +363,20 @@ def run_privacy(
     acc = alg.accounting()
     steps = np.asarray(steps, np.int64)
     runs, rounds = steps.shape[:2]
-    rates: tuple = (0.0, 0.0, None, None)
+    rates = Rates()
     if acc is not None:
-        host = jax.device_get(hyper)
-        q, sigma, over, extra = acc.rates(host, rounds, num_clients, sizes)
-        rates = (np.asarray(q)[:, None, :], np.asarray(sigma)[:, None, :], over, extra)
+        rates = acc.rates(jax.device_get(hyper), rounds, num_clients, sizes)
+        rates = dataclasses.replace(  # one (q, sigma) per run and client, for every round
+            rates,
+            sample_rate=np.asarray(rates.sample_rate)[:, None, :],
+            noise_multiplier=np.asarray(rates.noise_multiplier)[:, None, :],
+        )
     return privacy_record(
         steps,
         alg.setup + alg.exchanges,
         unit=privacy_unit(acc),
         delta=spec.delta,
-        sample_rate=rates[0],
-        noise_multiplier=rates[1],
-        overflow_prob=rates[2],
-        extra_epsilon=rates[3],
+        rates=rates,
         accountant=spec.accountant,
         step_events=step_events(alg, hyper, runs),
         disclosure=dataclasses.replace(
