@@ -58,7 +58,8 @@ else
 fi
 step accelerator 240 python -m benchmarks.accelerator --quick --write
 step paaso_full 200 python -m experiments.paaso --full --out "$out/paaso"
-step scaling 120 python -m benchmarks.scaling --rounds 3 --write
+counts=$(python -c "import jax; print(*[d for d in (1, 2, 4, 8, 16) if d <= jax.device_count()])" 2>/dev/null)
+step scaling 120 python -m benchmarks.scaling --rounds 3 --devices ${counts:-1} --write
 step lora_memory 90 python -m benchmarks.lora_memory --write
 cp benchmarks/RESULTS.md "$out/RESULTS.md"
 echo "budget used: $((SECONDS - t0)) s of ${budget} s; logs and RESULTS.md in $out"
