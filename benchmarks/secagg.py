@@ -320,11 +320,13 @@ def tables(rows: list[dict]) -> str:
         means = against_central_over_seeds(ran)
         if means:
             text.append(_markdown(means))
-    text += [
-        f"{r['algorithm']} at {r['bits']} bits, seed {r['seed']}: refused: {r['refused']}"
-        for r in rows
-        if "refused" in r
-    ]
+    refused: dict[tuple, list[int]] = {}  # one line per refusal, with the seeds it met
+    for r in rows:
+        if "refused" in r:
+            refused.setdefault((r["algorithm"], r["bits"], r["refused"]), []).append(r["seed"])
+    for (alg, bits, why), seeds in refused.items():
+        which = f"seed {seeds[0]}" if len(seeds) == 1 else f"seeds {', '.join(map(str, seeds))}"
+        text.append(f"{alg} at {bits} bits, {which}: refused: {why}")
     return "\n\n".join(text)
 
 
