@@ -44,9 +44,10 @@ threshold ``t`` (default ``ceil(0.8 cohort)``; ``--cohort``: no dropout tolerate
 share counted, Kairouz et al.'s setting); ``--seed`` the runs' seed, or several: every
 run then runs once per seed, and the output adds each run's mean accuracy over the seeds
 (with its standard deviation) and, against each central baseline, the difference of the
-means with its 95 % interval (Welch's t). Every run draws a fresh secret, so runs of one
-seed share the data, the initial model and the public cohorts, never the noise: the
-comparison is of means, not of per-seed pairs.
+means with its 95 % interval (Welch's t). Every run draws a fresh secret, and every random
+number of a run (the initial model, the local batches, the noise, a secret Poisson cohort)
+descends from it: runs of one seed share only the data split and the public schedule, so
+the comparison is of means, not of per-seed pairs.
 
 Every run maps its clients and chunks its evaluation as the experiments do, by the device
 (``client_map=None``, :func:`swarmjax.device.default_eval_batch`): one client at a time and
@@ -427,10 +428,10 @@ def main(argv: list[str] | None = None) -> None:
         type=_cli.count("--seed", 0),
         nargs="+",
         default=[0],
-        help="the runs' seed, or several (each run once per seed): it seeds the training "
-        "and the secret Poisson cohorts' public parts; the noise comes from a fresh secret "
-        "in every run; the data split and the public schedule keep seed 0. Seeds other "
-        "than 0 are written to their own section (0)",
+        help="the runs' seed, or several (each run once per seed): every run also draws a "
+        "fresh secret, from which (with the seed) the initial model, the local batches, "
+        "the noise and a secret Poisson cohort descend; the data split and the public "
+        "schedule keep seed 0. Seeds other than 0 are written to their own section (0)",
     )
     p.add_argument(
         "--hidden",
