@@ -4,6 +4,7 @@ merge of the RESULTS.md sections it brings back."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -41,8 +42,8 @@ def test_a_step_named_runs_alone_and_logs_in_out(tmp_path):
 
 def test_a_step_that_the_budget_cannot_hold_is_skipped_in_one_line(tmp_path):
     printed = _run(tmp_path, "29")  # under 30 s left before the first step
-    for name in (*STEPS, "lora_memory"):
-        assert f"== {name}: skipped, 29 s of the budget left" in printed
+    for name in (*STEPS, "lora_memory"):  # 29 s or, under load, a second or two fewer
+        assert re.search(rf"^== {name}: skipped, 2\d s of the budget left$", printed, re.M)
     assert not list((tmp_path / "out").glob("*.log"))
 
 
