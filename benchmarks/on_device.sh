@@ -5,8 +5,8 @@
 #
 #   bash benchmarks/on_device.sh [BUDGET_S [STEP ...]]   # default 480 s, every step
 #
-# Steps: devices secagg_stages secagg vs_pfl accelerator paaso_full scaling lora_memory;
-# naming some runs only those (a rerun of what a first call did not finish).
+# Steps (in this order): devices secagg_stages secagg vs_pfl accelerator paaso_full scaling
+# lora_memory; naming some runs only those (a rerun of what a first call did not finish).
 # The machine may have no package registry: put wheels of what it lacks in .whl/ (installed
 # offline, without dependencies, when present) and the datasets in $SWARMJAX_DATA (default
 # results/data: mnist/ and shakespeare/, as `python -m swarmjax.data fetch` stages them).
@@ -14,7 +14,18 @@
 # Back here: `python -m benchmarks._results merge OUT/RESULTS.md` copies the new sections
 # into benchmarks/RESULTS.md. docs/accelerators.md, "A lent GPU session".
 set -u
+steps="devices secagg_stages secagg vs_pfl accelerator paaso_full scaling lora_memory"
 budget=${1:-480}
+if ! [[ "$budget" =~ ^[0-9]+$ ]]; then
+  echo "on_device.sh: BUDGET_S must be whole seconds (e.g. 480); got '$budget'" >&2
+  exit 2
+fi
+for name in "${@:2}"; do
+  if [[ " $steps " != *" $name "* ]]; then
+    echo "on_device.sh: unknown step '$name'; the steps: $steps" >&2
+    exit 2
+  fi
+done
 only=" ${*:2} "
 out=${OUT:-results/device}
 mkdir -p "$out"

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from benchmarks import _results
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -45,6 +47,27 @@ def test_a_step_that_the_budget_cannot_hold_is_skipped_in_one_line(tmp_path):
     for name in (*STEPS, "lora_memory"):  # 29 s or, under load, a second or two fewer
         assert re.search(rf"^== {name}: skipped, 2\d s of the budget left$", printed, re.M)
     assert not list((tmp_path / "out").glob("*.log"))
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["8m"], "BUDGET_S must be whole seconds (e.g. 480); got '8m'"),
+        (["60", "scalin"], "unknown step 'scalin'"),
+    ],
+)
+def test_bad_input_is_one_line_before_any_work(tmp_path, args, named):
+    done = subprocess.run(
+        ["bash", str(ROOT / "benchmarks" / "on_device.sh"), *args],
+        cwd=ROOT,
+        env={**os.environ, "OUT": str(tmp_path / "out")},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.count("\n") == 1 and named in done.stderr
+    assert not (tmp_path / "out").exists()
 
 
 def test_merge_writes_the_sections_that_are_new_or_changed(tmp_path):
