@@ -37,10 +37,14 @@ if compgen -G ".whl/*.whl" >/dev/null; then
     echo "pip: some wheels did not install (see $out/pip.log)"
 fi
 
-step() { # step NAME LIMIT_S COMMAND...: run it if the budget allows; log in $out/NAME.log
+wanted() { # wanted NAME: no step was named, or NAME was
+  [[ "$only" == "  " || "$only" == *" $1 "* ]]
+}
+
+step() { # step NAME LIMIT_S COMMAND...: run it if wanted and the budget allows; log in $out/NAME.log
   local name=$1 limit=$2
   shift 2
-  [[ "$only" == "  " || "$only" == *" $name "* ]] || return 0
+  wanted "$name" || return 0
   local left=$((budget - (SECONDS - t0)))
   if ((left < 30)); then
     echo "== $name: skipped, ${left} s of the budget left"
@@ -59,18 +63,20 @@ step devices 60 python -c "import jax; print(jax.__version__, jax.devices())"
 step secagg_stages 90 python -m benchmarks.secagg_stages --cohort 50 --repeats 3
 step secagg 150 python -m benchmarks.secagg --users 1200 --cohort 50 --rounds 3 --bits 16 \
   --central public --min-survivors 50 --write
-if ! [[ "$only" == "  " || "$only" == *" vs_pfl "* ]]; then
-  :
-elif python -c "import pfl" >/dev/null 2>&1; then # the DP round against the plain one, and pfl
-  step vs_pfl 150 python -m benchmarks.vs_pfl --rounds 0 --timing-rounds 4 \
-    --pfl-python "$(command -v python)" --write --out "$out/vs_pfl.json"
-else
-  echo "== vs_pfl: skipped, pfl does not import here (carry its wheel in .whl/)"
+if wanted vs_pfl; then # the DP round against the plain one, and pfl's
+  if python -c "import pfl" >/dev/null 2>&1; then
+    step vs_pfl 150 python -m benchmarks.vs_pfl --rounds 0 --timing-rounds 4 \
+      --pfl-python "$(command -v python)" --write --out "$out/vs_pfl.json"
+  else
+    echo "== vs_pfl: skipped, pfl does not import here (carry its wheel in .whl/)"
+  fi
 fi
 step accelerator 240 python -m benchmarks.accelerator --quick --write
 step paaso_full 200 python -m experiments.paaso --full --out "$out/paaso"
-counts=$(python -c "import jax; print(*[d for d in (1, 2, 4, 8, 16) if d <= jax.device_count()])" 2>/dev/null)
-step scaling 120 python -m benchmarks.scaling --rounds 3 --devices ${counts:-1} --write
+if wanted scaling; then # over the powers of two up to the devices present
+  counts=$(python -c "import jax; print(*[d for d in (1, 2, 4, 8, 16) if d <= jax.device_count()])" 2>/dev/null)
+  step scaling 120 python -m benchmarks.scaling --rounds 3 --devices ${counts:-1} --write
+fi
 step lora_memory 90 python -m benchmarks.lora_memory --write
 cp benchmarks/RESULTS.md "$out/RESULTS.md"
 echo "budget used: $((SECONDS - t0)) s of ${budget} s; logs and RESULTS.md in $out"
