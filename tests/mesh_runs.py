@@ -57,10 +57,24 @@ def algorithms() -> dict:
     }
 
 
-def federation():
+# a flat store of unequal clients read step by step ("-store" runs): 12 of 3 rows, 8 of 10
+# and 4 of 50-70, the 360 rows of the stacked federation
+STORE_SIZES = (3,) * 12 + (10,) * 8 + (60, 70, 64, 50)
+
+
+def federation(store: bool = False):
+    """The stacked digits federation, or (``store``) the same rows as a step-reading flat
+    store of :data:`STORE_SIZES` clients."""
+    from swarmjax.fl.data import load_dataset
+    from swarmjax.fl.data.store import ClientStore
     from swarmjax.fl.runtime.flower.tasks import digits_clients
 
-    return digits_clients({"train-size": 360, "num-clients": NUM_CLIENTS})
+    clients, test = digits_clients({"train-size": 360, "num-clients": NUM_CLIENTS})
+    if not store:
+        return clients, test
+    ds = load_dataset("digits")
+    indices = np.split(np.arange(360), np.cumsum(STORE_SIZES)[:-1])
+    return ClientStore.build(ds.x_train, ds.y_train, indices).with_read("step"), test
 
 
 def numbers(result, prefix: str) -> dict[str, np.ndarray]:
@@ -97,7 +111,7 @@ def layout(name: str, label: str, processes: int) -> str:
     from swarmjax.fl.runtime.mesh import describe
     from swarmjax.fl.runtime.simulator import slot_buffer
 
-    alg = algorithms()[name.removesuffix("-2")][0]
+    alg = algorithms()[name.removesuffix("-2").removesuffix("-store")][0]
     slots = slot_buffer(alg, NUM_CLIENTS)
     return describe(mesh(label, processes), slots, NUM_CLIENTS, data_split=True)
 
@@ -109,10 +123,11 @@ def run(name: str, label: str, processes: int = 1, audit=None, **kw):
     from swarmjax.fl.runtime import Execution, simulate
     from tests.reproducible import SECRET
 
-    clients, test = federation()
-    alg, grid = algorithms()[name.removesuffix("-2")]
+    clients, test = federation(store=name.endswith("-store"))
+    base = name.removesuffix("-2").removesuffix("-store")
+    alg, grid = algorithms()[base]
     seeds = (0, 1) if name.endswith("-2") else (0,)
-    kw.setdefault("client_map", CLIENT_MAP[name.removesuffix("-2")])
+    kw.setdefault("client_map", CLIENT_MAP[base])
     variants = Variants.grid(alg, clients, RunSpec(ROUNDS, 1e-3, seeds), **grid)
     execution = Execution(diagnostics=True, mesh=mesh(label, processes), rounds_per_call=1, **kw)
     return simulate(alg, clients, test, variants, secret=SECRET, audit=audit, execution=execution)

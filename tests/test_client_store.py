@@ -78,14 +78,44 @@ def test_a_split_store_block_reads_what_the_whole_store_reads(toy, devices, cap)
         assert_same(got, store.take(jnp.asarray(ids), key))
 
 
-def test_only_a_buffer_store_splits_and_only_a_split_store_has_blocks(toy):
+@pytest.mark.parametrize("devices", [2, 3])
+def test_a_split_step_store_block_reads_its_clients_and_bounds_a_share(toy, devices):
+    """A step-reading store splits as a buffer store does (each block's clients bind to
+    the whole store's rows) and records the rows of its largest clients: ``slot_rows(s)``
+    bounds what any ``s`` clients hold together (checked against every set of ``s``)."""
     x, y, indices = toy
     store = ClientStore.build(x, y, indices).with_read("step")
-    with pytest.raises(ValueError, match=r"^ClientStore.split needs read='buffer'") as err:
-        store.split(2)
-    assert "\n" not in str(err.value)
+    split = store.split(devices)
+    n, b = store.num_clients, split.block
+    rows = split.x.shape[0] // devices
+    for k in range(devices):
+        part = split.replace(
+            x=split.x[k * rows : (k + 1) * rows],
+            y=split.y[k * rows : (k + 1) * rows],
+            offsets=split.offsets[k * b : (k + 1) * b],
+        ).local(k * b)
+        assert part.read == "step" and not part.rows_of_largest
+        for j in range(b):
+            i = min(k * b + j, n - 1)
+            mine = part.bind(jax.tree.map(lambda a, j=j: a[j], part.index(jnp.arange(b))))
+            whole = store.bind(jax.tree.map(lambda a, i=i: a[i], store.index(jnp.arange(n))))
+            idx = jnp.arange(store.max_rows)
+            for a, c in zip(mine.batch(idx), whole.batch(idx), strict=True):
+                np.testing.assert_array_equal(a, c)
+    for s in range(1, n + 2):
+        most = max(sum(c) for c in itertools.combinations(SIZES, min(s, n)))
+        assert split.slot_rows(s) == most
+    assert store.with_read("buffer").split(devices).rows_of_largest == ()
+
+
+def test_only_a_split_store_has_blocks_and_slot_rows(toy):
+    x, y, indices = toy
+    store = ClientStore.build(x, y, indices).with_read("step")
     with pytest.raises(ValueError, match=r"^ClientStore.local reads one device's block"):
         store.local(0)
+    with pytest.raises(ValueError, match=r"^ClientStore.slot_rows needs a step-reading") as err:
+        store.slot_rows(2)
+    assert "\n" not in str(err.value)
 
 
 def test_unused_slots_are_all_masked(toy):

@@ -118,6 +118,7 @@ def launched(tmp_path_factory):
         s.bind(("127.0.0.1", 0))
         port = str(s.getsockname()[1])
     local = ["fedavg:0,1,2,4", "fedavg-2:0,2x2", "dp-fedavg:0,2,4", "dp-ftrl:0,4"]
+    local += ["dp-fedavg-store:0,4"]
     local += ["--resume", f"{tmp / 'checkpoints'}:4:2:0"]
     local += ["--resize", f"{tmp / 'resize'}:4-2,4-3,3-4"]
     local += ["--memory", f"{tmp / 'memory'}:1:4"]
@@ -179,12 +180,14 @@ def _compare(numbers: dict, got: str, want: str, exact: bool = False) -> int:
         ("dp-fedavg", "2"),
         ("dp-fedavg", "4"),
         ("dp-ftrl", "4"),
+        ("dp-fedavg-store", "4"),
     ],
 )
 def test_sharded_run_is_the_unsharded_run(local, alg, devices):
     """The model to float32 rounding, the privacy record, the realised cohorts and the
     clients' integer state bit for bit; on one device everything (the same slot-order
-    sum)."""
+    sum). ``-store``: a step-reading flat store of unequal clients, split over the mesh,
+    its slots' rows sent back to back (``mesh.gather_ragged``)."""
     numbers, _ = local
     _compare(numbers, f"{alg}/{devices}/", f"{alg}/0/", exact=devices == "1")
 
@@ -472,6 +475,34 @@ def test_cohort_memory_per_device():
     assert split.fits_on(1500) == 4
     with pytest.raises(ValueError, match=r"states, which alone do not fit.*=clients_mesh\(4\)"):
         check_memory(split, None, limit=1500)
+
+
+def test_a_split_step_store_holds_its_block_and_one_message_a_device():
+    """A step-reading store over a clients axis: each device holds its block of the rows
+    and one message of its share of the slots' rows (the largest clients' at most), not
+    the whole store; the message is what ``gather_ragged`` is sized by."""
+    from swarmjax.fl.protocol import RunSpec, Variants
+    from swarmjax.fl.runtime.simulator import cohort_memory
+
+    store, _ = mesh_runs.federation(store=True)
+    alg, grid = mesh_runs.algorithms()["dp-fedavg"]
+    variants = Variants.grid(alg, store, RunSpec(1, 1e-3), **grid)
+    key = jax.random.key(0)[None]
+    memory = cohort_memory(alg, store, key, variants.hyper, 1)
+    row = store.x[0].nbytes + store.y[0].nbytes  # one stored example and its label
+    share = -(-memory.slots // 4)  # 19 Poisson slots: 5 a device
+    assert memory.ragged[share - 1] == sum(sorted(mesh_runs.STORE_SIZES)[-share:]) * row
+    whole = memory.on_devices(1, 1) - memory.per_slot * memory.slots
+    split = memory.on_devices(4, 1) - memory.per_slot * share
+    assert (
+        split
+        == memory.shared
+        + -(-memory.split * 6 // 24)
+        + memory.per_client * 6
+        + (memory.ragged[share - 1])
+    )
+    assert split < whole
+    assert store.split(4).slot_rows(share) * row == memory.ragged[share - 1]
 
 
 def test_describe_and_peak_memory_in_process():

@@ -110,6 +110,10 @@ class ClientStore:
             padding clients past ``N``; ``offsets`` counted within the block) and
             ``sizes`` stays ``(N,)``, whole. A device reads its own block through
             :meth:`local`.
+        rows_of_largest: static; ``()``, or for a split step-reading store (:meth:`split`)
+            the rows the ``k`` largest clients hold together (each capped at
+            :attr:`max_rows`), ``k = 1 .. N``: :meth:`slot_rows` bounds a device's share
+            of a cohort by it.
     """
 
     x: Float[Array, "rows ..."]
@@ -122,6 +126,7 @@ class ClientStore:
     vmap_block: int = flax.struct.field(pytree_node=False, default=0)
     read: str = flax.struct.field(pytree_node=False, default="buffer")
     block: int = flax.struct.field(pytree_node=False, default=0)
+    rows_of_largest: tuple[int, ...] = flax.struct.field(pytree_node=False, default=())
 
     def index(
         self, client_ids: Int[ArrayLike, " cohort"], valid: Bool[ArrayLike, " cohort"] | None = None
@@ -189,18 +194,15 @@ class ClientStore:
         with copies of the last client (never selected; as a split stacked federation is
         padded), each block's rows back to back and zero rows after them up to the
         largest block's. A block's own clients read exactly the rows they read here.
-        Only a store that reads its cohort into a buffer (``read="buffer"``) splits: a
-        step-reading store's slots read their batches straight from the whole store.
+        A step-reading store (``read="step"``) also records :attr:`rows_of_largest`: its
+        slots' rows then travel back to back, as many as they hold
+        (:func:`~swarmjax.fl.runtime.mesh.gather_ragged`), not in buffers of the largest
+        client.
 
         Returns the store with ``x (devices * R, ...)`` and ``y (devices * R,)`` (``R``:
         the largest block's rows), ``offsets (devices * block,)`` int32 counted from each
         block's first row, ``sizes (N,)`` as before and :attr:`block` set."""
         devices = check_int("devices", devices, 1)
-        if self.read != "buffer":
-            raise ValueError(
-                f"ClientStore.split needs read='buffer' (a step-reading store's slots read "
-                f"the whole store); got read={self.read!r}"
-            )
         n = self.num_clients
         block = -(-n // devices)
         ids = np.minimum(np.arange(block * devices), n - 1).reshape(devices, block)
@@ -222,6 +224,36 @@ class ClientStore:
             sizes=sizes.astype(np.int32),
             x_table=None if self.x_table is None else np.asarray(self.x_table),
             block=block,
+            rows_of_largest=self.largest_totals() if self.read == "step" else (),
+        )
+
+    def largest_totals(self) -> tuple[int, ...]:
+        """On the host: the rows the ``k`` largest clients hold together, ``k = 1 .. N``
+        (each client's rows capped at :attr:`max_rows`, as a round reads them)."""
+        rows = np.sort(np.minimum(np.asarray(self.sizes), self.max_rows))[::-1]
+        return tuple(int(v) for v in np.cumsum(rows, dtype=np.int64))
+
+    def slot_rows(self, slots: int) -> int:
+        """The most rows any ``slots`` clients of a split step-reading store hold together
+        (each capped at :attr:`max_rows`): the rows of one device's message of its
+        ``slots`` slots. One ``ValueError`` line on a store that is not such a store."""
+        if not self.rows_of_largest:
+            raise ValueError(
+                "ClientStore.slot_rows needs a step-reading store split over a mesh "
+                "(ClientStore.split with read='step')"
+            )
+        slots = check_int("slots", slots, 1)
+        return self.rows_of_largest[min(slots, len(self.rows_of_largest)) - 1]
+
+    def arrived(
+        self, x: Array, y: Int[Array, " rows"], offsets: Int[Array, " s"], sizes: Int[Array, " s"]
+    ) -> ClientStore:
+        """Rows that came to a device for its slots (``x``, ``y`` back to back; slot
+        ``k``'s ``sizes[k]`` rows from ``offsets[k]``) as a step-reading store of their own
+        whose client ``k`` is slot ``k``: its decoding table, rows per client and blocks
+        of a vmapped cohort are this store's."""
+        return self.replace(
+            x=x, y=y, offsets=offsets, sizes=sizes, block=0, rows_of_largest=(), read="step"
         )
 
     def local(self, first: Int[ArrayLike, ""]) -> ClientStore:
@@ -237,7 +269,7 @@ class ClientStore:
             )
         n = self.num_clients
         ids = jnp.minimum(jnp.asarray(first, jnp.int32) + jnp.arange(self.block), n - 1)
-        return self.replace(sizes=self.sizes[ids], block=0)
+        return self.replace(sizes=self.sizes[ids], block=0, rows_of_largest=())
 
     def with_cap(self, max_examples: int | None) -> ClientStore:
         """This store under a per-round cap of ``max_examples`` rows per client (None: no

@@ -49,6 +49,7 @@ __all__ = [
     "clients_mesh",
     "describe",
     "evaluated_once",
+    "gather_ragged",
     "gather_slots",
     "mesh_for",
     "on_host",
@@ -187,8 +188,7 @@ def describe(
 ) -> str:
     """One line: how a run's cohort of ``slots`` slots is laid out over ``mesh`` and, given
     the federation's size ``clients``, how its client states (and, with ``data_split``, its
-    data: stacked, or a flat store that reads its cohort into buffers; a step-reading
-    store's stays whole) are split by client id over the ``clients`` axis
+    data: stacked, or a flat store) are split by client id over the ``clients`` axis
     (:func:`splits`)."""
     if mesh is None:
         return f"one device: the cohort's {slots} slots on {jax.devices()[0].platform}:0"
@@ -407,6 +407,59 @@ def gather_slots(
     return jax.lax.ppermute(rows, CLIENTS, _next(mesh))  # home
 
 
+def gather_ragged(
+    mesh: Mesh,
+    pick: Callable[[Array, Array], PyTree],
+    b: int,
+    ids: Int[Array, " S"],
+    sizes: Int[Array, " S"],
+    s: int,
+    rows: int,
+) -> tuple[PyTree, Int[Array, " s"], Int[Array, " s"]]:
+    """Inside ``shard_map``: this device's ``s`` slots' rows back to back in ONE message of
+    ``rows`` rows (slots ``me*s .. me*s+s-1`` of ``ids``, every id ``< N``; slot ``k``
+    holds ``sizes[me*s+k]`` rows; ``rows`` at least any device's total, zero rows after
+    it), taken from the devices that own them. Returns ``(message, offsets, slot sizes)``:
+    slot ``k``'s rows are ``message[offsets[k] : offsets[k] + sizes[k]]``.
+
+    ``pick(local, within)`` gives, for ``(rows,)`` positions, row ``within`` of this
+    device's block client ``local`` (both clipped into range by the caller's store: a
+    position this device does not own gets any row, replaced). The ring of
+    :func:`gather_slots`, with the slots' rows as they are instead of one buffer of the
+    largest client per slot: what a step-reading store's slots read, whose clients'
+    sizes differ most."""
+    d = int(mesh.shape[CLIENTS])
+    me = jax.lax.axis_index(CLIENTS)
+    position = jnp.arange(rows, dtype=jnp.int32)
+
+    def layout(source: Array) -> tuple[Array, Array, Array, Array]:
+        theirs = jax.lax.dynamic_slice_in_dim(ids, source * s, s)
+        n = jax.lax.dynamic_slice_in_dim(sizes, source * s, s).astype(jnp.int32)
+        ends = jnp.cumsum(n)
+        return theirs, n, ends - n, ends
+
+    def fill(message: PyTree, step: Array) -> PyTree:  # the message of device me - step
+        theirs, _, starts, ends = layout((me - step) % d)
+        k = jnp.minimum(jnp.searchsorted(ends, position, side="right"), s - 1)
+        client = theirs[k]
+        keep = (position < ends[-1]) & (client // b == me)
+        mine = pick(jnp.clip(client - me * b, 0, b - 1), position - starts[k])
+
+        def one(old: Array, a: Array) -> Array:
+            return jnp.where(keep.reshape((-1,) + (1,) * (a.ndim - 1)), a, old)
+
+        return jax.tree.map(one, message, mine)
+
+    def step(k: Array, message: PyTree) -> PyTree:
+        return fill(jax.lax.ppermute(message, CLIENTS, _next(mesh)), k)
+
+    shapes = jax.eval_shape(pick, position, position)
+    start = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), shapes)
+    message = jax.lax.fori_loop(1, d, step, fill(start, jnp.zeros((), jnp.int32)))
+    _, n, starts, _ = layout(me)
+    return jax.lax.ppermute(message, CLIENTS, _next(mesh)), starts, n  # home
+
+
 def block_rows(block: PyTree) -> Callable[[Array, Array], PyTree]:
     """:func:`gather_slots`' ``pick`` for a stacked block (a leading client axis on every
     leaf): row ``local`` of each leaf."""
@@ -458,12 +511,20 @@ class SplitData:
             between devices.
         arrived: ``(data, rows) -> rows`` on the device of the rows' slots, once they are
             there (e.g. a store's uint8 codes decoded: a quarter of the bytes travel).
+        ragged: ``0``: each slot's rows travel as one buffer (:func:`gather_slots`).
+            Else a device's slots' rows travel back to back in one message of ``ragged``
+            rows (:func:`gather_ragged`): ``rows(data, local, within, shared)`` then gives
+            row ``within`` of block clients ``local``, ``sizes(data)`` the ``(N,)`` rows
+            of every client, and ``arrived`` takes ``(message, offsets, slot sizes)``.
+        sizes: with ``ragged``, the clients' rows (above).
     """
 
     spec: PyTree
     clients: int
     rows: Callable[[PyTree, Array, Array, PyTree], PyTree]
     arrived: Callable[[PyTree, PyTree], PyTree] = lambda data, rows: rows
+    ragged: int = 0
+    sizes: Callable[[PyTree], Array] | None = None
 
 
 def shard_cohort(
@@ -509,9 +570,22 @@ def shard_cohort(
                     mine = block_rows(held)(local, theirs)
                     return mine, split_data.rows(data, local, theirs, whole)
 
-            rows = gather_slots(mesh, pick, b, every[0], share)
-            if split_data is not None:
-                rows = (rows[0], split_data.arrived(data, rows[1]))
+            if split_data is not None and split_data.ragged:
+                mine = gather_slots(mesh, block_rows(held), b, every[0], share)
+
+                def within(local: Array, at: Array) -> PyTree:
+                    return split_data.rows(data, local, at, whole)
+
+                # an unused slot (a repeated filler id) carries the fewest rows any client
+                # has: a share of s slots then holds at most its s largest clients' rows
+                every_size = split_data.sizes(data)
+                sizes = jnp.where(every[1], every_size[every[0]], jnp.min(every_size))
+                got = gather_ragged(mesh, within, b, every[0], sizes, share, split_data.ragged)
+                rows = (mine, split_data.arrived(data, got))
+            else:
+                rows = gather_slots(mesh, pick, b, every[0], share)
+                if split_data is not None:
+                    rows = (rows[0], split_data.arrived(data, rows[1]))
         states, total = local(i, u, whole, rows)
         if split is not None:
             states = None if states is None else scatter_slots(mesh, split[0], states, *every)
@@ -576,7 +650,7 @@ class CohortMemory:
     :func:`gather_slots` are not counted).
 
     Attributes:
-        shared: held whole by every device: a flat store's data (never split).
+        shared: held whole by every device (a flat store's sizes and decoding table).
         per_slot: one cohort slot of one run: its gathered data, its client state, its new
             state and its reply.
         slots: the cohort's slot buffer ``S`` (the largest of the round exchanges').
@@ -585,6 +659,9 @@ class CohortMemory:
             of 2 or more devices (:func:`splits`), whole otherwise.
         per_client: one client's state in one run, split the same way.
         clients: the federation's clients ``N``.
+        ragged: ``()``, or for a step-reading store the bytes of the ``k`` largest
+            clients' rows, ``k = 1 .. N``: split over ``d >= 2`` devices, each holds one
+            message of its ``ceil(S / d)`` slots' rows a run (:func:`gather_ragged`).
     """
 
     shared: int
@@ -594,6 +671,7 @@ class CohortMemory:
     split: int = 0
     per_client: int = 0
     clients: int = 0
+    ragged: tuple[int, ...] = ()
 
     def federation(self, mesh: Mesh | None) -> int:
         """Bytes of the federation's data and the clients' states on one device of
@@ -622,7 +700,9 @@ class CohortMemory:
 
     def on_devices(self, d: int, runs: int) -> int:
         """Bytes on one device of a ``clients`` axis of ``d`` devices holding ``runs`` runs."""
-        return self._federation(d, runs) + self.per_slot * (-(-self.slots // d)) * runs
+        share = -(-self.slots // d)
+        message = self.ragged[min(share, len(self.ragged)) - 1] if d > 1 and self.ragged else 0
+        return self._federation(d, runs) + (self.per_slot * share + message) * runs
 
     def fits_on(self, limit: int, most: int = 1 << 16) -> int | None:
         """The fewest devices of 1, 2, 4, ... on a ``clients`` axis (no ``runs`` axis) on

@@ -72,6 +72,7 @@ from swarmjax.fl.runtime.mesh import (
     mesh_for,
     on_host,
     padded_clients,
+    padded_slots,
     placed,
     refill_padding,
     replicated,
@@ -383,12 +384,13 @@ def _mesh_exchange(
     split_data = None
     if not splits(ctx.mesh):
         owned, shared = None, (states, rows_key, inputs)
-    else:  # states (and the data, unless a step-reading store) split by client id
+    else:  # states and data split by client id
         held_split = splits_data(clients)  # as start placed it: split by client id
         owned = (states, clients if held_split else None)
         shared = (None, rows_key, (None, *inputs[1:]) if held_split else inputs)
         if held_split and _gathers(clients):
-            split_data = SplitData(_store_spec(clients), clients.block, _store_rows, _store_arrived)
+            share = padded_slots(ctx.mesh, int(chosen.shape[0])) // int(ctx.mesh.shape[CLIENTS])
+            split_data = _store_split(clients, share)
 
     def local(ids: Int[Array, " s"], u: Array, whole: PyTree, rows: PyTree):
         whole_states, key, passed = whole
@@ -396,6 +398,8 @@ def _mesh_exchange(
             mine, data = jax.tree.map(lambda a: a[ids], whole_states), None
         else:
             mine, data = rows
+        if _reads_steps(data):  # a split step-reading store's slots' rows, as a store
+            passed, data = (data, *passed[1:]), data.index(jnp.arange(ids.shape[0]))
         if data is None:
             data = take_clients(passed[0], ids, key)
         new, total = _map_clients(client_fn(passed), (mine, data, ids), cmap, u, summed=True)
@@ -403,6 +407,40 @@ def _mesh_exchange(
 
     new, total = shard_cohort(ctx.mesh, local, safe, used, shared, owned, split_data)
     return new, total, Slots(mask=used, ids=chosen, num_clients=n)
+
+
+def _store_split(store: PyTree, share: int) -> SplitData:
+    """How the devices of a clients axis hold a split flat store and move its rows to the
+    slots of ``share`` slots a device: a buffer per slot, or a step-reading store's rows
+    back to back (:func:`~swarmjax.fl.runtime.mesh.gather_ragged`, as many as the
+    ``share`` largest clients hold: :meth:`~swarmjax.fl.data.store.ClientStore.slot_rows`)."""
+    spec = _store_spec(store)
+    if not _reads_steps(store):
+        return SplitData(spec, store.block, _store_rows, _store_arrived)
+    rows = store.slot_rows(share)
+    return SplitData(spec, store.block, _store_step_rows, _store_step_arrived, rows, _slot_sizes)
+
+
+def _slot_sizes(store: PyTree) -> Array:
+    """The rows a step-reading store's client reads: its size, capped at ``max_rows``."""
+    return jnp.minimum(store.sizes, store.max_rows)
+
+
+def _store_step_rows(store: PyTree, local: Array, within: Array, shared: tuple) -> PyTree:
+    """:class:`~swarmjax.fl.runtime.mesh.SplitData`'s ``rows`` of a split step-reading
+    store: row ``within`` of this device's block clients ``local``, as stored."""
+    del shared
+    block = store.local(jax.lax.axis_index(CLIENTS) * store.block)
+    at = jnp.take(block.offsets, local) + within
+    return jnp.take(block.x, at, axis=0, mode="clip"), jnp.take(block.y, at, mode="clip")
+
+
+def _store_step_arrived(store: PyTree, got: tuple) -> PyTree:
+    """:class:`~swarmjax.fl.runtime.mesh.SplitData`'s ``arrived`` of a split step-reading
+    store: the message of this device's slots as a store of their own, its steps reading
+    and decoding their batches from it as from the whole store."""
+    (x, y), offsets, sizes = got
+    return store.arrived(x, y, offsets, sizes)
 
 
 def _store_rows(store: PyTree, local: Array, theirs: Array, shared: tuple) -> PyTree:
@@ -431,10 +469,9 @@ def _store_spec(store: PyTree) -> PyTree:
 
 def splits_data(data: PyTree) -> bool:
     """Whether a clients mesh axis of 2 or more devices splits the federation's data by
-    client id: stacked data, or a flat store that reads its cohort into buffers
-    (:meth:`~swarmjax.fl.data.store.ClientStore.split`); a step-reading store stays whole
-    on every device (its slots read their batches from the whole store)."""
-    return _stacked(data) or (_gathers(data) and not _reads_steps(data))
+    client id: stacked data, or a flat store
+    (:meth:`~swarmjax.fl.data.store.ClientStore.split`, either way it reads its rows)."""
+    return _stacked(data) or _gathers(data)
 
 
 def _exchanges(ctx: RunContext, exchanges, round_index, server, states):
@@ -514,7 +551,7 @@ def _init_split(ctx: RunContext) -> PyTree:
         ids = first + jnp.arange(block)
         if stacked:
             return _init_states(ctx.alg, run_key, hyper, mine, ids, ctx.client_map, False)
-        if not split_store:  # a step-reading store, whole on every device
+        if not split_store:  # data neither stacked nor a store: whole on every device
             return _init_states(ctx.alg, run_key, hyper, store, ids, ctx.client_map, True)
         local = store.local(first)  # this device's block: its own clients' rows
         return _init_states(ctx.alg, run_key, hyper, local, ids, ctx.client_map, True, first)
@@ -684,8 +721,8 @@ def cohort_memory(
     ``runs``, how many of the runs one device holds before a mesh splits them.
     A slot counts one client's gathered data, its state twice (old and new) and one
     request-sized reply (a model's worth); the federation is its data (split by client
-    when stacked or a buffer-reading flat store, shared when a step-reading one) and one
-    state per client and run."""
+    when stacked or a flat store) and one state per client and run; a step-reading store
+    split over a mesh also holds one message of its slots' rows a run (``ragged``)."""
     row, key = row_shapes((hyper, key))
     one = row_shapes(jax.eval_shape(lambda: take_clients(data, jnp.zeros((1,), jnp.int32))))
     state = jax.eval_shape(
@@ -699,9 +736,12 @@ def cohort_memory(
         (param_bytes(jax.eval_shape(ex.request, server)) for ex in alg.exchanges), default=0
     )
     n = num_clients(data)
-    split = 0  # what a clients axis splits: stacked data, or a buffer store's rows
+    split, ragged = 0, ()  # what a clients axis splits: stacked data, or a store's rows
     if splits_data(data):
         split = param_bytes(data if _stacked(data) else (data.x, data.y, data.offsets))
+    if _reads_steps(data):  # bytes of the k largest clients' rows, k = 1 .. N
+        row_bytes = param_bytes((data.x[:1], data.y[:1]))
+        ragged = tuple(v * row_bytes for v in data.largest_totals())
     return CohortMemory(
         shared=param_bytes(data) - split,
         per_slot=param_bytes(one) + 2 * param_bytes(state) + reply,
@@ -710,6 +750,7 @@ def cohort_memory(
         split=split,
         per_client=param_bytes(state),
         clients=n,
+        ragged=ragged,
     )
 
 
