@@ -125,10 +125,8 @@ def launched(tmp_path_factory):
     local += ["--experiment", f"{tmp / 'cross_device'}:1,2", "--audit", "0,4"]
     resume = ["--resume", f"{tmp / 'checkpoints-two'}:4:4"]
     resume += ["--resize", f"{tmp / 'resize-two'}:4-3,3-4"]
-    ranks = [
-        ["dp-fedavg:4", "dp-ftrl:4", *resume, "--rank", str(r), "--port", port, "--processes", "2"]
-        for r in (0, 1)
-    ]
+    two = ["dp-fedavg:4", "dp-ftrl:4", "dp-fedavg-store:4", *resume]
+    ranks = [[*two, "--rank", str(r), "--port", port, "--processes", "2"] for r in (0, 1)]
     jobs = {
         "local": _start([local], 4, tmp / "local.npz"),
         "distributed": _start(ranks, 2, tmp / "two.npz"),
@@ -357,10 +355,10 @@ def test_two_processes_are_the_unsharded_run(local, distributed):
     """2 jax.distributed processes of 2 devices each (a 4-device clients mesh across
     them) give the unsharded run's numbers, as one process with 4 devices does; both
     processes report the same result bit for bit (the client states reach each host block
-    by block)."""
+    by block); a step-reading store split over the two processes' devices as well."""
     numbers, _ = local
     two, logs = distributed
-    for alg in ("dp-fedavg", "dp-ftrl"):
+    for alg in ("dp-fedavg", "dp-ftrl", "dp-fedavg-store"):
         _compare(
             {**numbers, **{f"two/{k}": v for k, v in two.items()}}, f"two/{alg}/4/", f"{alg}/0/"
         )
