@@ -55,7 +55,7 @@ step() { # step NAME LIMIT_S COMMAND...: run it if wanted and the budget allows;
   local began=$SECONDS
   timeout "$limit" "$@" >"$out/$name.log" 2>&1
   echo "   exit $? after $((SECONDS - began)) s; its last lines:"
-  tail -n 12 "$out/$name.log" | sed 's/^/   /'
+  tr '\r' '\n' <"$out/$name.log" | tail -n 12 | sed 's/^/   /' # progress bars: one line each
 }
 
 step devices 60 python -c "import jax; print(jax.__version__, jax.devices())"
