@@ -536,6 +536,7 @@ _FIELDS = {  # settings that start a library refusal: the Profile field (and the
     "noise_cohort": "noise cohort",
     "cohort": "cohort",
     "schedule": "schedule",
+    "bits": "bits per coordinate",
 }
 
 
@@ -553,6 +554,9 @@ class Run:
         mesh: the device mesh its cohort is split over (``None``: one device;
             :func:`experiments._cli.layout`, ``--devices``).
         layout: one line saying how it is laid out over the devices.
+        variants: its resolved variants (the noise calibrated, every value checked
+            against the clients: :func:`resolved`), or ``None`` until the clients are
+            loaded.
     """
 
     name: str
@@ -563,6 +567,7 @@ class Run:
     grid: dict
     mesh: Mesh | None = None
     layout: str = ""
+    variants: Variants | None = None
 
     @property
     def plan(self) -> UserLevelDP | DistributedDP | None:
@@ -590,9 +595,25 @@ def planned(args: argparse.Namespace, prof: Profile) -> list[Run]:
     return out
 
 
+def resolved(args: argparse.Namespace, prof: Profile, todo: list[Run], clients) -> list[Run]:
+    """Every run of ``todo`` with its variants resolved against ``clients`` (the noise
+    calibrated to its target, every value checked: what needs the data and the model's
+    size, such as the bits a distributed plan's secure sum must carry), before any run
+    starts: a refusal is one line naming the option."""
+    out = []
+    for run in todo:
+        try:
+            variants = Variants.grid(run.algorithm, clients, spec(prof), **run.grid)
+        except ValueError as err:
+            raise _cli.UserError(_refusal(args, prof, run.name, err)) from None
+        out.append(dataclasses.replace(run, variants=variants))
+    return out
+
+
 def _refusal(args: argparse.Namespace, prof: Profile, name: str, err: ValueError) -> str:
     """The library's refusal ``err`` of algorithm ``name``'s build, naming the option."""
     dest, _, rest = str(err).partition(" ")
+    dest = dest.partition("=")[0]  # "bits=8 cannot ...": the setting, its value named below
     what = _FIELDS.get(dest)
     if what is None:
         return f"--algorithms {name}: {err}"
@@ -718,7 +739,9 @@ def run_one(
     supplied secret (``--secret-file``; this run's is derived from it by the label), else a
     fresh one saved with the checkpoints. ``pace``: a callback that prints the time left."""
     name, label, plan = run.name, run.label, run.plan
-    variants = Variants.grid(run.algorithm, clients, spec(prof), **run.grid)
+    variants = run.variants
+    if variants is None:
+        variants = Variants.grid(run.algorithm, clients, spec(prof), **run.grid)
     audit = None if prof.audit is None or plan is None else CanaryAudit(prof.audit)
     t0 = time.perf_counter()
     res = simulate(
@@ -871,7 +894,7 @@ def main(argv: list[str] | None = None) -> None:
     asked, count = "devices" in _cli.given(args), _cli.devices(args)
     todo = [  # each layout line now says whether the store's data is split too
         dataclasses.replace(r, layout=_cli.layout(r.algorithm, clients, r.name, count, asked)[1])
-        for r in todo
+        for r in resolved(args, prof, todo, clients)
     ]
     test_sets = {
         "history": f"{curve_test_set(prof, len(test[1]))} (test_accuracy per round)",

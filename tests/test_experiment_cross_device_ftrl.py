@@ -153,3 +153,25 @@ def test_a_value_from_the_profile_is_named_as_such(tmp_path, capsys, monkeypatch
     assert exc.value.code == 2
     err = capsys.readouterr().err.strip()
     assert "the cohort of 10 (the profile's; --cohort changes it) must be <=" in err, err
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [(["--epsilons", "8", "--bits", "8"], "--bits 8 cannot carry a cohort of 5 at epsilon 8"),
+     (["--epsilons", "0.01"], "the default bits per coordinate (--bits changes it) cannot carry")],
+    ids=["given", "default"],
+)  # fmt: skip
+def test_too_few_bits_for_the_model_are_one_line_before_any_run(
+    tmp_path, capsys, monkeypatch, extra, message
+):
+    """What needs the model's size and the clients (a distributed plan's bits against the
+    noise its epsilon needs at the rounding's sensitivity) is checked for every run once
+    the data is loaded, before the first run starts: one line naming --bits, not a
+    traceback from inside the run."""
+    monkeypatch.setattr(cross_device, "simulate", None)  # no run may start
+    argv = [*SMALL, "--algorithms", "fedavg", "dp-fedavg-secagg", *extra]
+    with pytest.raises(SystemExit) as exc:
+        cross_device.main([*argv, "--out", str(tmp_path / "bad")])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1, err
