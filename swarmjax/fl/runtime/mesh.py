@@ -4,7 +4,8 @@
 On a ``clients`` axis of 2 or more devices the federation's (stacked) data and every
 client's state are split by client id too (padded with unused clients, never selected):
 each device holds a block of clients, receives its slots' rows from their owners
-(:func:`gather_slots`, a ring of ``ppermute``s to the next device), trains those
+(:func:`gather_slots`, a ring of ``ppermute``s to the next device; a step-reading store's
+rows back to back, as many as they are: :func:`gather_ragged`), trains those
 clients, adds their replies in slot order into its partial sum, and sends the new states
 back to their owners the same way (:func:`scatter_slots`); one ``psum`` over the
 ``clients`` axis gives every device the cohort's sum, and the server step then runs once,
