@@ -381,31 +381,46 @@ def gather_slots(
     their positions in this device's block (clipped into it: a slot this device does not
     own gets any rows, replaced). :func:`block_rows` picks rows of stacked blocks.
 
-    A ring: each device's ``s``-row message starts at home with the rows it owns, goes
-    round the ``clients`` axis one device a step (``ppermute``, in a ``fori_loop``), each
-    device on the way putting in the rows it owns (a ``where``: copies, exact for every
-    dtype), and is home again after ``d`` steps. A device holds one message at a time,
-    never a cohort's worth of rows."""
+    A ring (:func:`_round_the_ring`): each device's ``s``-row message starts at home with
+    the rows it owns, goes round the ``clients`` axis one device a step, each device on
+    the way putting in the rows it owns, and is home again after ``d`` steps. A device
+    holds one message at a time, never a cohort's worth of rows."""
     d = int(mesh.shape[CLIENTS])
     me = jax.lax.axis_index(CLIENTS)
 
-    def fill(rows: PyTree, step: Array) -> PyTree:  # the message of device me - step
+    def fill(step: Array) -> tuple[Array, PyTree]:  # the message of device me - step
         theirs = jax.lax.dynamic_slice_in_dim(ids, (me - step) % d * s, s)
-        keep = theirs // b == me
-        mine = pick(jnp.clip(theirs - me * b, 0, b - 1), theirs)
+        return theirs // b == me, pick(jnp.clip(theirs - me * b, 0, b - 1), theirs)
+
+    shapes = jax.eval_shape(pick, ids[:s], ids[:s])  # any values: every row is filled once
+    return _round_the_ring(mesh, fill, shapes)
+
+
+def _round_the_ring(
+    mesh: Mesh, fill: Callable[[Array], tuple[Array, PyTree]], shapes: PyTree
+) -> PyTree:
+    """Inside ``shard_map``: the ring of :func:`gather_slots` and :func:`gather_ragged`.
+    ``fill(step)`` gives, for the message of device ``me - step``, which of its rows this
+    device owns (``keep``, a leading axis) and those rows (any values elsewhere); each
+    device's message (a pytree like ``shapes``, zeros at first) goes round the ``clients``
+    axis one device a step (``ppermute`` in a ``fori_loop``), every owner putting its rows
+    in (a ``where``: copies, exact for every dtype), and is home after ``d`` steps."""
+
+    def put(message: PyTree, step: Array) -> PyTree:
+        keep, mine = fill(step)
 
         def one(old: Array, a: Array) -> Array:
             return jnp.where(keep.reshape((-1,) + (1,) * (a.ndim - 1)), a, old)
 
-        return jax.tree.map(one, rows, mine)
+        return jax.tree.map(one, message, mine)
 
-    def step(k: Array, rows: PyTree) -> PyTree:
-        return fill(jax.lax.ppermute(rows, CLIENTS, _next(mesh)), k)
+    def step(k: Array, message: PyTree) -> PyTree:
+        return put(jax.lax.ppermute(message, CLIENTS, _next(mesh)), k)
 
-    shapes = jax.eval_shape(pick, ids[:s], ids[:s])  # any values: every row is filled once
     start = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), shapes)
-    rows = jax.lax.fori_loop(1, d, step, fill(start, jnp.zeros((), jnp.int32)))
-    return jax.lax.ppermute(rows, CLIENTS, _next(mesh))  # home
+    d = int(mesh.shape[CLIENTS])
+    message = jax.lax.fori_loop(1, d, step, put(start, jnp.zeros((), jnp.int32)))
+    return jax.lax.ppermute(message, CLIENTS, _next(mesh))  # home
 
 
 def gather_ragged(
@@ -439,26 +454,16 @@ def gather_ragged(
         ends = jnp.cumsum(n)
         return theirs, n, ends - n, ends
 
-    def fill(message: PyTree, step: Array) -> PyTree:  # the message of device me - step
+    def fill(step: Array) -> tuple[Array, PyTree]:  # the message of device me - step
         theirs, _, starts, ends = layout((me - step) % d)
         k = jnp.minimum(jnp.searchsorted(ends, position, side="right"), s - 1)
         client = theirs[k]
         keep = (position < ends[-1]) & (client // b == me)
-        mine = pick(jnp.clip(client - me * b, 0, b - 1), position - starts[k])
+        return keep, pick(jnp.clip(client - me * b, 0, b - 1), position - starts[k])
 
-        def one(old: Array, a: Array) -> Array:
-            return jnp.where(keep.reshape((-1,) + (1,) * (a.ndim - 1)), a, old)
-
-        return jax.tree.map(one, message, mine)
-
-    def step(k: Array, message: PyTree) -> PyTree:
-        return fill(jax.lax.ppermute(message, CLIENTS, _next(mesh)), k)
-
-    shapes = jax.eval_shape(pick, position, position)
-    start = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), shapes)
-    message = jax.lax.fori_loop(1, d, step, fill(start, jnp.zeros((), jnp.int32)))
+    message = _round_the_ring(mesh, fill, jax.eval_shape(pick, position, position))
     _, n, starts, _ = layout(me)
-    return jax.lax.ppermute(message, CLIENTS, _next(mesh)), starts, n  # home
+    return message, starts, n
 
 
 def block_rows(block: PyTree) -> Callable[[Array, Array], PyTree]:
