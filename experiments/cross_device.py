@@ -734,14 +734,15 @@ def run_one(
     secret: Secret | None = None,
     pace: _cli.Pace | None = None,
 ) -> dict:
-    """One run (checkpointed per round under its label): its history and summary row; its
+    """One run, resolved against ``clients`` (:func:`resolved`; checkpointed per round
+    under its label): its history and summary row; its
     runs go into ``ledger`` as releases written to ``history.csv``. ``secret``: the
     supplied secret (``--secret-file``; this run's is derived from it by the label), else a
     fresh one saved with the checkpoints. ``pace``: a callback that prints the time left."""
     name, label, plan = run.name, run.label, run.plan
     variants = run.variants
-    if variants is None:
-        variants = Variants.grid(run.algorithm, clients, spec(prof), **run.grid)
+    if variants is None:  # main resolves every run before the first (resolved)
+        raise ValueError(f"run {label!r} was not resolved against the clients (resolved())")
     audit = None if prof.audit is None or plan is None else CanaryAudit(prof.audit)
     t0 = time.perf_counter()
     res = simulate(
