@@ -735,8 +735,8 @@ def run_one(
     pace: _cli.Pace | None = None,
 ) -> dict:
     """One run, resolved against ``clients`` (:func:`resolved`; checkpointed per round
-    under its label): its history and summary row; its
-    runs go into ``ledger`` as releases written to ``history.csv``. ``secret``: the
+    under its label): its history and summary row; its runs go into ``ledger`` as
+    releases written to ``history.csv``. ``secret``: the
     supplied secret (``--secret-file``; this run's is derived from it by the label), else a
     fresh one saved with the checkpoints. ``pace``: a callback that prints the time left."""
     name, label, plan = run.name, run.label, run.plan
