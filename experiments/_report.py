@@ -543,16 +543,36 @@ def short(value: Any) -> str:
     return f"{value:.4g}" if isinstance(value, float | np.floating) else str(value)
 
 
+STATEMENTS_SHOWN = 3
+"""Composed statements :func:`write_ledger` prints whole; past it, it summarises each unit."""
+
+
 def write_ledger(ledger) -> Path:
     """Write the experiment's privacy ledger (:class:`swarmjax.privacy.ledger.Ledger`) and
-    print where it went and, per privacy unit, the statement a paper's privacy section can
-    quote (the epsilon of publishing every DP release of the experiment together): the
-    short one first (epsilon and delta rounded up for reading, unit, accountant), then the
-    full one (what it covers, how it was composed, its caveats)."""
+    print where it went and, per privacy unit (and private data source), the statement a
+    paper's privacy section can quote (the epsilon of publishing every DP release of the
+    experiment together): the short one first (epsilon and delta rounded up for reading,
+    unit, accountant), then the full one (what it covers, how it was composed, its
+    caveats). Past :data:`STATEMENTS_SHOWN` statements (PAASO: one per configuration's
+    swarms) it prints, per unit, their number and the largest one, and where every one
+    stands in full (``privacy_ledger.md``)."""
+    from swarmjax.privacy.ledger import MARKDOWN_NAME
+
     path = ledger.write()
-    for comp in ledger.composed().values():  # the short line first, to quote; then in full
+    composed = list(ledger.composed().values())
+    shown = composed if len(composed) <= STATEMENTS_SHOWN else []
+    for comp in shown:  # the short line first, to quote; then in full
         print(f"privacy: {comp.short_statement()}")
         print(f"  in full: {comp.statement(ledger.experiment, str(path))}")
+    for unit in dict.fromkeys(c.unit for c in composed) if not shown else ():
+        group = [c for c in composed if c.unit == unit]
+        largest = max(group, key=lambda c: (c.reason is not None, c.epsilon))
+        print(
+            f"privacy: {len(group)} {unit}-level statements, one per private data source; "
+            f"the largest: {largest.short_statement()}"
+        )
+    if composed and not shown:
+        print(f"  each in full: {path.parent / MARKDOWN_NAME}")
     if ledger.non_private:
         print(f"{len(ledger.non_private)} run(s) without DP are listed there as not private")
     print(f"privacy ledger: {path}")

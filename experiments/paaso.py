@@ -248,26 +248,38 @@ def _timing(wall: float) -> dict[str, float]:
 
 
 def study_releases(
-    frame, labels: list[str], path, *, seeds: int, iterations: int, delta: float, accountant: str
+    frame,
+    labels: list[str],
+    path,
+    *,
+    seeds: int,
+    iterations: int,
+    delta: float,
+    accountant: str,
+    randomness: dict | None = None,
 ) -> list:
     """The releases of a readings-study table (one row per configuration, ``labels`` its
     configuration columns; every configuration ran seeds ``0 .. seeds-1``), for the ledger.
     Strategy, agents and k_alpha default to the study's (``strategy`` bDRD for the agents
-    study, which has no strategy column; 50 agents; k_alpha 8)."""
+    study, which has no strategy column; 50 agents; k_alpha 8). ``randomness``: what drew
+    the study's runs (:func:`swarmjax.privacy.secret.randomness` of its secret's source;
+    ``None``: not stated)."""
     from swarmjax.paaso_sweep import run_release
 
     out = []
+    on = {"delta": delta, "accountant": accountant, "randomness": randomness}
     for row in frame[labels].to_dict(orient="records"):
         config = {"strategy": "bdrd", "num_agents": 50, "k_alpha": 8, **row}
         config["iterations"] = iterations
         config = {k: v for k, v in config.items() if v == v}  # NaN: not applicable
-        out.append(run_release(config, range(seeds), str(path), delta=delta, accountant=accountant))
+        out.append(run_release(config, range(seeds), str(path), **on))
     return out
 
 
 def _readings_study(args: argparse.Namespace, settings: dict) -> None:
     """``--readings-study``: the three tables, each run added to the ledger."""
     from experiments._paaso_readings import run_agents_study, run_fl_step_study, run_readings
+    from swarmjax.privacy.secret import Secret, randomness
 
     runs, iterations = settings["runs"], settings["iterations"]
     on = {"iterations": iterations, "delta": args.ledger.delta}
@@ -281,7 +293,9 @@ def _readings_study(args: argparse.Namespace, settings: dict) -> None:
     ]  # fmt: skip
     supplied = _cli.supplied_secret(args)
     for name, study, seeds, labels in studies:
-        secret = None if supplied is None else supplied.derive(f"paaso/{name}")
+        # each study's own secret: fresh entropy, or derived from --secret-file
+        secret = Secret.generate() if supplied is None else supplied.derive(f"paaso/{name}")
+        on["randomness"] = randomness(secret.source, False)
         frame = study(seeds, iterations, secret=secret)
         frame.to_csv(args.out / name, index=False)
         if name == "readings_fl_step.csv":

@@ -26,7 +26,7 @@ import functools
 import hashlib
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar
 
@@ -108,6 +108,7 @@ def run_release(
     delta: float,
     accountant: str,
     common_random_numbers: bool = False,
+    randomness: Mapping[str, Any] | None = None,
 ) -> Release:
     """The release of one PAASO configuration run for every seed of ``seeds``.
 
@@ -115,11 +116,13 @@ def run_release(
     other labels, e.g. the function and the numerics; ``p_m`` gives PbDRD's per-vote PRAM
     epsilon).  A voting strategy is an agent-level DP release (:data:`AGENT_RELATION`; its
     event is the DRD bound self-composed over the iterations, its epsilon that event's at
-    ``delta`` by ``accountant``); PSO and FL are not private.  Runs drawn with common
-    random numbers carry the tag :data:`COMMON_RANDOMNESS` (the ledger then refuses to
-    compose two of them).
+    ``delta`` by ``accountant``); PSO and FL are not private.  ``randomness``: what drew
+    the runs' random numbers (:func:`swarmjax.sweep.run_randomness`: the secret's source
+    and the joint fingerprint of their keys; ``None``: not stated).  Runs drawn with
+    common random numbers carry the tag :data:`COMMON_RANDOMNESS` instead (the ledger then
+    refuses to compose two of them).
     """
-    tag = COMMON_RANDOMNESS if common_random_numbers else None
+    drawn = COMMON_RANDOMNESS if common_random_numbers else (dict(randomness or {}) or None)
     data = swarm_source(config, path)
     if not seeds:
         raise ValueError("seeds must name at least one run of the configuration")
@@ -128,7 +131,7 @@ def run_release(
     labels |= {"runs": len(seeds), "seeds": _seeds_text(seeds)}
     if strategy not in paaso.VOTING:
         return Release(f"paaso_{strategy}", labels, None, None, None, delta, math.inf,
-                       accountant, path, randomness=tag, data=data)  # fmt: skip
+                       accountant, path, randomness=drawn, data=data)  # fmt: skip
     agents = check_int("num_agents", int(config["num_agents"]), minimum=1)
     k_alpha = check_int("k_alpha", int(config["k_alpha"]), minimum=2)
     iterations = check_int("iterations", int(config["iterations"]), minimum=1)
@@ -146,7 +149,7 @@ def run_release(
         accountant=accountant,
         path=path,
         groups=((None, _drd_event(agents, k_alpha, iterations), 0.0),),
-        randomness=tag,
+        randomness=drawn,
         data=data,
     )
 
@@ -291,11 +294,19 @@ class PAASOTask:
         return {"objective": outputs["objective"].astype(np.float32)}
 
     def releases(
-        self, rows: pd.DataFrame, path: str, *, delta: float, accountant: str
+        self,
+        rows: pd.DataFrame,
+        path: str,
+        *,
+        delta: float,
+        accountant: str,
+        randomness: Callable[[Sequence[str]], Mapping[str, Any]] | None = None,
     ) -> list[Release]:
         """One :func:`run_release` per configuration of ``rows`` (a sweep's results: its
-        static and numeric columns name the configuration, ``seed`` its runs), in order of
-        first appearance."""
+        static and numeric columns name the configuration, ``seed`` its runs, ``run_id``
+        their keys), in order of first appearance; ``randomness(run_ids)`` states what drew
+        a configuration's runs (:func:`swarmjax.sweep.run_randomness`; ``None``: not
+        stated)."""
         if rows.empty:
             return []
         config = [*_STATIC_DEFAULTS, *self.numeric_defaults]
@@ -305,9 +316,15 @@ class PAASOTask:
                 k: v.item() if isinstance(v, np.generic) else v
                 for k, v in zip(config, key, strict=True)
             }
+            drawn = None if randomness is None else randomness(group["run_id"].tolist())
             releases.append(
                 run_release(
-                    labels, group["seed"].tolist(), path, delta=delta, accountant=accountant
+                    labels,
+                    group["seed"].tolist(),
+                    path,
+                    delta=delta,
+                    accountant=accountant,
+                    randomness=drawn,
                 )
             )
         return releases

@@ -41,9 +41,10 @@ never on the rest of the sweep.
 
 Privacy ledger: ``run_sweep(..., ledger=...)`` adds the sweep's runs to an experiment's
 :class:`swarmjax.privacy.ledger.Ledger` through the task's optional
-``releases(rows, path, *, delta, accountant)`` (PAASO: one release per configuration), and
-lists the sweep folder as not released when the task's ``not_released`` says why its raw
-rows are private state.
+``releases(rows, path, *, delta, accountant, randomness)`` (PAASO: one release per
+configuration, stating its runs' randomness: the secret's source and the joint fingerprint
+of their keys, :func:`run_randomness`), and lists the sweep folder as not released when the
+task's ``not_released`` says why its raw rows are private state.
 """
 
 from __future__ import annotations
@@ -68,7 +69,13 @@ from tqdm.auto import tqdm
 from swarmjax import device
 from swarmjax._validation import check_int, check_positive
 from swarmjax.privacy.ledger import Ledger
-from swarmjax.privacy.secret import Secret, fold_words
+from swarmjax.privacy.secret import (
+    Secret,
+    fingerprints,
+    fold_words,
+    joint_fingerprint,
+    randomness,
+)
 from swarmjax.resume import OutputConflict, write_atomic
 
 __all__ = [
@@ -82,6 +89,7 @@ __all__ = [
     "load_results",
     "load_trajectories",
     "plan",
+    "run_randomness",
     "run_sweep",
 ]
 
@@ -340,6 +348,26 @@ class RunnerStats:
 STATS = RunnerStats()
 
 
+def _id_words(run_ids: Sequence[str]) -> np.ndarray:
+    """``(n, 2)`` uint32: each hexadecimal ``run_id`` (64 bits) as its low and high word."""
+    ids = np.asarray([int(r, 16) for r in run_ids], np.uint64)
+    return np.stack([ids & 0xFFFFFFFF, ids >> np.uint64(32)], axis=1).astype(np.uint32)
+
+
+def run_randomness(
+    secret: Secret, run_ids: Sequence[str]
+) -> Callable[[Sequence[str]], dict[str, Any]]:
+    """What drew the runs of a sweep keyed by ``secret`` (without common random numbers),
+    for the releases its runs ``run_ids`` make: a function of some of those runs' ids to
+    :func:`~swarmjax.privacy.secret.randomness` of the secret's source with the
+    :func:`~swarmjax.privacy.secret.joint_fingerprint` of their keys (the ledger refuses a
+    second release of the same keys). The runs' keys are derived once, here, on the host."""
+    keys = fold_words(secret.key(), _id_words(run_ids)) if len(run_ids) else None
+    prints = dict(zip(run_ids, fingerprints(keys) if keys is not None else (), strict=True))
+    drawn = randomness(secret.source, False)
+    return lambda ids: drawn | {"fingerprint": joint_fingerprint(prints[i] for i in ids)}
+
+
 class _Compiled:
     """Runs chunks as calls of one compiled block per program (:meth:`SweepTask.program`),
     each call sharded over this process's devices."""
@@ -365,9 +393,7 @@ class _Compiled:
         if self.common_random_numbers:
             words = _pad(chunk.seeds, size).astype(np.uint32)[:, None]
         else:
-            ids = np.asarray([int(r, 16) for r in chunk.run_ids], np.uint64)
-            words = np.stack([ids & 0xFFFFFFFF, ids >> np.uint64(32)], axis=1)
-            words = _pad(words.astype(np.uint32), size)
+            words = _pad(_id_words(chunk.run_ids), size)
         return fold_words(self.root, words)
 
     def __call__(self, chunk: Chunk) -> Outputs:
@@ -515,7 +541,8 @@ def run_sweep(
 
     ``ledger``: an experiment's :class:`~swarmjax.privacy.ledger.Ledger` (with a ``delta``:
     every release is stated at it).  Once the sweep is done, every finished run (earlier
-    calls' too) goes into it through ``task.releases(rows, path, delta=, accountant=)``,
+    calls' too) goes into it through ``task.releases(rows, path, delta=, accountant=,
+    randomness=)`` (``randomness``: :func:`run_randomness` of the sweep's secret),
     written at ``release_path`` (default ``out_dir``: where the sweep's outputs are
     published), and ``out_dir`` is listed as not released with the task's
     ``not_released`` reason when it has one.  Checked before any work.
@@ -539,7 +566,8 @@ def run_sweep(
     _barrier(f"sweep-start:{out}")
     if rank != 0:
         _check_manifest(out, task, grid, write=False)
-    root = _sweep_secret(out, secret, rank).key()
+    secret = _sweep_secret(out, secret, rank)
+    root = secret.key()
     _check_randomness(out, bool(common_random_numbers), rank)
     done = finished_run_ids(out)
     chunks = _chunks(task, groups, memory_budget, None, done, rank, processes, block)
@@ -572,7 +600,13 @@ def run_sweep(
     rows = load_results(out)
     if ledger is not None:
         path = str(out if release_path is None else release_path)
-        releases = task.releases(rows, path, delta=ledger.delta, accountant=ledger.accountant)
+        releases = task.releases(
+            rows,
+            path,
+            delta=ledger.delta,
+            accountant=ledger.accountant,
+            randomness=run_randomness(secret, rows["run_id"].tolist()),
+        )
         for release in releases:
             ledger.add(release)
         why = getattr(task, "not_released", None)
@@ -589,8 +623,8 @@ def _check_ledger(task: SweepTask, ledger: Ledger | None) -> None:
         raise ValueError(f"ledger must be a swarmjax.privacy.ledger.Ledger; got {ledger!r}")
     if not callable(getattr(task, "releases", None)):
         raise ValueError(
-            f"ledger: task {task.name!r} has no releases(rows, path, *, delta, accountant) "
-            "to list its runs"
+            f"ledger: task {task.name!r} has no releases(rows, path, *, delta, accountant, "
+            "randomness) to list its runs"
         )
     if ledger.delta is None:
         raise ValueError(
@@ -609,8 +643,10 @@ def _part_files(out_dir: Path, suffix: str) -> Iterator[Path]:
 
 
 def load_results(out_dir: str | os.PathLike[str]) -> pd.DataFrame:
-    """All finished rows of a sweep directory (empty frame if none)."""
-    frames = [pd.read_csv(p) for p in _part_files(Path(out_dir), ".csv")]
+    """All finished rows of a sweep directory (empty frame if none); ``run_id`` and ``chunk``
+    read as text (a hexadecimal id of digits alone is not a number)."""
+    ids = {"run_id": str, "chunk": str}
+    frames = [pd.read_csv(p, dtype=ids) for p in _part_files(Path(out_dir), ".csv")]
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 

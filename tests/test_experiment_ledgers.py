@@ -29,7 +29,6 @@ from experiments import fed_dp_pso_study as study
 from swarmjax import resume, sweep
 from swarmjax.paaso_sweep import (
     AGENT_RELATION,
-    COMMON_RANDOMNESS,
     NOT_RELEASED,
     PAASOTask,
     expand_phi,
@@ -38,6 +37,13 @@ from swarmjax.paaso_sweep import (
 from swarmjax.privacy.accounting import PureDpEvent, event_epsilon
 from swarmjax.privacy.ledger import JSON_NAME, MARKDOWN_NAME, Ledger, saved_releases
 from swarmjax.privacy.mechanisms import random_dictatorship_epsilon
+from swarmjax.privacy.secret import (
+    GENERATOR,
+    SUPPLIED_CONDITION,
+    Secret,
+    fingerprints,
+    joint_fingerprint,
+)
 from tests.test_released_files import check_released_files
 
 
@@ -356,7 +362,8 @@ def test_paaso_ledger(tmp_path, monkeypatch):
     for r in data["releases"]:
         voting = r["algorithm"] in ("paaso_adrd", "paaso_bdrd", "paaso_pbdrd")
         assert r["private"] == voting
-        assert r.get("randomness") != COMMON_RANDOMNESS  # no common random numbers
+        assert r["randomness"]["secret"] == "entropy"  # each sweep's own fresh secret
+        assert len(r["randomness"]["fingerprint"]) == 32  # of the configuration's run keys
         assert r["variant"]["runs"] == 2
         if voting:
             assert r["unit"] == "client" and r["relation"] == AGENT_RELATION
@@ -421,6 +428,12 @@ def test_paaso_readings_study_lists_every_configuration(tmp_path, monkeypatch):
     assert bdrd200.variant["seeds"] == "0..5" and bdrd200.epsilon > bdrd50.epsilon
     assert bdrd50.path == str(tmp_path / "readings_agents.csv")
     assert (tmp_path / "readings_fl_step.csv").exists()
+    # each study keyed by a fresh secret of its own: every release says so (no fingerprint:
+    # the study's keys are folded per table row, see experiments/_paaso_readings.py)
+    assert {r.secret for r in ledger.releases} == {"entropy"}
+    assert {r.randomness["generator"] for r in ledger.releases} == {GENERATOR}
+    for statement in ledger.composed().values():  # one per configuration's swarms
+        assert "keyed by operating-system entropy" in statement.statement("paaso", "f")
 
 
 GRID = {
@@ -462,6 +475,49 @@ def test_run_sweep_adds_one_release_per_configuration(tmp_path):
     both = ledger.composed()
     assert sorted(both) == sorted(f"client:{r.data}" for r in (bdrd, pbdrd))
     assert both[f"client:{bdrd.data}"].epsilon == pytest.approx(bdrd.epsilon)
+
+
+def test_a_sweeps_releases_state_the_secret_and_their_runs_keys(tmp_path):
+    """Each configuration's release states what drew its runs: the generator, the sweep's
+    secret's source and the joint fingerprint of its runs' keys, which are the saved
+    secret's key with each run id's two words folded in (recomputed here with
+    ``jax.random.fold_in``); a resumed sweep states the same; a supplied secret is stated
+    as supplied, with its condition; and the ledger refuses a second release of one
+    configuration's keys."""
+    import jax
+
+    grid = expand_phi({**GRID, "strategy": ["pso", "bdrd"], "k_alpha": [4, 5]})
+    ledger = Ledger(tmp_path / "ledger", "sweep", delta=1e-3)
+    rows = sweep.run_sweep(PAASOTask(), grid, tmp_path / "a", progress=False, ledger=ledger)
+    root = Secret.load(tmp_path / "a" / sweep.SWEEP_SECRET).key()
+    by_config = {}
+    for r in ledger.releases:
+        assert r.secret == "entropy" and r.randomness["generator"] == GENERATOR
+        assert r.randomness["condition"] is None and not r.randomness["common_random_numbers"]
+        mine = (rows.strategy == r.algorithm[6:]) & (rows.k_alpha == r.variant["k_alpha"])
+        ids = rows.run_id[mine]
+        keys = []
+        for run_id in ids:  # low word, then high word
+            key = jax.random.fold_in(root, np.uint32(int(run_id, 16) & 0xFFFFFFFF))
+            keys.append(jax.random.fold_in(key, np.uint32(int(run_id, 16) >> 32)))
+        assert len(keys) == 3
+        want = joint_fingerprint(reversed(fingerprints(jax.numpy.stack(keys))))
+        assert r.fingerprint == want
+        by_config[(r.algorithm, r.variant["k_alpha"])] = r.fingerprint
+    assert len(by_config) == len(set(by_config.values())) == 3  # PSO has no k_alpha
+    again = Ledger(tmp_path / "again", "sweep", delta=1e-3)
+    sweep.run_sweep(PAASOTask(), grid, tmp_path / "a", progress=False, ledger=again)
+    assert {(r.algorithm, r.variant["k_alpha"]): r.fingerprint for r in again.releases} == by_config
+    with pytest.raises(ValueError, match="drew the same noise"):
+        again.add(next(r for r in again.releases if r.private))
+    supplied = Secret.from_bytes(b"sixteen or more bytes of a test secret")
+    other = Ledger(tmp_path / "other", "sweep", delta=1e-3)
+    sweep.run_sweep(
+        PAASOTask(), grid, tmp_path / "b", progress=False, ledger=other, secret=supplied
+    )
+    assert {r.secret for r in other.releases} == {"supplied"}
+    assert {r.randomness["condition"] for r in other.releases} == {SUPPLIED_CONDITION}
+    assert not set(by_config.values()) & {r.fingerprint for r in other.releases}
 
 
 def test_run_sweep_refuses_a_ledger_it_cannot_fill_before_any_work(tmp_path):

@@ -335,4 +335,34 @@ def test_the_short_statement_is_printed_first_with_a_rounded_delta(tmp_path, cap
     assert "6.96e-05" in short and "6.958942240779402e-05" not in "\n".join(lines)
     assert lines[1].startswith(f"  in full: {short}")
     assert _report.delta_text(delta) == "6.96e-05" and _report.short(8.0) == "8"
+
+
+def test_many_statements_are_summarised_per_unit(tmp_path, capsys):
+    """Past ``STATEMENTS_SHOWN`` composed statements (PAASO: one per configuration's
+    swarms), ``write_ledger`` prints per unit their number and the largest one's short
+    statement, and where each stands in full, instead of a paragraph each."""
+    from swarmjax.privacy import accounting
+    from swarmjax.privacy.ledger import MARKDOWN_NAME, Ledger, Release
+
+    ledger = Ledger(tmp_path, "exp", delta=1e-5)
+    shown = _report.STATEMENTS_SHOWN
+    for i in range(shown + 1):
+        event = accounting.poisson_gaussian_event(0.1, 1.2 - 0.1 * i, 20)
+        ledger.add(
+            Release(
+                "dp", {"i": i}, 0, "client", "client-level zero-out: a test relation", 1e-5,
+                1.0, "pld", "runs.csv", groups=((None, event, 0.0),), data=f"swarm {i}",
+            )
+        )  # fmt: skip
+    _report.write_ledger(ledger)
+    lines = capsys.readouterr().out.splitlines()
+    largest = ledger.composed()[f"client:swarm {shown}"]
+    assert largest.epsilon == max(c.epsilon for c in ledger.composed().values())
+    assert lines[0] == (
+        f"privacy: {shown + 1} client-level statements, one per private data source; "
+        f"the largest: {largest.short_statement()}"
+    )
+    assert lines[1] == f"  each in full: {tmp_path / MARKDOWN_NAME}"
+    assert not any("in full: (" in line for line in lines)
+    assert (tmp_path / MARKDOWN_NAME).read_text().count("swarm ") >= shown + 1
     assert _report.short(6.958942240779402e-05) == "6.959e-05"

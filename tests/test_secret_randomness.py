@@ -45,8 +45,10 @@ from swarmjax.privacy.ledger import Ledger
 from swarmjax.privacy.secret import (
     GENERATOR,
     Secret,
+    fingerprint,
     fingerprints,
     fold_words,
+    joint_fingerprint,
     keys_for_runs,
 )
 from tests.reproducible import OTHER, SECRET
@@ -185,6 +187,23 @@ def test_the_host_fold_is_the_devices_fold_in():
     np.testing.assert_array_equal(np.asarray(jax.random.key_data(host)), chained(words))
     with pytest.raises(ValueError, match="folds ChaCha20 keys"):
         fold_words(jax.random.key(0), words)
+
+
+def test_a_joint_fingerprint_commits_to_the_set_of_keys():
+    """A release of several runs is committed to by the joint fingerprint of its runs'
+    keys: the same in any order, another with any key changed, added or removed, and never
+    a single key's fingerprint."""
+    keys = fold_words(SECRET.key(), np.arange(8, dtype=np.uint32).reshape(4, 2))
+    prints = fingerprints(keys)
+    joint = joint_fingerprint(prints)
+    assert len(joint) == 32 and joint == joint_fingerprint(reversed(prints))
+    others = {
+        joint_fingerprint(prints[:3]),
+        joint_fingerprint([*prints[:3], fingerprint(OTHER.key())]),
+        joint_fingerprint([*prints, fingerprint(OTHER.key())]),
+        joint_fingerprint(prints[:1]),
+    }
+    assert len(others) == 4 and joint not in others and prints[0] not in others | {joint}
 
 
 def test_the_bytes_look_uniform():

@@ -19,8 +19,9 @@ holds only while that secret is kept (the privacy record and the ledger say so).
 saved to resume a run (:meth:`Secret.save`) lives in a folder the ledger lists as not
 released.  :meth:`Secret.derive` gives independent child secrets by name (one per call of
 an experiment).  :func:`fingerprint` is a public 128-bit commitment to a run's key: the
-ledger refuses to compose releases whose keys coincide.  docs/privacy.md states the threat
-model.
+ledger refuses to compose releases whose keys coincide (:func:`joint_fingerprint` for a
+release of several runs).  :func:`randomness` is what a release states of its random
+numbers.  docs/privacy.md states the threat model.
 """
 
 from __future__ import annotations
@@ -28,10 +29,10 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import jax
 import numpy as np
@@ -43,11 +44,14 @@ __all__ = [
     "GENERATOR",
     "MIN_SECRET_BYTES",
     "SECRET_BYTES",
+    "SUPPLIED_CONDITION",
     "Secret",
     "fingerprint",
     "fingerprints",
     "fold_words",
+    "joint_fingerprint",
     "keys_for_runs",
+    "randomness",
 ]
 
 SECRET_BYTES = 32
@@ -59,10 +63,32 @@ GENERATOR = "ChaCha20 (RFC 8439), 256-bit keys"
 
 _FILE_HEADER = "swarmjax-secret/1"
 _FINGERPRINT = b"swarmjax/key-fingerprint/1\0"
+_JOINT = b"swarmjax/joint-fingerprint/1\0"
 _DERIVE = b"swarmjax/derive/1\0"
 _FROM_FILE = b"swarmjax/secret-file/1\0"
 
 Source = Literal["entropy", "supplied"]
+
+SUPPLIED_CONDITION = (
+    "the noise was drawn from a secret the caller supplied (reproducible mode): every "
+    "epsilon holds only while that secret is kept from whoever sees the releases"
+)
+"""The condition a supplied secret puts on every epsilon of its releases."""
+
+
+def randomness(source: Source, common_random_numbers: bool) -> dict[str, Any]:
+    """What drew a release's random numbers, as its privacy record and ledger entry state
+    it: the generator (:data:`GENERATOR`), where the secret came from (``"entropy"``:
+    operating-system entropy, known to nobody but the run; ``"supplied"``: the caller's,
+    reproducible, private only while it is kept, :data:`SUPPLIED_CONDITION`) and whether
+    runs share draws (common random numbers). A run's key ``fingerprint`` is added by
+    whoever knows the key."""
+    return {
+        "generator": GENERATOR,
+        "secret": source,
+        "common_random_numbers": bool(common_random_numbers),
+        "condition": SUPPLIED_CONDITION if source == "supplied" else None,
+    }
 
 
 @dataclass(frozen=True)
@@ -276,3 +302,12 @@ def fingerprints(keys: PRNGKeyArray) -> tuple[str, ...]:
     """:func:`fingerprint` of each key of a ``(runs,)`` key array."""
     data = np.asarray(jax.random.key_data(keys), "<u4")
     return tuple(hashlib.sha256(_FINGERPRINT + row.tobytes()).hexdigest()[:32] for row in data)
+
+
+def joint_fingerprint(prints: Iterable[str]) -> str:
+    """A public 128-bit commitment to a set of runs' keys (hex) from their
+    :func:`fingerprints`, for a release that the runs make together (a PAASO configuration
+    over its seeds): SHA-256 of a tag and the fingerprints, sorted, so the runs' order does
+    not matter. Equal joint fingerprints mean the same keys; no key follows from it."""
+    text = "".join(sorted(prints)).encode("ascii")
+    return hashlib.sha256(_JOINT + text).hexdigest()[:32]

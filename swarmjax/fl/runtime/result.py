@@ -36,12 +36,10 @@ from swarmjax.privacy.accounting import (
 from swarmjax.privacy.canaries import CanaryReport
 from swarmjax.privacy.ledger import Ledger
 from swarmjax.privacy.plan import RELATIONS
-from swarmjax.privacy.secret import GENERATOR
 
 __all__ = [
     "RELATIONS",
     "SELECTED",
-    "SUPPLIED_CONDITION",
     "Disclosure",
     "PrivacyRecord",
     "PublicRounds",
@@ -50,7 +48,6 @@ __all__ = [
     "history",
     "metric_columns",
     "privacy_record",
-    "randomness",
     "relation",
     "report",
     "run_labels",
@@ -62,24 +59,6 @@ ClientGroup = tuple[tuple[int, ...] | None, dp_accounting.DpEvent, float]
 """Clients with identical accounting in one run: (their ids, ``None`` for every client; the
 whole run's dp-accounting event; the summed overflow chance ``P`` charged to delta)."""
 
-
-def randomness(secret_source: str, common_random_numbers: bool) -> dict[str, Any]:
-    """What drew a call's random numbers, for its privacy record: the generator, where the
-    secret came from (``"entropy"``: operating-system entropy, known to nobody but the
-    run; ``"supplied"``: the caller's, reproducible, private only while it is kept) and
-    whether its variants share draws (common random numbers)."""
-    return {
-        "generator": GENERATOR,
-        "secret": secret_source,
-        "common_random_numbers": bool(common_random_numbers),
-        "condition": SUPPLIED_CONDITION if secret_source == "supplied" else None,
-    }
-
-
-SUPPLIED_CONDITION = (
-    "the noise was drawn from a secret the caller supplied (reproducible mode): every "
-    "epsilon holds only while that secret is kept from whoever sees the releases"
-)
 
 SHARED_RANDOMNESS = (
     "these runs share their random numbers (common_random_numbers=True): each epsilon holds "

@@ -85,7 +85,6 @@ from swarmjax.fl.runtime.result import (
     Publication,
     PublicRounds,
     Result,
-    randomness,
     report,
     run_labels,
     run_privacy,
@@ -95,7 +94,7 @@ from swarmjax.privacy.canaries import (
     CanaryAudit,
     CanaryReport,
 )
-from swarmjax.privacy.secret import Secret, fingerprints
+from swarmjax.privacy.secret import Secret, fingerprints, randomness
 
 __all__ = [
     "CHECKPOINT_NOT_RELEASED",

@@ -109,11 +109,11 @@ from swarmjax.fl.runtime.result import (
     PublicRounds,
     Result,
     metric_columns,
-    randomness,
     report,
     run_labels,
     run_privacy,
 )
+from swarmjax.privacy.secret import randomness
 
 __all__ = [
     "NOT_RELEASED",
