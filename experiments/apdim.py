@@ -49,7 +49,7 @@ from tqdm import tqdm
 from experiments import _cli, _report
 from swarmjax.privacy import apdim
 from swarmjax.privacy.ledger import Ledger, Release
-from swarmjax.privacy.secret import Secret
+from swarmjax.privacy.secret import Secret, fingerprint, randomness
 
 EPSILONS = (0.01, 0.05, 0.1, 0.5, 1.0, 5.0)
 # mode -> (allocation, sensitivity)
@@ -400,6 +400,7 @@ def table_release(
     path: Path,
     delta: float,
     accountant: str,
+    randomness: dict | None = None,
 ) -> Release:
     """The release of one noised copy of table ``name`` (``labels``: mode, mechanism,
     epsilon, ...) drawn with ``scales``.
@@ -410,14 +411,16 @@ def table_release(
     experiment's ``delta``.  Otherwise (the paper's range / n sensitivity) it is listed as
     NOT private with that per-record epsilon as a label: about n times the claimed one, no
     meaningful guarantee (the attack recovers the sensitive attribute), and beyond what an
-    accountant represents (e^epsilon overflows).
+    accountant represents (e^epsilon overflows).  ``randomness``: what drew its noise
+    (:func:`swarmjax.privacy.secret.randomness` with the key's fingerprint).
     """
     record_eps = float(np.sum(1.0 / np.asarray(scales)))
     algorithm = "uniform_laplace" if labels.get("mechanism") == "uniform" else "apdim"
     if not private:
         labels = labels | {"claimed_epsilon": labels.get("epsilon"), "record_epsilon": record_eps}
         labels["sensitivity"] = "range / n (a column mean's): the claimed epsilon does not hold"
-        return Release(algorithm, labels, seed, None, None, delta, math.inf, accountant, str(path))
+        return Release(algorithm, labels, seed, None, None, delta, math.inf, accountant,
+                       str(path), randomness=randomness)  # fmt: skip
     table = list(DATASETS).index(name)
     return Release(
         algorithm=algorithm,
@@ -430,6 +433,7 @@ def table_release(
         accountant=accountant,
         path=str(path),
         groups=(((table,), laplace_event(scales), 0.0),),
+        randomness=randomness,
     )
 
 
@@ -446,11 +450,14 @@ def table_releases(
     *,
     delta: float,
     accountant: str,
+    secret: Secret,
 ) -> list[Release]:
     """Every release of table ``name``'s utility and attack step (:func:`run_utility`): the
     clean baseline, one per (mode, mechanism, epsilon, seed), the attack scores and the
     fitted plans.  They follow from the plans and settings alone (not from the noise
-    drawn), so a reused call lists the same releases."""
+    drawn), so a reused call lists the same releases; each noised one states the call's
+    ``secret``'s source and its key's fingerprint (:func:`apdim.release_fingerprint` at
+    :func:`release_seed`)."""
     f1_csv, on = out / "f1.csv", {"dataset": name}
     releases = [_not_private("no noise (clean baseline)", on, f1_csv, delta, accountant)]
     for (mode, mechanism), plan in plans.items():
@@ -459,9 +466,14 @@ def table_releases(
             scales = noise_scales(plan, epsilon)
             labels = on | {"mode": mode, "mechanism": mechanism, "epsilon": epsilon}
             for seed in range(profile.seeds):
+                drawn = randomness(secret.source, False) | {
+                    "fingerprint": apdim.release_fingerprint(
+                        secret, release_seed(name, mode, mechanism, seed), epsilon
+                    )
+                }
                 release = table_release(
                     name, labels, scales, seed, private=private, path=f1_csv, delta=delta,
-                    accountant=accountant,
+                    accountant=accountant, randomness=drawn,
                 )  # fmt: skip
                 releases.append(release)
     attack = on | {
@@ -475,10 +487,14 @@ def table_releases(
 
 
 def params_releases(
-    name: str, noise: list[dict], out: Path, *, delta: float, accountant: str
+    name: str, noise: list[dict], out: Path, *, delta: float, accountant: str, secret: Secret
 ) -> list[Release]:
     """The releases of the (theta, alpha) grid on table ``name`` (``noise``: the payload of
-    :func:`run_params`)."""
+    :func:`run_params`, whose ``secret`` drew run ``i`` from its key with ``PARAMS_STREAM``
+    and ``i`` folded in: each release states the secret's source and that key's
+    fingerprint)."""
+    root = jax.random.fold_in(secret.key(), PARAMS_STREAM)
+    drawn = randomness(secret.source, False)
     return [
         table_release(
             name,
@@ -490,8 +506,9 @@ def params_releases(
             path=out / "params.csv",
             delta=delta,
             accountant=accountant,
+            randomness=drawn | {"fingerprint": fingerprint(jax.random.fold_in(root, i))},
         )
-        for run in noise
+        for i, run in enumerate(noise)
     ]
 
 
@@ -721,7 +738,8 @@ def main(argv: list[str] | None = None) -> None:
             f1_ds, attacks, reused = store.fetch_or_run(f"utility_{ds}", run, with_secret=True)
             if reused:
                 bar.update(n_fits // len(splits))
-            for release in table_releases(ds, plans, profile, out, **on_ledger):
+            secret = store.secret(f"utility_{ds}")  # the one the call drew from
+            for release in table_releases(ds, plans, profile, out, secret=secret, **on_ledger):
                 ledger.add(release)
             f1_frames.append(f1_ds)
             attack_frames.append(pd.DataFrame(attacks))
@@ -748,7 +766,8 @@ def main(argv: list[str] | None = None) -> None:
     params, noise, _ = store.fetch_or_run(
         f"params_{params_ds}", partial(run_params, splits[params_ds], profile), with_secret=True
     )
-    for release in params_releases(params_ds, noise["noise"], out, **on_ledger):
+    secret = store.secret(f"params_{params_ds}")
+    for release in params_releases(params_ds, noise["noise"], out, secret=secret, **on_ledger):
         ledger.add(release)
     params.to_csv(out / "params.csv", index=False)
     plot_params(params, out / "fig3_params.png", params_ds)

@@ -201,6 +201,24 @@ def test_sweep_shapes_scales_and_batch_invariance():
     np.testing.assert_allclose(mad, plan.noise_scale(2.0), rtol=0.08)
 
 
+def test_a_releases_fingerprint_names_the_key_that_drew_it():
+    """``release_fingerprint(secret, seed, epsilon)`` is the fingerprint of the key that
+    drew the sweep's release at (epsilon, seed): the secret's key with the seed and the
+    float32 bits of epsilon folded in (derived here step by step), whose ``privatize`` is
+    that release; another seed or epsilon names another key."""
+    from swarmjax.privacy.secret import fingerprint
+
+    X, y = informative_table(n=300)
+    plan = apdim.fit_apdim(X, y, theta=0.99)
+    swept = apdim.privatize_sweep(X, plan, [0.5, 2.0], [3, 7], secret=SECRET)
+    bits = int(np.float32(2.0).view(np.uint32))
+    key = jax.random.fold_in(jax.random.fold_in(SECRET.key(), 7), bits)
+    assert apdim.release_fingerprint(SECRET, 7, 2.0) == fingerprint(key)
+    np.testing.assert_allclose(apdim.privatize(key, X, plan, 2.0), swept[1, 1], rtol=1e-6)
+    others = {apdim.release_fingerprint(SECRET, s, e) for s, e in ((3, 2.0), (7, 0.5), (3, 0.5))}
+    assert len(others) == 3 and fingerprint(key) not in others
+
+
 def test_privatize_matches_plan_scale_and_clips_inputs():
     plan = apdim.uniform_plan(np.zeros((5, 4)))
     np.testing.assert_allclose(plan.shares, 0.25)

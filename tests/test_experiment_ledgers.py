@@ -283,6 +283,11 @@ def test_apdim_ledger_and_resume(tmp_path, monkeypatch, capsys, data_dir):
     assert all(r["variant"]["record_epsilon"] > 50 * r["variant"]["epsilon"] for r in paper)
     assert {r["algorithm"] for r in releases if not r["private"]} >= {"attack", "apdim_plan"}
     assert data["composed"]["record"]["epsilon"] <= sum(r["epsilon"] for r in private) + 1e-9
+    # every noised table states its call's fresh secret and its own key (distinct keys)
+    drawn = [r["randomness"] for r in releases if r["variant"].get("mode") in ("correct", "paper")]
+    assert len(drawn) == 16 and {d["secret"] for d in drawn} == {"entropy"}
+    assert len({d["fingerprint"] for d in drawn}) == 16
+    assert data["composed"]["record"]["randomness"]["unstated"] == []
     monkeypatch.setattr(apdim, "run_utility", _must_not_run)
     monkeypatch.setattr(apdim, "run_params", _must_not_run)
     log = rerun_from_saved_calls(apdim.main, argv, first, tmp_path, capsys)

@@ -55,7 +55,7 @@ from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 
 from swarmjax._validation import check_choice, check_int, check_positive, check_range
 from swarmjax.privacy.mechanisms import bounded, laplace_mechanism
-from swarmjax.privacy.secret import Secret
+from swarmjax.privacy.secret import Secret, fingerprint
 
 __all__ = [
     "ALLOCATIONS",
@@ -73,6 +73,7 @@ __all__ = [
     "privatize",
     "privatize_sweep",
     "record_epsilon",
+    "release_fingerprint",
     "uniform_plan",
 ]
 
@@ -593,6 +594,15 @@ def privatize_sweep(
         jnp.asarray(eps, jnp.float32),
         jnp.asarray(seed_arr, jnp.uint32),
     )
+
+
+def release_fingerprint(secret: Secret, seed: int, epsilon: float) -> str:
+    """The public fingerprint (:func:`~swarmjax.privacy.secret.fingerprint`) of the key the
+    release at (``epsilon``, ``seed``) of :func:`privatize_sweep` under ``secret`` draws
+    from: what a ledger entry states of its noise (equal fingerprints, equal noise)."""
+    seed = check_int("seed", seed, minimum=0)
+    key = _run_key(secret.key(), jnp.uint32(seed), jnp.asarray(epsilon, jnp.float32))
+    return fingerprint(key)
 
 
 def record_epsilon(plan: APDIMPlan, epsilon: float) -> float:
