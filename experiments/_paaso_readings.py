@@ -13,7 +13,9 @@ paper's findings.  ``python -m experiments.paaso --readings`` writes it to
 
 Every (configuration, run) draws from its own key: the study's secret with the
 configuration's index and the run's folded in, so no two configurations share noise (each
-is a release in the experiment's ledger, composed as independent).
+is a release in the experiment's ledger, composed as independent). Each row's
+``key_fingerprint`` is the joint fingerprint of its runs' keys (a public commitment the
+ledger entry states, :func:`swarmjax.privacy.secret.joint_fingerprint`).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import numpy as np
 import pandas as pd
 
 from swarmjax import paaso
-from swarmjax.privacy.secret import Secret
+from swarmjax.privacy.secret import Secret, fingerprints, joint_fingerprint
 
 INERTIA = {"literal": 4.0, "typo": 0.4}  # the paper's printed w, and its search grid's 0.4
 VMAX_FACTORS = (1.0, 0.25, 0.1, math.inf)
@@ -48,6 +50,12 @@ def study_keys(secret: Secret | None, first: int, configs: int, runs: int) -> ja
         return jax.vmap(lambda r: jax.random.fold_in(k, r))(jnp.arange(runs, dtype=jnp.uint32))
 
     return jax.jit(jax.vmap(config))(index)
+
+
+def key_fingerprint(keys: jax.Array) -> str:
+    """The joint fingerprint of one configuration's ``(runs,)`` keys (its row's
+    ``key_fingerprint``)."""
+    return joint_fingerprint(fingerprints(keys))
 
 
 def _stats(objective: np.ndarray) -> dict[str, float]:
@@ -114,7 +122,7 @@ def run_readings(
             return jax.vmap(lambda key: paaso.run(key, cfg, h)["objective"])(ks)
 
         objective = np.asarray(jax.jit(jax.vmap(over_seeds))(hyper, keys), dtype=np.float64)
-        for ((name, w), vmax, speed), obj in zip(grid, objective, strict=True):
+        for ((name, w), vmax, speed), obj, ks in zip(grid, objective, keys, strict=True):
             obj = np.where(np.isfinite(obj), obj, np.inf)
             rows.append(
                 {
@@ -126,6 +134,7 @@ def run_readings(
                     "fl_rule": rule if strategy != "pso" else "-",
                     "speed": speed if voting else math.nan,
                     **_stats(obj),
+                    "key_fingerprint": key_fingerprint(ks),
                 }
             )
     return pd.DataFrame(rows)
@@ -153,7 +162,7 @@ def run_agents_study(
     secret = Secret.generate() if secret is None else secret
     vmax = jnp.array([v for v, _ in readings])
     speed = jnp.array([s for _, s in readings])
-    areas = {}
+    areas, prints = {}, {}
     for a, n in enumerate(agents):
         cfg = paaso.PAASOConfig(strategy="bdrd", function="f4", iterations=iterations, num_agents=n)
         keys = study_keys(secret, a * len(readings), len(readings), runs)
@@ -165,6 +174,7 @@ def run_agents_study(
             return jax.vmap(lambda key: paaso.run(key, cfg, hyper)["objective"])(ks)
 
         areas[n] = np.asarray(jax.jit(jax.vmap(over_seeds))(vmax, speed, keys), np.float64)
+        prints[n] = [key_fingerprint(ks) for ks in keys]
     rows = []
     for i, (v, s) in enumerate(readings):
         base = areas[agents[0]][i, :, :early].mean(axis=1)
@@ -182,6 +192,7 @@ def run_agents_study(
                             obj[:, :early].mean(axis=1), base, alternative="less"
                         ).pvalue
                     ),
+                    "key_fingerprint": prints[n][i],
                 }
             )
     return pd.DataFrame(rows)
@@ -208,6 +219,7 @@ def run_fl_step_study(
             return jax.vmap(lambda key: paaso.run(key, cfg, hyper)["objective"])(ks)
 
         objective = np.asarray(jax.jit(jax.vmap(over_seeds))(jnp.array(speeds), keys), np.float64)
-        for speed, obj in zip(speeds, objective, strict=True):
-            rows.append({"setting": setting, "w": w, "w_g": w_g, "speed": speed, **_stats(obj)})
+        for speed, obj, ks in zip(speeds, objective, keys, strict=True):
+            row = {"setting": setting, "w": w, "w_g": w_g, "speed": speed, **_stats(obj)}
+            rows.append(row | {"key_fingerprint": key_fingerprint(ks)})
     return pd.DataFrame(rows)

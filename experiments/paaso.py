@@ -263,16 +263,19 @@ def study_releases(
     Strategy, agents and k_alpha default to the study's (``strategy`` bDRD for the agents
     study, which has no strategy column; 50 agents; k_alpha 8). ``randomness``: what drew
     the study's runs (:func:`swarmjax.privacy.secret.randomness` of its secret's source;
-    ``None``: not stated)."""
+    ``None``: not stated), with each row's ``key_fingerprint`` (the joint fingerprint of
+    its runs' keys) when the table has one."""
     from swarmjax.paaso_sweep import run_release
 
     out = []
-    on = {"delta": delta, "accountant": accountant, "randomness": randomness}
-    for row in frame[labels].to_dict(orient="records"):
+    prints = frame["key_fingerprint"] if "key_fingerprint" in frame else [None] * len(frame)
+    on = {"delta": delta, "accountant": accountant}
+    for row, key in zip(frame[labels].to_dict(orient="records"), prints, strict=True):
         config = {"strategy": "bdrd", "num_agents": 50, "k_alpha": 8, **row}
         config["iterations"] = iterations
         config = {k: v for k, v in config.items() if v == v}  # NaN: not applicable
-        out.append(run_release(config, range(seeds), str(path), **on))
+        drawn = None if randomness is None else randomness | ({"fingerprint": key} if key else {})
+        out.append(run_release(config, range(seeds), str(path), randomness=drawn, **on))
     return out
 
 

@@ -43,6 +43,7 @@ from swarmjax.privacy.secret import (
     Secret,
     fingerprints,
     joint_fingerprint,
+    randomness,
 )
 from tests.test_released_files import check_released_files
 
@@ -439,6 +440,45 @@ def test_paaso_readings_study_lists_every_configuration(tmp_path, monkeypatch):
     assert {r.randomness["generator"] for r in ledger.releases} == {GENERATOR}
     for statement in ledger.composed().values():  # one per configuration's swarms
         assert "keyed by operating-system entropy" in statement.statement("paaso", "f")
+
+
+def test_the_readings_studies_fingerprint_each_configurations_keys():
+    """Each row of a readings study carries the joint fingerprint of its runs' keys: the
+    study's secret with the configuration's index and the run folded in (derived here with
+    ``jax.random.fold_in``), distinct per row; its release states it with the secret's
+    source (tiny studies: 2 runs of 4 iterations)."""
+    import jax
+
+    from experiments import _paaso_readings as readings
+
+    secret = Secret.from_bytes(b"a test secret for the readings studies")
+    root = secret.key()
+
+    def joint(config: int, runs: int) -> str:
+        keys = [jax.random.fold_in(jax.random.fold_in(root, config), r) for r in range(runs)]
+        return joint_fingerprint(fingerprints(jax.numpy.stack(keys)))
+
+    table = readings.run_readings(
+        runs=2, iterations=4, strategies=("bdrd",), vmax_factors=(0.1,), speeds=(1.0, 5.0),
+        fl_rules=("direction",), clip_positions=(True,), secret=secret,
+    )  # fmt: skip
+    assert len(table) == 4  # 2 inertias x 2 speeds
+    assert list(table.key_fingerprint) == [joint(c, 2) for c in range(4)]
+    agents = readings.run_agents_study(
+        runs=2, iterations=4, agents=(5, 6), readings=((0.1, 1.0), (0.1, 5.0)), early=2,
+        secret=secret,
+    )  # fmt: skip
+    # rows by (reading i, agent count a); keys by a * readings + i
+    want = [joint(a * 2 + i, 2) for i in range(2) for a in range(2)]
+    assert list(agents.key_fingerprint) == want
+    step = readings.run_fl_step_study(runs=2, iterations=4, speeds=(1.0,), secret=secret)
+    assert list(step.key_fingerprint) == [joint(0, 2), joint(1, 2)]
+    drawn = randomness(secret.source, False)
+    labels = ["vmax_factor", "speed", "num_agents"]
+    on = {"seeds": 2, "iterations": 4, "delta": 1e-3, "accountant": "pld"}
+    released = paaso.study_releases(agents, labels, "a.csv", randomness=drawn, **on)
+    assert [r.fingerprint for r in released] == want
+    assert {r.secret for r in released} == {"supplied"}
 
 
 GRID = {
