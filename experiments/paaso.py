@@ -17,7 +17,8 @@ and prints that table. Rerunning with the same options resumes unfinished sweeps
 ``--seeds``) counts the independent runs per configuration. Then it prints the time spent:
 wall, kernels, compilations (also ``timing.json``). ``privacy_ledger.json/.md`` lists every
 configuration as a release (:mod:`swarmjax.paaso_sweep`: the voting strategies are
-agent-level DP, PSO and FL are not private; the shared seeds give them no joint epsilon),
+agent-level DP, each configuration's swarms composed apart and each run drawn from its own
+secret key, which its entry states; PSO and FL are not private),
 records the best-configuration choices of ``summary.csv`` as selections by a public score
 (the benchmark function at the released centre) and lists the sweep folders, whose raw rows
 hold unnoised voter counts, as not released. Sweeps resume under any ``--memory-gb`` /

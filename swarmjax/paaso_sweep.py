@@ -14,10 +14,12 @@ configuration of a voting strategy is one agent-level release (:data:`AGENT_RELA
 the ledger's ``"client"`` unit) covering its runs; PSO and FL share positions or
 directions in the clear and are listed as not private.  Every run draws from its own key,
 the sweep's secret with the run's id folded in (:mod:`swarmjax.sweep`), so configurations
-never share noise and the ledger composes them; a sweep with common random numbers (runs of
-one seed sharing draws across configurations, :data:`COMMON_RANDOMNESS`) is refused a
-ledger.  The sweep folder itself holds unnoised counts of the agents' state
-(:data:`NOT_RELEASED`) and its secret, and is listed as not released.
+never share noise and the ledger composes them; each release states the secret's source and
+the joint fingerprint of its runs' keys (:func:`swarmjax.sweep.run_randomness`); a sweep
+with common random numbers (runs of one seed sharing draws across configurations,
+:data:`COMMON_RANDOMNESS`) is refused a ledger.  The sweep folder itself holds unnoised
+counts of the agents' state (:data:`NOT_RELEASED`) and its secret, and is listed as not
+released.
 """
 
 from __future__ import annotations
