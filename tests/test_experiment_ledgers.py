@@ -61,8 +61,10 @@ def _no_constant(name: str):
 
 
 def _ledger(out, accountant: str) -> dict:
-    """The ledger file of ``out``, checked strict JSON, naming ``accountant``, and equal to
-    what :meth:`Ledger.load` recomputes from its events."""
+    """The ledger file of ``out``, checked strict JSON, naming ``accountant``, equal to
+    what :meth:`Ledger.load` recomputes from its events, and complete: every private
+    release states the secret its noise came from and its key's fingerprint, so no
+    composed statement has releases of unstated randomness."""
     text = (out / JSON_NAME).read_text()
     assert "NaN" not in text and "Infinity" not in text
     data = json.loads(text, parse_constant=_no_constant)
@@ -73,6 +75,11 @@ def _ledger(out, accountant: str) -> dict:
     for unit, comp in loaded.composed().items():
         stated = data["composed"][unit]["epsilon"]
         assert stated == "inf" if math.isinf(comp.epsilon) else stated == comp.epsilon
+    for r in data["releases"]:
+        if r["private"]:
+            assert r["randomness"]["secret"] in ("entropy", "supplied"), r["algorithm"]
+            assert len(r["randomness"]["fingerprint"]) == 32, r["algorithm"]
+    assert not any(c["randomness"]["unstated"] for c in data["composed"].values())
     return data
 
 
