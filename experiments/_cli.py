@@ -55,6 +55,7 @@ from types import ModuleType
 from typing import Any, TypeVar
 
 from swarmjax._validation import check_folder, choice_hint
+from swarmjax.device import COMPILATION_CACHE, use_compilation_cache
 from swarmjax.privacy.secret import Secret
 from swarmjax.resume import CallStore, OutputConflict
 
@@ -69,6 +70,7 @@ __all__ = [
     "array_bytes",
     "call_store",
     "check_memory",
+    "compilation_cache",
     "count",
     "data_dir",
     "data_source",
@@ -271,6 +273,14 @@ def parser(
         action="store_true",
         help="recompute every call; by default finished calls saved under <out>/calls/ with "
         "the same settings and code are reused",
+    )
+    p.add_argument(
+        "--jax-cache",
+        default=str(COMPILATION_CACHE),
+        help="folder where compiled programs are kept across runs (JAX's persistent "
+        "compilation cache: a rerun, a resumed run or another experiment with the same "
+        "programs loads them instead of compiling); default ~/.cache/swarmjax/jax, or "
+        "$JAX_COMPILATION_CACHE_DIR when set; '' keeps none",
     )
     if data is not None:
         p.add_argument(
@@ -720,6 +730,27 @@ def out_file(args: argparse.Namespace, dest: str = "out") -> Path:
         reason = getattr(err, "strerror", None) or str(err)
         raise UserError(f"{name}: its folder is not writable ({reason})") from None
     return path
+
+
+def compilation_cache(args: argparse.Namespace) -> None:
+    """Apply ``--jax-cache`` before the first compilation: programs compiled for longer than
+    JAX's threshold (1 s) are kept in that folder and loaded by later runs; ``''`` keeps
+    none. Without the option, ``$JAX_COMPILATION_CACHE_DIR`` (read by JAX itself) wins
+    over the default folder."""
+    import jax
+
+    if "jax_cache" not in given(args) and "JAX_COMPILATION_CACHE_DIR" in os.environ:
+        return
+    if not args.jax_cache:
+        jax.config.update("jax_compilation_cache_dir", None)
+        return
+    try:
+        use_compilation_cache(args.jax_cache, min_compile_seconds=None)
+    except OSError as err:
+        raise UserError(
+            f"--jax-cache {args.jax_cache!r} is not a folder this user can create: "
+            f"{err.strerror or err}; give another, or '' to keep no compiled programs"
+        ) from None
 
 
 def out_dir(args: argparse.Namespace) -> Path:

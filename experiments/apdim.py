@@ -710,6 +710,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"skipping {ds}: {data_dir / DATASETS[ds].file} not found")
     args.datasets = [ds for ds in requested if ds not in missing]
     out = _cli.out_dir(args)
+    _cli.compilation_cache(args)
     # every noised table is a release of its rows (docs/ledger.md); checked writable now
     ledger = Ledger(out, "apdim", accountant=args.accountant)
     settings = dataclasses.asdict(profile)

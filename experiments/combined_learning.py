@@ -457,6 +457,7 @@ def main(argv: list[str] | None = None) -> None:
         ran = ", ".join(profile.datasets)
         _cli.warn_unused(args, ["models"], f"{' '.join(sorted(unused))} run on none of {ran}")
     out = _cli.out_dir(args)
+    _cli.compilation_cache(args)
     # every run is listed (not private: no DP) beside the results; checked writable now
     ledger = Ledger(out, "combined_learning")
     loaded, skipped = load_all(args, profile)

@@ -516,6 +516,7 @@ def main(argv: list[str] | None = None) -> None:
         from experiments._flower import run_over_flower
 
         out = _cli.out_dir(args)
+        _cli.compilation_cache(args)
         ledger = Ledger(out, "fed_dp_pso")
         _flower_ledger(ledger, config, run_over_flower(config, out), out)
         _report.write_ledger(ledger)
@@ -524,6 +525,7 @@ def main(argv: list[str] | None = None) -> None:
     prof = profile(args)
     check(args, prof)
     out = _cli.out_dir(args)
+    _cli.compilation_cache(args)
     if any(d not in _BUILT_IN for d in prof.datasets) or args.full or args.data_dir is not None:
         args.data_dir = _cli.data_dir(args.data_dir)
     source = _cli.data_source(args)

@@ -315,6 +315,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     check(args)
     args.out = _cli.out_dir(args)  # before JAX starts: an unwritable --out is one line
+    _cli.compilation_cache(args)
     if _setup_devices(args.cpu_devices) is False:  # a GPU/TPU backend
         _cli.warn_unused(args, ["cpu_devices"], "the backend is not the CPU")
     import jax
@@ -348,8 +349,8 @@ def main(argv: list[str] | None = None) -> int:
     line = (
         f"wall {timing['wall_s']:.1f} s, kernels {timing['kernel_s']:.1f} s "
         f"(wall / kernel = {'n/a, all resumed' if ratio is None else f'{ratio:.2f}'}), "
-        f"{timing['compilations']} "
-        f"compilations in {timing['compile_s']:.1f} s; {timing['runs_computed']} runs computed "
+        f"{timing['compilations']} programs compiled (or loaded from --jax-cache) in "
+        f"{timing['compile_s']:.1f} s; {timing['runs_computed']} runs computed "
         f"on {timing['backend']} ({timing['devices']} device(s), {timing['processes']} "
         "process(es))"
     )

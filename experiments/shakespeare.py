@@ -578,6 +578,7 @@ def main(argv: list[str] | None = None) -> None:
     prof = profile(args)
     data_dir = _cli.data_dir(args.data_dir)
     out = _cli.out_dir(args)
+    _cli.compilation_cache(args)
     t_start = time.perf_counter()
     fed, pick = federation(prof, data_dir)
     print(fed.describe(), flush=True)

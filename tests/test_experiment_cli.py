@@ -128,3 +128,41 @@ def test_a_data_folder_an_experiment_exports_is_undone_after_its_test_1(tmp_path
 def test_a_data_folder_an_experiment_exports_is_undone_after_its_test_2():
     assert "before" in _DATA_ENV, "the first half runs first, on this worker"
     assert os.environ.get("SWARMJAX_DATA") == _DATA_ENV["before"]
+
+
+def test_the_jax_cache_option_keeps_compiled_programs_where_it_says(tmp_path, monkeypatch):
+    """``--jax-cache DIR`` points JAX's persistent compilation cache at DIR (created), ``''``
+    keeps none, and without the option ``$JAX_COMPILATION_CACHE_DIR`` (read by JAX itself,
+    as this suite sets it) is left as it is; JAX's own threshold is kept. Nothing compiles
+    while the setting is changed, and it is restored after."""
+    import jax
+
+    saved = jax.config.jax_compilation_cache_dir
+    threshold = jax.config.jax_persistent_cache_min_compile_time_secs
+    p = _cli.parser("x", "", quick="", full="")
+    try:
+        _cli.compilation_cache(p.parse_args(["--jax-cache", str(tmp_path / "jit")]))
+        assert jax.config.jax_compilation_cache_dir == str(tmp_path / "jit")
+        assert (tmp_path / "jit").is_dir()
+        assert jax.config.jax_persistent_cache_min_compile_time_secs == threshold
+        _cli.compilation_cache(p.parse_args(["--jax-cache", ""]))
+        assert jax.config.jax_compilation_cache_dir is None
+        monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path / "env"))
+        _cli.compilation_cache(p.parse_args([]))  # the environment's choice stands
+        assert jax.config.jax_compilation_cache_dir is None
+        monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR")
+        _cli.compilation_cache(p.parse_args([]))
+        assert jax.config.jax_compilation_cache_dir == str(_cli.COMPILATION_CACHE)
+    finally:
+        jax.config.update("jax_compilation_cache_dir", saved)
+
+
+def test_a_jax_cache_that_cannot_be_made_is_one_line_before_any_work(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    argv = ["--quick", "--out", str(tmp_path / "out"), "--jax-cache", str(blocker / "jit")]
+    with pytest.raises(SystemExit) as exit_info:
+        paaso.main(argv)  # _setup_devices fails the test if it is reached
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--jax-cache" in err and "Traceback" not in err

@@ -39,15 +39,14 @@ import jax
 from flwr.app import ArrayRecord, ConfigRecord, Context, RecordDict
 from flwr.clientapp import ClientApp
 
+from swarmjax.device import COMPILATION_CACHE, use_compilation_cache
 from swarmjax.fl.protocol import client_init_key, client_key, steps_of
 from swarmjax.fl.runtime.flower.records import from_record, to_record
 from swarmjax.fl.runtime.flower.relay import STATE_KEY, make_relay_app
 from swarmjax.fl.runtime.flower.task import (
-    DEFAULT_CACHE,
     Task,
     client_level,
     load_task,
-    use_compilation_cache,
 )
 
 __all__ = [
@@ -176,11 +175,11 @@ def answer(
     The one place a message is executed: the in-process ClientApp (:func:`make_client_app`,
     loopback tests, Flower's simulation runtime) and the node's worker
     (:mod:`swarmjax.fl.runtime.flower.worker`) both call it."""
-    use_compilation_cache(node_config.get("jax-cache-dir", DEFAULT_CACHE))
+    use_compilation_cache(node_config.get("jax-cache-dir", COMPILATION_CACHE))
     task = load_task(run_config)
     pid = partition_id(node_config, task.num_clients)
     if kind == "hello":
-        with _compiling(node_config.get("jax-cache-dir", DEFAULT_CACHE)):
+        with _compiling(node_config.get("jax-cache-dir", COMPILATION_CACHE)):
             _warm_up(task, pid)
         worker = bool(node_config.get("worker", True))  # False: a process per message
         return RecordDict({"hello": ConfigRecord({"partition-id": pid, "worker": worker})}), None

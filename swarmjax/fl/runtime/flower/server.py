@@ -69,6 +69,7 @@ from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
 from jaxtyping import PyTree
 
+from swarmjax.device import COMPILATION_CACHE, use_compilation_cache
 from swarmjax.fl.private import algorithm_name
 from swarmjax.fl.protocol import (
     Exchange,
@@ -96,11 +97,9 @@ from swarmjax.fl.runtime.flower.secagg import (
 )
 from swarmjax.fl.runtime.flower.server_app import HELLO, Hello, ServerSettings, send_all
 from swarmjax.fl.runtime.flower.task import (
-    DEFAULT_CACHE,
     Task,
     client_level,
     load_task,
-    use_compilation_cache,
 )
 from swarmjax.fl.runtime.result import (
     SELECTED,
@@ -584,7 +583,7 @@ def serve(grid: Grid, run_config: dict[str, Any], hello: Hello | None = None) ->
     (into ``jax-cache-dir``, default ``~/.cache/swarmjax/jax``; ``""``: JAX's configuration
     left alone) while ``hello`` is answered, then :func:`drive`."""
     settings = ServerSettings.from_run_config(run_config)
-    use_compilation_cache(run_config.get("jax-cache-dir", DEFAULT_CACHE))
+    use_compilation_cache(run_config.get("jax-cache-dir", COMPILATION_CACHE))
     task = load_task(run_config)
     check_faults(run_config, task)  # a bad test-only fault: one line, no work
     check_deployable(task.algorithm)

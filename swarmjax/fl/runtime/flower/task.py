@@ -13,10 +13,8 @@ from __future__ import annotations
 import functools
 import importlib
 import json
-import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import jax
@@ -38,7 +36,6 @@ from swarmjax.fl.runtime.simulator import num_clients, simulate
 from swarmjax.privacy.secret import Secret
 
 __all__ = [
-    "DEFAULT_CACHE",
     "SERVER_KEYS",
     "TEST_KEYS",
     "Task",
@@ -46,7 +43,6 @@ __all__ = [
     "load_task",
     "simulate_task",
     "stacked_task",
-    "use_compilation_cache",
 ]
 
 
@@ -166,26 +162,10 @@ class Task:
         )
 
 
-DEFAULT_CACHE = Path.home() / ".cache" / "swarmjax" / "jax"
-"""Where a deployment's processes keep compiled functions unless configured otherwise."""
-
-
 def client_level(alg: Any) -> bool:
     """Whether ``alg`` is accounted at the client level: by the server, from its own state
     (the clients then report no steps with their replies)."""
     return privacy_unit(alg.accounting()) == "client"
-
-
-def use_compilation_cache(path: str | os.PathLike) -> None:
-    """Keep every compiled function in ``path`` (JAX's persistent cache) from now on;
-    ``""`` leaves the process's JAX configuration alone (an in-process loopback node)."""
-    if not str(path):
-        return
-    folder = Path(path).expanduser()
-    folder.mkdir(parents=True, exist_ok=True)
-    jax.config.update("jax_compilation_cache_dir", str(folder))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
 def _freeze(config: Mapping[str, Any]) -> str:
