@@ -72,7 +72,7 @@ if wanted vs_pfl; then # the DP round against the plain one, and pfl's
   fi
 fi
 step accelerator 240 python -m benchmarks.accelerator --quick --write
-step paaso_full 200 python -m experiments.paaso --full --out "$out/paaso"
+step paaso_full 200 python -m experiments.paaso --full --jax-cache "" --out "$out/paaso"
 if wanted scaling; then # over the powers of two up to the devices present
   counts=$(python -c "import jax; print(*[d for d in (1, 2, 4, 8, 16) if d <= jax.device_count()])" 2>/dev/null)
   step scaling 120 python -m benchmarks.scaling --rounds 3 --devices ${counts:-1} --write
