@@ -733,10 +733,11 @@ def out_file(args: argparse.Namespace, dest: str = "out") -> Path:
 
 
 def compilation_cache(args: argparse.Namespace) -> None:
-    """Apply ``--jax-cache`` before the first compilation: programs compiled for longer than
-    JAX's threshold (1 s) are kept in that folder and loaded by later runs; ``''`` keeps
-    none. Without the option, ``$JAX_COMPILATION_CACHE_DIR`` (read by JAX itself) wins
-    over the default folder."""
+    """Apply ``--jax-cache``: programs compiled for longer than JAX's threshold (1 s) are
+    kept in that folder and loaded by later runs; ``''`` keeps none. Without the option,
+    ``$JAX_COMPILATION_CACHE_DIR`` (read by JAX itself) wins over the default folder.
+    Call it right after parsing: JAX decides at a process's first compilation whether it
+    uses the cache, and never again."""
     import jax
 
     if "jax_cache" not in given(args) and "JAX_COMPILATION_CACHE_DIR" in os.environ:

@@ -691,6 +691,7 @@ def parse_args(argv: list[str] | None = None):
 @_cli.entry_point
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    _cli.compilation_cache(args)  # before anything compiles
     name = _cli.profile_name(args)
     profile = PROFILES[name]
     profile = dataclasses.replace(profile, seeds=len(_cli.seeds(args, profile.seeds)))
@@ -710,7 +711,6 @@ def main(argv: list[str] | None = None) -> None:
         print(f"skipping {ds}: {data_dir / DATASETS[ds].file} not found")
     args.datasets = [ds for ds in requested if ds not in missing]
     out = _cli.out_dir(args)
-    _cli.compilation_cache(args)
     # every noised table is a release of its rows (docs/ledger.md); checked writable now
     ledger = Ledger(out, "apdim", accountant=args.accountant)
     settings = dataclasses.asdict(profile)

@@ -439,6 +439,7 @@ def load_all(args, profile: Profile) -> tuple[dict[str, Any], list[str]]:
 @_cli.entry_point
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    _cli.compilation_cache(args)  # before anything compiles
     profile = choose_profile(args)
     if not profile.datasets:
         offered = PROFILES[_cli.profile_name(args)].datasets
@@ -457,7 +458,6 @@ def main(argv: list[str] | None = None) -> None:
         ran = ", ".join(profile.datasets)
         _cli.warn_unused(args, ["models"], f"{' '.join(sorted(unused))} run on none of {ran}")
     out = _cli.out_dir(args)
-    _cli.compilation_cache(args)
     # every run is listed (not private: no DP) beside the results; checked writable now
     ledger = Ledger(out, "combined_learning")
     loaded, skipped = load_all(args, profile)

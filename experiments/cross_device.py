@@ -884,10 +884,10 @@ def figures(
 @_cli.entry_point
 def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
+    _cli.compilation_cache(args)  # before anything compiles
     prof = profile(args)
     todo = planned(args, prof)  # every run's algorithm, built (and refused) before any work
     out = _cli.out_dir(args)
-    _cli.compilation_cache(args)
     data_dir = None if prof.dataset == "digits" else _cli.data_dir(args.data_dir)
     if args.restart:
         shutil.rmtree(out / "checkpoints", ignore_errors=True)

@@ -487,6 +487,7 @@ def parse_args(argv: list[str] | None = None):
 @_cli.entry_point
 def main(argv: list[str] | None = None) -> pd.DataFrame:
     args = parse_args(argv)
+    _cli.compilation_cache(args)  # before anything compiles
     profile = PROFILES[_cli.profile_name(args)]
     if args.rounds:
         profile = dataclasses.replace(profile, rounds=args.rounds)
@@ -501,7 +502,6 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     spec = RunSpec(profile.rounds, delta, profile.seeds, accountant=args.accountant)
     participation = check(args, profile, spec)
     out = _cli.out_dir(args)  # results and the privacy ledger: checked before any work
-    _cli.compilation_cache(args)
     data_dir = _cli.data_dir(args.data_dir)
     ledger = Ledger(out, "dp_fedavg", accountant=args.accountant)
     source = _cli.data_source(args)

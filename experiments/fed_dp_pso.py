@@ -511,12 +511,12 @@ def _flower_ledger(ledger: Ledger, config: dict, summary: dict, out: Path) -> No
 @_cli.entry_point
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    _cli.compilation_cache(args)  # before anything compiles
     if args.runtime == "flower":  # needs the flower extra
         config = flower_config(args)  # checked before the extra is imported
         from experiments._flower import run_over_flower
 
         out = _cli.out_dir(args)
-        _cli.compilation_cache(args)
         ledger = Ledger(out, "fed_dp_pso")
         _flower_ledger(ledger, config, run_over_flower(config, out), out)
         _report.write_ledger(ledger)
@@ -525,7 +525,6 @@ def main(argv: list[str] | None = None) -> None:
     prof = profile(args)
     check(args, prof)
     out = _cli.out_dir(args)
-    _cli.compilation_cache(args)
     if any(d not in _BUILT_IN for d in prof.datasets) or args.full or args.data_dir is not None:
         args.data_dir = _cli.data_dir(args.data_dir)
     source = _cli.data_source(args)

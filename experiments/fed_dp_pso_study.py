@@ -300,10 +300,10 @@ def check(args: argparse.Namespace, plan: dict) -> None:
 @_cli.entry_point
 def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
+    _cli.compilation_cache(args)  # before anything compiles
     plan = _plan(args)
     check(args, plan)
     out = _cli.out_dir(args)
-    _cli.compilation_cache(args)
     if any(d != "digits" for d in plan["datasets"]) or args.data_dir is not None:
         args.data_dir = _cli.data_dir(args.data_dir)
     source = _cli.data_source(args)

@@ -643,11 +643,11 @@ SHORTEN = "--rounds, --cohort, --windows-per-client, --rank or fewer --algorithm
 @_cli.entry_point
 def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
+    _cli.compilation_cache(args)  # before anything compiles
     prof = profile(args)
     given_base = load_base(prof)  # checked before any work
     data_dir = _cli.data_dir(args.data_dir)
     out = _cli.out_dir(args)
-    _cli.compilation_cache(args)
     prof = check_plays(prof, _stems(data_dir), args)
     t_start = time.perf_counter()
     config = prof.config()

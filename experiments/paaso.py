@@ -313,9 +313,9 @@ def _readings_study(args: argparse.Namespace, settings: dict) -> None:
 def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     args = parse_args(argv)
+    _cli.compilation_cache(args)  # before anything compiles
     check(args)
     args.out = _cli.out_dir(args)  # before JAX starts: an unwritable --out is one line
-    _cli.compilation_cache(args)
     if _setup_devices(args.cpu_devices) is False:  # a GPU/TPU backend
         _cli.warn_unused(args, ["cpu_devices"], "the backend is not the CPU")
     import jax

@@ -575,10 +575,10 @@ SHORTEN = "--rounds, --cohort, --windows-per-client or fewer --algorithms/--epsi
 @_cli.entry_point
 def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
+    _cli.compilation_cache(args)  # before anything compiles
     prof = profile(args)
     data_dir = _cli.data_dir(args.data_dir)
     out = _cli.out_dir(args)
-    _cli.compilation_cache(args)
     t_start = time.perf_counter()
     fed, pick = federation(prof, data_dir)
     print(fed.describe(), flush=True)
