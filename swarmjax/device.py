@@ -54,22 +54,19 @@ COMPILATION_CACHE = (
 compilation cache: Flower's nodes and server, and the experiments' ``--jax-cache``)."""
 
 
-def use_compilation_cache(
-    path: str | os.PathLike[str], min_compile_seconds: float | None = 0.0
-) -> None:
-    """Keep compiled programs in ``path`` (JAX's persistent compilation cache) from now on,
-    before the first compilation: a later process with the same programs, flags and
-    jaxlib loads them instead of compiling. ``min_compile_seconds``: keep only programs
-    that took at least this long to compile (``None``: JAX's default, 1 s). ``""``
-    leaves the process's JAX configuration alone (an in-process loopback node)."""
+def use_compilation_cache(path: str | os.PathLike[str]) -> None:
+    """Keep every compiled program in ``path`` (JAX's persistent compilation cache) from
+    now on, however fast it compiled: a later process with the same programs, flags and
+    jaxlib loads them instead of compiling. Call it before the process's first
+    compilation (JAX decides then whether the process uses the cache). ``""`` leaves the
+    process's JAX configuration alone (an in-process loopback node)."""
     if not str(path):
         return
     folder = Path(path).expanduser()
     folder.mkdir(parents=True, exist_ok=True)
     jax.config.update("jax_compilation_cache_dir", str(folder))
-    if min_compile_seconds is not None:
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", min_compile_seconds)
-        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
 CPU_BLOCK = 128
