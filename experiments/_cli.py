@@ -276,11 +276,13 @@ def parser(
     )
     p.add_argument(
         "--jax-cache",
-        default=str(COMPILATION_CACHE),
-        help="folder where compiled programs are kept across runs (JAX's persistent "
-        "compilation cache: a rerun, a resumed run or another experiment with the same "
-        "programs loads them instead of compiling); default ~/.cache/swarmjax/jax, or "
-        "$JAX_COMPILATION_CACHE_DIR when set; '' keeps none",
+        default="",
+        metavar="DIR",
+        help="keep compiled programs in DIR across runs (JAX's persistent compilation "
+        f"cache, e.g. {COMPILATION_CACHE}: a rerun, a resumed run or another experiment "
+        "with the same programs loads them instead of compiling). Default: none, or "
+        "$JAX_COMPILATION_CACHE_DIR when set. A compiled program holds the constants it "
+        "was traced with: keep DIR as private as the run's secrets (created owner-only)",
     )
     if data is not None:
         p.add_argument(
@@ -733,15 +735,16 @@ def out_file(args: argparse.Namespace, dest: str = "out") -> Path:
 
 
 def compilation_cache(args: argparse.Namespace) -> None:
-    """Apply ``--jax-cache``: every compiled program is kept in that folder and loaded by
-    later runs (``experiments.cross_device --quick``: 36 programs, 1.1 MB); ``''`` keeps
-    none. Without the option,
-    ``$JAX_COMPILATION_CACHE_DIR`` (read by JAX itself) wins over the default folder.
-    Call it right after parsing: JAX decides at a process's first compilation whether it
-    uses the cache, and never again."""
+    """Apply ``--jax-cache``: every compiled program is kept in that folder (owner-only) and
+    loaded by later runs (``experiments.cross_device --quick``: 36 programs, 1.1 MB);
+    ``''`` keeps none. Without the option nothing is changed: no cache, unless
+    ``$JAX_COMPILATION_CACHE_DIR`` (read by JAX itself) names one. Opt-in because a
+    compiled program keeps the constants it was traced with, and a program that closed
+    over a key would write it there (docs/privacy.md). Call it right after parsing: JAX
+    decides at a process's first compilation whether it uses the cache, and never again."""
     import jax
 
-    if "jax_cache" not in given(args) and "JAX_COMPILATION_CACHE_DIR" in os.environ:
+    if "jax_cache" not in given(args):
         return
     if not args.jax_cache:
         jax.config.update("jax_compilation_cache_dir", None)

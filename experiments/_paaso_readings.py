@@ -45,11 +45,13 @@ def study_keys(secret: Secret | None, first: int, configs: int, runs: int) -> ja
     root = (Secret.generate() if secret is None else secret).key()
     index = jnp.arange(first, first + configs, dtype=jnp.uint32)
 
-    def config(c: jax.Array) -> jax.Array:
+    def config(root: jax.Array, c: jax.Array) -> jax.Array:
         k = jax.random.fold_in(root, c)
         return jax.vmap(lambda r: jax.random.fold_in(k, r))(jnp.arange(runs, dtype=jnp.uint32))
 
-    return jax.jit(jax.vmap(config))(index)
+    # the root is an argument, never a constant of the program: a compiled program's
+    # constants are kept in any persistent compilation cache (docs/privacy.md)
+    return jax.jit(jax.vmap(config, in_axes=(None, 0)))(root, index)
 
 
 def key_fingerprint(keys: jax.Array) -> str:

@@ -50,8 +50,8 @@ __all__ = [
 COMPILATION_CACHE = (
     Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "swarmjax" / "jax"
 )
-"""Where compiled programs are kept across processes by default (JAX's persistent
-compilation cache: Flower's nodes and server, and the experiments' ``--jax-cache``)."""
+"""Where Flower's nodes and server keep compiled programs by default (JAX's persistent
+compilation cache; the experiments keep none unless ``--jax-cache`` names a folder)."""
 
 
 def use_compilation_cache(path: str | os.PathLike[str]) -> None:
@@ -59,11 +59,14 @@ def use_compilation_cache(path: str | os.PathLike[str]) -> None:
     now on, however fast it compiled: a later process with the same programs, flags and
     jaxlib loads them instead of compiling. Call it before the process's first
     compilation (JAX decides then whether the process uses the cache). ``""`` leaves the
-    process's JAX configuration alone (an in-process loopback node)."""
+    process's JAX configuration alone (an in-process loopback node). A compiled program
+    keeps the constants it was traced with, so a program that closed over a secret key
+    would store it in ``path``: a new folder is created owner-only, and the library's
+    programs take keys as arguments (docs/privacy.md)."""
     if not str(path):
         return
     folder = Path(path).expanduser()
-    folder.mkdir(parents=True, exist_ok=True)
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)  # programs may hold secrets
     jax.config.update("jax_compilation_cache_dir", str(folder))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)

@@ -131,10 +131,13 @@ def test_a_data_folder_an_experiment_exports_is_undone_after_its_test_2():
 
 
 def test_the_jax_cache_option_keeps_compiled_programs_where_it_says(tmp_path, monkeypatch):
-    """``--jax-cache DIR`` points JAX's persistent compilation cache at DIR (created), ``''``
-    keeps none, and without the option ``$JAX_COMPILATION_CACHE_DIR`` (read by JAX itself,
-    as this suite sets it) is left as it is; every program is kept, however fast it
-    compiled. Nothing compiles while the setting is changed, and it is restored after."""
+    """``--jax-cache DIR`` points JAX's persistent compilation cache at DIR (created
+    owner-only: compiled programs keep their constants) and keeps every program however
+    fast it compiled; ``''`` keeps none; without the option nothing changes (no cache, or
+    ``$JAX_COMPILATION_CACHE_DIR``, read by JAX itself, as this suite sets it). Nothing
+    compiles while the setting is changed, and it is restored after."""
+    import stat
+
     import jax
 
     saved = jax.config.jax_compilation_cache_dir
@@ -143,16 +146,17 @@ def test_the_jax_cache_option_keeps_compiled_programs_where_it_says(tmp_path, mo
     try:
         _cli.compilation_cache(p.parse_args(["--jax-cache", str(tmp_path / "jit")]))
         assert jax.config.jax_compilation_cache_dir == str(tmp_path / "jit")
-        assert (tmp_path / "jit").is_dir()
+        assert stat.S_IMODE((tmp_path / "jit").stat().st_mode) == 0o700
         assert jax.config.jax_persistent_cache_min_compile_time_secs == 0
         _cli.compilation_cache(p.parse_args(["--jax-cache", ""]))
         assert jax.config.jax_compilation_cache_dir is None
-        monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path / "env"))
-        _cli.compilation_cache(p.parse_args([]))  # the environment's choice stands
-        assert jax.config.jax_compilation_cache_dir is None
-        monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR")
-        _cli.compilation_cache(p.parse_args([]))
-        assert jax.config.jax_compilation_cache_dir == str(_cli.COMPILATION_CACHE)
+        for env in (str(tmp_path / "env"), None):  # the environment's choice, or none, stands
+            if env is None:
+                monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
+            else:
+                monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", env)
+            _cli.compilation_cache(p.parse_args([]))
+            assert jax.config.jax_compilation_cache_dir is None
     finally:
         jax.config.update("jax_compilation_cache_dir", saved)
         jax.config.update("jax_persistent_cache_min_compile_time_secs", threshold)

@@ -488,6 +488,34 @@ def test_the_readings_studies_fingerprint_each_configurations_keys():
     assert {r.secret for r in released} == {"supplied"}
 
 
+def test_the_readings_keys_are_never_constants_of_a_compiled_program(monkeypatch):
+    """The study's secret key reaches its program as an argument: a program that closed
+    over it would hold its words as constants, which any persistent compilation cache
+    writes to disk (measured: a closed-over key's words are in the cached executable)."""
+    import jax
+
+    from experiments import _paaso_readings as readings
+
+    secret = Secret.from_bytes(b"a test secret for the readings studies")
+    words = [str(int(w)) for w in np.asarray(jax.random.key_data(secret.key()))]
+    texts, real_jit = [], jax.jit
+
+    def spy(fun, **kwargs):
+        jitted = real_jit(fun, **kwargs)
+
+        def call(*args):
+            texts.append(jitted.lower(*args).as_text())
+            return jitted(*args)
+
+        return call
+
+    monkeypatch.setattr(readings.jax, "jit", spy)
+    readings.study_keys(secret, 0, 2, 2)
+    assert len(texts) == 1 and not any(w in texts[0] for w in words)
+    closed = real_jit(lambda i: jax.random.key_data(jax.random.fold_in(secret.key(), i)))
+    assert all(w in closed.lower(np.uint32(0)).as_text() for w in words)  # the check bites
+
+
 GRID = {
     "function": "f4",
     "num_agents": 10,
