@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 
 import dp_accounting
 import numpy as np
@@ -60,6 +61,65 @@ def _no_constant(name: str):
     raise AssertionError(f"the ledger holds the non-JSON constant {name}")
 
 
+_MADE_KEYS: list[list[int]] = []  # the words of every secret key made by the current test
+_STARTED = [0.0]  # when the current test started (wall clock, for the cache's new files)
+
+
+@pytest.fixture(autouse=True)
+def _record_secret_keys(monkeypatch):
+    """Record the words of every key a :class:`Secret` makes during the test, for
+    :func:`_no_key_in_compiled_programs`."""
+    import time
+
+    import jax
+
+    real = Secret.key
+
+    def key(self):
+        with jax.ensure_compile_time_eval():  # concrete words even when made inside a trace
+            words = np.asarray(jax.random.key_data(real(self)))
+        _MADE_KEYS.append([int(w) for w in words])
+        return real(self)
+
+    _MADE_KEYS.clear()
+    _STARTED[0] = time.time() - 1.0
+    monkeypatch.setattr(Secret, "key", key)
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        low, n = n & 0x7F, n >> 7
+        out.append(low | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def _no_key_in_compiled_programs() -> None:
+    """No program compiled during the test holds one of its secret keys: every new file of
+    the suite's persistent compilation cache (conftest.py) is searched for each key's
+    first two words, raw and as the HLO proto's varints (a program that closes over a key
+    holds it so: docs/privacy.md). Skipped without the suite's cache."""
+    import glob
+    import os
+
+    from jax._src import compilation_cache
+
+    folder = os.environ.get("JAX_COMPILATION_CACHE_DIR")
+    if not folder or not _MADE_KEYS:
+        return
+    needles = set()
+    for words in _MADE_KEYS:
+        needles.add(_varint(words[0]) + _varint(words[1]))
+        needles.add(np.asarray(words[:2], "<u4").tobytes())
+    for path in glob.glob(os.path.join(folder, "*-cache")):
+        if os.path.getmtime(path) < _STARTED[0]:
+            continue
+        with open(path, "rb") as f:
+            program = compilation_cache.decompress_executable(f.read())
+        assert not any(n in program for n in needles), f"a secret key is compiled into {path}"
+
+
 def _ledger(out, accountant: str) -> dict:
     """The ledger file of ``out``, checked strict JSON, naming ``accountant``, equal to
     what :meth:`Ledger.load` recomputes from its events, and complete: every private
@@ -80,6 +140,7 @@ def _ledger(out, accountant: str) -> dict:
             assert r["randomness"]["secret"] in ("entropy", "supplied"), r["algorithm"]
             assert len(r["randomness"]["fingerprint"]) == 32, r["algorithm"]
     assert not any(c["randomness"]["unstated"] for c in data["composed"].values())
+    _no_key_in_compiled_programs()
     return data
 
 
@@ -512,8 +573,14 @@ def test_the_readings_keys_are_never_constants_of_a_compiled_program(monkeypatch
     monkeypatch.setattr(readings.jax, "jit", spy)
     readings.study_keys(secret, 0, 2, 2)
     assert len(texts) == 1 and not any(w in texts[0] for w in words)
-    closed = real_jit(lambda i: jax.random.key_data(jax.random.fold_in(secret.key(), i)))
+    root = secret.key()
+    closed = real_jit(lambda i: jax.random.key_data(jax.random.fold_in(root, i)))
     assert all(w in closed.lower(np.uint32(0)).as_text() for w in words)  # the check bites
+    _no_key_in_compiled_programs()  # the study's programs, cached by this suite
+    if os.environ.get("JAX_COMPILATION_CACHE_DIR"):  # the cache search bites too
+        closed(np.uint32(0)).block_until_ready()
+        with pytest.raises(AssertionError, match="a secret key is compiled into"):
+            _no_key_in_compiled_programs()
 
 
 GRID = {
