@@ -35,6 +35,7 @@ from typing import Any
 
 import dp_accounting
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pandas as pd
 from sklearn.ensemble import AdaBoostClassifier, RandomForestClassifier
@@ -49,7 +50,7 @@ from tqdm import tqdm
 from experiments import _cli, _report
 from swarmjax.privacy import apdim
 from swarmjax.privacy.ledger import Ledger, Release
-from swarmjax.privacy.secret import Secret, fingerprint, randomness
+from swarmjax.privacy.secret import Secret, fingerprints, randomness
 
 EPSILONS = (0.01, 0.05, 0.1, 0.5, 1.0, 5.0)
 # mode -> (allocation, sensitivity)
@@ -293,6 +294,14 @@ def run_utility(
     return pd.DataFrame(rows), attacks
 
 
+def params_keys(secret: Secret, runs: int) -> jax.Array:
+    """``(runs,)`` keys of the (theta, alpha) grid's runs under the call's ``secret``: its
+    key with ``PARAMS_STREAM`` and then the run's index folded in (:func:`run_params` draws
+    run ``i`` from key ``i``; :func:`params_releases` states its fingerprint)."""
+    root = jax.random.fold_in(secret.key(), PARAMS_STREAM)
+    return jax.vmap(lambda i: jax.random.fold_in(root, i))(jnp.arange(runs, dtype=jnp.uint32))
+
+
 def run_params(
     split: Split, profile: Profile, epsilon: float = 1.0, *, secret: Secret
 ) -> tuple[pd.DataFrame, dict]:
@@ -301,15 +310,14 @@ def run_params(
     saved with the call: refitting the plans on a rerun would cost the MI estimates again).
     Each run draws from its own key (the call's secret folded with ``PARAMS_STREAM`` and
     the run's index)."""
-    root = jax.random.fold_in(secret.key(), PARAMS_STREAM)
+    keys = params_keys(secret, len(profile.thetas) * len(profile.alphas) * len(MODES))
     rows, noise = [], []
     for theta in profile.thetas:
         for alpha in profile.alphas:
             plans = make_plans(split, theta=theta, alpha=alpha)
             for mode in MODES:
                 plan = plans[(mode, "apdim")]
-                key = jax.random.fold_in(root, len(rows))
-                noisy = apdim.privatize(key, split.X_train, plan, epsilon)
+                noisy = apdim.privatize(keys[len(rows)], split.X_train, plan, epsilon)
                 model = classifiers(profile, 0)["RF"]()
                 score = f1(model, np.asarray(noisy), split.y_train, split.X_test, split.y_test)
                 labels = {"mode": mode, "theta": theta, "alpha": alpha, "epsilon": epsilon}
@@ -493,8 +501,8 @@ def params_releases(
     :func:`run_params`, whose ``secret`` drew run ``i`` from its key with ``PARAMS_STREAM``
     and ``i`` folded in: each release states the secret's source and that key's
     fingerprint)."""
-    root = jax.random.fold_in(secret.key(), PARAMS_STREAM)
     drawn = randomness(secret.source, False)
+    prints = fingerprints(params_keys(secret, len(noise)))
     return [
         table_release(
             name,
@@ -506,9 +514,9 @@ def params_releases(
             path=out / "params.csv",
             delta=delta,
             accountant=accountant,
-            randomness=drawn | {"fingerprint": fingerprint(jax.random.fold_in(root, i))},
+            randomness=drawn | {"fingerprint": key},
         )
-        for i, run in enumerate(noise)
+        for run, key in zip(noise, prints, strict=True)
     ]
 
 

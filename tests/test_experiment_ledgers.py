@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from pathlib import Path
 
 import dp_accounting
 import numpy as np
@@ -698,3 +699,20 @@ def test_run_release_checks_its_configuration():
     config = {"strategy": "adrd", "num_agents": 5, "k_alpha": 1, "iterations": 3}
     with pytest.raises(ValueError, match="k_alpha"):
         run_release(config, [0], "x", delta=1e-3, accountant="pld")
+
+
+def test_the_params_grid_states_the_keys_its_runs_drew_from():
+    """Run ``i`` of the (theta, alpha) grid draws from the call's secret with
+    ``PARAMS_STREAM`` and ``i`` folded in (derived here step by step), the key whose
+    fingerprint its release states."""
+    import jax
+
+    secret = Secret.from_bytes(b"a test secret for the params grid")
+    root = jax.random.fold_in(secret.key(), apdim.PARAMS_STREAM)
+    want = fingerprints(jax.numpy.stack([jax.random.fold_in(root, i) for i in range(3)]))
+    assert fingerprints(apdim.params_keys(secret, 3)) == want
+    noise = [{"mode": "correct", "theta": 0.5, "alpha": a, "epsilon": 1.0, "scales": [1.0]}
+             for a in (0.1, 0.2, 0.3)]  # fmt: skip
+    released = apdim.params_releases("heart", noise, Path("."), delta=1e-3, accountant="pld",
+                                     secret=secret)  # fmt: skip
+    assert [r.fingerprint for r in released] == list(want)
