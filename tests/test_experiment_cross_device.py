@@ -11,6 +11,7 @@ import pytest
 
 from experiments import cross_device
 from tests.argv import override
+from tests.secret_keys import MadeKeys, check_randomness_stated
 from tests.test_released_files import check_released_files
 
 ARGS = [
@@ -25,7 +26,8 @@ ARGS = [
 ]  # fmt: skip
 
 
-def test_runs_writes_its_results_and_resumes(tmp_path):
+def test_runs_writes_its_results_and_resumes(tmp_path, monkeypatch):
+    made = MadeKeys(monkeypatch)
     out = tmp_path / "xd"
     cross_device.main([*ARGS, "--out", str(out)])
     history = pd.read_csv(out / "history.csv")
@@ -54,6 +56,8 @@ def test_runs_writes_its_results_and_resumes(tmp_path):
         str(out / "checkpoints" / a) for a in ("fedavg", "dp-fedavg")
     }
     assert (out / "checkpoints" / "fedavg" / "NOT_RELEASED.txt").exists()
+    check_randomness_stated(ledger)
+    made.assert_not_compiled()  # no secret key a constant of a compiled program
     cross_device.main([*ARGS, "--out", str(out)])  # resumes: both runs are finished
     again = pd.read_csv(out / "history.csv")
     pd.testing.assert_frame_equal(history, again)

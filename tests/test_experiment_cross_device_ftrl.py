@@ -13,6 +13,7 @@ import pytest
 
 from experiments import cross_device
 from tests.argv import override
+from tests.secret_keys import MadeKeys, check_randomness_stated
 
 SMALL = [
     "--quick",
@@ -25,7 +26,8 @@ SMALL = [
 ]  # fmt: skip
 
 
-def test_dp_ftrl_beside_dp_fedavg_at_two_epsilons(tmp_path, capsys):
+def test_dp_ftrl_beside_dp_fedavg_at_two_epsilons(tmp_path, capsys, monkeypatch):
+    made = MadeKeys(monkeypatch)
     out = tmp_path / "xd"
     argv = [*SMALL, "--algorithms", "dp-ftrl", "dp-fedavg", "--epsilons", "2", "8", "--audit", "8"]
     cross_device.main([*argv, "--out", str(out)])
@@ -62,6 +64,8 @@ def test_dp_ftrl_beside_dp_fedavg_at_two_epsilons(tmp_path, capsys):
     client = ledger["composed"]["client"]
     assert client["releases"] == [0, 1, 2, 3]
     assert client["epsilon"] > 8.0  # the four releases published together
+    check_randomness_stated(ledger)
+    made.assert_not_compiled()  # no secret key a constant of a compiled program
     privacy = json.loads((out / "privacy.json").read_text())
     assert set(privacy) == {f"{a}-epsilon-{e}" for a in ("dp-ftrl", "dp-fedavg") for e in (2, 8)}
     printed = capsys.readouterr().out

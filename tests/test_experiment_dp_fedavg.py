@@ -14,6 +14,7 @@ import pytest
 from experiments import dp_fedavg
 from swarmjax.privacy import accounting
 from swarmjax.privacy.ledger import Ledger
+from tests.secret_keys import MadeKeys, check_randomness_stated
 from tests.test_released_files import check_released_files
 
 
@@ -53,7 +54,9 @@ def test_clients_103_runs_writes_its_ledger_and_resumes(
     computes again."""
     argv = ["--quick", "--clients", "103", "--rounds", "2", "--data-dir", str(data_dir)]
     argv += ["--accountant", "rdp", "--audit", "16", "--out", str(tmp_path)]
+    made = MadeKeys(monkeypatch)
     dp_fedavg.main(argv)
+    made.assert_not_compiled()  # no secret key a constant of a compiled program
     out = capsys.readouterr().out
     _check_audit(out, tmp_path)
     first = pd.read_csv(tmp_path / "summary.csv")
@@ -72,6 +75,7 @@ def test_clients_103_runs_writes_its_ledger_and_resumes(
     text = (tmp_path / "privacy_ledger.json").read_text()
     data = json.loads(text, parse_constant=_strict)
     assert data["accountant"] == "rdp" and len(data["releases"]) == 3
+    check_randomness_stated(data)
     assert {r["accountant"] for r in data["releases"]} == {"rdp"}
     config = json.loads((tmp_path / "config.json").read_text())
     assert config["accountant"] == "rdp" and config["capacity"] is not None

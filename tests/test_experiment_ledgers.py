@@ -47,6 +47,7 @@ from swarmjax.privacy.secret import (
     joint_fingerprint,
     randomness,
 )
+from tests.secret_keys import MadeKeys, check_randomness_stated
 from tests.test_released_files import check_released_files
 
 
@@ -62,69 +63,14 @@ def _no_constant(name: str):
     raise AssertionError(f"the ledger holds the non-JSON constant {name}")
 
 
-_MADE_KEYS: list[list[int]] = []  # the words of every secret key made by the current test
-_STARTED = [0.0]  # when the current test started (wall clock, for the cache's new files)
+_MADE: list[MadeKeys] = []  # the current test's recorder of secret keys
 
 
 @pytest.fixture(autouse=True)
 def _record_secret_keys(monkeypatch):
-    """Record the words of every key a :class:`Secret` makes during the test, for
-    :func:`_no_key_in_compiled_programs`; not those of the suite's two fixed secrets
-    (``tests.reproducible``), whose keys other modules' own test programs close over on
-    purpose while this test runs."""
-    import time
-
-    import jax
-
-    from tests.reproducible import OTHER, SECRET
-
-    real = Secret.key
-
-    def key(self):
-        made = real(self)
-        if self not in (SECRET, OTHER):
-            with jax.ensure_compile_time_eval():  # concrete words even inside a trace
-                words = np.asarray(jax.random.key_data(real(self)))
-            _MADE_KEYS.append([int(w) for w in words])
-        return made
-
-    _MADE_KEYS.clear()
-    _STARTED[0] = time.time() - 1.0
-    monkeypatch.setattr(Secret, "key", key)
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        low, n = n & 0x7F, n >> 7
-        out.append(low | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
-
-
-def _no_key_in_compiled_programs() -> None:
-    """No program compiled during the test holds one of its secret keys: every new file of
-    the suite's persistent compilation cache (conftest.py) is searched for each key's
-    first two words, raw and as the HLO proto's varints (a program that closes over a key
-    holds it so: docs/privacy.md). Skipped without the suite's cache."""
-    import glob
-    import os
-
-    from jax._src import compilation_cache
-
-    folder = os.environ.get("JAX_COMPILATION_CACHE_DIR")
-    if not folder or not _MADE_KEYS:
-        return
-    needles = set()
-    for words in _MADE_KEYS:
-        needles.add(_varint(words[0]) + _varint(words[1]))
-        needles.add(np.asarray(words[:2], "<u4").tobytes())
-    for path in glob.glob(os.path.join(folder, "*-cache")):
-        if os.path.getmtime(path) < _STARTED[0]:
-            continue
-        with open(path, "rb") as f:
-            program = compilation_cache.decompress_executable(f.read())
-        assert not any(n in program for n in needles), f"a secret key is compiled into {path}"
+    """Record every secret key the test makes, for :func:`_ledger`'s search of the
+    programs compiled during the test (``tests/secret_keys.py``)."""
+    _MADE[:] = [MadeKeys(monkeypatch)]
 
 
 def _ledger(out, accountant: str) -> dict:
@@ -142,12 +88,8 @@ def _ledger(out, accountant: str) -> dict:
     for unit, comp in loaded.composed().items():
         stated = data["composed"][unit]["epsilon"]
         assert stated == "inf" if math.isinf(comp.epsilon) else stated == comp.epsilon
-    for r in data["releases"]:
-        if r["private"]:
-            assert r["randomness"]["secret"] in ("entropy", "supplied"), r["algorithm"]
-            assert len(r["randomness"]["fingerprint"]) == 32, r["algorithm"]
-    assert not any(c["randomness"]["unstated"] for c in data["composed"].values())
-    _no_key_in_compiled_programs()
+    check_randomness_stated(data)
+    _MADE[0].assert_not_compiled()
     return data
 
 
@@ -583,11 +525,11 @@ def test_the_readings_keys_are_never_constants_of_a_compiled_program(monkeypatch
     root = secret.key()
     closed = real_jit(lambda i: jax.random.key_data(jax.random.fold_in(root, i)))
     assert all(w in closed.lower(np.uint32(0)).as_text() for w in words)  # the check bites
-    _no_key_in_compiled_programs()  # the study's programs, cached by this suite
+    _MADE[0].assert_not_compiled()  # the study's programs, cached by this suite
     if os.environ.get("JAX_COMPILATION_CACHE_DIR"):  # the cache search bites too
         closed(np.uint32(0)).block_until_ready()
         with pytest.raises(AssertionError, match="a secret key is compiled into"):
-            _no_key_in_compiled_programs()
+            _MADE[0].assert_not_compiled()
 
 
 GRID = {

@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 
 from experiments import shakespeare
+from tests.secret_keys import MadeKeys, check_randomness_stated
 from tests.test_released_files import check_released_files
 
 
@@ -23,7 +24,8 @@ def plays_dir(data_dir, monkeypatch):
     return data_dir
 
 
-def test_quick_runs_and_writes_its_results(plays_dir, tmp_path, capsys):
+def test_quick_runs_and_writes_its_results(plays_dir, tmp_path, capsys, monkeypatch):
+    made = MadeKeys(monkeypatch)
     out = tmp_path / "sk"
     # RDP calibrates the two DP runs in milliseconds where PLD took ~5 s of CPU each (most
     # of this test's time under load); both give valid upper bounds, and PLD's calibration
@@ -55,6 +57,8 @@ def test_quick_runs_and_writes_its_results(plays_dir, tmp_path, capsys):
     assert ledger["non_private_releases"]["releases"] == [0, 1, 4, 5, 6]
     listed = [r["algorithm"] for r in ledger["releases"][4:]]
     assert listed == ["dataset counts", "held-out-line metrics", "wall-clock timing"]
+    check_randomness_stated(ledger)
+    made.assert_not_compiled()  # no secret key a constant of a compiled program
     check_released_files(out, shakespeare)  # each file a release, public or kept back
 
 

@@ -23,6 +23,7 @@ from swarmjax.fl.protocol import RunSpec, Variants
 from swarmjax.fl.runtime import simulate
 from swarmjax.models import param_count
 from swarmjax.privacy.secret import Secret
+from tests.secret_keys import MadeKeys, check_randomness_stated
 
 CONFIG = lora.TransformerConfig(
     vocab_size=12, sequence_length=8, d_model=16, heads=2, layers=1, mlp=32
@@ -286,7 +287,7 @@ def plays(monkeypatch):
     return data_dir
 
 
-def test_experiment_record_and_ledger_name_public_and_private(plays, tmp_path, capsys):
+def test_experiment_record_and_ledger_name_public_and_private(plays, tmp_path, capsys, monkeypatch):
     from experiments import lora as experiment
 
     argv = [
@@ -314,7 +315,9 @@ def test_experiment_record_and_ledger_name_public_and_private(plays, tmp_path, c
         "--accountant",
         "rdp",
     ]
+    made = MadeKeys(monkeypatch)
     experiment.main(argv)
+    made.assert_not_compiled()  # no secret key a constant of a compiled program
     public, private = (
         experiment.PROFILES["quick"].public_plays,
         experiment.PROFILES["quick"].private_plays,
@@ -330,6 +333,7 @@ def test_experiment_record_and_ledger_name_public_and_private(plays, tmp_path, c
     assert pre["unit"] is None and pre["data"] == "shakespeare public plays"
     assert all(p in pre["variant"]["base"] for p in public)
     assert dp and all(r["unit"] == "client" and all(p in r["data"] for p in private) for r in dp)
+    check_randomness_stated(ledger)
     assert all(
         "public plays" in r["variant"]["base"] and r["variant"]["trainable"] == "lora" for r in dp
     )
