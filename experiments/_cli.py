@@ -70,7 +70,6 @@ __all__ = [
     "array_bytes",
     "call_store",
     "check_memory",
-    "compilation_cache",
     "count",
     "data_dir",
     "data_source",
@@ -87,7 +86,9 @@ __all__ = [
     "physical_memory",
     "positive_float",
     "probability",
+    "process_options",
     "profile_name",
+    "progress_bars",
     "refuse_unused",
     "release_out_dir",
     "seeds",
@@ -283,6 +284,11 @@ def parser(
         "with the same programs loads them instead of compiling). Default: none, or "
         "$JAX_COMPILATION_CACHE_DIR when set. A compiled program holds the constants it "
         "was traced with: keep DIR as private as the run's secrets (created owner-only)",
+    )
+    p.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="draw no progress bars (they go to stderr; the same as TQDM_DISABLE=1)",
     )
     if data is not None:
         p.add_argument(
@@ -734,14 +740,22 @@ def out_file(args: argparse.Namespace, dest: str = "out") -> Path:
     return path
 
 
-def compilation_cache(args: argparse.Namespace) -> None:
-    """Apply ``--jax-cache``: every compiled program is kept in that folder (owner-only) and
-    loaded by later runs (``experiments.cross_device --quick``: 36 programs, 1.1 MB);
-    ``''`` keeps none. Without the option nothing is changed: no cache, unless
-    ``$JAX_COMPILATION_CACHE_DIR`` (read by JAX itself) names one. Opt-in because a
-    compiled program keeps the constants it was traced with, and a program that closed
-    over a key would write it there (docs/privacy.md). Call it right after parsing: JAX
-    decides at a process's first compilation whether it uses the cache, and never again."""
+def process_options(args: argparse.Namespace) -> None:
+    """Apply the options that set up this process; call it right after parsing.
+
+    * ``--no-progress``: no progress bars, from the experiment or the simulator: recorded
+      as ``TQDM_DISABLE=1`` in the environment (tqdm's own switch, inherited by the
+      processes the experiment starts), which :func:`progress_bars` reads.
+    * ``--jax-cache``: every compiled program is kept in that folder (owner-only) and
+      loaded by later runs (``experiments.cross_device --quick``: 36 programs, 1.1 MB);
+      ``''`` keeps none. Without the option nothing is changed: no cache, unless
+      ``$JAX_COMPILATION_CACHE_DIR`` (read by JAX itself) names one. Opt-in because a
+      compiled program keeps the constants it was traced with, and a program that closed
+      over a key would write it there (docs/privacy.md). JAX decides at a process's first
+      compilation whether it uses the cache, and never again.
+    """
+    if getattr(args, "no_progress", False):
+        os.environ["TQDM_DISABLE"] = "1"
     import jax
 
     if "jax_cache" not in given(args):
@@ -756,6 +770,14 @@ def compilation_cache(args: argparse.Namespace) -> None:
             f"--jax-cache {args.jax_cache!r} is not a folder this user can create: "
             f"{err.strerror or err}; give another, or '' to keep no compiled programs"
         ) from None
+
+
+def progress_bars() -> bool:
+    """Whether this process draws progress bars: not after ``--no-progress``
+    (:func:`process_options`) or with ``$TQDM_DISABLE`` set true. The experiments pass it
+    to the simulator (``Execution(progress=...)``), which otherwise draws them only on a
+    terminal."""
+    return os.environ.get("TQDM_DISABLE", "").lower() not in ("1", "true", "yes")
 
 
 def out_dir(args: argparse.Namespace) -> Path:

@@ -206,7 +206,12 @@ def _fedavg(
     variants = Variants.grid(alg, d.clients, spec, epsilon_target=[eps], learning_rate=[d.lr])
     test = (d.ds.x_test, d.ds.y_test)
     res = simulate(
-        alg, d.clients, test, variants, secret=secret, execution=Execution(progress=True)
+        alg,
+        d.clients,
+        test,
+        variants,
+        secret=secret,
+        execution=Execution(progress=_cli.progress_bars()),
     )
     releases = saved_releases(res, algorithm="fedavg_dp_adam", path=path, data=d.ds.name)
     lower = max((r.epsilon_lower for r in res.audit), default=None) if res.audit else None

@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.ticker import NullLocator
 
+from experiments import _cli
 from experiments._report import grid, panels, save, title, write_json
 from experiments.paaso import FIG4, FIG5_AGENTS, PAPER_PROBS, STRATEGIES, fig2_setting
 from swarmjax.objectives import get_objective
@@ -43,7 +44,7 @@ def _sweep(
         out,
         memory_budget=None if args.memory_gb is None else args.memory_gb * 2**30,
         block=args.block,
-        progress=not args.no_progress,
+        progress=_cli.progress_bars(),
         ledger=getattr(args, "ledger", None),  # every configuration, resumed ones too
         release_path=release_path(args, name),
         # the sweep's own secret, saved in its folder (not released), unless --secret-file

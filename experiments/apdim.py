@@ -699,7 +699,7 @@ def parse_args(argv: list[str] | None = None):
 @_cli.entry_point
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    _cli.compilation_cache(args)  # before anything compiles
+    _cli.process_options(args)  # before anything compiles
     name = _cli.profile_name(args)
     profile = PROFILES[name]
     profile = dataclasses.replace(profile, seeds=len(_cli.seeds(args, profile.seeds)))
@@ -739,7 +739,8 @@ def main(argv: list[str] | None = None) -> None:
     n_fits = len(args.datasets) * len(MODES) * len(MECHANISMS) * len(profile.epsilons)
     n_fits *= profile.seeds * 5
     plans_json, f1_frames, attack_frames = {}, [], []
-    with tqdm(total=n_fits, desc="APDIM F1 fits", unit="fit") as bar:
+    hide = not _cli.progress_bars()
+    with tqdm(total=n_fits, desc="APDIM F1 fits", unit="fit", disable=hide) as bar:
         for ds, split in splits.items():
             bar.set_postfix(dataset=ds)
             plans = make_plans(split)

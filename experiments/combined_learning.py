@@ -439,7 +439,7 @@ def load_all(args, profile: Profile) -> tuple[dict[str, Any], list[str]]:
 @_cli.entry_point
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    _cli.compilation_cache(args)  # before anything compiles
+    _cli.process_options(args)  # before anything compiles
     profile = choose_profile(args)
     if not profile.datasets:
         offered = PROFILES[_cli.profile_name(args)].datasets
@@ -488,7 +488,10 @@ def main(argv: list[str] | None = None) -> None:
             central = partial(run_central, data, dataset, model, mprof, str(out / "central.csv"))
             centrals.append(_fetch(store, "central", central, ledger))
             for m, split, k in tqdm(
-                [t for t in todo if t[0] == model], desc=f"{dataset} {model}", unit="setting"
+                [t for t in todo if t[0] == model],
+                desc=f"{dataset} {model}",
+                unit="setting",
+                disable=not _cli.progress_bars(),
             ):
                 path = str(out / "history.csv")
                 run = partial(run_setting, data, dataset, m, split, k, mprof, path)

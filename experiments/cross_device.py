@@ -755,7 +755,7 @@ def run_one(
         execution=Execution(
             rounds_per_call=1,
             client_map=None,  # the device's choice: convolutions run one client at a time on a CPU
-            progress=True,
+            progress=_cli.progress_bars(),
             checkpoint_dir=out / "checkpoints" / label,
             callbacks=() if pace is None else (pace,),
             mesh=run.mesh,
@@ -884,7 +884,7 @@ def figures(
 @_cli.entry_point
 def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
-    _cli.compilation_cache(args)  # before anything compiles
+    _cli.process_options(args)  # before anything compiles
     prof = profile(args)
     todo = planned(args, prof)  # every run's algorithm, built (and refused) before any work
     out = _cli.out_dir(args)

@@ -487,7 +487,7 @@ def parse_args(argv: list[str] | None = None):
 @_cli.entry_point
 def main(argv: list[str] | None = None) -> pd.DataFrame:
     args = parse_args(argv)
-    _cli.compilation_cache(args)  # before anything compiles
+    _cli.process_options(args)  # before anything compiles
     profile = PROFILES[_cli.profile_name(args)]
     if args.rounds:
         profile = dataclasses.replace(profile, rounds=args.rounds)
@@ -550,7 +550,7 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     )
     ledger.mark_not_released(out / PRIVATE, MIA_NOT_RELEASED)
     private_rows = []
-    bar = tqdm(total=n_runs, desc="dp_fedavg runs", unit="run")
+    bar = tqdm(total=n_runs, desc="dp_fedavg runs", unit="run", disable=not _cli.progress_bars())
     for ds in profile.datasets:
         data = subsample(loaded[ds], profile.n_train, profile.n_test, seed=0)
         test = (jnp.asarray(data.x_test), jnp.asarray(data.y_test))

@@ -205,7 +205,9 @@ def _dp_pso_call(
         test,
         variants,
         secret=secret,
-        execution=Execution(client_map=prof.client_map, rounds_per_call=1, progress=True),
+        execution=Execution(
+            client_map=prof.client_map, rounds_per_call=1, progress=_cli.progress_bars()
+        ),
     )
     took = time.perf_counter() - t0
     h = res.history.assign(dataset=name, partition=part, method="fed_dp_pso")
@@ -511,7 +513,7 @@ def _flower_ledger(ledger: Ledger, config: dict, summary: dict, out: Path) -> No
 @_cli.entry_point
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    _cli.compilation_cache(args)  # before anything compiles
+    _cli.process_options(args)  # before anything compiles
     if args.runtime == "flower":  # needs the flower extra
         config = flower_config(args)  # checked before the extra is imported
         from experiments._flower import run_over_flower

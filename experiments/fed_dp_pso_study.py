@@ -193,7 +193,7 @@ def _call(
     spec = RunSpec(plan["rounds"], delta, tuple(range(plan["seeds"])), plan["accountant"])
     hyper = reading_hyper(reading)
     variants = Variants.grid(alg, clients, spec, epsilon_target=[eps], learning_rate=lr, **hyper)
-    test, execution = (ds.x_test, ds.y_test), Execution(progress=True)
+    test, execution = (ds.x_test, ds.y_test), Execution(progress=_cli.progress_bars())
     res = simulate(alg, clients, test, variants, secret=secret, execution=execution)
     h = res.history.rename(columns={"test_accuracy": "val_accuracy"})
     h = h.assign(epsilon_max=res.privacy.final_epsilon.max(), seconds=time.perf_counter() - t0)
@@ -300,7 +300,7 @@ def check(args: argparse.Namespace, plan: dict) -> None:
 @_cli.entry_point
 def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
-    _cli.compilation_cache(args)  # before anything compiles
+    _cli.process_options(args)  # before anything compiles
     plan = _plan(args)
     check(args, plan)
     out = _cli.out_dir(args)

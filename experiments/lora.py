@@ -643,7 +643,7 @@ SHORTEN = "--rounds, --cohort, --windows-per-client, --rank or fewer --algorithm
 @_cli.entry_point
 def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
-    _cli.compilation_cache(args)  # before anything compiles
+    _cli.process_options(args)  # before anything compiles
     prof = profile(args)
     given_base = load_base(prof)  # checked before any work
     data_dir = _cli.data_dir(args.data_dir)

@@ -146,7 +146,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="split the CPU into this many XLA devices to use every core (default: all; "
         "ignored on GPU/TPU)",
     )
-    p.add_argument("--no-progress", action="store_true", help="hide progress bars")
     dist = p.add_argument_group("several processes (jax.distributed), all three or none")
     dist.add_argument("--coordinator", help="HOST:PORT of process 0's coordinator service")
     dist.add_argument("--num-processes", type=count("--num-processes"), help="processes")
@@ -313,7 +312,7 @@ def _readings_study(args: argparse.Namespace, settings: dict) -> None:
 def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     args = parse_args(argv)
-    _cli.compilation_cache(args)  # before anything compiles
+    _cli.process_options(args)  # before anything compiles
     check(args)
     args.out = _cli.out_dir(args)  # before JAX starts: an unwritable --out is one line
     if _setup_devices(args.cpu_devices) is False:  # a GPU/TPU backend

@@ -395,7 +395,7 @@ def run_one(
         execution=Execution(
             rounds_per_call=1,
             client_map=None,
-            progress=True,
+            progress=_cli.progress_bars(),
             callbacks=() if pace is None else (pace,),
             mesh=mesh,
         ),
@@ -575,7 +575,7 @@ SHORTEN = "--rounds, --cohort, --windows-per-client or fewer --algorithms/--epsi
 @_cli.entry_point
 def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
-    _cli.compilation_cache(args)  # before anything compiles
+    _cli.process_options(args)  # before anything compiles
     prof = profile(args)
     data_dir = _cli.data_dir(args.data_dir)
     out = _cli.out_dir(args)

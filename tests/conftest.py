@@ -185,20 +185,27 @@ CLEAR_CACHES_AT_MAPS = 20_000
 CLEAR_CACHES_AT_RSS = 6 * 2**30
 
 
+# what an experiment's options export to its process: ``--data-dir`` (for the processes it
+# starts) and ``--no-progress`` (read by tqdm)
+EXPERIMENT_ENV = ("SWARMJAX_DATA", "TQDM_DISABLE")
+
+
 @pytest.fixture(autouse=True)
-def _data_env_restored():
-    """An experiment's ``--data-dir`` is exported as ``$SWARMJAX_DATA`` (for the processes it
-    starts): restored (or removed) after each test, so a test's temporary folder never
-    becomes the next test's data folder on the same worker. By hand, not through
-    ``monkeypatch``: an autouse fixture that requested it would put ``monkeypatch`` in
-    every test's fixtures, and :func:`_free_compiled_programs` would drop JAX's programs
-    after every module (it did from session 27 to 30: docs/testing.md, session 30)."""
-    value = os.environ.get("SWARMJAX_DATA")
+def _experiment_env_restored():
+    """What an experiment exports (:data:`EXPERIMENT_ENV`) is restored (or removed) after
+    each test, so a test's temporary folder never becomes the next test's data folder on
+    the same worker, nor one test's ``--no-progress`` the next test's setting. By hand,
+    not through ``monkeypatch``: an autouse fixture that requested it would put
+    ``monkeypatch`` in every test's fixtures, and :func:`_free_compiled_programs` would drop
+    JAX's programs after every module (it did from session 27 to 30: docs/testing.md,
+    session 30)."""
+    values = {name: os.environ.get(name) for name in EXPERIMENT_ENV}
     yield
-    if value is None:
-        os.environ.pop("SWARMJAX_DATA", None)
-    else:
-        os.environ["SWARMJAX_DATA"] = value
+    for name, value in values.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 @pytest.fixture(autouse=True, scope="module")

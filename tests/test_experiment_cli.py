@@ -144,18 +144,18 @@ def test_the_jax_cache_option_keeps_compiled_programs_where_it_says(tmp_path, mo
     threshold = jax.config.jax_persistent_cache_min_compile_time_secs
     p = _cli.parser("x", "", quick="", full="")
     try:
-        _cli.compilation_cache(p.parse_args(["--jax-cache", str(tmp_path / "jit")]))
+        _cli.process_options(p.parse_args(["--jax-cache", str(tmp_path / "jit")]))
         assert jax.config.jax_compilation_cache_dir == str(tmp_path / "jit")
         assert stat.S_IMODE((tmp_path / "jit").stat().st_mode) == 0o700
         assert jax.config.jax_persistent_cache_min_compile_time_secs == 0
-        _cli.compilation_cache(p.parse_args(["--jax-cache", ""]))
+        _cli.process_options(p.parse_args(["--jax-cache", ""]))
         assert jax.config.jax_compilation_cache_dir is None
         for env in (str(tmp_path / "env"), None):  # the environment's choice, or none, stands
             if env is None:
                 monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
             else:
                 monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", env)
-            _cli.compilation_cache(p.parse_args([]))
+            _cli.process_options(p.parse_args([]))
             assert jax.config.jax_compilation_cache_dir is None
     finally:
         jax.config.update("jax_compilation_cache_dir", saved)
@@ -171,3 +171,52 @@ def test_a_jax_cache_that_cannot_be_made_is_one_line_before_any_work(tmp_path, c
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "--jax-cache" in err and "Traceback" not in err
+
+
+ALL_EXPERIMENTS = [
+    "apdim",
+    "combined_learning",
+    "cross_device",
+    "dp_fedavg",
+    "fed_dp_pso",
+    "fed_dp_pso_study",
+    "lora",
+    "paaso",
+    "shakespeare",
+]
+
+
+@pytest.mark.parametrize("name", ALL_EXPERIMENTS)
+def test_every_experiment_takes_the_shared_process_options(name, capsys):
+    """``--no-progress`` and ``--jax-cache`` are on every experiment's ``--help``."""
+    import importlib
+
+    module = importlib.import_module(f"experiments.{name}")
+    with pytest.raises(SystemExit) as exit_info:
+        module.main(["--help"])
+    assert exit_info.value.code == 0
+    shown = capsys.readouterr().out
+    assert "--no-progress" in shown and "--jax-cache" in shown
+
+
+def test_no_progress_turns_off_every_bar_of_the_process(capsys):
+    """``--no-progress`` sets ``TQDM_DISABLE`` for the process (and the processes it
+    starts): :func:`_cli.progress_bars`, which the experiments hand their own bars and the
+    simulator, says no. Undone after the test (tests/conftest.py), as the next test
+    checks."""
+    from tqdm.auto import tqdm
+
+    p = _cli.parser("x", "", quick="", full="")
+    os.environ.pop("TQDM_DISABLE", None)
+    _cli.process_options(p.parse_args([]))
+    assert _cli.progress_bars()
+    _cli.process_options(p.parse_args(["--no-progress"]))
+    assert not _cli.progress_bars()
+    for _ in tqdm(range(3), desc="a bar that must not show", disable=not _cli.progress_bars()):
+        pass
+    assert "a bar that must not show" not in capsys.readouterr().err
+
+
+def test_no_progress_is_undone_after_its_test():
+    assert os.environ.get("TQDM_DISABLE") != "1"
+    assert _cli.progress_bars()
