@@ -140,7 +140,6 @@ class Split:
     X_test: np.ndarray
     y_test: np.ndarray
     sensitive: np.ndarray  # clean attacked attribute of the training rows (class codes)
-    sensitive_index: int
     encoder: apdim.TabularEncoder
 
 
@@ -167,7 +166,7 @@ def load_split(data_dir: Path, name: str, profile: Profile) -> Split:
     raw = encoder.encode(train)[:, j]
     sensitive = (raw > np.median(raw)) if spec.binarise_sensitive else raw
     sensitive = np.unique(sensitive, return_inverse=True)[1]
-    return Split(X_train, y_train, X_test, y_test, sensitive, j, encoder)
+    return Split(X_train, y_train, X_test, y_test, sensitive, encoder)
 
 
 # ----------------------------------------------------------------------------------------

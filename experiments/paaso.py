@@ -162,7 +162,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-DIMS = 2  # the benchmark functions' dimension (f1-f8 in 2-D)
 BLOCK_CPU = 128  # runs per compiled call on the CPU (swarmjax.sweep.BLOCK)
 AGENT_BYTES = 200  # an agent's state and step temporaries, with a margin (memory_estimate)
 

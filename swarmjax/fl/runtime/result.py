@@ -60,12 +60,6 @@ ClientGroup = tuple[tuple[int, ...] | None, dp_accounting.DpEvent, float]
 whole run's dp-accounting event; the summed overflow chance ``P`` charged to delta)."""
 
 
-SHARED_RANDOMNESS = (
-    "these runs share their random numbers (common_random_numbers=True): each epsilon holds "
-    "for its run alone; publishing two or more of them together has no finite epsilon"
-)
-
-
 def relation(unit: str | None) -> str | None:
     """The neighbouring relation every epsilon of ``unit`` is stated under (:data:`RELATIONS`);
     ``None`` without DP."""
@@ -93,7 +87,8 @@ class PrivacyRecord:
             server saw and that no epsilon covers); empty when the guarantee is end-to-end.
         accountant: ``"pld"`` or ``"rdp"``: what composed the events.
         shares_randomness: the runs of this call share random numbers (common random
-            numbers): never publish two of them together (:data:`SHARED_RANDOMNESS`).
+            numbers): each epsilon holds for its run alone, and publishing two or more of
+            them together has no finite epsilon (a ledger refuses to compose them).
         groups: per run, the :data:`ClientGroup` s of its clients (:meth:`run_events`).
         floating_point: what the exact released float values reveal beyond epsilon
             (:meth:`~swarmjax.fl.protocol.Algorithm.floating_point`); ``None`` without DP.
