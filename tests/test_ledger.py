@@ -124,6 +124,66 @@ def test_composed_equals_dp_accounting_pld(tmp_path):
     assert got.epsilon == pytest.approx(finer, rel=1e-3)
 
 
+def test_equal_compositions_are_computed_once(tmp_path, monkeypatch):
+    """Statements with the same events (PAASO: one per configuration's swarms, few
+    distinct) cost one accountant call in all, across statements and ledger writes, and
+    state the epsilon a fresh composition gives; another delta, accountant, overflow or
+    event is composed anew."""
+    calls = []
+    real = ledger_mod.event_epsilon
+
+    def counted(event, delta, accountant="pld", overflow=0.0):
+        calls.append(repr(event))
+        return real(event, delta, accountant=accountant, overflow=overflow)
+
+    monkeypatch.setattr(ledger_mod, "event_epsilon", counted)
+    monkeypatch.setattr(ledger_mod, "_COMPOSED", {})
+    ledger = Ledger(tmp_path, "exp")
+    for k in range(6):  # six data sources: six statements, two distinct multisets
+        ledger.add(release([everyone(SMALL if k % 2 else OTHER)], seed=k, data=f"swarm {k}"))
+    composed = ledger.composed()
+    ledger.write()
+    assert len(composed) == 6 and len(calls) == 2
+    for key, comp in composed.items():
+        event = SMALL if int(key.rsplit(" ", 1)[1]) % 2 else OTHER
+        assert comp.epsilon == pytest.approx(pld_reference([event]), rel=1e-9)
+    again = Ledger(tmp_path / "b", "exp", accountant="rdp")
+    again.add(release([everyone(SMALL)], accountant="rdp", data="a"))
+    again.add(release([everyone(SMALL, overflow=1e-9)], seed=1, accountant="rdp", data="b"))
+    again.composed()
+    assert len(calls) == 4
+
+
+def _keyed(fingerprint: str) -> dict:
+    return {"generator": "ChaCha20", "secret": "entropy", "fingerprint": fingerprint}
+
+
+def test_a_refused_call_leaves_no_trace_in_the_checks(tmp_path):
+    """``add_result`` adds every run of a call or none, and the lookups behind the checks
+    of :meth:`Ledger.add` forget the undone runs too: a refused call's key fingerprint can
+    be listed afterwards, and later releases are still checked against every kept one
+    (the first offending release named, as a scan of them all would)."""
+    ledger = Ledger(tmp_path, "exp")
+    ledger.add(release([everyone(SMALL)], randomness=_keyed("b" * 32)))
+    result = fake_result()
+    result.privacy.randomness = {"generator": "ChaCha20", "secret": "entropy"}
+    result.privacy.key_fingerprints = ("a" * 32, "b" * 32)  # run 1 reuses release 0's key
+    with pytest.raises(ValueError, match=r"releases 0 .* and 2 .* drew the same noise"):
+        ledger.add_result(result, algorithm="dp_fedavg", path="out/a")
+    assert len(ledger.releases) == 1
+    plain = release([everyone(BIG)], seed=9, unit=None, relation=None, epsilon=math.inf)
+    assert ledger.add(plain) == 1  # checked by nothing, yet it must not keep stale lookups
+    assert ledger.add(release([everyone(BIG)], seed=1, randomness=_keyed("a" * 32))) == 2
+    with pytest.raises(ValueError, match=r"releases 2 .* and 3 .* drew the same noise"):
+        ledger.add(release([everyone(BIG)], seed=2, randomness=_keyed("a" * 32)))
+    with pytest.raises(ValueError, match="differs from release 0's"):
+        ledger.add(release([everyone(BIG)], seed=3, relation="another relation"))
+    with pytest.raises(ValueError, match="beside release 0's None"):
+        ledger.add(release([everyone(BIG)], seed=3, data="a dataset"))
+    assert list(ledger.composed()) == ["record"]
+    assert ledger.composed()["record"].releases == (0, 2)
+
+
 def test_composed_equals_dp_accounting_rdp(tmp_path):
     ledger = Ledger(tmp_path, "exp", accountant="rdp")
     for seed, e in enumerate([SMALL, BIG]):
