@@ -6,9 +6,11 @@ The releases are PAASO's (:func:`swarmjax.paaso_sweep.run_release`): voting conf
 of the ``--full`` search grid (one data source and one key fingerprint each; ``--distinct``
 numbers of agents, so that many configurations share their event, as the search's do).
 The ratio is the large count's seconds per release over the baseline's: about 1 when the
-cost is linear in the releases, the ratio of the counts when it is quadratic (before
-2026-11-30 the ledger scanned every earlier release to list one and to compose each data
-source: 29 s to list 12,000 and 26 s to compose them on the 2-core CPU).
+cost is linear in the releases, the ratio of the counts when it is quadratic. Before
+2026-11-30 the ledger composed every data source by PLD afresh (125 ms each for PAASO's
+1,000-iteration event, twice per written ledger) and scanned every earlier release to
+list one: 320.6 s for 1,200 releases on the 2-core CPU, about 50 minutes at 12,000
+(RESULTS.md, ``ledger_scale-before-20261130``).
 
 ``python -m benchmarks.ledger_scale [--sizes 1000 12000] [--distinct 4] [--write]``
 (``--write``: also the ``ledger_scale`` section of benchmarks/RESULTS.md)
