@@ -87,12 +87,8 @@ def main(argv: list[str] | None = None) -> None:
         metavar=("BASE", "LARGE"),
         help="the baseline's release count and the large one (1000 12000)",
     )
-    p.add_argument(
-        "--distinct",
-        type=_cli.count("--distinct"),
-        default=4,
-        help="distinct swarm sizes, so distinct events, among the releases (4)",
-    )
+    distinct = "distinct swarm sizes, so distinct events, among the releases (4)"
+    p.add_argument("--distinct", type=_cli.count("--distinct"), default=4, help=distinct)
     args = p.parse_args(argv)
     base, large = args.sizes
     if large <= base:
