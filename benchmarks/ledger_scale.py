@@ -31,21 +31,21 @@ def releases(count: int, distinct: int) -> list:
     from swarmjax.paaso_sweep import run_release
 
     grid = itertools.product(
+        range(count),  # the pass over the grid: past its 12,096 configurations, another
         ("adrd", "bdrd", "pbdrd"),
         [f"f{i}" for i in range(1, 9)],
         (0.005, 0.001, 0.05, 0.1, 0.2, 0.4),
         (0.01, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0),
         (0.005, 0.001, 0.05, 0.1, 0.2, 0.4),
         (1.0, 10.0),
-        range(count),  # past the grid's 12,096: a count of its own
     )
     out = []
-    for k, (strategy, function, w, phi, w_g, speed, extra) in enumerate(grid):
+    for k, (part, strategy, function, w, phi, w_g, speed) in enumerate(grid):
         if k == count:
             break
         config = {"strategy": strategy, "function": function, "w": w, "phi_p": phi}
         config |= {"w_g": w_g, "speed": speed, "num_agents": 50 + 10 * (k % distinct)}
-        config |= {"k_alpha": 8, "iterations": 1000, "p_m": 0.9, "part": extra}
+        config |= {"k_alpha": 8, "iterations": 1000, "p_m": 0.9, "part": part}
         drawn = {"generator": "ChaCha20", "secret": "entropy", "fingerprint": f"{k:032x}"}
         run = run_release(
             config, range(20), "search.csv", delta=1e-5, accountant="pld", randomness=drawn
