@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
+import re
 
 import chex
 import jax
@@ -26,11 +28,16 @@ from swarmjax.fl.data.clients import stack_clients
 from swarmjax.fl.data.partition import iid_partition
 from swarmjax.fl.private import Private
 from swarmjax.fl.protocol import (
+    UNDECLARED,
+    Algorithm,
+    Exchange,
     RunSpec,
     Slots,
     Update,
     Variants,
     client_key,
+    coverage,
+    everyone,
     privacy_unit,
     run_keys,
     server_key,
@@ -40,8 +47,10 @@ from swarmjax.fl.runtime import Execution, simulate
 from swarmjax.fl.runtime import simulator as sim
 from swarmjax.models import mlp, param_bytes
 from swarmjax.privacy.accounting import Rates
+from swarmjax.privacy.ledger import Ledger
 from swarmjax.privacy.participation import Poisson
 from swarmjax.privacy.user_level import ClippedUpdate
+from tests.conftest import REPO
 from tests.reproducible import OTHER, SECRET
 
 N, ROUNDS, SEEDS = 3, 2, [0, 1]
@@ -199,6 +208,60 @@ def test_released_outputs_hold_only_message_derived_and_public_values(setup, res
 def _variants(alg, kwargs, clients):
     delta = 1e-3 if privacy_unit(alg.accounting()) == "client" else 1e-5
     return Variants.grid(alg, clients, RunSpec(ROUNDS, delta, tuple(SEEDS)), **kwargs)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Undeclared(FedAvg):
+    """FedAvg with DP-SGD whose exchange declares nothing about its replies' protection."""
+
+    @property
+    def exchanges(self):
+        return tuple(dataclasses.replace(ex, protection=None) for ex in super().exchanges)
+
+
+def test_an_exchange_that_declares_no_protection_is_counted_as_exact(setup, tmp_path):
+    """``Exchange.protection=None`` (the default) puts the exchange in ``not_covered``: a
+    record-level DP algorithm that forgets to declare is no longer end to end, and the
+    ledger lists its runs as not private; ``{}`` (nothing sent) adds no line."""
+    clients, test = setup
+    alg = _Undeclared(MODEL, _dp_training(clients))
+    assert hash(alg.exchanges[0]) == hash(alg.exchanges[0])  # still a static argument
+    line = f"train: unprotected: {UNDECLARED}"
+    assert coverage(alg.exchanges) == ((), (line,))
+    nothing_sent = dataclasses.replace(alg.exchanges[0], protection={})
+    assert coverage((nothing_sent,)) == ((), ())
+    res = _run(alg, {"learning_rate": 0.01, "epsilon_target": 8.0}, clients, test)
+    assert res.privacy.unit == "record" and np.all(np.isfinite(res.privacy.final_epsilon))
+    assert res.privacy.not_covered == (line,) and not res.privacy.end_to_end
+    ledger = Ledger(tmp_path, "undeclared")
+    index = ledger.add_result(res, algorithm="undeclared", path=tmp_path / "h.csv")[0]
+    release = ledger.releases[index]
+    assert release.unit is None and UNDECLARED in release.variant["not_covered"]
+
+
+def test_the_contract_docs_count_is_the_codes():
+    """docs/federated.md's member table and count name exactly the members
+    :class:`Algorithm` defines (its required ones: those whose base raises, and
+    ``exchanges``), and an exchange needs no :class:`Protection` to be built."""
+    text = (REPO / "docs" / "federated.md").read_text()
+    table = text.split("| member | side | what it is | default |")[1].split("\n\n")[0]
+    rows = re.findall(r"^\| `(\w+)[(`].*\| ([^|]+) \|$", table, re.M)
+    documented = {name for name, _ in rows}
+    defined = {n for n in vars(Algorithm) if not n.startswith("_")}
+    assert documented == defined, documented ^ defined
+
+    def required(name):
+        member = vars(Algorithm)[name]
+        if not callable(member):
+            return name == "exchanges"  # the base's () runs nothing
+        return "raise NotImplementedError" in inspect.getsource(member)
+
+    needed = {n for n in defined if required(n)}
+    assert needed == {n for n, default in rows if default.startswith("required")}
+    count = re.search(r"Counted from .*?: (\d+) members,\s+(\d+) required", text, re.S)
+    assert count and (int(count[1]), int(count[2])) == (len(defined), len(needed))
+    bare = Exchange("x", everyone, lambda s: s, lambda *a: a[:2], lambda *a: a[0])
+    assert bare.protection is None
 
 
 def test_fed_dp_pso_uploads_one_model_and_counts_one_observation_per_round(results):

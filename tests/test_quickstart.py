@@ -12,6 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from swarmjax.fl.protocol import UNDECLARED
+
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "quickstart.md"
 BLOCK = re.compile(r"^```python\n(.*?)^```$", re.MULTILINE | re.DOTALL)
 
@@ -58,7 +60,8 @@ def test_the_quickstart_runs_end_to_end(page):
     assert page["dp_alg"].plan.participation.capacity is not None  # sized for the run
     assert res.privacy.unit == "client" and res.privacy.final_epsilon.max() <= 3.0 + 1e-6
     assert (page["out"] / "privacy_ledger.json").exists()
-    assert page["res_m"].privacy.not_covered  # FedAvgM declares its uploads unprotected
+    # FedAvgM declares no protection: its uploads are counted as exact private statistics
+    assert page["res_m"].privacy.not_covered == (f"train: unprotected: {UNDECLARED}",)
     dp = page["res_dp"].privacy  # the same algorithm under a plan: user-level, end to end
     assert dp.unit == "client" and dp.end_to_end and dp.final_epsilon.max() <= 3.0 + 1e-6
     assert page["gap"] < 1e-5

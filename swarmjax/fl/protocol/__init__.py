@@ -16,8 +16,9 @@ A run is ``setup`` exchanges once, then ``rounds`` rounds of ``exchanges``. One 
    anything (zeros, garbage, NaN), so aggregates must combine with
    ``jnp.where(slots.mask, ...)`` and never multiply by a 0/1 mask.
 
-Privacy follows the messages: every exchange declares, per Reply field, how that field is
-protected (:class:`Protection`). The run's privacy record is derived from those
+Privacy follows the messages: an exchange declares, per Reply field, how that field is
+protected (:class:`Protection`); one that declares nothing is counted as sending exact
+private statistics. The run's privacy record is derived from those
 declarations, the clients' accounted steps and the plan's rates (both asked of the
 algorithm's one :class:`Accounting`), never written by hand per algorithm
 (:func:`coverage`).
@@ -50,7 +51,8 @@ the run keys with :func:`run_keys`, and reads a call's rounds, delta and seeds f
 vmapped) and the Flower runtime (:mod:`swarmjax.fl.runtime.flower`).
 
 The protocol is cut by room: :mod:`~swarmjax.fl.protocol.contract` (what an algorithm
-author reads: :class:`Algorithm`, :class:`Exchange`, :class:`Protection`, :class:`Update`),
+author reads: :class:`Algorithm`, :class:`Exchange`; for a summed exchange
+:class:`Update`, for a privacy claim :class:`Protection`),
 :mod:`~swarmjax.fl.protocol.accounting` (:class:`Accounting`: what a private algorithm
 answers about its privacy), :mod:`~swarmjax.fl.protocol.slots` (reply
 slots and their sums),
@@ -63,6 +65,7 @@ from swarmjax.fl.protocol.accounting import Accounting, privacy_unit, steps_of
 from swarmjax.fl.protocol.contract import (
     ACCOUNTED,
     PUBLIC,
+    UNDECLARED,
     UNPROTECTED,
     Algorithm,
     ClientState,
@@ -107,6 +110,7 @@ __all__ = [
     "ACCOUNTED",
     "PUBLIC",
     "RENAMED",
+    "UNDECLARED",
     "UNPROTECTED",
     "Accounting",
     "Algorithm",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import flax.struct
@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ACCOUNTED",
     "PUBLIC",
+    "UNDECLARED",
     "UNPROTECTED",
     "Algorithm",
     "Exchange",
@@ -77,6 +78,9 @@ PUBLIC = Protection("public", None, "not computed from private data")
 UNPROTECTED = Protection("unprotected", None, "exact statistic of private data")
 
 
+UNDECLARED = "no protection declared, so counted as exact private statistics"
+
+
 def noised(note: str, unit: Literal["record", "client"] = "record") -> Protection:
     """A noised release (its epsilon is added by the accounting's
     :meth:`~swarmjax.fl.protocol.accounting.Accounting.rates`, ``extra_epsilon``)."""
@@ -86,9 +90,13 @@ def noised(note: str, unit: Literal["record", "client"] = "record") -> Protectio
 def coverage(exchanges: tuple[Exchange, ...]) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """``(covered, not_covered)``: one line per Reply field of ``exchanges`` saying how it is
     protected; ``not_covered`` lists the ``unprotected`` fields (exact private statistics
-    that no epsilon covers)."""
+    that no epsilon covers) and, as one line each, the exchanges that declare no
+    protection (:attr:`Exchange.protection` ``None``)."""
     covered, uncovered = [], []
     for ex in exchanges:
+        if ex.protection is None:  # undeclared: counted as what it may be, exact
+            uncovered.append(f"{ex.name}: unprotected: {UNDECLARED}")
+            continue
         for name, p in ex.protection.items():
             line = f"{ex.name}.{name}: {p.kind}" + (f" ({p.unit}-level)" if p.unit else "")
             line += f": {p.note}" if p.note else ""
@@ -149,7 +157,12 @@ class Exchange:
         client: ``(client_state, data, request, key, hyper) -> (client_state, Reply)``.
         aggregate: ``(server, replies, slots, key, hyper) -> server``; ``replies`` stacked
             over the :class:`Slots`, unused slots arbitrary (combine with ``jnp.where``).
-        protection: Reply field name -> :class:`Protection`, one entry per Reply field.
+        protection: Reply field name -> :class:`Protection`, one entry per Reply field
+            (``{}``: the reply has no fields, nothing is sent). ``None`` (default): not
+            declared; the privacy record then counts the exchange's replies as exact
+            private statistics (one ``not_covered`` line), so an algorithm that makes no
+            privacy claim need not declare anything, and one that does cannot leave a
+            field out unnoticed by omitting the mapping.
         max_selected: a static bound on how many clients ``select`` can pick (``None``: all);
             a runtime then runs only that many client calls and ``aggregate`` gets that
             many slots.
@@ -181,7 +194,7 @@ class Exchange:
     request: Callable[[ServerState], Request]
     client: Callable[..., tuple[ClientState, Reply]]
     aggregate: Callable[[ServerState, Reply, Slots, PRNGKeyArray, Hyper], ServerState]
-    protection: Mapping[str, Protection] = field(default_factory=dict)
+    protection: Mapping[str, Protection] | None = None
     max_selected: int | None = None
     expected_selected: Callable[[Hyper, int], Array] | None = None
     aggregate_sum: (
@@ -218,7 +231,7 @@ class Exchange:
                 self.request,
                 self.client,
                 self.aggregate,
-                tuple(sorted(self.protection.items())),
+                None if self.protection is None else tuple(sorted(self.protection.items())),
                 self.max_selected,
                 self.expected_selected,
                 self.aggregate_sum,
