@@ -174,7 +174,7 @@ def fedround_section(sizes: Sizes) -> dict:
     epoch of batch-32 SGD each) through the simulator, best of ``sizes.repeats`` after a
     compiling call, with clients under ``vmap`` and under ``lax.map`` ("sequential")."""
     from swarmjax import device
-    from swarmjax.fl.algorithms.fedavg import FedAvg
+    from swarmjax.fl.algorithms import registry
     from swarmjax.fl.client.training import LocalTraining
     from swarmjax.fl.data import iid_partition, load_dataset, stack_clients
     from swarmjax.fl.protocol import RunSpec, Variants
@@ -184,8 +184,10 @@ def fedround_section(sizes: Sizes) -> dict:
     data = load_dataset("digits")
     part = iid_partition(data.y_train, sizes.clients, seed=0)
     clients = stack_clients(data.x_train, data.y_train, part.indices)
-    alg = FedAvg(mlp((32,), 10, data.input_shape), LocalTraining(epochs=1, batch_size=32))
-    variants = Variants.grid(alg, clients, RunSpec(1, 1e-5), learning_rate=0.3)
+    model, training = mlp((32,), 10, data.input_shape), LocalTraining(epochs=1, batch_size=32)
+    base = registry.Base(model, training, RunSpec(1, 1e-5), sizes.clients)
+    alg, grid = registry.build("fedavg", base, registry.settings("fedavg", learning_rate=0.3))
+    variants = Variants.grid(alg, clients, base.spec, **grid)
     test = (data.x_test, data.y_test)
     seconds = {}
     for client_map in ("vmap", "sequential"):

@@ -36,7 +36,7 @@ def one(
     clients: int, cohort: int, rows: int, rounds: int, block: int | None, data_dir: str
 ) -> dict:
     """Measure one configuration in this process."""
-    from swarmjax.fl.algorithms.fedavg import FedAvg
+    from swarmjax.fl.algorithms import registry
     from swarmjax.fl.client.training import LocalTraining
     from swarmjax.fl.data import load_dataset
     from swarmjax.fl.data.store import ClientStore
@@ -50,16 +50,14 @@ def one(
     order = np.resize(order, need)  # tiled when the federation needs more rows than exist
     indices = np.split(order, clients)
     store = ClientStore.build(data.x_train, data.y_train, indices)
-    alg = FedAvg(
-        simple_cnn(10, data.input_shape),
-        LocalTraining(batch_size=10),
-        cohort=cohort,
-        eval_batch_size=250,
-    )
+    model, training = simple_cnn(10, data.input_shape), LocalTraining(batch_size=10)
     test = (data.x_test[:1000], data.y_test[:1000])
+    chosen = registry.settings("fedavg", cohort=cohort, learning_rate=0.1)
+    base = registry.Base(model, training, RunSpec(1, 1e-5), clients, eval_batch_size=250)
+    alg, grid = registry.build("fedavg", base, chosen)  # the same for any number of rounds
 
     def run(n: int) -> tuple[float, object]:
-        variants = Variants.grid(alg, store, RunSpec(n, 1e-5), learning_rate=0.1)
+        variants = Variants.grid(alg, store, RunSpec(n, 1e-5), **grid)
         t0 = time.perf_counter()
         res = simulate(
             alg, store, test, variants, execution=Execution(client_map=block, rounds_per_call=1)

@@ -33,9 +33,10 @@ from benchmarks._results import best_time, machine, write_section
 from experiments import _cli
 from swarmjax import swarm
 from swarmjax.fl import load_dataset, partition, stack_clients
-from swarmjax.fl.algorithms.fed_dp_pso import FedDPPSO
+from swarmjax.fl.algorithms import registry
+from swarmjax.fl.algorithms.fed_dp_pso import READINGS, FedDPPSO
 from swarmjax.fl.client.record_dp import poisson_sampler
-from swarmjax.fl.client.training import LocalTraining, RecordDP
+from swarmjax.fl.client.training import LocalTraining
 from swarmjax.fl.data.clients import client
 from swarmjax.fl.protocol import RunSpec, Variants, release_identity, run_keys
 from swarmjax.fl.runtime import simulator
@@ -50,12 +51,16 @@ def _setup(rounds: int):
     ds = load_dataset("digits", standardize=True)
     clients = stack_clients(ds.x_train, ds.y_train, partition(ds.y_train, N, seed=0).indices)
     model = mlp((32,), 10, ds.input_shape)
-    dp = RecordDP.for_run([clients.sizes], 32, rounds=rounds, epsilons=[8.0], delta=1e-5)
-    training = LocalTraining(  # the Poisson buffer sized for the run (epsilon 8 reachable)
-        batch_size=32, optimizer="adamw", weight_decay=1e-4, record_dp=dp
+    spec = RunSpec(rounds, 1e-5)
+    base = registry.Base(model, LocalTraining(batch_size=32), spec, N, sizes=clients.sizes)
+    chosen = registry.settings(  # DP-Adam's Poisson buffer sized for the run (epsilon 8)
+        "fed-dp-pso",
+        reading=replace(READINGS["paper"], weight_decay="decoupled"),  # AdamW
+        particles=S,
+        target_epsilon=8.0,
     )
-    alg = FedDPPSO(model, training, particles=S)
-    variants = Variants.grid(alg, clients, RunSpec(rounds, 1e-5), epsilon_target=[8.0])
+    alg, grid = registry.build("fed-dp-pso", base, chosen)
+    variants = Variants.grid(alg, clients, spec, **grid)
     hyper = jax.tree.map(lambda a: a[0], variants.hyper)  # the one variant
     test = (jnp.asarray(ds.x_test), jnp.asarray(ds.y_test))
     return alg, variants.hyper, hyper, clients, test

@@ -58,7 +58,7 @@ def federation(cfg: dict, data_dir: str) -> dict:
     """One power-law or equal federation, timed in this process."""
     import numpy as np
 
-    from swarmjax.fl.algorithms.fedavg import FedAvg
+    from swarmjax.fl.algorithms import registry
     from swarmjax.fl.client.training import LocalTraining
     from swarmjax.fl.data import load_dataset, partition
     from swarmjax.fl.data.store import ClientStore
@@ -86,13 +86,15 @@ def federation(cfg: dict, data_dir: str) -> dict:
         else mlp((200, 200), 10, data.input_shape)
     )
     training = LocalTraining(batch_size=10, max_examples=cfg["cap"])
-    alg = FedAvg(model, training, cohort=cfg["cohort"], eval_batch_size=250)
+    chosen = registry.settings("fedavg", cohort=cfg["cohort"], learning_rate=0.1)
+    base = registry.Base(model, training, RunSpec(1, 1e-5), n, eval_batch_size=250)
+    alg, grid = registry.build("fedavg", base, chosen)  # the same for any number of rounds
     test = (data.x_test[:1000], data.y_test[:1000])
     cmap = None if cfg["client_map"] == "default" else cfg["client_map"]
     secret = Secret.generate()  # one for every call: the cohorts are redrawn from it below
 
     def run(rounds: int) -> float:
-        variants = Variants.grid(alg, store, RunSpec(rounds, 1e-5), learning_rate=0.1)
+        variants = Variants.grid(alg, store, RunSpec(rounds, 1e-5), **grid)
         t0 = time.perf_counter()
         execution = Execution(client_map=cmap, rounds_per_call=1)
         simulate(alg, store, test, variants, secret=secret, execution=execution)
@@ -104,7 +106,7 @@ def federation(cfg: dict, data_dir: str) -> dict:
     twice = run(2 * r)
     sizes = np.asarray(store.sizes)
     # the rows the marginal rounds r+1..2r trained on (their cohorts, redrawn from the keys)
-    variants = Variants.grid(alg, store, RunSpec(2 * r, 1e-5), learning_rate=0.1)
+    variants = Variants.grid(alg, store, RunSpec(2 * r, 1e-5), **grid)
     ids = variant_identities(alg, variants)
     key = run_keys(secret, list(variants.spec.seeds), ids, False)[0]
     select = alg.exchanges[0].select
@@ -131,7 +133,7 @@ def interleaved(data_dir: str, maps: list[str], rounds: int, model_name: str) ->
     rounds timed under the same load. Returns the table's markdown lines."""
     import numpy as np
 
-    from swarmjax.fl.algorithms.fedavg import FedAvg
+    from swarmjax.fl.algorithms import registry
     from swarmjax.fl.client.training import LocalTraining
     from swarmjax.fl.data import load_dataset, partition
     from swarmjax.fl.data.store import ClientStore
@@ -150,7 +152,10 @@ def interleaved(data_dir: str, maps: list[str], rounds: int, model_name: str) ->
         if model_name == "cnn"
         else mlp((200, 200), 10, data.input_shape)
     )
-    alg = FedAvg(model, LocalTraining(batch_size=10), cohort=50, eval_batch_size=250)
+    chosen = registry.settings("fedavg", cohort=50, learning_rate=0.1)
+    spec = RunSpec(rounds + 1, 1e-5)
+    base = registry.Base(model, LocalTraining(batch_size=10), spec, 1000, eval_batch_size=250)
+    alg, grid = registry.build("fedavg", base, chosen)
     test = (data.x_test[:1000], data.y_test[:1000])
     lines = [
         "| client map (model) | federation | read | s / round | vs equal | steps / round | "
@@ -166,7 +171,7 @@ def interleaved(data_dir: str, maps: list[str], rounds: int, model_name: str) ->
             ("power_law", power, "buffer"),
         ):
             store = ClientStore.build(data.x_train, data.y_train, idx).with_read(read)
-            variants = Variants.grid(alg, store, RunSpec(rounds + 1, 1e-5), learning_rate=0.1)
+            variants = Variants.grid(alg, store, spec, **grid)
             secret = Secret.generate()  # the run's, and the cohorts redrawn from it below
             cm = None if cmap == "default" else cmap
             run = start(

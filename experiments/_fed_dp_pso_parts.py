@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 import math
-from dataclasses import fields, replace
+from dataclasses import fields
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple, get_args, get_origin, get_type_hints
@@ -19,9 +19,9 @@ import pandas as pd
 
 from experiments import _cli, _report
 from swarmjax.fl import DATASETS
+from swarmjax.fl.algorithms import registry
 from swarmjax.fl.algorithms.fed_dp_pso import DEFAULT_READING, READINGS, Reading
-from swarmjax.fl.algorithms.fedavg import FedAvg
-from swarmjax.fl.client.training import LocalTraining, RecordDP
+from swarmjax.fl.client.training import LocalTraining
 from swarmjax.fl.protocol import RunSpec, Variants
 from swarmjax.fl.runtime import Execution, simulate
 from swarmjax.privacy.canaries import CanaryAudit, CanaryReport
@@ -133,15 +133,6 @@ def parser(description: str) -> argparse.ArgumentParser:
     return p
 
 
-def without_dp(alg, eps: float):
-    """``alg`` with plain local training for the ``inf`` target (no clipping, no noise, no
-    audit: a non-private run has no epsilon to audit)."""
-    if math.isfinite(eps):
-        return alg
-    unaudited = {"audit": None} if getattr(alg, "audit", None) is not None else {}
-    return replace(alg, training=replace(alg.training, record_dp=None), **unaudited)
-
-
 def record_delta(delta: float | None, sizes: Any) -> float:
     """``delta`` (``--delta``) when given, else swarmjax's one default ``0.1 / records`` of
     the clients' record counts ``sizes``."""
@@ -196,14 +187,15 @@ def _fedavg(
     ``prof.audit`` every DP run carries ``prof.audit`` record-level gradient canaries per
     client (``FedAvg(audit=...)``); ``epsilon_lower`` is the largest bound over the seeds
     (``None``: not audited)."""
-    sizes = [np.asarray(d.clients.sizes)]
-    delta = record_delta(prof.delta, sizes[0])
-    dp = RecordDP.for_run(sizes, d.batch_size, rounds=rounds, epsilons=[eps], delta=delta)
-    training = LocalTraining(batch_size=d.batch_size, optimizer="adam", record_dp=dp)
-    audit = None if prof.audit is None else CanaryAudit(prof.audit, score="gradient")
-    alg = without_dp(FedAvg(d.model, training, audit=audit), eps)
+    sizes = np.asarray(d.clients.sizes)
+    delta = record_delta(prof.delta, sizes)
     spec = RunSpec(rounds, delta, tuple(range(seeds)), accountant=prof.accountant)
-    variants = Variants.grid(alg, d.clients, spec, epsilon_target=[eps], learning_rate=[d.lr])
+    audit = None if prof.audit is None else CanaryAudit(prof.audit, score="gradient")
+    training = LocalTraining(batch_size=d.batch_size, optimizer="adam")
+    base = registry.Base(d.model, training, spec, len(sizes), sizes=sizes, audit=audit)
+    chosen = registry.settings("fedavg", learning_rate=d.lr, record_epsilon=eps)
+    alg, grid = registry.build("fedavg", base, chosen)  # DP-Adam sized for the run (or none)
+    variants = Variants.grid(alg, d.clients, spec, **{**grid, "learning_rate": [d.lr]})
     test = (d.ds.x_test, d.ds.y_test)
     res = simulate(
         alg,

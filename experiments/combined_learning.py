@@ -50,11 +50,8 @@ from swarmjax.fl import (
     stack_clients,
     subsample,
 )
-from swarmjax.fl.algorithms.combined import CombinedAggregator
+from swarmjax.fl.algorithms import registry
 from swarmjax.fl.algorithms.combined_models import thesis_model
-from swarmjax.fl.algorithms.common import weighted_average
-from swarmjax.fl.algorithms.fedavg import FedAvg
-from swarmjax.fl.algorithms.local_only import LocalOnly
 from swarmjax.fl.client.training import LocalTraining
 from swarmjax.fl.protocol import RunSpec, Variants
 from swarmjax.fl.runtime import simulate
@@ -157,13 +154,21 @@ def optimiser(
     return training, lr
 
 
-def _simulate(alg, clients, test, rounds: int, seeds: list[int], **grid):
-    """``alg`` for every seed; ``grid``: its hyper values and label axes for
-    :meth:`~swarmjax.fl.protocol.Variants.grid`."""
-    spec = RunSpec(
-        rounds=rounds, delta=default_delta(int(np.sum(clients.sizes))), seeds=tuple(seeds)
-    )
-    return simulate(alg, clients, test, Variants.grid(alg, clients, spec, **grid))
+def _spec(clients, rounds: int, seeds: list[int]) -> RunSpec:
+    """Rounds and seeds of a call; its delta is swarmjax's default for the clients' rows."""
+    delta = default_delta(int(np.sum(clients.sizes)))
+    return RunSpec(rounds=rounds, delta=delta, seeds=tuple(seeds))
+
+
+def _simulate(name: str, model, training, clients, test, spec: RunSpec, lr: float, **extra):
+    """Registry algorithm ``name`` at local learning rate ``lr`` for every seed of ``spec``
+    (``extra``: its other settings, or ``epsilon_target``); the rate and a given target
+    are label columns of the history."""
+    eps = {"epsilon_target": [extra.pop("epsilon_target")]} if "epsilon_target" in extra else {}
+    base = registry.Base(model, training, spec, clients.num_clients, eval_batch_size=1000)
+    alg, grid = registry.build(name, base, registry.settings(name, learning_rate=lr, **extra))
+    variants = Variants.grid(alg, clients, spec, **{**grid, **eps, "learning_rate": [lr]})
+    return simulate(alg, clients, test, variants)
 
 
 def run_setting(
@@ -191,15 +196,12 @@ def run_setting(
     seeds = list(range(profile.seeds))
     labels = {"dataset": dataset, "model": model_name, "split": split, "K": k}
     frames, releases = [], []
-    for method, combine in (("CL", CombinedAggregator(0.01)), ("FedAvg", weighted_average)):
-        alg = FedAvg(model, training, combine=combine, eval_batch_size=1000)
-        res = _simulate(
-            alg, clients, test, profile.rounds, seeds, epsilon_target=[math.inf], learning_rate=[lr]
-        )
+    spec = _spec(clients, profile.rounds, seeds)
+    for method, name in (("CL", "combined"), ("FedAvg", "fedavg")):  # CL: conv 0.01
+        res = _simulate(name, model, training, clients, test, spec, lr, epsilon_target=math.inf)
         frames.append(res.history[["seed", "round", "test_accuracy"]].assign(method=method))
         releases += saved_releases(res, algorithm=method, path=path, data=dataset, **labels)
-    alone = LocalOnly(model, training, eval_batch_size=1000)
-    alone = _simulate(alone, clients, test, profile.rounds, seeds, learning_rate=[lr])
+    alone = _simulate("local-only", model, training, clients, test, spec, lr)
     releases += saved_releases(alone, algorithm="alone", path=path, data=dataset, **labels)
     acc = alone.metrics["test_accuracy"]  # (seeds, rounds, clients)
     s_idx, t_idx, c_idx = np.meshgrid(
@@ -230,10 +232,9 @@ def run_central(
     e = profile.local_epochs[dataset]
     training, lr = optimiser(dataset, model_name, 1, profile.batch_size)
     union = stack_clients(data.x_train, data.y_train, [np.arange(len(data.y_train))])
-    alg = LocalOnly(model, training, keep_optimizer_state=True, eval_batch_size=1000)
-    seeds = list(range(profile.seeds))
+    spec = _spec(union, e * profile.rounds, list(range(profile.seeds)))
     test = (data.x_test, data.y_test)
-    res = _simulate(alg, union, test, e * profile.rounds, seeds, learning_rate=[lr])
+    res = _simulate("local-only", model, training, union, test, spec, lr, keep_optimizer_state=True)
     res = dataclasses.replace(res, history=res.history.rename(columns={"round": "epoch"}))
     hist = res.history[res.history["epoch"] % e == 0]
     hist = hist.assign(

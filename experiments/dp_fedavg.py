@@ -47,7 +47,8 @@ import pandas as pd
 from tqdm import tqdm
 
 from experiments import _cli, _report
-from swarmjax.fl.algorithms.client_level_dp_fedavg import dp_fedavg, rounds_to_target
+from swarmjax.fl.algorithms import registry
+from swarmjax.fl.algorithms.client_level_dp_fedavg import rounds_to_target
 from swarmjax.fl.client.training import LocalTraining
 from swarmjax.fl.data import subsample
 from swarmjax.fl.data.clients import stack_clients
@@ -55,11 +56,10 @@ from swarmjax.fl.data.partition import dirichlet_partition, iid_partition
 from swarmjax.fl.private import Private
 from swarmjax.fl.protocol import RunSpec, Variants
 from swarmjax.fl.runtime import simulate
-from swarmjax.models import cross_entropy, mlp, param_count
+from swarmjax.models import Model, cross_entropy, mlp, param_count
 from swarmjax.privacy.audit import membership_inference_advantage
 from swarmjax.privacy.canaries import DEFAULT_CANARIES, CanaryAudit, CanaryReport
 from swarmjax.privacy.ledger import Ledger, saved_releases
-from swarmjax.privacy.participation import Poisson
 from swarmjax.privacy.secret import Secret
 from swarmjax.privacy.user_level import UserLevelDP
 
@@ -115,17 +115,28 @@ DIRICHLET_ALPHA = 0.5
 INITIAL_CLIP, TARGET_QUANTILE, CLIP_LR = 0.1, 0.5, 0.2
 
 
-def algorithm(model, participation: Poisson, clipping: str) -> Private:
-    """DP-FedAvg with ``clipping`` (``"fixed"`` or ``"adaptive"``) on the experiment's
-    local training and server momentum, its Poisson ``participation`` sized for the run."""
-    return dp_fedavg(
-        model,
-        participation=participation,
-        training=LOCAL,
-        clipping=clipping,
+def algorithm(
+    model: Model, spec: RunSpec, num_clients: int, profile: Profile, method: dict
+) -> tuple[Private, dict]:
+    """``(algorithm, grid values)`` of one method (its ``clipping``, ``initial_clip``,
+    ``noise_multiplier``, ...): DP-FedAvg from the registry on the experiment's local
+    training and server momentum, its Poisson buffer sized for the run at the largest
+    target (one compiled program serves every target)."""
+    chosen = registry.settings(
+        "dp-fedavg",
+        client_rate=profile.sample_rate,
+        clipping=method["clipping"],
+        clip=method.get("initial_clip", INITIAL_CLIP),
+        learning_rate=LEARNING_RATE,
+        server_lr=SERVER_LR,
+        noise_multiplier=float(method["noise_multiplier"]),
         server_momentum=SERVER_MOMENTUM,
-        eval_batch_size=2500,
+        buffer_epsilon=max(profile.epsilons),
     )
+    base = registry.Base(model, LOCAL, spec, num_clients, eval_batch_size=2500)
+    alg, grid = registry.build("dp-fedavg", base, chosen)
+    rest = {k: v for k, v in method.items() if k not in ("clipping", "noise_multiplier")}
+    return alg, {**grid, **rest}
 
 
 def make_clients(data, scheme: str, num_clients: int):
@@ -209,7 +220,6 @@ def methods(profile: Profile, z: float) -> list[tuple[str, dict]]:
 
 
 def run_one(
-    participation: Poisson,
     clients,
     test,
     data,
@@ -224,7 +234,7 @@ def run_one(
     secret: Secret | None = None,
 ):
     """One method at one epsilon, all seeds in one call (DP-FedAvg with the Poisson
-    ``participation`` sized for the run): (per-round history, ``{"row":
+    buffer sized for the run: :func:`algorithm`): (per-round history, ``{"row":
     summary row, "releases": its runs as privacy-ledger releases written at
     release_path, "private": statistics of training records that no epsilon covers (the
     membership-inference advantage), kept out of the released files}``). ``secret``: the
@@ -234,20 +244,10 @@ def run_one(
     its release's ``audit`` and the row's ``epsilon_lower`` is the largest over seeds; the
     non-private run (noise 0, no epsilon) is never audited."""
     t0 = time.perf_counter()
-    kwargs = dict(kwargs)
     model = mlp(MODEL_HIDDEN, 10, (28, 28, 1))
-    alg = algorithm(model, participation, kwargs.pop("clipping"))
-    kwargs["noise_multiplier"] = [float(kwargs["noise_multiplier"])]  # the one label
-    variants = Variants.grid(
-        alg,
-        clients,
-        spec,
-        sample_rate=profile.sample_rate,
-        learning_rate=LEARNING_RATE,
-        server_lr=SERVER_LR,
-        **kwargs,
-    )
-    private = float(kwargs["noise_multiplier"][0]) > 0
+    alg, grid = algorithm(model, spec, profile.num_clients, profile, kwargs)
+    variants = Variants.grid(alg, clients, spec, **grid)  # noise_multiplier: the one label
+    private = float(kwargs["noise_multiplier"]) > 0
     res = simulate(alg, clients, test, variants, audit=audit if private else None, secret=secret)
     seconds = time.perf_counter() - t0
     releases = saved_releases(res, algorithm=method, path=release_path, data=data.name)
@@ -376,13 +376,14 @@ at 60, 39.4 MB a seed, 4.9 arrays of the 25,450-parameter model a slot. With 4, 
 --seeds 500`` passed the check and ran out of a 24 GiB machine's memory."""
 
 
-def check(args: argparse.Namespace, profile: Profile, spec: RunSpec) -> Poisson:
+def check(args: argparse.Namespace, profile: Profile, spec: RunSpec) -> Private:
     """The derived settings of ``profile`` and its memory, checked before any work: every
     client needs a row, the expected cohort ``q N`` at least one client, and the run's arrays
     (the stacked clients, per seed :data:`SLOT_ARRAYS` model-sized arrays a slot of the
     Poisson buffer) must fit.
-    Returns the Poisson participation with the buffer the privacy plan sizes for the run
-    (at the largest target: one compiled program serves every target)."""
+    Returns the adaptive method's algorithm (:func:`algorithm`): its plan's Poisson
+    participation has the buffer sized for the run at the largest target (one compiled
+    program serves every target), and it calibrates the noise of every target."""
     clients = _cli.setting(args, "clients", profile.num_clients, "number of clients")
     rows = profile.n_train or TRAIN_ROWS
     if profile.num_clients > rows:
@@ -397,14 +398,10 @@ def check(args: argparse.Namespace, profile: Profile, spec: RunSpec) -> Poisson:
             f"noise is scaled to it): give --clients {least} or more"
         )
     params = 784 * MODEL_HIDDEN[0] + MODEL_HIDDEN[0] + MODEL_HIDDEN[0] * 10 + 10
-    participation = Poisson.for_run(
-        profile.num_clients,
-        profile.sample_rate,
-        spec.rounds,
-        spec.delta,
-        max(profile.epsilons),
-        spec.accountant,
-    )
+    model = mlp(MODEL_HIDDEN, 10, (28, 28, 1))
+    adaptive = {"clipping": "adaptive", "noise_multiplier": 1.0}
+    reference, _ = algorithm(model, spec, profile.num_clients, profile, adaptive)
+    participation = reference.plan.participation
     buffer = participation.max_selected or profile.num_clients
     need = _cli.array_bytes((2, rows, 784), (len(profile.seeds), buffer, SLOT_ARRAYS, params))
     option = _cli.option_named(args, ["clients", "seeds"])
@@ -418,7 +415,7 @@ def check(args: argparse.Namespace, profile: Profile, spec: RunSpec) -> Poisson:
     if args.audit is not None:  # the directions, and every canary's reply in each round
         need = _cli.array_bytes((len(profile.seeds) + 1, args.audit, params))
         _cli.check_memory(need, "--audit", f"{args.audit} canaries of {params} parameters")
-    return participation
+    return reference
 
 
 def print_audits(audits: list[tuple[str, str, str, dict | None]]) -> None:
@@ -500,7 +497,7 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     # --delta, else the user-level plan's default for the clients
     delta = UserLevelDP.delta_for(profile.num_clients, args.delta)
     spec = RunSpec(profile.rounds, delta, profile.seeds, accountant=args.accountant)
-    participation = check(args, profile, spec)
+    reference = check(args, profile, spec)
     out = _cli.out_dir(args)  # results and the privacy ledger: checked before any work
     data_dir = _cli.data_dir(args.data_dir)
     ledger = Ledger(out, "dp_fedavg", accountant=args.accountant)
@@ -510,7 +507,7 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     model = mlp(MODEL_HIDDEN, 10, (28, 28, 1))
     # the algorithm's privacy plan sized the Poisson buffer (check) and calibrates z for
     # every target, the same z for both clippings: nothing here does DP arithmetic itself
-    user_level = algorithm(model, participation, "adaptive").plan
+    user_level = reference.plan
     privacy_plan = user_level.privacy_plan(profile.num_clients, profile.sample_rate, spec)
     zs = {e: privacy_plan.calibrate(e).noise_multiplier for e in profile.epsilons}
     n_runs = (
@@ -535,7 +532,7 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
         },
         "delta": delta,
         "accountant": spec.accountant,
-        "capacity": participation.capacity,
+        "capacity": user_level.participation.capacity,
         "noise_multipliers": zs,
         "epsilon_covers": privacy_plan.relation,
         "audit": None if args.audit is None else repr(CanaryAudit(args.audit)),
@@ -569,7 +566,6 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
                 key = re.sub(r"[^A-Za-z0-9_.=+-]", "-", f"{ds}_{scheme}_{name}_eps{eps_target:g}")
                 run = partial(
                     run_one,
-                    participation,
                     clients,
                     test,
                     data,

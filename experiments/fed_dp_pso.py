@@ -43,7 +43,6 @@ from experiments._fed_dp_pso_parts import (  # also re-exported (fed_dp_pso_stud
     READING_FIELDS,
     paper_accuracy,
     record_delta,
-    without_dp,
 )
 from swarmjax.fl import (
     DatasetNotFoundError,
@@ -52,16 +51,15 @@ from swarmjax.fl import (
     stack_clients,
     subsample,
 )
+from swarmjax.fl.algorithms import registry
 from swarmjax.fl.algorithms.fed_dp_pso import (
     DEFAULT_READING,
     READINGS,
     FedDPPSO,
     Reading,
-    fed_dp_pso,
     paper_model,
-    reading_hyper,
 )
-from swarmjax.fl.client.training import RecordDP
+from swarmjax.fl.client.training import LocalTraining
 from swarmjax.fl.data.transforms import SCALING_PRIVACY, scale_inputs
 from swarmjax.fl.protocol import RunSpec, Variants, coverage
 from swarmjax.fl.runtime import Execution, simulate
@@ -170,16 +168,29 @@ def profile(args: argparse.Namespace) -> Profile:
     return replace(out, n_train=out.n_train or None, eval_subset=out.eval_subset or None)
 
 
-def algorithm(prof: Profile, model, sizes: list, batch_size: int) -> FedDPPSO:
-    """Fed-DP-PSO of ``prof`` with DP-Adam whose Poisson buffer serves every client set of
-    ``sizes`` at every target (the simulator's and the Flower task's algorithm)."""
-    dp = RecordDP.for_run(sizes, batch_size, rounds=prof.rounds, epsilons=prof.epsilons,
-                          delta=record_delta(prof.delta, sizes[0]))  # fmt: skip
+def algorithm(
+    prof: Profile, model, sizes: list, batch_size: int, epsilon: float | None = None
+) -> tuple[FedDPPSO, dict]:
+    """``(algorithm, grid values)`` of Fed-DP-PSO under ``prof`` from the registry, at
+    target ``epsilon`` (``None``: the first of ``prof.epsilons``; ``inf``: plain Adam), its
+    DP-Adam Poisson buffer serving every client set of ``sizes`` at every target of
+    ``prof.epsilons`` (one program for all of them: the simulator's and the Flower task's
+    algorithm)."""
+    delta = record_delta(prof.delta, sizes[0])
+    spec = RunSpec(prof.rounds, delta, accountant=prof.accountant)
     audit = None if prof.audit is None else CanaryAudit(prof.audit, score="gradient")
-    return fed_dp_pso(model, prof.reading, batch_size=batch_size, record_dp=dp,
-                      particles=prof.particles, eval_batch_size=EVAL_BATCH,
-                      eval_subset=prof.eval_subset, refine_start=prof.refine_start,
-                      selection_metric=prof.selection_metric, audit=audit)  # fmt: skip
+    base = registry.Base(
+        model, LocalTraining(batch_size=batch_size), spec, len(sizes[0]), EVAL_BATCH,
+        sizes=list(sizes), audit=audit,
+    )  # fmt: skip
+    chosen = registry.settings(
+        "fed-dp-pso", reading=prof.reading, particles=prof.particles,
+        target_epsilon=prof.epsilons[0] if epsilon is None else epsilon,
+        buffer_epsilons=tuple(e for e in prof.epsilons if math.isfinite(e)),
+        eval_subset=prof.eval_subset, refine_start=prof.refine_start,
+        selection_metric=prof.selection_metric,
+    )  # fmt: skip
+    return registry.build("fed-dp-pso", base, chosen)
 
 
 def _load() -> str:
@@ -187,17 +198,18 @@ def _load() -> str:
 
 
 def _dp_pso_call(
-    name, part, group, alg, clients, ds, prof: Profile, lr: float, path: str, *, secret=None
+    name, part, group, built, clients, ds, prof: Profile, lr: float, path: str, *, secret=None
 ):
-    """One compiled Fed-DP-PSO call (every epsilon of ``group`` x every seed): the per-round
-    history and ``{"rows": one results-table row per epsilon, "releases": its runs as
-    privacy-ledger releases written at path}``."""
+    """One compiled Fed-DP-PSO call (every epsilon of ``group`` x every seed; ``built``:
+    ``epsilon -> (algorithm, grid values)``, :func:`algorithm` on the call's client sets):
+    the per-round history and ``{"rows": one results-table row per epsilon, "releases": its
+    runs as privacy-ledger releases written at path}``."""
     t0 = time.perf_counter()
-    alg = without_dp(alg, group[0])
+    alg, grid = built(group[0])  # an infinite target: plain Adam
     delta = record_delta(prof.delta, clients.sizes)
     spec = RunSpec(prof.rounds, delta, tuple(range(prof.seeds)), accountant=prof.accountant)
-    hyper = reading_hyper(prof.reading)
-    variants = Variants.grid(alg, clients, spec, epsilon_target=group, learning_rate=lr, **hyper)
+    grid = {**grid, "epsilon_target": list(group), "learning_rate": lr}
+    variants = Variants.grid(alg, clients, spec, **grid)
     test = (ds.x_test, ds.y_test)
     res = simulate(
         alg,
@@ -254,15 +266,15 @@ def run_dataset(name, prof: Profile, data_dir, out, store, cells, rounds_rows, l
         )
     sequential = prof.client_map == "sequential"
     pad_to = int(max(s.max() for s in sizes)) if sequential else None
-    shared = algorithm(prof, model, sizes, bs)  # one program for every partition
     kept = None
     for part, p in parts.items():
         clients = stack_clients(ds.x_train, ds.y_train, p.indices, pad_to=pad_to)
-        alg = shared if sequential else algorithm(prof, model, [p.sizes], bs)
+        served = sizes if sequential else [p.sizes]  # sequential: one program for every part
+        built = partial(algorithm, prof, model, served, bs)
         for group in groups:
             key = f"{name}_{part}_eps" + "-".join(f"{e:g}" for e in group)
             path = str(out / "rounds.csv")
-            run = partial(_dp_pso_call, name, part, group, alg, clients, ds, prof, lr, path)
+            run = partial(_dp_pso_call, name, part, group, built, clients, ds, prof, lr, path)
             h, payload, reused = store.fetch_or_run(key, run, with_secret=True)
             rows = payload["rows"]
             ledger.add_saved(payload["releases"])
@@ -306,9 +318,17 @@ def _header(prof: Profile) -> str:
     )
 
 
+def _coverage() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """``(covered, not covered)`` of Fed-DP-PSO with DP-Adam, from its message declarations
+    (the registry's defaults on a nominal client: the declarations depend on neither)."""
+    one = np.array([640])
+    nominal = registry.Base(paper_mlp(), LocalTraining(), RunSpec(1, 1e-5), 1, sizes=one)
+    return coverage(registry.build("fed-dp-pso", nominal)[0].exchanges)
+
+
 def _covers() -> str:
-    """What the paper-mode epsilon covers, from Fed-DP-PSO's message declarations."""
-    covered, uncovered = coverage(FedDPPSO(paper_mlp()).exchanges)
+    """What the paper-mode epsilon covers (:func:`_coverage`), as one line."""
+    covered, uncovered = _coverage()
     return "covers " + "; ".join(covered) + ". NOT covered: " + "; ".join(uncovered)
 
 
@@ -481,7 +501,7 @@ def _flower_ledger(ledger: Ledger, config: dict, summary: dict, out: Path) -> No
     """
     from swarmjax.fl.runtime.flower.server import RELEASED  # the flower extra
 
-    covered, uncovered = coverage(FedDPPSO(paper_mlp()).exchanges)
+    covered, uncovered = _coverage()
     if not uncovered:
         raise RuntimeError("Fed-DP-PSO is end to end here: list its Flower runs with events")
     labels = {

@@ -37,14 +37,9 @@ from experiments import _cli, _report
 from experiments._fed_dp_pso_parts import record_delta
 from experiments.fed_dp_pso import PAPER, paper_accuracy
 from swarmjax.fl import flower_partition, load_dataset, stack_clients
-from swarmjax.fl.algorithms.fed_dp_pso import (
-    READINGS,
-    Reading,
-    fed_dp_pso,
-    paper_model,
-    reading_hyper,
-)
-from swarmjax.fl.client.training import RecordDP
+from swarmjax.fl.algorithms import registry
+from swarmjax.fl.algorithms.fed_dp_pso import READINGS, Reading, paper_model
+from swarmjax.fl.client.training import LocalTraining
 from swarmjax.fl.data import Dataset
 from swarmjax.fl.data.partition import label_skew
 from swarmjax.fl.data.transforms import public_mask, scale_inputs
@@ -182,17 +177,14 @@ def _variability(acc: np.ndarray) -> dict:
     )
 
 
-def _call(
-    alg, reading: Reading, clients, ds, plan: dict, lr: float, eps: float, path: str, *, secret
-):
-    """One simulator call of ``alg`` at target ``eps`` x every seed: (history,
-    ``{"releases": its runs as privacy-ledger releases written at path}``); ``secret``: the
-    call's (:meth:`~swarmjax.resume.CallStore.secret`)."""
+def _call(alg, grid: dict, clients, ds, plan: dict, path: str, *, secret):
+    """One simulator call of ``alg`` with the registry's ``grid`` values (one target) x
+    every seed: (history, ``{"releases": its runs as privacy-ledger releases written at
+    path}``); ``secret``: the call's (:meth:`~swarmjax.resume.CallStore.secret`)."""
     t0 = time.perf_counter()
     delta = record_delta(plan["delta"], clients.sizes)
     spec = RunSpec(plan["rounds"], delta, tuple(range(plan["seeds"])), plan["accountant"])
-    hyper = reading_hyper(reading)
-    variants = Variants.grid(alg, clients, spec, epsilon_target=[eps], learning_rate=lr, **hyper)
+    variants = Variants.grid(alg, clients, spec, **grid)
     test, execution = (ds.x_test, ds.y_test), Execution(progress=_cli.progress_bars())
     res = simulate(alg, clients, test, variants, secret=secret, execution=execution)
     h = res.history.rename(columns={"test_accuracy": "val_accuracy"})
@@ -367,19 +359,21 @@ def _study_reading(
     sizes = [p.sizes for p in parts.values()]
     bs = min(plan["batch_size"], int(min(s.min() for s in sizes)))
     pad_to = int(max(s.max() for s in sizes))
-    dp = None  # epsilon = inf: plain Adam
-    if math.isfinite(eps):
-        delta = record_delta(plan["delta"], sizes[0])
-        dp = RecordDP.for_run(sizes, bs, rounds=plan["rounds"], epsilons=[eps], delta=delta)
     model, lr = paper_model(name, data.num_classes, data.input_shape)
-    alg = fed_dp_pso(
-        model, reading, batch_size=bs, record_dp=dp, eval_batch_size=2000,
+    delta = record_delta(plan["delta"], sizes[0])
+    base = registry.Base(  # DP-Adam's buffer serves every partition (eps = inf: plain Adam)
+        model, LocalTraining(batch_size=bs), RunSpec(plan["rounds"], delta, (0,),
+        plan["accountant"]), len(sizes[0]), 2000, sizes=sizes,
+    )  # fmt: skip
+    chosen = registry.settings(
+        "fed-dp-pso", reading=reading, particles=5, target_epsilon=eps, pso_learning_rate=lr,
         eval_subset=plan["eval_subset"],
     )  # fmt: skip
+    alg, grid = registry.build("fed-dp-pso", base, chosen)
     for part, p in parts.items():
         clients = stack_clients(data.x_train, data.y_train, p.indices, pad_to=pad_to)
         key = f"{name}_{label}_{part}_eps{eps:g}"
-        run = partial(_call, alg, reading, clients, data, plan, lr, eps, str(out / "rounds.csv"))
+        run = partial(_call, alg, grid, clients, data, plan, str(out / "rounds.csv"))
         fetched = store.fetch_or_run(key, run, with_secret=True)
         h, reused = fetched.table, fetched.reused
         first = len(ledger.releases)

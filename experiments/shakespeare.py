@@ -56,8 +56,7 @@ import numpy as np
 import pandas as pd
 
 from experiments import _cli, _report
-from swarmjax.fl.algorithms.client_level_dp_fedavg import dp_fedavg
-from swarmjax.fl.algorithms.fedavg import FedAvg
+from swarmjax.fl.algorithms import registry
 from swarmjax.fl.client.training import LocalTraining
 from swarmjax.fl.data.shakespeare import (
     ShakespeareFederation,
@@ -69,7 +68,6 @@ from swarmjax.fl.protocol import Algorithm, RunSpec, Variants
 from swarmjax.fl.runtime import Execution, simulate
 from swarmjax.models import Model, char_lstm, evaluate
 from swarmjax.privacy.ledger import Ledger, saved_releases
-from swarmjax.privacy.participation import Poisson
 from swarmjax.privacy.secret import Secret
 from swarmjax.privacy.user_level import UserLevelDP
 
@@ -298,39 +296,37 @@ def model(prof: Profile) -> Model:
 def algorithm(
     name: str, prof: Profile, store: ClientStore, epsilon: float | None = None
 ) -> tuple[str, Algorithm, dict]:
-    """``(label, algorithm, grid values)`` of ``name`` (DP-FedAvg: at target ``epsilon``)."""
-    lstm = model(prof)
+    """``(label, algorithm, grid values)`` of ``name`` (DP-FedAvg: at target ``epsilon``),
+    built by the registry (:mod:`swarmjax.fl.algorithms.registry`)."""
     cohort = _cohort(prof, store.num_clients)
     lr = prof.learning_rate
+    run = spec(prof, store.num_clients)
+
+    def base(local: LocalTraining) -> registry.Base:
+        return registry.Base(model(prof), local, run, store.num_clients, EVAL_BATCH)
+
     if name == "fedsgd":  # one full-batch step per client: B >= the largest client
         local = LocalTraining(epochs=1, batch_size=int(store.sizes.max()))
-        alg = FedAvg(lstm, local, cohort=cohort, eval_batch_size=EVAL_BATCH)
-        return "FedSGD (E=1, B=inf)", alg, {"learning_rate": lr}
+        chosen = registry.settings("fedavg", cohort=cohort, learning_rate=lr)
+        return "FedSGD (E=1, B=inf)", *registry.build("fedavg", base(local), chosen)
     local = LocalTraining(epochs=prof.epochs, batch_size=prof.batch_size)
     if name == "fedavg":
-        alg = FedAvg(lstm, local, cohort=cohort, eval_batch_size=EVAL_BATCH)
-        return f"FedAvg (E={prof.epochs}, B={prof.batch_size})", alg, {"learning_rate": lr}
-    q = cohort / store.num_clients
-    run = spec(prof, store.num_clients)
-    # the plan sizes the Poisson buffer; the largest target sizes it for every target
-    poisson = Poisson.for_run(
-        store.num_clients, q, run.rounds, run.delta, max(prof.epsilons), run.accountant
-    )
-    alg = dp_fedavg(
-        lstm,
-        participation=poisson,
-        training=local,
+        chosen = registry.settings("fedavg", cohort=cohort, learning_rate=lr)
+        label = f"FedAvg (E={prof.epochs}, B={prof.batch_size})"
+        return label, *registry.build("fedavg", base(local), chosen)
+    chosen = registry.settings(  # the largest target sizes the Poisson buffer for every target
+        "dp-fedavg",
+        client_rate=cohort / store.num_clients,
         clipping="adaptive",
-        eval_batch_size=EVAL_BATCH,
+        clip=prof.initial_clip,
+        learning_rate=lr,
+        server_lr=1.0,
+        epsilon=epsilon,
+        noise_multiplier=None,
+        buffer_epsilon=max(prof.epsilons),
     )
-    grid = {
-        "sample_rate": q,
-        "initial_clip": prof.initial_clip,
-        "learning_rate": lr,
-        "server_lr": 1.0,
-        "epsilon_target": [epsilon],
-    }
-    return f"DP-FedAvg (E={prof.epochs}, B={prof.batch_size})", alg, grid
+    label = f"DP-FedAvg (E={prof.epochs}, B={prof.batch_size})"
+    return label, *registry.build("dp-fedavg", base(local), chosen)
 
 
 def spec(prof: Profile, clients: int) -> RunSpec:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from swarmjax.fl import stack_clients
 from swarmjax.fl.algorithms.fed_dp_pso import FedDPPSO
 from swarmjax.fl.client.training import LocalTraining
 from swarmjax.privacy.canaries import CanaryAudit
@@ -88,11 +87,20 @@ def test_experiment_refuses_a_bad_audit_before_any_work(argv, message, tmp_path,
 
 
 def test_the_inf_target_is_not_audited():
-    """:func:`without_dp` drops the audit with the DP (epsilon inf) and keeps it otherwise.
-    ``experiments.fed_dp_pso --audit`` end to end (the bound beside the epsilon, in the
-    ledger and the cells) is checked on the quick run of
+    """The registry's builds drop the audit with the DP (an infinite target: plain local
+    training, no epsilon to audit) and keep it otherwise, for Fed-DP-PSO and for FedAvg
+    with DP-Adam. ``experiments.fed_dp_pso --audit`` end to end (the bound beside the
+    epsilon, in the ledger and the cells) is checked on the quick run of
     tests/test_experiment_fed_dp_pso.py, which runs with ``--audit 16``."""
-    from experiments._fed_dp_pso_parts import without_dp
+    from swarmjax.fl.algorithms import registry
+    from swarmjax.fl.protocol import RunSpec
 
-    alg = _alg(stack_clients(np.zeros((8, 4, 5, 1)), np.zeros(8, int), [np.arange(8)]))
-    assert without_dp(alg, 5.0).audit == AUDIT and without_dp(alg, np.inf).audit is None
+    sizes = np.full(4, 50)
+    training = LocalTraining(batch_size=B, optimizer="adam")
+    base = registry.Base(MODEL, training, RunSpec(2, 1e-5), 4, sizes=sizes, audit=AUDIT)
+    for name, setting in (("fed-dp-pso", "target_epsilon"), ("fedavg", "record_epsilon")):
+        private, _ = registry.build(name, base, registry.settings(name, **{setting: 5.0}))
+        plain, grid = registry.build(name, base, registry.settings(name, **{setting: np.inf}))
+        assert private.audit == AUDIT and private.training.record_dp is not None, name
+        assert plain.audit is None and plain.training.record_dp is None, name
+        assert grid["epsilon_target"] == [np.inf]

@@ -59,7 +59,7 @@ def test_an_unknown_name_is_one_line_listing_the_allowed_ones():
         registry.lookup("fedsgd")
     assert str(err.value) == (
         "unknown algorithm 'fedsgd'; allowed: fedavg, fedprox, fedadam, fedyogi, dp-fedavg, "
-        "dp-fedavg-adaptive, dp-ftrl, dp-fedavg-secagg, fed-dp-pso"
+        "dp-fedavg-adaptive, dp-ftrl, dp-fedavg-secagg, combined, local-only, fed-dp-pso"
     )
     with pytest.raises(ValueError, match="allowed: fedavg, fedprox, fedadam"):
         registry.cross_device("fed-dp-pso", _run())  # registered, not a cross-device one
@@ -195,3 +195,63 @@ def test_secagg_builds_distributed_dp_on_min_separation_cohorts():
     assert float(np.asarray(variants.hyper.plan.noise)[0]) > 0
     with pytest.raises(ValueError, match="accountant must be 'rdp'"):
         Variants.grid(alg, clients, _run().spec, **grid)
+
+
+def _algorithm_makers() -> set[str]:
+    """Every name that makes an algorithm outside the registry: each
+    :class:`~swarmjax.fl.protocol.Algorithm` subclass of the library and each function of
+    the library's algorithm modules that returns one."""
+    import importlib
+    import inspect
+    import pkgutil
+    import re
+
+    import swarmjax.fl.algorithms as algorithms
+    from swarmjax.fl.protocol import Algorithm
+
+    names = ["swarmjax.fl.private", "swarmjax.fl.distributed"]
+    names += [f"{algorithms.__name__}.{m.name}" for m in pkgutil.iter_modules(algorithms.__path__)]
+    modules = [
+        importlib.import_module(n) for n in names if not n.endswith((".registry", ".settings"))
+    ]
+    classes = {
+        c
+        for m in modules
+        for c in vars(m).values()
+        if inspect.isclass(c) and issubclass(c, Algorithm)
+    }
+    makers = {c.__name__ for c in classes} - {"Algorithm"}
+    for m in modules:
+        for name, f in vars(m).items():
+            returns = (
+                getattr(f, "__annotations__", {}).get("return") if inspect.isfunction(f) else None
+            )
+            words = set(re.findall(r"\w+", returns)) if isinstance(returns, str) else set()
+            if words & (makers | {"Algorithm"}):
+                makers.add(name)
+    return makers
+
+
+def test_no_experiment_or_benchmark_builds_an_algorithm_outside_the_registry():
+    """Issue 46, item 3: the experiments and benchmarks build every algorithm through the
+    registry (:func:`registry.build`): none calls an algorithm's class or factory."""
+    import ast
+    from pathlib import Path
+
+    makers = _algorithm_makers()
+    assert {"FedAvg", "FedProx", "FedDPPSO", "LocalOnly", "Private", "dp_fedavg"} <= makers
+    assert {"dp_ftrl", "fed_dp_pso", "fedpso", "private"} <= makers
+    repo = Path(__file__).resolve().parents[1]
+    found = []
+    for folder in ("experiments", "benchmarks"):
+        for path in sorted((repo / folder).rglob("*.py")):
+            tree = ast.parse(path.read_text())
+            local = {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
+            for node in ast.walk(tree):
+                if not isinstance(node, ast.Call):
+                    continue
+                f = node.func
+                name = f.id if isinstance(f, ast.Name) else getattr(f, "attr", None)
+                if name in makers and not (isinstance(f, ast.Name) and name in local):
+                    found.append(f"{path.relative_to(repo)}:{node.lineno} {name}(")
+    assert not found, found

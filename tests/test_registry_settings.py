@@ -10,11 +10,12 @@ import tomllib
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from swarmjax.fl.algorithms import registry
 from swarmjax.fl.algorithms import settings as typed
-from swarmjax.fl.client.training import LocalTraining
+from swarmjax.fl.client.training import LocalTraining, RecordDP
 from swarmjax.fl.protocol import RunSpec
 from swarmjax.models import mlp
 from swarmjax.privacy.participation import Poisson
@@ -58,6 +59,13 @@ def test_every_entry_has_settings_whose_defaults_hold():
         ("dp-ftrl", {"min_separation": 0}, "min_separation must be >= 1; got 0"),
         ("dp-fedavg-secagg", {"epsilon": 4.0, "dropout": 2.0}, "dropout must be in"),
         ("fed-dp-pso", {"particles": 0}, "particles must be >= 1; got 0"),
+        ("fed-dp-pso", {"buffer_epsilons": (0.0,)}, "buffer_epsilons must be in (0.0, inf"),
+        ("fedavg", {"record_epsilon": -1.0}, "record_epsilon must be in (0.0, inf"),
+        ("dp-fedavg", {"server_momentum": 1.0}, "server_momentum must be in [0.0, 1.0)"),
+        ("dp-fedavg", {"buffer_epsilon": 0.0}, "buffer_epsilon must be in (0.0, inf"),
+        ("dp-fedavg", {"noise_multiplier": -1.0}, "noise_multiplier must be in [0.0, inf]"),
+        ("combined", {"variant": "paper"}, "unknown variant 'paper'; choose one of 'code'"),
+        ("local-only", {"keep_optimizer_state": 1}, "keep_optimizer_state must be true or"),
         (
             "fed-dp-pso",
             {"refine_start": "best"},
@@ -91,6 +99,9 @@ def test_a_run_configuration_fills_the_settings_by_key():
     s = registry.from_config("fed-dp-pso", {"reading": "current", "reading-init": "shared"})
     assert (s.reading.refine_update, s.reading.init) == ("if_better", "shared")
     assert s.inputs() is s.reading and typed.FedAvgSettings().inputs() is None
+    s = registry.from_config("fed-dp-pso", {"buffer-epsilons": "2, 8"})
+    assert s.buffer_epsilons == (2.0, 8.0)
+    assert registry.from_config("fed-dp-pso", {"buffer-epsilons": ""}).buffer_epsilons == ()
 
 
 def test_the_flower_apps_own_configuration_gives_every_flower_algorithm_its_defaults():
@@ -115,6 +126,7 @@ def test_the_flower_apps_own_configuration_gives_every_flower_algorithm_its_defa
         ("dp-ftrl", {"cohort": 2.5}, "cohort must be an integer; got 2.5"),
         ("fed-dp-pso", {"reading-tensor-coefficients": "maybe"}, "reading-tensor-coefficients"),
         ("fed-dp-pso", {"reading": "mine"}, "unknown reading 'mine'; choose one of 'paper'"),
+        ("fed-dp-pso", {"buffer-epsilons": "2 x"}, "buffer-epsilons must be a number; got 'x'"),
         # a refused value names its key, as the run configuration spells it
         ("dp-ftrl", {"min-separation": 0}, "min-separation must be >= 1; got 0"),
         (
@@ -165,8 +177,50 @@ def test_a_build_refuses_another_algorithms_settings_and_pso_without_sizes():
     with pytest.raises(ValueError) as err:
         registry.build("fedprox", _base(), typed.FedAvgSettings())
     assert _one_line(err) == "fedprox takes FedProxSettings; got FedAvgSettings"
-    with pytest.raises(ValueError, match="fed-dp-pso needs the clients' sizes"):
+    with pytest.raises(ValueError, match="record-level DP needs the clients' sizes"):
         registry.build("fed-dp-pso", _base(), typed.FedDpPsoSettings())
+    with pytest.raises(ValueError, match="record-level DP needs the clients' sizes"):
+        registry.build("fedavg", _base(), typed.FedAvgSettings(record_epsilon=4.0))
+    sized = replace(_base().training, record_dp=RecordDP(capacity=9))
+    with pytest.raises(ValueError) as err:  # one way to size record-level DP: the settings
+        registry.build("fedavg", replace(_base(), training=sized))
+    assert _one_line(err).startswith("Base.training.record_dp must be None")
+
+
+def test_the_settings_the_experiments_build_with():
+    """What the single-algorithm experiments set through the registry: DP-FedAvg's server
+    momentum and a buffer sized for a sweep's largest target, FedAvg's record-level DP,
+    Fed-DP-PSO's buffer shared by a sweep, combined learning and clients alone."""
+    sizes = np.full(40, 50)
+    base = replace(_base(2000), sizes=None)
+    chosen = typed.DpFedAvgSettings(client_rate=0.01, server_momentum=0.9, buffer_epsilon=4.0)
+    alg, grid = registry.build("dp-fedavg", base, chosen)
+    assert alg.algorithm.server_momentum == 0.9 and grid["noise_multiplier"] == [1.0]
+    assert alg.plan.participation == Poisson(capacity=96)  # as if calibrated to 4.0
+    at_two = replace(chosen, epsilon=2.0, noise_multiplier=None)
+    assert registry.build("dp-fedavg", base, at_two)[0] == alg  # one program for both
+    assert registry.settings("dp-fedavg", noise_multiplier=0.0).noise_multiplier == 0.0
+    base = replace(_base(), sizes=sizes)
+    plain, grid = registry.build("fedavg", base)
+    assert plain.training.record_dp is None and "epsilon_target" not in grid
+    private, grid = registry.build("fedavg", base, typed.FedAvgSettings(record_epsilon=4.0))
+    assert private.training.record_dp.capacity > 0 and grid["epsilon_target"] == [4.0]
+    assert private.training.batch_size == base.training.batch_size
+    lone = typed.FedDpPsoSettings(target_epsilon=2.0)
+    swept = replace(lone, buffer_epsilons=(2.0, 8.0))
+    alone, _ = registry.build("fed-dp-pso", replace(base, sizes=[sizes, sizes[:20]]), lone)
+    shared, _ = registry.build("fed-dp-pso", replace(base, sizes=[sizes]), swept)
+    at_eight, _ = registry.build(
+        "fed-dp-pso", replace(base, sizes=[sizes]), typed.FedDpPsoSettings(target_epsilon=8.0)
+    )
+    assert shared.training.record_dp == at_eight.training.record_dp  # sized for the largest
+    assert alone.training.record_dp is not None
+    combined, grid = registry.build("combined", base, typed.CombinedSettings(conv=0.05))
+    assert combined.combine.conv == 0.05 and grid == {"learning_rate": 0.1}
+    alone, grid = registry.build(
+        "local-only", base, typed.LocalOnlySettings(keep_optimizer_state=True)
+    )
+    assert alone.keep_optimizer_state and grid == {"learning_rate": 0.1}
 
 
 def test_a_cross_device_run_becomes_each_algorithms_own_settings():

@@ -4,8 +4,10 @@ run configuration accepts, the class it builds, a one-line description, its type
 
 Every consumer builds through :func:`build` ``(name, base, settings)``: the Flower tasks
 (:mod:`swarmjax.fl.runtime.flower.tasks`) with settings from the run configuration
-(:func:`from_config`), ``experiments.cross_device`` and ``benchmarks.vs_pfl`` with settings
-from a :class:`CrossDeviceRun` (:func:`cross_device`). An unknown name is one
+(:func:`from_config`), ``experiments.cross_device``, ``benchmarks.vs_pfl`` and
+``benchmarks.secagg`` with settings from a :class:`CrossDeviceRun` (:func:`cross_device`),
+and every other experiment and benchmark with :func:`settings` directly (none of them
+calls an algorithm's constructor: ``tests/test_registry.py`` checks). An unknown name is one
 ``ValueError`` line listing the allowed ones (:func:`lookup`); an unknown or bad setting
 is one line naming it (:func:`settings`).
 
@@ -30,22 +32,26 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from swarmjax._validation import did_you_mean
 from swarmjax.fl.algorithms.client_level_dp_fedavg import dp_fedavg
+from swarmjax.fl.algorithms.combined import CombinedAggregator
 from swarmjax.fl.algorithms.dp_ftrl import dp_ftrl
 from swarmjax.fl.algorithms.fed_dp_pso import FedDPPSO, fed_dp_pso, reading_hyper
 from swarmjax.fl.algorithms.fedavg import FedAvg
 from swarmjax.fl.algorithms.fedprox import FedProx
+from swarmjax.fl.algorithms.local_only import LocalOnly
 from swarmjax.fl.algorithms.settings import (
+    CombinedSettings,
     DistributedDpSettings,
     DpFedAvgSettings,
     DpFtrlSettings,
     FedAvgSettings,
     FedDpPsoSettings,
     FedProxSettings,
+    LocalOnlySettings,
     Settings,
 )
 from swarmjax.fl.client.training import LocalTraining, RecordDP
@@ -53,6 +59,7 @@ from swarmjax.fl.distributed import Distributed
 from swarmjax.fl.private import Private, private
 from swarmjax.fl.protocol import Algorithm, RunSpec
 from swarmjax.models import Model
+from swarmjax.privacy.canaries import CanaryAudit
 from swarmjax.privacy.distributed import DistributedDP
 from swarmjax.privacy.noise import CorrelatedNoise
 from swarmjax.privacy.participation import Poisson
@@ -123,8 +130,12 @@ class Base:
         spec: rounds, delta, seeds and accountant.
         num_clients: ``N``, clients in the federation.
         eval_batch_size: test rows per evaluation chunk (``None``: one pass).
-        sizes: ``(N,)`` records per client (record-level DP sizes its buffer from them;
+        sizes: ``(N,)`` records per client, or a list of such arrays: every client set
+            one algorithm serves (Fed-DP-PSO sizes its DP-Adam buffer for each of them;
             ``None`` where the build does not need them).
+        audit: the empirical audit the run carries (record-level canaries of FedAvg with
+            DP-SGD and of Fed-DP-PSO; docs/audits.md); ``None``: none. A build without
+            record-level DP drops it: a non-private run has no epsilon to audit.
     """
 
     model: Model
@@ -133,6 +144,7 @@ class Base:
     num_clients: int
     eval_batch_size: int | None = None
     sizes: Any = None
+    audit: CanaryAudit | None = None
 
 
 Build = Callable[[Base, Any], tuple[Algorithm, Grid]]
@@ -179,15 +191,55 @@ class Entry:
 # ------------------------------------------------------------------------------- builds
 
 
+def _record_dp(base: Base, epsilons: list[float]) -> RecordDP | None:
+    """Record-level DP whose Poisson buffer is sized for the run at every target of
+    ``epsilons`` and every client set of ``base.sizes`` (so each target is reachable);
+    ``None`` when no target is finite (exact local training)."""
+    if not any(math.isfinite(e) for e in epsilons):
+        return None
+    if base.sizes is None:
+        raise ValueError("record-level DP needs the clients' sizes (Base.sizes) to size it")
+    sets = list(base.sizes) if isinstance(base.sizes, list | tuple) else [base.sizes]
+    training, spec = base.training, base.spec
+    return RecordDP.for_run(
+        sets,
+        training.batch_size,
+        rounds=spec.rounds,
+        epsilons=epsilons,
+        delta=spec.delta,
+        epochs=training.epochs,
+    )
+
+
 def _fedavg(base: Base, s: FedAvgSettings) -> tuple[Algorithm, Grid]:
+    eps = math.inf if s.record_epsilon is None else s.record_epsilon
+    dp = _record_dp(base, [eps])
     alg = FedAvg(
         base.model,
-        base.training,
+        replace(base.training, record_dp=dp),
         cohort=s.cohort,
         server_optimizer=s.server_optimizer,
         eval_batch_size=base.eval_batch_size,
+        audit=None if dp is None else base.audit,  # no epsilon to audit without DP
     )
-    return alg, {"learning_rate": s.learning_rate, "server_lr": s.server_lr}
+    grid = {"learning_rate": s.learning_rate, "server_lr": s.server_lr}
+    return alg, grid if s.record_epsilon is None else {**grid, "epsilon_target": [eps]}
+
+
+def _combined(base: Base, s: CombinedSettings) -> tuple[Algorithm, Grid]:
+    rule = CombinedAggregator(s.conv, s.variant)
+    alg = FedAvg(base.model, base.training, combine=rule, eval_batch_size=base.eval_batch_size)
+    return alg, {"learning_rate": s.learning_rate}
+
+
+def _local_only(base: Base, s: LocalOnlySettings) -> tuple[Algorithm, Grid]:
+    alg = LocalOnly(
+        base.model,
+        base.training,
+        keep_optimizer_state=s.keep_optimizer_state,
+        eval_batch_size=base.eval_batch_size,
+    )
+    return alg, {"learning_rate": s.learning_rate}
 
 
 def _fedprox(base: Base, s: FedProxSettings) -> tuple[Algorithm, Grid]:
@@ -196,17 +248,18 @@ def _fedprox(base: Base, s: FedProxSettings) -> tuple[Algorithm, Grid]:
 
 
 def _dp_fedavg(base: Base, s: DpFedAvgSettings) -> tuple[Algorithm, Grid]:
-    participation = None  # given a noise multiplier: a Poisson draw without a buffer
-    if s.epsilon is not None:  # the Poisson participation sizes its buffer for the run
+    participation = None  # given a noise multiplier alone: a Poisson draw without a buffer
+    if s.sized_for() is not None:  # the Poisson participation sizes its buffer for the run
         b = base.spec
         participation = Poisson.for_run(
-            base.num_clients, s.client_rate, b.rounds, b.delta, s.epsilon, b.accountant
+            base.num_clients, s.client_rate, b.rounds, b.delta, s.sized_for(), b.accountant
         )
     alg = dp_fedavg(
         base.model,
         participation=participation,
         training=base.training,
         clipping=s.clipping,
+        server_momentum=s.server_momentum,
         eval_batch_size=base.eval_batch_size,
     )
     return alg, {"sample_rate": s.client_rate, **s.grid()}
@@ -249,25 +302,18 @@ def _dp_fedavg_secagg(base: Base, s: DistributedDpSettings) -> tuple[Algorithm, 
 
 
 def _fed_dp_pso(base: Base, s: FedDpPsoSettings) -> tuple[Algorithm, Grid]:
-    if base.sizes is None:
-        raise ValueError("fed-dp-pso needs the clients' sizes (Base.sizes) to size DP-Adam")
-    training, spec = base.training, base.spec
-    dp = RecordDP.for_run(  # a buffer sized for the run, so the target is reachable
-        [base.sizes],
-        training.batch_size,
-        rounds=spec.rounds,
-        epsilons=[s.target_epsilon],
-        delta=spec.delta,
-        epochs=training.epochs,
-    )
+    dp = None  # an infinite target: plain Adam, no clipping, noise nor audit
+    if math.isfinite(s.target_epsilon):
+        dp = _record_dp(base, [s.target_epsilon, *s.buffer_epsilons])
     scoring = {k: getattr(s, k) for k in ("eval_subset", "selection_metric", "refine_start")}
     alg = fed_dp_pso(
         base.model,
         s.reading,
-        batch_size=training.batch_size,
+        batch_size=base.training.batch_size,
         record_dp=dp,
         particles=s.particles,
         eval_batch_size=base.eval_batch_size,
+        audit=None if dp is None else base.audit,
         **scoring,
     )
     grid = {"learning_rate": s.pso_learning_rate, **reading_hyper(s.reading)}
@@ -412,6 +458,23 @@ REGISTRY: dict[str, Entry] = {
             flower=True,
         ),
         Entry(
+            "combined",
+            FedAvg,
+            "combined learning: FedAvg whose server combines the uploaded models by their "
+            "relevance instead of averaging them (docs/combined_learning.md); not a "
+            "cross-device algorithm",
+            CombinedSettings,
+            _combined,
+        ),
+        Entry(
+            "local-only",
+            LocalOnly,
+            "every client training alone, no server step (the centralised reference when one "
+            "client holds every row)",
+            LocalOnlySettings,
+            _local_only,
+        ),
+        Entry(
             "fed-dp-pso",
             FedDPPSO,
             "Fed-DP-PSO: a federated particle swarm over models with record-level DP-Adam "
@@ -476,11 +539,17 @@ def from_config(name: str, config: Mapping[str, Any]) -> Settings:
 def build(name: str, base: Base, chosen: Settings | None = None) -> tuple[Algorithm, Grid]:
     """``(algorithm, grid values for Variants.grid)`` of ``name`` with the settings
     ``chosen`` (``None``: :func:`settings` ``(name)``, its defaults); one-line
-    ``ValueError`` for settings of another algorithm's class."""
+    ``ValueError`` for settings of another algorithm's class, or a ``base`` whose training
+    already carries record-level DP (the settings size it, for the run)."""
     entry = lookup(name)
     chosen = settings(name) if chosen is None else chosen
     if type(chosen) is not entry.settings:
         raise ValueError(f"{name} takes {entry.settings.__name__}; got {type(chosen).__name__}")
+    if base.training.record_dp is not None:
+        raise ValueError(
+            "Base.training.record_dp must be None: record-level DP is sized by the settings "
+            "(fedavg: record_epsilon; fed-dp-pso: target_epsilon and buffer_epsilons)"
+        )
     return entry.build(base, chosen)
 
 

@@ -33,7 +33,9 @@ from swarmjax._validation import (
     check_nonnegative,
     check_positive,
     check_probability,
+    check_range,
 )
+from swarmjax.fl.algorithms.combined import VARIANTS
 from swarmjax.fl.algorithms.fed_dp_pso import DEFAULT_READING, READINGS, Reading
 from swarmjax.privacy.ftrl import FACTORIZATIONS, SCHEDULES
 from swarmjax.privacy.participation import MinSeparation
@@ -41,12 +43,14 @@ from swarmjax.privacy.participation import MinSeparation
 __all__ = [
     "CLIPPINGS",
     "SERVER_OPTIMIZERS",
+    "CombinedSettings",
     "DistributedDpSettings",
     "DpFedAvgSettings",
     "DpFtrlSettings",
     "FedAvgSettings",
     "FedDpPsoSettings",
     "FedProxSettings",
+    "LocalOnlySettings",
     "ScheduleSettings",
     "Settings",
     "UserDpSettings",
@@ -125,6 +129,9 @@ def _convert(key: str, raw: Any, kind: Any) -> Any:
     """``raw`` (a run configuration's value) as ``kind`` (``T`` or ``T | None``); ``""`` is
     ``None`` where the setting takes it."""
     args = typing.get_args(kind)
+    if typing.get_origin(kind) is tuple:  # numbers apart by commas or spaces; "": none
+        items = raw if isinstance(raw, list | tuple) else re.split(r"[,\s]+", str(raw).strip())
+        return tuple(_convert(key, item, args[0]) for item in items if item != "")
     base = next(a for a in args if a is not type(None)) if args else kind
     if raw == "":
         if type(None) in args:
@@ -169,18 +176,24 @@ class FedAvgSettings(Settings):
         server_optimizer: ``None`` (the new model is the clients' mean), ``"sgd"``,
             ``"adam"`` or ``"yogi"``.
         cohort: clients per round (``None``: every client).
+        record_epsilon: record-level DP of the clients' local training (DP-SGD, or DP-Adam
+            with ``optimizer="adam"``) calibrated to this target, its Poisson buffer sized
+            for the run from ``Base.sizes``; ``None`` or ``inf``: exact local training.
     """
 
     learning_rate: float = 0.1
     server_lr: float = 1.0
     server_optimizer: str | None = None
     cohort: int | None = None
+    record_epsilon: float | None = None
 
     def check(self) -> None:
         check_positive("learning_rate", self.learning_rate, finite=True)
         check_positive("server_lr", self.server_lr, finite=True)
         check_choice("server_optimizer", self.server_optimizer, SERVER_OPTIMIZERS)
         _check_optional_int("cohort", self.cohort, 1)
+        if self.record_epsilon is not None:
+            check_positive("record_epsilon", self.record_epsilon)
 
 
 @dataclass(frozen=True)
@@ -198,6 +211,40 @@ class FedProxSettings(Settings):
         _check_optional_int("cohort", self.cohort, 1)
 
 
+@dataclass(frozen=True)
+class CombinedSettings(Settings):
+    """Combined learning's settings (FedAvg whose server combines the uploaded models with
+    :class:`~swarmjax.fl.algorithms.combined.CombinedAggregator`): ``learning_rate``
+    (local), ``conv`` (the combination's convergence threshold) and ``variant``
+    (``code`` or ``listing``: docs/combined_learning.md)."""
+
+    learning_rate: float = 0.1
+    conv: float = 0.01
+    variant: str = "code"
+
+    def check(self) -> None:
+        check_positive("learning_rate", self.learning_rate, finite=True)
+        check_positive("conv", self.conv, finite=True)
+        check_choice("variant", self.variant, VARIANTS)
+
+
+@dataclass(frozen=True)
+class LocalOnlySettings(Settings):
+    """Clients training alone (no server step; given one client holding every row, the
+    centralised reference): ``learning_rate`` and ``keep_optimizer_state`` (carry the
+    optimiser state across rounds, as one centralised run does)."""
+
+    learning_rate: float = 0.1
+    keep_optimizer_state: bool = False
+
+    def check(self) -> None:
+        check_positive("learning_rate", self.learning_rate, finite=True)
+        if not isinstance(self.keep_optimizer_state, bool):
+            raise ValueError(
+                f"keep_optimizer_state must be true or false; got {self.keep_optimizer_state!r}"
+            )
+
+
 # ---------------------------------------------------------------------- user-level DP ones
 
 
@@ -211,8 +258,9 @@ class UserDpSettings(Settings):
         server_lr: the server SGD's learning rate.
         epsilon: the user-level target epsilon the noise is calibrated to (at the run's
             delta).
-        noise_multiplier: the noise multiplier, when not calibrated; exactly one of
-            ``epsilon`` and ``noise_multiplier`` is set.
+        noise_multiplier: the noise multiplier, when not calibrated (``0``: no noise, a
+            non-private baseline whose epsilon is infinite); exactly one of ``epsilon``
+            and ``noise_multiplier`` is set.
     """
 
     clip: float = 0.1
@@ -234,7 +282,7 @@ class UserDpSettings(Settings):
         if self.epsilon is not None:
             check_positive("epsilon", self.epsilon)
         else:
-            check_positive("noise_multiplier", self.noise_multiplier)
+            check_nonnegative("noise_multiplier", self.noise_multiplier)
 
     def grid(self) -> dict[str, Any]:
         """The values every user-level DP build gives ``Variants.grid``: the clip, the
@@ -254,16 +302,33 @@ class UserDpSettings(Settings):
 
 @dataclass(frozen=True)
 class DpFedAvgSettings(UserDpSettings):
-    """User-level DP-FedAvg's settings (and :class:`UserDpSettings`'): ``client_rate`` (the
-    Poisson rate of clients) and ``clipping`` (``"fixed"`` or ``"adaptive"``)."""
+    """User-level DP-FedAvg's settings (and :class:`UserDpSettings`').
+
+    Attributes:
+        client_rate: the Poisson rate of clients.
+        clipping: ``"fixed"`` or ``"adaptive"``.
+        server_momentum: momentum of the server SGD, in ``[0, 1)`` (0: a plain step).
+        buffer_epsilon: the target epsilon the Poisson buffer is sized for (``None``:
+            ``epsilon``; without either, no buffer). A sweep over targets gives its
+            largest here, so that one algorithm, compiled once, serves every target.
+    """
 
     client_rate: float = 0.7
     clipping: str = "adaptive"
+    server_momentum: float = 0.0
+    buffer_epsilon: float | None = None
 
     def check(self) -> None:
         super().check()
         check_probability("client_rate", self.client_rate, low_open=True)
         check_choice("clipping", self.clipping, CLIPPINGS)
+        check_range("server_momentum", self.server_momentum, 0.0, 1.0, high_open=True)
+        if self.buffer_epsilon is not None:
+            check_positive("buffer_epsilon", self.buffer_epsilon)
+
+    def sized_for(self) -> float | None:
+        """The target epsilon the Poisson buffer is sized for (``None``: no buffer)."""
+        return self.epsilon if self.buffer_epsilon is None else self.buffer_epsilon
 
 
 @dataclass(frozen=True)
@@ -361,6 +426,10 @@ class FedDpPsoSettings(Settings):
         eval_subset: rows per client the particles are scored on (``None``: all).
         selection_metric: ``loss`` or ``error``.
         refine_start: ``pbest`` or ``position``.
+        buffer_epsilons: further targets DP-Adam's Poisson buffer must serve: a sweep
+            whose targets share one algorithm (compiled once) gives them all here; the
+            buffer is sized for these and ``target_epsilon`` at every client set of
+            ``Base.sizes``. An infinite ``target_epsilon`` is plain Adam whatever these are.
     """
 
     reading: Reading = field(default_factory=lambda: READINGS[DEFAULT_READING])
@@ -370,11 +439,14 @@ class FedDpPsoSettings(Settings):
     eval_subset: int | None = None
     selection_metric: str = "loss"
     refine_start: str = "pbest"
+    buffer_epsilons: tuple[float, ...] = ()
 
     def check(self) -> None:
         self.reading.check()
         check_int("particles", self.particles, 1)
         check_positive("target_epsilon", self.target_epsilon)
+        for e in self.buffer_epsilons:
+            check_positive("buffer_epsilons", e)
         check_positive("pso_learning_rate", self.pso_learning_rate)
         _check_optional_int("eval_subset", self.eval_subset, 1)
         check_choice("selection_metric", self.selection_metric, ("loss", "error"))
