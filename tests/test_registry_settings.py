@@ -18,6 +18,7 @@ from swarmjax.fl.algorithms import settings as typed
 from swarmjax.fl.client.training import LocalTraining, RecordDP
 from swarmjax.fl.protocol import RunSpec
 from swarmjax.models import mlp
+from swarmjax.privacy.canaries import CanaryAudit
 from swarmjax.privacy.participation import Poisson
 
 REPO = Path(__file__).resolve().parents[1]
@@ -185,6 +186,12 @@ def test_a_build_refuses_another_algorithms_settings_and_pso_without_sizes():
     with pytest.raises(ValueError) as err:  # one way to size record-level DP: the settings
         registry.build("fedavg", replace(_base(), training=sized))
     assert _one_line(err).startswith("Base.training.record_dp must be None")
+    audited = replace(_base(), audit=CanaryAudit(8, score="gradient"))
+    with pytest.raises(ValueError) as err:  # user-level runs are audited by simulate
+        registry.build("dp-fedavg", audited)
+    assert _one_line(err).startswith("Base.audit: dp-fedavg carries no record-level canaries")
+    with pytest.raises(ValueError, match=r"^Base\.audit needs record-level DP to audit: set"):
+        registry.build("fedavg", audited)  # no target: no DP
 
 
 def test_the_settings_the_experiments_build_with():

@@ -134,8 +134,9 @@ class Base:
             one algorithm serves (Fed-DP-PSO sizes its DP-Adam buffer for each of them;
             ``None`` where the build does not need them).
         audit: the empirical audit the run carries (record-level canaries of FedAvg with
-            DP-SGD and of Fed-DP-PSO; docs/audits.md); ``None``: none. A build without
-            record-level DP drops it: a non-private run has no epsilon to audit.
+            DP-SGD and of Fed-DP-PSO; docs/audits.md); ``None``: none. An infinite target
+            drops it (a non-private run has no epsilon to audit); any other build refuses
+            it in one line.
     """
 
     model: Model
@@ -212,6 +213,8 @@ def _record_dp(base: Base, epsilons: list[float]) -> RecordDP | None:
 
 
 def _fedavg(base: Base, s: FedAvgSettings) -> tuple[Algorithm, Grid]:
+    if base.audit is not None and s.record_epsilon is None:
+        raise ValueError("Base.audit needs record-level DP to audit: set record_epsilon")
     eps = math.inf if s.record_epsilon is None else s.record_epsilon
     dp = _record_dp(base, [eps])
     alg = FedAvg(
@@ -220,7 +223,7 @@ def _fedavg(base: Base, s: FedAvgSettings) -> tuple[Algorithm, Grid]:
         cohort=s.cohort,
         server_optimizer=s.server_optimizer,
         eval_batch_size=base.eval_batch_size,
-        audit=None if dp is None else base.audit,  # no epsilon to audit without DP
+        audit=None if dp is None else base.audit,  # an infinite target: nothing to audit
     )
     grid = {"learning_rate": s.learning_rate, "server_lr": s.server_lr}
     return alg, grid if s.record_epsilon is None else {**grid, "epsilon_target": [eps]}
@@ -549,6 +552,11 @@ def build(name: str, base: Base, chosen: Settings | None = None) -> tuple[Algori
         raise ValueError(
             "Base.training.record_dp must be None: record-level DP is sized by the settings "
             "(fedavg: record_epsilon; fed-dp-pso: target_epsilon and buffer_epsilons)"
+        )
+    if base.audit is not None and entry.build not in (_fedavg, _fed_dp_pso):
+        raise ValueError(
+            f"Base.audit: {name} carries no record-level canaries (fedavg, fedadam, fedyogi "
+            "and fed-dp-pso do); audit a user-level run with simulate(audit=...)"
         )
     return entry.build(base, chosen)
 
