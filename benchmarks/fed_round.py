@@ -299,9 +299,11 @@ def main(argv: list[str] | None = None) -> None:
     )
     carry = simulator.init_runs(alg, keys, hypers, data, "vmap")
 
+    call = simulator.Rounds(alg, 1, "vmap")  # one round, no private diagnostics
+
     def vround():
         # one round of the protocol simulator: both exchanges, evaluation, privacy spend
-        return simulator.run_rounds(alg, carry, keys, hypers, data, test, 1, "vmap", False)
+        return simulator.run_rounds(call, carry, keys, hypers, data, test)
 
     jax.block_until_ready(vround())
     sw = jax.tree.map(lambda a: a[0], carry[1].swarm)
