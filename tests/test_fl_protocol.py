@@ -233,6 +233,7 @@ def test_an_exchange_that_declares_no_protection_is_counted_as_exact(setup, tmp_
     res = _run(alg, {"learning_rate": 0.01, "epsilon_target": 8.0}, clients, test)
     assert res.privacy.unit == "record" and np.all(np.isfinite(res.privacy.final_epsilon))
     assert res.privacy.not_covered == (line,) and not res.privacy.end_to_end
+    assert "NOT covered: 1 message field or undeclared exchange (privacy" in repr(res)
     ledger = Ledger(tmp_path, "undeclared")
     index = ledger.add_result(res, algorithm="undeclared", path=tmp_path / "h.csv")[0]
     release = ledger.releases[index]

@@ -393,7 +393,9 @@ def _privacy_line(p: PrivacyRecord) -> str:
         f"{eps.shape[0]} runs x {eps.shape[1]} clients)"
     )
     if p.not_covered:
-        line += f"; NOT covered: {len(p.not_covered)} message fields (privacy.not_covered)"
+        n = len(p.not_covered)
+        line += f"; NOT covered: {n} message field{'s' * (n != 1)} or undeclared exchange"
+        line += f"{'s' * (n != 1)} (privacy.not_covered)"
     if p.shares_randomness:
         line += "; runs share their random numbers"
     if p.randomness is not None and p.randomness.get("secret") == "supplied":
