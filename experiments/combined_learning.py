@@ -160,15 +160,26 @@ def _spec(clients, rounds: int, seeds: list[int]) -> RunSpec:
     return RunSpec(rounds=rounds, delta=delta, seeds=tuple(seeds))
 
 
-def _simulate(name: str, model, training, clients, test, spec: RunSpec, lr: float, **extra):
-    """Registry algorithm ``name`` at local learning rate ``lr`` for every seed of ``spec``
-    (``extra``: its other settings, or ``epsilon_target``); the rate and a given target
-    are label columns of the history."""
-    eps = {"epsilon_target": [extra.pop("epsilon_target")]} if "epsilon_target" in extra else {}
+def _simulate(
+    name: str,
+    model,
+    training,
+    clients,
+    test,
+    spec: RunSpec,
+    lr: float,
+    epsilon_target: float | None = None,
+    **settings,
+):
+    """Registry algorithm ``name`` (its other ``settings``) at local learning rate ``lr``
+    for every seed of ``spec``; the rate and a given ``epsilon_target`` are label columns
+    of the history."""
     base = registry.Base(model, training, spec, clients.num_clients, eval_batch_size=1000)
-    alg, grid = registry.build(name, base, registry.settings(name, learning_rate=lr, **extra))
-    variants = Variants.grid(alg, clients, spec, **{**grid, **eps, "learning_rate": [lr]})
-    return simulate(alg, clients, test, variants)
+    alg, grid = registry.build(name, base, registry.settings(name, learning_rate=lr, **settings))
+    axes = {"learning_rate": [lr]}
+    if epsilon_target is not None:
+        axes["epsilon_target"] = [epsilon_target]
+    return simulate(alg, clients, test, Variants.grid(alg, clients, spec, **{**grid, **axes}))
 
 
 def run_setting(

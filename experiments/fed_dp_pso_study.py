@@ -361,10 +361,9 @@ def _study_reading(
     pad_to = int(max(s.max() for s in sizes))
     model, lr = paper_model(name, data.num_classes, data.input_shape)
     delta = record_delta(plan["delta"], sizes[0])
-    base = registry.Base(  # DP-Adam's buffer serves every partition (eps = inf: plain Adam)
-        model, LocalTraining(batch_size=bs), RunSpec(plan["rounds"], delta, (0,),
-        plan["accountant"]), len(sizes[0]), 2000, sizes=sizes,
-    )  # fmt: skip
+    spec = RunSpec(plan["rounds"], delta, accountant=plan["accountant"])
+    training = LocalTraining(batch_size=bs)  # DP-Adam's buffer serves every partition
+    base = registry.Base(model, training, spec, len(sizes[0]), 2000, sizes=sizes)
     chosen = registry.settings(
         "fed-dp-pso", reading=reading, particles=5, target_epsilon=eps, pso_learning_rate=lr,
         eval_subset=plan["eval_subset"],
